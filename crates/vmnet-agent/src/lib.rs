@@ -1,0 +1,1 @@
+//! The vmnet agent: reconcile loop, HTTP API, audits, root helper.

@@ -1,0 +1,1 @@
+//! Pool IPAM: leases, placement and the SQLite/PostgreSQL stores.

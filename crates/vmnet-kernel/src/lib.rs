@@ -1,0 +1,5 @@
+//! Kernel drivers for vmnet: one module per subsystem (namespaces, netlink links/addresses/routes,
+//! taps, nftables), each able to observe the real state, diff it against a plan from
+//! `vmnet-plan` and apply the ordered changes. This crate never decides policy.
+
+pub mod netns;

@@ -1,0 +1,144 @@
+//! The documented error codes and the one error type every layer maps into at the edge.
+//!
+//! Each failure vmnet reports carries an [`ErrorCode`] (the stable, documented string such as
+//! `INVALID_INPUT`) and a human message that names the object and the field at fault. The HTTP
+//! API maps a code to a status exactly once ([`ErrorCode::http_status`]); the CLI maps it to an
+//! exit code exactly once ([`ErrorCode::exit_code`]).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A documented error code. Serialized in `SCREAMING_SNAKE_CASE` (`"INVALID_INPUT"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// The request is malformed or breaks a validation rule (HTTP 400, exit code 2).
+    InvalidInput,
+    /// The named object does not exist (HTTP 404, exit code 3).
+    NotFound,
+    /// The object exists already or the request conflicts with current state (HTTP 409, exit code 4).
+    Conflict,
+    /// No capacity (addresses, host resources) is free for the request (HTTP 503, exit code 5).
+    CapacityUnavailable,
+    /// A dependency (database, kernel) failed; the request may succeed later (HTTP 503, exit code 6).
+    Unavailable,
+    /// A bug or an unexpected state inside vmnet (HTTP 500, exit code 1).
+    Internal,
+}
+
+impl ErrorCode {
+    /// The documented string form, e.g. `"CAPACITY_UNAVAILABLE"`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidInput => "INVALID_INPUT",
+            Self::NotFound => "NOT_FOUND",
+            Self::Conflict => "CONFLICT",
+            Self::CapacityUnavailable => "CAPACITY_UNAVAILABLE",
+            Self::Unavailable => "UNAVAILABLE",
+            Self::Internal => "INTERNAL",
+        }
+    }
+
+    /// The HTTP status the API answers with for this code (400, 404, 409, 503 or 500).
+    #[must_use]
+    pub const fn http_status(self) -> u16 {
+        match self {
+            Self::InvalidInput => 400,
+            Self::NotFound => 404,
+            Self::Conflict => 409,
+            Self::CapacityUnavailable | Self::Unavailable => 503,
+            Self::Internal => 500,
+        }
+    }
+
+    /// The process exit code the CLI ends with for this code (documented in the README).
+    #[must_use]
+    pub const fn exit_code(self) -> i32 {
+        match self {
+            Self::Internal => 1,
+            Self::InvalidInput => 2,
+            Self::NotFound => 3,
+            Self::Conflict => 4,
+            Self::CapacityUnavailable => 5,
+            Self::Unavailable => 6,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error with its documented code and a message naming the object and field.
+///
+/// Displayed as `CODE: message`, the form the CLI prints after `error: `.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("{code}: {message}")]
+pub struct Error {
+    /// The documented code.
+    pub code: ErrorCode,
+    /// A sentence naming the object and the field, e.g. `pool p1: first_host 10.0.1.2 is outside cidr 10.0.0.0/24`.
+    pub message: String,
+}
+
+impl Error {
+    /// An error with `code` and `message`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+
+    /// `INVALID_INPUT` with `message`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidInput, message)
+    }
+
+    /// `NOT_FOUND` with `message`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+
+    /// `CONFLICT` with `message`.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Conflict, message)
+    }
+
+    /// `CAPACITY_UNAVAILABLE` with `message`.
+    pub fn capacity(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::CapacityUnavailable, message)
+    }
+
+    /// `UNAVAILABLE` with `message`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unavailable, message)
+    }
+
+    /// `INTERNAL` with `message`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Internal, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_serialize_as_documented() {
+        let json = serde_json::to_string(&ErrorCode::CapacityUnavailable).unwrap();
+        assert_eq!(json, "\"CAPACITY_UNAVAILABLE\"");
+        assert_eq!(ErrorCode::InvalidInput.http_status(), 400);
+        assert_eq!(ErrorCode::NotFound.http_status(), 404);
+        assert_eq!(ErrorCode::Conflict.http_status(), 409);
+        assert_eq!(ErrorCode::CapacityUnavailable.http_status(), 503);
+    }
+
+    #[test]
+    fn display_is_code_then_message() {
+        let e = Error::invalid("pool p1: cidr 10.0.0.1/24 has host bits set");
+        assert_eq!(e.to_string(), "INVALID_INPUT: pool p1: cidr 10.0.0.1/24 has host bits set");
+    }
+}

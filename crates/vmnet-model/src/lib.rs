@@ -1,0 +1,12 @@
+//! Domain types with validation for vmnet: error codes, pool ranges, leases, instances and NICs
+//! (pool mode), and the VM network config (namespace mode).
+//!
+//! Everything here is plain data with `FromStr`/`Display`/serde at the edge and validation that
+//! returns [`Error`] with a documented [`ErrorCode`]. No I/O.
+
+pub mod error;
+pub mod nic;
+pub mod pool;
+pub mod vm;
+
+pub use error::{Error, ErrorCode};

@@ -1,0 +1,1 @@
+//! NIC types for pool mode (spec: hosted-pool-networking.md, "What reaches the host").

@@ -1,0 +1,1 @@
+//! Pure planners and renderers: desired kernel state and guest documents.

@@ -1,0 +1,1 @@
+//! Test-only helpers: sandbox namespaces, cleanup guards, traffic checks, PostgreSQL cluster.

@@ -1,0 +1,4 @@
+//! Subcommands, one module per area.
+
+pub mod bench;
+pub mod ipam;
