@@ -1,1 +1,3 @@
 //! The vmnet agent: reconcile loop, HTTP API, audits, root helper.
+
+pub mod pool;

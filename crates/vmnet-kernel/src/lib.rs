@@ -3,3 +3,5 @@
 //! `vmnet-plan` and apply the ordered changes. This crate never decides policy.
 
 pub mod netns;
+
+pub mod pool;

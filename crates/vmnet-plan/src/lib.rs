@@ -1,1 +1,5 @@
-//! Pure planners and renderers: desired kernel state and guest documents.
+//! Pure planners and renderers: the desired kernel state for one host and the documents guests
+//! and VMMs read. No I/O, no clock, no randomness: every function here is deterministic in its
+//! inputs and unit-tested without root.
+
+pub mod pool;

@@ -75,6 +75,19 @@ enum Command {
     /// Benchmarks that print a table.
     #[command(subcommand)]
     Bench(cli::bench::BenchCmd),
+    /// Run the agent: HTTP API on a unix socket and the reconcile loop.
+    Serve(cli::serve::ServeArgs),
+    /// VM network configs held by the agent (namespace mode).
+    #[command(subcommand)]
+    Vm(cli::vm::VmCmd),
+    /// The agent's status.
+    Status,
+    /// Apply a host spec (pools, instances and VMs in one file) declaratively.
+    Apply(cli::vm::ApplyArgs),
+    /// Create a sandbox host and run the main job inside it.
+    Up(cli::sandbox::UpArgs),
+    /// Remove a sandbox made by `vmnet up --sandbox`.
+    Down(cli::sandbox::DownArgs),
 }
 
 fn main() -> ExitCode {
@@ -98,6 +111,12 @@ async fn run(cli: Cli) -> Result<(), Error> {
         Command::Instance(c) => cli::ipam::instance(g, c).await,
         Command::Lease(c) => cli::ipam::lease(g, c).await,
         Command::Bench(c) => cli::bench::run(g, c).await,
+        Command::Serve(a) => cli::serve::run(g, a).await,
+        Command::Vm(c) => cli::vm::vm(g, c).await,
+        Command::Status => cli::vm::status(g).await,
+        Command::Apply(a) => cli::vm::apply(g, a).await,
+        Command::Up(a) => cli::sandbox::run(g, a).await,
+        Command::Down(a) => cli::sandbox::down(g, a).await,
     }
 }
 

@@ -1,4 +1,10 @@
-//! Subcommands, one module per area.
+//! Subcommands, one module per area (each owned by one area of the product).
 
 pub mod bench;
+pub mod bench_ipam;
+pub mod bench_nft;
+pub mod bench_vms;
 pub mod ipam;
+pub mod sandbox;
+pub mod serve;
+pub mod vm;

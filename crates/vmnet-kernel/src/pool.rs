@@ -1,0 +1,1 @@
+//! Pool mode kernel drivers: taps on the host bridge and the bcd nftables tables.
