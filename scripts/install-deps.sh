@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages vmnet's main job and test suite need on a fresh Debian 12 machine.
+# Idempotent; needs root. The Rust toolchain is expected to be present already.
+set -euo pipefail
+
+packages=(
+  iproute2 nftables util-linux procps kmod
+  postgresql
+  genisoimage dosfstools mtools
+  python3 python3-yaml python3-jinja2 python3-jsonschema python3-configobj
+  python3-requests python3-jsonpatch python3-netifaces
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Debian's postgresql package tries to start a system cluster; vmnet never uses it (tests start
+# their own cluster on a unix socket). Nothing else to start here.
+for tool in ip nft; do
+  command -v "$tool" >/dev/null || { echo "missing $tool after install" >&2; exit 1; }
+done
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs every vmnet test on a fresh Debian 12 machine, as root: installs packages, checks format and
+# lints, then the whole workspace suite (unit, PostgreSQL and SQLite conformance, API, and kernel
+# tests that build throwaway network namespaces and send real packets).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh must run as root: the kernel tests create network namespaces" >&2
+  exit 1
+fi
+
+scripts/install-deps.sh
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --all-targets --locked
