@@ -1,1 +1,412 @@
-//! Pool ranges, leases, hosts and instances (spec: hosted-pool-networking.md, "Give a hosted pool a range", "How leases work").
+//! Pool ranges, leases, hosts and instances (spec: hosted-pool-networking.md, "Give a hosted pool a
+//! range", "How leases work").
+//!
+//! Everything here is pure: [`SetIpPool::validate`] turns the caller's strings into an [`IpRange`]
+//! with the defaults filled in, or an `INVALID_INPUT` [`Error`] naming the pool and the field.
+//! The store (`vmnet-ipam`) persists the result and hands out leases.
+//!
+//! # Ranges
+//! * IPv4 only; an IPv6 `cidr` is refused.
+//! * `cidr` must be canonical (no host bits set).
+//! * `first_host` defaults to the address after the gateway, `last_host` to the address before the
+//!   broadcast address. Both must be *usable host addresses* of `cidr` (see below), with
+//!   `first_host <= last_host`.
+//! * The gateway may lie anywhere (inside or outside the range, even outside `cidr`); it is never
+//!   leased.
+//!
+//! # Usable addresses, /31 and /32
+//! * Prefix length 0 to 30: the network address and the broadcast address are never usable, so
+//!   they can never be `first_host`/`last_host` and are never leased.
+//! * `/31` follows RFC 3021 (point-to-point): there is no network or broadcast address, both
+//!   addresses are usable, and the default `last_host` is the upper address.
+//! * `/32`: the one address is usable and is the default `last_host`. With the gateway inside the
+//!   /32 nothing is leasable (every lease is `CAPACITY_UNAVAILABLE`); with a gateway outside it
+//!   (a routed /32), set `first_host` explicitly to the address.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::str::FromStr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// The longest id accepted for pools, hosts and instances, in bytes.
+pub const MAX_ID_LEN: usize = 64;
+
+/// Checks an object id: 1 to [`MAX_ID_LEN`] bytes of `[A-Za-z0-9._-]`, starting with a letter or
+/// digit. `field` names the field in the error (e.g. `instance_id`).
+///
+/// # Errors
+/// `INVALID_INPUT` naming `field`: `instance_id must not be empty`,
+/// `instance_id is 70 bytes long; at most 64 are allowed`,
+/// `instance_id "a;b" may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit`.
+pub fn validate_id(field: &str, value: &str) -> Result<(), Error> {
+    if value.is_empty() {
+        return Err(Error::invalid(format!("{field} must not be empty")));
+    }
+    if value.len() > MAX_ID_LEN {
+        return Err(Error::invalid(format!(
+            "{field} is {} bytes long; at most {MAX_ID_LEN} are allowed",
+            value.len()
+        )));
+    }
+    let ok_start = value.as_bytes()[0].is_ascii_alphanumeric();
+    let ok_chars = value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !ok_start || !ok_chars {
+        return Err(Error::invalid(format!(
+            "{field} {value:?} may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+/// The request of `set_ip_pool`: strings as the caller gave them, validated by
+/// [`SetIpPool::validate`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetIpPool {
+    /// The hosted pool (an id, see [`validate_id`]).
+    pub pool_id: String,
+    /// The IPv4 network, e.g. `10.0.0.0/24`.
+    pub cidr: String,
+    /// The gateway address; never leased.
+    pub gateway: String,
+    /// The first address to lease. Default: the address after the gateway.
+    #[serde(default)]
+    pub first_host: Option<String>,
+    /// The last address to lease. Default: the address before the broadcast address.
+    #[serde(default)]
+    pub last_host: Option<String>,
+    /// DNS servers for the guests (IPv4 or IPv6). Default: empty.
+    #[serde(default)]
+    pub dns: Vec<String>,
+}
+
+/// A pool's stored range with its defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpRange {
+    /// The hosted pool.
+    pub pool_id: String,
+    /// The IPv4 network (canonical).
+    pub cidr: Ipv4Net,
+    /// The gateway; never leased.
+    pub gateway: Ipv4Addr,
+    /// The first address leased.
+    pub first_host: Ipv4Addr,
+    /// The last address leased.
+    pub last_host: Ipv4Addr,
+    /// DNS servers for the guests, possibly empty.
+    pub dns: Vec<IpAddr>,
+}
+
+impl IpRange {
+    /// Whether `addr` is leasable: inside `first_host..=last_host` and not the gateway.
+    #[must_use]
+    pub fn is_leasable(&self, addr: Ipv4Addr) -> bool {
+        self.first_host <= addr && addr <= self.last_host && addr != self.gateway
+    }
+
+    /// The number of leasable addresses (the range minus the gateway if inside it).
+    #[must_use]
+    pub fn size(&self) -> u64 {
+        let n = u64::from(u32::from(self.last_host)) - u64::from(u32::from(self.first_host)) + 1;
+        if (self.first_host..=self.last_host).contains(&self.gateway) {
+            n - 1
+        } else {
+            n
+        }
+    }
+}
+
+/// The usable host addresses of `net` as `(lowest, highest)`: without the network and broadcast
+/// addresses for prefixes up to /30, both addresses of a /31 (RFC 3021), the address of a /32.
+#[must_use]
+pub fn usable_hosts(net: Ipv4Net) -> (Ipv4Addr, Ipv4Addr) {
+    let lo = u32::from(net.network());
+    let hi = u32::from(net.broadcast());
+    if net.prefix_len() >= 31 { (lo.into(), hi.into()) } else { ((lo + 1).into(), (hi - 1).into()) }
+}
+
+impl SetIpPool {
+    /// Validates the request and fills in the defaults.
+    ///
+    /// # Errors
+    /// `INVALID_INPUT` naming the pool and the field, e.g.
+    /// `pool p1: cidr 10.0.0.1/24 has host bits set (the network is 10.0.0.0/24)`,
+    /// `pool p1: first_host 10.0.1.2 is outside cidr 10.0.0.0/24`,
+    /// `pool p1: first_host 10.0.0.9 is after last_host 10.0.0.6`.
+    pub fn validate(&self) -> Result<IpRange, Error> {
+        validate_id("pool_id", &self.pool_id)?;
+        let p = &self.pool_id;
+        let bad = |field: &str, what: String| Error::invalid(format!("pool {p}: {field} {what}"));
+        let cidr = parse_cidr(&self.cidr).map_err(|what| bad("cidr", what))?;
+        let gateway = parse_v4(&self.gateway).map_err(|what| bad("gateway", what))?;
+        let (lo, hi) = usable_hosts(cidr);
+        let first_host = match &self.first_host {
+            Some(s) => parse_v4(s).map_err(|what| bad("first_host", what))?,
+            None => {
+                let next = u32::from(gateway).checked_add(1).ok_or_else(|| {
+                    bad("first_host", format!("has no default: gateway {gateway} is the last IPv4 address"))
+                })?;
+                Ipv4Addr::from(next)
+            }
+        };
+        let last_host = match &self.last_host {
+            Some(s) => parse_v4(s).map_err(|what| bad("last_host", what))?,
+            None => hi,
+        };
+        for (field, addr) in [("first_host", first_host), ("last_host", last_host)] {
+            if !cidr.contains(&addr) {
+                return Err(bad(field, format!("{addr} is outside cidr {cidr}")));
+            }
+            if addr < lo {
+                return Err(bad(field, format!("{addr} is the network address of {cidr}")));
+            }
+            if addr > hi {
+                let hint = if field == "first_host" && self.first_host.is_none() {
+                    " (the default is the address after the gateway; set first_host explicitly)"
+                } else {
+                    ""
+                };
+                return Err(bad(field, format!("{addr} is the broadcast address of {cidr}{hint}")));
+            }
+        }
+        if first_host > last_host {
+            return Err(bad("first_host", format!("{first_host} is after last_host {last_host}")));
+        }
+        let mut dns = Vec::with_capacity(self.dns.len());
+        for (i, s) in self.dns.iter().enumerate() {
+            let ip = IpAddr::from_str(s.trim())
+                .map_err(|_| bad(&format!("dns[{i}]"), format!("{s:?} is not an IP address")))?;
+            dns.push(ip);
+        }
+        Ok(IpRange { pool_id: p.clone(), cidr, gateway, first_host, last_host, dns })
+    }
+}
+
+fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
+    let s = s.trim();
+    if let Ok(net) = ipnet::Ipv6Net::from_str(s) {
+        return Err(format!("{net} is IPv6; only IPv4 ranges are supported"));
+    }
+    let net = Ipv4Net::from_str(s).map_err(|_| format!("{s:?} is not an IPv4 CIDR such as 10.0.0.0/24"))?;
+    if net.network() != net.addr() {
+        return Err(format!("{net} has host bits set (the network is {})", net.trunc()));
+    }
+    Ok(net)
+}
+
+fn parse_v4(s: &str) -> Result<Ipv4Addr, String> {
+    let s = s.trim();
+    match IpAddr::from_str(s) {
+        Ok(IpAddr::V4(a)) => Ok(a),
+        Ok(IpAddr::V6(a)) => Err(format!("{a} is IPv6; only IPv4 is supported")),
+        Err(_) => Err(format!("{s:?} is not an IPv4 address")),
+    }
+}
+
+/// One lease: `(pool_id, address)` is unique, and so is `instance_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The pool the address belongs to.
+    pub pool_id: String,
+    /// The leased address.
+    pub address: Ipv4Addr,
+    /// The instance holding it.
+    pub instance_id: String,
+}
+
+/// A pool as listed: its id and its range, if one is set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pool {
+    /// The pool id.
+    pub pool_id: String,
+    /// The range, or `None` for a pool without a range (it leases nothing).
+    pub range: Option<IpRange>,
+    /// How many leases the pool holds.
+    pub leases: u64,
+}
+
+/// Whether a host can take placements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostState {
+    /// The host takes placements.
+    Ready,
+    /// The host was lost; it takes nothing and holds no allocations.
+    Lost,
+}
+
+/// A host with its capacity and what placements have claimed of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Host {
+    /// The host id.
+    pub host_id: String,
+    /// vCPUs the host offers.
+    pub vcpus: u32,
+    /// Memory the host offers, MiB.
+    pub memory_mib: u32,
+    /// vCPUs claimed by placed instances.
+    pub used_vcpus: u32,
+    /// Memory claimed by placed instances, MiB.
+    pub used_memory_mib: u32,
+    /// Ready or lost.
+    pub state: HostState,
+}
+
+/// An instance's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceState {
+    /// Placed on a host, holding its claim (and its lease when the pool has a range).
+    Running,
+    /// Its host was lost and it is not recreated; no claim, no lease.
+    Lost,
+    /// The reconciler could not place it; see its conditions (`Unschedulable`).
+    Error,
+}
+
+impl InstanceState {
+    /// The stored string form (`running`, `lost`, `error`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Lost => "lost",
+            Self::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for InstanceState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for InstanceState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "running" => Ok(Self::Running),
+            "lost" => Ok(Self::Lost),
+            "error" => Ok(Self::Error),
+            _ => Err(Error::internal(format!("unknown instance state {s:?}"))),
+        }
+    }
+}
+
+/// A condition on an instance, e.g. `Unschedulable` after a failed placement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    /// The condition type, e.g. `Unschedulable`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Why, e.g. `Pool p1 has no free IP address`.
+    pub message: String,
+}
+
+/// An instance: its pool, its resource request, where it runs and its lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instance {
+    /// The instance id.
+    pub instance_id: String,
+    /// The hosted pool it belongs to.
+    pub pool_id: String,
+    /// The host holding its claim, when placed.
+    pub host_id: Option<String>,
+    /// Requested vCPUs.
+    pub vcpus: u32,
+    /// Requested memory, MiB.
+    pub memory_mib: u32,
+    /// Whether a host loss places it again elsewhere.
+    pub recreate_on_host_loss: bool,
+    /// Lifecycle state.
+    pub state: InstanceState,
+    /// Conditions, e.g. `Unschedulable`.
+    pub conditions: Vec<Condition>,
+    /// Its lease, when it holds one.
+    pub address: Option<Ipv4Addr>,
+}
+
+/// The request of `instances.create`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewInstance {
+    /// The instance id (see [`validate_id`]).
+    pub instance_id: String,
+    /// The hosted pool.
+    pub pool_id: String,
+    /// Place on this host; `None` picks the first ready host (by id) with room.
+    #[serde(default)]
+    pub host_id: Option<String>,
+    /// Requested vCPUs (at least 1).
+    pub vcpus: u32,
+    /// Requested memory, MiB (at least 1).
+    pub memory_mib: u32,
+    /// Whether a host loss places it again elsewhere.
+    #[serde(default)]
+    pub recreate_on_host_loss: bool,
+}
+
+impl NewInstance {
+    /// Checks the ids and the resource request.
+    ///
+    /// # Errors
+    /// `INVALID_INPUT` naming the field (`instance_id`, `pool_id`, `host_id`, `vcpus`, `memory_mib`).
+    pub fn validate(&self) -> Result<(), Error> {
+        validate_id("instance_id", &self.instance_id)?;
+        validate_id("pool_id", &self.pool_id)?;
+        if let Some(h) = &self.host_id {
+            validate_id("host_id", h)?;
+        }
+        if self.vcpus == 0 {
+            return Err(Error::invalid(format!("instance {}: vcpus must be at least 1", self.instance_id)));
+        }
+        if self.memory_mib == 0 {
+            return Err(Error::invalid(format!("instance {}: memory_mib must be at least 1", self.instance_id)));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(cidr: &str, gw: &str) -> SetIpPool {
+        SetIpPool { pool_id: "p1".into(), cidr: cidr.into(), gateway: gw.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn defaults_follow_the_spec() {
+        let r = req("10.0.0.0/24", "10.0.0.1").validate().unwrap();
+        assert_eq!(r.first_host, Ipv4Addr::new(10, 0, 0, 2));
+        assert_eq!(r.last_host, Ipv4Addr::new(10, 0, 0, 254));
+        assert!(r.dns.is_empty());
+        assert_eq!(r.size(), 253);
+    }
+
+    #[test]
+    fn slash31_and_slash32() {
+        let r = req("10.0.0.0/31", "10.0.0.0").validate().unwrap();
+        assert_eq!((r.first_host, r.last_host), (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 1)));
+        let mut q = req("10.0.0.5/32", "10.0.0.1");
+        assert!(q.validate().is_err());
+        q.first_host = Some("10.0.0.5".into());
+        let r = q.validate().unwrap();
+        assert_eq!(r.size(), 1);
+    }
+
+    #[test]
+    fn ids() {
+        assert!(validate_id("instance_id", "vm-1.a_b").is_ok());
+        assert_eq!(validate_id("instance_id", "").unwrap_err().message, "instance_id must not be empty");
+        assert!(validate_id("instance_id", "-x").is_err());
+        assert!(validate_id("instance_id", "a'; DROP TABLE x; --").is_err());
+        assert!(validate_id("instance_id", &"a".repeat(65)).is_err());
+        assert!(validate_id("instance_id", &"a".repeat(64)).is_ok());
+    }
+}
