@@ -326,16 +326,15 @@ impl InstanceSpec {
                     "nics[{i}]: gateway or nameservers without addresses"
                 )));
             }
-            if let Some(gw) = nic.gateway {
-                if !nic
+            if let Some(gw) = nic.gateway
+                && !nic
                     .addresses
                     .iter()
                     .any(|a| a.addr().is_ipv4() == gw.is_ipv4())
-                {
-                    return Err(ctx(format!(
-                        "nics[{i}].gateway {gw} has no address of its family on the NIC"
-                    )));
-                }
+            {
+                return Err(ctx(format!(
+                    "nics[{i}].gateway {gw} has no address of its family on the NIC"
+                )));
             }
             if self.nics[..i].iter().any(|o| o.mac == nic.mac) {
                 return Err(ctx(format!("nics[{i}].mac {} is used twice", nic.mac)));
