@@ -1,0 +1,204 @@
+//! The one error body of the API and the mapping of every failure into it.
+//!
+//! Every non-2xx response carries `{"error": {"code": "...", "message": "..."}}`, where `code` is
+//! a documented [`ErrorCode`] and the HTTP status is [`ErrorCode::http_status`] (400, 404, 409,
+//! 503, 500). That holds for our own errors, for axum's extractor rejections (malformed JSON, a
+//! wrong content type, a body over [`BODY_LIMIT_BYTES`], a bad path parameter) and for unknown
+//! routes or methods: [`ensure_error_body`] rewrites any error response that is not already in
+//! the documented shape.
+//!
+//! # Design
+//! Rejections are mapped in two places: [`ApiJson`] turns a JSON rejection into
+//! `INVALID_INPUT` with axum's message (which names the field through its path-aware decoder),
+//! and the [`ensure_error_body`] middleware is the safety net for everything else, so no code
+//! path can leak a plain-text error.
+
+use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use vmnet_model::{Error, ErrorCode};
+
+/// The largest request body the API accepts, in bytes (64 KiB). A larger body is refused with
+/// 400 `INVALID_INPUT`.
+pub const BODY_LIMIT_BYTES: usize = 64 * 1024;
+
+/// The error body: `{"error": {"code": "INVALID_INPUT", "message": "..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// The error: its documented code and a message naming the object and field.
+    pub error: Error,
+}
+
+/// An error answered by the API: a [`vmnet_model::Error`] rendered as [`ErrorBody`] with the
+/// status of its code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError(pub Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        Self(e)
+    }
+}
+
+/// The HTTP status of an error code.
+#[must_use]
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status_of(self.0.code);
+        let body = serde_json::to_vec(&ErrorBody { error: self.0 }).unwrap_or_else(|_| {
+            br#"{"error":{"code":"INTERNAL","message":"cannot encode error"}}"#.to_vec()
+        });
+        let mut resp = (status, body).into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp.headers_mut()
+            .insert(MARKER, HeaderValue::from_static("1"));
+        resp
+    }
+}
+
+/// An internal header that marks a response already in the documented error shape; removed by
+/// [`ensure_error_body`] before the response leaves the server.
+const MARKER: &str = "x-vmnet-error-body";
+
+/// Maps an axum JSON rejection to `INVALID_INPUT` with a message that says what was wrong.
+#[must_use]
+pub fn json_rejection(r: &JsonRejection) -> Error {
+    match r {
+        JsonRejection::MissingJsonContentType(_) => {
+            Error::invalid("request body: expected Content-Type: application/json")
+        }
+        JsonRejection::BytesRejection(_) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            too_large()
+        }
+        _ => Error::invalid(format!("request body: {}", r.body_text())),
+    }
+}
+
+fn too_large() -> Error {
+    Error::invalid(format!(
+        "request body: larger than the limit of {BODY_LIMIT_BYTES} bytes"
+    ))
+}
+
+/// A JSON body extractor whose rejections are documented API errors (`INVALID_INPUT`).
+#[derive(Debug, Clone)]
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Self(v)),
+            Err(r) => Err(ApiError(json_rejection(&r))),
+        }
+    }
+}
+
+/// A raw JSON body (checked content type, size limit applied) for callers that parse it with a
+/// model parser, such as the VM config's own validating parser.
+#[derive(Debug, Clone)]
+pub struct JsonBytes(pub axum::body::Bytes);
+
+impl<S> FromRequest<S> for JsonBytes
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|m| {
+                let m = m.trim().to_ascii_lowercase();
+                m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+            });
+        if !is_json {
+            return Err(ApiError(Error::invalid(
+                "request body: expected Content-Type: application/json",
+            )));
+        }
+        match axum::body::Bytes::from_request(req, state).await {
+            Ok(b) => Ok(Self(b)),
+            Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError(too_large())),
+            Err(r) => Err(ApiError(Error::invalid(format!(
+                "request body: {}",
+                r.body_text()
+            )))),
+        }
+    }
+}
+
+/// The fallback for unknown routes: 404 `NOT_FOUND` naming the method and path.
+pub async fn no_route(req: Request) -> ApiError {
+    ApiError(Error::not_found(format!(
+        "no route {} {}",
+        req.method(),
+        req.uri().path()
+    )))
+}
+
+/// Middleware: every error response leaves in the documented shape. Responses built from
+/// [`ApiError`] pass through; any other 4xx/5xx (an axum rejection, a 405, a panic-free layer
+/// error) is replaced by the same status's error code and the original text as the message.
+pub async fn ensure_error_body(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let mut resp = next.run(req).await;
+    if resp.headers_mut().remove(MARKER).is_some() {
+        return resp;
+    }
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let text = match axum::body::to_bytes(
+        std::mem::replace(resp.body_mut(), Body::empty()),
+        BODY_LIMIT_BYTES,
+    )
+    .await
+    {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_owned(),
+        Err(_) => String::new(),
+    };
+    let err = match status {
+        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
+            Error::not_found(format!("no route {method} {path}"))
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => too_large(),
+        s if s.is_client_error() => Error::invalid(if text.is_empty() {
+            format!("request: {s}")
+        } else {
+            format!("request: {text}")
+        }),
+        StatusCode::SERVICE_UNAVAILABLE => Error::unavailable(text),
+        _ => Error::internal(if text.is_empty() {
+            status.to_string()
+        } else {
+            text
+        }),
+    };
+    let mut out = ApiError(err).into_response();
+    out.headers_mut().remove(MARKER);
+    out
+}

@@ -1,0 +1,196 @@
+//! A client for the agent's API over its unix socket (HTTP/1.1, hyper 1).
+//!
+//! Every call returns the decoded JSON body on 2xx, or the [`vmnet_model::Error`] from the
+//! documented error body otherwise, so callers (the CLI, the sandbox, tests) print or match on
+//! the same `CODE: message` the API sent.
+//!
+//! # Limitations
+//! One connection per request (the CLI makes a handful of calls); no TLS, no TCP.
+
+use std::path::{Path, PathBuf};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::net::UnixStream;
+use vmnet_model::Error;
+
+use crate::api::error::ErrorBody;
+
+/// A client bound to the agent's unix socket path.
+#[derive(Debug, Clone)]
+pub struct Client {
+    socket: PathBuf,
+}
+
+/// Percent-encodes one path segment (everything but RFC 3986 unreserved characters).
+#[must_use]
+pub fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Client {
+    /// A client for the agent listening on `socket`.
+    #[must_use]
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+        }
+    }
+
+    /// The socket path this client talks to.
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Sends one request with an optional JSON body and returns the status and raw body.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the socket cannot be reached or the exchange fails.
+    pub async fn send_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), Error> {
+        let sock = self.socket.display().to_string();
+        let stream = UnixStream::connect(&self.socket).await.map_err(|e| {
+            Error::unavailable(format!(
+                "cannot reach the agent at {sock}: {e} (is `vmnet serve` running?)"
+            ))
+        })?;
+        let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Error::unavailable(format!("agent at {sock}: handshake failed: {e}")))?;
+        let conn_task = tokio::spawn(conn);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "vmnet-agent");
+        let payload = match body {
+            Some(b) => {
+                req = req.header("content-type", "application/json");
+                Bytes::from(b)
+            }
+            None => Bytes::new(),
+        };
+        let req = req
+            .body(Full::new(payload))
+            .map_err(|e| Error::internal(format!("cannot build request for {path}: {e}")))?;
+        let resp = tx.send_request(req).await.map_err(|e| {
+            Error::unavailable(format!("agent at {sock}: request {path} failed: {e}"))
+        })?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| {
+                Error::unavailable(format!("agent at {sock}: reading the reply failed: {e}"))
+            })?
+            .to_bytes();
+        conn_task.abort();
+        Ok((status, bytes))
+    }
+
+    /// Sends a request and decodes a 2xx JSON reply into `T` (use `()` for an empty reply).
+    ///
+    /// # Errors
+    /// The API's documented error on a non-2xx status; `UNAVAILABLE` when the agent cannot be
+    /// reached; `INTERNAL` when a reply does not decode.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> Result<T, Error> {
+        let body =
+            match body {
+                Some(b) => Some(serde_json::to_vec(b).map_err(|e| {
+                    Error::internal(format!("cannot encode request for {path}: {e}"))
+                })?),
+                None => None,
+            };
+        let (status, bytes) = self.send_raw(method, path, body).await?;
+        if !status.is_success() {
+            return Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(b) => b.error,
+                Err(_) => Error::internal(format!(
+                    "agent answered {status} for {path} with an undocumented body: {}",
+                    String::from_utf8_lossy(&bytes)
+                )),
+            });
+        }
+        let bytes = if bytes.is_empty() {
+            Bytes::from_static(b"null")
+        } else {
+            bytes
+        };
+        serde_json::from_slice(&bytes)
+            .map_err(|e| Error::internal(format!("agent reply for {path} does not decode: {e}")))
+    }
+
+    /// `GET path`.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        self.call(Method::GET, path, None::<&()>).await
+    }
+
+    /// `PUT path` with a JSON body.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn put<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &(impl Serialize + ?Sized),
+    ) -> Result<T, Error> {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
+    /// `POST path` with a JSON body (or none).
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> Result<T, Error> {
+        self.call(Method::POST, path, body).await
+    }
+
+    /// `DELETE path`.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        self.call(Method::DELETE, path, None::<&()>).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_escaped() {
+        assert_eq!(segment("vm-7"), "vm-7");
+        assert_eq!(segment("a/b c"), "a%2Fb%20c");
+        assert_eq!(segment("x;rm -rf"), "x%3Brm%20-rf");
+    }
+}

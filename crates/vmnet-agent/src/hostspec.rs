@@ -1,0 +1,161 @@
+//! The host spec: pools with ranges, hosts, instances and VMs in one JSON file, applied
+//! declaratively by `vmnet apply FILE` (and by `vmnet up --sandbox`).
+//!
+//! ```json
+//! {
+//!   "pools": [
+//!     {"pool_id": "pool-a", "cidr": "10.0.0.0/29", "gateway": "10.0.0.1", "dns": ["192.0.2.53"]}
+//!   ],
+//!   "hosts": [
+//!     {"host_id": "host-1", "vcpus": 16, "memory_mib": 65536}
+//!   ],
+//!   "instances": [
+//!     {"instance_id": "i-1", "pool_id": "pool-a", "vcpus": 2, "memory_mib": 2048}
+//!   ],
+//!   "vms": [
+//!     {"id": "vm-1", "user_id": 1001, "tenant": "t1", "mesh_ipv6": "fdaa:1::1",
+//!      "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}}
+//!   ]
+//! }
+//! ```
+//!
+//! Every section is optional (missing = empty); unknown fields are refused at every level.
+//! A pool entry is [`vmnet_model::pool::SetIpPool`] (`pool_id`, `cidr`, `gateway`, optional
+//! `first_host`, `last_host`, `dns`), an instance entry is [`vmnet_model::pool::NewInstance`]
+//! (`instance_id`, `pool_id`, optional `host_id`, `vcpus`, `memory_mib`, optional
+//! `recreate_on_host_loss`), a host entry is `host_id`, `vcpus`, `memory_mib`, and each VM entry
+//! is a VM network config exactly as `PUT /v1/vms/{id}` takes it.
+//!
+//! # Semantics of `vmnet apply`
+//! The whole file is parsed and every entry validated before anything is sent. Then, in order:
+//! 1. **pools**: each range is set (`PUT /v1/pools/{id}/range`); setting it again replaces it
+//!    and keeps existing leases.
+//! 2. **hosts**: each host is added or its capacity updated (`PUT /v1/hosts/{id}`).
+//! 3. **instances**: each is created with its lease (`POST /v1/instances`, body as in the file); an instance that
+//!    exists already is left as it is (placement is not redone, its lease is kept).
+//! 4. **vms**: each VM config is put (`PUT /v1/vms/{id}`); an unchanged config is a no-op.
+//! 5. with `--prune` only: VMs the agent holds that the file does not list are deleted.
+//!
+//! Nothing else is ever deleted by `apply`: pools, hosts and instances not in the file stay
+//! (deleting an instance returns its lease; that stays an explicit `vmnet instance delete`).
+//!
+//! # Limitations
+//! Not atomic across entries: a failure stops the apply at that entry and reports it; the
+//! entries before it stay applied, and re-running the same file converges.
+
+use serde::{Deserialize, Serialize};
+use vmnet_model::Error;
+
+use vmnet_model::pool::{NewInstance, SetIpPool};
+
+use crate::api::types::{HostCapacity, PoolRange};
+
+/// A whole host spec file. See the module docs for the format and the apply semantics.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    /// Pool ranges to set.
+    #[serde(default)]
+    pub pools: Vec<SetIpPool>,
+    /// Hosts and their capacity.
+    #[serde(default)]
+    pub hosts: Vec<HostSpecEntry>,
+    /// Instances to place (each takes a lease from its pool).
+    #[serde(default)]
+    pub instances: Vec<NewInstance>,
+    /// VM network configs (namespace mode), each exactly the body of `PUT /v1/vms/{id}`.
+    #[serde(default)]
+    pub vms: Vec<serde_json::Value>,
+}
+
+/// A host: the host id plus the body of `PUT /v1/hosts/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpecEntry {
+    /// The host id.
+    pub host_id: String,
+    /// Schedulable vCPUs.
+    pub vcpus: u32,
+    /// Schedulable memory in MiB.
+    pub memory_mib: u32,
+}
+
+impl HostSpecEntry {
+    /// The capacity part, as `PUT /v1/hosts/{id}` takes it.
+    #[must_use]
+    pub fn capacity(&self) -> HostCapacity {
+        HostCapacity {
+            vcpus: self.vcpus,
+            memory_mib: self.memory_mib,
+        }
+    }
+}
+
+/// The range part of a pool entry, as `PUT /v1/pools/{id}/range` takes it.
+#[must_use]
+pub fn pool_range(p: &SetIpPool) -> PoolRange {
+    PoolRange {
+        cidr: p.cidr.clone(),
+        gateway: p.gateway.clone(),
+        first_host: p.first_host.clone(),
+        last_host: p.last_host.clone(),
+        dns: Some(p.dns.clone()),
+    }
+}
+
+impl HostSpec {
+    /// Parses a host spec from JSON text.
+    ///
+    /// # Errors
+    /// `INVALID_INPUT` naming the file (`what`) and the position or field at fault.
+    pub fn parse(what: &str, text: &str) -> Result<Self, Error> {
+        serde_json::from_str(text).map_err(|e| Error::invalid(format!("host spec {what}: {e}")))
+    }
+
+    /// The VM id of entry `i` (its `id` field), if it is a string.
+    #[must_use]
+    pub fn vm_id(&self, i: usize) -> Option<&str> {
+        self.vms.get(i)?.get("id")?.as_str()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_example() {
+        let text = r#"{
+          "pools": [{"pool_id": "pool-a", "cidr": "10.0.0.0/29", "gateway": "10.0.0.1", "dns": ["192.0.2.53"]}],
+          "hosts": [{"host_id": "host-1", "vcpus": 16, "memory_mib": 65536}],
+          "instances": [{"instance_id": "i-1", "pool_id": "pool-a", "vcpus": 2, "memory_mib": 2048}],
+          "vms": [{"id": "vm-1", "user_id": 1001, "tenant": "t1", "mesh_ipv6": "fdaa:1::1",
+                   "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}}]
+        }"#;
+        let spec = HostSpec::parse("host.json", text).unwrap();
+        assert_eq!(pool_range(&spec.pools[0]).gateway, "10.0.0.1");
+        assert_eq!(spec.hosts[0].capacity().memory_mib, 65536);
+        assert_eq!(spec.instances[0].pool_id, "pool-a");
+        assert_eq!(spec.vm_id(0), Some("vm-1"));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let e = HostSpec::parse("h.json", r#"{"pools": [], "vm": []}"#).unwrap_err();
+        assert!(e.message.contains("unknown field `vm`"), "{e}");
+        let e = HostSpec::parse(
+            "h.json",
+            r#"{"hosts": [{"host_id": "h", "vcpus": 1, "memory_mib": 1, "x": 1}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("unknown field `x`"), "{e}");
+    }
+
+    #[test]
+    fn empty_spec_is_valid() {
+        assert_eq!(
+            HostSpec::parse("h.json", "{}").unwrap(),
+            HostSpec::default()
+        );
+    }
+}
