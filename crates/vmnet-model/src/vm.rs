@@ -1,1 +1,437 @@
-//! The per-VM network config of namespace mode (spec: namespaced-vm-networking.md, "Routes").
+//! The per-VM network config of namespace mode (spec: namespaced-vm-networking.md, "Topology",
+//! "Routes").
+//!
+//! A VM config is a JSON document:
+//!
+//! ```json
+//! {"id": "vm-7", "user_id": 7, "tenant": 3, "mesh_ipv6": "fdaa:1::7",
+//!  "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"},
+//!                         {"destination": "2000::/3", "via": "fdaa:1::56"}]}}
+//! ```
+//!
+//! [`parse_vm_config`] parses and validates it in one step and is the only way the edge (API, CLI,
+//! host spec) should build a [`VmConfig`]; [`VmConfig`]'s own `Deserialize` runs the same rules.
+//!
+//! # Validation rules (each error is `INVALID_INPUT` and names the VM and the field path)
+//! - `id`: non-empty, at most [`MAX_VM_ID_LEN`] bytes, only `[A-Za-z0-9._-]`.
+//! - `user_id`: `0..=`[`MAX_USER_ID`] (every derived name and transit /30 exists for this range).
+//! - `tenant`: any `u32`.
+//! - `mesh_ipv6`: an address in `fdaa::/16`, written plain (`fdaa:1::7`) or as a /128.
+//! - `network.routes[i].destination`: a canonical prefix (no host bits), each destination once.
+//! - `network.routes[i].via`: `"host"` or a mesh address in `fdaa::/16`; a mesh via only for IPv6
+//!   destinations.
+//! - routes need `mesh_ipv6`: a VM without a mesh address has no veth pair, so nothing to route over.
+//! - Unknown fields are refused. Fields of later issues ([`FUTURE_FIELDS`]) are refused with
+//!   "… is not supported yet".
+//!
+//! # Limitations
+//! Public addresses, throughput limits, the firewall, WireGuard peers and metadata are not modelled
+//! yet; they are refused, never accepted and ignored.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+use std::str::FromStr;
+
+use ipnet::{IpNet, Ipv6Net};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+use crate::Error;
+
+/// The largest supported VM user id. Every derived name (4 hex digits) and every transit /30 (a
+/// /14 holds 2^16 of them) exists for `0..=MAX_USER_ID`.
+pub const MAX_USER_ID: u32 = 0xffff;
+
+/// The longest VM id, in bytes.
+pub const MAX_VM_ID_LEN: usize = 64;
+
+/// The mesh range every mesh address lies in: `fdaa::/16`.
+pub const MESH_RANGE: Ipv6Net = match Ipv6Net::new(Ipv6Addr::new(0xfdaa, 0, 0, 0, 0, 0, 0, 0), 16) {
+    Ok(n) => n,
+    Err(_) => panic!("fdaa::/16 is a valid prefix"),
+};
+
+/// Fields of later issues, at the top level or under `network`, refused with "… is not supported yet".
+pub const FUTURE_FIELDS: &[&str] = &[
+    "public_ipv4",
+    "public_ipv6",
+    "private_network_throughput_mibps",
+    "public_network_throughput_mibps",
+    "firewall",
+    "metadata",
+    "wireguard",
+    "peers",
+    "packet_activity",
+];
+
+/// Where a route's traffic goes (spec "Routes": the `via` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Via {
+    /// `"host"`: the host uplink; IPv4 leaves through NAT in the VM's namespace.
+    Host,
+    /// A gateway VM's mesh address in `fdaa::/16` (IPv6 destinations only).
+    Mesh(Ipv6Addr),
+}
+
+impl fmt::Display for Via {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Host => f.write_str("host"),
+            Self::Mesh(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+impl FromStr for Via {
+    type Err = String;
+
+    /// Parses `host` or an IPv6 address in `fdaa::/16`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "host" {
+            return Ok(Self::Host);
+        }
+        match s.parse::<Ipv6Addr>() {
+            Ok(a) if MESH_RANGE.contains(&a) => Ok(Self::Mesh(a)),
+            Ok(a) => Err(format!("{a} is not a mesh address in fdaa::/16")),
+            Err(_) => Err(format!(
+                "{s:?} is neither \"host\" nor a mesh address in fdaa::/16"
+            )),
+        }
+    }
+}
+
+impl Serialize for Via {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Via {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One route: traffic to `destination` goes `via` the host uplink or a gateway VM.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// A canonical IPv4 or IPv6 prefix, e.g. `0.0.0.0/0`, `2000::/3`.
+    pub destination: IpNet,
+    /// `host` or a mesh address.
+    pub via: Via,
+}
+
+/// The `network` object of a VM config.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct VmNetwork {
+    /// What the VM reaches outside the mesh; empty means mesh peers only.
+    pub routes: Vec<Route>,
+}
+
+/// A validated VM network config (namespace mode). Build it with [`parse_vm_config`] or serde
+/// (which runs the same validation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VmConfig {
+    /// The VM id: 1–64 bytes of `[A-Za-z0-9._-]`.
+    pub id: String,
+    /// The numeric VM user id, `0..=MAX_USER_ID`; every kernel name and the transit /30 derive from it.
+    pub user_id: u32,
+    /// The tenant; tenant 0 is the privileged tenant (spec "Atlas WG Mesh").
+    pub tenant: u32,
+    /// The VM's mesh address (a /128 in `fdaa::/16`); `None` for a warm-image capture VM, which
+    /// gets no veth pair.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mesh_ipv6: Option<Ipv6Addr>,
+    /// Routes.
+    pub network: VmNetwork,
+}
+
+impl VmConfig {
+    /// Whether any IPv4 route uses `host` (then the namespace NATs IPv4 to the transit address).
+    #[must_use]
+    pub fn ipv4_via_host(&self) -> bool {
+        self.network
+            .routes
+            .iter()
+            .any(|r| r.via == Via::Host && matches!(r.destination, IpNet::V4(_)))
+    }
+
+    /// Checks every rule of the module docs against this value.
+    ///
+    /// # Errors
+    /// `INVALID_INPUT` naming the VM and the field path.
+    pub fn validate(&self) -> Result<(), Error> {
+        validate_id(&self.id)?;
+        let vm = &self.id;
+        if self.user_id > MAX_USER_ID {
+            return Err(Error::invalid(format!(
+                "vm {vm}: user_id {} is outside the supported range 0..={MAX_USER_ID}",
+                self.user_id
+            )));
+        }
+        if let Some(m) = self.mesh_ipv6 {
+            if !MESH_RANGE.contains(&m) {
+                return Err(Error::invalid(format!(
+                    "vm {vm}: mesh_ipv6 {m} is not in fdaa::/16"
+                )));
+            }
+        }
+        if self.mesh_ipv6.is_none() && !self.network.routes.is_empty() {
+            return Err(Error::invalid(format!(
+                "vm {vm}: network.routes needs mesh_ipv6 (a VM without a mesh address has no veth pair)"
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, r) in self.network.routes.iter().enumerate() {
+            let d = r.destination;
+            if d.trunc() != d {
+                return Err(Error::invalid(format!(
+                    "vm {vm}: network.routes[{i}].destination {d} is not canonical (host bits set; did you mean {}?)",
+                    d.trunc()
+                )));
+            }
+            if !seen.insert(d) {
+                return Err(Error::invalid(format!(
+                    "vm {vm}: network.routes[{i}].destination {d} appears more than once"
+                )));
+            }
+            if let Via::Mesh(g) = r.via {
+                if !MESH_RANGE.contains(&g) {
+                    return Err(Error::invalid(format!(
+                        "vm {vm}: network.routes[{i}].via {g} is not a mesh address in fdaa::/16"
+                    )));
+                }
+                if matches!(d, IpNet::V4(_)) {
+                    return Err(Error::invalid(format!(
+                        "vm {vm}: network.routes[{i}].via {g}: a mesh via carries IPv6 only, destination {d} is IPv4"
+                    )));
+                }
+                if Some(g) == self.mesh_ipv6 {
+                    return Err(Error::invalid(format!(
+                        "vm {vm}: network.routes[{i}].via {g} is the VM's own mesh address"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_id(id: &str) -> Result<(), Error> {
+    if id.is_empty() {
+        return Err(Error::invalid("vm: id must not be empty"));
+    }
+    if id.len() > MAX_VM_ID_LEN {
+        return Err(Error::invalid(format!(
+            "vm {}…: id is {} bytes, at most {MAX_VM_ID_LEN} are allowed",
+            &id[..id.char_indices().nth(16).map_or(id.len(), |(i, _)| i)],
+            id.len()
+        )));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(Error::invalid(format!(
+            "vm {id:?}: id contains {c:?}; only A-Z a-z 0-9 . _ - are allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// Parses and validates a VM config document (JSON bytes).
+///
+/// # Errors
+/// `INVALID_INPUT` for malformed JSON, wrong types, unknown fields, fields of later issues
+/// ("… is not supported yet") and every rule of the module docs; the message names the VM (when
+/// its id could be read) and the field path.
+pub fn parse_vm_config(json: &[u8]) -> Result<VmConfig, Error> {
+    let value: Value = serde_json::from_slice(json)
+        .map_err(|e| Error::invalid(format!("vm: malformed JSON: {e}")))?;
+    from_value(&value)
+}
+
+/// Like [`parse_vm_config`], from an already parsed JSON value (e.g. one VM of a host spec).
+///
+/// # Errors
+/// As [`parse_vm_config`].
+pub fn from_value(value: &Value) -> Result<VmConfig, Error> {
+    let Value::Object(top) = value else {
+        return Err(Error::invalid("vm: the config must be a JSON object"));
+    };
+    let id = match top.get("id") {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "vm: id must be a string, got {other}"
+            )));
+        }
+        None => return Err(Error::invalid("vm: id is required")),
+    };
+    validate_id(&id)?;
+    let vm = &id;
+    let bad = |field: &str, msg: &str| Error::invalid(format!("vm {vm}: {field}: {msg}"));
+    for key in top.keys() {
+        if FUTURE_FIELDS.contains(&key.as_str()) {
+            return Err(bad(key, "is not supported yet"));
+        }
+        if !matches!(
+            key.as_str(),
+            "id" | "user_id" | "tenant" | "mesh_ipv6" | "network"
+        ) {
+            return Err(bad(key, "unknown field"));
+        }
+    }
+    let user_id = match top.get("user_id") {
+        Some(v) => v.as_u64().ok_or_else(|| {
+            bad(
+                "user_id",
+                &format!("must be a non-negative integer, got {v}"),
+            )
+        })?,
+        None => return Err(bad("user_id", "is required")),
+    };
+    let user_id = u32::try_from(user_id)
+        .ok()
+        .filter(|u| *u <= MAX_USER_ID)
+        .ok_or_else(|| {
+            bad(
+                "user_id",
+                &format!("{user_id} is outside the supported range 0..={MAX_USER_ID}"),
+            )
+        })?;
+    let tenant = match top.get("tenant") {
+        Some(v) => v
+            .as_u64()
+            .and_then(|t| u32::try_from(t).ok())
+            .ok_or_else(|| {
+                bad(
+                    "tenant",
+                    &format!("must be an integer in 0..=4294967295, got {v}"),
+                )
+            })?,
+        None => return Err(bad("tenant", "is required")),
+    };
+    let mesh_ipv6 = match top.get("mesh_ipv6") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(parse_mesh(s).map_err(|m| bad("mesh_ipv6", &m))?),
+        Some(v) => return Err(bad("mesh_ipv6", &format!("must be a string, got {v}"))),
+    };
+    let routes = match top.get("network") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(net)) => parse_network(net, &bad)?,
+        Some(v) => return Err(bad("network", &format!("must be an object, got {v}"))),
+    };
+    let cfg = VmConfig {
+        id,
+        user_id,
+        tenant,
+        mesh_ipv6,
+        network: VmNetwork { routes },
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn parse_network(
+    net: &serde_json::Map<String, Value>,
+    bad: &dyn Fn(&str, &str) -> Error,
+) -> Result<Vec<Route>, Error> {
+    for key in net.keys() {
+        let path = format!("network.{key}");
+        if FUTURE_FIELDS.contains(&key.as_str()) {
+            return Err(bad(&path, "is not supported yet"));
+        }
+        if key != "routes" {
+            return Err(bad(&path, "unknown field"));
+        }
+    }
+    let list = match net.get("routes") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(v) => return Err(bad("network.routes", &format!("must be an array, got {v}"))),
+    };
+    let mut routes = Vec::with_capacity(list.len());
+    for (i, r) in list.iter().enumerate() {
+        let path = format!("network.routes[{i}]");
+        let Value::Object(o) = r else {
+            return Err(bad(&path, "must be an object with destination and via"));
+        };
+        if let Some(k) = o
+            .keys()
+            .find(|k| !matches!(k.as_str(), "destination" | "via"))
+        {
+            return Err(bad(&format!("{path}.{k}"), "unknown field"));
+        }
+        let field = |name: &str| -> Result<&str, Error> {
+            match o.get(name) {
+                Some(Value::String(s)) => Ok(s),
+                Some(v) => Err(bad(
+                    &format!("{path}.{name}"),
+                    &format!("must be a string, got {v}"),
+                )),
+                None => Err(bad(&format!("{path}.{name}"), "is required")),
+            }
+        };
+        let d = field("destination")?;
+        let destination: IpNet = d.parse().map_err(|_| {
+            bad(
+                &format!("{path}.destination"),
+                &format!("{d:?} is not a prefix like 10.0.0.0/8 or 2000::/3"),
+            )
+        })?;
+        let via: Via = field("via")?
+            .parse()
+            .map_err(|m: String| bad(&format!("{path}.via"), &m))?;
+        routes.push(Route { destination, via });
+    }
+    Ok(routes)
+}
+
+/// Parses a mesh address: plain (`fdaa:1::7`) or as a /128 (`fdaa:1::7/128`), in `fdaa::/16`.
+fn parse_mesh(s: &str) -> Result<Ipv6Addr, String> {
+    let addr = match s.split_once('/') {
+        Some((a, "128")) => a.parse::<Ipv6Addr>().ok(),
+        Some(_) => return Err(format!("{s} must be a single address (a /128)")),
+        None => s.parse::<Ipv6Addr>().ok(),
+    }
+    .ok_or_else(|| format!("{s:?} is not an IPv6 address"))?;
+    if !MESH_RANGE.contains(&addr) {
+        return Err(format!("{addr} is not in fdaa::/16"));
+    }
+    Ok(addr)
+}
+
+impl<'de> Deserialize<'de> for VmConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        from_value(&v).map_err(|e| serde::de::Error::custom(e.message))
+    }
+}
+
+impl<'de> Deserialize<'de> for VmNetwork {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            #[serde(default)]
+            routes: Vec<Route>,
+        }
+        Ok(Self {
+            routes: Raw::deserialize(d)?.routes,
+        })
+    }
+}
+
+/// The address family of a destination, for callers that split routes by family.
+#[must_use]
+pub fn is_ipv4(d: &IpNet) -> bool {
+    matches!(d.addr(), IpAddr::V4(_))
+}
+
+#[cfg(test)]
+#[path = "vm_tests.rs"]
+mod tests;
