@@ -172,12 +172,12 @@ impl VmConfig {
                 self.user_id
             )));
         }
-        if let Some(m) = self.mesh_ipv6 {
-            if !MESH_RANGE.contains(&m) {
-                return Err(Error::invalid(format!(
-                    "vm {vm}: mesh_ipv6 {m} is not in fdaa::/16"
-                )));
-            }
+        if let Some(m) = self.mesh_ipv6
+            && !MESH_RANGE.contains(&m)
+        {
+            return Err(Error::invalid(format!(
+                "vm {vm}: mesh_ipv6 {m} is not in fdaa::/16"
+            )));
         }
         if self.mesh_ipv6.is_none() && !self.network.routes.is_empty() {
             return Err(Error::invalid(format!(
