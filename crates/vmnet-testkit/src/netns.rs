@@ -1,0 +1,229 @@
+//! Named network namespaces for tests: create, delete, list, run code inside, run `ip` and
+//! other commands inside, each with a timeout.
+//!
+//! # Design
+//! Namespaces are made by `ip netns add` (the iproute2 layout under `/run/netns`), so `ip -n`
+//! and `ip netns exec` work on them. Code runs inside a namespace on a dedicated thread that
+//! called `setns(2)`; the caller's thread never changes namespace. Threads spawned from such a
+//! thread inherit its namespace.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sched::{CloneFlags, setns};
+
+use crate::TestkitError;
+
+/// Where iproute2 mounts named namespaces.
+pub const NETNS_DIR: &str = "/run/netns";
+
+/// The mount path of the namespace `name`.
+#[must_use]
+pub fn path(name: &str) -> PathBuf {
+    Path::new(NETNS_DIR).join(name)
+}
+
+/// Whether the named namespace exists.
+#[must_use]
+pub fn exists(name: &str) -> bool {
+    path(name).exists()
+}
+
+/// Creates the named namespace and brings its loopback up.
+///
+/// # Errors
+/// When `ip netns add` fails (e.g. the name exists).
+pub fn create(name: &str) -> Result<(), TestkitError> {
+    run_checked(Command::new("ip").args(["netns", "add", name]))?;
+    ip(name, &["link", "set", "lo", "up"])?;
+    Ok(())
+}
+
+/// Deletes the named namespace; a missing one is not an error.
+///
+/// # Errors
+/// When `ip netns del` fails on an existing namespace.
+pub fn delete(name: &str) -> Result<(), TestkitError> {
+    if !exists(name) {
+        return Ok(());
+    }
+    run_checked(Command::new("ip").args(["netns", "del", name]))?;
+    Ok(())
+}
+
+/// The named namespaces whose names start with `prefix`, sorted.
+#[must_use]
+pub fn list(prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Moves the calling thread into the named namespace. Use only on a thread made for that
+/// purpose (see [`run_in`], [`spawn_in`]).
+///
+/// # Errors
+/// When the namespace does not exist or `setns` fails.
+pub fn enter(name: &str) -> Result<(), TestkitError> {
+    let file =
+        File::open(path(name)).map_err(|e| TestkitError::io(format!("netns {name}: open"), e))?;
+    setns(file.as_fd(), CloneFlags::CLONE_NEWNET)
+        .map_err(|e| TestkitError::errno(format!("netns {name}: setns"), e))
+}
+
+/// Runs `f` on a fresh thread inside the named namespace and returns its result.
+///
+/// # Errors
+/// When the namespace cannot be entered or `f` panics.
+pub fn run_in<T, F>(name: &str, f: F) -> Result<T, TestkitError>
+where
+    T: Send,
+    F: FnOnce() -> T + Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter(name)?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(TestkitError::Panicked(format!("netns {name}"))))
+    })
+}
+
+/// Spawns a long-lived thread inside the named namespace running `f`. The thread enters the
+/// namespace before `f` runs; if it cannot, `f` is not run and the error is the thread's result.
+///
+/// # Errors
+/// When the thread cannot be spawned.
+pub fn spawn_in<T, F>(
+    name: &str,
+    thread_name: &str,
+    f: F,
+) -> Result<std::thread::JoinHandle<Result<T, TestkitError>>, TestkitError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let ns = name.to_owned();
+    std::thread::Builder::new()
+        .name(thread_name.to_owned())
+        .spawn(move || {
+            enter(&ns)?;
+            Ok(f())
+        })
+        .map_err(|e| TestkitError::io(format!("spawn thread {thread_name}"), e))
+}
+
+/// Runs `ip -n NS ARGS…` and returns its stdout.
+///
+/// # Errors
+/// When `ip` exits unsuccessfully; the error carries its stderr.
+pub fn ip(ns: &str, args: &[&str]) -> Result<String, TestkitError> {
+    let out = run_checked(Command::new("ip").arg("-n").arg(ns).args(args))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Writes a sysctl inside the named namespace, e.g. `("net/ipv4/ip_forward", "1")`.
+///
+/// # Errors
+/// When the namespace cannot be entered or the file cannot be written.
+pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<(), TestkitError> {
+    let file = Path::new("/proc/sys").join(key);
+    run_in(ns, || std::fs::write(&file, value))?
+        .map_err(|e| TestkitError::io(format!("netns {ns}: sysctl {key}={value}"), e))
+}
+
+/// Reads a sysctl inside the named namespace (trimmed).
+///
+/// # Errors
+/// When the namespace cannot be entered or the file cannot be read.
+pub fn sysctl_get(ns: &str, key: &str) -> Result<String, TestkitError> {
+    let file = Path::new("/proc/sys").join(key);
+    let v = run_in(ns, || std::fs::read_to_string(&file))?
+        .map_err(|e| TestkitError::io(format!("netns {ns}: read sysctl {key}"), e))?;
+    Ok(v.trim().to_owned())
+}
+
+/// Runs `ip netns exec NS PROGRAM ARGS…` under a time limit and returns its output, whatever
+/// its exit status. The child is killed when the limit passes.
+///
+/// # Errors
+/// When it cannot be started, or [`TestkitError::Timeout`] when it had to be killed.
+pub fn exec(
+    ns: &str,
+    program: &str,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<Output, TestkitError> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, program]).args(args);
+    run_with_timeout(&mut cmd, timeout)
+}
+
+/// Runs `cmd` (stdin closed, output captured) and kills it when `timeout` passes.
+///
+/// # Errors
+/// When it cannot be started, or [`TestkitError::Timeout`] when it had to be killed.
+pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Result<Output, TestkitError> {
+    let line = describe(cmd);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| TestkitError::io(format!("start `{line}`"), e))?;
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() >= timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(TestkitError::Timeout {
+                    what: line,
+                    timeout,
+                });
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(TestkitError::io(format!("wait for `{line}`"), e)),
+        }
+    }
+    child
+        .wait_with_output()
+        .map_err(|e| TestkitError::io(format!("collect `{line}`"), e))
+}
+
+/// Runs `cmd` with a 30 s limit and fails unless it exits successfully.
+///
+/// # Errors
+/// [`TestkitError::Command`] with its stderr, or a start/timeout error.
+pub fn run_checked(cmd: &mut Command) -> Result<Output, TestkitError> {
+    let out = run_with_timeout(cmd, Duration::from_secs(30))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(TestkitError::Command {
+            command: describe(cmd),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
+
+fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

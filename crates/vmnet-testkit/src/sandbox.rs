@@ -1,0 +1,354 @@
+//! A sandbox host namespace and a fake internet namespace joined by an uplink veth, with a
+//! cleanup guard.
+//!
+//! Layout (all addresses are documentation ranges):
+//!
+//! ```text
+//!  <prefix>host                                   <prefix>inet
+//!  ┌──────────────────────────────┐  veth   ┌──────────────────────────────────┐
+//!  │ uplink 203.0.113.2/24        ├─────────┤ sbhost 203.0.113.1/24            │
+//!  │        2001:db8:0:1::2/64    │         │        2001:db8:0:1::1/64        │
+//!  │ default via 203.0.113.1      │         │ lo 198.51.100.10/32 (echo)       │
+//!  │ ::/0 via 2001:db8:0:1::1     │         │    2001:db8:100::10/128 (echo)   │
+//!  │ forwarding on (v4, v6)       │         │ fdaa::/16 via 2001:db8:0:1::2    │
+//!  └──────────────────────────────┘         └──────────────────────────────────┘
+//! ```
+//!
+//! The fake internet routes the mesh range `fdaa::/16` back to the sandbox host, standing in
+//! for the mesh and public IPv6 routing of a real host, so IPv6 from a guest's mesh address to
+//! the internet gets its replies. Forwarding is on in the sandbox host only.
+//!
+//! # Names
+//! Every namespace of one sandbox starts with its prefix, which ends in `-` so that no prefix
+//! is the start of another: `<prefix>host`, `<prefix>inet`, `<prefix>x-<name>` for extras
+//! ([`Sandbox::add_netns`]), and whatever an agent run with [`Sandbox::agent_prefix`] creates.
+//! The generated prefix is `<tag><pid><counter>-` (tag: lowercase letters, counter: letters),
+//! unique per process and instance.
+//!
+//! # Cleanup
+//! `Drop` deletes every named namespace starting with the prefix (links inside go with them),
+//! also while unwinding from a panic. [`Sandbox::keep`] disarms the guard (for `vmnet up`);
+//! [`cleanup`] removes a kept sandbox later, from another process.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::TestkitError;
+use crate::echo::EchoService;
+use crate::netns;
+
+/// The fake internet's end of the uplink.
+pub const INET_UPLINK_V4: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+/// The sandbox host's uplink address: what the internet sees after NAT.
+pub const HOST_UPLINK_V4: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
+/// Prefix length of the IPv4 uplink.
+pub const UPLINK_V4_LEN: u8 = 24;
+/// The fake internet's end of the uplink (IPv6).
+pub const INET_UPLINK_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, 1);
+/// The sandbox host's uplink address (IPv6).
+pub const HOST_UPLINK_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, 2);
+/// Prefix length of the IPv6 uplink.
+pub const UPLINK_V6_LEN: u8 = 64;
+/// A fake internet address, beyond the uplink subnet, where the echo service listens.
+pub const ECHO_V4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// The IPv6 fake internet address of the echo service.
+pub const ECHO_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0x10);
+/// The echo port (TCP and UDP).
+pub const ECHO_PORT: u16 = 7;
+/// The uplink's name in the sandbox host.
+pub const HOST_UPLINK_IF: &str = "uplink";
+/// The uplink's name in the fake internet.
+pub const INET_UPLINK_IF: &str = "sbhost";
+/// The mesh range routed from the fake internet back to the sandbox host.
+pub const MESH_RANGE: &str = "fdaa::/16";
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A sandbox host and fake internet, deleted on drop (see the module docs).
+#[derive(Debug)]
+pub struct Sandbox {
+    prefix: String,
+    extra: Mutex<Vec<String>>,
+    armed: bool,
+}
+
+fn letters(mut n: u32) -> String {
+    let mut s = Vec::new();
+    loop {
+        s.push(b'a' + u8::try_from(n % 26).unwrap_or(0));
+        n /= 26;
+        if n == 0 {
+            break;
+        }
+    }
+    s.reverse();
+    String::from_utf8(s).unwrap_or_default()
+}
+
+/// A fresh prefix `<tag><pid><counter>-`, unique within this machine while the process lives.
+///
+/// # Panics
+/// When `tag` is empty, longer than 4 bytes or not lowercase ASCII letters.
+#[must_use]
+pub fn unique_prefix(tag: &str) -> String {
+    assert!(
+        !tag.is_empty() && tag.len() <= 4 && tag.bytes().all(|b| b.is_ascii_lowercase()),
+        "sandbox tag {tag:?} must be 1-4 lowercase letters"
+    );
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{tag}{}{}-", std::process::id(), letters(n))
+}
+
+impl Sandbox {
+    /// Creates a sandbox with a fresh prefix from `tag` (1-4 lowercase letters naming the caller,
+    /// e.g. `"ns"` for the namespace driver's tests).
+    ///
+    /// # Errors
+    /// When a namespace, link, address, route or sysctl cannot be set up; whatever was made is
+    /// deleted again.
+    ///
+    /// # Panics
+    /// On a bad tag (see [`unique_prefix`]).
+    pub fn new(tag: &str) -> Result<Self, TestkitError> {
+        Self::with_prefix(&unique_prefix(tag))
+    }
+
+    /// Creates a sandbox whose names start with `prefix` (it should end in `-`).
+    ///
+    /// # Errors
+    /// [`TestkitError::Unexpected`] when namespaces with this prefix exist already; otherwise as
+    /// [`Sandbox::new`].
+    pub fn with_prefix(prefix: &str) -> Result<Self, TestkitError> {
+        let existing = netns::list(prefix);
+        if !existing.is_empty() {
+            return Err(TestkitError::Unexpected(format!(
+                "sandbox {prefix}: namespaces exist already: {}",
+                existing.join(", ")
+            )));
+        }
+        let sb = Self {
+            prefix: prefix.to_owned(),
+            extra: Mutex::new(Vec::new()),
+            armed: true,
+        };
+        sb.build()?;
+        Ok(sb)
+    }
+
+    /// Takes charge of an existing sandbox by prefix (e.g. one kept by `vmnet up`), so that
+    /// dropping the value removes it.
+    #[must_use]
+    pub fn adopt(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            extra: Mutex::new(Vec::new()),
+            armed: true,
+        }
+    }
+
+    fn build(&self) -> Result<(), TestkitError> {
+        let (host, inet) = (self.host(), self.inet());
+        netns::create(&host)?;
+        netns::create(&inet)?;
+        // Addresses must work at once: no duplicate address detection in either namespace.
+        for ns in [&host, &inet] {
+            netns::sysctl(ns, "net/ipv6/conf/all/accept_dad", "0")?;
+            netns::sysctl(ns, "net/ipv6/conf/default/accept_dad", "0")?;
+        }
+        netns::ip(
+            &host,
+            &[
+                "link",
+                "add",
+                HOST_UPLINK_IF,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                INET_UPLINK_IF,
+                "netns",
+                &inet,
+            ],
+        )?;
+        let h4 = format!("{HOST_UPLINK_V4}/{UPLINK_V4_LEN}");
+        let h6 = format!("{HOST_UPLINK_V6}/{UPLINK_V6_LEN}");
+        let i4 = format!("{INET_UPLINK_V4}/{UPLINK_V4_LEN}");
+        let i6 = format!("{INET_UPLINK_V6}/{UPLINK_V6_LEN}");
+        netns::ip(&host, &["addr", "add", &h4, "dev", HOST_UPLINK_IF])?;
+        netns::ip(&host, &["addr", "add", &h6, "dev", HOST_UPLINK_IF, "nodad"])?;
+        netns::ip(&host, &["link", "set", HOST_UPLINK_IF, "up"])?;
+        netns::ip(&inet, &["addr", "add", &i4, "dev", INET_UPLINK_IF])?;
+        netns::ip(&inet, &["addr", "add", &i6, "dev", INET_UPLINK_IF, "nodad"])?;
+        netns::ip(&inet, &["link", "set", INET_UPLINK_IF, "up"])?;
+        netns::ip(
+            &inet,
+            &["addr", "add", &format!("{ECHO_V4}/32"), "dev", "lo"],
+        )?;
+        netns::ip(
+            &inet,
+            &[
+                "addr",
+                "add",
+                &format!("{ECHO_V6}/128"),
+                "dev",
+                "lo",
+                "nodad",
+            ],
+        )?;
+        netns::ip(
+            &host,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                &INET_UPLINK_V4.to_string(),
+            ],
+        )?;
+        netns::ip(
+            &host,
+            &[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &INET_UPLINK_V6.to_string(),
+            ],
+        )?;
+        netns::ip(
+            &inet,
+            &[
+                "-6",
+                "route",
+                "add",
+                MESH_RANGE,
+                "via",
+                &HOST_UPLINK_V6.to_string(),
+            ],
+        )?;
+        netns::sysctl(&host, "net/ipv4/ip_forward", "1")?;
+        netns::sysctl(&host, "net/ipv6/conf/all/forwarding", "1")?;
+        Ok(())
+    }
+
+    /// The prefix every name of this sandbox starts with.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The sandbox host namespace (where an agent runs).
+    #[must_use]
+    pub fn host(&self) -> String {
+        format!("{}host", self.prefix)
+    }
+
+    /// The fake internet namespace.
+    #[must_use]
+    pub fn inet(&self) -> String {
+        format!("{}inet", self.prefix)
+    }
+
+    /// A name prefix for objects an agent or driver creates in this sandbox (`<prefix>v`): it
+    /// starts with the sandbox prefix, so the guard removes those objects too, and no namespace
+    /// of the sandbox itself starts with it, so the agent's garbage collection leaves them alone.
+    #[must_use]
+    pub fn agent_prefix(&self) -> String {
+        format!("{}v", self.prefix)
+    }
+
+    /// Creates one more namespace, `<prefix>x-<name>`, deleted with the sandbox; its loopback is
+    /// up and IPv6 duplicate address detection is off. Returns its full name.
+    ///
+    /// # Errors
+    /// When it cannot be created.
+    pub fn add_netns(&self, name: &str) -> Result<String, TestkitError> {
+        let full = format!("{}x-{name}", self.prefix);
+        netns::create(&full)?;
+        self.extra
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(full.clone());
+        netns::sysctl(&full, "net/ipv6/conf/all/accept_dad", "0")?;
+        netns::sysctl(&full, "net/ipv6/conf/default/accept_dad", "0")?;
+        Ok(full)
+    }
+
+    /// Starts the echo service in the fake internet on [`ECHO_V4`] and [`ECHO_V6`], port
+    /// [`ECHO_PORT`], TCP and UDP.
+    ///
+    /// # Errors
+    /// When the listeners cannot be opened.
+    pub fn start_echo(&self) -> Result<EchoService, TestkitError> {
+        EchoService::start(
+            &self.inet(),
+            &[
+                SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT),
+                SocketAddr::new(IpAddr::V6(ECHO_V6), ECHO_PORT),
+            ],
+        )
+    }
+
+    /// Disarms the guard: the sandbox stays after the value is dropped. Returns the prefix, for
+    /// a later [`cleanup`].
+    #[must_use]
+    pub fn keep(mut self) -> String {
+        self.armed = false;
+        self.prefix.clone()
+    }
+
+    /// What is left of this sandbox (see [`leftovers`]).
+    #[must_use]
+    pub fn leftovers(&self) -> Vec<String> {
+        leftovers(&self.prefix)
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Err(e) = cleanup(&self.prefix) {
+            eprintln!("sandbox {}: cleanup failed: {e}", self.prefix);
+        }
+    }
+}
+
+/// Deletes every named namespace whose name starts with `prefix` (their links, addresses,
+/// routes and rules go with them). Goes on past failures and returns the first one.
+///
+/// # Errors
+/// The first namespace that could not be deleted.
+pub fn cleanup(prefix: &str) -> Result<(), TestkitError> {
+    let mut first = None;
+    for ns in netns::list(prefix) {
+        if let Err(e) = netns::delete(&ns) {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// Everything named with `prefix` that still exists: named namespaces, and links of the calling
+/// process's namespace (read from `/sys/class/net`, which shows the namespace sysfs was mounted
+/// in). Empty after a clean teardown.
+#[must_use]
+pub fn leftovers(prefix: &str) -> Vec<String> {
+    let mut out: Vec<String> = netns::list(prefix)
+        .into_iter()
+        .map(|n| format!("netns {n}"))
+        .collect();
+    if let Ok(entries) = std::fs::read_dir("/sys/class/net") {
+        for e in entries.filter_map(Result::ok) {
+            if let Ok(name) = e.file_name().into_string()
+                && name.starts_with(prefix)
+            {
+                out.push(format!("link {name}"));
+            }
+        }
+    }
+    out
+}
