@@ -19,11 +19,16 @@
 //! the internet gets its replies. Forwarding is on in the sandbox host only.
 //!
 //! # Names
-//! Every namespace of one sandbox starts with its prefix, which ends in `-` so that no prefix
-//! is the start of another: `<prefix>host`, `<prefix>inet`, `<prefix>x-<name>` for extras
-//! ([`Sandbox::add_netns`]), and whatever an agent run with [`Sandbox::agent_prefix`] creates.
-//! The generated prefix is `<tag><pid><counter>-` (tag: lowercase letters, counter: letters),
-//! unique per process and instance.
+//! Every namespace of one sandbox starts with its prefix: `<prefix>host`, `<prefix>inet`,
+//! `<prefix>x-<name>` for extras ([`Sandbox::add_netns`]). The prefix is also the name prefix to
+//! give an agent or driver running in the sandbox ([`Sandbox::agent_prefix`]; vmnet's derived
+//! names are `<prefix><kind letter><4 hex digits>`, which none of the sandbox's own names match),
+//! so the guard removes what they made too.
+//!
+//! A generated prefix is `<tag><pid:06x><counter:02x>`: a 1-2 letter tag naming the caller, the
+//! pid (at most `0x3fffff`, so the first hex digit is a decimal digit) and a per-process counter,
+//! at most 10 bytes of lowercase letters and digits, as vmnet's `--name-prefix` requires. The
+//! fixed widths make prefixes of live sandboxes prefix-free: no prefix starts another.
 //!
 //! # Cleanup
 //! `Drop` deletes every named namespace starting with the prefix (links inside go with them),
@@ -73,35 +78,22 @@ pub struct Sandbox {
     armed: bool,
 }
 
-fn letters(mut n: u32) -> String {
-    let mut s = Vec::new();
-    loop {
-        s.push(b'a' + u8::try_from(n % 26).unwrap_or(0));
-        n /= 26;
-        if n == 0 {
-            break;
-        }
-    }
-    s.reverse();
-    String::from_utf8(s).unwrap_or_default()
-}
-
-/// A fresh prefix `<tag><pid><counter>-`, unique within this machine while the process lives.
+/// A fresh prefix `<tag><pid:06x><counter:02x>` (see the module docs).
 ///
 /// # Panics
-/// When `tag` is empty, longer than 4 bytes or not lowercase ASCII letters.
+/// When `tag` is not 1-2 lowercase ASCII letters.
 #[must_use]
 pub fn unique_prefix(tag: &str) -> String {
     assert!(
-        !tag.is_empty() && tag.len() <= 4 && tag.bytes().all(|b| b.is_ascii_lowercase()),
-        "sandbox tag {tag:?} must be 1-4 lowercase letters"
+        !tag.is_empty() && tag.len() <= 2 && tag.bytes().all(|b| b.is_ascii_lowercase()),
+        "sandbox tag {tag:?} must be 1-2 lowercase letters"
     );
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{tag}{}{}-", std::process::id(), letters(n))
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed) % 256;
+    format!("{tag}{:06x}{n:02x}", std::process::id() & 0x3f_ffff)
 }
 
 impl Sandbox {
-    /// Creates a sandbox with a fresh prefix from `tag` (1-4 lowercase letters naming the caller,
+    /// Creates a sandbox with a fresh prefix from `tag` (1-2 lowercase letters naming the caller,
     /// e.g. `"ns"` for the namespace driver's tests).
     ///
     /// # Errors
@@ -114,7 +106,8 @@ impl Sandbox {
         Self::with_prefix(&unique_prefix(tag))
     }
 
-    /// Creates a sandbox whose names start with `prefix` (it should end in `-`).
+    /// Creates a sandbox whose names start with `prefix` (lowercase letters and digits, at most
+    /// 10 bytes if an agent is to use it as its name prefix).
     ///
     /// # Errors
     /// [`TestkitError::Unexpected`] when namespaces with this prefix exist already; otherwise as
@@ -251,12 +244,12 @@ impl Sandbox {
         format!("{}inet", self.prefix)
     }
 
-    /// A name prefix for objects an agent or driver creates in this sandbox (`<prefix>v`): it
-    /// starts with the sandbox prefix, so the guard removes those objects too, and no namespace
-    /// of the sandbox itself starts with it, so the agent's garbage collection leaves them alone.
+    /// The name prefix for an agent or driver working in this sandbox: the sandbox prefix
+    /// itself, so the guard removes what they create; their derived names
+    /// (`<prefix><kind><4 hex>`) never match the sandbox's own namespaces.
     #[must_use]
     pub fn agent_prefix(&self) -> String {
-        format!("{}v", self.prefix)
+        self.prefix.clone()
     }
 
     /// Creates one more namespace, `<prefix>x-<name>`, deleted with the sandbox; its loopback is

@@ -13,7 +13,7 @@ const T: Duration = Duration::from_secs(3);
 #[test]
 fn sandbox_uplink_reaches_echo_service_and_cleans_up() {
     require_root();
-    let sb = Sandbox::new("kit").expect("sandbox");
+    let sb = Sandbox::new("kt").expect("sandbox");
     let prefix = sb.prefix().to_owned();
     assert_eq!(
         netns::sysctl_get(&sb.host(), "net/ipv4/ip_forward").expect("sysctl"),
@@ -52,8 +52,13 @@ fn sandbox_uplink_reaches_echo_service_and_cleans_up() {
 
     let extra = sb.add_netns("extra").expect("extra netns");
     assert!(extra.starts_with(&prefix));
-    assert!(sb.agent_prefix().starts_with(&prefix));
-    assert!(!sb.host().starts_with(&sb.agent_prefix()));
+    assert_eq!(sb.agent_prefix(), prefix);
+    assert!(
+        prefix.len() <= 10
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    );
     drop(_echo);
     drop(sb);
     assert_eq!(sandbox::leftovers(&prefix), Vec::<String>::new());
@@ -62,7 +67,7 @@ fn sandbox_uplink_reaches_echo_service_and_cleans_up() {
 #[test]
 fn relay_joins_a_persistent_tap_to_a_guest() {
     require_root();
-    let sb = Sandbox::new("kit").expect("sandbox");
+    let sb = Sandbox::new("kt").expect("sandbox");
     // A "VM namespace" with a persistent tap, as the agent makes it.
     let vm = sb.add_netns("vm").expect("vm netns");
     netns::ip(&vm, &["tuntap", "add", "dev", "tapvm", "mode", "tap"]).expect("tap");
@@ -129,7 +134,7 @@ fn relay_joins_a_persistent_tap_to_a_guest() {
 #[test]
 fn attaching_to_a_missing_tap_fails_without_creating_one() {
     require_root();
-    let sb = Sandbox::new("kit").expect("sandbox");
+    let sb = Sandbox::new("kt").expect("sandbox");
     let vm = sb.add_netns("vm").expect("vm");
     let err = vmnet_testkit::tap::open_existing_tap(&vm, "nosuchtap").expect_err("must fail");
     assert!(err.to_string().contains("nosuchtap"), "{err}");
@@ -141,7 +146,7 @@ fn sandbox_is_removed_when_a_test_panics() {
     require_root();
     let prefix = std::sync::Mutex::new(String::new());
     let result = std::panic::catch_unwind(|| {
-        let sb = Sandbox::new("kit").expect("sandbox");
+        let sb = Sandbox::new("kt").expect("sandbox");
         *prefix.lock().expect("lock") = sb.prefix().to_owned();
         sb.add_netns("doomed").expect("extra");
         panic!("deliberate");
@@ -153,9 +158,24 @@ fn sandbox_is_removed_when_a_test_panics() {
 }
 
 #[test]
+fn generated_prefixes_are_prefix_free() {
+    let a = sandbox::unique_prefix("a");
+    let b = sandbox::unique_prefix("ab");
+    let c = sandbox::unique_prefix("a");
+    for (x, y) in [(&a, &b), (&a, &c), (&b, &c)] {
+        assert!(
+            !x.starts_with(y.as_str()) && !y.starts_with(x.as_str()),
+            "{x} {y}"
+        );
+    }
+    assert_eq!(a.len(), 9);
+    assert_eq!(b.len(), 10);
+}
+
+#[test]
 fn kept_sandbox_survives_until_cleanup() {
     require_root();
-    let sb = Sandbox::new("kit").expect("sandbox");
+    let sb = Sandbox::new("kt").expect("sandbox");
     let host = sb.host();
     let prefix = sb.keep();
     assert!(netns::exists(&host));
