@@ -13,7 +13,7 @@
 //!     {"instance_id": "i-1", "pool_id": "pool-a", "vcpus": 2, "memory_mib": 2048}
 //!   ],
 //!   "vms": [
-//!     {"id": "vm-1", "user_id": 1001, "tenant": "t1", "mesh_ipv6": "fdaa:1::1",
+//!     {"id": "vm-1", "user_id": 1001, "tenant": 1, "mesh_ipv6": "fdaa:1::1",
 //!      "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}}
 //!   ]
 //! }
@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 use vmnet_model::Error;
 
 use vmnet_model::pool::{NewInstance, SetIpPool};
+use vmnet_model::vm::VmConfig;
 
 use crate::api::types::{HostCapacity, PoolRange};
 
@@ -63,9 +64,10 @@ pub struct HostSpec {
     /// Instances to place (each takes a lease from its pool).
     #[serde(default)]
     pub instances: Vec<NewInstance>,
-    /// VM network configs (namespace mode), each exactly the body of `PUT /v1/vms/{id}`.
+    /// VM network configs (namespace mode), each exactly the body of `PUT /v1/vms/{id}`
+    /// (validated while parsing, by [`vmnet_model::vm`]'s rules).
     #[serde(default)]
-    pub vms: Vec<serde_json::Value>,
+    pub vms: Vec<VmConfig>,
 }
 
 /// A host: the host id plus the body of `PUT /v1/hosts/{id}`.
@@ -104,19 +106,52 @@ pub fn pool_range(p: &SetIpPool) -> PoolRange {
 }
 
 impl HostSpec {
-    /// Parses a host spec from JSON text.
+    /// Parses a host spec from JSON text and validates every entry (VMs, pools, instances),
+    /// before anything is applied.
     ///
     /// # Errors
-    /// `INVALID_INPUT` naming the file (`what`) and the position or field at fault.
+    /// `INVALID_INPUT` naming the file (`what`), the entry and the field at fault; also for two
+    /// entries with one id, or two VMs with one user id.
     pub fn parse(what: &str, text: &str) -> Result<Self, Error> {
-        serde_json::from_str(text).map_err(|e| Error::invalid(format!("host spec {what}: {e}")))
+        let spec: Self = serde_json::from_str(text)
+            .map_err(|e| Error::invalid(format!("host spec {what}: {e}")))?;
+        let bad = |e: Error| Error::invalid(format!("host spec {what}: {}", e.message));
+        for p in &spec.pools {
+            p.validate().map_err(bad)?;
+        }
+        for h in &spec.hosts {
+            vmnet_model::pool::validate_id("host_id", &h.host_id).map_err(bad)?;
+        }
+        for i in &spec.instances {
+            i.validate().map_err(bad)?;
+        }
+        dupes(what, "pools", spec.pools.iter().map(|p| p.pool_id.clone()))?;
+        dupes(what, "hosts", spec.hosts.iter().map(|h| h.host_id.clone()))?;
+        dupes(
+            what,
+            "instances",
+            spec.instances.iter().map(|i| i.instance_id.clone()),
+        )?;
+        dupes(what, "vms", spec.vms.iter().map(|v| v.id.clone()))?;
+        dupes(
+            what,
+            "vms (user_id)",
+            spec.vms.iter().map(|v| v.user_id.to_string()),
+        )?;
+        Ok(spec)
     }
+}
 
-    /// The VM id of entry `i` (its `id` field), if it is a string.
-    #[must_use]
-    pub fn vm_id(&self, i: usize) -> Option<&str> {
-        self.vms.get(i)?.get("id")?.as_str()
+fn dupes(what: &str, section: &str, ids: impl Iterator<Item = String>) -> Result<(), Error> {
+    let mut seen = std::collections::BTreeSet::new();
+    for id in ids {
+        if !seen.insert(id.clone()) {
+            return Err(Error::invalid(format!(
+                "host spec {what}: {section}: {id} is listed twice"
+            )));
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -129,14 +164,15 @@ mod tests {
           "pools": [{"pool_id": "pool-a", "cidr": "10.0.0.0/29", "gateway": "10.0.0.1", "dns": ["192.0.2.53"]}],
           "hosts": [{"host_id": "host-1", "vcpus": 16, "memory_mib": 65536}],
           "instances": [{"instance_id": "i-1", "pool_id": "pool-a", "vcpus": 2, "memory_mib": 2048}],
-          "vms": [{"id": "vm-1", "user_id": 1001, "tenant": "t1", "mesh_ipv6": "fdaa:1::1",
+          "vms": [{"id": "vm-1", "user_id": 1001, "tenant": 1, "mesh_ipv6": "fdaa:1::1",
                    "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}}]
         }"#;
         let spec = HostSpec::parse("host.json", text).unwrap();
         assert_eq!(pool_range(&spec.pools[0]).gateway, "10.0.0.1");
         assert_eq!(spec.hosts[0].capacity().memory_mib, 65536);
         assert_eq!(spec.instances[0].pool_id, "pool-a");
-        assert_eq!(spec.vm_id(0), Some("vm-1"));
+        assert_eq!(spec.vms[0].id, "vm-1");
+        assert_eq!(spec.vms[0].user_id, 1001);
     }
 
     #[test]
@@ -149,6 +185,29 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message.contains("unknown field `x`"), "{e}");
+    }
+
+    #[test]
+    fn entries_are_validated_before_anything_is_applied() {
+        let e = HostSpec::parse(
+            "h.json",
+            r#"{"vms": [{"id": "v", "user_id": 1, "tenant": 1, "mesh_ipv6": "fdaa::1",
+                "network": {"routes": [{"destination": "10.0.0.1/8", "via": "host"}]}}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("network.routes[0].destination"), "{e}");
+        let e = HostSpec::parse(
+            "h.json",
+            r#"{"pools": [{"pool_id": "p", "cidr": "10.0.0.1/24", "gateway": "10.0.0.1"}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("pool p: cidr"), "{e}");
+        let e = HostSpec::parse(
+            "h.json",
+            r#"{"vms": [{"id": "a", "user_id": 1, "tenant": 1}, {"id": "b", "user_id": 1, "tenant": 1}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("user_id"), "{e}");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! * [`server`] — binding the unix socket and the loopback TCP port.
 
 pub mod api;
+pub mod apply;
 pub mod client;
 pub mod hostspec;
 pub mod pool;

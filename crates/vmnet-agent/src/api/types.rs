@@ -32,3 +32,143 @@ pub struct HostCapacity {
     /// Memory in MiB (0 to 2^32-1).
     pub memory_mib: u32,
 }
+
+/// Where a VM stands, as `GET /v1/vms/{id}` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmState {
+    /// The desired config is applied.
+    Applied,
+    /// Not applied yet (stored, waiting for the reconcile pass).
+    Pending,
+    /// The last apply of the desired config failed (see `last_error`); the previous good
+    /// config, if any, stays applied.
+    Failed,
+}
+
+impl VmState {
+    /// `applied`, `pending` or `failed`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Pending => "pending",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// A VM's status: the derived kernel names and addresses, what is applied, the last error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmStatus {
+    /// Applied, pending or failed.
+    pub state: VmState,
+    /// The VM's network namespace (a named netns under `/run/netns`).
+    pub netns: String,
+    /// The host end of the veth pair; `null` for a VM without a mesh address (no veth pair).
+    pub veth_host: Option<String>,
+    /// The namespace end of the veth pair; `null` without a mesh address.
+    pub veth_ns: Option<String>,
+    /// The transit /30 derived from the user id, e.g. `100.64.0.28/30`; `null` without a mesh
+    /// address.
+    pub transit: Option<String>,
+    /// The veth MTU in bytes (1380).
+    pub mtu: u32,
+    /// The persistent tap inside the namespace that the VMM opens.
+    pub tap: String,
+    /// The tap's owner uid, if one is configured (`--tap-owner`).
+    pub tap_owner: Option<u32>,
+    /// The guest's IPv4 address (`172.16.0.2`).
+    pub guest_ipv4: String,
+    /// The guest's gateway, the tap's address (`172.16.0.1`).
+    pub gateway_ipv4: String,
+    /// The guest's MAC address (`06:00:ac:10:00:02`).
+    pub guest_mac: String,
+    /// The mesh address routed host → veth → namespace → tap → guest; `null` without one.
+    pub mesh_ipv6: Option<String>,
+    /// The routes of the config that is applied now (empty when nothing is applied).
+    pub applied_routes: Vec<vmnet_model::vm::Route>,
+    /// The last apply error; `null` after a success.
+    pub last_error: Option<String>,
+    /// When the stored VM last changed, milliseconds since the Unix epoch.
+    pub updated_at_unix_ms: i64,
+}
+
+/// A VM as the API returns it: the desired config and its status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmView {
+    /// The desired config, as stored.
+    pub config: vmnet_model::vm::VmConfig,
+    /// The status.
+    pub status: VmStatus,
+}
+
+/// VM counts in [`AgentStatus`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmCounts {
+    /// VMs in the store.
+    pub desired: u64,
+    /// VMs whose desired config is applied.
+    pub applied: u64,
+    /// VMs whose last apply failed.
+    pub failed: u64,
+}
+
+/// The reconcile loop's record in [`AgentStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileStatus {
+    /// Full passes completed since the agent started.
+    pub passes: u64,
+    /// When the last full pass started, ms since the Unix epoch; `null` before the first.
+    pub last_started_at_unix_ms: Option<i64>,
+    /// When the last full pass finished, ms since the Unix epoch; `null` before the first.
+    pub last_finished_at_unix_ms: Option<i64>,
+    /// How long the last full pass took, ms.
+    pub last_duration_ms: Option<u64>,
+    /// Whether the last full pass applied every VM and collected every orphan.
+    pub last_ok: Option<bool>,
+    /// The errors of the last full pass (one line each, naming the VM or object).
+    pub last_errors: Vec<String>,
+    /// Orphaned kernel objects removed since the agent started.
+    pub orphans_removed_total: u64,
+}
+
+/// Body of `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentStatus {
+    /// The agent's version.
+    pub version: String,
+    /// The prefix of every kernel object name the agent owns.
+    pub name_prefix: String,
+    /// Seconds between periodic reconcile passes.
+    pub reconcile_interval_secs: u64,
+    /// VM counts.
+    pub vms: VmCounts,
+    /// The reconcile loop.
+    pub reconcile: ReconcileStatus,
+}
+
+/// One line of an [`ApplyReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyItem {
+    /// `pool`, `host`, `instance` or `vm`.
+    pub kind: String,
+    /// The object's id.
+    pub id: String,
+    /// What happened: `set`, `created`, `unchanged`, `applied`, `deleted`, …
+    pub result: String,
+}
+
+/// What `vmnet apply FILE` did, entry by entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyReport {
+    /// One line per entry, in apply order.
+    pub items: Vec<ApplyItem>,
+}

@@ -1,29 +1,282 @@
 //! Client commands talking to the agent's API: `vmnet vm …`, `vmnet status`, `vmnet apply FILE`.
+//!
+//! All of them speak HTTP over the agent's unix socket (`--socket`, default
+//! `/run/vmnet/vmnet.sock`) through [`vmnet_agent::client::Client`]. An API error is returned as
+//! the [`vmnet_model::Error`] the agent sent, so `main` prints `error: CODE: message` and exits
+//! with the code's documented exit status.
+
+use std::path::PathBuf;
 
 use clap::Subcommand;
+use vmnet_agent::api::types::{AgentStatus, ApplyReport, VmView};
+use vmnet_agent::apply::apply_host_spec;
+use vmnet_agent::client::{Client, segment};
+use vmnet_agent::hostspec::HostSpec;
 use vmnet_model::Error;
+use vmnet_model::vm::parse_vm_config;
 
-use crate::Global;
+use crate::{Global, Output};
 
 /// `vmnet vm …`
 #[derive(Debug, Subcommand)]
-pub enum VmCmd {}
+pub enum VmCmd {
+    /// Create or replace a VM's network config from a JSON file (`-` for stdin) and apply it.
+    Put {
+        /// The VM config file (JSON, the body of `PUT /v1/vms/{id}`).
+        file: PathBuf,
+    },
+    /// Show a VM: its config and status (names, transit /30, guest, routes, last error).
+    Get {
+        /// The VM id.
+        id: String,
+    },
+    /// List the VMs the agent holds.
+    List,
+    /// Delete a VM: remove everything it had in the kernel.
+    Delete {
+        /// The VM id.
+        id: String,
+    },
+}
 
 /// Arguments of `vmnet apply`.
 #[derive(Debug, clap::Args)]
-pub struct ApplyArgs {}
+pub struct ApplyArgs {
+    /// The host spec file (JSON: pools, hosts, instances, vms), `-` for stdin.
+    pub file: PathBuf,
+    /// Also delete the VMs the agent holds that the file does not list (VMs only; pools, hosts
+    /// and instances are never deleted by apply).
+    #[arg(long)]
+    pub prune: bool,
+}
+
+fn read_file(path: &PathBuf) -> Result<(String, Vec<u8>), Error> {
+    let name = path.display().to_string();
+    let bytes = if name == "-" {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
+            .map_err(|e| Error::invalid(format!("stdin: cannot read: {e}")))?;
+        buf
+    } else {
+        std::fs::read(path).map_err(|e| Error::invalid(format!("{name}: cannot read: {e}")))?
+    };
+    Ok((name, bytes))
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Error> {
+    let text = serde_json::to_string_pretty(v)
+        .map_err(|e| Error::internal(format!("cannot encode output: {e}")))?;
+    println!("{text}");
+    Ok(())
+}
 
 /// Runs `vmnet vm …`.
-pub async fn vm(_g: &Global, c: VmCmd) -> Result<(), Error> {
-    match c {}
+pub async fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
+    let client = Client::new(&g.socket);
+    match c {
+        VmCmd::Put { file } => {
+            let (name, bytes) = read_file(&file)?;
+            // Validate locally first for a message naming the file; the agent validates again.
+            let cfg = parse_vm_config(&bytes)
+                .map_err(|e| Error::new(e.code, format!("{name}: {}", e.message)))?;
+            let view: VmView = client
+                .put(&format!("/v1/vms/{}", segment(&cfg.id)), &cfg)
+                .await?;
+            show_vms(g.output, std::slice::from_ref(&view), true)
+        }
+        VmCmd::Get { id } => {
+            let view: VmView = client.get(&format!("/v1/vms/{}", segment(&id))).await?;
+            show_vms(g.output, std::slice::from_ref(&view), true)
+        }
+        VmCmd::List => {
+            let views: Vec<VmView> = client.get("/v1/vms").await?;
+            show_vms(g.output, &views, false)
+        }
+        VmCmd::Delete { id } => {
+            let view: VmView = client.delete(&format!("/v1/vms/{}", segment(&id))).await?;
+            match g.output {
+                Output::Json => print_json(&view),
+                Output::Table => {
+                    println!(
+                        "deleted vm {} (netns {})",
+                        view.config.id, view.status.netns
+                    );
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+fn dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| x.to_string())
+}
+
+fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
+    if out == Output::Json {
+        return if detail && views.len() == 1 {
+            print_json(&views[0])
+        } else {
+            print_json(&views)
+        };
+    }
+    let mut rows = vec![vec![
+        "VM".to_owned(),
+        "USER".to_owned(),
+        "STATE".to_owned(),
+        "NETNS".to_owned(),
+        "VETH".to_owned(),
+        "TRANSIT".to_owned(),
+        "MESH".to_owned(),
+        "ROUTES".to_owned(),
+    ]];
+    for v in views {
+        let s = &v.status;
+        let routes: Vec<String> = v
+            .config
+            .network
+            .routes
+            .iter()
+            .map(|r| format!("{} via {}", r.destination, r.via))
+            .collect();
+        rows.push(vec![
+            v.config.id.clone(),
+            v.config.user_id.to_string(),
+            s.state.as_str().to_owned(),
+            s.netns.clone(),
+            dash(s.veth_host.as_ref()),
+            dash(s.transit.as_ref()),
+            dash(v.config.mesh_ipv6),
+            if routes.is_empty() {
+                "-".to_owned()
+            } else {
+                routes.join(", ")
+            },
+        ]);
+    }
+    print_table(&rows);
+    if detail {
+        for v in views {
+            let s = &v.status;
+            println!();
+            println!("tap:          {} (owner uid {})", s.tap, dash(s.tap_owner));
+            println!(
+                "guest:        {} gateway {} mac {} mtu {}",
+                s.guest_ipv4, s.gateway_ipv4, s.guest_mac, s.mtu
+            );
+            if let Some(peer) = &s.veth_ns {
+                println!("veth in ns:   {peer}");
+            }
+            let applied: Vec<String> = s
+                .applied_routes
+                .iter()
+                .map(|r| format!("{} via {}", r.destination, r.via))
+                .collect();
+            println!(
+                "applied:      {}",
+                if applied.is_empty() {
+                    "-".to_owned()
+                } else {
+                    applied.join(", ")
+                }
+            );
+            println!("last error:   {}", dash(s.last_error.as_ref()));
+        }
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[Vec<String>]) {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{s:<w$}", w = widths[i]))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
 }
 
 /// Runs `vmnet status`.
-pub async fn status(_g: &Global) -> Result<(), Error> {
-    Err(Error::internal("not implemented yet"))
+pub async fn status(g: &Global) -> Result<(), Error> {
+    let st: AgentStatus = Client::new(&g.socket).get("/v1/status").await?;
+    if g.output == Output::Json {
+        return print_json(&st);
+    }
+    let r = &st.reconcile;
+    let rows = vec![
+        vec![
+            "agent".to_owned(),
+            format!("vmnet {} (prefix {})", st.version, st.name_prefix),
+        ],
+        vec![
+            "vms".to_owned(),
+            format!(
+                "{} desired, {} applied, {} failed",
+                st.vms.desired, st.vms.applied, st.vms.failed
+            ),
+        ],
+        vec!["reconcile passes".to_owned(), r.passes.to_string()],
+        vec![
+            "interval".to_owned(),
+            format!("{} s", st.reconcile_interval_secs),
+        ],
+        vec![
+            "last reconcile".to_owned(),
+            match (r.last_finished_at_unix_ms, r.last_ok) {
+                (Some(t), Some(ok)) => format!(
+                    "{} at {} ms since epoch, took {} ms",
+                    if ok { "ok" } else { "failed" },
+                    t,
+                    dash(r.last_duration_ms)
+                ),
+                _ => "never".to_owned(),
+            },
+        ],
+        vec![
+            "orphans removed".to_owned(),
+            r.orphans_removed_total.to_string(),
+        ],
+    ];
+    print_table(&rows);
+    for e in &r.last_errors {
+        println!("error: {e}");
+    }
+    Ok(())
 }
 
 /// Runs `vmnet apply FILE`.
-pub async fn apply(_g: &Global, _args: ApplyArgs) -> Result<(), Error> {
-    Err(Error::internal("not implemented yet"))
+pub async fn apply(g: &Global, args: ApplyArgs) -> Result<(), Error> {
+    let (name, bytes) = read_file(&args.file)?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| Error::invalid(format!("host spec {name}: not UTF-8")))?;
+    let spec = HostSpec::parse(&name, &text)?;
+    let report: ApplyReport = apply_host_spec(&Client::new(&g.socket), &spec, args.prune).await?;
+    if g.output == Output::Json {
+        return print_json(&report);
+    }
+    let mut rows = vec![vec![
+        "KIND".to_owned(),
+        "ID".to_owned(),
+        "RESULT".to_owned(),
+    ]];
+    for item in &report.items {
+        rows.push(vec![
+            item.kind.clone(),
+            item.id.clone(),
+            item.result.clone(),
+        ]);
+    }
+    print_table(&rows);
+    Ok(())
 }
