@@ -1,1 +1,42 @@
-//! Pool IPAM: leases, placement and the SQLite/PostgreSQL stores.
+//! Pool IPAM: leases, placement and the SQLite/PostgreSQL stores (spec:
+//! hosted-pool-networking.md, "Give a hosted pool a range", "How leases work").
+//!
+//! # Design
+//! * One range per pool in `ip_pools`, one row per lease in `ip_leases` with primary key
+//!   `(pool_id, address)` and a unique `instance_id` (one lease per instance). PostgreSQL stores
+//!   `cidr`/`inet`; SQLite stores dotted text plus an integer copy for ordering.
+//! * The free addresses of each range are kept as disjoint integer intervals in `ip_free`
+//!   (`(pool_id, first)` primary key). The lowest free address is the smallest `first`: one index
+//!   seek, whatever the size or fill of the range. A lease shrinks (or deletes) that interval; a
+//!   release puts the address back, merged with its neighbours; `set_ip_pool` rebuilds the
+//!   intervals from the new range minus the gateway minus the existing leases.
+//! * Concurrency: on PostgreSQL a placer share-locks the range row and locks the lowest interval
+//!   `FOR UPDATE`, so concurrent placers queue on it and each takes the next address instead of
+//!   failing. The lease insert runs in a savepoint; a unique violation (an address taken behind the
+//!   index's back) is undone and retried on the next free address, up to 8 times. SQLite
+//!   serializes writers (`BEGIN IMMEDIATE`).
+//! * Every function takes the caller's [`Tx`], so a placement's host claim and its lease commit or
+//!   roll back together. Composite operations (instance create/delete, host loss) run inside a
+//!   savepoint and undo their own writes on error, so a failed call leaves the transaction as it was.
+//!
+//! # Limitations
+//! * IPv4 only, one range and one lease per instance.
+//! * A release outside the current range (after a range replacement) does not return the address
+//!   to the free index; the address becomes leasable again only if a later `set_ip_pool` covers it.
+//! * Concurrent releases of neighbouring addresses may leave adjacent intervals unmerged; that
+//!   costs rows, never correctness.
+//! * Placement picks the first ready host by id with room; there is no spreading or scoring.
+
+pub mod db;
+mod free;
+pub mod leases;
+pub mod placement;
+pub mod ranges;
+
+pub use db::{Backend, Db, POSTGRES_MIGRATOR, PgStore, SQLITE_MIGRATOR, SqliteStore, Store, Tx};
+pub use leases::{LEASE_ATTEMPTS, bulk_insert_leases, lease, lease_of, list_leases, release};
+pub use placement::{
+    HostLoss, add_host, create_instance, delete_instance, get_host, get_instance, list_hosts, list_instances, lose_host,
+};
+pub use ranges::{create_pool, get_ip_pool, get_pool, list_pools, set_ip_pool};
+pub use vmnet_model::pool::{Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool};

@@ -1,0 +1,6 @@
+//! Rebuild when a migration is added, so `sqlx::migrate!` embeds it.
+fn main() {
+    println!("cargo:rerun-if-changed=migrations");
+    println!("cargo:rerun-if-changed=migrations/sqlite");
+    println!("cargo:rerun-if-changed=migrations/postgres");
+}

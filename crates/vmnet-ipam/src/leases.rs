@@ -1,0 +1,255 @@
+//! Leases: the lowest free address of a pool's range for an instance, and returning it (spec:
+//! "How leases work").
+
+use std::net::Ipv4Addr;
+
+use vmnet_model::Error;
+use vmnet_model::pool::{Lease, validate_id};
+
+use crate::db::{Tx, db_err, on_tx, release_savepoint, rollback_to, savepoint};
+use crate::free;
+use crate::ranges::{addr, num, parse_stored, range_of, require_pool};
+
+/// How many times a placement retries on the next free address after its insert hit an address
+/// another transaction took (spec: "retry, up to 8 times").
+pub const LEASE_ATTEMPTS: usize = 8;
+
+/// Leases the lowest free address of `pool_id`'s range (from `first_host` to `last_host`,
+/// skipping the gateway) to `instance_id`, in the caller's transaction.
+///
+/// * An instance holding a lease in this pool gets the same address back.
+/// * A pool without a range leases nothing: `Ok(None)`.
+/// * A conflicting insert (the address was taken concurrently) is undone inside a savepoint and
+///   retried on the next free address, up to [`LEASE_ATTEMPTS`] times; the caller's transaction
+///   stays usable.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown pool; `CONFLICT` when the instance
+/// holds a lease in another pool; `CAPACITY_UNAVAILABLE` `Pool <id> has no free IP address` when
+/// the range is exhausted; `UNAVAILABLE` on a database failure or after 8 conflicting attempts.
+pub async fn lease(
+    tx: &mut Tx,
+    pool_id: &str,
+    instance_id: &str,
+) -> Result<Option<Ipv4Addr>, Error> {
+    validate_id("pool_id", pool_id)?;
+    validate_id("instance_id", instance_id)?;
+    if let Some(held) = same_pool_lease(tx, pool_id, instance_id).await? {
+        return Ok(Some(held));
+    }
+    require_pool(tx, pool_id).await?;
+    if range_of(tx, pool_id, true).await?.is_none() {
+        return Ok(None);
+    }
+    for _ in 0..LEASE_ATTEMPTS {
+        let Some(n) = free::take_lowest(tx, pool_id).await? else {
+            return Err(exhausted(pool_id));
+        };
+        savepoint(tx, "vmnet_lease").await?;
+        match insert_lease(tx, pool_id, n, instance_id).await {
+            Ok(()) => {
+                release_savepoint(tx, "vmnet_lease").await?;
+                return Ok(Some(addr(n)?));
+            }
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                rollback_to(tx, "vmnet_lease").await?;
+                // Either the address was taken (try the next one) or this instance got a lease
+                // in a concurrent transaction (return it).
+                if let Some(held) = same_pool_lease(tx, pool_id, instance_id).await? {
+                    return Ok(Some(held));
+                }
+            }
+            Err(e) => {
+                rollback_to(tx, "vmnet_lease").await?;
+                return Err(db_err(e));
+            }
+        }
+    }
+    Err(Error::unavailable(format!(
+        "pool {pool_id}: {LEASE_ATTEMPTS} addresses in a row were taken by concurrent placements; try again"
+    )))
+}
+
+/// The `CAPACITY_UNAVAILABLE` error of an exhausted range.
+pub(crate) fn exhausted(pool_id: &str) -> Error {
+    Error::capacity(format!("Pool {pool_id} has no free IP address"))
+}
+
+async fn same_pool_lease(
+    tx: &mut Tx,
+    pool_id: &str,
+    instance_id: &str,
+) -> Result<Option<Ipv4Addr>, Error> {
+    match lease_of(tx, instance_id).await? {
+        Some(l) if l.pool_id == pool_id => Ok(Some(l.address)),
+        Some(l) => Err(Error::conflict(format!(
+            "instance {instance_id} already holds lease {} in pool {}",
+            l.address, l.pool_id
+        ))),
+        None => Ok(None),
+    }
+}
+
+async fn insert_lease(
+    tx: &mut Tx,
+    pool_id: &str,
+    n: i64,
+    instance_id: &str,
+) -> Result<(), sqlx::Error> {
+    match tx {
+        Tx::Sqlite(t) => {
+            sqlx::query(
+                "INSERT INTO ip_leases (pool_id, address, address_num, instance_id) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(pool_id)
+            .bind(addr(n).map_err(|e| sqlx::Error::Protocol(e.message))?.to_string())
+            .bind(n)
+            .bind(instance_id)
+            .execute(&mut **t)
+            .await?;
+        }
+        Tx::Postgres(t) => {
+            sqlx::query(
+                "INSERT INTO ip_leases (pool_id, address, instance_id) VALUES ($1, '0.0.0.0'::inet + $2::bigint, $3)",
+            )
+            .bind(pool_id)
+            .bind(n)
+            .bind(instance_id)
+            .execute(&mut **t)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Returns the lease of `instance_id` and gives the address back to its pool's free addresses
+/// (unless it lies outside the pool's current range or is its gateway). `Ok(None)` when the
+/// instance holds no lease.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `UNAVAILABLE` on a database failure.
+pub async fn release(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, Error> {
+    validate_id("instance_id", instance_id)?;
+    let sql = match tx {
+        Tx::Sqlite(_) => {
+            "DELETE FROM ip_leases WHERE instance_id = $1 RETURNING pool_id, address_num"
+        }
+        Tx::Postgres(_) => {
+            "DELETE FROM ip_leases WHERE instance_id = $1 RETURNING pool_id, address - '0.0.0.0'::inet"
+        }
+    };
+    let row: Option<(String, i64)> = on_tx!(tx, t => sqlx::query_as(sql).bind(instance_id).fetch_optional(&mut **t).await.map_err(db_err)?);
+    let Some((pool_id, n)) = row else {
+        return Ok(None);
+    };
+    let address = addr(n)?;
+    if let Some(range) = range_of(tx, &pool_id, true).await?
+        && range.is_leasable(address)
+    {
+        free::give_back(tx, &pool_id, n).await?;
+    }
+    Ok(Some(Lease {
+        pool_id,
+        address,
+        instance_id: instance_id.to_owned(),
+    }))
+}
+
+/// The lease an instance holds, if any.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `UNAVAILABLE` on a database failure.
+pub async fn lease_of(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, Error> {
+    validate_id("instance_id", instance_id)?;
+    let sql = match tx {
+        Tx::Sqlite(_) => "SELECT pool_id, address FROM ip_leases WHERE instance_id = $1",
+        Tx::Postgres(_) => {
+            "SELECT pool_id, host(address) AS address FROM ip_leases WHERE instance_id = $1"
+        }
+    };
+    let row: Option<(String, String)> = on_tx!(tx, t => sqlx::query_as(sql).bind(instance_id).fetch_optional(&mut **t).await.map_err(db_err)?);
+    let Some((pool_id, a)) = row else {
+        return Ok(None);
+    };
+    Ok(Some(Lease {
+        pool_id,
+        address: parse_stored("address", &a)?,
+        instance_id: instance_id.to_owned(),
+    }))
+}
+
+/// The leases of a pool, ordered by address.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown pool; `UNAVAILABLE` on a database failure.
+pub async fn list_leases(tx: &mut Tx, pool_id: &str) -> Result<Vec<Lease>, Error> {
+    validate_id("pool_id", pool_id)?;
+    require_pool(tx, pool_id).await?;
+    let sql = match tx {
+        Tx::Sqlite(_) => {
+            "SELECT address, instance_id FROM ip_leases WHERE pool_id = $1 ORDER BY address_num"
+        }
+        Tx::Postgres(_) => {
+            "SELECT host(address) AS address, instance_id FROM ip_leases WHERE pool_id = $1 ORDER BY address"
+        }
+    };
+    let rows: Vec<(String, String)> = on_tx!(tx, t => sqlx::query_as(sql).bind(pool_id).fetch_all(&mut **t).await.map_err(db_err)?);
+    rows.into_iter()
+        .map(|(a, instance_id)| {
+            Ok(Lease {
+                pool_id: pool_id.to_owned(),
+                address: parse_stored("address", &a)?,
+                instance_id,
+            })
+        })
+        .collect()
+}
+
+/// Inserts leases for `addresses` of `pool_id` in bulk (instance ids `<prefix><n>`) and rebuilds
+/// the pool's free-address index. For benchmarks and tests that need a full pool fast; the
+/// addresses are not checked against the range.
+///
+/// # Errors
+/// `NOT_FOUND` for an unknown pool; `UNAVAILABLE` on a database failure (including an address
+/// already leased).
+pub async fn bulk_insert_leases(
+    tx: &mut Tx,
+    pool_id: &str,
+    addresses: &[Ipv4Addr],
+    prefix: &str,
+) -> Result<(), Error> {
+    require_pool(tx, pool_id).await?;
+    for (c, chunk) in addresses.chunks(1000).enumerate() {
+        let base = c * 1000;
+        match tx {
+            Tx::Sqlite(t) => {
+                let mut qb = sqlx::QueryBuilder::new(
+                    "INSERT INTO ip_leases (pool_id, address, address_num, instance_id) ",
+                );
+                qb.push_values(chunk.iter().enumerate(), |mut b, (i, a)| {
+                    b.push_bind(pool_id)
+                        .push_bind(a.to_string())
+                        .push_bind(num(*a))
+                        .push_bind(format!("{prefix}{}", base + i));
+                });
+                qb.build().execute(&mut **t).await.map_err(db_err)?;
+            }
+            Tx::Postgres(t) => {
+                let mut qb = sqlx::QueryBuilder::new(
+                    "INSERT INTO ip_leases (pool_id, address, instance_id) ",
+                );
+                qb.push_values(chunk.iter().enumerate(), |mut b, (i, a)| {
+                    b.push_bind(pool_id)
+                        .push_bind(a.to_string())
+                        .push_unseparated("::inet")
+                        .push_bind(format!("{prefix}{}", base + i));
+                });
+                qb.build().execute(&mut **t).await.map_err(db_err)?;
+            }
+        }
+    }
+    if let Some(range) = range_of(tx, pool_id, true).await? {
+        free::rebuild(tx, &range).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,436 @@
+//! Placement, minimal but real: hosts with capacity, instances that claim it and take their lease
+//! in the same transaction, and host loss (spec: "How leases work").
+//!
+//! * `create_instance` claims vCPUs and memory on a host and takes the lease; if either fails
+//!   (no host with room, range exhausted) everything it wrote is undone and the caller gets the
+//!   error (`CAPACITY_UNAVAILABLE`), host claims included.
+//! * `delete_instance` returns the lease and the claim.
+//! * `lose_host` marks the host lost and returns each affected instance's lease with its claim.
+//!   Instances with `recreate_on_host_loss` are placed on another ready host with a new
+//!   lowest-free lease; when that fails they move to `error` with an `Unschedulable` condition.
+//!   The others move to `lost` with a `HostLost` condition.
+
+use std::net::Ipv4Addr;
+
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use vmnet_model::pool::{
+    Condition, Host, HostState, Instance, InstanceState, NewInstance, validate_id,
+};
+use vmnet_model::{Error, ErrorCode};
+
+use crate::db::{Tx, atomically, db_err, on_tx, release_savepoint, rollback_to, savepoint};
+use crate::leases::{lease, release};
+use crate::ranges::{parse_stored, require_pool};
+
+/// What a host loss did: the affected instances as they are afterwards (ordered by id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLoss {
+    /// The lost host.
+    pub host_id: String,
+    /// Every instance that was on it, after recreation (`running` elsewhere), `error`
+    /// (`Unschedulable`) or `lost`.
+    pub instances: Vec<Instance>,
+}
+
+fn to_u32(field: &str, v: i64) -> Result<u32, Error> {
+    u32::try_from(v).map_err(|_| Error::internal(format!("stored {field} {v} is out of range")))
+}
+
+/// Adds a host with its capacity.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id or zero capacity; `CONFLICT` when the host exists;
+/// `UNAVAILABLE` on a database failure.
+pub async fn add_host(
+    tx: &mut Tx,
+    host_id: &str,
+    vcpus: u32,
+    memory_mib: u32,
+) -> Result<Host, Error> {
+    validate_id("host_id", host_id)?;
+    if vcpus == 0 {
+        return Err(Error::invalid(format!(
+            "host {host_id}: vcpus must be at least 1"
+        )));
+    }
+    if memory_mib == 0 {
+        return Err(Error::invalid(format!(
+            "host {host_id}: memory_mib must be at least 1"
+        )));
+    }
+    let n = on_tx!(tx, t => sqlx::query(
+        "INSERT INTO hosts (host_id, vcpus, memory_mib) VALUES ($1, $2, $3) ON CONFLICT (host_id) DO NOTHING")
+        .bind(host_id)
+        .bind(i64::from(vcpus))
+        .bind(i64::from(memory_mib))
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?
+        .rows_affected());
+    if n == 0 {
+        return Err(Error::conflict(format!("host {host_id} already exists")));
+    }
+    get_host(tx, host_id).await
+}
+
+const HOST_COLS: &str =
+    "SELECT host_id, vcpus, memory_mib, used_vcpus, used_memory_mib, state FROM hosts";
+
+fn host_row<R: Row>(r: &R) -> Result<Host, Error>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    let state: String = r.try_get("state").map_err(db_err)?;
+    Ok(Host {
+        host_id: r.try_get("host_id").map_err(db_err)?,
+        vcpus: to_u32("vcpus", r.try_get("vcpus").map_err(db_err)?)?,
+        memory_mib: to_u32("memory_mib", r.try_get("memory_mib").map_err(db_err)?)?,
+        used_vcpus: to_u32("used_vcpus", r.try_get("used_vcpus").map_err(db_err)?)?,
+        used_memory_mib: to_u32(
+            "used_memory_mib",
+            r.try_get("used_memory_mib").map_err(db_err)?,
+        )?,
+        state: if state == "lost" {
+            HostState::Lost
+        } else {
+            HostState::Ready
+        },
+    })
+}
+
+/// A host.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown host; `UNAVAILABLE` on a database failure.
+pub async fn get_host(tx: &mut Tx, host_id: &str) -> Result<Host, Error> {
+    validate_id("host_id", host_id)?;
+    let sql = sqlx::AssertSqlSafe(format!("{HOST_COLS} WHERE host_id = $1"));
+    let row = on_tx!(tx, t => match sqlx::query(sql).bind(host_id).fetch_optional(&mut **t).await.map_err(db_err)? {
+        Some(r) => Some(host_row(&r)?),
+        None => None,
+    });
+    row.ok_or_else(|| Error::not_found(format!("host {host_id} not found")))
+}
+
+/// Every host, ordered by id.
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn list_hosts(tx: &mut Tx) -> Result<Vec<Host>, Error> {
+    let sql = sqlx::AssertSqlSafe(format!("{HOST_COLS} ORDER BY host_id"));
+    on_tx!(tx, t => sqlx::query(sql).fetch_all(&mut **t).await.map_err(db_err)?.iter().map(host_row).collect())
+}
+
+fn instance_sql(tx: &Tx, filter: &str) -> sqlx::AssertSqlSafe<String> {
+    let address = match tx {
+        Tx::Sqlite(_) => "l.address",
+        Tx::Postgres(_) => "host(l.address)",
+    };
+    sqlx::AssertSqlSafe(format!(
+        "SELECT i.instance_id, i.pool_id, i.host_id, i.vcpus, i.memory_mib, i.recreate_on_host_loss, \
+         i.state, i.conditions, {address} AS address \
+         FROM instances i LEFT JOIN ip_leases l ON l.instance_id = i.instance_id {filter}"
+    ))
+}
+
+fn instance_row<R: Row>(r: &R) -> Result<Instance, Error>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> bool: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> Option<String>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    let state: String = r.try_get("state").map_err(db_err)?;
+    let conditions: String = r.try_get("conditions").map_err(db_err)?;
+    let address: Option<String> = r.try_get("address").map_err(db_err)?;
+    Ok(Instance {
+        instance_id: r.try_get("instance_id").map_err(db_err)?,
+        pool_id: r.try_get("pool_id").map_err(db_err)?,
+        host_id: r.try_get("host_id").map_err(db_err)?,
+        vcpus: to_u32("vcpus", r.try_get("vcpus").map_err(db_err)?)?,
+        memory_mib: to_u32("memory_mib", r.try_get("memory_mib").map_err(db_err)?)?,
+        recreate_on_host_loss: r.try_get("recreate_on_host_loss").map_err(db_err)?,
+        state: state.parse()?,
+        conditions: serde_json::from_str(&conditions)
+            .map_err(|e| Error::internal(format!("stored conditions {conditions:?}: {e}")))?,
+        address: address
+            .map(|a| parse_stored::<Ipv4Addr>("address", &a))
+            .transpose()?,
+    })
+}
+
+/// An instance with its lease.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown instance; `UNAVAILABLE` on a database failure.
+pub async fn get_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, Error> {
+    validate_id("instance_id", instance_id)?;
+    let sql = instance_sql(tx, "WHERE i.instance_id = $1");
+    let row = on_tx!(tx, t => match sqlx::query(sql).bind(instance_id).fetch_optional(&mut **t).await.map_err(db_err)? {
+        Some(r) => Some(instance_row(&r)?),
+        None => None,
+    });
+    row.ok_or_else(|| Error::not_found(format!("instance {instance_id} not found")))
+}
+
+/// Every instance, ordered by id.
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn list_instances(tx: &mut Tx) -> Result<Vec<Instance>, Error> {
+    let sql = instance_sql(tx, "ORDER BY i.instance_id");
+    on_tx!(tx, t => sqlx::query(sql).fetch_all(&mut **t).await.map_err(db_err)?.iter().map(instance_row).collect())
+}
+
+/// Creates an instance: claims its vCPUs and memory on a host (the given one, or the first ready
+/// host by id with room) and takes its lease, all in the caller's transaction. On any error
+/// nothing is left written.
+///
+/// # Errors
+/// `INVALID_INPUT` naming the field; `NOT_FOUND` for an unknown pool or host; `CONFLICT` for an
+/// existing instance; `CAPACITY_UNAVAILABLE` when no host has room or
+/// `Pool <id> has no free IP address`; `UNAVAILABLE` on a database failure.
+pub async fn create_instance(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error> {
+    req.validate()?;
+    atomically!(tx, "vmnet_create", create_inner(tx, req).await)
+}
+
+async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error> {
+    require_pool(tx, &req.pool_id).await?;
+    if let Some(h) = &req.host_id {
+        get_host(tx, h).await?;
+    }
+    let n = on_tx!(tx, t => sqlx::query(
+        "INSERT INTO instances (instance_id, pool_id, vcpus, memory_mib, recreate_on_host_loss, state) \
+         VALUES ($1, $2, $3, $4, $5, 'running') ON CONFLICT (instance_id) DO NOTHING")
+        .bind(&req.instance_id)
+        .bind(&req.pool_id)
+        .bind(i64::from(req.vcpus))
+        .bind(i64::from(req.memory_mib))
+        .bind(req.recreate_on_host_loss)
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?
+        .rows_affected());
+    if n == 0 {
+        return Err(Error::conflict(format!(
+            "instance {} already exists",
+            req.instance_id
+        )));
+    }
+    let want = Want {
+        instance_id: &req.instance_id,
+        pool_id: &req.pool_id,
+        vcpus: req.vcpus,
+        memory_mib: req.memory_mib,
+    };
+    place(tx, &want, req.host_id.as_deref()).await?;
+    get_instance(tx, &req.instance_id).await
+}
+
+/// What a placement needs to know about the instance.
+struct Want<'a> {
+    instance_id: &'a str,
+    pool_id: &'a str,
+    vcpus: u32,
+    memory_mib: u32,
+}
+
+impl Want<'_> {
+    fn no_room(&self) -> String {
+        format!(
+            "instance {} ({} vCPUs, {} MiB)",
+            self.instance_id, self.vcpus, self.memory_mib
+        )
+    }
+}
+
+/// Claims capacity (on `host` or the first ready host with room) and takes the lease; marks the
+/// instance running there. Callers undo on error (savepoint).
+async fn place(tx: &mut Tx, want: &Want<'_>, host: Option<&str>) -> Result<(), Error> {
+    let host_id = match host {
+        Some(h) => {
+            if !claim(tx, h, want).await? {
+                return Err(Error::capacity(format!(
+                    "host {h} has no room for {}",
+                    want.no_room()
+                )));
+            }
+            h.to_owned()
+        }
+        None => {
+            let candidates: Vec<String> = on_tx!(tx, t => sqlx::query_scalar(
+                "SELECT host_id FROM hosts WHERE state = 'ready' AND used_vcpus + $1 <= vcpus \
+                 AND used_memory_mib + $2 <= memory_mib ORDER BY host_id")
+                .bind(i64::from(want.vcpus))
+                .bind(i64::from(want.memory_mib))
+                .fetch_all(&mut **t)
+                .await
+                .map_err(db_err)?);
+            let mut chosen = None;
+            for h in candidates {
+                if claim(tx, &h, want).await? {
+                    chosen = Some(h);
+                    break;
+                }
+            }
+            chosen.ok_or_else(|| {
+                Error::capacity(format!("no host has room for {}", want.no_room()))
+            })?
+        }
+    };
+    on_tx!(tx, t => sqlx::query(
+        "UPDATE instances SET host_id = $2, state = 'running', conditions = '[]' WHERE instance_id = $1")
+        .bind(want.instance_id)
+        .bind(&host_id)
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?.rows_affected());
+    lease(tx, want.pool_id, want.instance_id).await?;
+    Ok(())
+}
+
+/// Claims the request on a ready host if it has room; false otherwise. Row-level: concurrent
+/// claims on PostgreSQL serialize on the host row and re-check the room.
+async fn claim(tx: &mut Tx, host_id: &str, want: &Want<'_>) -> Result<bool, Error> {
+    let n = on_tx!(tx, t => sqlx::query(
+        "UPDATE hosts SET used_vcpus = used_vcpus + $2, used_memory_mib = used_memory_mib + $3 \
+         WHERE host_id = $1 AND state = 'ready' AND used_vcpus + $2 <= vcpus AND used_memory_mib + $3 <= memory_mib")
+        .bind(host_id)
+        .bind(i64::from(want.vcpus))
+        .bind(i64::from(want.memory_mib))
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?
+        .rows_affected());
+    Ok(n == 1)
+}
+
+/// Returns an instance's claim to its host (a lost host holds no claims).
+async fn unclaim(tx: &mut Tx, inst: &Instance) -> Result<(), Error> {
+    let Some(h) = &inst.host_id else {
+        return Ok(());
+    };
+    on_tx!(tx, t => sqlx::query(
+        "UPDATE hosts SET used_vcpus = used_vcpus - $2, used_memory_mib = used_memory_mib - $3 \
+         WHERE host_id = $1 AND state = 'ready'")
+        .bind(h)
+        .bind(i64::from(inst.vcpus))
+        .bind(i64::from(inst.memory_mib))
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?.rows_affected());
+    Ok(())
+}
+
+/// Deletes an instance, returning its lease and its claim. Returns the instance as it was.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown instance; `UNAVAILABLE` on a database failure.
+pub async fn delete_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, Error> {
+    validate_id("instance_id", instance_id)?;
+    atomically!(tx, "vmnet_delete", delete_inner(tx, instance_id).await)
+}
+
+async fn delete_inner(tx: &mut Tx, instance_id: &str) -> Result<Instance, Error> {
+    let inst = get_instance(tx, instance_id).await?;
+    release(tx, instance_id).await?;
+    unclaim(tx, &inst).await?;
+    on_tx!(tx, t => sqlx::query("DELETE FROM instances WHERE instance_id = $1")
+        .bind(instance_id)
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?.rows_affected());
+    Ok(inst)
+}
+
+/// Marks a host lost: every instance on it returns its lease with its claim; those with
+/// `recreate_on_host_loss` are placed again on another host with a new lowest-free lease (or move
+/// to `error` with an `Unschedulable` condition), the others move to `lost`.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown host; `UNAVAILABLE` on a database
+/// failure (then nothing was changed).
+pub async fn lose_host(tx: &mut Tx, host_id: &str) -> Result<HostLoss, Error> {
+    validate_id("host_id", host_id)?;
+    atomically!(tx, "vmnet_lose", lose_inner(tx, host_id).await)
+}
+
+async fn set_state(
+    tx: &mut Tx,
+    instance_id: &str,
+    state: InstanceState,
+    cond: &[Condition],
+) -> Result<(), Error> {
+    let cond = serde_json::to_string(cond).map_err(|e| Error::internal(e.to_string()))?;
+    on_tx!(tx, t => sqlx::query("UPDATE instances SET host_id = NULL, state = $2, conditions = $3 WHERE instance_id = $1")
+        .bind(instance_id)
+        .bind(state.as_str())
+        .bind(&cond)
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?.rows_affected());
+    Ok(())
+}
+
+async fn lose_inner(tx: &mut Tx, host_id: &str) -> Result<HostLoss, Error> {
+    get_host(tx, host_id).await?;
+    on_tx!(tx, t => sqlx::query("UPDATE hosts SET state = 'lost', used_vcpus = 0, used_memory_mib = 0 WHERE host_id = $1")
+        .bind(host_id)
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?.rows_affected());
+    let sql = instance_sql(tx, "WHERE i.host_id = $1 ORDER BY i.instance_id");
+    let affected: Vec<Instance> = on_tx!(tx, t => sqlx::query(sql)
+        .bind(host_id)
+        .fetch_all(&mut **t)
+        .await
+        .map_err(db_err)?
+        .iter()
+        .map(instance_row)
+        .collect::<Result<_, _>>()?);
+    let lost = [Condition {
+        kind: "HostLost".into(),
+        message: format!("host {host_id} was lost"),
+    }];
+    for inst in &affected {
+        release(tx, &inst.instance_id).await?;
+        set_state(tx, &inst.instance_id, InstanceState::Lost, &lost).await?;
+    }
+    let mut out = Vec::with_capacity(affected.len());
+    for inst in affected {
+        if inst.recreate_on_host_loss {
+            let want = Want {
+                instance_id: &inst.instance_id,
+                pool_id: &inst.pool_id,
+                vcpus: inst.vcpus,
+                memory_mib: inst.memory_mib,
+            };
+            savepoint(tx, "vmnet_replace").await?;
+            match place(tx, &want, None).await {
+                Ok(()) => release_savepoint(tx, "vmnet_replace").await?,
+                Err(e) if e.code == ErrorCode::CapacityUnavailable => {
+                    rollback_to(tx, "vmnet_replace").await?;
+                    let c = [Condition {
+                        kind: "Unschedulable".into(),
+                        message: e.message,
+                    }];
+                    set_state(tx, &inst.instance_id, InstanceState::Error, &c).await?;
+                }
+                Err(e) => {
+                    rollback_to(tx, "vmnet_replace").await?;
+                    return Err(e);
+                }
+            }
+        }
+        out.push(get_instance(tx, &inst.instance_id).await?);
+    }
+    Ok(HostLoss {
+        host_id: host_id.to_owned(),
+        instances: out,
+    })
+}

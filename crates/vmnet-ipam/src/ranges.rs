@@ -1,0 +1,253 @@
+//! Pool ranges: `set_ip_pool`, reading and listing them (spec: "Give a hosted pool a range").
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::str::FromStr;
+
+use ipnet::Ipv4Net;
+use sqlx::Row;
+use vmnet_model::Error;
+use vmnet_model::pool::{IpRange, Pool, SetIpPool, validate_id};
+
+use crate::db::{Tx, db_err, on_tx};
+use crate::free;
+
+/// An address as the integer stored in `ip_free` and `ip_leases.address_num`.
+pub(crate) fn num(a: Ipv4Addr) -> i64 {
+    i64::from(u32::from(a))
+}
+
+/// The address of a stored integer.
+pub(crate) fn addr(n: i64) -> Result<Ipv4Addr, Error> {
+    u32::try_from(n)
+        .map(Ipv4Addr::from)
+        .map_err(|_| Error::internal(format!("stored address {n} is out of range")))
+}
+
+pub(crate) fn parse_stored<T: FromStr>(what: &str, s: &str) -> Result<T, Error> {
+    T::from_str(s).map_err(|_| Error::internal(format!("stored {what} {s:?} does not parse")))
+}
+
+/// Sets (or replaces) the range of `req.pool_id` and returns it with the defaults filled in.
+/// Creates the pool if it does not exist. Existing leases are kept, even outside the new range;
+/// the free-address index is rebuilt as the new range minus the gateway minus those leases.
+///
+/// # Errors
+/// `INVALID_INPUT` naming the pool and the field (see [`SetIpPool::validate`]); `UNAVAILABLE` on a
+/// database failure. On error nothing was written.
+pub async fn set_ip_pool(tx: &mut Tx, req: SetIpPool) -> Result<IpRange, Error> {
+    let range = req.validate()?;
+    ensure_pool(tx, &range.pool_id).await?;
+    let dns: Vec<String> = range.dns.iter().map(ToString::to_string).collect();
+    match tx {
+        Tx::Sqlite(t) => {
+            let dns = serde_json::to_string(&dns).map_err(|e| Error::internal(e.to_string()))?;
+            sqlx::query(
+                "INSERT INTO ip_pools (pool_id, cidr, gateway, first_host, last_host, dns, \
+                 first_host_num, last_host_num, gateway_num) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 ON CONFLICT (pool_id) DO UPDATE SET cidr = excluded.cidr, gateway = excluded.gateway, \
+                 first_host = excluded.first_host, last_host = excluded.last_host, dns = excluded.dns, \
+                 first_host_num = excluded.first_host_num, last_host_num = excluded.last_host_num, \
+                 gateway_num = excluded.gateway_num",
+            )
+            .bind(&range.pool_id)
+            .bind(range.cidr.to_string())
+            .bind(range.gateway.to_string())
+            .bind(range.first_host.to_string())
+            .bind(range.last_host.to_string())
+            .bind(dns)
+            .bind(num(range.first_host))
+            .bind(num(range.last_host))
+            .bind(num(range.gateway))
+            .execute(&mut **t)
+            .await
+            .map_err(db_err)?;
+        }
+        Tx::Postgres(t) => {
+            sqlx::query(
+                "INSERT INTO ip_pools (pool_id, cidr, gateway, first_host, last_host, dns) \
+                 VALUES ($1, $2::cidr, $3::inet, $4::inet, $5::inet, $6::text[]::inet[]) \
+                 ON CONFLICT (pool_id) DO UPDATE SET cidr = excluded.cidr, gateway = excluded.gateway, \
+                 first_host = excluded.first_host, last_host = excluded.last_host, dns = excluded.dns",
+            )
+            .bind(&range.pool_id)
+            .bind(range.cidr.to_string())
+            .bind(range.gateway.to_string())
+            .bind(range.first_host.to_string())
+            .bind(range.last_host.to_string())
+            .bind(&dns)
+            .execute(&mut **t)
+            .await
+            .map_err(db_err)?;
+        }
+    }
+    free::rebuild(tx, &range).await?;
+    Ok(range)
+}
+
+/// Creates the pool `pool_id` without a range if it does not exist (a pool without a range leases
+/// nothing). Returns whether it was created.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `UNAVAILABLE` on a database failure.
+pub async fn create_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, Error> {
+    validate_id("pool_id", pool_id)?;
+    ensure_pool(tx, pool_id).await
+}
+
+async fn ensure_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, Error> {
+    let done = on_tx!(tx, t => sqlx::query("INSERT INTO pools (pool_id) VALUES ($1) ON CONFLICT (pool_id) DO NOTHING")
+        .bind(pool_id)
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?
+        .rows_affected());
+    Ok(done == 1)
+}
+
+/// Whether the pool exists.
+pub(crate) async fn pool_exists(tx: &mut Tx, pool_id: &str) -> Result<bool, Error> {
+    let row: Option<String> = on_tx!(tx, t => sqlx::query_scalar("SELECT pool_id FROM pools WHERE pool_id = $1")
+        .bind(pool_id)
+        .fetch_optional(&mut **t)
+        .await
+        .map_err(db_err)?);
+    Ok(row.is_some())
+}
+
+/// `NOT_FOUND` unless the pool exists.
+pub(crate) async fn require_pool(tx: &mut Tx, pool_id: &str) -> Result<(), Error> {
+    if pool_exists(tx, pool_id).await? {
+        Ok(())
+    } else {
+        Err(Error::not_found(format!("pool {pool_id} not found")))
+    }
+}
+
+/// The range of a pool, `None` when the pool has none (or does not exist). With `lock`, on
+/// PostgreSQL the range row is share-locked until the transaction ends, so a concurrent
+/// `set_ip_pool` waits (and vice versa).
+pub(crate) async fn range_of(
+    tx: &mut Tx,
+    pool_id: &str,
+    lock: bool,
+) -> Result<Option<IpRange>, Error> {
+    let (cidr, gateway, first, last, dns): (String, String, String, String, Vec<String>) = match tx
+    {
+        Tx::Sqlite(t) => {
+            let Some(r) = sqlx::query(
+                "SELECT cidr, gateway, first_host, last_host, dns FROM ip_pools WHERE pool_id = $1",
+            )
+            .bind(pool_id)
+            .fetch_optional(&mut **t)
+            .await
+            .map_err(db_err)?
+            else {
+                return Ok(None);
+            };
+            let dns: String = r.get("dns");
+            let dns: Vec<String> = serde_json::from_str(&dns)
+                .map_err(|e| Error::internal(format!("stored dns {dns:?}: {e}")))?;
+            (
+                r.get("cidr"),
+                r.get("gateway"),
+                r.get("first_host"),
+                r.get("last_host"),
+                dns,
+            )
+        }
+        Tx::Postgres(t) => {
+            let sql = if lock { PG_RANGE_LOCKED } else { PG_RANGE };
+            let Some(r) = sqlx::query(sql)
+                .bind(pool_id)
+                .fetch_optional(&mut **t)
+                .await
+                .map_err(db_err)?
+            else {
+                return Ok(None);
+            };
+            (
+                r.get("cidr"),
+                r.get("gateway"),
+                r.get("first_host"),
+                r.get("last_host"),
+                r.get("dns"),
+            )
+        }
+    };
+    let dns = dns
+        .iter()
+        .map(|s| parse_stored::<IpAddr>("dns", s))
+        .collect::<Result<_, _>>()?;
+    Ok(Some(IpRange {
+        pool_id: pool_id.to_owned(),
+        cidr: parse_stored::<Ipv4Net>("cidr", &cidr)?,
+        gateway: parse_stored("gateway", &gateway)?,
+        first_host: parse_stored("first_host", &first)?,
+        last_host: parse_stored("last_host", &last)?,
+        dns,
+    }))
+}
+
+const PG_RANGE: &str = "SELECT cidr::text AS cidr, host(gateway) AS gateway, host(first_host) AS first_host, \
+     host(last_host) AS last_host, \
+     ARRAY(SELECT host(d) FROM unnest(dns) WITH ORDINALITY AS u(d, i) ORDER BY i) AS dns \
+     FROM ip_pools WHERE pool_id = $1";
+const PG_RANGE_LOCKED: &str = "SELECT cidr::text AS cidr, host(gateway) AS gateway, host(first_host) AS first_host, \
+     host(last_host) AS last_host, \
+     ARRAY(SELECT host(d) FROM unnest(dns) WITH ORDINALITY AS u(d, i) ORDER BY i) AS dns \
+     FROM ip_pools WHERE pool_id = $1 FOR SHARE";
+
+/// The range of a pool, or `None` for a pool without a range.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown pool; `UNAVAILABLE` on a database failure.
+pub async fn get_ip_pool(tx: &mut Tx, pool_id: &str) -> Result<Option<IpRange>, Error> {
+    validate_id("pool_id", pool_id)?;
+    require_pool(tx, pool_id).await?;
+    range_of(tx, pool_id, false).await
+}
+
+/// A pool with its range and lease count.
+///
+/// # Errors
+/// As [`get_ip_pool`].
+pub async fn get_pool(tx: &mut Tx, pool_id: &str) -> Result<Pool, Error> {
+    let range = get_ip_pool(tx, pool_id).await?;
+    let leases = count_leases(tx, pool_id).await?;
+    Ok(Pool {
+        pool_id: pool_id.to_owned(),
+        range,
+        leases,
+    })
+}
+
+async fn count_leases(tx: &mut Tx, pool_id: &str) -> Result<u64, Error> {
+    let n: i64 = on_tx!(tx, t => sqlx::query_scalar("SELECT COUNT(*) FROM ip_leases WHERE pool_id = $1")
+        .bind(pool_id)
+        .fetch_one(&mut **t)
+        .await
+        .map_err(db_err)?);
+    u64::try_from(n).map_err(|_| Error::internal("negative count"))
+}
+
+/// Every pool, ordered by id, with its range and lease count.
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn list_pools(tx: &mut Tx) -> Result<Vec<Pool>, Error> {
+    let ids: Vec<String> = on_tx!(tx, t => sqlx::query_scalar("SELECT pool_id FROM pools ORDER BY pool_id")
+        .fetch_all(&mut **t)
+        .await
+        .map_err(db_err)?);
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let range = range_of(tx, &id, false).await?;
+        let leases = count_leases(tx, &id).await?;
+        out.push(Pool {
+            pool_id: id,
+            range,
+            leases,
+        });
+    }
+    Ok(out)
+}
