@@ -25,6 +25,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
 use crate::Error;
+use crate::pool::validate_id;
 
 /// Linux interface names are at most this many bytes (IFNAMSIZ - 1).
 pub const IFNAME_MAX: usize = 15;
@@ -260,7 +261,7 @@ impl NicSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InstanceSpec {
-    /// The instance id (1–128 bytes of `[A-Za-z0-9_.:-]`).
+    /// The instance id ([`crate::pool::validate_id`]).
     pub id: String,
     /// The allocation the host names when it fetches the user data (`allocationId` accepted too).
     #[serde(alias = "allocationId")]
@@ -276,20 +277,6 @@ pub struct InstanceSpec {
     pub nics: Vec<NicSpec>,
 }
 
-fn check_id(what: &str, s: &str) -> Result<(), String> {
-    let ok = !s.is_empty()
-        && s.len() <= 128
-        && s.bytes()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b':' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} {s:?} is not valid (1-128 bytes of A-Z a-z 0-9 _ . : -)"
-        ))
-    }
-}
-
 impl InstanceSpec {
     /// Checks the instance against the rules of "What reaches the host" and "bcd's nftables
     /// tables": ids well formed, at most [`MAX_NICS`] NICs, every NIC has a network, no network
@@ -300,9 +287,9 @@ impl InstanceSpec {
     /// `INVALID_INPUT` naming the instance and the field, e.g.
     /// `instance i-1: nics[0].network "bc0" starts with "bc" and would match every tap rule`.
     pub fn validate(&self) -> Result<(), Error> {
-        check_id("id", &self.id).map_err(|m| Error::invalid(format!("instance: {m}")))?;
+        validate_id("instance id", &self.id)?;
         let ctx = |m: String| Error::invalid(format!("instance {}: {m}", self.id));
-        check_id("allocation_id", &self.allocation_id).map_err(ctx)?;
+        validate_id("allocation_id", &self.allocation_id).map_err(|e| ctx(e.message))?;
         if self.nics.len() > MAX_NICS {
             return Err(ctx(format!(
                 "nics: {} NICs, at most {MAX_NICS}",

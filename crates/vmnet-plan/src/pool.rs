@@ -1,1 +1,14 @@
-//! Pool mode planning: NICs, guest network-config, runtime NIC configs and the bcd nftables tables.
+//! Pool mode planning (spec: hosted-pool-networking.md, "Addresses on an instance", "What
+//! reaches the host", "The guest's network configuration", "bcd's nftables tables"):
+//!
+//! - [`nic`]: the NIC of an instance from its lease and its pool's range.
+//! - [`seed`]: the cloud-init NoCloud seed files (meta-data, user-data, network-config v2).
+//! - [`runtime`]: NIC configs for libvirt, cloud-hypervisor, Firecracker, qemu and plugins.
+//! - [`nft`]: the three bcd nftables tables as nft JSON, full replace and per-instance deltas.
+//! - [`census`]: what a ruleset holds (rules, set elements), for the drift audit.
+
+pub mod census;
+pub mod nft;
+pub mod nic;
+pub mod runtime;
+pub mod seed;

@@ -1,0 +1,180 @@
+use super::*;
+use crate::pool::census::{Census, drift};
+use vmnet_model::nic::NicSpec;
+
+pub(crate) fn instance(id: &str, ip: &str, policy: NetworkPolicy, sandbox: bool) -> InstanceSpec {
+    InstanceSpec {
+        id: id.into(),
+        allocation_id: format!("alloc-{id}"),
+        policy,
+        sandbox,
+        nics: vec![NicSpec {
+            network: Some("br0".parse().unwrap()),
+            mac: MacAddr::for_instance(id),
+            addresses: vec![format!("{ip}/24").parse().unwrap()],
+            gateway: Some("10.0.0.1".parse().unwrap()),
+            nameservers: vec![],
+        }],
+    }
+}
+
+fn host() -> HostAddrs {
+    HostAddrs {
+        own: vec![
+            "10.0.0.1".parse().unwrap(),
+            "192.0.2.10".parse().unwrap(),
+            "2001:db8::10".parse().unwrap(),
+        ],
+        gateways: vec!["10.0.0.1".parse().unwrap()],
+    }
+}
+
+fn node(k: usize) -> NodeSpec {
+    NodeSpec {
+        instances: (0..k)
+            .map(|i| {
+                instance(
+                    &format!("i-{i}"),
+                    &format!("10.0.{}.{}", i / 200, i % 200 + 2),
+                    NetworkPolicy::Public,
+                    false,
+                )
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn full_replace_has_add_delete_add_for_every_table() {
+    let fw = plan(&node(2), &host()).unwrap();
+    let doc = render_full(&fw);
+    let cmds = doc["nftables"].as_array().unwrap();
+    let table_ops: Vec<String> = cmds
+        .iter()
+        .filter_map(|c| {
+            let (verb, body) = c.as_object()?.iter().next()?;
+            let t = body.get("table")?;
+            Some(format!(
+                "{verb} {} {}",
+                t["family"].as_str()?,
+                t["name"].as_str()?
+            ))
+        })
+        .collect();
+    assert_eq!(
+        table_ops,
+        [
+            "add bridge bcd_instances",
+            "delete bridge bcd_instances",
+            "add bridge bcd_instances",
+            "add inet bcd_taps",
+            "delete inet bcd_taps",
+            "add arp bcd_taps",
+            "delete arp bcd_taps",
+            "add inet bcd_taps",
+            "add arp bcd_taps",
+        ]
+    );
+    let c = Census::of(&doc);
+    assert_eq!(c.tables.len(), 3);
+    assert_eq!(c.rule_counts()["inet bcd_taps"], 4);
+    assert_eq!(c.rule_counts()["arp bcd_taps"], 2);
+    assert_eq!(c.element_counts()["bridge bcd_instances tap_mac"], 2);
+    assert_eq!(
+        c.element_counts()["bridge bcd_instances host_block4"],
+        1,
+        "gateway exempt"
+    );
+    assert_eq!(c.element_counts()["bridge bcd_instances host_all4"], 2);
+}
+
+#[test]
+fn no_nic_deletes_backstop_tables() {
+    let fw = plan(&NodeSpec::default(), &host()).unwrap();
+    let c = Census::of(&render_full(&fw));
+    assert_eq!(
+        c.tables.keys().collect::<Vec<_>>(),
+        ["bridge bcd_instances"]
+    );
+}
+
+#[test]
+fn rule_count_is_fixed_in_k() {
+    let r10 = Census::of(&render_full(&plan(&node(10), &host()).unwrap())).rule_counts();
+    let r1000 = Census::of(&render_full(&plan(&node(1000), &host()).unwrap())).rule_counts();
+    assert_eq!(r10, r1000);
+}
+
+#[test]
+fn one_instance_delta_is_small_and_reverses() {
+    let inst = instance("new-1", "10.0.9.9", NetworkPolicy::Private, true);
+    let entries = tap_entries(&inst).unwrap();
+    let add = render_instance(&entries, Change::Add);
+    let s = add.to_string();
+    assert!(s.len() < 1500, "{s}");
+    assert!(s.contains(r#"{"concat":["bcb2e29df7d3n0","10.0.9.9"]}"#) || s.contains("10.0.9.9"));
+    // Applying add then remove to a census lands back where it started.
+    let fw = plan(&node(3), &host()).unwrap();
+    let base = Census::of(&render_full(&fw));
+    let mut items = render_full(&fw)["nftables"].as_array().unwrap().clone();
+    items.extend(add["nftables"].as_array().unwrap().iter().cloned());
+    let with = Census::of(&serde_json::json!({ "nftables": items.clone() }));
+    assert_eq!(with.element_counts()["bridge bcd_instances taps"], 4);
+    assert_eq!(with.element_counts()["bridge bcd_instances in_policy"], 1);
+    assert_eq!(
+        with.element_counts()["bridge bcd_instances sandbox_taps"],
+        1
+    );
+    items.extend(
+        render_instance(&entries, Change::Remove)["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .cloned(),
+    );
+    let back = Census::of(&serde_json::json!({ "nftables": items }));
+    assert_eq!(back.element_counts(), base.element_counts());
+    assert!(drift(&base, &base, &back).is_empty());
+}
+
+#[test]
+fn drift_reports_flush_and_edits() {
+    let fw = plan(&node(2), &host()).unwrap();
+    let c = Census::of(&render_full(&fw));
+    let empty = Census::default();
+    let d = drift(&c, &c, &empty);
+    assert!(
+        d.iter()
+            .any(|m| m.contains("table bridge bcd_instances is missing")),
+        "{d:?}"
+    );
+    let mut edited = c.clone();
+    edited.tables.get_mut("inet bcd_taps").unwrap().rules.pop();
+    assert!(!drift(&c, &c, &edited).is_empty());
+    let mut fewer = c.clone();
+    *fewer
+        .tables
+        .get_mut("bridge bcd_instances")
+        .unwrap()
+        .elements
+        .get_mut("tap_mac")
+        .unwrap() -= 1;
+    assert!(!drift(&c, &c, &fewer).is_empty());
+}
+
+#[test]
+fn entries_carry_link_local_and_unchecked() {
+    let mut inst = instance("i-x", "10.0.0.5", NetworkPolicy::None, false);
+    inst.nics[0].addresses.clear();
+    inst.nics[0].gateway = None;
+    let e = &tap_entries(&inst).unwrap()[0];
+    assert!(e.ip4_unchecked());
+    assert_eq!(e.ip6, vec![inst.nics[0].mac.link_local_v6()]);
+}
+
+#[test]
+fn bc_bridge_fails_the_plan() {
+    let mut n = node(1);
+    n.instances[0].nics[0].network = Some("bcx".parse().unwrap());
+    assert!(plan(&n, &host()).is_err());
+}
