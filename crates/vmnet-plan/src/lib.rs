@@ -2,4 +2,5 @@
 //! and VMMs read. No I/O, no clock, no randomness: every function here is deterministic in its
 //! inputs and unit-tested without root.
 
+pub mod ns;
 pub mod pool;

@@ -1,0 +1,86 @@
+//! nftables JSON for namespace mode, rendered by pure functions (snapshot-tested).
+//!
+//! Each ruleset is one `nft -j -f -` transaction: `add table` (so the delete cannot fail),
+//! `delete table`, then the table with its chains and rules — an atomic replacement.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+/// The comment on the first rule of the VM table: `vmnet:<fingerprint>`.
+pub const FINGERPRINT_PREFIX: &str = "vmnet:";
+
+fn replace_table(family: &str, name: &str) -> Vec<Value> {
+    let t = json!({"table": {"family": family, "name": name}});
+    vec![
+        json!({"add": t.clone()}),
+        json!({"delete": t.clone()}),
+        json!({"add": t}),
+    ]
+}
+
+fn mss_rule(table: &str, nfproto: &str, mss: u32) -> Value {
+    json!({"add": {"rule": {"family": "inet", "table": table, "chain": "mss", "expr": [
+        {"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": nfproto}},
+        {"match": {"op": "in", "left": {"payload": {"protocol": "tcp", "field": "flags"}}, "right": "syn"}},
+        {"match": {"op": ">", "left": {"tcp option": {"name": "maxseg", "field": "size"}}, "right": mss}},
+        {"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": mss}}
+    ]}}})
+}
+
+/// The VM netns ruleset: table `inet <table>` with chain `mss` (forward, priority mangle) clamping
+/// the MSS of forwarded TCP SYN and SYN-ACK to `mtu - 40` (IPv4) and `mtu - 60` (IPv6), and, when
+/// `nat` is `Some((peer veth, transit address))`, chain `postrouting` (nat, srcnat) with
+/// `oifname <peer> ip saddr 172.16.0.0/30 snat to <transit address>`.
+///
+/// Returns the transaction and its fingerprint (also written as the comment of the first rule, so
+/// read-back compares one string).
+pub fn vm_ruleset(table: &str, mtu: u32, nat: Option<(&str, Ipv4Addr)>) -> (Value, String) {
+    let mut cmds = replace_table("inet", table);
+    cmds.push(
+        json!({"add": {"chain": {"family": "inet", "table": table, "name": "mss",
+        "type": "filter", "hook": "forward", "prio": -150, "policy": "accept"}}}),
+    );
+    cmds.push(mss_rule(table, "ipv4", mtu - 40));
+    cmds.push(mss_rule(table, "ipv6", mtu - 60));
+    if let Some((peer, addr)) = nat {
+        cmds.push(
+            json!({"add": {"chain": {"family": "inet", "table": table, "name": "postrouting",
+            "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}}}),
+        );
+        cmds.push(json!({"add": {"rule": {"family": "inet", "table": table, "chain": "postrouting", "expr": [
+            {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": peer}},
+            {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
+                "right": {"prefix": {"addr": "172.16.0.0", "len": 30}}}},
+            {"snat": {"family": "ip", "addr": addr.to_string()}}
+        ]}}}));
+    }
+    let fp = fingerprint(&cmds);
+    cmds[4]["add"]["rule"]["comment"] = Value::String(format!("{FINGERPRINT_PREFIX}{fp}"));
+    (json!({"nftables": cmds}), fp)
+}
+
+fn fingerprint(cmds: &[Value]) -> String {
+    let bytes = serde_json::to_vec(cmds).expect("JSON values serialize");
+    hex::encode(&Sha256::digest(&bytes)[..8])
+}
+
+/// The host ruleset: table `ip <table>` with chain `postrouting` (nat, srcnat) masquerading
+/// traffic from the transit range to anywhere outside it.
+pub fn host_ruleset(table: &str, transit: Ipv4Net) -> Value {
+    let mut cmds = replace_table("ip", table);
+    let prefix =
+        json!({"prefix": {"addr": transit.network().to_string(), "len": transit.prefix_len()}});
+    cmds.push(
+        json!({"add": {"chain": {"family": "ip", "table": table, "name": "postrouting",
+        "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}}}),
+    );
+    cmds.push(json!({"add": {"rule": {"family": "ip", "table": table, "chain": "postrouting", "expr": [
+        {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": prefix.clone()}},
+        {"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": prefix}},
+        {"masquerade": null}
+    ]}}}));
+    json!({"nftables": cmds})
+}

@@ -1,0 +1,290 @@
+//! Unit tests for namespace mode planning: names, transit mapping, routes and nft snapshots.
+
+use std::collections::HashSet;
+
+use proptest::prelude::*;
+use vmnet_model::ErrorCode;
+use vmnet_model::vm::parse_vm_config;
+
+use super::*;
+
+fn cfg(json: &str) -> VmConfig {
+    parse_vm_config(json.as_bytes()).unwrap()
+}
+
+fn spec_vm() -> VmConfig {
+    cfg(
+        r#"{"id":"vm-7","user_id":7,"tenant":3,"mesh_ipv6":"fdaa:1::7","network":{"routes":[
+        {"destination":"0.0.0.0/0","via":"host"},{"destination":"2000::/3","via":"fdaa:1::56"}]}}"#,
+    )
+}
+
+#[test]
+fn names_fit_for_every_supported_uid_and_invert() {
+    let prefix = "a".repeat(names::MAX_PREFIX_LEN);
+    for uid in [0, 1, 0xff, 0x1000, 0xfffe, MAX_USER_ID] {
+        for kind in [
+            NameKind::Netns,
+            NameKind::HostVeth,
+            NameKind::PeerVeth,
+            NameKind::Tap,
+        ] {
+            let n = name(&prefix, kind, uid);
+            assert_eq!(n.len(), names::IFNAME_MAX, "{n}");
+            assert_eq!(parse_uid(&prefix, kind, &n), Some(uid));
+        }
+    }
+    assert_eq!(name("vmn", NameKind::HostVeth, 7), "vmnh0007");
+    assert_eq!(name("vmn", NameKind::PeerVeth, 0xffff), "vmnpffff");
+}
+
+#[test]
+fn parse_uid_rejects_other_prefixes_and_kinds() {
+    assert_eq!(parse_uid("vmn", NameKind::HostVeth, "vmnxh0001"), None);
+    assert_eq!(parse_uid("vmn", NameKind::HostVeth, "vmnp0001"), None);
+    assert_eq!(parse_uid("vmn", NameKind::HostVeth, "vmnh00012"), None);
+    assert_eq!(parse_uid("vmn", NameKind::HostVeth, "vmnh00A1"), None);
+    assert_eq!(parse_uid("vmn", NameKind::HostVeth, "vmnh+001"), None);
+    assert_eq!(parse_uid("vmn", NameKind::HostVeth, "eth0"), None);
+}
+
+#[test]
+fn prefix_rules() {
+    assert!(names::check_prefix("vmn").is_ok());
+    assert!(names::check_prefix("t1a2b3c4d5").is_ok());
+    for bad in ["", "Vmn", "1vm", "vm-n", "abcdefghijk"] {
+        assert!(names::check_prefix(bad).is_err(), "{bad}");
+    }
+    let s = NsSettings {
+        name_prefix: "toolongprefix".into(),
+        ..NsSettings::default()
+    };
+    let e = s.validate().unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidInput);
+    assert_eq!(
+        e.message,
+        "settings: name prefix \"toolongprefix\" must be 1..=10 bytes: a lowercase letter, then lowercase letters or digits"
+    );
+}
+
+#[test]
+fn transit_extremes_and_no_collisions() {
+    let s = NsSettings::default();
+    assert_eq!(s.max_user_id(), 0xffff);
+    assert_eq!(s.transit_of(0).to_string(), "10.200.0.0/30");
+    assert_eq!(s.transit_of(1).to_string(), "10.200.0.4/30");
+    assert_eq!(s.transit_of(0xffff).to_string(), "10.203.255.252/30");
+    let mut seen = HashSet::new();
+    for uid in 0..=MAX_USER_ID {
+        let t = s.transit_of(uid);
+        assert!(s.transit_ipv4.contains(&t), "{t}");
+        assert!(seen.insert(t.network()), "{t} collides");
+    }
+}
+
+#[test]
+fn smaller_transit_range_supports_fewer_ids() {
+    let s = NsSettings {
+        transit_ipv4: "10.9.0.0/24".parse().unwrap(),
+        ..NsSettings::default()
+    };
+    assert_eq!(s.max_user_id(), 63);
+    let c = cfg(r#"{"id":"big","user_id":64,"tenant":0}"#);
+    let e = plan_vm(&c, &s).unwrap_err();
+    assert_eq!(
+        e.message,
+        "vm big: user_id 64 is outside the range 0..=63 supported by transit range 10.9.0.0/24"
+    );
+}
+
+proptest! {
+    #[test]
+    fn distinct_uids_never_share_names_or_transit(a in 0..=MAX_USER_ID, b in 0..=MAX_USER_ID) {
+        prop_assume!(a != b);
+        let s = NsSettings::default();
+        let (ta, tb) = (s.transit_of(a), s.transit_of(b));
+        prop_assert!(!ta.contains(&tb.network()) && !tb.contains(&ta.network()));
+        prop_assert_ne!(name("vmn", NameKind::HostVeth, a), name("vmn", NameKind::HostVeth, b));
+        prop_assert!(name("vmn", NameKind::PeerVeth, a).len() <= names::IFNAME_MAX);
+    }
+}
+
+#[test]
+fn spec_vm_plan() {
+    let p = plan_vm(&spec_vm(), &NsSettings::default()).unwrap();
+    assert_eq!(p.netns, "vmnn0007");
+    assert_eq!(p.tap.name, "vmnt0007");
+    assert_eq!(p.tap.mtu, 1380);
+    let v = p.veth.as_ref().unwrap();
+    assert_eq!(
+        (v.host_name.as_str(), v.peer_name.as_str()),
+        ("vmnh0007", "vmnp0007")
+    );
+    assert_eq!(v.transit.to_string(), "10.200.0.28/30");
+    assert_eq!(v.host_ipv4.to_string(), "10.200.0.29/30");
+    assert_eq!(v.peer_ipv4.to_string(), "10.200.0.30/30");
+    assert!(p.nat);
+    assert_eq!(p.guest.mac, "06:00:ac:10:00:02");
+    assert_eq!(p.guest.ipv4.to_string(), "172.16.0.2/30");
+    let show = |rs: &[PlannedRoute]| {
+        rs.iter()
+            .map(|r| format!("{} {} {:?}", r.table, r.destination, r.kind))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        show(&p.ns_routes),
+        [
+            "100 ::/0 Via { gateway: fdaa:1::7, dev: \"vmnt0007\", onlink: true }",
+            "254 0.0.0.0/0 Via { gateway: 10.200.0.29, dev: \"vmnp0007\", onlink: false }",
+            "254 2000::/3 Via { gateway: fe80::1, dev: \"vmnp0007\", onlink: false }",
+            "254 fdaa::/16 Via { gateway: fe80::1, dev: \"vmnp0007\", onlink: false }",
+            "254 fdaa:1::7/128 Dev { dev: \"vmnt0007\" }",
+        ]
+    );
+    assert_eq!(
+        show(&p.host_routes),
+        [
+            "254 fdaa:1::7/128 Via { gateway: fe80::2, dev: \"vmnh0007\", onlink: false }",
+            "16777223 2000::/3 ViaMesh { mesh: fdaa:1::56 }",
+            "16777223 fdaa::/16 Throw",
+        ]
+    );
+    assert_eq!(
+        p.host_rules,
+        [PlannedRule {
+            iif: "vmnh0007".into(),
+            table: 16_777_223,
+            priority: 10000
+        }]
+    );
+    let st = p.status();
+    assert_eq!(st.transit.unwrap().to_string(), "10.200.0.28/30");
+    assert_eq!(st.routes, spec_vm().network.routes);
+}
+
+#[test]
+fn host_routes_only_get_a_table_with_a_mesh_via() {
+    let c = cfg(
+        r#"{"id":"a","user_id":2,"tenant":0,"mesh_ipv6":"fdaa::2","network":{"routes":[
+        {"destination":"::/0","via":"host"}]}}"#,
+    );
+    let p = plan_vm(&c, &NsSettings::default()).unwrap();
+    assert!(p.host_rules.is_empty());
+    assert_eq!(p.host_routes.len(), 1);
+    assert!(!p.nat, "no IPv4 route via host, no NAT");
+    assert!(!p.nft.to_string().contains("snat"));
+}
+
+#[test]
+fn host_via_routes_throw_in_the_vm_table() {
+    let c = cfg(
+        r#"{"id":"a","user_id":2,"tenant":0,"mesh_ipv6":"fdaa::2","network":{"routes":[
+        {"destination":"2000::/3","via":"fdaa::56"},{"destination":"2001:db8::/32","via":"host"}]}}"#,
+    );
+    let p = plan_vm(&c, &NsSettings::default()).unwrap();
+    let t: Vec<_> = p
+        .host_routes
+        .iter()
+        .filter(|r| r.table == p.host_table)
+        .map(|r| (r.destination.to_string(), r.kind.clone()))
+        .collect();
+    assert!(t.contains(&("2001:db8::/32".into(), RouteKind::Throw)));
+    assert!(t.contains(&(
+        "2000::/3".into(),
+        RouteKind::ViaMesh {
+            mesh: "fdaa::56".parse().unwrap()
+        }
+    )));
+}
+
+#[test]
+fn vm_without_routes_reaches_only_mesh() {
+    let c = cfg(r#"{"id":"a","user_id":3,"tenant":0,"mesh_ipv6":"fdaa::3"}"#);
+    let p = plan_vm(&c, &NsSettings::default()).unwrap();
+    let main: Vec<_> = p
+        .ns_routes
+        .iter()
+        .filter(|r| r.table == MAIN_TABLE)
+        .map(|r| r.destination.to_string())
+        .collect();
+    assert_eq!(main, ["fdaa::/16", "fdaa::3/128"]);
+    assert!(!p.nat);
+}
+
+#[test]
+fn vm_without_mesh_has_no_veth() {
+    let c = cfg(r#"{"id":"cap","user_id":4,"tenant":0}"#);
+    let p = plan_vm(&c, &NsSettings::default()).unwrap();
+    assert!(p.veth.is_none());
+    assert!(p.ns_routes.is_empty() && p.host_routes.is_empty() && p.host_rules.is_empty());
+    assert!(!p.nat);
+    assert_eq!(p.status().host_veth, None);
+}
+
+#[test]
+fn nft_snapshot_with_nat() {
+    let p = plan_vm(&spec_vm(), &NsSettings::default()).unwrap();
+    let expected = serde_json::json!({"nftables": [
+        {"add": {"table": {"family": "inet", "name": "vmn"}}},
+        {"delete": {"table": {"family": "inet", "name": "vmn"}}},
+        {"add": {"table": {"family": "inet", "name": "vmn"}}},
+        {"add": {"chain": {"family": "inet", "table": "vmn", "name": "mss", "type": "filter", "hook": "forward", "prio": -150, "policy": "accept"}}},
+        {"add": {"rule": {"family": "inet", "table": "vmn", "chain": "mss", "comment": format!("vmnet:{}", p.nft_fingerprint), "expr": [
+            {"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": "ipv4"}},
+            {"match": {"op": "in", "left": {"payload": {"protocol": "tcp", "field": "flags"}}, "right": "syn"}},
+            {"match": {"op": ">", "left": {"tcp option": {"name": "maxseg", "field": "size"}}, "right": 1340}},
+            {"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": 1340}}]}}},
+        {"add": {"rule": {"family": "inet", "table": "vmn", "chain": "mss", "expr": [
+            {"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": "ipv6"}},
+            {"match": {"op": "in", "left": {"payload": {"protocol": "tcp", "field": "flags"}}, "right": "syn"}},
+            {"match": {"op": ">", "left": {"tcp option": {"name": "maxseg", "field": "size"}}, "right": 1320}},
+            {"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": 1320}}]}}},
+        {"add": {"chain": {"family": "inet", "table": "vmn", "name": "postrouting", "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}}},
+        {"add": {"rule": {"family": "inet", "table": "vmn", "chain": "postrouting", "expr": [
+            {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "vmnp0007"}},
+            {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "172.16.0.0", "len": 30}}}},
+            {"snat": {"family": "ip", "addr": "10.200.0.30"}}]}}}
+    ]});
+    assert_eq!(p.nft, expected);
+    assert_eq!(p.nft_fingerprint.len(), 16);
+}
+
+#[test]
+fn nft_fingerprint_changes_with_nat() {
+    let with = plan_vm(&spec_vm(), &NsSettings::default()).unwrap();
+    let without = plan_vm(
+        &cfg(r#"{"id":"vm-7","user_id":7,"tenant":3,"mesh_ipv6":"fdaa:1::7"}"#),
+        &NsSettings::default(),
+    )
+    .unwrap();
+    assert_ne!(with.nft_fingerprint, without.nft_fingerprint);
+    assert_eq!(without.nft["nftables"].as_array().unwrap().len(), 6);
+}
+
+#[test]
+fn host_plan_snapshot() {
+    let h = plan_host(&NsSettings::default()).unwrap();
+    assert_eq!(h.nft_table, "vmn_host");
+    assert_eq!(
+        h.nft["nftables"][4],
+        serde_json::json!({"add": {"rule": {"family": "ip", "table": "vmn_host", "chain": "postrouting", "expr": [
+            {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "10.200.0.0", "len": 14}}}},
+            {"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": {"prefix": {"addr": "10.200.0.0", "len": 14}}}},
+            {"masquerade": null}]}}})
+    );
+    assert!(
+        plan_host(&NsSettings {
+            manage_host: false,
+            ..NsSettings::default()
+        })
+        .is_none()
+    );
+}
+
+#[test]
+fn print_rulesets_for_manual_nft_check() {
+    // `cargo test -p vmnet-plan print_rulesets -- --nocapture` prints JSON that `nft -j -f -` accepts.
+    let p = plan_vm(&spec_vm(), &NsSettings::default()).unwrap();
+    println!("{}", p.nft);
+    println!("{}", plan_host(&NsSettings::default()).unwrap().nft);
+}
