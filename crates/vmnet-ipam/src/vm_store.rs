@@ -1,0 +1,194 @@
+//! Desired VM network configs (namespace mode), stored in the same database as IPAM so that one
+//! store holds all desired state (table `vm_configs`, migration 0100).
+//!
+//! Each row holds the desired config, the last config the kernel layer applied successfully and
+//! the last apply error. The store is deliberately dumb: configs are JSON text, parsed and
+//! validated by the agent (`vmnet_model::vm`). Every function takes the caller's transaction.
+//!
+//! `user_id` is unique across rows: two VMs with one user id would share every kernel name.
+
+use vmnet_model::Error;
+
+use crate::db::{Tx, on_tx};
+
+/// Maps a database failure to `UNAVAILABLE` (the request may succeed later).
+#[allow(clippy::needless_pass_by_value)] // used as `map_err(db_err)`
+fn db_err(e: sqlx::Error) -> Error {
+    Error::unavailable(format!("database: {e}"))
+}
+
+/// One stored VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmRow {
+    /// The VM id.
+    pub id: String,
+    /// The VM user id (unique).
+    pub user_id: u32,
+    /// The desired config, JSON.
+    pub config: String,
+    /// The last config applied successfully, JSON; `None` until one was.
+    pub applied: Option<String>,
+    /// The last apply error; `None` after a success.
+    pub last_error: Option<String>,
+    /// Milliseconds since the Unix epoch of the row's last change.
+    pub updated_at: i64,
+}
+
+type Raw = (String, i64, String, Option<String>, Option<String>, i64);
+
+fn from_raw(r: Raw) -> Result<VmRow, Error> {
+    let user_id = u32::try_from(r.1).map_err(|_| {
+        Error::internal(format!(
+            "vm {}: stored user_id {} is out of range",
+            r.0, r.1
+        ))
+    })?;
+    Ok(VmRow {
+        id: r.0,
+        user_id,
+        config: r.2,
+        applied: r.3,
+        last_error: r.4,
+        updated_at: r.5,
+    })
+}
+
+macro_rules! select {
+    ($tail:literal) => {
+        concat!(
+            "SELECT id, user_id, config, applied, last_error, updated_at FROM vm_configs ",
+            $tail
+        )
+    };
+}
+
+/// The stored VM `id`, if any.
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn get(tx: &mut Tx, id: &str) -> Result<Option<VmRow>, Error> {
+    let row: Option<Raw> =
+        on_tx!(tx, c => sqlx::query_as(select!("WHERE id = $1")).bind(id).fetch_optional(&mut **c).await)
+            .map_err(db_err)?;
+    row.map(from_raw).transpose()
+}
+
+/// Every stored VM, ordered by id.
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn list(tx: &mut Tx) -> Result<Vec<VmRow>, Error> {
+    let rows: Vec<Raw> =
+        on_tx!(tx, c => sqlx::query_as(select!("ORDER BY id")).fetch_all(&mut **c).await)
+            .map_err(db_err)?;
+    rows.into_iter().map(from_raw).collect()
+}
+
+/// Stores `config` as the desired config of VM `id` (insert or replace), keeping the row's
+/// `applied` and `last_error`. Returns the row as it was before, so a caller can restore it.
+///
+/// # Errors
+/// `CONFLICT` when another VM holds `user_id`; `UNAVAILABLE` on a database failure.
+pub async fn put(
+    tx: &mut Tx,
+    id: &str,
+    user_id: u32,
+    config: &str,
+    now_ms: i64,
+) -> Result<Option<VmRow>, Error> {
+    let before = get(tx, id).await?;
+    let holder: Option<(String,)> =
+        on_tx!(tx, c => sqlx::query_as("SELECT id FROM vm_configs WHERE user_id = $1 AND id <> $2")
+        .bind(i64::from(user_id))
+        .bind(id)
+        .fetch_optional(&mut **c)
+        .await)
+        .map_err(db_err)?;
+    if let Some((other,)) = holder {
+        return Err(Error::conflict(format!(
+            "vm {id}: user_id {user_id} is already used by vm {other}"
+        )));
+    }
+    let res = on_tx!(tx, c => sqlx::query(
+        "INSERT INTO vm_configs (id, user_id, config, updated_at) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (id) DO UPDATE SET user_id = excluded.user_id, config = excluded.config, \
+         updated_at = excluded.updated_at",
+    )
+    .bind(id)
+    .bind(i64::from(user_id))
+    .bind(config)
+    .bind(now_ms)
+    .execute(&mut **c)
+    .await
+    .map(|r| r.rows_affected()));
+    match res {
+        Ok(_) => Ok(before),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(Error::conflict(format!(
+            "vm {id}: user_id {user_id} is already used by another vm"
+        ))),
+        Err(e) => Err(db_err(e)),
+    }
+}
+
+/// Records the outcome of an apply: the config that is now applied (`None` when nothing of the
+/// VM is) and the error, if the apply failed.
+///
+/// # Errors
+/// `NOT_FOUND` when the VM is not stored; `UNAVAILABLE` on a database failure.
+pub async fn set_result(
+    tx: &mut Tx,
+    id: &str,
+    applied: Option<&str>,
+    last_error: Option<&str>,
+    now_ms: i64,
+) -> Result<(), Error> {
+    let res = on_tx!(tx, c => sqlx::query("UPDATE vm_configs SET applied = $2, last_error = $3, updated_at = $4 WHERE id = $1")
+        .bind(id)
+        .bind(applied)
+        .bind(last_error)
+        .bind(now_ms)
+        .execute(&mut **c)
+        .await
+        .map(|r| r.rows_affected()))
+    .map_err(db_err)?;
+    if res == 0 {
+        return Err(Error::not_found(format!("vm {id} not found")));
+    }
+    Ok(())
+}
+
+/// Puts a row back exactly as it was (after a failed change), or deletes VM `id` when `before`
+/// is `None` (it did not exist).
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn restore(tx: &mut Tx, id: &str, before: Option<&VmRow>) -> Result<(), Error> {
+    let Some(b) = before else {
+        delete(tx, id).await?;
+        return Ok(());
+    };
+    on_tx!(tx, c => sqlx::query(
+        "UPDATE vm_configs SET user_id = $2, config = $3, applied = $4, last_error = $5, updated_at = $6 WHERE id = $1",
+    )
+    .bind(id)
+    .bind(i64::from(b.user_id))
+    .bind(&b.config)
+    .bind(&b.applied)
+    .bind(&b.last_error)
+    .bind(b.updated_at)
+    .execute(&mut **c)
+    .await
+    .map(|r| r.rows_affected()))
+    .map_err(db_err)?;
+    Ok(())
+}
+
+/// Deletes VM `id`; returns whether it existed.
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn delete(tx: &mut Tx, id: &str) -> Result<bool, Error> {
+    let res = on_tx!(tx, c => sqlx::query("DELETE FROM vm_configs WHERE id = $1").bind(id).execute(&mut **c).await.map(|r| r.rows_affected()))
+        .map_err(db_err)?;
+    Ok(res > 0)
+}
