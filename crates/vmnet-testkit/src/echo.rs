@@ -17,9 +17,9 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -28,10 +28,24 @@ use crate::{TestkitError, netns};
 const POLL: Duration = Duration::from_millis(100);
 const MAX_MESSAGE: usize = 4096;
 
+/// One request the service answered (or tried to): which socket, from whom.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// `true` for TCP, `false` for UDP.
+    pub tcp: bool,
+    /// The listening address that received it.
+    pub local: SocketAddr,
+    /// The client address as it arrived.
+    pub peer: SocketAddr,
+}
+
+type SeenLog = Arc<Mutex<Vec<Seen>>>;
+
 /// A running echo service; stops when dropped.
 #[derive(Debug)]
 pub struct EchoService {
     stop: Arc<AtomicBool>,
+    seen: SeenLog,
     threads: Vec<JoinHandle<Result<(), TestkitError>>>,
     addrs: Vec<SocketAddr>,
 }
@@ -53,6 +67,7 @@ impl EchoService {
             for tcp in [true, false] {
                 let (tx, rx) = mpsc::channel::<Result<(), TestkitError>>();
                 let stop = Arc::clone(&svc.stop);
+                let seen = Arc::clone(&svc.seen);
                 let name = format!("echo-{}-{addr}", if tcp { "tcp" } else { "udp" });
                 let handle = netns::spawn_in(ns, &name, move || {
                     if tcp {
@@ -86,6 +101,15 @@ impl EchoService {
     #[must_use]
     pub fn addrs(&self) -> &[SocketAddr] {
         &self.addrs
+    }
+
+    /// Every request received so far, oldest first (one-way checks look here).
+    #[must_use]
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Blocks until the service is stopped from elsewhere (used by a background process, which
@@ -125,7 +149,12 @@ fn set_int_opt(fd: i32, level: i32, opt: i32, value: i32) -> std::io::Result<()>
     }
 }
 
-fn serve_tcp(addr: SocketAddr, stop: &AtomicBool, ready: &mpsc::Sender<Result<(), TestkitError>>) {
+fn serve_tcp(
+    addr: SocketAddr,
+    stop: &AtomicBool,
+    seen: &SeenLog,
+    ready: &mpsc::Sender<Result<(), TestkitError>>,
+) {
     let what = format!("echo tcp {addr}");
     let listener = match TcpListener::bind(addr).and_then(|l| {
         set_int_opt(l.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_SAVE_SYN, 1).map(|()| l)
@@ -144,6 +173,13 @@ fn serve_tcp(addr: SocketAddr, stop: &AtomicBool, ready: &mpsc::Sender<Result<()
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, peer)) => {
+                seen.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(Seen {
+                        tcp: true,
+                        local: addr,
+                        peer,
+                    });
                 std::thread::spawn(move || {
                     let _ = answer_tcp(stream, peer);
                 });
@@ -227,7 +263,12 @@ pub fn syn_mss(syn: &[u8]) -> Option<u16> {
     None
 }
 
-fn serve_udp(addr: SocketAddr, stop: &AtomicBool, ready: &mpsc::Sender<Result<(), TestkitError>>) {
+fn serve_udp(
+    addr: SocketAddr,
+    stop: &AtomicBool,
+    seen: &SeenLog,
+    ready: &mpsc::Sender<Result<(), TestkitError>>,
+) {
     let what = format!("echo udp {addr}");
     let socket = match UdpSocket::bind(addr) {
         Ok(s) => s,
@@ -244,6 +285,13 @@ fn serve_udp(addr: SocketAddr, stop: &AtomicBool, ready: &mpsc::Sender<Result<()
     let mut buf = vec![0u8; 65536];
     while !stop.load(Ordering::Relaxed) {
         if let Ok((n, peer)) = socket.recv_from(&mut buf) {
+            seen.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Seen {
+                    tcp: false,
+                    local: addr,
+                    peer,
+                });
             let mut reply = format!("peer={peer}\n").into_bytes();
             reply.extend_from_slice(&buf[..n]);
             let _ = socket.send_to(&reply, peer);

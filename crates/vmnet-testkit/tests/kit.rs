@@ -38,6 +38,12 @@ fn sandbox_uplink_reaches_echo_service_and_cleans_up() {
     assert_eq!(r.peer.ip(), IpAddr::V4(HOST_UPLINK_V4));
     let r = traffic::udp_echo(&sb.host(), v6, T).expect("udp v6");
     assert_eq!(r.peer.ip(), IpAddr::V6(HOST_UPLINK_V6));
+    let seen = _echo.seen();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|s| !s.tcp && s.peer.ip() == IpAddr::V6(HOST_UPLINK_V6) && s.local == v6)
+    );
     let p = traffic::ping(&sb.host(), IpAddr::V4(ECHO_V4), 2, T).expect("ping");
     assert_eq!((p.sent, p.received), (2, 2));
     let p = traffic::ping(&sb.host(), IpAddr::V6(ECHO_V6), 2, T).expect("ping6");
