@@ -60,6 +60,7 @@ impl EchoService {
     pub fn start(ns: &str, addrs: &[SocketAddr]) -> Result<Self, TestkitError> {
         let mut svc = Self {
             stop: Arc::new(AtomicBool::new(false)),
+            seen: Arc::default(),
             threads: Vec::new(),
             addrs: addrs.to_vec(),
         };
@@ -71,9 +72,9 @@ impl EchoService {
                 let name = format!("echo-{}-{addr}", if tcp { "tcp" } else { "udp" });
                 let handle = netns::spawn_in(ns, &name, move || {
                     if tcp {
-                        serve_tcp(addr, &stop, &tx)
+                        serve_tcp(addr, &stop, &seen, &tx)
                     } else {
-                        serve_udp(addr, &stop, &tx)
+                        serve_udp(addr, &stop, &seen, &tx)
                     }
                 })?;
                 svc.threads.push(handle);
