@@ -32,11 +32,16 @@ mod free;
 pub mod leases;
 pub mod placement;
 pub mod ranges;
+pub mod vm_store;
 
 pub use db::{Backend, Db, POSTGRES_MIGRATOR, PgStore, SQLITE_MIGRATOR, SqliteStore, Store, Tx};
 pub use leases::{LEASE_ATTEMPTS, bulk_insert_leases, lease, lease_of, list_leases, release};
 pub use placement::{
-    HostLoss, add_host, create_instance, delete_instance, get_host, get_instance, list_hosts, list_instances, lose_host,
+    HostLoss, add_host, create_instance, delete_instance, get_host, get_instance, list_hosts,
+    list_instances, lose_host,
 };
 pub use ranges::{create_pool, get_ip_pool, get_pool, list_pools, set_ip_pool};
-pub use vmnet_model::pool::{Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool};
+pub use vmnet_model::pool::{
+    Condition, Host, HostState, Instance, InstanceState, IpRange, Lease, NewInstance, Pool,
+    SetIpPool,
+};

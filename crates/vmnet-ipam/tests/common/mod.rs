@@ -1,0 +1,284 @@
+//! Shared fixtures: a fresh store of either backend, helpers and a whole-database snapshot.
+#![allow(dead_code, missing_docs)]
+
+use std::net::Ipv4Addr;
+
+use vmnet_ipam::{Db, NewInstance, SetIpPool, Store, Tx};
+use vmnet_model::{Error, ErrorCode};
+
+/// A fresh store; keeps its temp dir (SQLite) alive.
+pub struct TestDb {
+    pub db: Db,
+    _dir: Option<tempfile::TempDir>,
+}
+
+pub async fn sqlite() -> TestDb {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("ipam.db").display());
+    TestDb {
+        db: Db::connect(&url).await.unwrap(),
+        _dir: Some(dir),
+    }
+}
+
+pub async fn postgres() -> TestDb {
+    postgres_with(None).await
+}
+
+pub async fn postgres_with(max_connections: Option<u32>) -> TestDb {
+    let url = vmnet_testkit::postgres::PgCluster::shared()
+        .fresh_database_url()
+        .unwrap();
+    TestDb {
+        db: Db::connect_with(&url, max_connections).await.unwrap(),
+        _dir: None,
+    }
+}
+
+pub fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+pub fn range(pool: &str, cidr: &str, gw: &str) -> SetIpPool {
+    SetIpPool {
+        pool_id: pool.into(),
+        cidr: cidr.into(),
+        gateway: gw.into(),
+        ..Default::default()
+    }
+}
+
+pub fn inst(id: &str, pool: &str) -> NewInstance {
+    NewInstance {
+        instance_id: id.into(),
+        pool_id: pool.into(),
+        host_id: None,
+        vcpus: 1,
+        memory_mib: 512,
+        recreate_on_host_loss: false,
+    }
+}
+
+/// Runs one operation in its own transaction and commits it only on success.
+pub async fn set_pool(db: &Db, req: SetIpPool) -> Result<vmnet_ipam::IpRange, Error> {
+    let mut tx = db.begin().await?;
+    let r = vmnet_ipam::set_ip_pool(&mut tx, req).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+pub async fn add_host(db: &Db, id: &str, vcpus: u32, mem: u32) {
+    let mut tx = db.begin().await.unwrap();
+    vmnet_ipam::add_host(&mut tx, id, vcpus, mem).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+pub async fn create(db: &Db, req: &NewInstance) -> Result<vmnet_ipam::Instance, Error> {
+    let mut tx = db.begin().await?;
+    let r = vmnet_ipam::create_instance(&mut tx, req).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+pub async fn delete(db: &Db, id: &str) -> Result<vmnet_ipam::Instance, Error> {
+    let mut tx = db.begin().await?;
+    let r = vmnet_ipam::delete_instance(&mut tx, id).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+pub async fn lose(db: &Db, host: &str) -> Result<vmnet_ipam::HostLoss, Error> {
+    let mut tx = db.begin().await?;
+    let r = vmnet_ipam::lose_host(&mut tx, host).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+pub async fn lease(db: &Db, pool: &str, instance: &str) -> Result<Option<Ipv4Addr>, Error> {
+    let mut tx = db.begin().await?;
+    let r = vmnet_ipam::lease(&mut tx, pool, instance).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+pub async fn release(db: &Db, instance: &str) -> Result<Option<vmnet_ipam::Lease>, Error> {
+    let mut tx = db.begin().await?;
+    let r = vmnet_ipam::release(&mut tx, instance).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+pub async fn leases(db: &Db, pool: &str) -> Vec<(Ipv4Addr, String)> {
+    let mut tx = db.begin().await.unwrap();
+    let r = vmnet_ipam::list_leases(&mut tx, pool).await.unwrap();
+    tx.commit().await.unwrap();
+    r.into_iter().map(|l| (l.address, l.instance_id)).collect()
+}
+
+pub fn assert_err(r: Result<impl std::fmt::Debug, Error>, code: ErrorCode, message: &str) {
+    match r {
+        Ok(v) => panic!("expected {code}: {message}, got Ok({v:?})"),
+        Err(e) => {
+            assert_eq!(e.code, code, "code of {e}");
+            assert_eq!(e.message, message, "message of {e}");
+        }
+    }
+}
+
+/// Every row of every IPAM table, in a stable text form.
+pub async fn snapshot(db: &Db) -> Vec<String> {
+    let mut tx = db.begin().await.unwrap();
+    let mut out = Vec::new();
+    for p in vmnet_ipam::list_pools(&mut tx).await.unwrap() {
+        out.push(format!("{p:?}"));
+        for l in vmnet_ipam::list_leases(&mut tx, &p.pool_id).await.unwrap() {
+            out.push(format!("{l:?}"));
+        }
+    }
+    for h in vmnet_ipam::list_hosts(&mut tx).await.unwrap() {
+        out.push(format!("{h:?}"));
+    }
+    for i in vmnet_ipam::list_instances(&mut tx).await.unwrap() {
+        out.push(format!("{i:?}"));
+    }
+    for (p, f, l) in free_rows(&mut tx).await {
+        out.push(format!("free {p} {f} {l}"));
+    }
+    out.push(format!(
+        "all leases {}",
+        count(&mut tx, "SELECT COUNT(*) FROM ip_leases").await
+    ));
+    tx.commit().await.unwrap();
+    out
+}
+
+pub async fn free_rows(tx: &mut Tx) -> Vec<(String, i64, i64)> {
+    let sql = "SELECT pool_id, first, last FROM ip_free ORDER BY pool_id, first";
+    match tx {
+        Tx::Sqlite(t) => sqlx::query_as(sql).fetch_all(&mut **t).await.unwrap(),
+        Tx::Postgres(t) => sqlx::query_as(sql).fetch_all(&mut **t).await.unwrap(),
+    }
+}
+
+pub async fn count(tx: &mut Tx, sql: &'static str) -> i64 {
+    match tx {
+        Tx::Sqlite(t) => sqlx::query_scalar(sql).fetch_one(&mut **t).await.unwrap(),
+        Tx::Postgres(t) => sqlx::query_scalar(sql).fetch_one(&mut **t).await.unwrap(),
+    }
+}
+
+/// Checks the invariants with SQL against the tables: one lease per placed instance, none
+/// leaked (every lease belongs to a running instance), none shared, no free interval overlapping
+/// a lease, host claims equal to the sum of their instances' requests.
+pub async fn check_invariants(db: &Db) {
+    let mut tx = db.begin().await.unwrap();
+    let q = |s: &'static str| s;
+    // Placed (running) instances in pools with a range each hold exactly one lease.
+    let missing = count(
+        &mut tx,
+        q("SELECT COUNT(*) FROM instances i JOIN ip_pools p ON p.pool_id = i.pool_id \
+           WHERE i.state = 'running' AND NOT EXISTS (SELECT 1 FROM ip_leases l WHERE l.instance_id = i.instance_id)"),
+    )
+    .await;
+    assert_eq!(missing, 0, "running instances without a lease");
+    let leaked = count(
+        &mut tx,
+        q("SELECT COUNT(*) FROM ip_leases l WHERE NOT EXISTS \
+           (SELECT 1 FROM instances i WHERE i.instance_id = l.instance_id AND i.state = 'running' AND i.pool_id = l.pool_id)"),
+    )
+    .await;
+    assert_eq!(
+        leaked, 0,
+        "leases not held by a running instance of the pool"
+    );
+    let shared = count(
+        &mut tx,
+        q("SELECT COUNT(*) FROM (SELECT pool_id, address FROM ip_leases GROUP BY pool_id, address HAVING COUNT(*) > 1) s"),
+    )
+    .await;
+    assert_eq!(shared, 0, "shared addresses");
+    let multi = count(
+        &mut tx,
+        q("SELECT COUNT(*) FROM (SELECT instance_id FROM ip_leases GROUP BY instance_id HAVING COUNT(*) > 1) s"),
+    )
+    .await;
+    assert_eq!(multi, 0, "instances with more than one lease");
+    let unplaced_with_host = count(
+        &mut tx,
+        q("SELECT COUNT(*) FROM instances WHERE state <> 'running' AND host_id IS NOT NULL"),
+    )
+    .await;
+    assert_eq!(unplaced_with_host, 0);
+    let bad_claims = count(
+        &mut tx,
+        q("SELECT COUNT(*) FROM hosts h WHERE h.used_vcpus <> COALESCE((SELECT SUM(i.vcpus) FROM instances i \
+           WHERE i.host_id = h.host_id AND i.state = 'running'), 0) \
+           OR h.used_memory_mib <> COALESCE((SELECT SUM(i.memory_mib) FROM instances i \
+           WHERE i.host_id = h.host_id AND i.state = 'running'), 0)"),
+    )
+    .await;
+    assert_eq!(
+        bad_claims, 0,
+        "host claims differ from their running instances"
+    );
+    // The free index is exactly range - gateway - leases.
+    let pools = vmnet_ipam::list_pools(&mut tx).await.unwrap();
+    let free = free_rows(&mut tx).await;
+    for p in pools {
+        let Some(r) = p.range else { continue };
+        let leased: std::collections::BTreeSet<u32> = vmnet_ipam::list_leases(&mut tx, &p.pool_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|l| u32::from(l.address))
+            .collect();
+        let mut free_set = std::collections::BTreeSet::new();
+        for (_, f, l) in free.iter().filter(|(pp, _, _)| *pp == p.pool_id) {
+            for a in *f..=*l {
+                assert!(
+                    free_set.insert(u32::try_from(a).unwrap()),
+                    "overlapping free intervals"
+                );
+            }
+        }
+        for a in u32::from(r.first_host)..=u32::from(r.last_host) {
+            let expect_free = a != u32::from(r.gateway) && !leased.contains(&a);
+            assert_eq!(
+                free_set.contains(&a),
+                expect_free,
+                "free index wrong for {}",
+                Ipv4Addr::from(a)
+            );
+        }
+        assert!(
+            free_set.iter().all(|a| r.is_leasable(Ipv4Addr::from(*a))),
+            "free address outside the range"
+        );
+    }
+    tx.commit().await.unwrap();
+}
+
+/// Generates one `#[tokio::test]` per case and backend: `sqlite::case` and `postgres::case`.
+#[macro_export]
+macro_rules! conformance {
+    ($cases:ident: $($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let t = $crate::common::sqlite().await;
+                    $crate::$cases::$name(&t.db).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let t = $crate::common::postgres().await;
+                    $crate::$cases::$name(&t.db).await;
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,876 @@
+//! The conformance suite: every rule of "Give a hosted pool a range" and "How leases work", run
+//! against both stores (`sqlite::*` and `postgres::*`).
+#![allow(missing_docs)]
+
+mod common;
+
+mod cases {
+    use vmnet_ipam::{Db, Store};
+    use vmnet_model::ErrorCode;
+
+    use crate::common::*;
+
+    /// The spec's example: /29, gateway .1 → .2 to .6 in order, a sixth fails until one is
+    /// deleted, then it gets the freed address.
+    pub async fn spec_example_slash29(db: &Db) {
+        let r = set_pool(db, range("p1", "10.0.0.0/29", "10.0.0.1"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.first_host, r.last_host),
+            (ip("10.0.0.2"), ip("10.0.0.6"))
+        );
+        add_host(db, "h1", 64, 65536).await;
+        for i in 0..5 {
+            let got = create(db, &inst(&format!("vm{i}"), "p1")).await.unwrap();
+            assert_eq!(got.address, Some(ip(&format!("10.0.0.{}", i + 2))));
+        }
+        let before = snapshot(db).await;
+        assert_err(
+            create(db, &inst("vm5", "p1")).await,
+            ErrorCode::CapacityUnavailable,
+            "Pool p1 has no free IP address",
+        );
+        assert_eq!(
+            snapshot(db).await,
+            before,
+            "the failed create left nothing behind, host claim included"
+        );
+        delete(db, "vm2").await.unwrap();
+        let got = create(db, &inst("vm5", "p1")).await.unwrap();
+        assert_eq!(got.address, Some(ip("10.0.0.4")));
+        check_invariants(db).await;
+    }
+
+    /// Gateway at the end of a /24: the default first_host is the broadcast address (invalid);
+    /// an explicit first_host works and the gateway is never leased.
+    pub async fn gateway_at_end_of_slash24(db: &Db) {
+        assert_err(
+            set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.254")).await,
+            ErrorCode::InvalidInput,
+            "pool p1: first_host 10.0.0.255 is the broadcast address of 10.0.0.0/24 \
+             (the default is the address after the gateway; set first_host explicitly)",
+        );
+        let mut req = range("p1", "10.0.0.0/24", "10.0.0.254");
+        req.first_host = Some("10.0.0.250".into());
+        let r = set_pool(db, req).await.unwrap();
+        assert_eq!(
+            (r.first_host, r.last_host),
+            (ip("10.0.0.250"), ip("10.0.0.254"))
+        );
+        let got: Vec<_> = [
+            lease(db, "p1", "a").await,
+            lease(db, "p1", "b").await,
+            lease(db, "p1", "c").await,
+            lease(db, "p1", "d").await,
+        ]
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+        assert_eq!(
+            got,
+            vec![
+                ip("10.0.0.250"),
+                ip("10.0.0.251"),
+                ip("10.0.0.252"),
+                ip("10.0.0.253")
+            ]
+        );
+        assert_err(
+            lease(db, "p1", "e").await,
+            ErrorCode::CapacityUnavailable,
+            "Pool p1 has no free IP address",
+        );
+    }
+
+    /// Calling set_ip_pool again replaces the range; leases outside the new range stay.
+    pub async fn replacement_keeps_leases_outside_the_new_range(db: &Db) {
+        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
+            .await
+            .unwrap();
+        for i in 0..4 {
+            lease(db, "p1", &format!("vm{i}")).await.unwrap();
+        }
+        let mut req = range("p1", "10.0.0.0/24", "10.0.0.1");
+        req.first_host = Some("10.0.0.100".into());
+        req.last_host = Some("10.0.0.101".into());
+        let r = set_pool(db, req).await.unwrap();
+        assert_eq!(r.first_host, ip("10.0.0.100"));
+        let kept = leases(db, "p1").await;
+        assert_eq!(kept.len(), 4);
+        assert_eq!(kept[0], (ip("10.0.0.2"), "vm0".to_string()));
+        // Same instance keeps its (now out-of-range) address.
+        assert_eq!(lease(db, "p1", "vm0").await.unwrap(), Some(ip("10.0.0.2")));
+        assert_eq!(lease(db, "p1", "n1").await.unwrap(), Some(ip("10.0.0.100")));
+        assert_eq!(lease(db, "p1", "n2").await.unwrap(), Some(ip("10.0.0.101")));
+        assert_err(
+            lease(db, "p1", "n3").await,
+            ErrorCode::CapacityUnavailable,
+            "Pool p1 has no free IP address",
+        );
+        // Releasing an out-of-range lease does not make it leasable.
+        release(db, "vm1").await.unwrap();
+        assert_err(
+            lease(db, "p1", "n3").await,
+            ErrorCode::CapacityUnavailable,
+            "Pool p1 has no free IP address",
+        );
+        // Widening the range again makes the free out-of-range addresses leasable; the held ones
+        // stay held.
+        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
+            .await
+            .unwrap();
+        assert_eq!(lease(db, "p1", "n3").await.unwrap(), Some(ip("10.0.0.3")));
+        assert_eq!(lease(db, "p1", "n4").await.unwrap(), Some(ip("10.0.0.6")));
+    }
+
+    /// Neither the network nor the broadcast address is ever leased, nor the gateway.
+    pub async fn network_broadcast_and_gateway_never_leased(db: &Db) {
+        let mut req = range("p1", "10.0.0.0/28", "10.0.0.9");
+        req.first_host = Some("10.0.0.1".into());
+        set_pool(db, req).await.unwrap();
+        let mut got = Vec::new();
+        for i in 0..20 {
+            match lease(db, "p1", &format!("vm{i}")).await {
+                Ok(a) => got.push(a.unwrap()),
+                Err(e) => {
+                    assert_eq!(e.code, ErrorCode::CapacityUnavailable);
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            got.len(),
+            13,
+            "16 addresses minus network, broadcast and gateway: {got:?}"
+        );
+        assert!(
+            !got.contains(&ip("10.0.0.0"))
+                && !got.contains(&ip("10.0.0.15"))
+                && !got.contains(&ip("10.0.0.9"))
+        );
+        let mut sorted = got.clone();
+        sorted.sort();
+        assert_eq!(got, sorted, "lowest first");
+        for (field, value, msg) in [
+            (
+                "first",
+                "10.0.0.0",
+                "pool p2: first_host 10.0.0.0 is the network address of 10.0.0.0/28",
+            ),
+            (
+                "last",
+                "10.0.0.15",
+                "pool p2: last_host 10.0.0.15 is the broadcast address of 10.0.0.0/28",
+            ),
+        ] {
+            let mut req = range("p2", "10.0.0.0/28", "10.0.0.1");
+            if field == "first" {
+                req.first_host = Some(value.into());
+            } else {
+                req.last_host = Some(value.into());
+            }
+            assert_err(set_pool(db, req).await, ErrorCode::InvalidInput, msg);
+        }
+    }
+
+    /// /31 (RFC 3021): both addresses usable; /32: the one address.
+    pub async fn slash31_and_slash32(db: &Db) {
+        let r = set_pool(db, range("p31", "10.0.0.0/31", "10.0.0.0"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.first_host, r.last_host),
+            (ip("10.0.0.1"), ip("10.0.0.1"))
+        );
+        assert_eq!(lease(db, "p31", "a").await.unwrap(), Some(ip("10.0.0.1")));
+        assert_err(
+            lease(db, "p31", "b").await,
+            ErrorCode::CapacityUnavailable,
+            "Pool p31 has no free IP address",
+        );
+        // A /31 with the gateway outside leases both addresses.
+        let mut req = range("p31b", "10.0.1.0/31", "10.0.0.254");
+        req.first_host = Some("10.0.1.0".into());
+        let r = set_pool(db, req).await.unwrap();
+        assert_eq!(r.last_host, ip("10.0.1.1"));
+        assert_eq!(lease(db, "p31b", "c").await.unwrap(), Some(ip("10.0.1.0")));
+        assert_eq!(lease(db, "p31b", "d").await.unwrap(), Some(ip("10.0.1.1")));
+        // /32 routed from an outside gateway: the default first_host is outside the /32.
+        assert_err(
+            set_pool(db, range("p32", "10.0.2.5/32", "10.0.2.1")).await,
+            ErrorCode::InvalidInput,
+            "pool p32: first_host 10.0.2.2 is outside cidr 10.0.2.5/32",
+        );
+        let mut req = range("p32", "10.0.2.5/32", "10.0.2.1");
+        req.first_host = Some("10.0.2.5".into());
+        let r = set_pool(db, req).await.unwrap();
+        assert_eq!(
+            (r.first_host, r.last_host),
+            (ip("10.0.2.5"), ip("10.0.2.5"))
+        );
+        assert_eq!(lease(db, "p32", "e").await.unwrap(), Some(ip("10.0.2.5")));
+        assert_err(
+            lease(db, "p32", "f").await,
+            ErrorCode::CapacityUnavailable,
+            "Pool p32 has no free IP address",
+        );
+        // /32 that is its own gateway: nothing to lease.
+        let mut req = range("p32b", "10.0.3.5/32", "10.0.3.5");
+        req.first_host = Some("10.0.3.5".into());
+        set_pool(db, req).await.unwrap();
+        assert_err(
+            lease(db, "p32b", "g").await,
+            ErrorCode::CapacityUnavailable,
+            "Pool p32b has no free IP address",
+        );
+    }
+
+    /// An instance holds at most one lease; placing it again returns the same address; a
+    /// release gives the address back and the next lease takes it (lowest free).
+    pub async fn one_lease_per_instance_and_release(db: &Db) {
+        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
+            .await
+            .unwrap();
+        set_pool(db, range("p2", "10.1.0.0/24", "10.1.0.1"))
+            .await
+            .unwrap();
+        assert_eq!(lease(db, "p1", "a").await.unwrap(), Some(ip("10.0.0.2")));
+        assert_eq!(lease(db, "p1", "b").await.unwrap(), Some(ip("10.0.0.3")));
+        assert_eq!(lease(db, "p1", "a").await.unwrap(), Some(ip("10.0.0.2")));
+        assert_err(
+            lease(db, "p2", "a").await,
+            ErrorCode::Conflict,
+            "instance a already holds lease 10.0.0.2 in pool p1",
+        );
+        let l = release(db, "a").await.unwrap().unwrap();
+        assert_eq!((l.pool_id.as_str(), l.address), ("p1", ip("10.0.0.2")));
+        assert_eq!(release(db, "a").await.unwrap(), None);
+        assert_eq!(lease(db, "p1", "c").await.unwrap(), Some(ip("10.0.0.2")));
+        assert_eq!(lease(db, "p1", "d").await.unwrap(), Some(ip("10.0.0.4")));
+        // Release in the middle and at the edges, then re-lease: lowest first, merged index.
+        for id in ["b", "c", "d"] {
+            release(db, id).await.unwrap();
+        }
+        let mut tx = db.begin().await.unwrap();
+        assert_eq!(
+            free_rows(&mut tx)
+                .await
+                .into_iter()
+                .filter(|r| r.0 == "p1")
+                .count(),
+            1,
+            "intervals merged"
+        );
+        tx.commit().await.unwrap();
+        assert_eq!(lease(db, "p1", "e").await.unwrap(), Some(ip("10.0.0.2")));
+    }
+
+    /// A pool without a range leases nothing, and placement succeeds without an address.
+    pub async fn pool_without_range_places_without_address(db: &Db) {
+        let mut tx = db.begin().await.unwrap();
+        assert!(vmnet_ipam::create_pool(&mut tx, "bare").await.unwrap());
+        tx.commit().await.unwrap();
+        assert_eq!(lease(db, "bare", "a").await.unwrap(), None);
+        add_host(db, "h1", 4, 4096).await;
+        let i = create(db, &inst("vm1", "bare")).await.unwrap();
+        assert_eq!(i.address, None);
+        assert_eq!(i.host_id.as_deref(), Some("h1"));
+    }
+
+    /// The DNS list is stored in order, IPv4 and IPv6, and defaults to empty.
+    pub async fn dns_round_trips(db: &Db) {
+        let mut req = range("p1", "10.0.0.0/24", "10.0.0.1");
+        req.dns = vec!["2001:db8::53".into(), "192.0.2.53".into()];
+        set_pool(db, req).await.unwrap();
+        let mut tx = db.begin().await.unwrap();
+        let r = vmnet_ipam::get_ip_pool(&mut tx, "p1")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            r.dns,
+            vec![
+                "2001:db8::53".parse::<std::net::IpAddr>().unwrap(),
+                "192.0.2.53".parse().unwrap()
+            ]
+        );
+        tx.commit().await.unwrap();
+    }
+
+    /// A lease whose insert hits an address taken behind the index's back (as a racing writer
+    /// would) is retried on the next free address, and the caller's transaction stays usable.
+    pub async fn conflicting_insert_retries_on_next_address(db: &Db) {
+        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
+            .await
+            .unwrap();
+        // Occupy .2 .. .4 without touching the free index.
+        let mut tx = db.begin().await.unwrap();
+        let sql = match &tx {
+            vmnet_ipam::Tx::Sqlite(_) => {
+                "INSERT INTO ip_leases (pool_id, address, address_num, instance_id) \
+                 VALUES ('p1', '10.0.0.2', 167772162, 'x2'), ('p1', '10.0.0.3', 167772163, 'x3'), ('p1', '10.0.0.4', 167772164, 'x4')"
+            }
+            vmnet_ipam::Tx::Postgres(_) => {
+                "INSERT INTO ip_leases (pool_id, address, instance_id) \
+                 VALUES ('p1', '10.0.0.2', 'x2'), ('p1', '10.0.0.3', 'x3'), ('p1', '10.0.0.4', 'x4')"
+            }
+        };
+        match &mut tx {
+            vmnet_ipam::Tx::Sqlite(t) => sqlx::query(sql)
+                .execute(&mut **t)
+                .await
+                .map(|_| ())
+                .unwrap(),
+            vmnet_ipam::Tx::Postgres(t) => sqlx::query(sql)
+                .execute(&mut **t)
+                .await
+                .map(|_| ())
+                .unwrap(),
+        }
+        tx.commit().await.unwrap();
+        let mut tx = db.begin().await.unwrap();
+        assert_eq!(
+            vmnet_ipam::lease(&mut tx, "p1", "a").await.unwrap(),
+            Some(ip("10.0.0.5"))
+        );
+        // The transaction is not poisoned: more work in it succeeds and commits.
+        assert_eq!(
+            vmnet_ipam::lease(&mut tx, "p1", "b").await.unwrap(),
+            Some(ip("10.0.0.6"))
+        );
+        tx.commit().await.unwrap();
+        // Nine taken in a row exhausts the 8 attempts: UNAVAILABLE, transaction still usable.
+        let mut tx = db.begin().await.unwrap();
+        let mut values = Vec::new();
+        for n in 7..=15 {
+            values.push(n);
+        }
+        for n in values {
+            let id = format!("y{n}");
+            let addr = format!("10.0.0.{n}");
+            match &mut tx {
+                vmnet_ipam::Tx::Sqlite(t) => sqlx::query(
+                    "INSERT INTO ip_leases (pool_id, address, address_num, instance_id) VALUES ('p1', $1, $2, $3)",
+                )
+                .bind(&addr)
+                .bind(167_772_160_i64 + n)
+                .bind(&id)
+                .execute(&mut **t)
+                .await
+                .map(|_| ())
+                .unwrap(),
+                vmnet_ipam::Tx::Postgres(t) => {
+                    sqlx::query("INSERT INTO ip_leases (pool_id, address, instance_id) VALUES ('p1', $1::inet, $2)")
+                        .bind(&addr)
+                        .bind(&id)
+                        .execute(&mut **t)
+                        .await
+                        .map(|_| ())
+                        .unwrap()
+                }
+            }
+        }
+        let e = vmnet_ipam::lease(&mut tx, "p1", "c").await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+        assert_eq!(
+            vmnet_ipam::lease_of(&mut tx, "a")
+                .await
+                .unwrap()
+                .unwrap()
+                .address,
+            ip("10.0.0.5")
+        );
+        tx.commit().await.unwrap();
+        assert_eq!(lease(db, "p1", "c").await.unwrap(), Some(ip("10.0.0.16")));
+    }
+
+    /// instances.create claims capacity and takes the lease in one transaction; without room the
+    /// whole create rolls back; delete returns both.
+    pub async fn placement_claims_and_rolls_back(db: &Db) {
+        set_pool(db, range("p1", "10.0.0.0/29", "10.0.0.1"))
+            .await
+            .unwrap();
+        add_host(db, "h1", 2, 2048).await;
+        add_host(db, "h2", 1, 1024).await;
+        let mut big = inst("big", "p1");
+        big.vcpus = 2;
+        let i = create(db, &big).await.unwrap();
+        assert_eq!(i.host_id.as_deref(), Some("h1"));
+        let i = create(db, &inst("small", "p1")).await.unwrap();
+        assert_eq!(i.host_id.as_deref(), Some("h2"));
+        let before = snapshot(db).await;
+        assert_err(
+            create(db, &inst("nope", "p1")).await,
+            ErrorCode::CapacityUnavailable,
+            "no host has room for instance nope (1 vCPUs, 512 MiB)",
+        );
+        let mut on_h1 = inst("nope", "p1");
+        on_h1.host_id = Some("h1".into());
+        assert_err(
+            create(db, &on_h1).await,
+            ErrorCode::CapacityUnavailable,
+            "host h1 has no room for instance nope (1 vCPUs, 512 MiB)",
+        );
+        assert_eq!(snapshot(db).await, before);
+        let gone = delete(db, "big").await.unwrap();
+        assert_eq!(gone.address, Some(ip("10.0.0.2")));
+        let mut tx = db.begin().await.unwrap();
+        let h1 = vmnet_ipam::get_host(&mut tx, "h1").await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!((h1.used_vcpus, h1.used_memory_mib), (0, 0));
+        let i = create(db, &inst("again", "p1")).await.unwrap();
+        assert_eq!(i.address, Some(ip("10.0.0.2")));
+        check_invariants(db).await;
+    }
+
+    /// A host loss returns leases and claims; recreate_on_host_loss places on another host with
+    /// the lowest free address; without room the instance moves to error/Unschedulable.
+    pub async fn host_loss_recreates_or_marks_unschedulable(db: &Db) {
+        set_pool(db, range("p1", "10.0.0.0/29", "10.0.0.1"))
+            .await
+            .unwrap();
+        add_host(db, "h1", 8, 8192).await;
+        add_host(db, "h2", 8, 8192).await;
+        for (id, host, recreate) in [
+            ("a", "h1", true),
+            ("b", "h2", false),
+            ("c", "h1", false),
+            ("d", "h2", true),
+        ] {
+            let mut r = inst(id, "p1");
+            r.host_id = Some(host.into());
+            r.recreate_on_host_loss = recreate;
+            create(db, &r).await.unwrap();
+        }
+        // a=.2 (h1), b=.3 (h2), c=.4 (h1), d=.5 (h2); free: .6
+        let loss = lose(db, "h1").await.unwrap();
+        let by_id: std::collections::HashMap<_, _> = loss
+            .instances
+            .iter()
+            .map(|i| (i.instance_id.clone(), i.clone()))
+            .collect();
+        assert_eq!(by_id.len(), 2);
+        let a = &by_id["a"];
+        assert_eq!(
+            (a.state, a.host_id.as_deref()),
+            (vmnet_ipam::InstanceState::Running, Some("h2"))
+        );
+        assert_eq!(
+            a.address,
+            Some(ip("10.0.0.2")),
+            "lowest free after both h1 leases were returned"
+        );
+        let c = &by_id["c"];
+        assert_eq!(
+            (c.state, c.host_id.as_deref(), c.address),
+            (vmnet_ipam::InstanceState::Lost, None, None)
+        );
+        check_invariants(db).await;
+        // Fill the range, add a small host, then lose h2 (a, b, d, e, f are on it).
+        create(db, &inst("e", "p1")).await.unwrap(); // .4
+        create(db, &inst("f", "p1")).await.unwrap(); // .6
+        add_host(db, "h3", 1, 512).await;
+        let loss = lose(db, "h2").await.unwrap();
+        // a and d recreate; only h3 has room (1 vCPU): a is placed there, d has no host.
+        let by_id: std::collections::HashMap<_, _> = loss
+            .instances
+            .iter()
+            .map(|i| (i.instance_id.clone(), i.clone()))
+            .collect();
+        assert_eq!(by_id["a"].host_id.as_deref(), Some("h3"));
+        assert_eq!(by_id["a"].address, Some(ip("10.0.0.2")));
+        let d = &by_id["d"];
+        assert_eq!(d.state, vmnet_ipam::InstanceState::Error);
+        assert_eq!(d.conditions[0].kind, "Unschedulable");
+        assert_eq!(
+            d.conditions[0].message,
+            "no host has room for instance d (1 vCPUs, 512 MiB)"
+        );
+        assert_eq!(d.address, None);
+        check_invariants(db).await;
+        // Address exhaustion on replacement: the range shrinks under two placed instances, so
+        // after the loss only one of them gets an address back.
+        let mut r = range("q", "10.9.0.0/29", "10.9.0.1");
+        r.last_host = Some("10.9.0.3".into());
+        set_pool(db, r.clone()).await.unwrap();
+        add_host(db, "h4", 8, 8192).await;
+        add_host(db, "h5", 8, 8192).await;
+        for id in ["x1", "x2"] {
+            let mut x = inst(id, "q");
+            x.host_id = Some("h4".into());
+            x.recreate_on_host_loss = true;
+            create(db, &x).await.unwrap();
+        }
+        r.last_host = Some("10.9.0.2".into());
+        set_pool(db, r).await.unwrap();
+        let loss = lose(db, "h4").await.unwrap();
+        assert_eq!(loss.instances[0].instance_id, "x1");
+        assert_eq!(loss.instances[0].host_id.as_deref(), Some("h5"));
+        assert_eq!(loss.instances[0].address, Some(ip("10.9.0.2")));
+        let x2 = &loss.instances[1];
+        assert_eq!(
+            (x2.state, x2.host_id.as_deref(), x2.address),
+            (vmnet_ipam::InstanceState::Error, None, None)
+        );
+        assert_eq!(x2.conditions.len(), 1);
+        assert_eq!(x2.conditions[0].kind, "Unschedulable");
+        assert_eq!(x2.conditions[0].message, "Pool q has no free IP address");
+        let mut tx = db.begin().await.unwrap();
+        let h5 = vmnet_ipam::get_host(&mut tx, "h5").await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            h5.used_vcpus, 1,
+            "the failed placement's claim was rolled back"
+        );
+        check_invariants(db).await;
+    }
+
+    /// Errors for unknown objects and duplicates, with the database unchanged.
+    pub async fn not_found_and_conflict(db: &Db) {
+        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
+            .await
+            .unwrap();
+        add_host(db, "h1", 8, 8192).await;
+        create(db, &inst("vm1", "p1")).await.unwrap();
+        let before = snapshot(db).await;
+        assert_err(
+            create(db, &inst("vm2", "nope")).await,
+            ErrorCode::NotFound,
+            "pool nope not found",
+        );
+        assert_err(
+            lease(db, "nope", "vm2").await,
+            ErrorCode::NotFound,
+            "pool nope not found",
+        );
+        assert_err(
+            create(db, &inst("vm1", "p1")).await,
+            ErrorCode::Conflict,
+            "instance vm1 already exists",
+        );
+        let mut on = inst("vm3", "p1");
+        on.host_id = Some("hx".into());
+        assert_err(
+            create(db, &on).await,
+            ErrorCode::NotFound,
+            "host hx not found",
+        );
+        assert_err(
+            delete(db, "ghost").await,
+            ErrorCode::NotFound,
+            "instance ghost not found",
+        );
+        assert_err(
+            lose(db, "hx").await,
+            ErrorCode::NotFound,
+            "host hx not found",
+        );
+        let mut tx = db.begin().await.unwrap();
+        assert_err(
+            vmnet_ipam::get_instance(&mut tx, "ghost").await,
+            ErrorCode::NotFound,
+            "instance ghost not found",
+        );
+        assert_err(
+            vmnet_ipam::list_leases(&mut tx, "nope").await,
+            ErrorCode::NotFound,
+            "pool nope not found",
+        );
+        assert_err(
+            vmnet_ipam::get_ip_pool(&mut tx, "nope").await,
+            ErrorCode::NotFound,
+            "pool nope not found",
+        );
+        assert_err(
+            vmnet_ipam::add_host(&mut tx, "h1", 1, 1).await,
+            ErrorCode::Conflict,
+            "host h1 already exists",
+        );
+        // Even committing the transaction after the errors writes nothing.
+        tx.commit().await.unwrap();
+        assert_eq!(snapshot(db).await, before);
+    }
+
+    /// Bad ids (empty, oversized, SQL and shell metacharacters) and bad ranges are refused with
+    /// INVALID_INPUT naming the field, and the database is unchanged even if the caller commits.
+    pub async fn bad_input_leaves_database_unchanged(db: &Db) {
+        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
+            .await
+            .unwrap();
+        add_host(db, "h1", 8, 8192).await;
+        create(db, &inst("vm1", "p1")).await.unwrap();
+        let before = snapshot(db).await;
+        let long = "a".repeat(65);
+        let nasty = [
+            "x'); DROP TABLE ip_leases; --",
+            "$(rm -rf /)",
+            "a;b",
+            "`reboot`",
+            "a b",
+            "-rf",
+            "a\"b",
+            "a\nb",
+            "a|b&c>d",
+            "ä",
+        ];
+        let mut tx = db.begin().await.unwrap();
+        for bad in nasty {
+            let e = vmnet_ipam::create_instance(&mut tx, &inst(bad, "p1"))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidInput);
+            assert_eq!(
+                e.message,
+                format!(
+                    "instance_id {bad:?} may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit"
+                )
+            );
+            let e = vmnet_ipam::create_instance(&mut tx, &inst("ok", bad))
+                .await
+                .unwrap_err();
+            assert!(e.message.starts_with("pool_id "), "{e}");
+            assert!(
+                vmnet_ipam::set_ip_pool(&mut tx, range(bad, "10.0.0.0/24", "10.0.0.1"))
+                    .await
+                    .is_err()
+            );
+            assert!(vmnet_ipam::lease(&mut tx, "p1", bad).await.is_err());
+            assert!(vmnet_ipam::release(&mut tx, bad).await.is_err());
+            assert!(vmnet_ipam::add_host(&mut tx, bad, 1, 1).await.is_err());
+            assert!(vmnet_ipam::lose_host(&mut tx, bad).await.is_err());
+            assert!(vmnet_ipam::delete_instance(&mut tx, bad).await.is_err());
+        }
+        assert_err(
+            vmnet_ipam::create_instance(&mut tx, &inst("", "p1")).await,
+            ErrorCode::InvalidInput,
+            "instance_id must not be empty",
+        );
+        assert_err(
+            vmnet_ipam::create_instance(&mut tx, &inst(&long, "p1")).await,
+            ErrorCode::InvalidInput,
+            "instance_id is 65 bytes long; at most 64 are allowed",
+        );
+        assert_err(
+            vmnet_ipam::create_instance(&mut tx, &inst("vm2", "")).await,
+            ErrorCode::InvalidInput,
+            "pool_id must not be empty",
+        );
+        assert_err(
+            vmnet_ipam::add_host(&mut tx, &long, 1, 1).await,
+            ErrorCode::InvalidInput,
+            "host_id is 65 bytes long; at most 64 are allowed",
+        );
+        assert_err(
+            vmnet_ipam::add_host(&mut tx, "h2", 0, 1).await,
+            ErrorCode::InvalidInput,
+            "host h2: vcpus must be at least 1",
+        );
+        let mut zero = inst("vm2", "p1");
+        zero.memory_mib = 0;
+        assert_err(
+            vmnet_ipam::create_instance(&mut tx, &zero).await,
+            ErrorCode::InvalidInput,
+            "instance vm2: memory_mib must be at least 1",
+        );
+        let mut dns = range("p1", "10.0.0.0/24", "10.0.0.1");
+        dns.dns = vec!["1.1.1.1'; DROP TABLE ip_pools; --".into()];
+        assert_err(
+            vmnet_ipam::set_ip_pool(&mut tx, dns).await,
+            ErrorCode::InvalidInput,
+            "pool p1: dns[0] \"1.1.1.1'; DROP TABLE ip_pools; --\" is not an IP address",
+        );
+        tx.commit().await.unwrap();
+        assert_eq!(snapshot(db).await, before);
+    }
+}
+
+mod validation {
+    //! One small fixture per validation rule of set_ip_pool, asserting the exact error.
+    use vmnet_ipam::Db;
+    use vmnet_model::ErrorCode;
+
+    use crate::common::*;
+
+    async fn refused(
+        db: &Db,
+        cidr: &str,
+        gw: &str,
+        first: Option<&str>,
+        last: Option<&str>,
+        message: &str,
+    ) {
+        let mut req = range("p1", cidr, gw);
+        req.first_host = first.map(Into::into);
+        req.last_host = last.map(Into::into);
+        let before = snapshot(db).await;
+        assert_err(set_pool(db, req).await, ErrorCode::InvalidInput, message);
+        assert_eq!(snapshot(db).await, before);
+    }
+
+    pub async fn ipv6_range_refused(db: &Db) {
+        refused(
+            db,
+            "2001:db8::/64",
+            "2001:db8::1",
+            None,
+            None,
+            "pool p1: cidr 2001:db8::/64 is IPv6; only IPv4 ranges are supported",
+        )
+        .await;
+    }
+    pub async fn malformed_cidr(db: &Db) {
+        refused(
+            db,
+            "10.0.0/24",
+            "10.0.0.1",
+            None,
+            None,
+            "pool p1: cidr \"10.0.0/24\" is not an IPv4 CIDR such as 10.0.0.0/24",
+        )
+        .await;
+    }
+    pub async fn cidr_without_prefix(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0",
+            "10.0.0.1",
+            None,
+            None,
+            "pool p1: cidr \"10.0.0.0\" is not an IPv4 CIDR such as 10.0.0.0/24",
+        )
+        .await;
+    }
+    pub async fn host_bits_set(db: &Db) {
+        refused(
+            db,
+            "10.0.0.1/24",
+            "10.0.0.1",
+            None,
+            None,
+            "pool p1: cidr 10.0.0.1/24 has host bits set (the network is 10.0.0.0/24)",
+        )
+        .await;
+    }
+    pub async fn malformed_gateway(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/24",
+            "10.0.0.300",
+            None,
+            None,
+            "pool p1: gateway \"10.0.0.300\" is not an IPv4 address",
+        )
+        .await;
+    }
+    pub async fn ipv6_gateway(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/24",
+            "fe80::1",
+            None,
+            None,
+            "pool p1: gateway fe80::1 is IPv6; only IPv4 is supported",
+        )
+        .await;
+    }
+    pub async fn malformed_first_host(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/24",
+            "10.0.0.1",
+            Some("ten"),
+            None,
+            "pool p1: first_host \"ten\" is not an IPv4 address",
+        )
+        .await;
+    }
+    pub async fn malformed_last_host(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/24",
+            "10.0.0.1",
+            None,
+            Some(""),
+            "pool p1: last_host \"\" is not an IPv4 address",
+        )
+        .await;
+    }
+    pub async fn first_host_outside_cidr(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/24",
+            "10.0.0.1",
+            Some("10.0.1.2"),
+            None,
+            "pool p1: first_host 10.0.1.2 is outside cidr 10.0.0.0/24",
+        )
+        .await;
+    }
+    pub async fn last_host_outside_cidr(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/24",
+            "10.0.0.1",
+            None,
+            Some("10.0.1.2"),
+            "pool p1: last_host 10.0.1.2 is outside cidr 10.0.0.0/24",
+        )
+        .await;
+    }
+    pub async fn first_host_after_last_host(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/24",
+            "10.0.0.1",
+            Some("10.0.0.9"),
+            Some("10.0.0.6"),
+            "pool p1: first_host 10.0.0.9 is after last_host 10.0.0.6",
+        )
+        .await;
+    }
+    pub async fn default_first_host_outside_cidr(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/24",
+            "192.0.2.1",
+            None,
+            None,
+            "pool p1: first_host 192.0.2.2 is outside cidr 10.0.0.0/24",
+        )
+        .await;
+    }
+}
+
+conformance!(cases:
+    spec_example_slash29,
+    gateway_at_end_of_slash24,
+    replacement_keeps_leases_outside_the_new_range,
+    network_broadcast_and_gateway_never_leased,
+    slash31_and_slash32,
+    one_lease_per_instance_and_release,
+    pool_without_range_places_without_address,
+    dns_round_trips,
+    conflicting_insert_retries_on_next_address,
+    placement_claims_and_rolls_back,
+    host_loss_recreates_or_marks_unschedulable,
+    not_found_and_conflict,
+    bad_input_leaves_database_unchanged,
+);
+
+mod rules {
+    crate::conformance!(validation:
+        ipv6_range_refused,
+        malformed_cidr,
+        cidr_without_prefix,
+        host_bits_set,
+        malformed_gateway,
+        ipv6_gateway,
+        malformed_first_host,
+        malformed_last_host,
+        first_host_outside_cidr,
+        last_host_outside_cidr,
+        first_host_after_last_host,
+        default_first_host_outside_cidr,
+    );
+}
