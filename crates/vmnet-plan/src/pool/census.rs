@@ -45,8 +45,16 @@ impl Census {
     #[must_use]
     pub fn of(doc: &Value) -> Self {
         let mut c = Self::default();
+        c.apply(doc);
+        c
+    }
+
+    /// Updates this census with a batch (adds, deletes) as the kernel would apply it, or with
+    /// a listing.
+    pub fn apply(&mut self, doc: &Value) {
+        let c = self;
         let Some(items) = doc.get("nftables").and_then(Value::as_array) else {
-            return c;
+            return;
         };
         for item in items {
             let (verb, inner) = match item.as_object().and_then(|o| o.iter().next()) {
@@ -96,7 +104,6 @@ impl Census {
                 _ => {}
             }
         }
-        c
     }
 
     /// Number of rules per table.

@@ -1,0 +1,276 @@
+//! The three bcd nftables tables on one host: full replace, one instance added or removed as a
+//! small element batch, and the drift audit (spec: "bcd's nftables tables").
+//!
+//! # Design
+//! [`PoolFirewall`] holds the desired [`Firewall`] (plain data from `vmnet-plan`), the census the
+//! plan expects (elements per set) and the census read back right after the last full replace
+//! (the rules as the kernel lists them). Every change is one nft transaction through an
+//! [`NftExec`] — libnftables in-process ([`LibNft`]) or the agent's root helper. The first tap
+//! on a host and the last one going away are full replaces (the backstop tables appear and go);
+//! everything else is element adds/deletes whose size does not depend on how many taps exist.
+//!
+//! [`PoolFirewall::audit`] lists the ruleset, compares rules and element counts of the three
+//! tables with what was loaded and, on any difference (a flushed ruleset, an edited rule, a
+//! missing table, a missing element), re-applies the whole desired state atomically, logs the
+//! difference and counts it.
+//!
+//! # Limitations (the drift gap)
+//! Between someone else's `nft flush ruleset` and the next audit (at most one audit period, 5 s
+//! in the agent) the three tables are gone. What still holds in that gap: taps are created only
+//! after their rules exist; a tap's bridge port is locked with learning off and a static FDB
+//! entry for the NIC's MAC ([`super::tap`]), so the bridge itself drops frames with any other
+//! source MAC. What does not hold: IP/ARP source checks, the policies, the DHCP/RA drops and the
+//! host-address drop, until the audit repairs them.
+
+use serde_json::Value;
+use vmnet_model::Error;
+use vmnet_model::nic::{InstanceSpec, instance_hash10};
+use vmnet_plan::pool::census::{Census, drift};
+use vmnet_plan::pool::nft::{
+    Change, Firewall, needs_full_replace, render_full, render_instance, tap_entries,
+};
+
+use super::libnft::{LibNft, LibNftError};
+
+/// Runs one nft command buffer as one transaction and returns nft's output.
+pub trait NftExec: Send + Sync {
+    /// Runs `cmd` (nft JSON) and returns the output (JSON for `list` commands).
+    ///
+    /// # Errors
+    /// A message from nft or from the transport when the batch was refused or not delivered.
+    fn run(&self, cmd: &str) -> Result<String, FirewallError>;
+}
+
+impl NftExec for LibNft {
+    fn run(&self, cmd: &str) -> Result<String, FirewallError> {
+        LibNft::run(self, cmd).map_err(FirewallError::Nft)
+    }
+}
+
+/// Errors of the pool firewall.
+#[derive(Debug, thiserror::Error)]
+pub enum FirewallError {
+    /// nft refused a batch (nothing of it applied) or could not be run.
+    #[error("nftables")]
+    Nft(#[source] LibNftError),
+    /// The root helper refused the batch or could not be reached.
+    #[error("root helper: {0}")]
+    Helper(String),
+    /// The plan refused the input.
+    #[error("plan: {0}")]
+    Plan(#[source] Error),
+    /// The listing could not be read, or did not show what was just loaded.
+    #[error("read-back: {0}")]
+    ReadBack(String),
+}
+
+impl FirewallError {
+    /// The documented error this maps to: plan errors keep their code, the rest are
+    /// `UNAVAILABLE` (the kernel or the helper failed; the previous state is kept).
+    #[must_use]
+    pub fn to_error(&self) -> Error {
+        match self {
+            Self::Plan(e) => e.clone(),
+            other => Error::unavailable(format!("pool firewall: {}", chain(other))),
+        }
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// What one audit found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditReport {
+    /// The differences found (empty: no drift).
+    pub drift: Vec<String>,
+    /// Whether the desired state was re-applied.
+    pub repaired: bool,
+}
+
+/// Counters for the status report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FirewallStatus {
+    /// Taps with rules.
+    pub taps: usize,
+    /// Audits that found drift and re-applied.
+    pub drift_repairs: u64,
+    /// The differences of the last drift found.
+    pub last_drift: Vec<String>,
+}
+
+const LIST_RULESET: &str = r#"{"nftables":[{"list":{"ruleset":null}}]}"#;
+
+/// The bcd tables of one host, driven through `E`.
+#[derive(Debug)]
+pub struct PoolFirewall<E: NftExec> {
+    exec: E,
+    desired: Firewall,
+    planned: Census,
+    reference: Census,
+    loaded: bool,
+    status: FirewallStatus,
+}
+
+impl<E: NftExec> PoolFirewall<E> {
+    /// A driver that has loaded nothing yet; call [`Self::replace`] before any VM starts.
+    pub fn new(exec: E) -> Self {
+        Self {
+            exec,
+            desired: Firewall::default(),
+            planned: Census::default(),
+            reference: Census::default(),
+            loaded: false,
+            status: FirewallStatus::default(),
+        }
+    }
+
+    /// The executor (e.g. to run a listing in tests).
+    pub fn exec(&self) -> &E {
+        &self.exec
+    }
+
+    /// The desired state as last applied.
+    pub fn desired(&self) -> &Firewall {
+        &self.desired
+    }
+
+    /// Counters for the status report.
+    pub fn status(&self) -> FirewallStatus {
+        FirewallStatus {
+            taps: self.desired.taps.len(),
+            ..self.status.clone()
+        }
+    }
+
+    /// Lists the three tables as they are in the kernel.
+    ///
+    /// # Errors
+    /// When nft cannot list or its output is not JSON.
+    pub fn observe(&self) -> Result<Census, FirewallError> {
+        let out = self.exec.run(LIST_RULESET)?;
+        let v: Value = serde_json::from_str(&out)
+            .map_err(|e| FirewallError::ReadBack(format!("listing is not JSON: {e}")))?;
+        Ok(Census::of(&v))
+    }
+
+    /// Replaces all three tables with `fw` in one transaction, then reads them back. On failure
+    /// the previous tables stay as they were (the batch is atomic).
+    ///
+    /// # Errors
+    /// [`FirewallError::Nft`] when nft refuses the batch; [`FirewallError::ReadBack`] when the
+    /// listing does not show the rules just loaded.
+    pub fn replace(&mut self, fw: Firewall) -> Result<(), FirewallError> {
+        let doc = render_full(&fw);
+        self.exec.run(&doc.to_string())?;
+        let planned = Census::of(&doc);
+        let observed = self.observe()?;
+        self.desired = fw;
+        self.planned = planned;
+        self.loaded = true;
+        if observed.rule_counts() != self.planned.rule_counts() {
+            let msg = format!(
+                "loaded {:?} rules, listed {:?}",
+                self.planned.rule_counts(),
+                observed.rule_counts()
+            );
+            self.reference = Census::default();
+            return Err(FirewallError::ReadBack(msg));
+        }
+        self.reference = observed;
+        Ok(())
+    }
+
+    /// Adds one instance's taps: one element batch, or a full replace when it is the host's
+    /// first tap. The rules exist before the caller creates the taps.
+    ///
+    /// # Errors
+    /// [`FirewallError::Plan`] for an invalid instance or one already present (`CONFLICT`);
+    /// otherwise as [`Self::replace`].
+    pub fn add_instance(&mut self, inst: &InstanceSpec) -> Result<(), FirewallError> {
+        let entries = tap_entries(inst).map_err(FirewallError::Plan)?;
+        if entries
+            .iter()
+            .any(|e| self.desired.taps.iter().any(|t| t.tap == e.tap))
+        {
+            return Err(FirewallError::Plan(Error::conflict(format!(
+                "instance {}: its taps have rules on this host already",
+                inst.id
+            ))));
+        }
+        let mut next = self.desired.clone();
+        next.taps.extend(entries.iter().cloned());
+        next.taps.sort_by(|a, b| a.tap.cmp(&b.tap));
+        self.change(next, &entries, Change::Add)
+    }
+
+    /// Removes one instance's taps (by instance id): one element batch, or a full replace when
+    /// it was the host's last tap. Removing an instance without taps here does nothing.
+    ///
+    /// # Errors
+    /// As [`Self::replace`].
+    pub fn remove_instance(&mut self, instance_id: &str) -> Result<(), FirewallError> {
+        let prefix = format!("bc{}n", instance_hash10(instance_id));
+        let (gone, kept): (Vec<_>, Vec<_>) = self
+            .desired
+            .taps
+            .iter()
+            .cloned()
+            .partition(|t| t.tap.as_str().starts_with(&prefix));
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let next = Firewall {
+            taps: kept,
+            host: self.desired.host.clone(),
+        };
+        self.change(next, &gone, Change::Remove)
+    }
+
+    fn change(
+        &mut self,
+        next: Firewall,
+        entries: &[vmnet_plan::pool::nft::TapEntry],
+        change: Change,
+    ) -> Result<(), FirewallError> {
+        if !self.loaded || needs_full_replace(&self.desired, &next) {
+            return self.replace(next);
+        }
+        let doc = render_instance(entries, change);
+        self.exec.run(&doc.to_string())?;
+        self.planned.apply(&doc);
+        self.desired = next;
+        Ok(())
+    }
+
+    /// Compares the kernel with what was loaded and re-applies on any difference.
+    ///
+    /// # Errors
+    /// When the listing fails, or the repair fails (the next audit tries again).
+    pub fn audit(&mut self) -> Result<AuditReport, FirewallError> {
+        if !self.loaded {
+            return Ok(AuditReport::default());
+        }
+        let observed = self.observe()?;
+        let found = drift(&self.reference, &self.planned, &observed);
+        if found.is_empty() {
+            return Ok(AuditReport::default());
+        }
+        tracing::warn!(drift = ?found, "pool firewall drifted; re-applying the bcd tables");
+        self.status.drift_repairs += 1;
+        self.status.last_drift.clone_from(&found);
+        self.replace(self.desired.clone())?;
+        Ok(AuditReport {
+            drift: found,
+            repaired: true,
+        })
+    }
+}
