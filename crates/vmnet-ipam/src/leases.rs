@@ -190,7 +190,7 @@ pub async fn list_leases(tx: &mut Tx, pool_id: &str) -> Result<Vec<Lease>, Error
             "SELECT address, instance_id FROM ip_leases WHERE pool_id = $1 ORDER BY address_num"
         }
         Tx::Postgres(_) => {
-            "SELECT host(address) AS address, instance_id FROM ip_leases WHERE pool_id = $1 ORDER BY address"
+            "SELECT host(l.address) AS address, l.instance_id FROM ip_leases l WHERE l.pool_id = $1 ORDER BY l.address"
         }
     };
     let rows: Vec<(String, String)> = on_tx!(tx, t => sqlx::query_as(sql).bind(pool_id).fetch_all(&mut **t).await.map_err(db_err)?);

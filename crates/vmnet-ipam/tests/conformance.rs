@@ -266,6 +266,19 @@ mod cases {
         assert_eq!(lease(db, "p1", "e").await.unwrap(), Some(ip("10.0.0.2")));
     }
 
+    /// Leases are listed in address order (.10 after .9), on both stores.
+    pub async fn leases_listed_in_address_order(db: &Db) {
+        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
+            .await
+            .unwrap();
+        for i in 0..12 {
+            lease(db, "p1", &format!("vm{i:02}")).await.unwrap();
+        }
+        let got: Vec<_> = leases(db, "p1").await.into_iter().map(|(a, _)| a).collect();
+        let want: Vec<_> = (2..14).map(|i| ip(&format!("10.0.0.{i}"))).collect();
+        assert_eq!(got, want);
+    }
+
     /// A pool without a range leases nothing, and placement succeeds without an address.
     pub async fn pool_without_range_places_without_address(db: &Db) {
         let mut tx = db.begin().await.unwrap();
@@ -851,6 +864,7 @@ conformance!(cases:
     one_lease_per_instance_and_release,
     pool_without_range_places_without_address,
     dns_round_trips,
+    leases_listed_in_address_order,
     conflicting_insert_retries_on_next_address,
     placement_claims_and_rolls_back,
     host_loss_recreates_or_marks_unschedulable,

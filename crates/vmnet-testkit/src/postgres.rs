@@ -46,7 +46,7 @@ pub struct PgCluster {
     next_db: AtomicU64,
 }
 
-/// The newest `/usr/lib/postgresql/<version>/bin` that has `initdb`, `pg_ctl` and `createdb`.
+/// The newest `/usr/lib/postgresql/<version>/bin` that has `initdb`, `pg_ctl`, `createdb` and `psql`.
 ///
 /// # Errors
 /// When PostgreSQL's server binaries are not installed.
@@ -55,8 +55,17 @@ pub fn find_bin_dir() -> Result<PathBuf> {
     if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
         for e in entries.flatten() {
             let bin = e.path().join("bin");
-            let version = e.file_name().to_string_lossy().split('.').next().and_then(|v| v.parse().ok()).unwrap_or(0);
-            if ["initdb", "pg_ctl", "createdb"].iter().all(|b| bin.join(b).is_file()) {
+            let version = e
+                .file_name()
+                .to_string_lossy()
+                .split('.')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            if ["initdb", "pg_ctl", "createdb", "psql"]
+                .iter()
+                .all(|b| bin.join(b).is_file())
+            {
                 found.push((version, bin));
             }
         }
@@ -91,31 +100,60 @@ impl PgCluster {
     /// `initdb`/`pg_ctl` fail (their logs are in the error).
     pub fn start(opts: PgOptions) -> Result<PgCluster> {
         let bin = find_bin_dir()?;
-        let dir = tempfile::Builder::new().prefix("vmnet-pg-").tempdir().context("creating a temp dir")?.keep();
+        let dir = tempfile::Builder::new()
+            .prefix("vmnet-pg-")
+            .tempdir()
+            .context("creating a temp dir")?
+            .keep();
         let mut cmd = Command::new("/bin/sh");
-        let extra = if opts.durable { "" } else { "-c fsync=off -c synchronous_commit=off -c full_page_writes=off" };
-        cmd.arg("-c").arg(WATCHDOG).arg("vmnet-pg-watchdog").arg(&dir).arg(&bin).arg(extra);
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).current_dir(&dir);
+        let extra = if opts.durable {
+            ""
+        } else {
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        };
+        cmd.arg("-c")
+            .arg(WATCHDOG)
+            .arg("vmnet-pg-watchdog")
+            .arg(&dir)
+            .arg(&bin)
+            .arg(extra);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .current_dir(&dir);
         if nix::unistd::geteuid().is_root() {
             let user = nix::unistd::User::from_name("postgres")
                 .context("looking up the postgres user")?
                 .context("no `postgres` OS user (install the Debian package `postgresql`)")?;
-            nix::unistd::chown(&dir, Some(user.uid), Some(user.gid)).context("chown of the cluster dir")?;
-            cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw()).env("HOME", &dir).env("USER", "postgres");
+            nix::unistd::chown(&dir, Some(user.uid), Some(user.gid))
+                .context("chown of the cluster dir")?;
+            cmd.uid(user.uid.as_raw())
+                .gid(user.gid.as_raw())
+                .env("HOME", &dir)
+                .env("USER", "postgres");
         }
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).context("chmod of the cluster dir")?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .context("chmod of the cluster dir")?;
         let mut child = cmd.spawn().context("spawning the PostgreSQL watchdog")?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().context("watchdog stdout")?;
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).context("waiting for PostgreSQL to start")?;
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .context("waiting for PostgreSQL to start")?;
         if line.trim() != "READY" {
             let _ = child.wait();
             let logs = read_logs(&dir);
             let _ = std::fs::remove_dir_all(&dir);
             bail!("PostgreSQL did not start:\n{logs}");
         }
-        Ok(PgCluster { dir, bin, stdin: Mutex::new(stdin), child: Mutex::new(child), next_db: AtomicU64::new(0) })
+        Ok(PgCluster {
+            dir,
+            bin,
+            stdin: Mutex::new(stdin),
+            child: Mutex::new(child),
+            next_db: AtomicU64::new(0),
+        })
     }
 
     /// The process-wide test cluster (fast, non-durable settings), started on first use and
@@ -140,7 +178,10 @@ impl PgCluster {
     /// The URL of database `db` as superuser `postgres` over the unix socket.
     #[must_use]
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@localhost/{db}?host={}", self.dir.display())
+        format!(
+            "postgres://postgres@localhost/{db}?host={}",
+            self.dir.display()
+        )
     }
 
     /// Creates a new, empty database (`vmnet_<pid>_<n>`) and returns its URL.
@@ -148,6 +189,14 @@ impl PgCluster {
     /// # Errors
     /// When `createdb` fails.
     pub fn fresh_database_url(&self) -> Result<String> {
+        Ok(self.url(&self.fresh_database()?))
+    }
+
+    /// Creates a new, empty database (`vmnet_<pid>_<n>`) and returns its name.
+    ///
+    /// # Errors
+    /// When `createdb` fails.
+    pub fn fresh_database(&self) -> Result<String> {
         let n = self.next_db.fetch_add(1, Ordering::Relaxed);
         let name = format!("vmnet_{}_{n}", std::process::id());
         let out = Command::new(self.bin.join("createdb"))
@@ -157,16 +206,54 @@ impl PgCluster {
             .output()
             .context("running createdb")?;
         if !out.status.success() {
-            bail!("createdb {name} failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "createdb {name} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
-        Ok(self.url(&name))
+        Ok(name)
+    }
+
+    /// Runs `sql` with `psql` (unaligned, tuples only, `|` between columns, stop on error) in
+    /// database `db`, and returns its standard output.
+    ///
+    /// # Errors
+    /// When `psql` cannot run or the SQL fails (its stderr is in the error).
+    pub fn psql(&self, db: &str, sql: &str) -> Result<String> {
+        let out = Command::new(self.bin.join("psql"))
+            .arg("-h")
+            .arg(&self.dir)
+            .args([
+                "-U",
+                "postgres",
+                "-d",
+                db,
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ])
+            .output()
+            .context("running psql")?;
+        if !out.status.success() {
+            bail!("psql failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
 
 fn read_logs(dir: &Path) -> String {
     ["initdb.log", "server.log"]
         .iter()
-        .map(|f| format!("--- {f}\n{}", std::fs::read_to_string(dir.join(f)).unwrap_or_default()))
+        .map(|f| {
+            format!(
+                "--- {f}\n{}",
+                std::fs::read_to_string(dir.join(f)).unwrap_or_default()
+            )
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -191,7 +278,8 @@ mod tests {
 
     #[test]
     fn cluster_starts_creates_databases_and_cleans_up() {
-        let c = PgCluster::start(PgOptions::default()).expect("PostgreSQL must be installed for this test");
+        let c = PgCluster::start(PgOptions::default())
+            .expect("PostgreSQL must be installed for this test");
         let dir = c.socket_dir().to_path_buf();
         let url = c.fresh_database_url().unwrap();
         assert!(url.contains("host="));
