@@ -3,5 +3,6 @@
 //! `vmnet-plan` and apply the ordered changes. This crate never decides policy.
 
 pub mod netns;
+pub mod ns;
 
 pub mod pool;

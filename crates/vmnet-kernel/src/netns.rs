@@ -88,7 +88,15 @@ fn check_name(name: &str) -> Result<(), NetnsError> {
 fn ensure_run_dir() -> Result<(), NetnsError> {
     fs::create_dir_all(NETNS_RUN_DIR).map_err(io(NETNS_RUN_DIR, "create run dir"))?;
     let shared = MsFlags::MS_SHARED | MsFlags::MS_REC;
-    if mount(None::<&str>, NETNS_RUN_DIR, None::<&str>, shared, None::<&str>).is_ok() {
+    if mount(
+        None::<&str>,
+        NETNS_RUN_DIR,
+        None::<&str>,
+        shared,
+        None::<&str>,
+    )
+    .is_ok()
+    {
         return Ok(());
     }
     // Not a mount point yet: bind it onto itself, then make it shared.
@@ -100,8 +108,14 @@ fn ensure_run_dir() -> Result<(), NetnsError> {
         None::<&str>,
     )
     .map_err(sys(NETNS_RUN_DIR, "bind mount run dir"))?;
-    mount(None::<&str>, NETNS_RUN_DIR, None::<&str>, shared, None::<&str>)
-        .map_err(sys(NETNS_RUN_DIR, "make run dir shared"))
+    mount(
+        None::<&str>,
+        NETNS_RUN_DIR,
+        None::<&str>,
+        shared,
+        None::<&str>,
+    )
+    .map_err(sys(NETNS_RUN_DIR, "make run dir shared"))
 }
 
 /// Creates the named namespace `name` (with its loopback down, as the kernel makes it).
@@ -113,7 +127,11 @@ pub fn create(name: &str) -> Result<(), NetnsError> {
     check_name(name)?;
     ensure_run_dir()?;
     let target = path(name);
-    match OpenOptions::new().write(true).create_new(true).open(&target) {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&target)
+    {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             return Err(NetnsError::Exists(name.to_owned()));
@@ -136,6 +154,55 @@ pub fn create(name: &str) -> Result<(), NetnsError> {
         .unwrap_or_else(|_| Err(NetnsError::ThreadPanicked(name.to_owned())))
     });
     if result.is_err() {
+        let _ = fs::remove_file(&target);
+    }
+    result
+}
+
+/// Creates the named namespace `name` like [`create`] and runs `f` inside it on the very thread
+/// that created it (one thread hop for "create, then configure inside"). When `f` returns, the
+/// namespace stays (it is mounted); sockets `f` opened stay bound to it.
+///
+/// # Errors
+/// As [`create`]; nothing is left behind when creation fails. `f`'s own result is returned as is
+/// (the namespace exists then, whatever `f` returned).
+pub fn create_and_run<T, F>(name: &str, f: F) -> Result<T, NetnsError>
+where
+    T: Send,
+    F: FnOnce() -> T + Send,
+{
+    check_name(name)?;
+    ensure_run_dir()?;
+    let target = path(name);
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&target)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(NetnsError::Exists(name.to_owned()));
+        }
+        Err(e) => return Err(io(name, "create mount point")(e)),
+    }
+    let result = std::thread::scope(|s| {
+        s.spawn(|| {
+            unshare(CloneFlags::CLONE_NEWNET).map_err(sys(name, "unshare"))?;
+            mount(
+                Some("/proc/thread-self/ns/net"),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(sys(name, "bind mount"))?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(NetnsError::ThreadPanicked(name.to_owned())))
+    });
+    if result.is_err() {
+        let _ = umount2(&target, MntFlags::MNT_DETACH);
         let _ = fs::remove_file(&target);
     }
     result
@@ -242,6 +309,26 @@ pub fn netlink_in(name: &str) -> Result<rtnetlink::Handle, NetnsError> {
     let opened = run_in(name, || {
         let _guard = rt.enter();
         rtnetlink::new_connection().map(|(conn, handle, _)| {
+            rt.spawn(conn);
+            handle
+        })
+    })?;
+    opened.map_err(io(name, "open rtnetlink socket"))
+}
+
+/// Like [`netlink_in`], but with `NETLINK_GET_STRICT_CHK` set, so dump requests are filtered by
+/// the kernel (by table, output interface, link index) instead of returning everything.
+///
+/// # Errors
+/// As [`netlink_in`].
+///
+/// # Panics
+/// When called outside a tokio runtime.
+pub fn netlink_in_strict(name: &str) -> Result<rtnetlink::Handle, NetnsError> {
+    let rt = tokio::runtime::Handle::current();
+    let opened = run_in(name, || {
+        let _guard = rt.enter();
+        rtnetlink::new_connection_with_strict_check().map(|(conn, handle, _)| {
             rt.spawn(conn);
             handle
         })

@@ -46,6 +46,7 @@ use vmnet_model::Error;
 use vmnet_model::vm::{MAX_USER_ID, Route, Via, VmConfig};
 
 pub use names::{NameKind, name, parse_uid};
+pub use nft::FINGERPRINT_PREFIX;
 
 /// The guest's IPv4 address (the same in every VM).
 pub const GUEST_IPV4: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);

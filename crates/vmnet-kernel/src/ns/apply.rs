@@ -1,0 +1,525 @@
+//! Applying one VM plan: create in one pass, or observe → diff → ordered changes, with rollback.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
+use netlink_packet_route::link::{InfoData, InfoVeth};
+use rtnetlink::{Handle, LinkUnspec, LinkVeth};
+use vmnet_plan::ns::VmPlan;
+
+use super::driver::NetlinkNsDriver;
+use super::observe::{self, Desired, KAddr, VmState};
+use super::routes::{self, KLink, KRoute, KRule, nl};
+use super::{Change, NsError, Side, inns};
+use crate::netns;
+
+/// Creates or converges one VM (see [`super::NsDriver::apply`]).
+pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
+    check_prefix(d, plan)?;
+    d.ensure_host().await?;
+    if !netns::exists(&plan.netns) {
+        return create(d, plan).await;
+    }
+    let ns = netns::netlink_in(&plan.netns)?;
+    let before = observe::observe_vm(plan, &ns, &d.host).await?;
+    if needs_rebuild(plan, &before) {
+        let mut changes = vec![Change::Repair {
+            what: format!("{}: missing links, rebuilding", plan.netns),
+        }];
+        d.remove_uid(plan.user_id).await?;
+        changes.extend(create(d, plan).await?);
+        return Ok(changes);
+    }
+    let mut changes = Vec::new();
+    if let Err(e) = converge(d, plan, &ns, &before, &mut changes).await {
+        tracing::warn!(vm = %plan.vm_id, error = %e, "apply failed; restoring the previous routes and rules");
+        if let Err(r) = restore(d, plan, &ns, &before).await {
+            tracing::error!(vm = %plan.vm_id, error = %r, "restoring the previous state failed");
+        }
+        return Err(e);
+    }
+    Ok(changes)
+}
+
+/// The changes [`apply`] would make, without making them.
+pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
+    check_prefix(d, plan)?;
+    if !netns::exists(&plan.netns) {
+        return Ok(vec![Change::CreateVm {
+            netns: plan.netns.clone(),
+        }]);
+    }
+    let ns = netns::netlink_in(&plan.netns)?;
+    let st = observe::observe_vm(plan, &ns, &d.host).await?;
+    if needs_rebuild(plan, &st) {
+        return Ok(vec![Change::Repair {
+            what: format!("{}: missing links, rebuilding", plan.netns),
+        }]);
+    }
+    let mut changes = Vec::new();
+    if let Some(what) = fixed_drift(plan, &st) {
+        changes.push(Change::Repair { what });
+    }
+    let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
+    route_changes(&want, &st, &mut changes);
+    if st.nft_fp.as_deref() != Some(plan.nft_fingerprint.as_str()) {
+        changes.push(Change::ReplaceNft {
+            fingerprint: plan.nft_fingerprint.clone(),
+        });
+    }
+    Ok(changes)
+}
+
+fn check_prefix(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), NsError> {
+    if plan.name_prefix != d.settings.name_prefix {
+        return Err(NsError::Missing(format!(
+            "vm {}: planned with name prefix {:?}, the driver manages {:?}",
+            plan.vm_id, plan.name_prefix, d.settings.name_prefix
+        )));
+    }
+    Ok(())
+}
+
+fn needs_rebuild(plan: &VmPlan, st: &VmState) -> bool {
+    let tap = st.ns_links.contains_key(&plan.tap.name);
+    let veth_ok = match &plan.veth {
+        Some(v) => st.host_link.is_some() && st.ns_links.contains_key(&v.peer_name),
+        None => st.host_link.is_none(),
+    };
+    !tap || !veth_ok
+}
+
+/// The fixed per-VM state that is wrong (MTU, up, addresses, sysctls), if any.
+fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
+    let mut bad = Vec::new();
+    let mut check = |links: &HashMap<String, KLink>,
+                     addrs: &HashSet<KAddr>,
+                     name: &str,
+                     mtu: u32,
+                     want: &[(IpAddr, u8)]| {
+        match links.get(name) {
+            Some(l) if l.mtu == mtu && l.up => {
+                if want
+                    .iter()
+                    .any(|(a, p)| !addrs.contains(&(l.index, *a, *p)))
+                {
+                    bad.push(format!("{name} addresses"));
+                }
+            }
+            _ => bad.push(format!("{name} mtu/up")),
+        }
+    };
+    let tap_addrs = [
+        (IpAddr::V4(plan.tap.ipv4.addr()), plan.tap.ipv4.prefix_len()),
+        (
+            IpAddr::V6(plan.tap.ipv6_link_local.addr()),
+            plan.tap.ipv6_link_local.prefix_len(),
+        ),
+    ];
+    check(
+        &st.ns_links,
+        &st.ns_addrs,
+        &plan.tap.name,
+        plan.tap.mtu,
+        &tap_addrs,
+    );
+    if let Some(v) = &plan.veth {
+        let peer = [
+            (IpAddr::V4(v.peer_ipv4.addr()), v.peer_ipv4.prefix_len()),
+            (
+                IpAddr::V6(v.peer_ipv6_link_local.addr()),
+                v.peer_ipv6_link_local.prefix_len(),
+            ),
+        ];
+        check(&st.ns_links, &st.ns_addrs, &v.peer_name, v.mtu, &peer);
+        let host = [
+            (IpAddr::V4(v.host_ipv4.addr()), v.host_ipv4.prefix_len()),
+            (
+                IpAddr::V6(v.host_ipv6_link_local.addr()),
+                v.host_ipv6_link_local.prefix_len(),
+            ),
+        ];
+        let hl: HashMap<String, KLink> = st
+            .host_link
+            .iter()
+            .map(|l| (l.name.clone(), l.clone()))
+            .collect();
+        check(&hl, &st.host_addrs, &v.host_name, v.mtu, &host);
+    }
+    if !st.ns_links.get("lo").is_some_and(|l| l.up) {
+        bad.push("lo up".into());
+    }
+    if !st.sysctls_bad.is_empty() {
+        bad.push(format!("sysctls {}", st.sysctls_bad.join(", ")));
+    }
+    (!bad.is_empty()).then(|| format!("{}: {}", plan.netns, bad.join("; ")))
+}
+
+/// Creates the VM in one pass; on failure removes whatever was made.
+async fn create(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
+    match create_inner(d, plan).await {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            if let Err(r) = d.remove_uid(plan.user_id).await {
+                tracing::error!(vm = %plan.vm_id, error = %r, "rolling back a failed create failed");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
+    let rt = tokio::runtime::Handle::current();
+    // One thread: create the netns, and inside it the tap, sysctls, nft table and a netlink socket.
+    let ns = netns::create_and_run(&plan.netns, || -> Result<Handle, NsError> {
+        inns::create_tap(&plan.tap)?;
+        inns::write_sysctls(&plan.netns, &plan.ns_sysctls)?;
+        inns::run_nft(&plan.netns, &plan.nft)?;
+        let _guard = rt.enter();
+        let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
+            NsError::Netns(netns::NetnsError::Io {
+                name: plan.netns.clone(),
+                op: "open rtnetlink socket",
+                source,
+            })
+        })?;
+        rt.spawn(conn);
+        Ok(h)
+    })??;
+    if let Some(v) = &plan.veth {
+        let fd = netns::open(&plan.netns)?;
+        let peer = LinkUnspec::new_with_name(&v.peer_name)
+            .mtu(v.mtu)
+            .up()
+            .setns_by_fd(fd.as_raw_fd())
+            .build();
+        let msg = LinkVeth::new(&v.host_name, &v.peer_name)
+            .mtu(v.mtu)
+            .up()
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+            .build();
+        d.host.link().add(msg).execute().await.map_err(nl(format!(
+            "host: add veth {}/{}",
+            v.host_name, v.peer_name
+        )))?;
+    }
+    let st = VmState::default();
+    let links = configure_fixed(d, plan, &ns, &st).await?;
+    let host_link = match &plan.veth {
+        Some(v) => routes::link_by_name(&d.host, &v.host_name).await?,
+        None => None,
+    };
+    let want = observe::resolve(plan, &links, host_link.as_ref(), &d.host).await?;
+    let mut ignored = Vec::new();
+    sync_routes(d, plan, &ns, &want, &st, &mut ignored).await?;
+    Ok(vec![Change::CreateVm {
+        netns: plan.netns.clone(),
+    }])
+}
+
+/// Brings lo, the tap and the veth ends to the planned MTU, up and addresses (idempotent).
+/// Returns the netns links by name.
+async fn configure_fixed(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+    ns: &Handle,
+    st: &VmState,
+) -> Result<HashMap<String, KLink>, NsError> {
+    let w = plan.netns.as_str();
+    ns.link()
+        .set(LinkUnspec::new_with_index(1).up().build())
+        .execute()
+        .await
+        .map_err(nl(format!("{w}: set lo up")))?;
+    let tap = routes::link_by_name(ns, &plan.tap.name)
+        .await?
+        .ok_or_else(|| NsError::Missing(format!("{w}: tap {} missing", plan.tap.name)))?;
+    if tap.mtu != plan.tap.mtu || !tap.up {
+        ns.link()
+            .set(
+                LinkUnspec::new_with_index(tap.index)
+                    .mtu(plan.tap.mtu)
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(nl(format!("{w}: set {} mtu/up", plan.tap.name)))?;
+    }
+    add_addr(
+        ns,
+        &st.ns_addrs,
+        tap.index,
+        IpAddr::V4(plan.tap.ipv4.addr()),
+        plan.tap.ipv4.prefix_len(),
+        w,
+    )
+    .await?;
+    add_addr(
+        ns,
+        &st.ns_addrs,
+        tap.index,
+        IpAddr::V6(plan.tap.ipv6_link_local.addr()),
+        64,
+        w,
+    )
+    .await?;
+    let mut links = HashMap::from([(tap.name.clone(), tap)]);
+    if let Some(v) = &plan.veth {
+        let peer = routes::link_by_name(ns, &v.peer_name)
+            .await?
+            .ok_or_else(|| NsError::Missing(format!("{w}: {} missing", v.peer_name)))?;
+        if peer.mtu != v.mtu || !peer.up {
+            ns.link()
+                .set(
+                    LinkUnspec::new_with_index(peer.index)
+                        .mtu(v.mtu)
+                        .up()
+                        .build(),
+                )
+                .execute()
+                .await
+                .map_err(nl(format!("{w}: set {} mtu/up", v.peer_name)))?;
+        }
+        add_addr(
+            ns,
+            &st.ns_addrs,
+            peer.index,
+            IpAddr::V4(v.peer_ipv4.addr()),
+            30,
+            w,
+        )
+        .await?;
+        add_addr(
+            ns,
+            &st.ns_addrs,
+            peer.index,
+            IpAddr::V6(v.peer_ipv6_link_local.addr()),
+            64,
+            w,
+        )
+        .await?;
+        links.insert(peer.name.clone(), peer);
+        let host = routes::link_by_name(&d.host, &v.host_name)
+            .await?
+            .ok_or_else(|| NsError::Missing(format!("host: {} missing", v.host_name)))?;
+        if host.mtu != v.mtu || !host.up {
+            d.host
+                .link()
+                .set(
+                    LinkUnspec::new_with_index(host.index)
+                        .mtu(v.mtu)
+                        .up()
+                        .build(),
+                )
+                .execute()
+                .await
+                .map_err(nl(format!("host: set {} mtu/up", v.host_name)))?;
+        }
+        add_addr(
+            &d.host,
+            &st.host_addrs,
+            host.index,
+            IpAddr::V4(v.host_ipv4.addr()),
+            30,
+            "host",
+        )
+        .await?;
+        add_addr(
+            &d.host,
+            &st.host_addrs,
+            host.index,
+            IpAddr::V6(v.host_ipv6_link_local.addr()),
+            64,
+            "host",
+        )
+        .await?;
+    }
+    Ok(links)
+}
+
+/// Adds an address unless `have` lists it (IPv6 without duplicate address detection, so it is
+/// usable at once).
+async fn add_addr(
+    h: &Handle,
+    have: &HashSet<KAddr>,
+    index: u32,
+    ip: IpAddr,
+    plen: u8,
+    w: &str,
+) -> Result<(), NsError> {
+    if have.contains(&(index, ip, plen)) {
+        return Ok(());
+    }
+    let mut req = h.address().add(index, ip, plen).replace();
+    if ip.is_ipv6() {
+        let m = req.message_mut();
+        m.header.flags = AddressHeaderFlags::Nodad;
+        m.attributes
+            .retain(|a| !matches!(a, AddressAttribute::Flags(_)));
+        m.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+    }
+    req.execute()
+        .await
+        .map_err(nl(format!("{w}: add address {ip}/{plen} on #{index}")))
+}
+
+/// Converges an existing VM: fixed parts, routes and rules, then nft.
+async fn converge(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+    ns: &Handle,
+    st: &VmState,
+    changes: &mut Vec<Change>,
+) -> Result<(), NsError> {
+    if let Some(what) = fixed_drift(plan, st) {
+        configure_fixed(d, plan, ns, st).await?;
+        let sysctls = plan.ns_sysctls.clone();
+        let name = plan.netns.clone();
+        netns::run_in(&plan.netns, move || inns::write_sysctls(&name, &sysctls))??;
+        changes.push(Change::Repair { what });
+    }
+    let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
+    sync_routes(d, plan, ns, &want, st, changes).await?;
+    if st.nft_fp.as_deref() != Some(plan.nft_fingerprint.as_str()) {
+        let nft = plan.nft.clone();
+        let name = plan.netns.clone();
+        netns::run_in(&plan.netns, move || inns::run_nft(&name, &nft))??;
+        changes.push(Change::ReplaceNft {
+            fingerprint: plan.nft_fingerprint.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Puts back the routes and rules observed before a failed converge.
+async fn restore(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+    ns: &Handle,
+    before: &VmState,
+) -> Result<(), NsError> {
+    let now = observe::observe_vm(plan, ns, &d.host).await?;
+    let want = Desired {
+        ns_routes: before
+            .ns_routes
+            .iter()
+            .map(|r| (r.clone(), onlink_guess(r, plan)))
+            .collect(),
+        ns_rules: before.ns_rules.clone(),
+        host_routes: before
+            .host_routes
+            .iter()
+            .map(|r| (r.clone(), false))
+            .collect(),
+        host_rules: before.host_rules.clone(),
+    };
+    let mut ignored = Vec::new();
+    sync_routes(d, plan, ns, &want, &now, &mut ignored).await
+}
+
+/// Routes to the guest's mesh address via the tap were added on-link; keep that on restore.
+fn onlink_guess(r: &KRoute, plan: &VmPlan) -> bool {
+    r.table == vmnet_plan::ns::names::NS_INBOUND_TABLE
+        && matches!(r.kind, routes::KKind::Via { gw: IpAddr::V6(g), .. } if Some(g) == plan.guest.mesh_ipv6)
+}
+
+fn route_changes(want: &Desired, st: &VmState, out: &mut Vec<Change>) {
+    for (side, w, have) in [
+        (Side::Host, &want.host_routes, &st.host_routes),
+        (Side::Vm, &want.ns_routes, &st.ns_routes),
+    ] {
+        for r in have.iter().filter(|r| !w.contains_key(*r)) {
+            out.push(Change::DelRoute(side, r.to_string()));
+        }
+        for r in w.keys().filter(|r| !have.contains(*r)) {
+            out.push(Change::AddRoute(side, r.to_string()));
+        }
+    }
+    for (side, w, have) in [
+        (Side::Host, &want.host_rules, &st.host_rules),
+        (Side::Vm, &want.ns_rules, &st.ns_rules),
+    ] {
+        for r in have.difference(w) {
+            out.push(Change::DelRule(side, r.to_string()));
+        }
+        for r in w.difference(have) {
+            out.push(Change::AddRule(side, r.to_string()));
+        }
+    }
+}
+
+type RouteSide<'a> = (
+    Side,
+    &'a Handle,
+    &'a BTreeMap<KRoute, bool>,
+    &'a BTreeSet<KRoute>,
+    &'a str,
+);
+type RuleSide<'a> = (
+    Side,
+    &'a Handle,
+    &'a BTreeSet<KRule>,
+    &'a BTreeSet<KRule>,
+    &'a str,
+);
+
+/// Makes routes and rules on both sides equal to `want`: stale ones deleted first (so a changed
+/// destination never has two routes), then missing ones added, rules last.
+async fn sync_routes(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+    ns: &Handle,
+    want: &Desired,
+    st: &VmState,
+    changes: &mut Vec<Change>,
+) -> Result<(), NsError> {
+    let w = plan.netns.as_str();
+    let sides: [RouteSide<'_>; 2] = [
+        (
+            Side::Host,
+            &d.host,
+            &want.host_routes,
+            &st.host_routes,
+            "host",
+        ),
+        (Side::Vm, ns, &want.ns_routes, &st.ns_routes, w),
+    ];
+    for (side, h, wr, have, label) in sides {
+        for r in have.iter().filter(|r| !wr.contains_key(*r)) {
+            routes::del_route(h, r, label).await?;
+            changes.push(Change::DelRoute(side, r.to_string()));
+        }
+    }
+    // Netns routes first (the host's mesh route then points at a ready namespace).
+    for (side, h, wr, have, label) in sides.into_iter().rev() {
+        for (r, onlink) in wr.iter().filter(|(r, _)| !have.contains(*r)) {
+            routes::add_route(h, r, *onlink, label).await?;
+            changes.push(Change::AddRoute(side, r.to_string()));
+        }
+    }
+    let rule_sides: [RuleSide<'_>; 2] = [
+        (Side::Vm, ns, &want.ns_rules, &st.ns_rules, w),
+        (
+            Side::Host,
+            &d.host,
+            &want.host_rules,
+            &st.host_rules,
+            "host",
+        ),
+    ];
+    for (side, h, wr, have, label) in rule_sides {
+        for r in wr.difference(have) {
+            routes::add_rule(h, r, label).await?;
+            changes.push(Change::AddRule(side, r.to_string()));
+        }
+        for r in have.difference(wr) {
+            routes::del_rule(h, r, label).await?;
+            changes.push(Change::DelRule(side, r.to_string()));
+        }
+    }
+    Ok(())
+}

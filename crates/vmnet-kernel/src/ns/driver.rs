@@ -1,0 +1,247 @@
+//! [`NetlinkNsDriver`]: the real [`NsDriver`] over rtnetlink, tap ioctls, sysctls and `nft -j`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::future::join_all;
+use rtnetlink::{Handle, IpVersion};
+use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_host};
+
+use super::host::{self, HostNs};
+use super::routes;
+use super::{BoxFuture, Change, NsDriver, NsError, ObservedVm, apply};
+use crate::netns;
+
+/// The real namespace-mode driver for one host.
+///
+/// The "host" is the process's own network namespace (`host_netns = None`, the agent on a real
+/// host or inside a sandbox it entered at start) or a named namespace (`Some(name)`, e.g. a test
+/// sandbox): every host-side link, route, rule, sysctl and nft table is made there, never in
+/// the namespace of the calling process.
+pub struct NetlinkNsDriver {
+    pub(super) settings: NsSettings,
+    pub(super) host_ns: HostNs,
+    pub(super) host: Handle,
+    host_plan: Option<HostPlan>,
+    host_ready: tokio::sync::Mutex<bool>,
+}
+
+impl std::fmt::Debug for NetlinkNsDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetlinkNsDriver")
+            .field("settings", &self.settings)
+            .field("host_ns", &self.host_ns)
+            .finish()
+    }
+}
+
+impl NetlinkNsDriver {
+    /// A driver managing VMs under `settings`, with the host being `host_netns` (a named netns)
+    /// or, when `None`, the calling process's namespace.
+    ///
+    /// # Errors
+    /// [`NsError::NoRuntime`] outside a tokio runtime; invalid settings
+    /// ([`NsError::Missing`] with the validation message); the host netns cannot be entered.
+    pub fn new(settings: NsSettings, host_netns: Option<String>) -> Result<Self, NsError> {
+        tokio::runtime::Handle::try_current().map_err(|_| NsError::NoRuntime)?;
+        settings
+            .validate()
+            .map_err(|e| NsError::Missing(e.message))?;
+        let host_ns = host_netns.map_or(HostNs::Current, HostNs::Named);
+        let host = host_ns.netlink()?;
+        Ok(Self {
+            host_plan: plan_host(&settings),
+            settings,
+            host_ns,
+            host,
+            host_ready: tokio::sync::Mutex::new(false),
+        })
+    }
+
+    /// The settings this driver was built with.
+    #[must_use]
+    pub fn settings(&self) -> &NsSettings {
+        &self.settings
+    }
+
+    /// Applies the host-wide plan once per driver (and again after a gc removed it).
+    pub(super) async fn ensure_host(&self) -> Result<(), NsError> {
+        let mut ready = self.host_ready.lock().await;
+        if *ready {
+            return Ok(());
+        }
+        if let Some(p) = &self.host_plan
+            && !host::host_in_sync(&self.host_ns, p)?
+        {
+            host::apply_host(&self.host_ns, p)?;
+        }
+        *ready = true;
+        Ok(())
+    }
+
+    fn name(&self, kind: NameKind, uid: u32) -> String {
+        vmnet_plan::ns::name(&self.settings.name_prefix, kind, uid)
+    }
+
+    /// Removes everything of `uid`: host rules, the host table, the veth pair (and with it the
+    /// routes through it), the netns (and with it the tap). Goes on past failures and reports all.
+    pub(super) async fn remove_uid(&self, uid: u32) -> Result<Vec<Change>, NsError> {
+        let mut errors = Vec::new();
+        let mut found = false;
+        let host_veth = self.name(NameKind::HostVeth, uid);
+        let table = self.settings.host_table_base + uid;
+        match routes::dump_rules(&self.host).await {
+            Ok(rules) => {
+                for r in rules.iter().filter(|r| r.iif == host_veth) {
+                    found = true;
+                    if let Err(e) = routes::del_rule(&self.host, r, "host").await {
+                        errors.push(e);
+                    }
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+        for v in [IpVersion::V4, IpVersion::V6] {
+            match routes::dump_routes(&self.host, v, Some(table), None).await {
+                Ok(rs) => {
+                    for r in &rs {
+                        found = true;
+                        if let Err(e) = routes::del_route(&self.host, r, "host").await {
+                            errors.push(e);
+                        }
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        match routes::link_by_name(&self.host, &host_veth).await {
+            Ok(Some(l)) => {
+                found = true;
+                match self.host.link().del(l.index).execute().await {
+                    Ok(()) => {}
+                    Err(e) if routes::errno(&e) == Some(libc::ENODEV) => {}
+                    Err(e) => errors.push(routes::nl(format!("host: delete link {host_veth}"))(e)),
+                }
+            }
+            Ok(None) => {}
+            Err(e) => errors.push(e),
+        }
+        let ns = self.name(NameKind::Netns, uid);
+        if netns::exists(&ns) {
+            found = true;
+            if let Err(e) = netns::delete(&ns) {
+                errors.push(e.into());
+            }
+        }
+        match errors.len() {
+            0 => Ok(if found {
+                vec![Change::RemoveVm { user_id: uid }]
+            } else {
+                Vec::new()
+            }),
+            1 => Err(errors.remove(0)),
+            _ => Err(NsError::Many(errors)),
+        }
+    }
+
+    /// Every user id with an object of ours on the host.
+    pub(super) async fn observe_all(&self) -> Result<Vec<ObservedVm>, NsError> {
+        let p = &self.settings.name_prefix;
+        let mut by_uid: BTreeMap<u32, ObservedVm> = BTreeMap::new();
+        let entry = |m: &mut BTreeMap<u32, ObservedVm>, uid: u32| {
+            m.entry(uid)
+                .or_insert_with(|| ObservedVm {
+                    user_id: uid,
+                    ..ObservedVm::default()
+                })
+                .user_id
+        };
+        for n in netns::list(p)? {
+            if let Some(uid) = parse_uid(p, NameKind::Netns, &n) {
+                entry(&mut by_uid, uid);
+                by_uid.get_mut(&uid).expect("inserted").netns = Some(n);
+            }
+        }
+        for l in routes::dump_links(&self.host).await? {
+            if let Some(uid) = parse_uid(p, NameKind::HostVeth, &l.name) {
+                entry(&mut by_uid, uid);
+                by_uid.get_mut(&uid).expect("inserted").host_veth = Some((l.name, l.index));
+            }
+        }
+        for r in routes::dump_rules(&self.host).await? {
+            if let Some(uid) = parse_uid(p, NameKind::HostVeth, &r.iif) {
+                entry(&mut by_uid, uid);
+                by_uid.get_mut(&uid).expect("inserted").host_rules.push(
+                    vmnet_plan::ns::PlannedRule {
+                        iif: r.iif.clone(),
+                        table: r.table,
+                        priority: r.priority,
+                    },
+                );
+            }
+        }
+        let base = self.settings.host_table_base;
+        for v in [IpVersion::V4, IpVersion::V6] {
+            for r in routes::dump_routes(&self.host, v, None, None).await? {
+                if let Some(uid) = r
+                    .table
+                    .checked_sub(base)
+                    .filter(|u| *u <= vmnet_model::vm::MAX_USER_ID)
+                {
+                    entry(&mut by_uid, uid);
+                }
+            }
+        }
+        Ok(by_uid.into_values().collect())
+    }
+
+    async fn gc_inner(&self, desired: &[VmPlan]) -> Result<Vec<u32>, NsError> {
+        let want: BTreeSet<u32> = desired.iter().map(|p| p.user_id).collect();
+        let orphans: Vec<u32> = self
+            .observe_all()
+            .await?
+            .into_iter()
+            .map(|o| o.user_id)
+            .filter(|u| !want.contains(u))
+            .collect();
+        let results = join_all(orphans.iter().map(|u| self.remove_uid(*u))).await;
+        let errors: Vec<NsError> = results.into_iter().filter_map(Result::err).collect();
+        if want.is_empty()
+            && let Some(p) = &self.host_plan
+        {
+            let mut ready = self.host_ready.lock().await;
+            host::remove_host(&self.host_ns, &p.nft_table)?;
+            *ready = false;
+        } else if !want.is_empty() {
+            let mut ready = self.host_ready.lock().await;
+            *ready = false;
+            drop(ready);
+            self.ensure_host().await?;
+        }
+        if !errors.is_empty() {
+            return Err(NsError::Many(errors));
+        }
+        Ok(orphans)
+    }
+}
+
+impl NsDriver for NetlinkNsDriver {
+    fn apply<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        Box::pin(apply::apply(self, plan))
+    }
+
+    fn drift<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        Box::pin(apply::drift(self, plan))
+    }
+
+    fn remove(&self, user_id: u32) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
+        Box::pin(self.remove_uid(user_id))
+    }
+
+    fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>> {
+        Box::pin(self.observe_all())
+    }
+
+    fn gc<'a>(&'a self, desired: &'a [VmPlan]) -> BoxFuture<'a, Result<Vec<u32>, NsError>> {
+        Box::pin(self.gc_inner(desired))
+    }
+}

@@ -1,0 +1,178 @@
+//! Synchronous work done on a thread inside a namespace: the persistent tap (ioctls), sysctls and
+//! the `nft` transaction. Call these only from a thread that entered the target namespace
+//! ([`crate::netns::run_in`] / [`crate::netns::create_and_run`]): `/dev/net/tun` creates the tap in
+//! the caller's namespace, `/proc/sys/net` opened from a thread shows that thread's namespace,
+//! and a child process inherits the namespace of the thread that spawned it.
+
+use std::ffi::c_short;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+
+use vmnet_plan::ns::TapPlan;
+
+use super::NsError;
+
+/// Creates the persistent tap `plan.name` in the calling thread's namespace (`IFF_TAP |
+/// IFF_NO_PI`), sets its owner and group, and closes it. An existing tap of that name is
+/// attached and updated instead (idempotent).
+pub(super) fn create_tap(plan: &TapPlan) -> Result<(), NsError> {
+    let err = |op: &'static str| {
+        let name = plan.name.clone();
+        move |source| NsError::Tap { name, op, source }
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .map_err(err("open /dev/net/tun"))?;
+    // SAFETY: `ifreq` is plain old data; all-zero bytes are a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req
+        .ifr_name
+        .iter_mut()
+        .zip(plan.name.bytes().take(libc::IFNAMSIZ - 1))
+    {
+        *dst = src.cast_signed();
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    let flags = (libc::IFF_TAP | libc::IFF_NO_PI) as c_short;
+    req.ifr_ifru.ifru_flags = flags;
+    let fd = file.as_raw_fd();
+    // SAFETY: `fd` is an open /dev/net/tun descriptor and `req` a valid ifreq that outlives the call.
+    if unsafe { libc::ioctl(fd, libc::TUNSETIFF, &raw mut req) } < 0 {
+        return Err(err("TUNSETIFF")(std::io::Error::last_os_error()));
+    }
+    if let Some(uid) = plan.owner_uid {
+        // SAFETY: TUNSETOWNER takes the uid by value on an attached tun descriptor.
+        if unsafe { libc::ioctl(fd, libc::TUNSETOWNER, libc::c_ulong::from(uid)) } < 0 {
+            return Err(err("TUNSETOWNER")(std::io::Error::last_os_error()));
+        }
+    }
+    if let Some(gid) = plan.owner_gid {
+        // SAFETY: TUNSETGROUP takes the gid by value on an attached tun descriptor.
+        if unsafe { libc::ioctl(fd, libc::TUNSETGROUP, libc::c_ulong::from(gid)) } < 0 {
+            return Err(err("TUNSETGROUP")(std::io::Error::last_os_error()));
+        }
+    }
+    // SAFETY: TUNSETPERSIST takes a flag by value on an attached tun descriptor.
+    if unsafe { libc::ioctl(fd, libc::TUNSETPERSIST, 1 as libc::c_ulong) } < 0 {
+        return Err(err("TUNSETPERSIST")(std::io::Error::last_os_error()));
+    }
+    drop(file);
+    Ok(())
+}
+
+/// Writes each `(path under /proc/sys, value)` in the calling thread's namespace.
+pub(super) fn write_sysctls(netns: &str, sysctls: &[(String, String)]) -> Result<(), NsError> {
+    for (path, value) in sysctls {
+        let full = format!("/proc/sys/{path}");
+        let res = OpenOptions::new()
+            .write(true)
+            .open(&full)
+            .and_then(|mut f| f.write_all(value.as_bytes()));
+        res.map_err(|source| NsError::Sysctl {
+            netns: netns.to_owned(),
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Reads each sysctl path; returns the ones whose value differs from the wanted one.
+pub(super) fn sysctls_differ(sysctls: &[(String, String)]) -> Vec<String> {
+    sysctls
+        .iter()
+        .filter(|(path, value)| {
+            let mut s = String::new();
+            let ok = File::open(format!("/proc/sys/{path}"))
+                .and_then(|mut f| f.read_to_string(&mut s))
+                .is_ok();
+            !ok || s.trim() != value
+        })
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+/// Runs one `nft -j -f -` transaction in the calling thread's namespace.
+pub(super) fn run_nft(netns: &str, ruleset: &serde_json::Value) -> Result<(), NsError> {
+    let fail = |message: String| NsError::Nft {
+        netns: netns.to_owned(),
+        message,
+    };
+    let mut child = Command::new("nft")
+        .args(["-j", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot run nft: {e}")))?;
+    let body = serde_json::to_vec(ruleset).expect("JSON values serialize");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(&body)
+            .map_err(|e| fail(format!("writing to nft: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| fail(format!("waiting for nft: {e}")))?;
+    if !out.status.success() {
+        return Err(fail(String::from_utf8_lossy(&out.stderr).trim().to_owned()));
+    }
+    Ok(())
+}
+
+/// Reads table `family name` in the calling thread's namespace and returns the comment of its
+/// first rule carrying `marker` (our fingerprint), `Ok(None)` when the table does not exist.
+pub(super) fn nft_table_comment(
+    netns: &str,
+    family: &str,
+    table: &str,
+    marker: &str,
+) -> Result<Option<String>, NsError> {
+    let out = Command::new("nft")
+        .args(["-j", "list", "table", family, table])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| NsError::Nft {
+            netns: netns.to_owned(),
+            message: format!("cannot run nft: {e}"),
+        })?;
+    if !out.status.success() {
+        return Ok(None);
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| NsError::Nft {
+        netns: netns.to_owned(),
+        message: format!("unreadable nft output: {e}"),
+    })?;
+    let comment = v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o["rule"]["comment"].as_str())
+        .find(|c| c.starts_with(marker))
+        .map(|c| c[marker.len()..].to_owned());
+    Ok(Some(comment.unwrap_or_default()))
+}
+
+/// Whether table `family name` exists in the calling thread's namespace.
+pub(super) fn nft_table_exists(family: &str, table: &str) -> bool {
+    Command::new("nft")
+        .args(["list", "table", family, table])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Deletes table `family name` in the calling thread's namespace if it exists.
+pub(super) fn nft_delete_table(netns: &str, family: &str, table: &str) -> Result<(), NsError> {
+    let t = serde_json::json!({"table": {"family": family, "name": table}});
+    run_nft(
+        netns,
+        &serde_json::json!({"nftables": [{"add": t.clone()}, {"delete": t}]}),
+    )
+}

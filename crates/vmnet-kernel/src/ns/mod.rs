@@ -1,0 +1,208 @@
+//! Namespace mode apply layer: one VM's [`VmPlan`] → netns, veth pair, tap, addresses, routes,
+//! rules and the netns nftables table; observe, diff, apply, remove and garbage collection.
+//!
+//! The agent holds an `Arc<dyn NsDriver>`; the real implementation is [`NetlinkNsDriver`]
+//! (rtnetlink + `nft -j`), constructed explicitly with the host namespace it manages. Tests of
+//! the agent use a fake implementing the same trait.
+//!
+//! # Design
+//! - [`NsDriver::apply`] converges one VM: a VM whose netns does not exist yet is created in one
+//!   pass (netns, veth pair with the peer created directly inside the netns, tap, sysctls,
+//!   addresses, routes, rules, nft); an existing VM is observed, diffed against the plan and only
+//!   the differences are applied. A failure while creating removes everything of that VM; a
+//!   failure while converging restores the routes and rules observed before (the previous good
+//!   state) and reports the error.
+//! - Everything the driver touches carries a derived name from `vmnet_plan::ns::names`, so
+//!   [`NsDriver::observe`] and [`NsDriver::gc`] find objects by prefix and user id only.
+//! - Namespaces are entered on short-lived dedicated threads; netlink sockets opened there stay
+//!   bound to the namespace (see [`crate::netns`]).
+
+mod apply;
+pub mod bench;
+mod driver;
+mod host;
+mod inns;
+mod observe;
+mod routes;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use vmnet_plan::ns::{PlannedRule, VmPlan};
+
+pub use driver::NetlinkNsDriver;
+
+/// A boxed future, so [`NsDriver`] is object safe (`Arc<dyn NsDriver>`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The namespace-mode apply layer for one host.
+pub trait NsDriver: Send + Sync {
+    /// Creates or converges one VM. Idempotent: a second apply of the same plan returns no
+    /// changes. On failure the VM's partial apply is rolled back (a new VM is removed; an
+    /// existing VM keeps its previous routes, rules and nft table).
+    fn apply<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>>;
+
+    /// The differences between the kernel and `plan` (empty when in sync): the drift report.
+    fn drift<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>>;
+
+    /// Removes everything of the VM with this user id (netns, veth pair, tap, host routes and
+    /// rules). Removing a VM that does not exist succeeds with no changes.
+    fn remove(&self, user_id: u32) -> BoxFuture<'_, Result<Vec<Change>, NsError>>;
+
+    /// What exists on the host with our prefix, by user id.
+    fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>>;
+
+    /// Removes every VM object with our prefix whose user id is not in `desired`; with no
+    /// desired VM also the host-wide objects. Returns the user ids removed.
+    fn gc<'a>(&'a self, desired: &'a [VmPlan]) -> BoxFuture<'a, Result<Vec<u32>, NsError>>;
+}
+
+/// What [`NsDriver::observe`] found for one user id.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ObservedVm {
+    /// The user id encoded in the names.
+    pub user_id: u32,
+    /// The netns name, if it exists.
+    pub netns: Option<String>,
+    /// The host veth name and ifindex, if it exists.
+    pub host_veth: Option<(String, u32)>,
+    /// The host rules (`iif <host veth>`) found.
+    pub host_rules: Vec<PlannedRule>,
+}
+
+/// Where a change happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The host netns.
+    Host,
+    /// The VM netns.
+    Vm,
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Host => "host",
+            Self::Vm => "vm",
+        })
+    }
+}
+
+/// One ordered change the driver made (or, in a drift report, would make).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Created the netns and everything inside it that is fixed per VM (tap, sysctls, lo,
+    /// addresses, veth pair).
+    CreateVm {
+        /// The netns name.
+        netns: String,
+    },
+    /// A fixed part was missing or wrong and was recreated (e.g. the veth pair deleted by hand).
+    Repair {
+        /// What was repaired.
+        what: String,
+    },
+    /// Added (or replaced) a route, described as `dst table T kind`.
+    AddRoute(Side, String),
+    /// Deleted a route.
+    DelRoute(Side, String),
+    /// Added a rule, described as `iif X lookup T pref P`.
+    AddRule(Side, String),
+    /// Deleted a rule.
+    DelRule(Side, String),
+    /// Replaced the netns nft table (one transaction).
+    ReplaceNft {
+        /// The fingerprint applied.
+        fingerprint: String,
+    },
+    /// Removed the VM's objects.
+    RemoveVm {
+        /// The user id.
+        user_id: u32,
+    },
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::CreateVm { netns } => write!(f, "create vm netns {netns}"),
+            Self::Repair { what } => write!(f, "repair {what}"),
+            Self::AddRoute(s, r) => write!(f, "{s}: add route {r}"),
+            Self::DelRoute(s, r) => write!(f, "{s}: delete route {r}"),
+            Self::AddRule(s, r) => write!(f, "{s}: add rule {r}"),
+            Self::DelRule(s, r) => write!(f, "{s}: delete rule {r}"),
+            Self::ReplaceNft { fingerprint } => write!(f, "vm: replace nft table ({fingerprint})"),
+            Self::RemoveVm { user_id } => write!(f, "remove vm user id {user_id}"),
+        }
+    }
+}
+
+/// Errors of the namespace-mode driver; each names the object.
+#[derive(Debug, thiserror::Error)]
+pub enum NsError {
+    /// A namespace operation failed.
+    #[error(transparent)]
+    Netns(#[from] crate::netns::NetnsError),
+    /// A netlink request failed.
+    #[error("{what}")]
+    Netlink {
+        /// What was attempted, naming the object (`add route 10.0.0.0/8 in vmnn0007`).
+        what: String,
+        /// The netlink error.
+        #[source]
+        source: rtnetlink::Error,
+    },
+    /// Creating or configuring the tap failed.
+    #[error("tap {name}: {op}")]
+    Tap {
+        /// The tap name.
+        name: String,
+        /// The ioctl or step.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing a sysctl failed.
+    #[error("sysctl {path} in {netns}")]
+    Sysctl {
+        /// The namespace.
+        netns: String,
+        /// The path under /proc/sys.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `nft` failed.
+    #[error("nft in {netns}: {message}")]
+    Nft {
+        /// The namespace (`host` for the host netns).
+        netns: String,
+        /// nft's stderr or the spawn error.
+        message: String,
+    },
+    /// An object we expected is missing (e.g. a link just created).
+    #[error("{0}")]
+    Missing(String),
+    /// Several failures during a teardown, all reported.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Many(Vec<NsError>),
+    /// The driver needs a tokio runtime.
+    #[error("the namespace driver needs a tokio runtime")]
+    NoRuntime,
+}
+
+impl From<NsError> for vmnet_model::Error {
+    fn from(e: NsError) -> Self {
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        vmnet_model::Error::unavailable(msg)
+    }
+}

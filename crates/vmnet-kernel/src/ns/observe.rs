@@ -1,0 +1,280 @@
+//! Reading one VM's real state over netlink (and nft), and resolving its plan into the same
+//! kernel form so the two can be diffed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use rtnetlink::{Handle, IpVersion};
+use vmnet_model::vm::MESH_RANGE;
+use vmnet_plan::ns::{MAIN_TABLE, PlannedRoute, RouteKind, VmPlan, names};
+
+use super::routes::{self, KKind, KLink, KRoute, KRule, nl};
+use super::{NsError, inns};
+use crate::netns;
+
+/// An address on a link: (ifindex, address, prefix length).
+pub(super) type KAddr = (u32, IpAddr, u8);
+
+/// One VM's observed state. Only objects of our kinds are read (static routes in our tables,
+/// rules with our interfaces).
+#[derive(Debug, Default)]
+pub(super) struct VmState {
+    pub ns_links: HashMap<String, KLink>,
+    pub ns_addrs: HashSet<KAddr>,
+    pub ns_routes: BTreeSet<KRoute>,
+    pub ns_rules: BTreeSet<KRule>,
+    pub sysctls_bad: Vec<String>,
+    /// `None`: the table is missing; `Some(fp)`: the fingerprint found (empty if none).
+    pub nft_fp: Option<String>,
+    pub host_link: Option<KLink>,
+    pub host_addrs: HashSet<KAddr>,
+    pub host_routes: BTreeSet<KRoute>,
+    pub host_rules: BTreeSet<KRule>,
+}
+
+/// The desired routes (with their on-link flag) and rules, in kernel form.
+#[derive(Debug, Default)]
+pub(super) struct Desired {
+    pub ns_routes: BTreeMap<KRoute, bool>,
+    pub ns_rules: BTreeSet<KRule>,
+    pub host_routes: BTreeMap<KRoute, bool>,
+    pub host_rules: BTreeSet<KRule>,
+}
+
+impl fmt::Display for KRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} table {} ", self.dst, self.table)?;
+        match &self.kind {
+            KKind::Dev { oif } => write!(f, "dev #{oif}"),
+            KKind::Via { gw, oif } => write!(f, "via {gw} dev #{oif}"),
+            KKind::Throw => f.write_str("throw"),
+            KKind::Unreachable => f.write_str("unreachable"),
+        }
+    }
+}
+
+impl fmt::Display for KRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "iif {} lookup {} pref {}",
+            self.iif, self.table, self.priority
+        )
+    }
+}
+
+/// Addresses on link `index`.
+pub(super) async fn link_addrs(h: &Handle, index: u32) -> Result<HashSet<KAddr>, NsError> {
+    let msgs: Vec<AddressMessage> = h
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl(format!("dump addresses of #{index}")))?;
+    Ok(msgs
+        .iter()
+        .filter(|m| m.header.index == index)
+        .filter_map(|m| {
+            m.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(ip) => Some((index, *ip, m.header.prefix_len)),
+                _ => None,
+            })
+        })
+        .collect())
+}
+
+/// Reads the VM's state: netns links, addresses, routes, rules, sysctls and nft fingerprint
+/// through `ns`; its host veth, host routes and rules through `host`.
+pub(super) async fn observe_vm(
+    plan: &VmPlan,
+    ns: &Handle,
+    host: &Handle,
+) -> Result<VmState, NsError> {
+    let mut st = VmState::default();
+    for l in routes::dump_links(ns).await? {
+        st.ns_links.insert(l.name.clone(), l);
+    }
+    for l in st.ns_links.values() {
+        st.ns_addrs.extend(link_addrs(ns, l.index).await?);
+    }
+    for v in [IpVersion::V4, IpVersion::V6] {
+        st.ns_routes.extend(
+            routes::dump_routes(ns, v, None, None)
+                .await?
+                .into_iter()
+                .filter(|r| r.table == MAIN_TABLE || r.table == names::NS_INBOUND_TABLE),
+        );
+    }
+    st.ns_rules.extend(routes::dump_rules(ns).await?);
+    let table = names::vm_nft_table(&plan.name_prefix);
+    let netns_name = plan.netns.clone();
+    let sysctls = plan.ns_sysctls.clone();
+    let (bad, fp) = netns::run_in(&plan.netns, move || {
+        let bad = inns::sysctls_differ(&sysctls);
+        let fp = inns::nft_table_comment(
+            &netns_name,
+            "inet",
+            &table,
+            vmnet_plan::ns::FINGERPRINT_PREFIX,
+        );
+        (bad, fp)
+    })?;
+    st.sysctls_bad = bad;
+    st.nft_fp = fp?;
+    let host_name =
+        vmnet_plan::ns::name(&plan.name_prefix, names::NameKind::HostVeth, plan.user_id);
+    st.host_link = routes::link_by_name(host, &host_name).await?;
+    if let Some(l) = &st.host_link {
+        st.host_addrs = link_addrs(host, l.index).await?;
+        st.host_routes.extend(
+            routes::dump_routes(host, IpVersion::V6, Some(MAIN_TABLE), Some(l.index)).await?,
+        );
+    }
+    for v in [IpVersion::V4, IpVersion::V6] {
+        st.host_routes
+            .extend(routes::dump_routes(host, v, Some(plan.host_table), None).await?);
+    }
+    st.host_rules.extend(
+        routes::dump_rules(host)
+            .await?
+            .into_iter()
+            .filter(|r| r.iif == host_name),
+    );
+    Ok(st)
+}
+
+fn index_of(links: &HashMap<String, KLink>, name: &str, whereis: &str) -> Result<u32, NsError> {
+    links
+        .get(name)
+        .map(|l| l.index)
+        .ok_or_else(|| NsError::Missing(format!("{whereis}: link {name} is missing")))
+}
+
+/// Resolves the plan's routes and rules into kernel form, given the VM's links (`ns_links`), its
+/// host veth and the host handle (for mesh gateways).
+pub(super) async fn resolve(
+    plan: &VmPlan,
+    ns_links: &HashMap<String, KLink>,
+    host_link: Option<&KLink>,
+    host: &Handle,
+) -> Result<Desired, NsError> {
+    let mut d = Desired::default();
+    for r in &plan.ns_routes {
+        let (kind, onlink) = match &r.kind {
+            RouteKind::Dev { dev } => (
+                KKind::Dev {
+                    oif: index_of(ns_links, dev, &plan.netns)?,
+                },
+                false,
+            ),
+            RouteKind::Via {
+                gateway,
+                dev,
+                onlink,
+            } => (
+                KKind::Via {
+                    gw: *gateway,
+                    oif: index_of(ns_links, dev, &plan.netns)?,
+                },
+                *onlink,
+            ),
+            RouteKind::Throw => (KKind::Throw, false),
+            RouteKind::ViaMesh { .. } => {
+                return Err(NsError::Missing(format!(
+                    "{}: a mesh via is not valid inside the netns",
+                    plan.netns
+                )));
+            }
+        };
+        d.ns_routes.insert(
+            KRoute {
+                table: r.table,
+                dst: r.destination,
+                kind,
+            },
+            onlink,
+        );
+    }
+    for r in &plan.ns_rules {
+        d.ns_rules.insert(KRule {
+            iif: r.iif.clone(),
+            table: r.table,
+            priority: r.priority,
+        });
+    }
+    for r in &plan.host_routes {
+        let (kind, onlink) = host_kind(plan, r, host_link, host).await?;
+        d.host_routes.insert(
+            KRoute {
+                table: r.table,
+                dst: r.destination,
+                kind,
+            },
+            onlink,
+        );
+    }
+    for r in &plan.host_rules {
+        d.host_rules.insert(KRule {
+            iif: r.iif.clone(),
+            table: r.table,
+            priority: r.priority,
+        });
+    }
+    Ok(d)
+}
+
+async fn host_kind(
+    plan: &VmPlan,
+    r: &PlannedRoute,
+    host_link: Option<&KLink>,
+    host: &Handle,
+) -> Result<(KKind, bool), NsError> {
+    let own = |dev: &str| match host_link {
+        Some(l) if l.name == dev => Ok(l.index),
+        _ => Err(NsError::Missing(format!("host: link {dev} is missing"))),
+    };
+    Ok(match &r.kind {
+        RouteKind::Dev { dev } => (KKind::Dev { oif: own(dev)? }, false),
+        RouteKind::Via {
+            gateway,
+            dev,
+            onlink,
+        } => (
+            KKind::Via {
+                gw: *gateway,
+                oif: own(dev)?,
+            },
+            *onlink,
+        ),
+        RouteKind::Throw => (KKind::Throw, false),
+        RouteKind::ViaMesh { mesh } => {
+            // The gateway VM is reached through whatever route the host has for its mesh address,
+            // provided that route is a mesh route (inside fdaa::/16) and not this VM itself.
+            let own_oif = host_link.map(|l| l.index);
+            match routes::fib_match(host, *mesh).await? {
+                Some((IpNet::V6(net), gw, oif))
+                    if MESH_RANGE.contains(&net) && Some(oif) != own_oif =>
+                {
+                    (
+                        KKind::Via {
+                            gw: gw.unwrap_or(IpAddr::V6(*mesh)),
+                            oif,
+                        },
+                        false,
+                    )
+                }
+                _ => {
+                    tracing::warn!(vm = %plan.vm_id, gateway = %mesh, "gateway not reachable on this host; route is unreachable until it is");
+                    (KKind::Unreachable, false)
+                }
+            }
+        }
+    })
+}
+
+use ipnet::IpNet;

@@ -1,0 +1,378 @@
+//! Routes and rules as the kernel sees them (interfaces by index), with conversion to and from
+//! netlink messages, dumps, and small netlink helpers shared by the driver.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use netlink_packet_route::AddressFamily;
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use rtnetlink::{Handle, IpVersion};
+
+use super::NsError;
+
+/// A route with interfaces resolved to indexes, the form compared against observed routes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct KRoute {
+    pub table: u32,
+    pub dst: IpNet,
+    pub kind: KKind,
+}
+
+/// What a [`KRoute`] does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) enum KKind {
+    Dev { oif: u32 },
+    Via { gw: IpAddr, oif: u32 },
+    Throw,
+    Unreachable,
+}
+
+/// A rule `iif <iif> lookup <table> pref <priority>` (IPv6).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct KRule {
+    pub iif: String,
+    pub table: u32,
+    pub priority: u32,
+}
+
+/// The positive errno of a netlink error, if it is one.
+pub(super) fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+/// Wraps a netlink error with a description of the attempt.
+pub(super) fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NsError {
+    let what = what.into();
+    move |source| NsError::Netlink { what, source }
+}
+
+impl KRoute {
+    /// The netlink message adding (or deleting) this route; `onlink` marks the next hop on-link.
+    pub(super) fn to_message(&self, onlink: bool) -> RouteMessage {
+        let mut m = RouteMessage::default();
+        m.header.address_family = match self.dst {
+            IpNet::V4(_) => AddressFamily::Inet,
+            IpNet::V6(_) => AddressFamily::Inet6,
+        };
+        m.header.destination_prefix_length = self.dst.prefix_len();
+        m.header.protocol = RouteProtocol::Static;
+        m.header.scope = RouteScope::Universe;
+        if let Ok(t) = u8::try_from(self.table) {
+            m.header.table = t;
+        } else {
+            m.attributes.push(RouteAttribute::Table(self.table));
+        }
+        m.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(
+                self.dst.network(),
+            )));
+        match &self.kind {
+            KKind::Dev { oif } => {
+                m.header.kind = RouteType::Unicast;
+                m.header.scope = RouteScope::Link;
+                m.attributes.push(RouteAttribute::Oif(*oif));
+            }
+            KKind::Via { gw, oif } => {
+                m.header.kind = RouteType::Unicast;
+                m.attributes
+                    .push(RouteAttribute::Gateway(RouteAddress::from(*gw)));
+                m.attributes.push(RouteAttribute::Oif(*oif));
+                if onlink {
+                    m.header.flags.insert(RouteFlags::Onlink);
+                }
+            }
+            KKind::Throw => m.header.kind = RouteType::Throw,
+            KKind::Unreachable => m.header.kind = RouteType::Unreachable,
+        }
+        m
+    }
+
+    /// The route in a dumped message, if it is one of the kinds we make (static protocol).
+    pub(super) fn from_message(m: &RouteMessage) -> Option<Self> {
+        if m.header.protocol != RouteProtocol::Static {
+            return None;
+        }
+        let mut table = u32::from(m.header.table);
+        let (mut dst, mut gw, mut oif) = (None, None, None);
+        for a in &m.attributes {
+            match a {
+                RouteAttribute::Table(t) => table = *t,
+                RouteAttribute::Destination(d) => dst = route_ip(d),
+                RouteAttribute::Gateway(g) => gw = route_ip(g),
+                RouteAttribute::Oif(o) => oif = Some(*o),
+                _ => {}
+            }
+        }
+        let plen = m.header.destination_prefix_length;
+        let dst = match (dst, m.header.address_family) {
+            (Some(d), _) => d,
+            (None, AddressFamily::Inet) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            (None, AddressFamily::Inet6) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            _ => return None,
+        };
+        let dst = IpNet::new(dst, plen).ok()?;
+        let kind = match (m.header.kind, gw, oif) {
+            (RouteType::Unicast, Some(gw), Some(oif)) => KKind::Via { gw, oif },
+            (RouteType::Unicast, None, Some(oif)) => KKind::Dev { oif },
+            (RouteType::Throw, _, _) => KKind::Throw,
+            (RouteType::Unreachable, _, _) => KKind::Unreachable,
+            _ => return None,
+        };
+        Some(Self { table, dst, kind })
+    }
+}
+
+fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v) => Some(IpAddr::V4(*v)),
+        RouteAddress::Inet6(v) => Some(IpAddr::V6(*v)),
+        _ => None,
+    }
+}
+
+/// Dumps the static routes of `version`, optionally only table `table` and output interface
+/// `oif` (filtered by the kernel on a strict socket, and again here).
+pub(super) async fn dump_routes(
+    h: &Handle,
+    version: IpVersion,
+    table: Option<u32>,
+    oif: Option<u32>,
+) -> Result<Vec<KRoute>, NsError> {
+    let mut m = RouteMessage::default();
+    m.header.address_family = match version {
+        IpVersion::V4 => AddressFamily::Inet,
+        IpVersion::V6 => AddressFamily::Inet6,
+    };
+    if let Some(t) = table {
+        m.attributes.push(RouteAttribute::Table(t));
+    }
+    if let Some(o) = oif {
+        m.attributes.push(RouteAttribute::Oif(o));
+    }
+    let msgs: Vec<RouteMessage> = h
+        .route()
+        .get(m)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("dump routes"))?;
+    Ok(msgs
+        .iter()
+        .filter_map(KRoute::from_message)
+        .filter(|r| table.is_none_or(|t| r.table == t))
+        .filter(|r| {
+            oif.is_none_or(
+                |o| matches!(r.kind, KKind::Dev { oif } | KKind::Via { oif, .. } if oif == o),
+            )
+        })
+        .collect())
+}
+
+/// Adds (or replaces) a route.
+pub(super) async fn add_route(
+    h: &Handle,
+    r: &KRoute,
+    onlink: bool,
+    whereis: &str,
+) -> Result<(), NsError> {
+    h.route()
+        .add(r.to_message(onlink))
+        .replace()
+        .execute()
+        .await
+        .map_err(nl(format!(
+            "{whereis}: add route {} table {} {:?}",
+            r.dst, r.table, r.kind
+        )))
+}
+
+/// Deletes a route; a route that is already gone is fine.
+pub(super) async fn del_route(h: &Handle, r: &KRoute, whereis: &str) -> Result<(), NsError> {
+    match h.route().del(r.to_message(false)).execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(errno(&e), Some(libc::ESRCH | libc::ENOENT | libc::ENODEV)) => Ok(()),
+        Err(e) => Err(nl(format!(
+            "{whereis}: delete route {} table {}",
+            r.dst, r.table
+        ))(e)),
+    }
+}
+
+/// The FIB entry that routes `addr` from this namespace (`ip route get fibmatch`), as
+/// (entry prefix, gateway, oif), or `None` when nothing routes it.
+pub(super) async fn fib_match(
+    h: &Handle,
+    addr: Ipv6Addr,
+) -> Result<Option<(IpNet, Option<IpAddr>, u32)>, NsError> {
+    let mut m = RouteMessage::default();
+    m.header.address_family = AddressFamily::Inet6;
+    m.header.destination_prefix_length = 128;
+    m.header.flags.insert(RouteFlags::FibMatch);
+    m.attributes
+        .push(RouteAttribute::Destination(RouteAddress::Inet6(addr)));
+    let res: Result<Vec<RouteMessage>, _> = h.route().get(m).execute().try_collect().await;
+    let msgs = match res {
+        Ok(m) => m,
+        Err(e)
+            if matches!(
+                errno(&e),
+                Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ESRCH)
+            ) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(nl(format!("route get {addr}"))(e)),
+    };
+    let Some(m) = msgs.first() else {
+        return Ok(None);
+    };
+    if m.header.kind != RouteType::Unicast {
+        return Ok(None);
+    }
+    let (mut dst, mut gw, mut oif) = (IpAddr::V6(Ipv6Addr::UNSPECIFIED), None, None);
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Destination(d) => dst = route_ip(d).unwrap_or(dst),
+            RouteAttribute::Gateway(g) => gw = route_ip(g),
+            RouteAttribute::Oif(o) => oif = Some(*o),
+            _ => {}
+        }
+    }
+    let Some(oif) = oif else { return Ok(None) };
+    let net = IpNet::new(dst, m.header.destination_prefix_length)
+        .map_err(|_| NsError::Missing(format!("route get {addr}: bad prefix")))?;
+    Ok(Some((net, gw, oif)))
+}
+
+fn rule_message(r: &KRule) -> RuleMessage {
+    let mut m = RuleMessage::default();
+    m.header.family = AddressFamily::Inet6;
+    m.header.action = RuleAction::ToTable;
+    if let Ok(t) = u8::try_from(r.table) {
+        m.header.table = t;
+    }
+    m.attributes.push(RuleAttribute::Table(r.table));
+    m.attributes.push(RuleAttribute::Priority(r.priority));
+    m.attributes.push(RuleAttribute::Iifname(r.iif.clone()));
+    m
+}
+
+/// Dumps the IPv6 rules that have an input interface.
+pub(super) async fn dump_rules(h: &Handle) -> Result<Vec<KRule>, NsError> {
+    let msgs: Vec<RuleMessage> = h
+        .rule()
+        .get(IpVersion::V6)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("dump rules"))?;
+    Ok(msgs
+        .iter()
+        .filter_map(|m| {
+            let mut table = u32::from(m.header.table);
+            let (mut iif, mut priority) = (None, 0);
+            for a in &m.attributes {
+                match a {
+                    RuleAttribute::Table(t) => table = *t,
+                    RuleAttribute::Iifname(n) => iif = Some(n.clone()),
+                    RuleAttribute::Priority(p) => priority = *p,
+                    _ => {}
+                }
+            }
+            Some(KRule {
+                iif: iif?,
+                table,
+                priority,
+            })
+        })
+        .collect())
+}
+
+/// Adds a rule (an identical existing rule is fine).
+pub(super) async fn add_rule(h: &Handle, r: &KRule, whereis: &str) -> Result<(), NsError> {
+    let mut req = h.rule().add().v6();
+    *req.message_mut() = rule_message(r);
+    match req.execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if errno(&e) == Some(libc::EEXIST) => Ok(()),
+        Err(e) => Err(nl(format!(
+            "{whereis}: add rule iif {} lookup {}",
+            r.iif, r.table
+        ))(e)),
+    }
+}
+
+/// Deletes a rule; a rule that is already gone is fine.
+pub(super) async fn del_rule(h: &Handle, r: &KRule, whereis: &str) -> Result<(), NsError> {
+    match h.rule().del(rule_message(r)).execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(errno(&e), Some(libc::ENOENT | libc::ESRCH)) => Ok(()),
+        Err(e) => Err(nl(format!(
+            "{whereis}: delete rule iif {} lookup {}",
+            r.iif, r.table
+        ))(e)),
+    }
+}
+
+/// A link's state as the driver compares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct KLink {
+    pub index: u32,
+    pub name: String,
+    pub mtu: u32,
+    pub up: bool,
+}
+
+fn klink(m: &LinkMessage) -> KLink {
+    let mut name = String::new();
+    let mut mtu = 0;
+    for a in &m.attributes {
+        match a {
+            LinkAttribute::IfName(n) => name.clone_from(n),
+            LinkAttribute::Mtu(v) => mtu = *v,
+            _ => {}
+        }
+    }
+    KLink {
+        index: m.header.index,
+        name,
+        mtu,
+        up: m.header.flags.contains(LinkFlags::Up),
+    }
+}
+
+/// The link called `name`, or `None`.
+pub(super) async fn link_by_name(h: &Handle, name: &str) -> Result<Option<KLink>, NsError> {
+    let res: Result<Vec<LinkMessage>, _> = h
+        .link()
+        .get()
+        .match_name(name.to_owned())
+        .execute()
+        .try_collect()
+        .await;
+    match res {
+        Ok(v) => Ok(v.first().map(klink)),
+        Err(e) if matches!(errno(&e), Some(libc::ENODEV | libc::ENOENT)) => Ok(None),
+        Err(e) => Err(nl(format!("get link {name}"))(e)),
+    }
+}
+
+/// All links.
+pub(super) async fn dump_links(h: &Handle) -> Result<Vec<KLink>, NsError> {
+    let v: Vec<LinkMessage> = h
+        .link()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("dump links"))?;
+    Ok(v.iter().map(klink).collect())
+}
