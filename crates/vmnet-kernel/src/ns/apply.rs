@@ -192,7 +192,6 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         let fd = netns::open(&plan.netns)?;
         let peer = LinkUnspec::new_with_name(&v.peer_name)
             .mtu(v.mtu)
-            .up()
             .setns_by_fd(fd.as_raw_fd())
             .build();
         let msg = LinkVeth::new(&v.host_name, &v.peer_name)

@@ -1,0 +1,106 @@
+//! Shared helpers for the namespace-mode driver tests: a sandbox (testkit) with a driver whose
+//! host is the sandbox host namespace, VM plans, simulated guests and read-back through `ip`.
+
+#![allow(dead_code)]
+
+use std::net::Ipv6Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vmnet_kernel::ns::{NetlinkNsDriver, NsDriver};
+use vmnet_model::vm::parse_vm_config;
+use vmnet_plan::ns::{HOST_LINK_LOCAL, NsSettings, VmPlan, plan_vm};
+use vmnet_testkit::guest::{GuestConfig, GuestRoute6, SimGuest};
+use vmnet_testkit::{Sandbox, netns};
+
+/// How long one traffic check may take.
+pub const T: Duration = Duration::from_secs(3);
+
+/// A sandbox and a driver managing VMs inside it.
+pub struct Env {
+    pub driver: Arc<dyn NsDriver>,
+    pub settings: NsSettings,
+    // Dropped last: removes every namespace of the sandbox, VM namespaces included.
+    pub sb: Sandbox,
+}
+
+impl Env {
+    /// A fresh sandbox; the driver's host is the sandbox host, its prefix the sandbox prefix.
+    pub fn new() -> Self {
+        vmnet_testkit::require_root();
+        let sb = Sandbox::new("ns").expect("sandbox");
+        let settings = NsSettings {
+            name_prefix: sb.agent_prefix(),
+            ..NsSettings::default()
+        };
+        let driver = NetlinkNsDriver::new(settings.clone(), Some(sb.host())).expect("driver");
+        Self {
+            driver: Arc::new(driver),
+            settings,
+            sb,
+        }
+    }
+
+    /// Plans a VM from its JSON config.
+    pub fn plan(&self, json: &str) -> VmPlan {
+        let cfg = parse_vm_config(json.as_bytes()).expect("valid config");
+        plan_vm(&cfg, &self.settings).expect("plan")
+    }
+
+    /// `ip -n <sandbox host> ARGS`.
+    pub fn host_ip(&self, args: &[&str]) -> String {
+        netns::ip(&self.sb.host(), args).expect("ip in sandbox host")
+    }
+
+    /// Attaches a simulated guest to the VM's tap through the relay, configured with the VM's
+    /// mesh address and IPv6 routes to `fe80::1` for `v6_routes`, and `mtu`.
+    pub fn guest(&self, name: &str, plan: &VmPlan, v6_routes: &[&str], mtu: u32) -> SimGuest {
+        let cfg = GuestConfig {
+            mtu,
+            mesh_ipv6: plan.guest.mesh_ipv6,
+            routes_v6: v6_routes
+                .iter()
+                .map(|d| GuestRoute6 {
+                    destination: (*d).to_owned(),
+                    via: Some(HOST_LINK_LOCAL),
+                })
+                .collect(),
+            ..GuestConfig::default()
+        };
+        SimGuest::attach(&self.sb, name, &plan.netns, &plan.tap.name, &cfg).expect("guest")
+    }
+}
+
+/// A VM config JSON with routes given as `(destination, via)`.
+pub fn vm_json(id: &str, uid: u32, mesh: Option<&str>, routes: &[(&str, &str)]) -> String {
+    let routes: Vec<String> = routes
+        .iter()
+        .map(|(d, v)| format!(r#"{{"destination":"{d}","via":"{v}"}}"#))
+        .collect();
+    let mesh = mesh
+        .map(|m| format!(r#","mesh_ipv6":"{m}""#))
+        .unwrap_or_default();
+    format!(
+        r#"{{"id":"{id}","user_id":{uid},"tenant":1{mesh},"network":{{"routes":[{}]}}}}"#,
+        routes.join(",")
+    )
+}
+
+/// The MTU and ifindex of a link, read with `ip -j` in `ns`.
+pub fn link_info(ns: &str, name: &str) -> Option<(u32, u32)> {
+    let out = netns::ip(ns, &["-j", "link", "show", "dev", name]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    let l = &v[0];
+    Some((l["mtu"].as_u64()? as u32, l["ifindex"].as_u64()? as u32))
+}
+
+/// `nft list ruleset` inside `ns`.
+pub fn nft_ruleset(ns: &str) -> String {
+    let out = netns::exec(ns, "nft", &["list", "ruleset"], T).expect("nft");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Parses an IPv6 address literal.
+pub fn v6(s: &str) -> Ipv6Addr {
+    s.parse().expect("address")
+}

@@ -1,0 +1,223 @@
+//! Namespace mode with real packets (root required): NAT to the fake internet over TCP and UDP,
+//! MSS clamping both ways, veth MTU, no IPv4 route → no reach and no NAT, guest ↔ guest over the
+//! mesh, and a gateway-VM route delivering to the gateway's guest. Each guest is a namespace
+//! joined to the VM's tap by the testkit's frame relay (the real tap path).
+
+mod ns_support;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use ns_support::{Env, T, link_info, nft_ruleset, v6, vm_json};
+use vmnet_testkit::echo::EchoService;
+use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4};
+use vmnet_testkit::{netns, traffic};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_reaches_internet_through_nat_with_clamped_mss() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json(
+        "web",
+        1,
+        Some("fdaa:1::1"),
+        &[("0.0.0.0/0", "host"), ("::/0", "host")],
+    ));
+    let changes = env.driver.apply(&plan).await.expect("apply");
+    assert!(!changes.is_empty());
+    let _echo = env.sb.start_echo().expect("echo");
+    // The guest's eth0 has MTU 1500, so its SYNs carry MSS 1460 (IPv4) / 1440 (IPv6): anything
+    // smaller at the far end is the namespace's clamp.
+    let guest = env.guest("web", &plan, &["::/0"], 1500);
+
+    let tcp = traffic::tcp_echo(
+        guest.netns(),
+        SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT),
+        T,
+    )
+    .expect("tcp v4");
+    assert_eq!(
+        tcp.peer.ip(),
+        IpAddr::V4(HOST_UPLINK_V4),
+        "far end sees the sandbox uplink address"
+    );
+    assert_eq!(tcp.syn_mss, Some(1340), "IPv4 MSS clamped to 1380 - 40");
+    let udp = traffic::udp_echo(
+        guest.netns(),
+        SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT),
+        T,
+    )
+    .expect("udp v4");
+    assert_eq!(udp.peer.ip(), IpAddr::V4(HOST_UPLINK_V4));
+
+    let tcp6 = traffic::tcp_echo(
+        guest.netns(),
+        SocketAddr::new(IpAddr::V6(ECHO_V6), ECHO_PORT),
+        T,
+    )
+    .expect("tcp v6");
+    assert_eq!(
+        tcp6.peer.ip(),
+        IpAddr::V6(v6("fdaa:1::1")),
+        "IPv6 leaves with the mesh address, no NAT"
+    );
+    assert_eq!(tcp6.syn_mss, Some(1320), "IPv6 MSS clamped to 1380 - 60");
+
+    // The other direction: the fake internet connects to the guest's mesh address; the SYN
+    // from the internet (MSS 1440) arrives clamped.
+    let svc = EchoService::start(
+        guest.netns(),
+        &[SocketAddr::new(IpAddr::V6(v6("fdaa:1::1")), 7)],
+    )
+    .expect("guest echo");
+    let back = traffic::tcp_echo(
+        &env.sb.inet(),
+        SocketAddr::new(IpAddr::V6(v6("fdaa:1::1")), 7),
+        T,
+    )
+    .expect("inet → guest");
+    assert_eq!(back.syn_mss, Some(1320));
+    drop(svc);
+
+    let v = plan.veth.as_ref().unwrap();
+    assert_eq!(
+        link_info(&env.sb.host(), &v.host_name).map(|l| l.0),
+        Some(1380),
+        "host veth MTU"
+    );
+    assert_eq!(
+        link_info(&plan.netns, &v.peer_name).map(|l| l.0),
+        Some(1380),
+        "peer veth MTU"
+    );
+    assert_eq!(
+        link_info(&plan.netns, &plan.tap.name).map(|l| l.0),
+        Some(1380),
+        "tap MTU"
+    );
+    assert!(
+        nft_ruleset(&plan.netns).contains("snat ip to 10.200.0.6"),
+        "{}",
+        nft_ruleset(&plan.netns)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_ipv4_route_via_host_there_is_no_ipv4_reach_and_no_nat() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json("quiet", 2, Some("fdaa:1::2"), &[]));
+    env.driver.apply(&plan).await.expect("apply");
+    let _echo = env.sb.start_echo().expect("echo");
+    let guest = env.guest("quiet", &plan, &["fdaa::/16"], 1380);
+    let to = |ip| SocketAddr::new(ip, ECHO_PORT);
+    assert!(
+        traffic::try_tcp_echo(guest.netns(), to(IpAddr::V4(ECHO_V4)), T)
+            .unwrap()
+            .is_none(),
+        "IPv4 must not leave"
+    );
+    assert!(
+        traffic::try_udp_echo(guest.netns(), to(IpAddr::V4(ECHO_V4)), T)
+            .unwrap()
+            .is_none(),
+        "IPv4 must not leave"
+    );
+    // IPv6 to the internet needs a route too: the namespace only routes the mesh.
+    assert!(
+        traffic::try_tcp_echo(guest.netns(), to(IpAddr::V6(ECHO_V6)), T)
+            .unwrap()
+            .is_none(),
+        "no IPv6 route either"
+    );
+    let rules = nft_ruleset(&plan.netns);
+    assert!(
+        !rules.contains("nat"),
+        "no NAT chain without an IPv4 route via host:\n{rules}"
+    );
+    assert!(
+        rules.contains("maxseg size set 1340"),
+        "MSS clamp still there:\n{rules}"
+    );
+    // The guest itself is up: its gateway on the tap answers.
+    let p = traffic::ping(
+        guest.netns(),
+        IpAddr::V4(Ipv4Addr::new(172, 16, 0, 1)),
+        1,
+        T,
+    )
+    .expect("ping gw");
+    assert_eq!(p.received, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_between_guests_and_gateway_vm_route() {
+    let env = Env::new();
+    // gw routes everything IPv6 via host; client sends 2000::/3 to gw's mesh address; lonely has no routes.
+    let gw = env.plan(&vm_json(
+        "gw",
+        0x10,
+        Some("fdaa:0:1::10"),
+        &[("::/0", "host")],
+    ));
+    let client = env.plan(&vm_json(
+        "client",
+        0x11,
+        Some("fdaa:0:1::11"),
+        &[("2000::/3", "fdaa:0:1::10")],
+    ));
+    let lonely = env.plan(&vm_json("lonely", 0x12, Some("fdaa:0:1::12"), &[]));
+    for p in [&gw, &client, &lonely] {
+        env.driver.apply(p).await.expect("apply");
+    }
+    let g_gw = env.guest("gw", &gw, &["::/0"], 1380);
+    let g_client = env.guest("client", &client, &["fdaa::/16", "2000::/3"], 1380);
+    let g_lonely = env.guest("lonely", &lonely, &["fdaa::/16", "2000::/3"], 1380);
+
+    // Guest ↔ guest over the mesh.
+    let svc_gw = EchoService::start(
+        g_gw.netns(),
+        &[SocketAddr::new(IpAddr::V6(v6("fdaa:0:1::10")), 7)],
+    )
+    .unwrap();
+    let svc_lonely = EchoService::start(
+        g_lonely.netns(),
+        &[SocketAddr::new(IpAddr::V6(v6("fdaa:0:1::12")), 7)],
+    )
+    .unwrap();
+    let r = traffic::tcp_echo(
+        g_client.netns(),
+        SocketAddr::new(IpAddr::V6(v6("fdaa:0:1::10")), 7),
+        T,
+    )
+    .expect("client → gw mesh");
+    assert_eq!(r.peer.ip(), IpAddr::V6(v6("fdaa:0:1::11")));
+    let r = traffic::udp_echo(
+        g_gw.netns(),
+        SocketAddr::new(IpAddr::V6(v6("fdaa:0:1::12")), 7),
+        T,
+    )
+    .expect("gw → lonely mesh");
+    assert_eq!(r.peer.ip(), IpAddr::V6(v6("fdaa:0:1::10")));
+    drop((svc_gw, svc_lonely));
+
+    // The gateway VM route: the gateway's guest owns 2001:db8:77::1 (standing in for what it
+    // forwards); the client's packets to 2000::/3 are delivered there.
+    netns::ip(
+        g_gw.netns(),
+        &["-6", "addr", "add", "2001:db8:77::1/128", "dev", "lo"],
+    )
+    .unwrap();
+    let far = SocketAddr::new(IpAddr::V6(v6("2001:db8:77::1")), 7);
+    let svc = EchoService::start(g_gw.netns(), &[far]).unwrap();
+    let r = traffic::tcp_echo(g_client.netns(), far, T).expect("client → 2000::/3 via gateway VM");
+    assert_eq!(
+        r.peer.ip(),
+        IpAddr::V6(v6("fdaa:0:1::11")),
+        "delivered to the gateway's guest from the client"
+    );
+    // A VM without that route does not get there (its namespace has no route for 2000::/3).
+    assert!(
+        traffic::try_tcp_echo(g_lonely.netns(), far, T)
+            .unwrap()
+            .is_none()
+    );
+    drop(svc);
+}
