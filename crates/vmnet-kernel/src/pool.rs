@@ -5,10 +5,15 @@
 //! - [`firewall`]: the three bcd tables: full replace, per-instance element changes, the drift
 //!   audit.
 //! - [`tap`]: persistent taps on the host bridge.
-//! - [`seed_image`]: the `cidata` VFAT image of a NoCloud seed.
+//! - [`seed_image`]: the `cidata` ISO image of a NoCloud seed.
+//! - [`host`]: rules then taps on start, taps then rules on stop.
+//! - [`probe`], [`sim_guest`]: raw frame probes and seed-configured simulated guests, for
+//!   sandboxes and tests.
 
 pub mod firewall;
 pub mod host;
 pub mod libnft;
+pub mod probe;
 pub mod seed_image;
+pub mod sim_guest;
 pub mod tap;

@@ -1,0 +1,176 @@
+//! Shared setup of the pool-mode kernel tests: a sandbox host with bridge `br0`
+//! (10.0.0.1/29, the gateway), the bcd tables loaded through libnftables, and instances whose
+//! taps are relayed to simulated guests configured from their own seeds.
+
+#![allow(dead_code, missing_docs)]
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use vmnet_kernel::pool::firewall::PoolFirewall;
+use vmnet_kernel::pool::host::PoolHost;
+use vmnet_kernel::pool::libnft::LibNft;
+use vmnet_kernel::pool::sim_guest;
+use vmnet_kernel::pool::tap::{TapOwner, Taps};
+use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy};
+use vmnet_model::pool::IpRange;
+use vmnet_plan::pool::nft::{Firewall, HostAddrs};
+use vmnet_plan::pool::nic::instance_spec;
+use vmnet_plan::pool::seed::seed;
+use vmnet_testkit::Sandbox;
+use vmnet_testkit::netns as tk;
+use vmnet_testkit::relay::Relay;
+use vmnet_testkit::sandbox::{HOST_UPLINK_V4, HOST_UPLINK_V6};
+
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+
+pub fn range() -> IpRange {
+    IpRange {
+        pool_id: "pool-1".into(),
+        cidr: "10.0.0.0/29".parse().unwrap(),
+        gateway: GATEWAY,
+        first_host: "10.0.0.2".parse().unwrap(),
+        last_host: "10.0.0.6".parse().unwrap(),
+        dns: vec![IpAddr::V4(GATEWAY)],
+    }
+}
+
+pub fn host_addrs() -> HostAddrs {
+    HostAddrs {
+        own: vec![
+            IpAddr::V4(GATEWAY),
+            IpAddr::V4(HOST_UPLINK_V4),
+            IpAddr::V6(HOST_UPLINK_V6),
+        ],
+        gateways: vec![IpAddr::V4(GATEWAY)],
+    }
+}
+
+pub struct Guest {
+    pub inst: InstanceSpec,
+    pub ns: String,
+    pub mac: MacAddr,
+    pub ip4: Ipv4Addr,
+    pub ll6: Ipv6Addr,
+    pub tap: String,
+    pub relay: Option<Relay>,
+}
+
+pub struct Lab {
+    pub pool: PoolHost<LibNft>,
+    pub host: String,
+    pub guests: Vec<Guest>,
+    // Dropped last: deletes every namespace of the test.
+    pub sb: Sandbox,
+}
+
+impl Lab {
+    pub async fn new(tag: &str) -> Self {
+        vmnet_testkit::require_root();
+        let sb = Sandbox::new(tag).expect("sandbox");
+        let host = sb.host();
+        tk::ip(&host, &["link", "add", "br0", "type", "bridge"]).unwrap();
+        tk::ip(&host, &["addr", "add", "10.0.0.1/29", "dev", "br0"]).unwrap();
+        tk::ip(&host, &["link", "set", "br0", "up"]).unwrap();
+        tk::ip(
+            &sb.inet(),
+            &[
+                "route",
+                "add",
+                "10.0.0.0/29",
+                "via",
+                &HOST_UPLINK_V4.to_string(),
+            ],
+        )
+        .unwrap();
+        let nft = LibNft::in_netns(&host).expect("libnftables context in the sandbox host");
+        let mut firewall = PoolFirewall::new(nft);
+        firewall
+            .replace(Firewall {
+                taps: vec![],
+                host: host_addrs(),
+            })
+            .expect("initial tables");
+        let handle = vmnet_kernel::netns::netlink_in(&host).expect("netlink");
+        let pool = PoolHost {
+            firewall,
+            taps: Taps::new(&host, handle),
+            owner: TapOwner::default(),
+        };
+        Self {
+            pool,
+            host,
+            guests: Vec::new(),
+            sb,
+        }
+    }
+
+    /// Starts instance `id` with lease `ip` and attaches a simulated guest configured from the
+    /// instance's own seed. Returns its index in `guests`.
+    pub async fn add(&mut self, id: &str, ip: &str, policy: NetworkPolicy, sandbox: bool) -> usize {
+        let br: IfName = "br0".parse().unwrap();
+        let r = range();
+        let inst = instance_spec(
+            id,
+            &format!("alloc-{id}"),
+            &br,
+            Some((ip.parse().unwrap(), &r)),
+            policy,
+            sandbox,
+        )
+        .expect("instance spec");
+        self.pool
+            .start_instance(&inst)
+            .await
+            .expect("start instance");
+        let tap = inst.tap_names().unwrap()[0].to_string();
+        let ns = self.sb.add_netns(&format!("g-{id}")).expect("guest netns");
+        tk::sysctl(&ns, "net/ipv6/conf/all/accept_dad", "0").unwrap();
+        tk::sysctl(&ns, "net/ipv6/conf/default/accept_dad", "0").unwrap();
+        let relay = Relay::start(&self.host, &tap, &ns, "eth0").expect("relay");
+        let s = seed(&inst, None).unwrap();
+        let mac = inst.nics[0].mac;
+        let net = sim_guest::configure(&ns, "eth0", mac, s.network_config.as_deref())
+            .expect("guest config");
+        assert_eq!(net.addresses, [format!("{ip}/29")]);
+        self.guests.push(Guest {
+            inst,
+            ns,
+            mac,
+            ip4: ip.parse().unwrap(),
+            ll6: mac.link_local_v6(),
+            tap,
+            relay: Some(relay),
+        });
+        // Let the link-local address and the bridge port settle.
+        std::thread::sleep(Duration::from_millis(300));
+        self.guests.len() - 1
+    }
+
+    pub fn nft_list(&self) -> String {
+        let out = tk::exec(
+            &self.host,
+            "nft",
+            &["-j", "list", "ruleset"],
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn link_exists(&self, name: &str) -> bool {
+        tk::ip(&self.host, &["link", "show", "dev", name]).is_ok()
+    }
+}
+
+/// A unique marker for one probe frame.
+pub fn marker(what: &str) -> Vec<u8> {
+    format!("vmnet-probe-{what}-{}", std::process::id()).into_bytes()
+}
+
+pub fn ping_ok(ns: &str, to: IpAddr) -> bool {
+    vmnet_testkit::traffic::ping(ns, to, 3, Duration::from_millis(400))
+        .unwrap()
+        .received
+        > 0
+}
