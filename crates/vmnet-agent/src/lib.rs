@@ -1,14 +1,18 @@
 //! The vmnet agent: the reconcile loop of namespace mode, the HTTP API (unix socket, optional
 //! loopback TCP) over the store, the client the CLI uses, and the host spec format.
 //!
+//! * [`agent`] — the agent's state and the VM operations (store + driver, serialized).
+//! * [`reconcile`] — the full pass and the background loop.
 //! * [`api`] — routes, error mapping, request/response types; `openapi.json` documents it.
-//! * [`client`] — the API client over the unix socket.
-//! * [`hostspec`] — the file `vmnet apply` takes.
 //! * [`server`] — binding the unix socket and the loopback TCP port.
+//! * [`client`] — the API client over the unix socket.
+//! * [`hostspec`] and [`apply`] — the file `vmnet apply` takes and applying it.
 
+pub mod agent;
 pub mod api;
 pub mod apply;
 pub mod client;
 pub mod hostspec;
 pub mod pool;
+pub mod reconcile;
 pub mod server;

@@ -92,6 +92,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `serve --netns NAME` moves the process into NAME on the main thread, before any other
+    // thread (the runtime's) exists, so the whole agent lives there without forking.
+    if let Command::Serve(a) = &cli.command
+        && let Err(e) = cli::serve::enter_netns(a)
+    {
+        return report(&e);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => return report(&Error::internal(format!("cannot start the runtime: {e}"))),

@@ -1,4 +1,88 @@
 //! The HTTP API: routes, the documented error body, request and response types.
+//!
+//! Every route is registered through [`Routes::add`], which also records it, so [`routes`] is
+//! the exact list the router serves; the API tests compare it with `openapi.json` both ways.
+//! Request bodies are limited to [`error::BODY_LIMIT_BYTES`]; every error answers the documented
+//! body (see [`error`]).
 
 pub mod error;
+pub mod ipam;
 pub mod types;
+pub mod vms;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::Method;
+use axum::routing::{MethodRouter, delete, get, post, put};
+
+use crate::agent::Agent;
+
+/// The OpenAPI document of this API (`crates/vmnet-agent/openapi.json`).
+pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
+
+/// A router under construction that records each (method, path) it serves.
+struct Routes {
+    router: Router<Arc<Agent>>,
+    list: Vec<(Method, &'static str)>,
+}
+
+impl Routes {
+    fn add(
+        mut self,
+        method: Method,
+        path: &'static str,
+        handler: MethodRouter<Arc<Agent>>,
+    ) -> Self {
+        self.list.push((method, path));
+        self.router = self.router.route(path, handler);
+        self
+    }
+}
+
+fn build() -> Routes {
+    let r = Routes {
+        router: Router::new(),
+        list: Vec::new(),
+    };
+    r.add(Method::GET, "/v1/status", get(vms::status))
+        .add(Method::GET, "/v1/vms", get(vms::list_vms))
+        .add(Method::PUT, "/v1/vms/{id}", put(vms::put_vm))
+        .add(Method::GET, "/v1/vms/{id}", get(vms::get_vm))
+        .add(Method::DELETE, "/v1/vms/{id}", delete(vms::delete_vm))
+        .add(Method::GET, "/v1/pools", get(ipam::list_pools))
+        .add(Method::GET, "/v1/pools/{id}", get(ipam::get_pool))
+        .add(Method::PUT, "/v1/pools/{id}/range", put(ipam::set_range))
+        .add(Method::GET, "/v1/pools/{id}/leases", get(ipam::list_leases))
+        .add(Method::GET, "/v1/hosts", get(ipam::list_hosts))
+        .add(Method::GET, "/v1/hosts/{id}", get(ipam::get_host))
+        .add(Method::PUT, "/v1/hosts/{id}", put(ipam::put_host))
+        .add(Method::POST, "/v1/hosts/{id}/lose", post(ipam::lose_host))
+        .add(Method::GET, "/v1/instances", get(ipam::list_instances))
+        .add(Method::POST, "/v1/instances", post(ipam::create_instance))
+        .add(Method::PUT, "/v1/instances", put(ipam::create_instance))
+        .add(Method::GET, "/v1/instances/{id}", get(ipam::get_instance))
+        .add(
+            Method::DELETE,
+            "/v1/instances/{id}",
+            delete(ipam::delete_instance),
+        )
+}
+
+/// Every (method, path template) the router serves, in registration order.
+#[must_use]
+pub fn routes() -> Vec<(Method, &'static str)> {
+    build().list
+}
+
+/// The API router over `agent`: every route, the body limit, the unknown-route fallback and
+/// the error-body safety net.
+pub fn router(agent: Arc<Agent>) -> Router {
+    build()
+        .router
+        .fallback(error::no_route)
+        .layer(DefaultBodyLimit::max(error::BODY_LIMIT_BYTES))
+        .layer(axum::middleware::from_fn(error::ensure_error_body))
+        .with_state(agent)
+}

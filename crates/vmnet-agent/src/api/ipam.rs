@@ -1,0 +1,173 @@
+//! IPAM routes: pools and their ranges, hosts, instances, leases. Each request runs in one
+//! store transaction that commits only when the operation succeeded (so a failed placement leaves
+//! nothing behind: host claims and the lease roll back together).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use vmnet_ipam::{Db, Store, Tx};
+use vmnet_model::Error;
+use vmnet_model::pool::{Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool};
+
+use super::error::{ApiError, ApiJson};
+use super::types::{HostCapacity, PoolRange};
+use crate::agent::Agent;
+
+/// Runs `$body` (an expression using `$tx: &mut Tx`) in a transaction on `$db`; commits on `Ok`,
+/// rolls back on `Err`.
+macro_rules! in_tx {
+    ($db:expr, $tx:ident => $body:expr) => {{
+        let mut owned: Tx = $db.begin().await?;
+        let $tx = &mut owned;
+        match $body {
+            Ok(v) => {
+                owned.commit().await?;
+                Ok(v)
+            }
+            Err(e) => {
+                let _ = owned.rollback().await;
+                Err(e)
+            }
+        }
+    }};
+}
+
+fn db(a: &Agent) -> &Db {
+    a.db()
+}
+
+/// `GET /v1/pools`: every pool with its range (if set) and lease count.
+pub async fn list_pools(State(a): State<Arc<Agent>>) -> Result<Json<Vec<Pool>>, ApiError> {
+    let pools: Result<Vec<Pool>, Error> = in_tx!(db(&a), tx => vmnet_ipam::list_pools(tx).await);
+    Ok(Json(pools?))
+}
+
+/// `GET /v1/pools/{id}`: one pool.
+pub async fn get_pool(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Json<Pool>, ApiError> {
+    let pool: Result<Pool, Error> = in_tx!(db(&a), tx => vmnet_ipam::get_pool(tx, &id).await);
+    Ok(Json(pool?))
+}
+
+/// `PUT /v1/pools/{id}/range`: set (or replace) the pool's range; existing leases stay.
+pub async fn set_range(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<PoolRange>,
+) -> Result<Json<IpRange>, ApiError> {
+    let req = SetIpPool {
+        pool_id: id,
+        cidr: body.cidr,
+        gateway: body.gateway,
+        first_host: body.first_host,
+        last_host: body.last_host,
+        dns: body.dns.unwrap_or_default(),
+    };
+    let range: Result<IpRange, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::set_ip_pool(tx, req).await);
+    Ok(Json(range?))
+}
+
+/// `GET /v1/pools/{id}/leases`: the pool's leases ordered by address.
+pub async fn list_leases(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<Lease>>, ApiError> {
+    let leases: Result<Vec<Lease>, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::list_leases(tx, &id).await);
+    Ok(Json(leases?))
+}
+
+/// `GET /v1/hosts`: every host.
+pub async fn list_hosts(State(a): State<Arc<Agent>>) -> Result<Json<Vec<Host>>, ApiError> {
+    let hosts: Result<Vec<Host>, Error> = in_tx!(db(&a), tx => vmnet_ipam::list_hosts(tx).await);
+    Ok(Json(hosts?))
+}
+
+/// `GET /v1/hosts/{id}`: one host.
+pub async fn get_host(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Json<Host>, ApiError> {
+    let host: Result<Host, Error> = in_tx!(db(&a), tx => vmnet_ipam::get_host(tx, &id).await);
+    Ok(Json(host?))
+}
+
+/// `PUT /v1/hosts/{id}`: add a host with its capacity. Putting the same capacity again is a
+/// no-op; a different capacity for an existing host is `CONFLICT` (capacity changes are not
+/// supported).
+pub async fn put_host(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<HostCapacity>,
+) -> Result<Json<Host>, ApiError> {
+    let host: Result<Host, Error> = in_tx!(db(&a), tx => put_host_tx(tx, &id, body).await);
+    Ok(Json(host?))
+}
+
+async fn put_host_tx(tx: &mut Tx, id: &str, body: HostCapacity) -> Result<Host, Error> {
+    match vmnet_ipam::get_host(tx, id).await {
+        Ok(h) if h.vcpus == body.vcpus && h.memory_mib == body.memory_mib => Ok(h),
+        Ok(h) => Err(Error::conflict(format!(
+            "host {id} exists with {} vCPUs and {} MiB; changing its capacity is not supported",
+            h.vcpus, h.memory_mib
+        ))),
+        Err(e) if e.code == vmnet_model::ErrorCode::NotFound => {
+            vmnet_ipam::add_host(tx, id, body.vcpus, body.memory_mib).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `POST /v1/hosts/{id}/lose`: the host is lost; its instances return their leases and are
+/// re-placed (`recreate_on_host_loss`) or marked lost.
+pub async fn lose_host(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Json<vmnet_ipam::HostLoss>, ApiError> {
+    let loss: Result<vmnet_ipam::HostLoss, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::lose_host(tx, &id).await);
+    Ok(Json(loss?))
+}
+
+/// `POST /v1/instances` (also `PUT`): place an instance and take its lease, in one transaction.
+pub async fn create_instance(
+    State(a): State<Arc<Agent>>,
+    ApiJson(body): ApiJson<NewInstance>,
+) -> Result<(StatusCode, Json<Instance>), ApiError> {
+    let inst: Result<Instance, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::create_instance(tx, &body).await);
+    Ok((StatusCode::CREATED, Json(inst?)))
+}
+
+/// `GET /v1/instances`: every instance.
+pub async fn list_instances(State(a): State<Arc<Agent>>) -> Result<Json<Vec<Instance>>, ApiError> {
+    let list: Result<Vec<Instance>, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::list_instances(tx).await);
+    Ok(Json(list?))
+}
+
+/// `GET /v1/instances/{id}`: one instance.
+pub async fn get_instance(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Json<Instance>, ApiError> {
+    let inst: Result<Instance, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::get_instance(tx, &id).await);
+    Ok(Json(inst?))
+}
+
+/// `DELETE /v1/instances/{id}`: delete an instance, returning its claim and its lease; answers
+/// the instance as it was.
+pub async fn delete_instance(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Json<Instance>, ApiError> {
+    let inst: Result<Instance, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::delete_instance(tx, &id).await);
+    Ok(Json(inst?))
+}

@@ -1,0 +1,176 @@
+//! The reconcile pass: read the store, observe the kernel, apply every desired VM, collect
+//! orphans. It runs at start, after every change (woken by the API) and every interval.
+//!
+//! # Design
+//! - A pass holds the agent's kernel lock, so passes and API changes never interleave.
+//! - Each desired VM is applied with its *desired* config (the driver is idempotent: an
+//!   applied VM costs an observe and no change). When that fails, the last good config is
+//!   re-applied and the error recorded on the VM; the next pass tries again.
+//! - Garbage collection gets the plans of every desired VM (the desired config's and, while it
+//!   differs, the applied config's user id), so nothing a stored VM uses is ever collected.
+//! - The store is written only when a VM's outcome changed, so an idle agent does not write.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use vmnet_ipam::Store;
+use vmnet_ipam::vm_store::{self, VmRow};
+use vmnet_model::Error;
+use vmnet_model::vm::parse_vm_config;
+use vmnet_plan::ns::VmPlan;
+
+use crate::agent::{Agent, now_ms, store_tx};
+
+/// How long the loop waits after a wake-up before its pass, so a burst of API changes costs one
+/// pass.
+pub const WAKE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassOutcome {
+    /// VMs applied without error.
+    pub applied: u64,
+    /// Errors, one line each, naming the VM or object.
+    pub errors: Vec<String>,
+    /// User ids whose orphaned objects were removed.
+    pub collected: Vec<u32>,
+    /// VMs (by user id) the kernel showed with our prefix before the pass.
+    pub observed: u64,
+}
+
+impl Agent {
+    /// Runs one full reconcile pass now (waiting for any change in progress) and records it in
+    /// the status.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the store cannot be read (nothing was changed then). Per-VM failures
+    /// do not fail the pass; they are in the outcome and on the VMs.
+    pub async fn reconcile(&self) -> Result<PassOutcome, Error> {
+        let _guard = self.kernel_lock.lock().await;
+        let started = now_ms();
+        let clock = Instant::now();
+        if let Ok(mut r) = self.record.lock() {
+            r.last_started_at_unix_ms = Some(started);
+        }
+        let result = self.pass().await;
+        let took = u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if let Ok(mut r) = self.record.lock() {
+            r.passes += 1;
+            r.last_finished_at_unix_ms = Some(now_ms());
+            r.last_duration_ms = Some(took);
+            match &result {
+                Ok(o) => {
+                    r.last_ok = Some(o.errors.is_empty());
+                    r.last_errors.clone_from(&o.errors);
+                    r.orphans_removed_total += o.collected.len() as u64;
+                }
+                Err(e) => {
+                    r.last_ok = Some(false);
+                    r.last_errors = vec![e.message.clone()];
+                }
+            }
+        }
+        result
+    }
+
+    async fn pass(&self) -> Result<PassOutcome, Error> {
+        let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
+        let mut out = PassOutcome::default();
+        match self.driver().observe().await {
+            Ok(seen) => out.observed = seen.len() as u64,
+            Err(e) => out.errors.push(format!("observe: {e}")),
+        }
+        // Every plan a stored VM may be using, by user id (for GC).
+        let mut keep: BTreeMap<u32, VmPlan> = BTreeMap::new();
+        for row in &rows {
+            match self.converge(row, &mut keep).await {
+                Ok(()) => out.applied += 1,
+                Err(e) => out.errors.push(e.message),
+            }
+        }
+        let keep: Vec<VmPlan> = keep.into_values().collect();
+        match self.driver().gc(&keep).await {
+            Ok(uids) => out.collected = uids,
+            Err(e) => out.errors.push(format!("garbage collection: {e}")),
+        }
+        Ok(out)
+    }
+
+    /// Applies one stored VM's desired config; on failure re-applies its last good config.
+    async fn converge(&self, row: &VmRow, keep: &mut BTreeMap<u32, VmPlan>) -> Result<(), Error> {
+        let desired = parse_vm_config(row.config.as_bytes()).map_err(|e| {
+            Error::internal(format!(
+                "vm {}: stored config does not parse: {}",
+                row.id, e.message
+            ))
+        })?;
+        let good = row
+            .applied
+            .as_deref()
+            .and_then(|a| parse_vm_config(a.as_bytes()).ok());
+        let plan = self.plan(&desired)?;
+        let good_plan = good.as_ref().and_then(|g| self.plan(g).ok());
+        keep.insert(plan.user_id, plan.clone());
+        if let Some(g) = &good_plan {
+            keep.entry(g.user_id).or_insert_with(|| g.clone());
+        }
+        let (applied, error) = match self.driver().apply(&plan).await {
+            Ok(_) => {
+                if let Some(g) = good_plan.as_ref().filter(|g| g.user_id != plan.user_id) {
+                    let _ = self.driver().remove(g.user_id).await;
+                    keep.remove(&g.user_id);
+                }
+                (Some(row.config.clone()), None)
+            }
+            Err(e) => {
+                let mut msg = format!("vm {}: apply failed: {}", row.id, Error::from(e).message);
+                if let Some(g) = &good_plan {
+                    if g.user_id != plan.user_id {
+                        let _ = self.driver().remove(plan.user_id).await;
+                    }
+                    match self.driver().apply(g).await {
+                        Ok(_) => msg.push_str("; the previous config stays applied"),
+                        Err(e2) => msg.push_str(&format!(
+                            "; re-applying the previous config also failed: {e2}"
+                        )),
+                    }
+                }
+                (row.applied.clone(), Some(msg))
+            }
+        };
+        if applied != row.applied || error != row.last_error {
+            store_tx!(self.db(), tx => vm_store::set_result(tx, &row.id, applied.as_deref(), error.as_deref(), now_ms()).await)?;
+        }
+        match error {
+            Some(m) => Err(Error::unavailable(m)),
+            None => Ok(()),
+        }
+    }
+
+    /// Asks the background loop for a pass soon.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Runs the reconcile loop until the task is dropped: one pass now, then one after every
+    /// wake-up and every interval.
+    pub async fn run_loop(self: Arc<Self>) {
+        loop {
+            match self.reconcile().await {
+                Ok(o) if o.errors.is_empty() => {
+                    tracing::debug!(applied = o.applied, collected = ?o.collected, "reconcile pass ok");
+                }
+                Ok(o) => tracing::warn!(errors = ?o.errors, "reconcile pass had errors"),
+                Err(e) => tracing::warn!("reconcile pass failed: {e}"),
+            }
+            tokio::select! {
+                () = self.wake.notified() => {
+                    // Coalesce a burst of changes into one pass.
+                    tokio::time::sleep(WAKE_DEBOUNCE).await;
+                }
+                () = tokio::time::sleep(self.interval()) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! In-process API tests of the IPAM routes (pools, ranges, hosts, instances, leases) over a
+//! temporary SQLite file. Every response is checked against openapi.json.
+
+mod common;
+
+use axum::http::Method;
+use common::{Harness, assert_error};
+use serde_json::json;
+
+async fn setup(h: &Harness) {
+    let (st, r) = h
+        .call(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(
+        r,
+        json!({"pool_id": "p1", "cidr": "10.0.0.0/29", "gateway": "10.0.0.1",
+                         "first_host": "10.0.0.2", "last_host": "10.0.0.6", "dns": []})
+    );
+    let (st, host) = h
+        .call(
+            Method::PUT,
+            "/v1/hosts/h1",
+            Some(json!({"vcpus": 64, "memory_mib": 65536})),
+        )
+        .await;
+    assert_eq!(st, 200, "{host}");
+}
+
+fn inst(id: &str) -> serde_json::Value {
+    json!({"instance_id": id, "pool_id": "p1", "vcpus": 1, "memory_mib": 512})
+}
+
+#[tokio::test]
+async fn the_spec_example_over_the_api() {
+    let h = Harness::new().await;
+    setup(&h).await;
+    for (i, want) in ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6"]
+        .iter()
+        .enumerate()
+    {
+        let (st, v) = h
+            .call(Method::POST, "/v1/instances", Some(inst(&format!("i{i}"))))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        assert_eq!(v["address"], *want);
+        assert_eq!(v["host_id"], "h1");
+    }
+    // Exhausted: 503 CAPACITY_UNAVAILABLE, nothing kept (no instance, no host claim).
+    let got = h
+        .call(Method::POST, "/v1/instances", Some(inst("i5")))
+        .await;
+    assert_error(
+        &got,
+        503,
+        "CAPACITY_UNAVAILABLE",
+        &["Pool p1 has no free IP address"],
+    );
+    assert_eq!(h.call(Method::GET, "/v1/instances/i5", None).await.0, 404);
+    let (_, host) = h.call(Method::GET, "/v1/hosts/h1", None).await;
+    assert_eq!(host["used_vcpus"], 5);
+
+    // Delete one, the sixth gets the freed address (PUT is the same as POST).
+    let (st, del) = h.call(Method::DELETE, "/v1/instances/i2", None).await;
+    assert_eq!(st, 200);
+    assert_eq!(del["address"], "10.0.0.4");
+    let (st, v) = h.call(Method::PUT, "/v1/instances", Some(inst("i5"))).await;
+    assert_eq!(st, 201);
+    assert_eq!(v["address"], "10.0.0.4");
+
+    let (_, leases) = h.call(Method::GET, "/v1/pools/p1/leases", None).await;
+    let addrs: Vec<&str> = leases
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["address"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        addrs,
+        ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6"]
+    );
+    let (_, pool) = h.call(Method::GET, "/v1/pools/p1", None).await;
+    assert_eq!(pool["leases"], 5);
+    let (_, pools) = h.call(Method::GET, "/v1/pools", None).await;
+    assert_eq!(pools.as_array().unwrap().len(), 1);
+    let (_, list) = h.call(Method::GET, "/v1/instances", None).await;
+    assert_eq!(list.as_array().unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn duplicate_instance_is_409_and_unknowns_are_404() {
+    let h = Harness::new().await;
+    setup(&h).await;
+    assert_eq!(
+        h.call(Method::POST, "/v1/instances", Some(inst("a")))
+            .await
+            .0,
+        201
+    );
+    assert_error(
+        &h.call(Method::POST, "/v1/instances", Some(inst("a"))).await,
+        409,
+        "CONFLICT",
+        &["a"],
+    );
+    let mut other = inst("b");
+    other["pool_id"] = json!("nope");
+    assert_error(
+        &h.call(Method::POST, "/v1/instances", Some(other)).await,
+        404,
+        "NOT_FOUND",
+        &["nope"],
+    );
+    assert_error(
+        &h.call(Method::GET, "/v1/instances/zz", None).await,
+        404,
+        "NOT_FOUND",
+        &["zz"],
+    );
+    assert_error(
+        &h.call(Method::DELETE, "/v1/instances/zz", None).await,
+        404,
+        "NOT_FOUND",
+        &["zz"],
+    );
+    assert_error(
+        &h.call(Method::GET, "/v1/pools/zz", None).await,
+        404,
+        "NOT_FOUND",
+        &["zz"],
+    );
+    assert_error(
+        &h.call(Method::GET, "/v1/pools/zz/leases", None).await,
+        404,
+        "NOT_FOUND",
+        &["zz"],
+    );
+    assert_error(
+        &h.call(Method::GET, "/v1/hosts/zz", None).await,
+        404,
+        "NOT_FOUND",
+        &["zz"],
+    );
+    assert_error(
+        &h.call(Method::POST, "/v1/hosts/zz/lose", None).await,
+        404,
+        "NOT_FOUND",
+        &["zz"],
+    );
+}
+
+#[tokio::test]
+async fn range_and_instance_validation_name_the_field() {
+    let h = Harness::new().await;
+    let got = h
+        .call(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(json!({"cidr": "10.0.0.1/24", "gateway": "10.0.0.1"})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["pool p1", "cidr"]);
+    let got = h
+        .call(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(json!({"cidr": "10.0.0.0/24", "gateway": "10.0.0.1", "first_host": "10.0.1.2"})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["pool p1", "first_host"]);
+    let got = h
+        .call(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(json!({"cidr": "2001:db8::/64", "gateway": "2001:db8::1"})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["cidr", "IPv6"]);
+    let got = h
+        .call(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(json!({"cidr": "10.0.0.0/24"})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["gateway"]);
+    let got = h
+        .call(
+            Method::PUT,
+            "/v1/pools/a;b/range",
+            Some(json!({"cidr": "10.0.0.0/24", "gateway": "10.0.0.1"})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["pool_id"]);
+    setup(&h).await;
+    let mut bad = inst("x");
+    bad["vcpus"] = json!(0);
+    assert_error(
+        &h.call(Method::POST, "/v1/instances", Some(bad)).await,
+        400,
+        "INVALID_INPUT",
+        &["vcpus"],
+    );
+    let mut bad = inst("x");
+    bad["memory"] = json!(1);
+    assert_error(
+        &h.call(Method::POST, "/v1/instances", Some(bad)).await,
+        400,
+        "INVALID_INPUT",
+        &["memory"],
+    );
+    let got = h
+        .call(
+            Method::PUT,
+            "/v1/hosts/h1",
+            Some(json!({"vcpus": 1, "memory_mib": 1})),
+        )
+        .await;
+    assert_error(&got, 409, "CONFLICT", &["host h1", "capacity"]);
+    let got = h
+        .call(
+            Method::PUT,
+            "/v1/hosts/h1",
+            Some(json!({"vcpus": 64, "memory_mib": 65536})),
+        )
+        .await;
+    assert_eq!(got.0, 200, "the same capacity again is a no-op");
+    let got = h
+        .call(
+            Method::PUT,
+            "/v1/hosts/h2",
+            Some(json!({"vcpus": -1, "memory_mib": 1})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["vcpus"]);
+}
+
+#[tokio::test]
+async fn host_loss_recreates_or_loses() {
+    let h = Harness::new().await;
+    setup(&h).await;
+    h.call(
+        Method::PUT,
+        "/v1/hosts/h2",
+        Some(json!({"vcpus": 4, "memory_mib": 4096})),
+    )
+    .await;
+    let mut a = inst("a");
+    a["host_id"] = json!("h1");
+    a["recreate_on_host_loss"] = json!(true);
+    let mut b = inst("b");
+    b["host_id"] = json!("h1");
+    h.call(Method::POST, "/v1/instances", Some(a)).await;
+    h.call(Method::POST, "/v1/instances", Some(b)).await;
+    let (st, loss) = h.call(Method::POST, "/v1/hosts/h1/lose", None).await;
+    assert_eq!(st, 200, "{loss}");
+    assert_eq!(loss["host_id"], "h1");
+    let (_, a) = h.call(Method::GET, "/v1/instances/a", None).await;
+    assert_eq!(a["host_id"], "h2");
+    assert_eq!(a["state"], "running");
+    let (_, b) = h.call(Method::GET, "/v1/instances/b", None).await;
+    assert_eq!(b["state"], "lost");
+    assert_eq!(b["address"], serde_json::Value::Null);
+    let (_, hosts) = h.call(Method::GET, "/v1/hosts", None).await;
+    assert_eq!(hosts.as_array().unwrap().len(), 2);
+}

@@ -1,0 +1,533 @@
+//! In-process API tests of the VM routes and the reconcile loop over a temporary SQLite file
+//! and a fake namespace driver (no root needed). Every response is checked against openapi.json.
+
+mod common;
+
+use axum::http::Method;
+use common::{FakeDriver, Harness, assert_error, settings};
+use serde_json::{Value, json};
+
+fn vm(id: &str, uid: u32) -> Value {
+    json!({"id": id, "user_id": uid, "tenant": 1, "mesh_ipv6": format!("fdaa:1::{uid:x}"),
+           "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}})
+}
+
+#[tokio::test]
+async fn put_get_list_delete() {
+    let h = Harness::new().await;
+    let (st, v) = h.put_vm(&vm("vm-1", 7)).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["status"]["state"], "applied");
+    assert_eq!(v["status"]["netns"], "tstn0007");
+    assert_eq!(v["status"]["veth_host"], "tsth0007");
+    assert_eq!(v["status"]["veth_ns"], "tstp0007");
+    assert_eq!(v["status"]["transit"], "10.200.0.28/30");
+    assert_eq!(v["status"]["tap"], "tstt0007");
+    assert_eq!(v["status"]["guest_ipv4"], "172.16.0.2");
+    assert_eq!(v["status"]["guest_mac"], "06:00:ac:10:00:02");
+    assert_eq!(v["status"]["mtu"], 1380);
+    assert_eq!(v["status"]["mesh_ipv6"], "fdaa:1::7");
+    assert_eq!(
+        v["status"]["applied_routes"],
+        json!([{"destination": "0.0.0.0/0", "via": "host"}])
+    );
+    assert_eq!(v["status"]["last_error"], Value::Null);
+    assert!(h.driver.applied(7).is_some());
+
+    let (st, got) = h.call(Method::GET, "/v1/vms/vm-1", None).await;
+    assert_eq!(st, 200);
+    assert_eq!(got, v);
+    h.put_vm(&vm("vm-2", 8)).await;
+    let (_, list) = h.call(Method::GET, "/v1/vms", None).await;
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["config"]["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["vm-1", "vm-2"]);
+
+    let (st, del) = h.call(Method::DELETE, "/v1/vms/vm-1", None).await;
+    assert_eq!(st, 200);
+    assert_eq!(del["config"]["id"], "vm-1");
+    assert!(
+        h.driver.applied(7).is_none(),
+        "delete removes the kernel objects"
+    );
+    assert_error(
+        &h.call(Method::GET, "/v1/vms/vm-1", None).await,
+        404,
+        "NOT_FOUND",
+        &["vm vm-1"],
+    );
+    assert_error(
+        &h.call(Method::DELETE, "/v1/vms/vm-1", None).await,
+        404,
+        "NOT_FOUND",
+        &["vm vm-1"],
+    );
+}
+
+#[tokio::test]
+async fn a_vm_without_mesh_has_no_veth() {
+    let h = Harness::new().await;
+    let (st, v) = h
+        .put_vm(&json!({"id": "warm", "user_id": 3, "tenant": 0}))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["status"]["veth_host"], Value::Null);
+    assert_eq!(v["status"]["transit"], Value::Null);
+    assert_eq!(v["status"]["mesh_ipv6"], Value::Null);
+}
+
+/// One fixture per validation rule: the status, the code and the field named in the message.
+#[tokio::test]
+async fn every_validation_rule_is_400_naming_the_field() {
+    let h = Harness::new().await;
+    let good = vm("vm-1", 1);
+    assert_eq!(h.put_vm(&good).await.0, 200);
+    let applies_before = h.driver.kernel().applies.len();
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut v = good.clone();
+        f(&mut v);
+        v
+    };
+    let cases: Vec<(&str, Value, Vec<&str>)> = vec![
+        (
+            "unknown field",
+            with(&|v| v["colour"] = json!("red")),
+            vec!["colour", "unknown field"],
+        ),
+        (
+            "future field",
+            with(&|v| v["public_ipv4"] = json!("192.0.2.1")),
+            vec!["public_ipv4", "not supported yet"],
+        ),
+        (
+            "future field under network",
+            with(&|v| v["network"]["firewall"] = json!({})),
+            vec!["network.firewall", "not supported yet"],
+        ),
+        (
+            "unknown network field",
+            with(&|v| v["network"]["x"] = json!(1)),
+            vec!["network.x"],
+        ),
+        (
+            "user_id too large",
+            with(&|v| v["user_id"] = json!(65536)),
+            vec!["user_id", "65536"],
+        ),
+        (
+            "user_id negative",
+            with(&|v| v["user_id"] = json!(-1)),
+            vec!["user_id"],
+        ),
+        (
+            "user_id not a number",
+            with(&|v| v["user_id"] = json!("7")),
+            vec!["user_id"],
+        ),
+        (
+            "user_id missing",
+            with(&|v| {
+                v.as_object_mut().unwrap().remove("user_id");
+            }),
+            vec!["user_id", "required"],
+        ),
+        (
+            "tenant missing",
+            with(&|v| {
+                v.as_object_mut().unwrap().remove("tenant");
+            }),
+            vec!["tenant", "required"],
+        ),
+        (
+            "tenant too large",
+            with(&|v| v["tenant"] = json!(4_294_967_296_u64)),
+            vec!["tenant"],
+        ),
+        (
+            "mesh outside fdaa::/16",
+            with(&|v| v["mesh_ipv6"] = json!("fd00::1")),
+            vec!["mesh_ipv6", "fdaa::/16"],
+        ),
+        (
+            "mesh not an address",
+            with(&|v| v["mesh_ipv6"] = json!("nope")),
+            vec!["mesh_ipv6"],
+        ),
+        (
+            "mesh a larger prefix",
+            with(&|v| v["mesh_ipv6"] = json!("fdaa:1::/64")),
+            vec!["mesh_ipv6"],
+        ),
+        (
+            "routes not an array",
+            with(&|v| v["network"]["routes"] = json!({})),
+            vec!["network.routes"],
+        ),
+        (
+            "destination not canonical",
+            with(&|v| {
+                v["network"]["routes"] = json!([{"destination": "10.0.0.1/8", "via": "host"}])
+            }),
+            vec!["network.routes[0].destination", "canonical"],
+        ),
+        (
+            "destination malformed",
+            with(&|v| v["network"]["routes"] = json!([{"destination": "ten/8", "via": "host"}])),
+            vec!["network.routes[0].destination"],
+        ),
+        (
+            "destination twice",
+            with(&|v| {
+                v["network"]["routes"] = json!([{"destination": "0.0.0.0/0", "via": "host"},
+                                                {"destination": "0.0.0.0/0", "via": "host"}]);
+            }),
+            vec!["network.routes[1].destination", "more than once"],
+        ),
+        (
+            "via neither host nor mesh",
+            with(&|v| {
+                v["network"]["routes"] = json!([{"destination": "::/0", "via": "2001:db8::1"}])
+            }),
+            vec!["network.routes[0].via"],
+        ),
+        (
+            "mesh via for IPv4",
+            with(&|v| {
+                v["network"]["routes"] = json!([{"destination": "0.0.0.0/0", "via": "fdaa:1::56"}])
+            }),
+            vec!["network.routes[0].via", "IPv6 only"],
+        ),
+        (
+            "route unknown field",
+            with(&|v| {
+                v["network"]["routes"] =
+                    json!([{"destination": "::/0", "via": "host", "metric": 1}])
+            }),
+            vec!["network.routes[0].metric"],
+        ),
+        (
+            "route missing via",
+            with(&|v| v["network"]["routes"] = json!([{"destination": "::/0"}])),
+            vec!["network.routes[0].via", "required"],
+        ),
+        (
+            "routes without mesh address",
+            with(&|v| {
+                v.as_object_mut().unwrap().remove("mesh_ipv6");
+            }),
+            vec!["network.routes", "mesh_ipv6"],
+        ),
+        ("body not an object", json!([1, 2]), vec!["object"]),
+    ];
+    for (rule, body, needles) in &cases {
+        let got = h
+            .call(Method::PUT, "/v1/vms/vm-1", Some(body.clone()))
+            .await;
+        assert_eq!(got.0, 400, "{rule}: {}", got.1);
+        assert_error(&got, 400, "INVALID_INPUT", needles);
+    }
+    // Ids: bad characters, empty, too long, and a body/path mismatch.
+    for (path_id, body_id, needle) in [
+        ("a%3Bb", "a;b", "id"),
+        ("x", "", "id"),
+        ("long", &*"a".repeat(65), "id"),
+        ("vm-9", "vm-1", "does not match"),
+    ] {
+        let got = h
+            .call(
+                Method::PUT,
+                &format!("/v1/vms/{path_id}"),
+                Some(with(&|v| v["id"] = json!(body_id))),
+            )
+            .await;
+        assert_error(&got, 400, "INVALID_INPUT", &[needle]);
+    }
+    // Nothing reached the kernel, and the good VM is untouched.
+    assert_eq!(h.driver.kernel().applies.len(), applies_before);
+    let (_, v) = h.call(Method::GET, "/v1/vms/vm-1", None).await;
+    assert_eq!(v["config"], good);
+    assert_eq!(v["status"]["state"], "applied");
+}
+
+#[tokio::test]
+async fn user_id_beyond_the_transit_range_is_400() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = vmnet_plan::ns::NsSettings {
+        transit_ipv4: "10.9.0.0/24".parse().unwrap(),
+        ..settings()
+    };
+    let h = Harness::open(tmp.path(), FakeDriver::default(), s).await;
+    assert_eq!(h.put_vm(&vm("ok", 63)).await.0, 200);
+    assert_error(
+        &h.put_vm(&vm("big", 64)).await,
+        400,
+        "INVALID_INPUT",
+        &["user_id 64", "10.9.0.0/24"],
+    );
+}
+
+#[tokio::test]
+async fn malformed_json_wrong_type_and_oversized_bodies() {
+    let h = Harness::new().await;
+    let got = h
+        .raw(
+            Method::PUT,
+            "/v1/vms/vm-1",
+            Some(b"{\"id\": \"vm-1\",".to_vec()),
+            Some("application/json"),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["JSON"]);
+    let got = h
+        .raw(
+            Method::PUT,
+            "/v1/vms/vm-1",
+            Some(b"not json".to_vec()),
+            Some("application/json"),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["JSON"]);
+    let body = serde_json::to_vec(&vm("vm-1", 1)).unwrap();
+    let got = h
+        .raw(
+            Method::PUT,
+            "/v1/vms/vm-1",
+            Some(body.clone()),
+            Some("text/plain"),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["Content-Type"]);
+    let got = h.raw(Method::PUT, "/v1/vms/vm-1", Some(body), None).await;
+    assert_error(&got, 400, "INVALID_INPUT", &["Content-Type"]);
+    let mut big = vm("vm-1", 1);
+    big["pad"] = json!("x".repeat(70 * 1024));
+    let got = h.call(Method::PUT, "/v1/vms/vm-1", Some(big)).await;
+    assert_error(&got, 400, "INVALID_INPUT", &["65536 bytes"]);
+    // The same for a body the IPAM routes decode with serde.
+    let got = h
+        .raw(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(b"{".to_vec()),
+            Some("application/json"),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["request body"]);
+    let got = h
+        .raw(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(vec![b' '; 70 * 1024]),
+            Some("application/json"),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["65536 bytes"]);
+    let got = h
+        .call(
+            Method::PUT,
+            "/v1/hosts/h1",
+            Some(json!({"vcpus": 1, "memory_mib": 1, "gpu": 1})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["gpu"]);
+    assert!(h.driver.kernel().applies.is_empty());
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_the_error_body() {
+    let h = Harness::new().await;
+    assert_error(
+        &h.call(Method::GET, "/v1/nope", None).await,
+        404,
+        "NOT_FOUND",
+        &["no route GET /v1/nope"],
+    );
+    assert_error(
+        &h.call(Method::GET, "/", None).await,
+        404,
+        "NOT_FOUND",
+        &["no route"],
+    );
+    assert_error(
+        &h.call(Method::PATCH, "/v1/vms/x", None).await,
+        404,
+        "NOT_FOUND",
+        &["no route PATCH /v1/vms/x"],
+    );
+    assert_error(
+        &h.call(Method::DELETE, "/v1/status", None).await,
+        404,
+        "NOT_FOUND",
+        &["no route"],
+    );
+}
+
+#[tokio::test]
+async fn user_id_held_by_another_vm_is_409() {
+    let h = Harness::new().await;
+    assert_eq!(h.put_vm(&vm("vm-1", 5)).await.0, 200);
+    assert_error(
+        &h.put_vm(&vm("vm-2", 5)).await,
+        409,
+        "CONFLICT",
+        &["user_id 5", "vm-1"],
+    );
+    let (st, _) = h.call(Method::GET, "/v1/vms/vm-2", None).await;
+    assert_eq!(st, 404);
+}
+
+#[tokio::test]
+async fn a_failed_apply_keeps_the_previous_good_config() {
+    let h = Harness::new().await;
+    let good = vm("vm-1", 4);
+    assert_eq!(h.put_vm(&good).await.0, 200);
+    let good_plan = h.driver.applied(4).unwrap();
+
+    let mut changed = good.clone();
+    changed["network"]["routes"] = json!([{"destination": "::/0", "via": "host"}]);
+    h.driver.fail_changes(4, true);
+    let got = h.put_vm(&changed).await;
+    assert_error(
+        &got,
+        503,
+        "UNAVAILABLE",
+        &[
+            "vm vm-1: apply failed",
+            "injected failure",
+            "previous config stays applied",
+        ],
+    );
+    // The previous plan is what the kernel holds, and it was re-applied after the failure.
+    assert_eq!(h.driver.applied(4).unwrap(), good_plan);
+    let (_, v) = h.call(Method::GET, "/v1/vms/vm-1", None).await;
+    assert_eq!(
+        v["config"], good,
+        "the store keeps the last good config as desired"
+    );
+    assert_eq!(v["status"]["state"], "failed");
+    assert!(
+        v["status"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("injected failure")
+    );
+    assert_eq!(v["status"]["applied_routes"], good["network"]["routes"]);
+
+    // A reconcile pass keeps the good config (it is the desired one) and clears the error.
+    h.agent.reconcile().await.unwrap();
+    let (_, v) = h.call(Method::GET, "/v1/vms/vm-1", None).await;
+    assert_eq!(v["status"]["state"], "applied");
+    assert_eq!(v["status"]["last_error"], Value::Null);
+
+    // Once the kernel works again the change goes through.
+    h.driver.fail_changes(4, false);
+    let (st, v) = h.put_vm(&changed).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["status"]["applied_routes"], changed["network"]["routes"]);
+}
+
+#[tokio::test]
+async fn a_failed_apply_of_a_new_vm_leaves_nothing() {
+    let h = Harness::new().await;
+    h.driver.fail(9, true);
+    let got = h.put_vm(&vm("vm-9", 9)).await;
+    assert_error(
+        &got,
+        503,
+        "UNAVAILABLE",
+        &["vm vm-9: apply failed", "nothing of the VM was kept"],
+    );
+    assert!(h.driver.applied(9).is_none());
+    assert_eq!(h.driver.kernel().removes, [9]);
+    assert_eq!(h.call(Method::GET, "/v1/vms/vm-9", None).await.0, 404);
+}
+
+#[tokio::test]
+async fn changing_the_user_id_removes_the_old_objects() {
+    let h = Harness::new().await;
+    h.put_vm(&vm("vm-1", 1)).await;
+    let (st, v) = h.put_vm(&vm("vm-1", 2)).await;
+    assert_eq!(st, 200);
+    assert_eq!(v["status"]["netns"], "tstn0002");
+    assert!(h.driver.applied(1).is_none());
+    assert!(h.driver.applied(2).is_some());
+}
+
+#[tokio::test]
+async fn restart_converges_from_the_store_and_collects_orphans() {
+    let tmp = tempfile::tempdir().unwrap();
+    {
+        let h = Harness::open(tmp.path(), FakeDriver::default(), settings()).await;
+        h.put_vm(&vm("vm-1", 1)).await;
+        h.put_vm(&vm("vm-2", 2)).await;
+        h.agent.db().close().await;
+    }
+    // A new agent over the same file, with a kernel that lost VM 2 and holds an orphan (uid 99).
+    let kernel = FakeDriver::default();
+    let h = Harness::open(tmp.path(), kernel.clone(), settings()).await;
+    {
+        let orphan = vmnet_plan::ns::plan_vm(
+            &vmnet_model::vm::parse_vm_config(vm("gone", 99).to_string().as_bytes()).unwrap(),
+            &settings(),
+        )
+        .unwrap();
+        kernel.kernel().vms.insert(99, orphan);
+    }
+    let out = h.agent.reconcile().await.unwrap();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.applied, 2);
+    assert_eq!(out.collected, [99]);
+    {
+        let k = kernel.kernel();
+        assert_eq!(k.observes, 1, "the pass observes the kernel");
+        let applied: Vec<u32> = k.applies.iter().map(|(u, _)| *u).collect();
+        assert_eq!(applied, [1, 2]);
+        assert_eq!(k.gcs, [vec![1, 2]], "gc gets exactly the desired set");
+        assert_eq!(k.vms.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    }
+    let (_, st) = h.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(st["vms"], json!({"desired": 2, "applied": 2, "failed": 0}));
+    assert_eq!(st["reconcile"]["passes"], 1);
+    assert_eq!(st["reconcile"]["last_ok"], true);
+    assert_eq!(st["reconcile"]["orphans_removed_total"], 1);
+    assert_eq!(st["name_prefix"], "tst");
+}
+
+#[tokio::test]
+async fn a_periodic_failure_is_recorded_and_retried() {
+    let h = Harness::new().await;
+    h.put_vm(&vm("vm-1", 1)).await;
+    h.driver.fail(1, true);
+    let out = h.agent.reconcile().await.unwrap();
+    assert_eq!(out.errors.len(), 1);
+    assert!(out.errors[0].contains("vm vm-1"));
+    let (_, st) = h.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(st["reconcile"]["last_ok"], false);
+    assert_eq!(st["vms"]["failed"], 1);
+    h.driver.fail(1, false);
+    let out = h.agent.reconcile().await.unwrap();
+    assert!(out.errors.is_empty());
+    let (_, st) = h.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(st["vms"], json!({"desired": 1, "applied": 1, "failed": 0}));
+}
+
+#[tokio::test]
+async fn reconcile_passes_are_serialized() {
+    let h = Harness::new().await;
+    for i in 0..5 {
+        h.put_vm(&vm(&format!("vm-{i}"), i)).await;
+    }
+    let a = std::sync::Arc::clone(&h.agent);
+    let b = std::sync::Arc::clone(&h.agent);
+    let (x, y) = tokio::join!(a.reconcile(), b.reconcile());
+    assert!(x.unwrap().errors.is_empty() && y.unwrap().errors.is_empty());
+    // Two full passes, each an observe + 5 applies + a gc, never interleaved.
+    let k = h.driver.kernel();
+    assert_eq!(k.gcs.len(), 2);
+    let tail: Vec<u32> = k.applies.iter().rev().take(10).map(|(u, _)| *u).collect();
+    assert_eq!(tail, [4, 3, 2, 1, 0, 4, 3, 2, 1, 0]);
+}
