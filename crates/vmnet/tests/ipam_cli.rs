@@ -1,0 +1,156 @@
+//! The IPAM CLI end to end: the spec's /29 walk-through through the built binary, on a SQLite
+//! file under a temporary --state-dir and on PostgreSQL, plus error output and exit codes.
+#![allow(missing_docs)]
+
+use std::process::{Command, Output};
+
+fn vmnet(db_args: &[String], args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .args(db_args)
+        .args(args)
+        .output()
+        .expect("run vmnet")
+}
+
+fn ok(db: &[String], args: &[&str]) -> String {
+    let out = vmnet(db, args);
+    assert!(
+        out.status.success(),
+        "vmnet {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(db: &[String], args: &[&str], exit: i32, stderr: &str) {
+    let out = vmnet(db, args);
+    assert_eq!(out.status.code(), Some(exit), "vmnet {args:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), stderr);
+    assert!(out.stdout.is_empty());
+}
+
+fn walk_through(db: &[String]) {
+    let set = ok(
+        db,
+        &[
+            "pool",
+            "set",
+            "p1",
+            "--cidr",
+            "10.0.0.0/29",
+            "--gateway",
+            "10.0.0.1",
+        ],
+    );
+    assert_eq!(
+        set,
+        "POOL  CIDR         GATEWAY   FIRST     LAST      DNS\np1    10.0.0.0/29  10.0.0.1  10.0.0.2  10.0.0.6  -\n"
+    );
+    ok(
+        db,
+        &["host", "add", "h1", "--vcpus", "8", "--memory-mib", "8192"],
+    );
+    for i in 1..=5 {
+        let json = ok(
+            db,
+            &[
+                "--output",
+                "json",
+                "instance",
+                "create",
+                &format!("vm{i}"),
+                "--pool",
+                "p1",
+            ],
+        );
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["address"], format!("10.0.0.{}", i + 1));
+        assert_eq!(v["host_id"], "h1");
+    }
+    fails(
+        db,
+        &["instance", "create", "vm6", "--pool", "p1"],
+        5,
+        "error: CAPACITY_UNAVAILABLE: Pool p1 has no free IP address\n",
+    );
+    ok(db, &["instance", "delete", "vm3"]);
+    let json = ok(
+        db,
+        &[
+            "--output", "json", "instance", "create", "vm6", "--pool", "p1",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["address"], "10.0.0.4");
+    let leases = ok(db, &["lease", "list", "p1"]);
+    assert_eq!(
+        leases,
+        "ADDRESS   INSTANCE\n10.0.0.2  vm1\n10.0.0.3  vm2\n10.0.0.4  vm6\n10.0.0.5  vm4\n10.0.0.6  vm5\n"
+    );
+    let json = ok(db, &["--output", "json", "pool", "show", "p1"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["leases"], 5);
+    assert_eq!(v["range"]["first_host"], "10.0.0.2");
+    fails(
+        db,
+        &[
+            "pool",
+            "set",
+            "p2",
+            "--cidr",
+            "10.0.0.1/24",
+            "--gateway",
+            "10.0.0.1",
+        ],
+        2,
+        "error: INVALID_INPUT: pool p2: cidr 10.0.0.1/24 has host bits set (the network is 10.0.0.0/24)\n",
+    );
+    fails(
+        db,
+        &["instance", "show", "nope"],
+        3,
+        "error: NOT_FOUND: instance nope not found\n",
+    );
+    fails(
+        db,
+        &["instance", "create", "vm1", "--pool", "p1"],
+        4,
+        "error: CONFLICT: instance vm1 already exists\n",
+    );
+    fails(
+        db,
+        &["instance", "create", "$(reboot)", "--pool", "p1"],
+        2,
+        "error: INVALID_INPUT: instance_id \"$(reboot)\" may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit\n",
+    );
+}
+
+#[test]
+fn walk_through_on_sqlite_under_state_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let db = vec!["--state-dir".to_owned(), state.display().to_string()];
+    walk_through(&db);
+    assert!(
+        state.join("vmnet.db").is_file(),
+        "the default database lives under --state-dir"
+    );
+}
+
+#[test]
+fn walk_through_on_postgres() {
+    let url = vmnet_testkit::postgres::PgCluster::shared()
+        .fresh_database_url()
+        .unwrap();
+    walk_through(&["--database-url".to_owned(), url]);
+}
+
+#[test]
+fn bad_database_url_is_invalid_input() {
+    fails(
+        &["--database-url".to_owned(), "mysql://x".to_owned()],
+        &["pool", "list"],
+        2,
+        "error: INVALID_INPUT: database_url \"mysql://x\" must start with sqlite:// or postgres://\n",
+    );
+}
