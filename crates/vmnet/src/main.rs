@@ -88,6 +88,9 @@ enum Command {
     Up(cli::sandbox::UpArgs),
     /// Remove a sandbox made by `vmnet up --sandbox`.
     Down(cli::sandbox::DownArgs),
+    /// Background processes of the sandbox (frame relay, echo service); internal.
+    #[command(subcommand, hide = true, name = "sandbox-helper")]
+    SandboxHelper(cli::sandbox::HelperCmd),
 }
 
 fn main() -> ExitCode {
@@ -124,6 +127,7 @@ async fn run(cli: Cli) -> Result<(), Error> {
         Command::Apply(a) => cli::vm::apply(g, a).await,
         Command::Up(a) => cli::sandbox::run(g, a).await,
         Command::Down(a) => cli::sandbox::down(g, a).await,
+        Command::SandboxHelper(c) => cli::sandbox::helper(c),
     }
 }
 
