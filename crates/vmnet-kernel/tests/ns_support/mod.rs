@@ -52,6 +52,16 @@ impl Env {
         netns::ip(&self.sb.host(), args).expect("ip in sandbox host")
     }
 
+    /// The routes of host table `table` (`ip -4`/`-6`), empty when the table does not exist.
+    pub fn host_table(&self, family: u8, table: u32) -> String {
+        let fam = format!("-{family}");
+        netns::ip(
+            &self.sb.host(),
+            &[&fam, "route", "show", "table", &table.to_string()],
+        )
+        .unwrap_or_default()
+    }
+
     /// Attaches a simulated guest to the VM's tap through the relay, configured with the VM's
     /// mesh address and IPv6 routes to `fe80::1` for `v6_routes`, and `mtu`.
     pub fn guest(&self, name: &str, plan: &VmPlan, v6_routes: &[&str], mtu: u32) -> SimGuest {
@@ -91,7 +101,10 @@ pub fn link_info(ns: &str, name: &str) -> Option<(u32, u32)> {
     let out = netns::ip(ns, &["-j", "link", "show", "dev", name]).ok()?;
     let v: serde_json::Value = serde_json::from_str(&out).ok()?;
     let l = &v[0];
-    Some((l["mtu"].as_u64()? as u32, l["ifindex"].as_u64()? as u32))
+    Some((
+        u32::try_from(l["mtu"].as_u64()?).ok()?,
+        u32::try_from(l["ifindex"].as_u64()?).ok()?,
+    ))
 }
 
 /// `nft list ruleset` inside `ns`.

@@ -1,0 +1,292 @@
+//! Namespace mode lifecycle on a real kernel (root required): apply twice is a no-op, a route
+//! change keeps the veth (same ifindex), delete leaves nothing behind, orphans are collected, a
+//! failed apply keeps the previous good state, a VM without a mesh address has no veth pair.
+
+mod ns_support;
+
+use std::net::{IpAddr, SocketAddr};
+
+use ns_support::{Env, T, link_info, nft_ruleset, vm_json};
+use vmnet_kernel::ns::Change;
+use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4};
+use vmnet_testkit::{netns, traffic};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_twice_is_a_noop_and_a_route_change_keeps_the_veth() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json("a", 0x21, Some("fdaa::21"), &[("::/0", "host")]));
+    let first = env.driver.apply(&plan).await.expect("apply");
+    assert!(
+        matches!(first.as_slice(), [Change::CreateVm { .. }]),
+        "{first:?}"
+    );
+    let again = env.driver.apply(&plan).await.expect("apply again");
+    assert!(again.is_empty(), "second apply changed {again:?}");
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+
+    let v = plan.veth.clone().unwrap();
+    let (_, host_index) = link_info(&env.sb.host(), &v.host_name).unwrap();
+    let (_, peer_index) = link_info(&plan.netns, &v.peer_name).unwrap();
+    assert!(!nft_ruleset(&plan.netns).contains("snat"));
+
+    // Add IPv4 via host and a gateway route: NAT appears, the VM gets its host table, veth stays.
+    let _gwvm = env.plan(&vm_json("gw", 0x22, Some("fdaa::22"), &[("::/0", "host")]));
+    env.driver.apply(&_gwvm).await.expect("gateway vm");
+    let changed = env.plan(&vm_json(
+        "a",
+        0x21,
+        Some("fdaa::21"),
+        &[
+            ("0.0.0.0/0", "host"),
+            ("::/0", "host"),
+            ("2000::/3", "fdaa::22"),
+        ],
+    ));
+    let changes = env.driver.apply(&changed).await.expect("apply change");
+    assert!(
+        changes
+            .iter()
+            .any(|c| matches!(c, Change::ReplaceNft { .. })),
+        "{changes:?}"
+    );
+    assert!(
+        changes.iter().any(|c| matches!(c, Change::AddRule(..))),
+        "{changes:?}"
+    );
+    assert!(
+        !changes
+            .iter()
+            .any(|c| matches!(c, Change::CreateVm { .. } | Change::Repair { .. })),
+        "{changes:?}"
+    );
+    assert_eq!(
+        link_info(&env.sb.host(), &v.host_name).unwrap().1,
+        host_index,
+        "host veth kept"
+    );
+    assert_eq!(
+        link_info(&plan.netns, &v.peer_name).unwrap().1,
+        peer_index,
+        "peer veth kept"
+    );
+    assert!(nft_ruleset(&plan.netns).contains("snat ip to"));
+    let table = env.host_table(6, changed.host_table);
+    assert!(
+        table.contains("2000::/3 via fe80::2 dev") && table.contains("throw default"),
+        "{table}"
+    );
+    assert!(
+        env.driver.apply(&changed).await.unwrap().is_empty(),
+        "converged"
+    );
+
+    // And back: the table and rule go, NAT goes.
+    let changes = env.driver.apply(&plan).await.expect("apply back");
+    assert!(
+        changes.iter().any(|c| matches!(c, Change::DelRule(..))),
+        "{changes:?}"
+    );
+    assert!(!nft_ruleset(&plan.netns).contains("snat"));
+    assert!(
+        env.host_ip(&["-6", "rule", "show"])
+            .lines()
+            .all(|l| !l.contains(&v.host_name))
+    );
+    assert_eq!(
+        link_info(&env.sb.host(), &v.host_name).unwrap().1,
+        host_index
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_removes_exactly_everything() {
+    let env = Env::new();
+    let keep = env.plan(&vm_json(
+        "keep",
+        0x31,
+        Some("fdaa::31"),
+        &[("::/0", "host")],
+    ));
+    let gone = env.plan(&vm_json(
+        "gone",
+        0x32,
+        Some("fdaa::32"),
+        &[("0.0.0.0/0", "host"), ("2000::/3", "fdaa::31")],
+    ));
+    env.driver.apply(&keep).await.unwrap();
+    env.driver.apply(&gone).await.unwrap();
+    let v = gone.veth.clone().unwrap();
+    assert!(env.host_ip(&["-6", "rule", "show"]).contains(&v.host_name));
+
+    let removed = env.driver.remove(gone.user_id).await.expect("remove");
+    assert_eq!(removed, vec![Change::RemoveVm { user_id: 0x32 }]);
+    assert!(!netns::exists(&gone.netns), "netns gone");
+    assert!(
+        link_info(&env.sb.host(), &v.host_name).is_none(),
+        "host veth gone"
+    );
+    assert!(
+        !env.host_ip(&["-6", "rule", "show"]).contains(&v.host_name),
+        "rule gone"
+    );
+    assert_eq!(
+        env.host_table(6, gone.host_table).trim(),
+        "",
+        "host table empty"
+    );
+    assert_eq!(
+        env.host_table(4, gone.host_table).trim(),
+        "",
+        "host table empty"
+    );
+    let main6 = env.host_ip(&["-6", "route", "show"]);
+    assert!(!main6.contains("fdaa::32"), "mesh route gone: {main6}");
+    assert!(
+        !env.host_ip(&["-4", "route", "show"])
+            .contains("10.200.0.200"),
+        "transit route gone"
+    );
+    // The other VM is untouched, and a second remove is a no-op.
+    assert!(env.driver.drift(&keep).await.unwrap().is_empty());
+    assert!(env.driver.remove(gone.user_id).await.unwrap().is_empty());
+    let seen: Vec<u32> = env
+        .driver
+        .observe()
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| o.user_id)
+        .collect();
+    assert_eq!(seen, vec![0x31]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_collects_orphans_and_keeps_desired_vms() {
+    let env = Env::new();
+    let plans: Vec<_> = (0x41..0x44)
+        .map(|u| {
+            env.plan(&vm_json(
+                &format!("v{u}"),
+                u,
+                Some(&format!("fdaa::{u:x}")),
+                &[("0.0.0.0/0", "host")],
+            ))
+        })
+        .collect();
+    for p in &plans {
+        env.driver.apply(p).await.unwrap();
+    }
+    // A stray rule and table route of a VM that no longer exists (e.g. left by a crash).
+    let stray = env.settings.host_table_base + 0x99;
+    let stray_if = format!("{}h0099", env.settings.name_prefix);
+    env.host_ip(&[
+        "-6",
+        "rule",
+        "add",
+        "iif",
+        &stray_if,
+        "lookup",
+        &stray.to_string(),
+        "pref",
+        "10000",
+    ]);
+    env.host_ip(&[
+        "-6",
+        "route",
+        "add",
+        "throw",
+        "fdaa::/16",
+        "table",
+        &stray.to_string(),
+    ]);
+
+    let mut removed = env.driver.gc(&plans[..1]).await.expect("gc");
+    removed.sort_unstable();
+    assert_eq!(removed, vec![0x42, 0x43, 0x99]);
+    let seen: Vec<u32> = env
+        .driver
+        .observe()
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| o.user_id)
+        .collect();
+    assert_eq!(seen, vec![0x41]);
+    assert!(!env.host_ip(&["-6", "rule", "show"]).contains(&stray_if));
+    assert!(
+        env.driver.drift(&plans[0]).await.unwrap().is_empty(),
+        "desired VM untouched"
+    );
+
+    // With nothing desired, everything of ours goes, host masquerade table included.
+    assert_eq!(env.driver.gc(&[]).await.unwrap(), vec![0x41]);
+    assert!(env.driver.observe().await.unwrap().is_empty());
+    assert!(!nft_ruleset(&env.sb.host()).contains(&format!("{}_host", env.settings.name_prefix)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_apply_keeps_the_previous_good_state() {
+    let env = Env::new();
+    let good = env.plan(&vm_json(
+        "f",
+        0x51,
+        Some("fdaa::51"),
+        &[("0.0.0.0/0", "host")],
+    ));
+    env.driver.apply(&good).await.unwrap();
+    let _echo = env.sb.start_echo().unwrap();
+    let guest = env.guest("f", &good, &["fdaa::/16"], 1380);
+    let echo = SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT);
+    traffic::tcp_echo(guest.netns(), echo, T).expect("reachable before");
+
+    // A new config whose nft transaction the kernel refuses (after the route changes were made).
+    let mut bad = env.plan(&vm_json(
+        "f",
+        0x51,
+        Some("fdaa::51"),
+        &[("10.0.0.0/8", "host"), ("::/0", "host")],
+    ));
+    bad.nft["nftables"][3]["add"]["chain"]["hook"] = serde_json::json!("no-such-hook");
+    bad.nft_fingerprint = "broken".into();
+    let err = env.driver.apply(&bad).await.expect_err("must fail");
+    assert!(err.to_string().contains("nft in"), "{err}");
+    assert!(
+        env.driver.drift(&good).await.unwrap().is_empty(),
+        "previous state restored"
+    );
+    traffic::tcp_echo(guest.netns(), echo, T).expect("still reachable after the failed apply");
+
+    // A failing create leaves nothing: the host veth name is taken by a foreign link.
+    let other = env.plan(&vm_json("g", 0x52, Some("fdaa::52"), &[]));
+    let taken = other.veth.as_ref().unwrap().host_name.clone();
+    env.host_ip(&[
+        "link", "add", &taken, "type", "veth", "peer", "name", "taken0",
+    ]);
+    env.driver.apply(&other).await.expect_err("name taken");
+    assert!(!netns::exists(&other.netns), "partial create rolled back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_without_mesh_has_tap_but_no_veth() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json("capture", 0x61, None, &[]));
+    env.driver.apply(&plan).await.unwrap();
+    assert!(netns::exists(&plan.netns));
+    let links = netns::ip(&plan.netns, &["-o", "link", "show"]).unwrap();
+    assert!(links.contains(&plan.tap.name), "{links}");
+    assert_eq!(links.lines().count(), 2, "only lo and the tap: {links}");
+    let host_links = env.host_ip(&["-o", "link", "show"]);
+    assert!(
+        !host_links.contains(&format!("{}h0061", env.settings.name_prefix)),
+        "{host_links}"
+    );
+    assert!(env.driver.apply(&plan).await.unwrap().is_empty());
+    let owner = netns::exec(
+        &plan.netns,
+        "cat",
+        &[&format!("/sys/class/net/{}/tun_flags", plan.tap.name)],
+        T,
+    )
+    .unwrap();
+    assert!(owner.status.success(), "tap is a tun device");
+}
