@@ -33,6 +33,7 @@ pub static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 pub static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
 /// Maps a database failure to `UNAVAILABLE` (the request may succeed later).
+#[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(db_err)` works
 pub(crate) fn db_err(e: sqlx::Error) -> Error {
     Error::unavailable(format!("database: {e}"))
 }
