@@ -6,9 +6,11 @@
 //! - [`runtime`]: NIC configs for libvirt, cloud-hypervisor, Firecracker, qemu and plugins.
 //! - [`nft`]: the three bcd nftables tables as nft JSON, full replace and per-instance deltas.
 //! - [`census`]: what a ruleset holds (rules, set elements), for the drift audit.
+//! - [`validate`]: what the root helper accepts: bcd's three tables and nothing else.
 
 pub mod census;
 pub mod nft;
 pub mod nic;
 pub mod runtime;
 pub mod seed;
+pub mod validate;
