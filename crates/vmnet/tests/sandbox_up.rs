@@ -1,0 +1,189 @@
+//! The main job end to end: the built `vmnet` binary runs `up --sandbox examples/host.json`
+//! (agent in a sandbox host, simulated guests over tap relays, real packets), every check must
+//! pass, then `down --sandbox` must leave nothing behind: no namespace with the sandbox's name,
+//! no process, no state directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use vmnet_testkit::{require_root, sandbox};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vmnet");
+
+fn host_spec() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/host.json")
+}
+
+fn vmnet(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run vmnet")
+}
+
+/// Removes the sandbox even when the test fails half-way.
+struct Guard {
+    name: String,
+    root: PathBuf,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let root = self.root.display().to_string();
+        let _ = vmnet(&["down", "--sandbox", "--name", &self.name, "--root", &root]);
+        let _ = sandbox::cleanup(&self.name);
+    }
+}
+
+fn our_processes(marker: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(Result::ok)
+    {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(marker) {
+                out.push(cmd);
+            }
+        }
+    }
+    out
+}
+
+fn check<'a>(checks: &'a [Value], vm: &str, name: &str) -> &'a Value {
+    checks
+        .iter()
+        .find(|c| c["vm"] == vm && c["check"] == name)
+        .unwrap_or_else(|| panic!("no check {name} for {vm}: {checks:#?}"))
+}
+
+#[test]
+fn up_runs_the_main_job_and_down_removes_everything() {
+    require_root();
+    let name = sandbox::unique_prefix("su");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("sandboxes");
+    let root_s = root.display().to_string();
+    let guard = Guard {
+        name: name.clone(),
+        root: root.clone(),
+    };
+    let spec = host_spec().display().to_string();
+
+    let out = vmnet(&[
+        "--output",
+        "json",
+        "up",
+        "--sandbox",
+        &spec,
+        "--name",
+        &name,
+        "--root",
+        &root_s,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "up failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+
+    // The VM table: names derived from the sandbox name and the user ids.
+    let vms = report["vms"].as_array().expect("vms");
+    assert_eq!(vms.len(), 3, "{vms:#?}");
+    let gw = vms
+        .iter()
+        .find(|v| v["vm"] == "vm-gateway")
+        .expect("gateway vm");
+    assert_eq!(gw["netns"], format!("{name}n0007"));
+    assert_eq!(gw["veth"], format!("{name}h0007/{name}p0007"));
+    assert_eq!(gw["state"], "applied");
+    assert_eq!(gw["mesh"], "fdaa:1::7");
+
+    // Every check passed, and the ones the issue names are there with the right values.
+    let checks = report["checks"].as_array().expect("checks");
+    let failed: Vec<&Value> = checks.iter().filter(|c| c["ok"] != true).collect();
+    assert!(failed.is_empty(), "failed checks: {failed:#?}");
+    for (vm, name, seen) in [
+        ("vm-gateway", "ipv4 tcp echo", "from 203.0.113.2"),
+        ("vm-gateway", "ipv4 udp echo", "from 203.0.113.2"),
+        ("vm-gateway", "ipv4 mss clamp", "syn mss 1340"),
+        ("vm-gateway", "ipv6 tcp echo", "from fdaa:1::7"),
+        ("vm-gateway", "ipv6 mss clamp", "syn mss 1320"),
+        ("vm-isolated", "ipv4 tcp echo", "no reach"),
+        ("vm-isolated", "ipv4 udp echo", "no reach"),
+        ("vm-isolated", "mesh -> vm-gateway", "from fdaa:1::8"),
+        ("vm-gateway", "mesh -> vm-behind-gateway", "from fdaa:1::7"),
+        ("vm-behind-gateway", "ipv4 tcp echo", "no reach"),
+        (
+            "vm-behind-gateway",
+            "gateway 2000::/3 via vm-gateway",
+            "at vm-gateway from fdaa:1::9",
+        ),
+    ] {
+        assert_eq!(check(checks, vm, name)["seen"], seen, "{vm} {name}");
+    }
+
+    // The sandbox stays up: agent, echo service and relays run; a second `up` is refused.
+    let dir = root.join(&name);
+    let marker = dir.display().to_string();
+    assert_eq!(
+        our_processes(&marker).len(),
+        5,
+        "{:#?}",
+        our_processes(&marker)
+    );
+    let again = vmnet(&["up", "--sandbox", &spec, "--name", &name, "--root", &root_s]);
+    assert_eq!(
+        again.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(String::from_utf8_lossy(&again.stderr).contains("CONFLICT"));
+
+    let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert_eq!(sandbox::leftovers(&name), Vec::<String>::new());
+    assert!(!dir.exists());
+    assert_eq!(our_processes(&marker), Vec::<String>::new());
+    let again = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
+    assert_eq!(again.status.code(), Some(3), "a second down finds nothing");
+    drop(guard);
+}
+
+#[test]
+fn up_refuses_bad_input_without_leaving_anything() {
+    require_root();
+    let name = sandbox::unique_prefix("su");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root_s = tmp.path().display().to_string();
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(&bad, r#"{"vms": [{"id": "x", "user_id": 1, "tenant": 1, "network": {"routes": [{"destination": "10.0.0.1/8", "via": "host"}]}}]}"#)
+        .expect("write");
+    let out = vmnet(&[
+        "up",
+        "--sandbox",
+        &bad.display().to_string(),
+        "--name",
+        &name,
+        "--root",
+        &root_s,
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("INVALID_INPUT"));
+    let out = vmnet(&["up", "--name", &name, "--root", &root_s]);
+    assert_eq!(out.status.code(), Some(2), "--sandbox is required");
+    assert_eq!(sandbox::leftovers(&name), Vec::<String>::new());
+    assert!(!tmp.path().join(&name).exists());
+}
