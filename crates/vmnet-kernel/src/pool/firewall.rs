@@ -32,18 +32,33 @@ use vmnet_plan::pool::nft::{
 
 use super::libnft::{LibNft, LibNftError};
 
-/// Runs one nft command buffer as one transaction and returns nft's output.
+/// Applies nft JSON batches and lists the ruleset: libnftables in-process ([`LibNft`]) or the
+/// agent's root helper.
 pub trait NftExec: Send + Sync {
-    /// Runs `cmd` (nft JSON) and returns the output (JSON for `list` commands).
+    /// Applies one nft JSON batch as one transaction.
     ///
     /// # Errors
-    /// A message from nft or from the transport when the batch was refused or not delivered.
-    fn run(&self, cmd: &str) -> Result<String, FirewallError>;
+    /// A message from nft or from the transport when the batch was refused or not delivered;
+    /// nothing of the batch is applied then.
+    fn apply(&self, batch: &str) -> Result<(), FirewallError>;
+
+    /// The ruleset as nft JSON (`nft -j list ruleset`).
+    ///
+    /// # Errors
+    /// When nft or the transport fails.
+    fn list(&self) -> Result<String, FirewallError>;
 }
 
+/// The nft JSON command that lists the ruleset.
+pub const LIST_RULESET: &str = r#"{"nftables":[{"list":{"ruleset":null}}]}"#;
+
 impl NftExec for LibNft {
-    fn run(&self, cmd: &str) -> Result<String, FirewallError> {
-        LibNft::run(self, cmd).map_err(FirewallError::Nft)
+    fn apply(&self, batch: &str) -> Result<(), FirewallError> {
+        self.run(batch).map(drop).map_err(FirewallError::Nft)
+    }
+
+    fn list(&self) -> Result<String, FirewallError> {
+        self.run(LIST_RULESET).map_err(FirewallError::Nft)
     }
 }
 
@@ -107,8 +122,6 @@ pub struct FirewallStatus {
     pub last_drift: Vec<String>,
 }
 
-const LIST_RULESET: &str = r#"{"nftables":[{"list":{"ruleset":null}}]}"#;
-
 /// The bcd tables of one host, driven through `E`.
 #[derive(Debug)]
 pub struct PoolFirewall<E: NftExec> {
@@ -156,7 +169,7 @@ impl<E: NftExec> PoolFirewall<E> {
     /// # Errors
     /// When nft cannot list or its output is not JSON.
     pub fn observe(&self) -> Result<Census, FirewallError> {
-        let out = self.exec.run(LIST_RULESET)?;
+        let out = self.exec.list()?;
         let v: Value = serde_json::from_str(&out)
             .map_err(|e| FirewallError::ReadBack(format!("listing is not JSON: {e}")))?;
         Ok(Census::of(&v))
@@ -170,7 +183,7 @@ impl<E: NftExec> PoolFirewall<E> {
     /// listing does not show the rules just loaded.
     pub fn replace(&mut self, fw: Firewall) -> Result<(), FirewallError> {
         let doc = render_full(&fw);
-        self.exec.run(&doc.to_string())?;
+        self.exec.apply(&doc.to_string())?;
         let planned = Census::of(&doc);
         let observed = self.observe()?;
         self.desired = fw;
@@ -245,7 +258,7 @@ impl<E: NftExec> PoolFirewall<E> {
             return self.replace(next);
         }
         let doc = render_instance(entries, change);
-        self.exec.run(&doc.to_string())?;
+        self.exec.apply(&doc.to_string())?;
         self.planned.apply(&doc);
         self.desired = next;
         Ok(())

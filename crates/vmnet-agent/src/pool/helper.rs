@@ -1,0 +1,258 @@
+//! The root helper for nftables (spec: "privilege separation"): a separate process, started by
+//! the agent with `Command` (fork + exec, never a bare fork of the multi-threaded agent), spoken
+//! to over a socketpair inherited as file descriptor 3.
+//!
+//! # Protocol
+//! Both directions send frames of a 4-byte big-endian length and that many bytes of JSON.
+//! Requests: `{"op":"apply","ruleset":"<nft JSON>"}` or `{"op":"list"}`. Replies:
+//! `{"ok":true,"output":"…"}` or `{"ok":false,"error":"…"}`. The helper applies a ruleset only
+//! after [`vmnet_plan::pool::validate::validate`] accepted it; a refusal carries the reason. It serves one
+//! agent, one request at a time, and exits when the socket closes.
+//!
+//! # Design
+//! The helper enters the target namespace on its main thread before doing anything else (it is
+//! single-threaded), then opens one libnftables context there and keeps it. The agent side
+//! ([`HelperClient`]) implements [`NftExec`], so the pool firewall drives the helper exactly as it
+//! drives an in-process context.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use vmnet_kernel::pool::firewall::{FirewallError, LIST_RULESET, NftExec};
+use vmnet_kernel::pool::libnft::LibNft;
+
+use vmnet_plan::pool::validate::validate;
+
+/// The descriptor number the helper finds its socket on.
+pub const HELPER_FD: i32 = 3;
+
+/// Largest frame either side accepts, bytes.
+pub const MAX_FRAME: u32 = 64 << 20;
+
+/// A request to the helper.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Request {
+    /// Validate, then apply one nft JSON batch.
+    Apply {
+        /// The nft JSON text.
+        ruleset: String,
+    },
+    /// List the ruleset (JSON).
+    List,
+}
+
+/// The helper's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// nft's output (listings).
+    #[serde(default)]
+    pub output: String,
+    /// Why it failed.
+    #[serde(default)]
+    pub error: String,
+}
+
+/// Writes one frame.
+///
+/// # Errors
+/// I/O errors, or a frame over [`MAX_FRAME`].
+pub fn write_frame(w: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|l| *l <= MAX_FRAME)
+        .ok_or_else(|| std::io::Error::other("frame too large"))?;
+    w.write_all(&len.to_be_bytes())?;
+    w.write_all(body)?;
+    w.flush()
+}
+
+/// Reads one frame; `None` at a clean end of stream.
+///
+/// # Errors
+/// I/O errors, or a length over [`MAX_FRAME`].
+pub fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len);
+    if len > MAX_FRAME {
+        return Err(std::io::Error::other(format!(
+            "frame of {len} bytes is too large"
+        )));
+    }
+    let mut body = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    r.read_exact(&mut body)?;
+    Ok(Some(body))
+}
+
+/// Answers one request with `nft` (validation first for `apply`).
+pub fn handle(nft: &LibNft, req: &Request) -> Reply {
+    let result = match req {
+        Request::Apply { ruleset } => match validate(ruleset) {
+            Ok(()) => nft.run(ruleset).map_err(|e| e.to_string()),
+            Err(refusal) => Err(refusal.to_string()),
+        },
+        Request::List => nft.run(LIST_RULESET).map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(output) => Reply {
+            ok: true,
+            output,
+            error: String::new(),
+        },
+        Err(error) => Reply {
+            ok: false,
+            output: String::new(),
+            error,
+        },
+    }
+}
+
+/// The helper's main loop: enters `netns` (when given) on this thread, opens libnftables there
+/// and serves requests on `sock` until the agent closes it. Call it from a single-threaded
+/// process (the helper entry point), never from the agent.
+///
+/// # Errors
+/// A message when the namespace, libnftables or the socket fails.
+pub fn serve(sock: &UnixStream, netns: Option<&str>) -> Result<(), String> {
+    if let Some(ns) = netns {
+        vmnet_kernel::netns::enter_current_thread(ns)
+            .map_err(|e| format!("enter netns {ns}: {e}"))?;
+    }
+    let nft = LibNft::here().map_err(|e| e.to_string())?;
+    let mut r = sock;
+    let mut w = sock;
+    while let Some(body) = read_frame(&mut r).map_err(|e| format!("read: {e}"))? {
+        let reply = match serde_json::from_slice::<Request>(&body) {
+            Ok(req) => handle(&nft, &req),
+            Err(e) => Reply {
+                ok: false,
+                output: String::new(),
+                error: format!("bad request: {e}"),
+            },
+        };
+        let bytes = serde_json::to_vec(&reply).map_err(|e| e.to_string())?;
+        write_frame(&mut w, &bytes).map_err(|e| format!("write: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The helper's entry point for a process started by [`HelperClient::spawn`]: takes descriptor
+/// [`HELPER_FD`] and serves it.
+///
+/// # Errors
+/// As [`serve`].
+pub fn main_from_fd(netns: Option<&str>) -> Result<(), String> {
+    // SAFETY: the agent passed the socket as descriptor 3 and nothing else in this process owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(HELPER_FD) };
+    serve(&UnixStream::from(fd), netns)
+}
+
+/// The agent's end: a running helper and its socket.
+#[derive(Debug)]
+pub struct HelperClient {
+    sock: Mutex<UnixStream>,
+    child: Mutex<Child>,
+}
+
+impl HelperClient {
+    /// Starts `cmd` (the helper entry: e.g. `vmnet-pool-helper --netns NS`) with one end of a
+    /// new socketpair as descriptor 3.
+    ///
+    /// # Errors
+    /// When the socketpair or the process cannot be made.
+    pub fn spawn(mut cmd: Command) -> std::io::Result<Self> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let fd = theirs.as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec and calls only dup2 and
+        // fcntl, which are async-signal-safe; it touches no memory shared with other threads.
+        unsafe {
+            cmd.pre_exec(move || {
+                if fd == HELPER_FD {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, HELPER_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        drop(theirs);
+        Ok(Self {
+            sock: Mutex::new(ours),
+            child: Mutex::new(child),
+        })
+    }
+
+    /// Sends one request and waits for the reply.
+    ///
+    /// # Errors
+    /// [`FirewallError::Helper`] when the helper refused, failed or is gone.
+    pub fn call(&self, req: &Request) -> Result<String, FirewallError> {
+        let sock = self
+            .sock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let body = serde_json::to_vec(req).map_err(|e| FirewallError::Helper(e.to_string()))?;
+        let mut w = &*sock;
+        write_frame(&mut w, &body).map_err(|e| FirewallError::Helper(format!("send: {e}")))?;
+        let mut r = &*sock;
+        let bytes = read_frame(&mut r)
+            .map_err(|e| FirewallError::Helper(format!("receive: {e}")))?
+            .ok_or_else(|| FirewallError::Helper("the helper exited".into()))?;
+        let reply: Reply = serde_json::from_slice(&bytes)
+            .map_err(|e| FirewallError::Helper(format!("bad reply: {e}")))?;
+        if reply.ok {
+            Ok(reply.output)
+        } else {
+            Err(FirewallError::Helper(reply.error))
+        }
+    }
+
+    /// The helper's process id.
+    pub fn pid(&self) -> u32 {
+        self.child
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .id()
+    }
+}
+
+impl NftExec for HelperClient {
+    fn apply(&self, batch: &str) -> Result<(), FirewallError> {
+        self.call(&Request::Apply {
+            ruleset: batch.to_owned(),
+        })
+        .map(drop)
+    }
+
+    fn list(&self) -> Result<String, FirewallError> {
+        self.call(&Request::List)
+    }
+}
+
+impl Drop for HelperClient {
+    fn drop(&mut self) {
+        // Closing our end makes the helper exit; reap it.
+        if let Ok(s) = self.sock.get_mut() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        if let Ok(c) = self.child.get_mut() {
+            let _ = c.wait();
+        }
+    }
+}
