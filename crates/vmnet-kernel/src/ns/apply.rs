@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 
+use futures::future::try_join_all;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use netlink_packet_route::link::{InfoData, InfoVeth};
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
@@ -176,7 +177,9 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     let ns = netns::create_and_run(&plan.netns, || -> Result<Handle, NsError> {
         inns::create_tap(&plan.tap)?;
         inns::write_sysctls(&plan.netns, &plan.ns_sysctls)?;
-        inns::run_nft(&plan.netns, &plan.nft)?;
+        // A fresh netns has no table yet: skip the replace prologue (a delete makes closing the
+        // nft socket slow), keep the rest of the one transaction.
+        inns::run_nft(&plan.netns, &without_replace_prologue(&plan.nft))?;
         let _guard = rt.enter();
         let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
             NsError::Netns(netns::NetnsError::Io {
@@ -218,8 +221,21 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     }])
 }
 
+/// The transaction without its leading `add table` + `delete table` pair.
+fn without_replace_prologue(nft: &serde_json::Value) -> serde_json::Value {
+    let mut v = nft.clone();
+    if let Some(cmds) = v["nftables"].as_array_mut()
+        && cmds.len() > 2
+        && cmds[1].get("delete").is_some()
+    {
+        cmds.drain(..2);
+    }
+    v
+}
+
 /// Brings lo, the tap and the veth ends to the planned MTU, up and addresses (idempotent).
-/// Returns the netns links by name.
+/// The three links are configured concurrently (independent netlink requests). Returns the
+/// netns links by name.
 async fn configure_fixed(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
@@ -227,116 +243,81 @@ async fn configure_fixed(
     st: &VmState,
 ) -> Result<HashMap<String, KLink>, NsError> {
     let w = plan.netns.as_str();
-    ns.link()
-        .set(LinkUnspec::new_with_index(1).up().build())
-        .execute()
-        .await
-        .map_err(nl(format!("{w}: set lo up")))?;
-    let tap = routes::link_by_name(ns, &plan.tap.name)
-        .await?
-        .ok_or_else(|| NsError::Missing(format!("{w}: tap {} missing", plan.tap.name)))?;
-    if tap.mtu != plan.tap.mtu || !tap.up {
+    let lo = async {
+        if st.ns_links.get("lo").is_some_and(|l| l.up) {
+            return Ok(());
+        }
         ns.link()
-            .set(
-                LinkUnspec::new_with_index(tap.index)
-                    .mtu(plan.tap.mtu)
-                    .up()
-                    .build(),
-            )
+            .set(LinkUnspec::new_with_index(1).up().build())
             .execute()
             .await
-            .map_err(nl(format!("{w}: set {} mtu/up", plan.tap.name)))?;
-    }
-    add_addr(
-        ns,
-        &st.ns_addrs,
-        tap.index,
-        IpAddr::V4(plan.tap.ipv4.addr()),
-        plan.tap.ipv4.prefix_len(),
-        w,
-    )
-    .await?;
-    add_addr(
-        ns,
-        &st.ns_addrs,
-        tap.index,
-        IpAddr::V6(plan.tap.ipv6_link_local.addr()),
-        64,
-        w,
-    )
-    .await?;
+            .map_err(nl(format!("{w}: set lo up")))
+    };
+    let tap_addrs = [
+        (IpAddr::V4(plan.tap.ipv4.addr()), plan.tap.ipv4.prefix_len()),
+        (IpAddr::V6(plan.tap.ipv6_link_local.addr()), 64),
+    ];
+    let tap = ensure_link(ns, &plan.tap.name, plan.tap.mtu, &st.ns_addrs, tap_addrs, w);
+    let veth = async {
+        let Some(v) = &plan.veth else {
+            return Ok(None);
+        };
+        let peer_addrs = [
+            (IpAddr::V4(v.peer_ipv4.addr()), 30),
+            (IpAddr::V6(v.peer_ipv6_link_local.addr()), 64),
+        ];
+        let host_addrs = [
+            (IpAddr::V4(v.host_ipv4.addr()), 30),
+            (IpAddr::V6(v.host_ipv6_link_local.addr()), 64),
+        ];
+        let (peer, _host) = futures::try_join!(
+            ensure_link(ns, &v.peer_name, v.mtu, &st.ns_addrs, peer_addrs, w),
+            ensure_link(
+                &d.host,
+                &v.host_name,
+                v.mtu,
+                &st.host_addrs,
+                host_addrs,
+                "host"
+            ),
+        )?;
+        Ok(Some(peer))
+    };
+    let ((), tap, peer) = futures::try_join!(lo, tap, veth)?;
     let mut links = HashMap::from([(tap.name.clone(), tap)]);
-    if let Some(v) = &plan.veth {
-        let peer = routes::link_by_name(ns, &v.peer_name)
-            .await?
-            .ok_or_else(|| NsError::Missing(format!("{w}: {} missing", v.peer_name)))?;
-        if peer.mtu != v.mtu || !peer.up {
-            ns.link()
-                .set(
-                    LinkUnspec::new_with_index(peer.index)
-                        .mtu(v.mtu)
-                        .up()
-                        .build(),
-                )
-                .execute()
-                .await
-                .map_err(nl(format!("{w}: set {} mtu/up", v.peer_name)))?;
-        }
-        add_addr(
-            ns,
-            &st.ns_addrs,
-            peer.index,
-            IpAddr::V4(v.peer_ipv4.addr()),
-            30,
-            w,
-        )
-        .await?;
-        add_addr(
-            ns,
-            &st.ns_addrs,
-            peer.index,
-            IpAddr::V6(v.peer_ipv6_link_local.addr()),
-            64,
-            w,
-        )
-        .await?;
-        links.insert(peer.name.clone(), peer);
-        let host = routes::link_by_name(&d.host, &v.host_name)
-            .await?
-            .ok_or_else(|| NsError::Missing(format!("host: {} missing", v.host_name)))?;
-        if host.mtu != v.mtu || !host.up {
-            d.host
-                .link()
-                .set(
-                    LinkUnspec::new_with_index(host.index)
-                        .mtu(v.mtu)
-                        .up()
-                        .build(),
-                )
-                .execute()
-                .await
-                .map_err(nl(format!("host: set {} mtu/up", v.host_name)))?;
-        }
-        add_addr(
-            &d.host,
-            &st.host_addrs,
-            host.index,
-            IpAddr::V4(v.host_ipv4.addr()),
-            30,
-            "host",
-        )
-        .await?;
-        add_addr(
-            &d.host,
-            &st.host_addrs,
-            host.index,
-            IpAddr::V6(v.host_ipv6_link_local.addr()),
-            64,
-            "host",
-        )
-        .await?;
+    if let Some(p) = peer {
+        links.insert(p.name.clone(), p);
     }
     Ok(links)
+}
+
+/// Makes link `name` have `mtu`, be up and carry `addrs`; returns it.
+async fn ensure_link(
+    h: &Handle,
+    name: &str,
+    mtu: u32,
+    have: &HashSet<KAddr>,
+    addrs: [(IpAddr, u8); 2],
+    w: &str,
+) -> Result<KLink, NsError> {
+    let mut l = routes::link_by_name(h, name)
+        .await?
+        .ok_or_else(|| NsError::Missing(format!("{w}: link {name} is missing")))?;
+    if l.mtu != mtu || !l.up {
+        h.link()
+            .set(LinkUnspec::new_with_index(l.index).mtu(mtu).up().build())
+            .execute()
+            .await
+            .map_err(nl(format!("{w}: set {name} mtu/up")))?;
+        l.mtu = mtu;
+        l.up = true;
+    }
+    let [(a1, p1), (a2, p2)] = addrs;
+    futures::try_join!(
+        add_addr(h, have, l.index, a1, p1, w),
+        add_addr(h, have, l.index, a2, p2, w),
+    )?;
+    Ok(l)
 }
 
 /// Adds an address unless `have` lists it (IPv6 without duplicate address detection, so it is
@@ -477,7 +458,7 @@ async fn sync_routes(
     changes: &mut Vec<Change>,
 ) -> Result<(), NsError> {
     let w = plan.netns.as_str();
-    let sides: [RouteSide<'_>; 2] = [
+    let route_sides: [RouteSide<'_>; 2] = [
         (
             Side::Host,
             &d.host,
@@ -487,19 +468,6 @@ async fn sync_routes(
         ),
         (Side::Vm, ns, &want.ns_routes, &st.ns_routes, w),
     ];
-    for (side, h, wr, have, label) in sides {
-        for r in have.iter().filter(|r| !wr.contains_key(*r)) {
-            routes::del_route(h, r, label).await?;
-            changes.push(Change::DelRoute(side, r.to_string()));
-        }
-    }
-    // Netns routes first (the host's mesh route then points at a ready namespace).
-    for (side, h, wr, have, label) in sides.into_iter().rev() {
-        for (r, onlink) in wr.iter().filter(|(r, _)| !have.contains(*r)) {
-            routes::add_route(h, r, *onlink, label).await?;
-            changes.push(Change::AddRoute(side, r.to_string()));
-        }
-    }
     let rule_sides: [RuleSide<'_>; 2] = [
         (Side::Vm, ns, &want.ns_rules, &st.ns_rules, w),
         (
@@ -510,15 +478,36 @@ async fn sync_routes(
             "host",
         ),
     ];
+    // Order: stale rules, stale routes, missing routes, missing rules — so no rule ever selects a
+    // half-filled table. Within a step the requests are independent and run concurrently.
+    let mut steps: Vec<futures::future::BoxFuture<'_, Result<(), NsError>>> = Vec::new();
     for (side, h, wr, have, label) in rule_sides {
-        for r in wr.difference(have) {
-            routes::add_rule(h, r, label).await?;
-            changes.push(Change::AddRule(side, r.to_string()));
-        }
         for r in have.difference(wr) {
-            routes::del_rule(h, r, label).await?;
             changes.push(Change::DelRule(side, r.to_string()));
+            steps.push(Box::pin(routes::del_rule(h, r, label)));
         }
     }
+    try_join_all(steps.drain(..)).await?;
+    for (side, h, wr, have, label) in route_sides {
+        for r in have.iter().filter(|r| !wr.contains_key(*r)) {
+            changes.push(Change::DelRoute(side, r.to_string()));
+            steps.push(Box::pin(routes::del_route(h, r, label)));
+        }
+    }
+    try_join_all(steps.drain(..)).await?;
+    for (side, h, wr, have, label) in route_sides {
+        for (r, onlink) in wr.iter().filter(|(r, _)| !have.contains(*r)) {
+            changes.push(Change::AddRoute(side, r.to_string()));
+            steps.push(Box::pin(routes::add_route(h, r, *onlink, label)));
+        }
+    }
+    try_join_all(steps.drain(..)).await?;
+    for (side, h, wr, have, label) in rule_sides {
+        for r in wr.difference(have) {
+            changes.push(Change::AddRule(side, r.to_string()));
+            steps.push(Box::pin(routes::add_rule(h, r, label)));
+        }
+    }
+    try_join_all(steps).await?;
     Ok(())
 }

@@ -65,10 +65,11 @@ pub(super) fn apply_host(host: &HostNs, plan: &HostPlan) -> Result<(), NsError> 
 
 /// Whether the host-wide state is in place (sysctls and the masquerade table exist).
 pub(super) fn host_in_sync(host: &HostNs, plan: &HostPlan) -> Result<bool, NsError> {
+    let label = host.label().to_owned();
     host.run(|| {
-        inns::sysctls_differ(&plan.sysctls).is_empty()
-            && inns::nft_table_exists("ip", &plan.nft_table)
-    })
+        Ok(inns::sysctls_differ(&plan.sysctls).is_empty()
+            && inns::nft_table_exists(&label, "ip", &plan.nft_table)?)
+    })?
 }
 
 /// Removes the host masquerade table (sysctls are left as they are: other software may rely on

@@ -12,6 +12,8 @@ use std::process::{Command, Stdio};
 
 use vmnet_plan::ns::TapPlan;
 
+use crate::pool::libnft::{LibNft, LibNftError};
+
 use super::NsError;
 
 /// Creates the persistent tap `plan.name` in the calling thread's namespace (`IFF_TAP |
@@ -96,8 +98,25 @@ pub(super) fn sysctls_differ(sysctls: &[(String, String)]) -> Vec<String> {
         .collect()
 }
 
-/// Runs one `nft -j -f -` transaction in the calling thread's namespace.
+/// Runs one nft JSON transaction in the calling thread's namespace: in process through
+/// libnftables when the library is present (no process start, see [`crate::pool::libnft`]),
+/// else through `nft -j -f -`.
 pub(super) fn run_nft(netns: &str, ruleset: &serde_json::Value) -> Result<(), NsError> {
+    let body = serde_json::to_string(ruleset).expect("JSON values serialize");
+    match LibNft::here() {
+        Ok(nft) => nft.run(&body).map(drop).map_err(|e| NsError::Nft {
+            netns: netns.to_owned(),
+            message: e.to_string(),
+        }),
+        Err(LibNftError::Load(_)) => run_nft_process(netns, &body),
+        Err(e) => Err(NsError::Nft {
+            netns: netns.to_owned(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+fn run_nft_process(netns: &str, body: &str) -> Result<(), NsError> {
     let fail = |message: String| NsError::Nft {
         netns: netns.to_owned(),
         message,
@@ -109,10 +128,9 @@ pub(super) fn run_nft(netns: &str, ruleset: &serde_json::Value) -> Result<(), Ns
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| fail(format!("cannot run nft: {e}")))?;
-    let body = serde_json::to_vec(ruleset).expect("JSON values serialize");
     if let Some(mut stdin) = child.stdin.take() {
         stdin
-            .write_all(&body)
+            .write_all(body.as_bytes())
             .map_err(|e| fail(format!("writing to nft: {e}")))?;
     }
     let out = child
@@ -124,29 +142,56 @@ pub(super) fn run_nft(netns: &str, ruleset: &serde_json::Value) -> Result<(), Ns
     Ok(())
 }
 
+/// The nft JSON listing of table `family name` in the calling thread's namespace, `None` when
+/// it does not exist.
+fn list_table(
+    netns: &str,
+    family: &str,
+    table: &str,
+) -> Result<Option<serde_json::Value>, NsError> {
+    let bad = |message: String| NsError::Nft {
+        netns: netns.to_owned(),
+        message,
+    };
+    let cmd =
+        serde_json::json!({"nftables": [{"list": {"table": {"family": family, "name": table}}}]})
+            .to_string();
+    let text = match LibNft::here() {
+        Ok(nft) => match nft.run(&cmd) {
+            Ok(out) => out,
+            Err(LibNftError::Refused { .. }) => return Ok(None),
+            Err(e) => return Err(bad(e.to_string())),
+        },
+        Err(LibNftError::Load(_)) => {
+            let out = Command::new("nft")
+                .args(["-j", "list", "table", family, table])
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| bad(format!("cannot run nft: {e}")))?;
+            if !out.status.success() {
+                return Ok(None);
+            }
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| bad(format!("unreadable nft output: {e}")))
+}
+
 /// Reads table `family name` in the calling thread's namespace and returns the comment of its
-/// first rule carrying `marker` (our fingerprint), `Ok(None)` when the table does not exist.
+/// first rule carrying `marker` (our fingerprint, without the marker; empty when no rule has
+/// one), `Ok(None)` when the table does not exist.
 pub(super) fn nft_table_comment(
     netns: &str,
     family: &str,
     table: &str,
     marker: &str,
 ) -> Result<Option<String>, NsError> {
-    let out = Command::new("nft")
-        .args(["-j", "list", "table", family, table])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| NsError::Nft {
-            netns: netns.to_owned(),
-            message: format!("cannot run nft: {e}"),
-        })?;
-    if !out.status.success() {
+    let Some(v) = list_table(netns, family, table)? else {
         return Ok(None);
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| NsError::Nft {
-        netns: netns.to_owned(),
-        message: format!("unreadable nft output: {e}"),
-    })?;
+    };
     let comment = v["nftables"]
         .as_array()
         .into_iter()
@@ -158,14 +203,8 @@ pub(super) fn nft_table_comment(
 }
 
 /// Whether table `family name` exists in the calling thread's namespace.
-pub(super) fn nft_table_exists(family: &str, table: &str) -> bool {
-    Command::new("nft")
-        .args(["list", "table", family, table])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+pub(super) fn nft_table_exists(netns: &str, family: &str, table: &str) -> Result<bool, NsError> {
+    Ok(list_table(netns, family, table)?.is_some())
 }
 
 /// Deletes table `family name` in the calling thread's namespace if it exists.

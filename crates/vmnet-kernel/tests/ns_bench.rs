@@ -1,0 +1,50 @@
+//! A small run of the benchmark hook (root required): N VMs applied and removed through
+//! `vmnet_kernel::ns::bench::apply_then_remove`, medians printed. `VMNET_BENCH_N` sets N
+//! (default 30). The per-VM setup must stay within a generous bound here (the product target,
+//! 5 ms median, is measured by `vmnet bench vms` on a quiet machine).
+
+mod ns_support;
+
+use std::time::Duration;
+
+use ns_support::{Env, vm_json};
+use vmnet_kernel::ns::bench::apply_then_remove;
+
+fn median(v: &[Duration]) -> Duration {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s[s.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_and_remove_many_vms() {
+    let env = Env::new();
+    let n: u32 = std::env::var("VMNET_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    let plans: Vec<_> = (1..=n)
+        .map(|u| {
+            env.plan(&vm_json(
+                &format!("b{u}"),
+                u,
+                Some(&format!("fdaa::{u:x}")),
+                &[("0.0.0.0/0", "host"), ("::/0", "host")],
+            ))
+        })
+        .collect();
+    // Warm up once (host-wide state, code paths), then measure.
+    env.driver.apply(&plans[0]).await.unwrap();
+    env.driver.remove(plans[0].user_id).await.unwrap();
+    let t = apply_then_remove(env.driver.as_ref(), &plans)
+        .await
+        .expect("bench");
+    let (setup, teardown) = (median(&t.setup), median(&t.teardown));
+    println!("ns bench: n={n} setup median {setup:?} teardown median {teardown:?}");
+    assert_eq!(t.setup.len(), plans.len());
+    assert!(
+        env.driver.observe().await.unwrap().is_empty(),
+        "everything removed"
+    );
+    assert!(setup < Duration::from_millis(100), "setup median {setup:?}");
+}
