@@ -126,6 +126,7 @@ fn ensure_run_dir() -> Result<(), NetnsError> {
 pub fn create(name: &str) -> Result<(), NetnsError> {
     check_name(name)?;
     ensure_run_dir()?;
+    remove_stale(name);
     let target = path(name);
     match OpenOptions::new()
         .write(true)
@@ -173,6 +174,7 @@ where
 {
     check_name(name)?;
     ensure_run_dir()?;
+    remove_stale(name);
     let target = path(name);
     match OpenOptions::new()
         .write(true)
@@ -230,10 +232,26 @@ pub fn delete(name: &str) -> Result<(), NetnsError> {
     }
 }
 
-/// Whether the named namespace exists.
+/// Whether the named namespace exists: its path is a mounted namespace (nsfs). A plain file
+/// left by a process killed between creating the mount point and bind-mounting it does not
+/// count (see [`remove_stale`]).
 #[must_use]
 pub fn exists(name: &str) -> bool {
-    path(name).exists()
+    is_namespace(&path(name))
+}
+
+fn is_namespace(p: &Path) -> bool {
+    nix::sys::statfs::statfs(p).is_ok_and(|st| st.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
+}
+
+/// Removes the mount point of `name` when it is a stale plain file (no namespace mounted on
+/// it), as a crash between creating the file and the bind mount leaves it, so the name can be
+/// created again. A live namespace is left alone.
+fn remove_stale(name: &str) {
+    let target = path(name);
+    if target.exists() && !is_namespace(&target) {
+        let _ = fs::remove_file(&target);
+    }
 }
 
 /// The names of the named namespaces that start with `prefix`, sorted.
