@@ -1,0 +1,291 @@
+//! The agent on a real kernel (root required): `vmnet serve --netns <sandbox host>` as a child
+//! process, several VMs put through the API, the agent killed with SIGKILL while it applies,
+//! half-made leftovers planted by hand, then a restart over the same store must converge: every
+//! stored VM complete (netns, both veth ends, tap), nothing of a VM that is not stored, and the
+//! CLI client (`vmnet vm list`, `vmnet status`, `vmnet apply`) works against it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use vmnet_agent::api::types::{AgentStatus, VmState, VmView};
+use vmnet_agent::client::Client;
+use vmnet_testkit::{Sandbox, netns, require_root};
+
+const VMNET: &str = env!("CARGO_BIN_EXE_vmnet");
+
+/// A running `vmnet serve`, killed (SIGKILL, by pid) and reaped on drop.
+struct Agent {
+    child: Child,
+}
+
+impl Agent {
+    fn start(sb: &Sandbox, dir: &Path) -> Self {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("agent.log"))
+            .unwrap();
+        let child = Command::new(VMNET)
+            .arg("--database-url")
+            .arg(format!("sqlite://{}", dir.join("vmnet.db").display()))
+            .arg("--socket")
+            .arg(dir.join("vmnet.sock"))
+            .args([
+                "serve",
+                "--netns",
+                &sb.host(),
+                "--name-prefix",
+                &sb.agent_prefix(),
+            ])
+            .args(["--reconcile-interval-secs", "1"])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn vmnet serve");
+        Self { child }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).unwrap())
+    }
+
+    fn sigkill(&mut self) {
+        kill(self.pid(), Signal::SIGKILL).expect("SIGKILL the agent");
+        let status = self.child.wait().unwrap();
+        assert!(!status.success(), "the agent was killed: {status:?}");
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = kill(self.pid(), Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+async fn wait_ready(client: &Client, dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if client.get::<AgentStatus>("/v1/status").await.is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent not ready; log:\n{}",
+            log(dir)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+}
+
+fn vm(prefix_id: &str, uid: u32) -> Value {
+    json!({"id": format!("{prefix_id}{uid}"), "user_id": uid, "tenant": 1, "mesh_ipv6": format!("fdaa:7::{uid:x}"),
+           "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}, {"destination": "::/0", "via": "host"}]}})
+}
+
+/// Link names in a namespace (via iproute2 inside the sandbox only).
+fn links(ns: &str) -> Vec<String> {
+    let out = netns::ip(ns, &["-o", "link", "show"]).unwrap_or_default();
+    out.lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+        .collect()
+}
+
+fn run_cli(dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(VMNET)
+        .arg("--socket")
+        .arg(dir.join("vmnet.sock"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_apply_converges_after_restart() {
+    require_root();
+    let sb = Sandbox::new("ak").expect("sandbox");
+    let p = sb.agent_prefix();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().to_owned();
+    let client = Client::new(dir.join("vmnet.sock"));
+
+    let mut agent = Agent::start(&sb, &dir);
+    wait_ready(&client, &dir).await;
+
+    // Put 8 VMs at once (the agent applies them one at a time) and SIGKILL it as soon as the
+    // first VM's netns exists: the kill lands while the others are queued or half applied.
+    let uids: Vec<u32> = (1..=8).collect();
+    let puts: Vec<_> = uids
+        .iter()
+        .map(|&u| {
+            let c = client.clone();
+            let body = vm("k", u);
+            tokio::spawn(async move { c.put::<VmView>(&format!("/v1/vms/k{u}"), &body).await })
+        })
+        .collect();
+    let first_ns = format!("{p}n0001");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !netns::exists(&first_ns) {
+        assert!(
+            Instant::now() < deadline,
+            "no VM netns appeared; log:\n{}",
+            log(&dir)
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    agent.sigkill();
+    let mut answered = 0;
+    for t in puts {
+        if t.await.unwrap().is_ok() {
+            answered += 1;
+        }
+    }
+    eprintln!(
+        "{answered} of {} PUTs were answered before the kill",
+        uids.len()
+    );
+
+    // Plant half-made leftovers as a crash could leave them: a bare netns of a stored VM (no
+    // veth, no tap) and an orphan netns with a veth pair for a user id nobody stores.
+    let half = format!("{p}n0002");
+    if !netns::exists(&half) {
+        netns::create(&half).unwrap();
+    }
+    let orphan_ns = format!("{p}n00ee");
+    netns::create(&orphan_ns).unwrap();
+    netns::ip(
+        &sb.host(),
+        &[
+            "link",
+            "add",
+            &format!("{p}h00ee"),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("{p}p00ee"),
+            "netns",
+            &orphan_ns,
+        ],
+    )
+    .unwrap();
+
+    // Restart over the same store: the start pass must converge.
+    let _agent2 = Agent::start(&sb, &dir);
+    wait_ready(&client, &dir).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stored: Vec<VmView> = loop {
+        let st: AgentStatus = client.get("/v1/status").await.unwrap();
+        let vms: Vec<VmView> = client.get("/v1/vms").await.unwrap();
+        if st.reconcile.passes >= 1
+            && st.reconcile.last_ok == Some(true)
+            && vms.iter().all(|v| v.status.state == VmState::Applied)
+        {
+            break vms;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no convergence: {st:?}\nlog:\n{}",
+            log(&dir)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(stored.len() >= answered, "every answered PUT is stored");
+    let stored_uids: Vec<u32> = stored.iter().map(|v| v.config.user_id).collect();
+
+    // Every stored VM is complete.
+    let host_links = links(&sb.host());
+    for v in &stored {
+        let s = &v.status;
+        assert!(
+            netns::exists(&s.netns),
+            "{}: netns {} missing",
+            v.config.id,
+            s.netns
+        );
+        let inside = links(&s.netns);
+        assert!(
+            inside.contains(&s.tap),
+            "{}: tap missing in {}: {inside:?}",
+            v.config.id,
+            s.netns
+        );
+        let peer = s.veth_ns.clone().unwrap();
+        assert!(
+            inside.contains(&peer),
+            "{}: veth end missing in {}: {inside:?}",
+            v.config.id,
+            s.netns
+        );
+        let host = s.veth_host.clone().unwrap();
+        assert!(
+            host_links.contains(&host),
+            "{}: host veth {host} missing: {host_links:?}",
+            v.config.id
+        );
+    }
+    // Nothing of a VM that is not stored: no netns, no host veth with our prefix.
+    for ns in netns::list(&format!("{p}n")) {
+        let uid = u32::from_str_radix(&ns[p.len() + 1..], 16).unwrap();
+        assert!(
+            stored_uids.contains(&uid),
+            "leftover netns {ns} (stored: {stored_uids:?})"
+        );
+    }
+    for l in host_links
+        .iter()
+        .filter(|l| l.starts_with(&format!("{p}h")))
+    {
+        let uid = u32::from_str_radix(&l[p.len() + 1..], 16).unwrap();
+        assert!(
+            stored_uids.contains(&uid),
+            "leftover host veth {l} (stored: {stored_uids:?})"
+        );
+    }
+    assert!(!netns::exists(&orphan_ns), "the orphan was collected");
+
+    // The CLI client against the restarted agent.
+    let (ok, out, err) = run_cli(&dir, &["vm", "list", "--output", "json"]);
+    assert!(ok, "vm list: {err}");
+    let listed: Vec<VmView> = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed.len(), stored.len());
+    let (ok, out, err) = run_cli(&dir, &["status"]);
+    assert!(ok, "status: {err}");
+    assert!(out.contains(&format!("prefix {p}")), "{out}");
+    let (ok, _, err) = run_cli(&dir, &["vm", "get", "nope"]);
+    assert!(!ok);
+    assert!(
+        err.starts_with("error: NOT_FOUND: vm nope not found"),
+        "{err}"
+    );
+    // Declarative apply with --prune: only the listed VMs stay.
+    let spec = json!({"vms": [vm("k", 1), vm("k", 3)]});
+    let spec_path = dir.join("host.json");
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let (ok, out, err) = run_cli(&dir, &["apply", spec_path.to_str().unwrap(), "--prune"]);
+    assert!(ok, "apply: {err}");
+    eprintln!("{out}");
+    let vms: Vec<VmView> = client.get("/v1/vms").await.unwrap();
+    let ids: Vec<&str> = vms.iter().map(|v| v.config.id.as_str()).collect();
+    assert_eq!(ids, ["k1", "k3"]);
+    let left: Vec<String> = netns::list(&format!("{p}n"));
+    assert_eq!(left, [format!("{p}n0001"), format!("{p}n0003")]);
+}
