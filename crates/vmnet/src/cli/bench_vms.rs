@@ -6,12 +6,12 @@
 //! 1. **netlink**: N VMs (user ids 1..=N, a mesh address, `0.0.0.0/0` and `::/0` via host) are
 //!    set up one after another with [`vmnet_kernel::ns::NetlinkNsDriver`] (`apply` of each VM's
 //!    plan), timing each; then the process's `VmRSS` is read; then every VM is removed
-//!    (`remove`), [`TEARDOWN_PARALLEL`] at a time (deleting a veth waits ~30 ms in the kernel), each
-//!    removal timed on its own.
+//!    (`remove`), one after another, each removal timed (deleting a veth waits ~30 ms in the
+//!    kernel, so this phase dominates the run time).
 //! 2. **shell**: the same N plans are set up by forking `ip` and `nft` per step, as a shell
 //!    script would (netns, veth with the peer in the netns, tap, MTUs, addresses, sysctls, routes,
 //!    rules, `nft -j -f` of the same table; [`shell_setup`]), and torn down with `ip link del` +
-//!    `ip netns del` ([`shell_teardown`]), also [`TEARDOWN_PARALLEL`] at a time.
+//!    `ip netns del` ([`shell_teardown`]), one after another.
 //!
 //! It prints one row per N and method (setup median/p99, teardown median/p99 and wall time,
 //! RSS), the median of the first 100 setups against the last 100 at the largest N, and the
@@ -20,7 +20,9 @@
 //!
 //! # Limitations
 //! RSS is this process's (it runs the same driver the agent runs, without the agent's HTTP
-//! server and store). The shell baseline needs `ip` and `nft` on `PATH`.
+//! server and store). The shell baseline needs `ip` and `nft` on `PATH`. Removals run one at a
+//! time: the driver shares one host netlink socket, and concurrent route dumps on it overflow
+//! its receive buffer (`ENOBUFS`); the agent serializes its operations the same way.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -33,9 +35,6 @@ use vmnet_model::Error;
 use vmnet_plan::ns::{NsSettings, PlannedRoute, RouteKind, VmPlan, plan_vm};
 
 use crate::Global;
-
-/// How many VMs are torn down at once.
-pub const TEARDOWN_PARALLEL: usize = 16;
 
 /// Arguments of this command.
 #[derive(Debug, clap::Args)]
@@ -432,21 +431,13 @@ async fn bench_netlink(driver: &Arc<NetlinkNsDriver>, plans: &[VmPlan]) -> Resul
     let rss = rss_kib();
     let wall = Instant::now();
     let mut teardown = Vec::with_capacity(plans.len());
-    for chunk in plans.chunks(TEARDOWN_PARALLEL) {
-        let mut set = tokio::task::JoinSet::new();
-        for p in chunk {
-            let (d, uid) = (Arc::clone(driver), p.user_id);
-            set.spawn(async move {
-                let t = Instant::now();
-                d.remove(uid)
-                    .await
-                    .map(|_| t.elapsed())
-                    .map_err(|e| Error::internal(format!("remove vm {uid}: {e}")))
-            });
-        }
-        while let Some(r) = set.join_next().await {
-            teardown.push(r.map_err(|e| Error::internal(format!("remove: {e}")))??);
-        }
+    for p in plans {
+        let t = Instant::now();
+        driver
+            .remove(p.user_id)
+            .await
+            .map_err(|e| Error::internal(format!("remove vm {}: {e}", p.user_id)))?;
+        teardown.push(t.elapsed());
     }
     let n = u32::try_from(plans.len()).unwrap_or(u32::MAX);
     Ok(Row {
@@ -470,27 +461,10 @@ fn bench_shell(plans: &[VmPlan], host: &str) -> Result<Row, Error> {
     }
     let wall = Instant::now();
     let mut teardown = Vec::with_capacity(plans.len());
-    for chunk in plans.chunks(TEARDOWN_PARALLEL) {
-        let results: Vec<Result<Duration, Error>> = std::thread::scope(|s| {
-            let hs: Vec<_> = chunk
-                .iter()
-                .map(|p| {
-                    s.spawn(move || {
-                        let t = Instant::now();
-                        run_cmds(&shell_teardown(p, host), None).map(|()| t.elapsed())
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::internal("teardown thread panicked")))
-                })
-                .collect()
-        });
-        for r in results {
-            teardown.push(r?);
-        }
+    for p in plans {
+        let t = Instant::now();
+        run_cmds(&shell_teardown(p, host), None)?;
+        teardown.push(t.elapsed());
     }
     let n = u32::try_from(plans.len()).unwrap_or(u32::MAX);
     Ok(Row {
