@@ -30,7 +30,9 @@
 //! The whole file is parsed and every entry validated before anything is sent. Then, in order:
 //! 1. **pools**: each range is set (`PUT /v1/pools/{id}/range`); setting it again replaces it
 //!    and keeps existing leases.
-//! 2. **hosts**: each host is added or its capacity updated (`PUT /v1/hosts/{id}`).
+//! 2. **hosts**: each host is added (`PUT /v1/hosts/{id}`); a host that exists with the same
+//!    capacity is left as it is, one with a different capacity is a `CONFLICT` (capacity
+//!    changes are not supported by the store).
 //! 3. **instances**: each is created with its lease (`POST /v1/instances`, body as in the file); an instance that
 //!    exists already is left as it is (placement is not redone, its lease is kept).
 //! 4. **vms**: each VM config is put (`PUT /v1/vms/{id}`); an unchanged config is a no-op.

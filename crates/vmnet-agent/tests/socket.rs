@@ -1,0 +1,165 @@
+//! The agent over a real unix socket (no root): binding (mode 0660, stale socket replaced, a
+//! live one never stolen, loopback-only TCP), the client, and a declarative host-spec apply
+//! (the repository's `examples/host.json` plus pools, hosts and instances), with the fake
+//! driver.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use common::Harness;
+use vmnet_agent::api::types::{AgentStatus, VmState, VmView};
+use vmnet_agent::apply::apply_host_spec;
+use vmnet_agent::client::Client;
+use vmnet_agent::hostspec::HostSpec;
+use vmnet_agent::server;
+use vmnet_model::ErrorCode;
+
+async fn serve(h: &Harness, sock: &std::path::Path) -> tokio::task::JoinHandle<()> {
+    let unix = server::bind_unix(sock).await.unwrap();
+    let router = vmnet_agent::api::router(Arc::clone(&h.agent));
+    let sock = sock.to_owned();
+    tokio::spawn(async move {
+        server::serve(router, unix, &sock, None, std::future::pending())
+            .await
+            .unwrap();
+    })
+}
+
+#[tokio::test]
+async fn binding_rules() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("run/vmnet.sock");
+    // A stale socket (nobody listening) is replaced; the parent directory is created.
+    std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let l = server::bind_unix(&sock).await.unwrap();
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+    // A live socket is never stolen.
+    let e = server::bind_unix(&sock).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict, "{e}");
+    drop(l);
+    // A path that is not a socket is refused.
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    assert_eq!(
+        server::bind_unix(&file).await.unwrap_err().code,
+        ErrorCode::Conflict
+    );
+    // TCP only on loopback.
+    let e = server::bind_tcp("0.0.0.0:0".parse().unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidInput);
+    assert!(e.message.contains("loopback"), "{e}");
+    assert!(
+        server::bind_tcp("127.0.0.1:0".parse().unwrap())
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn client_and_host_spec_over_the_socket() {
+    let h = Harness::new().await;
+    let sock = h.dir.join("vmnet.sock");
+    let task = serve(&h, &sock).await;
+    let client = Client::new(&sock);
+
+    let st: AgentStatus = client.get("/v1/status").await.unwrap();
+    assert_eq!(st.vms.desired, 0);
+    let e = client.get::<VmView>("/v1/vms/nope").await.unwrap_err();
+    assert_eq!(
+        (e.code, e.message.as_str()),
+        (ErrorCode::NotFound, "vm nope not found")
+    );
+    let e = client.get::<VmView>("/v1/whatever").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+
+    // The repository's example host spec, plus IPAM entries.
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/host.json"
+    ))
+    .unwrap();
+    let mut spec = HostSpec::parse("examples/host.json", &example).unwrap();
+    let extra = HostSpec::parse(
+        "extra",
+        r#"{"pools": [{"pool_id": "p1", "cidr": "10.0.0.0/29", "gateway": "10.0.0.1"}],
+            "hosts": [{"host_id": "h1", "vcpus": 8, "memory_mib": 8192}],
+            "instances": [{"instance_id": "i1", "pool_id": "p1", "vcpus": 1, "memory_mib": 512}]}"#,
+    )
+    .unwrap();
+    spec.pools = extra.pools;
+    spec.hosts = extra.hosts;
+    spec.instances = extra.instances;
+    let report = apply_host_spec(&client, &spec, false).await.unwrap();
+    let results: Vec<(String, String)> = report
+        .items
+        .iter()
+        .map(|i| (i.kind.clone(), i.result.clone()))
+        .collect();
+    assert_eq!(
+        results[0],
+        ("pool".into(), "set 10.0.0.0/29 (10.0.0.2-10.0.0.6)".into())
+    );
+    assert_eq!(
+        results[2],
+        ("instance".into(), "created (10.0.0.2 on h1)".into())
+    );
+    assert!(
+        results[3..]
+            .iter()
+            .all(|(k, r)| k == "vm" && r == "created (applied)"),
+        "{results:?}"
+    );
+    let vms: Vec<VmView> = client.get("/v1/vms").await.unwrap();
+    assert_eq!(vms.len(), spec.vms.len());
+    assert!(vms.iter().all(|v| v.status.state == VmState::Applied));
+
+    // Applying the same file again changes nothing.
+    let again = apply_host_spec(&client, &spec, false).await.unwrap();
+    assert!(
+        again
+            .items
+            .iter()
+            .skip(1)
+            .all(|i| i.result.starts_with("unchanged") || i.kind == "host"),
+        "{again:?}"
+    );
+    let applies = h.driver.kernel().applies.len();
+    assert_eq!(applies, spec.vms.len(), "unchanged VMs are not put again");
+
+    // --prune deletes only the VMs the file does not list.
+    spec.vms.truncate(1);
+    let pruned = apply_host_spec(&client, &spec, true).await.unwrap();
+    assert_eq!(
+        pruned
+            .items
+            .iter()
+            .filter(|i| i.result.starts_with("deleted"))
+            .count(),
+        2
+    );
+    let vms: Vec<VmView> = client.get("/v1/vms").await.unwrap();
+    assert_eq!(vms.len(), 1);
+    let inst: vmnet_model::pool::Instance = client.get("/v1/instances/i1").await.unwrap();
+    assert_eq!(
+        inst.address.unwrap().to_string(),
+        "10.0.0.2",
+        "prune never touches instances"
+    );
+
+    // An error mid-apply names the entry.
+    let bad = HostSpec::parse(
+        "bad",
+        r#"{"instances": [{"instance_id": "i2", "pool_id": "nope", "vcpus": 1, "memory_mib": 1}]}"#,
+    )
+    .unwrap();
+    let e = apply_host_spec(&client, &bad, false).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    assert!(e.message.starts_with("apply instance i2: "), "{e}");
+    task.abort();
+}
