@@ -174,23 +174,31 @@ async fn create(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsErr
 async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
     let rt = tokio::runtime::Handle::current();
     // One thread: create the netns, and inside it the tap, sysctls, nft table and a netlink socket.
-    let ns = netns::create_and_run(&plan.netns, || -> Result<Handle, NsError> {
-        inns::create_tap(&plan.tap)?;
-        inns::write_sysctls(&plan.netns, &plan.ns_sysctls)?;
-        // A fresh netns has no table yet: skip the replace prologue (a delete makes closing the
-        // nft socket slow), keep the rest of the one transaction.
-        inns::run_nft(&plan.netns, &without_replace_prologue(&plan.nft))?;
-        let _guard = rt.enter();
-        let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
-            NsError::Netns(netns::NetnsError::Io {
-                name: plan.netns.clone(),
-                op: "open rtnetlink socket",
-                source,
-            })
-        })?;
-        rt.spawn(conn);
-        Ok(h)
-    })??;
+    let tap_err = |op| {
+        let name = plan.tap.name.clone();
+        move |source| NsError::Tap { name, op, source }
+    };
+    let (ns, tap_index) =
+        netns::create_and_run(&plan.netns, || -> Result<(Handle, u32), NsError> {
+            inns::create_tap(&plan.tap)?;
+            let tap_index =
+                inns::link_up(&plan.tap.name, Some(plan.tap.mtu)).map_err(tap_err("set mtu/up"))?;
+            inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
+            inns::write_sysctls(&plan.netns, &plan.ns_sysctls)?;
+            // A fresh netns has no table yet: skip the replace prologue (a delete makes closing the
+            // nft socket slow), keep the rest of the one transaction.
+            inns::run_nft(&plan.netns, &without_replace_prologue(&plan.nft))?;
+            let _guard = rt.enter();
+            let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
+                NsError::Netns(netns::NetnsError::Io {
+                    name: plan.netns.clone(),
+                    op: "open rtnetlink socket",
+                    source,
+                })
+            })?;
+            rt.spawn(conn);
+            Ok((h, tap_index))
+        })??;
     if let Some(v) = &plan.veth {
         let fd = netns::open(&plan.netns)?;
         let peer = LinkUnspec::new_with_name(&v.peer_name)
@@ -207,12 +215,20 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
             v.host_name, v.peer_name
         )))?;
     }
-    let st = VmState::default();
-    let links = configure_fixed(d, plan, &ns, &st).await?;
-    let host_link = match &plan.veth {
-        Some(v) => routes::link_by_name(&d.host, &v.host_name).await?,
-        None => None,
+    // What this thread just made, so configuring it needs no read-back.
+    let mut st = VmState::default();
+    let known = |name: &str, index, mtu| KLink {
+        index,
+        name: name.to_owned(),
+        mtu,
+        up: true,
     };
+    st.ns_links.insert("lo".into(), known("lo", 1, 65536));
+    st.ns_links.insert(
+        plan.tap.name.clone(),
+        known(&plan.tap.name, tap_index, plan.tap.mtu),
+    );
+    let (links, host_link) = configure_fixed(d, plan, &ns, &st).await?;
     let want = observe::resolve(plan, &links, host_link.as_ref(), &d.host).await?;
     let mut ignored = Vec::new();
     sync_routes(d, plan, &ns, &want, &st, &mut ignored).await?;
@@ -241,7 +257,7 @@ async fn configure_fixed(
     plan: &VmPlan,
     ns: &Handle,
     st: &VmState,
-) -> Result<HashMap<String, KLink>, NsError> {
+) -> Result<(HashMap<String, KLink>, Option<KLink>), NsError> {
     let w = plan.netns.as_str();
     let lo = async {
         if st.ns_links.get("lo").is_some_and(|l| l.up) {
@@ -257,7 +273,15 @@ async fn configure_fixed(
         (IpAddr::V4(plan.tap.ipv4.addr()), plan.tap.ipv4.prefix_len()),
         (IpAddr::V6(plan.tap.ipv6_link_local.addr()), 64),
     ];
-    let tap = ensure_link(ns, &plan.tap.name, plan.tap.mtu, &st.ns_addrs, tap_addrs, w);
+    let tap = ensure_link(
+        ns,
+        &plan.tap.name,
+        st.ns_links.get(&plan.tap.name),
+        plan.tap.mtu,
+        &st.ns_addrs,
+        tap_addrs,
+        w,
+    );
     let veth = async {
         let Some(v) = &plan.veth else {
             return Ok(None);
@@ -270,39 +294,53 @@ async fn configure_fixed(
             (IpAddr::V4(v.host_ipv4.addr()), 30),
             (IpAddr::V6(v.host_ipv6_link_local.addr()), 64),
         ];
-        let (peer, _host) = futures::try_join!(
-            ensure_link(ns, &v.peer_name, v.mtu, &st.ns_addrs, peer_addrs, w),
+        let (peer, host) = futures::try_join!(
+            ensure_link(
+                ns,
+                &v.peer_name,
+                st.ns_links.get(&v.peer_name),
+                v.mtu,
+                &st.ns_addrs,
+                peer_addrs,
+                w
+            ),
             ensure_link(
                 &d.host,
                 &v.host_name,
+                st.host_link.as_ref(),
                 v.mtu,
                 &st.host_addrs,
                 host_addrs,
                 "host"
             ),
         )?;
-        Ok(Some(peer))
+        Ok(Some((peer, host)))
     };
     let ((), tap, peer) = futures::try_join!(lo, tap, veth)?;
     let mut links = HashMap::from([(tap.name.clone(), tap)]);
-    if let Some(p) = peer {
+    let host = peer.map(|(p, h)| {
         links.insert(p.name.clone(), p);
-    }
-    Ok(links)
+        h
+    });
+    Ok((links, host))
 }
 
 /// Makes link `name` have `mtu`, be up and carry `addrs`; returns it.
 async fn ensure_link(
     h: &Handle,
     name: &str,
+    known: Option<&KLink>,
     mtu: u32,
     have: &HashSet<KAddr>,
     addrs: [(IpAddr, u8); 2],
     w: &str,
 ) -> Result<KLink, NsError> {
-    let mut l = routes::link_by_name(h, name)
-        .await?
-        .ok_or_else(|| NsError::Missing(format!("{w}: link {name} is missing")))?;
+    let mut l = match known {
+        Some(l) => l.clone(),
+        None => routes::link_by_name(h, name)
+            .await?
+            .ok_or_else(|| NsError::Missing(format!("{w}: link {name} is missing")))?,
+    };
     if l.mtu != mtu || !l.up {
         h.link()
             .set(LinkUnspec::new_with_index(l.index).mtu(mtu).up().build())
