@@ -1,0 +1,92 @@
+//! `vm_store` (the agent's desired VM configs) on both stores: put/get/list, the unique user id,
+//! outcomes, restore after a failed change, delete; a failed transaction leaves nothing.
+
+use vmnet_ipam::vm_store::{self, VmRow};
+use vmnet_ipam::{Db, Store};
+use vmnet_model::ErrorCode;
+use vmnet_testkit::postgres::PgCluster;
+
+async fn exercise(db: &Db) {
+    let mut tx = db.begin().await.unwrap();
+    assert_eq!(
+        vm_store::put(&mut tx, "a", 1, r#"{"v":1}"#, 10)
+            .await
+            .unwrap(),
+        None
+    );
+    let before = vm_store::put(&mut tx, "a", 1, r#"{"v":2}"#, 11)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(before.config, r#"{"v":1}"#);
+    vm_store::put(&mut tx, "b", 2, r#"{"b":1}"#, 12)
+        .await
+        .unwrap();
+    let e = vm_store::put(&mut tx, "c", 2, "{}", 13).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(
+        e.message.contains("user_id 2 is already used by vm b"),
+        "{e}"
+    );
+    tx.commit().await.unwrap();
+
+    let mut tx = db.begin().await.unwrap();
+    vm_store::set_result(&mut tx, "a", Some(r#"{"v":2}"#), None, 20)
+        .await
+        .unwrap();
+    let e = vm_store::set_result(&mut tx, "zz", None, None, 20)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    let good: VmRow = vm_store::get(&mut tx, "a").await.unwrap().unwrap();
+    assert_eq!(
+        (good.applied.as_deref(), good.updated_at),
+        (Some(r#"{"v":2}"#), 20)
+    );
+    // A change that fails is put back exactly, with the error recorded by the caller.
+    let prev = vm_store::put(&mut tx, "a", 5, r#"{"v":3}"#, 30)
+        .await
+        .unwrap();
+    vm_store::restore(&mut tx, "a", prev.as_ref())
+        .await
+        .unwrap();
+    assert_eq!(vm_store::get(&mut tx, "a").await.unwrap().unwrap(), good);
+    // A new VM whose first apply fails is removed again.
+    vm_store::put(&mut tx, "new", 9, "{}", 40).await.unwrap();
+    vm_store::restore(&mut tx, "new", None).await.unwrap();
+    assert!(vm_store::get(&mut tx, "new").await.unwrap().is_none());
+    tx.commit().await.unwrap();
+
+    // Dropping a transaction rolls its writes back.
+    {
+        let mut tx = db.begin().await.unwrap();
+        vm_store::put(&mut tx, "ghost", 77, "{}", 50).await.unwrap();
+    }
+    let mut tx = db.begin().await.unwrap();
+    let ids: Vec<String> = vm_store::list(&mut tx)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert!(vm_store::delete(&mut tx, "b").await.unwrap());
+    assert!(!vm_store::delete(&mut tx, "b").await.unwrap());
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Db::connect(&format!("sqlite://{}", tmp.path().join("v.db").display()))
+        .await
+        .unwrap();
+    exercise(&db).await;
+}
+
+#[tokio::test]
+async fn postgres() {
+    let url = PgCluster::shared().fresh_database_url().unwrap();
+    let db = Db::connect(&url).await.unwrap();
+    exercise(&db).await;
+}
