@@ -55,6 +55,11 @@ impl Agent {
         Pid::from_raw(i32::try_from(self.child.id()).unwrap())
     }
 
+    fn sigterm(&mut self) -> std::process::ExitStatus {
+        kill(self.pid(), Signal::SIGTERM).expect("SIGTERM the agent");
+        self.child.wait().unwrap()
+    }
+
     fn sigkill(&mut self) {
         kill(self.pid(), Signal::SIGKILL).expect("SIGKILL the agent");
         let status = self.child.wait().unwrap();
@@ -189,7 +194,7 @@ async fn sigkill_during_apply_converges_after_restart() {
     .unwrap();
 
     // Restart over the same store: the start pass must converge.
-    let _agent2 = Agent::start(&sb, &dir);
+    let mut agent2 = Agent::start(&sb, &dir);
     wait_ready(&client, &dir).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let stored: Vec<VmView> = loop {
@@ -288,4 +293,13 @@ async fn sigkill_during_apply_converges_after_restart() {
     assert_eq!(ids, ["k1", "k3"]);
     let left: Vec<String> = netns::list(&format!("{p}n"));
     assert_eq!(left, [format!("{p}n0001"), format!("{p}n0003")]);
+
+    // SIGTERM stops the agent cleanly and removes its socket; the VMs stay applied.
+    let status = agent2.sigterm();
+    assert!(status.success(), "graceful stop: {status:?}\n{}", log(&dir));
+    assert!(
+        !dir.join("vmnet.sock").exists(),
+        "socket removed on shutdown"
+    );
+    assert!(netns::exists(&format!("{p}n0001")));
 }
