@@ -100,6 +100,34 @@ where
     })
 }
 
+/// Runs `f` on a fresh thread inside the named namespace and waits at most `timeout` for it.
+/// On a timeout the thread is left to finish on its own (threads cannot be killed), so `f`
+/// should bound its own blocking calls too.
+///
+/// # Errors
+/// [`TestkitError::Timeout`], or when the namespace cannot be entered or `f` panics.
+pub fn run_in_timeout<T, F>(name: &str, timeout: Duration, f: F) -> Result<T, TestkitError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = spawn_in(name, &format!("run-in-{name}"), move || {
+        let _ = tx.send(f());
+    })?;
+    match rx.recv_timeout(timeout) {
+        Ok(v) => Ok(v),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(TestkitError::Timeout {
+            what: format!("netns {name}: closure"),
+            timeout,
+        }),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
+            Ok(Err(e)) => Err(e),
+            _ => Err(TestkitError::Panicked(format!("netns {name}"))),
+        },
+    }
+}
+
 /// Spawns a long-lived thread inside the named namespace running `f`. The thread enters the
 /// namespace before `f` runs; if it cannot, `f` is not run and the error is the thread's result.
 ///

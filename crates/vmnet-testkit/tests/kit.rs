@@ -56,6 +56,18 @@ fn sandbox_uplink_reaches_echo_service_and_cleans_up() {
     assert!(none.is_none());
     assert!(start.elapsed() < T);
 
+    // Closures with a time limit: a result in time, a timeout otherwise, never a hang.
+    let v = netns::run_in_timeout(&sb.host(), T, || 42).expect("in time");
+    assert_eq!(v, 42);
+    let slow = netns::run_in_timeout(&sb.host(), Duration::from_millis(50), || {
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    assert!(
+        matches!(slow, Err(vmnet_testkit::TestkitError::Timeout { .. })),
+        "{slow:?}"
+    );
+    assert!(netns::run_in_timeout("no-such-netns-kt", T, || ()).is_err());
+
     let extra = sb.add_netns("extra").expect("extra netns");
     assert!(extra.starts_with(&prefix));
     assert_eq!(sb.agent_prefix(), prefix);

@@ -353,6 +353,12 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
             guest_ns: guest_ns.clone(),
             mesh: v.config.mesh_ipv6,
             routes: v.config.network.routes.clone(),
+            kernel: Some(checks::KernelNames {
+                host_ns: st.host_ns.clone(),
+                vm_ns: v.status.netns.clone(),
+                veth_host: v.status.veth_host.clone(),
+                nft_table: args.name.clone(),
+            }),
         });
         rows.push(vm_row(v, &guest_ns));
     }

@@ -11,6 +11,8 @@
 //! | `ipv6 mss clamp` | `syn mss 1320` (advertised 1440) with an IPv6 route via `host` |
 //! | `mesh → <w>` | `from <mesh>`: TCP to the echo service on guest `w`'s mesh address |
 //! | `gateway <dst> via <w>` | `at <w> from <mesh>`: UDP to a probe address inside `dst`, which gateway guest `w` owns, arrives there |
+//! | `nat rule` | `snat` in the VM namespace's nft table with an IPv4 route via `host`, else `none` |
+//! | `veth mtu` | `1380` on the host end of the veth pair |
 //!
 //! A VM without a mesh address has no veth pair, so every check of it expects `no reach`.
 
@@ -45,6 +47,21 @@ pub struct GuestInfo {
     pub mesh: Option<Ipv6Addr>,
     /// The VM's routes.
     pub routes: Vec<Route>,
+    /// Kernel object names for the state checks (`nat rule`, `veth mtu`); `None` skips them.
+    pub kernel: Option<KernelNames>,
+}
+
+/// Where a VM's kernel objects are, for the checks that read kernel state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelNames {
+    /// The host namespace (the sandbox host).
+    pub host_ns: String,
+    /// The VM's namespace.
+    pub vm_ns: String,
+    /// The host end of the veth pair, if any.
+    pub veth_host: Option<String>,
+    /// The nft table (family inet) in the VM namespace.
+    pub nft_table: String,
 }
 
 /// How a check is carried out.
@@ -69,6 +86,10 @@ pub enum Probe {
         /// Index of the gateway VM.
         gateway: usize,
     },
+    /// Reads the VM namespace's nft table; seen: `snat` when it has an SNAT rule, else `none`.
+    NatRule,
+    /// Reads the host veth's MTU; seen: the number.
+    VethMtu,
 }
 
 /// One planned check.
@@ -150,6 +171,13 @@ pub fn plan_checks(vms: &[GuestInfo]) -> (Vec<CheckPlan>, Vec<(usize, Ipv6Addr)>
         } else {
             NO_REACH.into()
         };
+        if v.kernel.is_some() {
+            let nat = if reach4 { "snat" } else { "none" };
+            add("nat rule".into(), nat.into(), Probe::NatRule);
+            if connected {
+                add("veth mtu".into(), "1380".into(), Probe::VethMtu);
+            }
+        }
         add("ipv4 tcp echo".into(), exp4.clone(), Probe::Tcp(echo4));
         add("ipv4 udp echo".into(), exp4, Probe::Udp(echo4));
         if reach4 {
@@ -247,6 +275,40 @@ fn run_mss(guest_ns: &str, target: SocketAddr, advmss: u16) -> String {
     seen
 }
 
+fn nat_rule(k: &KernelNames) -> String {
+    match netns::exec(
+        &k.vm_ns,
+        "nft",
+        &["list", "table", "inet", &k.nft_table],
+        TIMEOUT,
+    ) {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            if text.contains(" snat ") || text.contains("masquerade") {
+                "snat".into()
+            } else {
+                "none".into()
+            }
+        }
+        Ok(out) => format!("error: {}", String::from_utf8_lossy(&out.stderr).trim()),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+fn veth_mtu(k: &KernelNames) -> String {
+    let Some(veth) = &k.veth_host else {
+        return "no veth".into();
+    };
+    match netns::ip(&k.host_ns, &["link", "show", "dev", veth]) {
+        Ok(text) => text
+            .split_whitespace()
+            .skip_while(|w| *w != "mtu")
+            .nth(1)
+            .map_or_else(|| "no mtu".into(), str::to_owned),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
 /// Runs the planned checks from the guests: starts echo services on each guest's mesh address
 /// and the gateway probes (which the gateway guests get on `lo`), then runs each check.
 ///
@@ -283,6 +345,8 @@ pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, TestkitError> {
             Probe::Tcp(t) => seen_reply(traffic::try_tcp_echo(&v.guest_ns, t, TIMEOUT)),
             Probe::Udp(t) => seen_reply(traffic::try_udp_echo(&v.guest_ns, t, TIMEOUT)),
             Probe::Mss { target, advmss } => run_mss(&v.guest_ns, target, advmss),
+            Probe::NatRule => v.kernel.as_ref().map_or_else(|| "-".into(), nat_rule),
+            Probe::VethMtu => v.kernel.as_ref().map_or_else(|| "-".into(), veth_mtu),
             Probe::Gateway { target, gateway } => {
                 let _ = traffic::try_udp_echo(&v.guest_ns, target, TIMEOUT);
                 let log = services[gateway]
@@ -377,6 +441,12 @@ mod tests {
             guest_ns: format!("g-{id}"),
             mesh: mesh.map(|m| m.parse().expect("mesh")),
             routes,
+            kernel: Some(KernelNames {
+                host_ns: "h".into(),
+                vm_ns: format!("n-{id}"),
+                veth_host: mesh.map(|_| format!("v-{id}")),
+                nft_table: "p".into(),
+            }),
         }
     }
 
@@ -441,6 +511,7 @@ mod tests {
             NO_REACH
         );
         assert!(find(&plans, 1, "ipv4 mss clamp").is_none());
+        assert_eq!(find(&plans, 1, "nat rule").expect("check").expected, "none");
         assert_eq!(
             find(&plans, 1, "mesh -> vm-a").expect("check").expected,
             "from fdaa:1::b"
@@ -476,7 +547,14 @@ mod tests {
     fn vm_without_mesh_reaches_nothing() {
         let vms = vec![vm("cap", None, vec![route("0.0.0.0/0", "host")])];
         let (plans, _) = plan_checks(&vms);
-        assert!(plans.iter().all(|p| p.expected == NO_REACH), "{plans:?}");
+        assert!(
+            plans
+                .iter()
+                .all(|p| p.expected == NO_REACH || p.name == "nat rule"),
+            "{plans:?}"
+        );
+        assert_eq!(find(&plans, 0, "nat rule").expect("check").expected, "none");
+        assert!(find(&plans, 0, "veth mtu").is_none());
     }
 
     #[test]
