@@ -4,124 +4,16 @@
 //! stored VM complete (netns, both veth ends, tap), nothing of a VM that is not stored, and the
 //! CLI client (`vmnet vm list`, `vmnet status`, `vmnet apply`) works against it.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod agent_support;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use serde_json::{Value, json};
+use agent_support::{Agent, links, log, run_cli, vm, wait_ready};
+use serde_json::json;
 use vmnet_agent::api::types::{AgentStatus, VmState, VmView};
 use vmnet_agent::client::Client;
 use vmnet_testkit::{Sandbox, netns, require_root};
-
-const VMNET: &str = env!("CARGO_BIN_EXE_vmnet");
-
-/// A running `vmnet serve`, killed (SIGKILL, by pid) and reaped on drop.
-struct Agent {
-    child: Child,
-}
-
-impl Agent {
-    fn start(sb: &Sandbox, dir: &Path) -> Self {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("agent.log"))
-            .unwrap();
-        let child = Command::new(VMNET)
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", dir.join("vmnet.db").display()))
-            .arg("--socket")
-            .arg(dir.join("vmnet.sock"))
-            .args([
-                "serve",
-                "--netns",
-                &sb.host(),
-                "--name-prefix",
-                &sb.agent_prefix(),
-            ])
-            .args(["--reconcile-interval-secs", "1"])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn vmnet serve");
-        Self { child }
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).unwrap())
-    }
-
-    fn sigterm(&mut self) -> std::process::ExitStatus {
-        kill(self.pid(), Signal::SIGTERM).expect("SIGTERM the agent");
-        self.child.wait().unwrap()
-    }
-
-    fn sigkill(&mut self) {
-        kill(self.pid(), Signal::SIGKILL).expect("SIGKILL the agent");
-        let status = self.child.wait().unwrap();
-        assert!(!status.success(), "the agent was killed: {status:?}");
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = kill(self.pid(), Signal::SIGKILL);
-            let _ = self.child.wait();
-        }
-    }
-}
-
-async fn wait_ready(client: &Client, dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if client.get::<AgentStatus>("/v1/status").await.is_ok() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "agent not ready; log:\n{}",
-            log(dir)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn log(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
-}
-
-fn vm(prefix_id: &str, uid: u32) -> Value {
-    json!({"id": format!("{prefix_id}{uid}"), "user_id": uid, "tenant": 1, "mesh_ipv6": format!("fdaa:7::{uid:x}"),
-           "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}, {"destination": "::/0", "via": "host"}]}})
-}
-
-/// Link names in a namespace (via iproute2 inside the sandbox only).
-fn links(ns: &str) -> Vec<String> {
-    let out = netns::ip(ns, &["-o", "link", "show"]).unwrap_or_default();
-    out.lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
-        .collect()
-}
-
-fn run_cli(dir: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(VMNET)
-        .arg("--socket")
-        .arg(dir.join("vmnet.sock"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_apply_converges_after_restart() {

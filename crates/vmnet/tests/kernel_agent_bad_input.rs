@@ -1,0 +1,159 @@
+//! The agent on a real kernel (root required), driven over its unix socket: bad input of every
+//! kind is answered with the documented status and code while the VM's previous good state stays
+//! applied and reachable (real TCP and UDP through NAT from a simulated guest attached to the
+//! VM's tap); a route change through the API keeps the veth (same ifindex) and removing the
+//! IPv4 route via host removes IPv4 reach; DELETE leaves nothing behind.
+
+mod agent_support;
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use agent_support::{Agent, links, vm, wait_ready};
+use hyper::Method;
+use serde_json::json;
+use vmnet_agent::api::types::{VmState, VmView};
+use vmnet_agent::client::Client;
+use vmnet_testkit::guest::{GuestConfig, GuestRoute6, SimGuest};
+use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_V4};
+use vmnet_testkit::{Sandbox, netns, require_root, traffic};
+
+const T: Duration = Duration::from_secs(3);
+
+fn ifindex(ns: &str, link: &str) -> u32 {
+    let out = netns::ip(ns, &["-o", "link", "show", "dev", link]).unwrap();
+    out.split(':').next().unwrap().trim().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_keeps_the_good_state_reachable() {
+    require_root();
+    let sb = Sandbox::new("ab").expect("sandbox");
+    let _echo = sb.start_echo().expect("echo");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_owned();
+    let client = Client::new(dir.join("vmnet.sock"));
+    let mut agent = Agent::start(&sb, &dir);
+    wait_ready(&client, &dir).await;
+
+    let good = vm("b", 1);
+    let view: VmView = client.put("/v1/vms/b1", &good).await.expect("put good");
+    assert_eq!(view.status.state, VmState::Applied);
+    let s = view.status.clone();
+    let cfg = GuestConfig {
+        mesh_ipv6: Some("fdaa:7::1".parse().unwrap()),
+        routes_v6: vec![GuestRoute6 {
+            destination: "::/0".into(),
+            via: Some(vmnet_plan::ns::HOST_LINK_LOCAL),
+        }],
+        ..GuestConfig::default()
+    };
+    let guest = SimGuest::attach(&sb, "b1", &s.netns, &s.tap, &cfg).expect("guest");
+    let echo = SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT);
+    let reply = traffic::tcp_echo(guest.netns(), echo, T).expect("tcp before");
+    assert_eq!(
+        reply.peer.ip(),
+        IpAddr::V4(HOST_UPLINK_V4),
+        "NAT to the uplink address"
+    );
+    traffic::udp_echo(guest.netns(), echo, T).expect("udp before");
+    let veth = s.veth_host.clone().unwrap();
+    let index = ifindex(&sb.host(), &veth);
+
+    // Bad input of every kind: the documented status and code, nothing applied.
+    let body = |v: serde_json::Value| Some(serde_json::to_vec(&v).unwrap());
+    let mut bad_route = good.clone();
+    bad_route["network"]["routes"] = json!([{"destination": "10.0.0.1/8", "via": "host"}]);
+    let mut future = good.clone();
+    future["public_ipv4"] = json!("192.0.2.7");
+    let mut other = vm("b", 1);
+    other["id"] = json!("b2");
+    let cases: Vec<(Method, &str, Option<Vec<u8>>, u16, &str)> = vec![
+        (
+            Method::PUT,
+            "/v1/vms/b1",
+            body(bad_route),
+            400,
+            "INVALID_INPUT",
+        ),
+        (
+            Method::PUT,
+            "/v1/vms/b1",
+            body(future),
+            400,
+            "INVALID_INPUT",
+        ),
+        (
+            Method::PUT,
+            "/v1/vms/b1",
+            Some(b"{\"id\": ".to_vec()),
+            400,
+            "INVALID_INPUT",
+        ),
+        (
+            Method::PUT,
+            "/v1/vms/b1",
+            Some(vec![b' '; 100 * 1024]),
+            400,
+            "INVALID_INPUT",
+        ),
+        (Method::PUT, "/v1/vms/b2", body(other), 409, "CONFLICT"),
+        (
+            Method::PUT,
+            "/v1/vms/other",
+            body(good.clone()),
+            400,
+            "INVALID_INPUT",
+        ),
+        (Method::GET, "/v1/vms/nope", None, 404, "NOT_FOUND"),
+        (Method::DELETE, "/v1/vms/nope", None, 404, "NOT_FOUND"),
+        (Method::GET, "/v1/nothing", None, 404, "NOT_FOUND"),
+    ];
+    for (method, path, payload, status, code) in cases {
+        let (st, bytes) = client
+            .send_raw(method.clone(), path, payload)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            (st.as_u16(), v["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}: {v}"
+        );
+    }
+    let now: VmView = client.get("/v1/vms/b1").await.unwrap();
+    assert_eq!(now.status.state, VmState::Applied);
+    assert_eq!(now.config, view.config);
+    assert_eq!(
+        ifindex(&sb.host(), &veth),
+        index,
+        "the veth was not touched"
+    );
+    traffic::tcp_echo(guest.netns(), echo, T).expect("tcp still reachable");
+    traffic::udp_echo(guest.netns(), echo, T).expect("udp still reachable");
+
+    // A route change keeps the veth; without an IPv4 route via host there is no IPv4 reach.
+    let mut v6_only = good.clone();
+    v6_only["network"]["routes"] = json!([{"destination": "::/0", "via": "host"}]);
+    let changed: VmView = client
+        .put("/v1/vms/b1", &v6_only)
+        .await
+        .expect("route change");
+    assert_eq!(changed.status.state, VmState::Applied);
+    assert_eq!(
+        ifindex(&sb.host(), &veth),
+        index,
+        "a route change keeps the veth"
+    );
+    assert!(
+        traffic::tcp_echo(guest.netns(), echo, Duration::from_millis(700)).is_err(),
+        "no IPv4 route via host"
+    );
+
+    // DELETE removes everything the VM had.
+    drop(guest);
+    let _: VmView = client.delete("/v1/vms/b1").await.expect("delete");
+    assert!(!netns::exists(&s.netns), "netns removed");
+    assert!(!links(&sb.host()).contains(&veth), "host veth removed");
+    assert!(agent.sigterm().success());
+}
