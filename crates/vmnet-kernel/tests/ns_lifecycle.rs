@@ -267,8 +267,11 @@ async fn failed_apply_keeps_the_previous_good_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn vm_without_mesh_has_tap_but_no_veth() {
-    let env = Env::new();
+async fn vm_without_mesh_has_tap_but_no_veth_and_its_own_sysctls() {
+    let env = Env::with(|s| {
+        s.tap_owner_uid = Some(4242);
+        s.tap_owner_gid = Some(4243);
+    });
     let plan = env.plan(&vm_json("capture", 0x61, None, &[]));
     env.driver.apply(&plan).await.unwrap();
     assert!(netns::exists(&plan.netns));
@@ -281,12 +284,94 @@ async fn vm_without_mesh_has_tap_but_no_veth() {
         "{host_links}"
     );
     assert!(env.driver.apply(&plan).await.unwrap().is_empty());
-    let owner = netns::exec(
-        &plan.netns,
-        "cat",
-        &[&format!("/sys/class/net/{}/tun_flags", plan.tap.name)],
-        T,
-    )
-    .unwrap();
-    assert!(owner.status.success(), "tap is a tun device");
+    // The tap is persistent, owned as configured (`ip netns exec` mounts the netns's sysfs).
+    let sys = |f: &str| {
+        let out = netns::exec(
+            &plan.netns,
+            "cat",
+            &[&format!("/sys/class/net/{}/{f}", plan.tap.name)],
+            T,
+        )
+        .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(sys("owner"), "4242");
+    assert_eq!(sys("group"), "4243");
+    // Forwarding is on inside the VM netns only: another fresh namespace still has it off.
+    assert_eq!(
+        netns::sysctl_get(&plan.netns, "net/ipv4/ip_forward").unwrap(),
+        "1"
+    );
+    assert_eq!(
+        netns::sysctl_get(&plan.netns, "net/ipv6/conf/all/forwarding").unwrap(),
+        "1"
+    );
+    let probe = env.sb.add_netns("probe").unwrap();
+    assert_eq!(
+        netns::sysctl_get(&probe, "net/ipv4/ip_forward").unwrap(),
+        "0"
+    );
+    assert_eq!(
+        netns::sysctl_get(&probe, "net/ipv6/conf/all/forwarding").unwrap(),
+        "0"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_is_reported_and_repaired() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json(
+        "d",
+        0x71,
+        Some("fdaa::71"),
+        &[("0.0.0.0/0", "host")],
+    ));
+    // A crash between creating the mount point and mounting the namespace leaves a plain file.
+    std::fs::write(format!("/run/netns/{}", plan.netns), b"").unwrap();
+    let changes = env
+        .driver
+        .apply(&plan)
+        .await
+        .expect("apply over a half-made netns");
+    assert!(
+        matches!(changes.last(), Some(Change::CreateVm { .. })),
+        "{changes:?}"
+    );
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+
+    // Hand edits: a route removed, the tap MTU changed, the nft table flushed.
+    netns::ip(&plan.netns, &["route", "del", "0.0.0.0/0"]).unwrap();
+    netns::ip(&plan.netns, &["link", "set", &plan.tap.name, "mtu", "1500"]).unwrap();
+    netns::exec(&plan.netns, "nft", &["flush", "ruleset"], T).unwrap();
+    let drift = env.driver.drift(&plan).await.unwrap();
+    assert!(
+        drift.iter().any(|c| matches!(c, Change::AddRoute(..))),
+        "{drift:?}"
+    );
+    assert!(
+        drift.iter().any(|c| matches!(c, Change::Repair { .. })),
+        "{drift:?}"
+    );
+    assert!(
+        drift.iter().any(|c| matches!(c, Change::ReplaceNft { .. })),
+        "{drift:?}"
+    );
+    let fixed = env.driver.apply(&plan).await.unwrap();
+    assert_eq!(
+        fixed.len(),
+        drift.len(),
+        "apply made what drift reported: {fixed:?}"
+    );
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+    assert_eq!(link_info(&plan.netns, &plan.tap.name).unwrap().0, 1380);
+
+    // The host veth deleted by hand: the VM is rebuilt.
+    let v = plan.veth.clone().unwrap();
+    env.host_ip(&["link", "del", &v.host_name]);
+    let rebuilt = env.driver.apply(&plan).await.unwrap();
+    assert!(
+        matches!(rebuilt.first(), Some(Change::Repair { .. })),
+        "{rebuilt:?}"
+    );
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
 }

@@ -23,7 +23,19 @@ pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
     if !netns::exists(&plan.netns) {
         return create(d, plan).await;
     }
-    let ns = netns::netlink_in(&plan.netns)?;
+    let ns = match netns::netlink_in(&plan.netns) {
+        Ok(ns) => ns,
+        Err(e) => {
+            // E.g. the mount point of a create interrupted by a crash: not a namespace yet.
+            tracing::warn!(vm = %plan.vm_id, error = %e, "netns unusable; recreating the VM");
+            d.remove_uid(plan.user_id).await?;
+            let mut changes = vec![Change::Repair {
+                what: format!("{}: unusable netns ({e})", plan.netns),
+            }];
+            changes.extend(create(d, plan).await?);
+            return Ok(changes);
+        }
+    };
     let before = observe::observe_vm(plan, &ns, &d.host).await?;
     if needs_rebuild(plan, &before) {
         let mut changes = vec![Change::Repair {
@@ -52,7 +64,11 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
             netns: plan.netns.clone(),
         }]);
     }
-    let ns = netns::netlink_in(&plan.netns)?;
+    let Ok(ns) = netns::netlink_in(&plan.netns) else {
+        return Ok(vec![Change::Repair {
+            what: format!("{}: unusable netns", plan.netns),
+        }]);
+    };
     let st = observe::observe_vm(plan, &ns, &d.host).await?;
     if needs_rebuild(plan, &st) {
         return Ok(vec![Change::Repair {

@@ -27,12 +27,16 @@ pub struct Env {
 impl Env {
     /// A fresh sandbox; the driver's host is the sandbox host, its prefix the sandbox prefix.
     pub fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    /// As [`Env::new`], with settings adjusted by `f` (the name prefix is the sandbox's).
+    pub fn with(f: impl FnOnce(&mut NsSettings)) -> Self {
         vmnet_testkit::require_root();
         let sb = Sandbox::new("ns").expect("sandbox");
-        let settings = NsSettings {
-            name_prefix: sb.agent_prefix(),
-            ..NsSettings::default()
-        };
+        let mut settings = NsSettings::default();
+        f(&mut settings);
+        settings.name_prefix = sb.agent_prefix();
         let driver = NetlinkNsDriver::new(settings.clone(), Some(sb.host())).expect("driver");
         Self {
             driver: Arc::new(driver),
