@@ -20,6 +20,9 @@ use vmnet_testkit::{Sandbox, netns, require_root, traffic};
 
 const T: Duration = Duration::from_secs(3);
 
+/// One bad request: method, path, body, expected status and code.
+type Case = (Method, &'static str, Option<Vec<u8>>, u16, &'static str);
+
 fn ifindex(ns: &str, link: &str) -> u32 {
     let out = netns::ip(ns, &["-o", "link", "show", "dev", link]).unwrap();
     out.split(':').next().unwrap().trim().parse().unwrap()
@@ -68,7 +71,7 @@ async fn bad_input_keeps_the_good_state_reachable() {
     future["public_ipv4"] = json!("192.0.2.7");
     let mut other = vm("b", 1);
     other["id"] = json!("b2");
-    let cases: Vec<(Method, &str, Option<Vec<u8>>, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             Method::PUT,
             "/v1/vms/b1",
