@@ -80,6 +80,42 @@ async fn apply_twice_is_a_noop_and_a_route_change_keeps_the_veth() {
         "converged"
     );
 
+    // The gateway VM goes away: its veth (and the kernel's route through it) disappear, and the
+    // client's 2000::/3 stays unreachable rather than falling through to the uplink.
+    env.driver.remove(0x22).await.unwrap();
+    let get = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &env.sb.host(),
+            "-6",
+            "route",
+            "get",
+            "2001:db8::1",
+            "from",
+            "fdaa::21",
+            "iif",
+            &v.host_name,
+        ])
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&get.stdout),
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert!(
+        !said.contains("uplink"),
+        "must not leave through the uplink: {said}"
+    );
+    assert!(
+        said.contains("No route to host") || said.contains("unreachable"),
+        "{said}"
+    );
+    let drift = env.driver.drift(&changed).await.unwrap();
+    assert!(!drift.is_empty(), "the lost gateway shows as drift");
+    env.driver.apply(&changed).await.unwrap();
+    assert!(env.driver.drift(&changed).await.unwrap().is_empty());
+
     // And back: the table and rule go, NAT goes.
     let changes = env.driver.apply(&plan).await.expect("apply back");
     assert!(

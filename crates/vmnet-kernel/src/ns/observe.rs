@@ -46,7 +46,11 @@ pub(super) struct Desired {
 
 impl fmt::Display for KRoute {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} table {} ", self.dst, self.table)?;
+        write!(
+            f,
+            "{} table {} metric {} ",
+            self.dst, self.table, self.metric
+        )?;
         match &self.kind {
             KKind::Dev { oif } => write!(f, "dev #{oif}"),
             KKind::Via { gw, oif } => write!(f, "via {gw} dev #{oif}"),
@@ -191,14 +195,8 @@ pub(super) async fn resolve(
                 )));
             }
         };
-        d.ns_routes.insert(
-            KRoute {
-                table: r.table,
-                dst: r.destination,
-                kind,
-            },
-            onlink,
-        );
+        d.ns_routes
+            .insert(KRoute::new(r.table, r.destination, kind), onlink);
     }
     for r in &plan.ns_rules {
         d.ns_rules.insert(KRule {
@@ -209,14 +207,13 @@ pub(super) async fn resolve(
     }
     for r in &plan.host_routes {
         let (kind, onlink) = host_kind(plan, r, host_link, host).await?;
-        d.host_routes.insert(
-            KRoute {
-                table: r.table,
-                dst: r.destination,
-                kind,
-            },
-            onlink,
-        );
+        if matches!(r.kind, RouteKind::ViaMesh { .. }) && kind != KKind::Unreachable {
+            let mut guard = KRoute::new(r.table, r.destination, KKind::Unreachable);
+            guard.metric = routes::GUARD_METRIC;
+            d.host_routes.insert(guard, false);
+        }
+        d.host_routes
+            .insert(KRoute::new(r.table, r.destination, kind), onlink);
     }
     for r in &plan.host_rules {
         d.host_rules.insert(KRule {

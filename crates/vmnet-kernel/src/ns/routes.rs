@@ -21,7 +21,14 @@ pub(super) struct KRoute {
     pub table: u32,
     pub dst: IpNet,
     pub kind: KKind,
+    /// The route metric (`RTA_PRIORITY`): the kernel's default 1024 for IPv6, 0 for IPv4.
+    pub metric: u32,
 }
+
+/// The metric of the `unreachable` guard installed next to each mesh-via route, so that when
+/// the gateway's route goes away (its veth deleted) the destination stays unreachable instead of
+/// falling through to the host's main table and the uplink.
+pub(super) const GUARD_METRIC: u32 = 0xffff_0000;
 
 /// What a [`KRoute`] does.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,6 +62,17 @@ pub(super) fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Ns
 }
 
 impl KRoute {
+    /// A route with the kernel's default metric for its family.
+    pub(super) fn new(table: u32, dst: IpNet, kind: KKind) -> Self {
+        let metric = if dst.addr().is_ipv6() { 1024 } else { 0 };
+        Self {
+            table,
+            dst,
+            kind,
+            metric,
+        }
+    }
+
     /// The netlink message adding (or deleting) this route; `onlink` marks the next hop on-link.
     pub(super) fn to_message(&self, onlink: bool) -> RouteMessage {
         let mut m = RouteMessage::default();
@@ -74,6 +92,9 @@ impl KRoute {
             .push(RouteAttribute::Destination(RouteAddress::from(
                 self.dst.network(),
             )));
+        if self.metric != 0 {
+            m.attributes.push(RouteAttribute::Priority(self.metric));
+        }
         match &self.kind {
             KKind::Dev { oif } => {
                 m.header.kind = RouteType::Unicast;
@@ -101,13 +122,14 @@ impl KRoute {
             return None;
         }
         let mut table = u32::from(m.header.table);
-        let (mut dst, mut gw, mut oif) = (None, None, None);
+        let (mut dst, mut gw, mut oif, mut metric) = (None, None, None, 0);
         for a in &m.attributes {
             match a {
                 RouteAttribute::Table(t) => table = *t,
                 RouteAttribute::Destination(d) => dst = route_ip(d),
                 RouteAttribute::Gateway(g) => gw = route_ip(g),
                 RouteAttribute::Oif(o) => oif = Some(*o),
+                RouteAttribute::Priority(p) => metric = *p,
                 _ => {}
             }
         }
@@ -126,7 +148,12 @@ impl KRoute {
             (RouteType::Unreachable, _, _) => KKind::Unreachable,
             _ => return None,
         };
-        Some(Self { table, dst, kind })
+        Some(Self {
+            table,
+            dst,
+            kind,
+            metric,
+        })
     }
 }
 
