@@ -148,6 +148,44 @@ async fn without_an_ipv4_route_via_host_there_is_no_ipv4_reach_and_no_nat() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv4_route_reaches_only_its_destination() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json(
+        "narrow",
+        3,
+        Some("fdaa:1::3"),
+        &[("198.51.100.0/24", "host")],
+    ));
+    env.driver.apply(&plan).await.expect("apply");
+    let _echo = env.sb.start_echo().expect("echo");
+    let guest = env.guest("narrow", &plan, &[], 1380);
+    let r = traffic::tcp_echo(
+        guest.netns(),
+        SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT),
+        T,
+    )
+    .expect("in the route");
+    assert_eq!(r.peer.ip(), IpAddr::V4(HOST_UPLINK_V4));
+    // The fake internet's own uplink address answers ping, but is outside the VM's route.
+    let out = traffic::ping(
+        guest.netns(),
+        IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)),
+        1,
+        T,
+    )
+    .expect("ping");
+    assert_eq!(out.received, 0, "203.0.113.1 is not routed for this VM");
+    let p = traffic::ping(
+        &env.sb.host(),
+        IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)),
+        1,
+        T,
+    )
+    .expect("ping");
+    assert_eq!(p.received, 1, "while the host itself reaches it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mesh_between_guests_and_gateway_vm_route() {
     let env = Env::new();
     // gw routes everything IPv6 via host; client sends 2000::/3 to gw's mesh address; lonely has no routes.
@@ -157,11 +195,12 @@ async fn mesh_between_guests_and_gateway_vm_route() {
         Some("fdaa:0:1::10"),
         &[("::/0", "host")],
     ));
+    // The client also routes the echo service's /48 via host: longest prefix wins over 2000::/3.
     let client = env.plan(&vm_json(
         "client",
         0x11,
         Some("fdaa:0:1::11"),
-        &[("2000::/3", "fdaa:0:1::10")],
+        &[("2000::/3", "fdaa:0:1::10"), ("2001:db8:100::/48", "host")],
     ));
     let lonely = env.plan(&vm_json("lonely", 0x12, Some("fdaa:0:1::12"), &[]));
     for p in [&gw, &client, &lonely] {
@@ -213,6 +252,15 @@ async fn mesh_between_guests_and_gateway_vm_route() {
         IpAddr::V6(v6("fdaa:0:1::11")),
         "delivered to the gateway's guest from the client"
     );
+    // The more specific host route takes the echo service's /48 out through the uplink.
+    let _echo = env.sb.start_echo().unwrap();
+    let r = traffic::tcp_echo(
+        g_client.netns(),
+        SocketAddr::new(IpAddr::V6(ECHO_V6), ECHO_PORT),
+        T,
+    )
+    .expect("client → internet via host (more specific than the gateway route)");
+    assert_eq!(r.peer.ip(), IpAddr::V6(v6("fdaa:0:1::11")));
     // A VM without that route does not get there (its namespace has no route for 2000::/3).
     assert!(
         traffic::try_tcp_echo(g_lonely.netns(), far, T)
