@@ -234,7 +234,7 @@ pub fn delete(name: &str) -> Result<(), NetnsError> {
 
 /// Whether the named namespace exists: its path is a mounted namespace (nsfs). A plain file
 /// left by a process killed between creating the mount point and bind-mounting it does not
-/// count (see [`remove_stale`]).
+/// count (`create` replaces such a file).
 #[must_use]
 pub fn exists(name: &str) -> bool {
     is_namespace(&path(name))

@@ -91,7 +91,7 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
 
 fn check_prefix(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), NsError> {
     if plan.name_prefix != d.settings.name_prefix {
-        return Err(NsError::Missing(format!(
+        return Err(NsError::Invalid(format!(
             "vm {}: planned with name prefix {:?}, the driver manages {:?}",
             plan.vm_id, plan.name_prefix, d.settings.name_prefix
         )));

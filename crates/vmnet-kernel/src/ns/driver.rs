@@ -40,12 +40,12 @@ impl NetlinkNsDriver {
     ///
     /// # Errors
     /// [`NsError::NoRuntime`] outside a tokio runtime; invalid settings
-    /// ([`NsError::Missing`] with the validation message); the host netns cannot be entered.
+    /// ([`NsError::Invalid`] with the validation message); the host netns cannot be entered.
     pub fn new(settings: NsSettings, host_netns: Option<String>) -> Result<Self, NsError> {
         tokio::runtime::Handle::try_current().map_err(|_| NsError::NoRuntime)?;
         settings
             .validate()
-            .map_err(|e| NsError::Missing(e.message))?;
+            .map_err(|e| NsError::Invalid(e.message))?;
         let host_ns = host_netns.map_or(HostNs::Current, HostNs::Named);
         let host = host_ns.netlink()?;
         Ok(Self {

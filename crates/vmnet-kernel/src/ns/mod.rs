@@ -2,8 +2,9 @@
 //! rules and the netns nftables table; observe, diff, apply, remove and garbage collection.
 //!
 //! The agent holds an `Arc<dyn NsDriver>`; the real implementation is [`NetlinkNsDriver`]
-//! (rtnetlink + `nft -j`), constructed explicitly with the host namespace it manages. Tests of
-//! the agent use a fake implementing the same trait.
+//! (rtnetlink, tap ioctls, sysctls, nft JSON through libnftables or `nft -j`), constructed
+//! explicitly with the host namespace it manages. Tests of the agent use a fake implementing the
+//! same trait.
 //!
 //! # Design
 //! - [`NsDriver::apply`] converges one VM: a VM whose netns does not exist yet is created in one
@@ -15,7 +16,26 @@
 //! - Everything the driver touches carries a derived name from `vmnet_plan::ns::names`, so
 //!   [`NsDriver::observe`] and [`NsDriver::gc`] find objects by prefix and user id only.
 //! - Namespaces are entered on short-lived dedicated threads; netlink sockets opened there stay
-//!   bound to the namespace (see [`crate::netns`]).
+//!   bound to the namespace (see [`crate::netns`]). A create does all in-netns synchronous work
+//!   (unshare + mount, tap ioctls, sysctls, the nft transaction, opening the netlink socket) on
+//!   the one thread that made the namespace; the rest are concurrent netlink requests.
+//! - The nft table of a VM carries the plan's fingerprint as the comment of its first rule, so
+//!   read-back compares one string; any difference replaces the table in one transaction.
+//! - A mesh-via route (`2000::/3 via fdaa:1::56`) is resolved when applied: the host's FIB entry
+//!   for the gateway's mesh address (only an entry inside `fdaa::/16`, never the default route)
+//!   gives next hop and device. Next to it sits an `unreachable` route of the same destination
+//!   with metric 0xffff0000, so a gateway that disappears (its veth and the routes
+//!   through it deleted by the kernel) never lets the traffic fall through to the uplink. While
+//!   the gateway cannot be resolved the route itself is `unreachable`; `drift` reports the
+//!   difference until an apply finds the gateway.
+//!
+//! # Limitations
+//! - The veth peer cannot be created already up in the target namespace (the kernel answers
+//!   `ENOTCONN`); it is brought up with a second request.
+//! - Teardown is kernel-bound: deleting a veth pair waits for the kernel (≈ 30–40 ms).
+//! - nft drift is detected by the fingerprint comment; a hand edit that keeps that rule and its
+//!   comment is not seen.
+//! - Gateway resolution happens on apply; the agent's periodic reconcile re-resolves.
 
 mod apply;
 pub mod bench;
@@ -186,6 +206,9 @@ pub enum NsError {
     /// An object we expected is missing (e.g. a link just created).
     #[error("{0}")]
     Missing(String),
+    /// The settings or the plan do not fit this driver (invalid settings, another name prefix).
+    #[error("{0}")]
+    Invalid(String),
     /// Several failures during a teardown, all reported.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Many(Vec<NsError>),
@@ -203,6 +226,9 @@ impl From<NsError> for vmnet_model::Error {
             msg.push_str(&s.to_string());
             src = s.source();
         }
-        vmnet_model::Error::unavailable(msg)
+        match e {
+            NsError::Invalid(_) => vmnet_model::Error::invalid(msg),
+            _ => vmnet_model::Error::unavailable(msg),
+        }
     }
 }
