@@ -6,5 +6,6 @@ pub mod bench_nft;
 pub mod bench_vms;
 pub mod ipam;
 pub mod sandbox;
+pub mod sandbox_pool;
 pub mod serve;
 pub mod vm;

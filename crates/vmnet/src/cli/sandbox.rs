@@ -158,6 +158,9 @@ pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
     check_name(&args.name)?;
     let text = std::fs::read_to_string(&args.host_spec)
         .map_err(|e| Error::invalid(format!("host spec {}: {e}", args.host_spec.display())))?;
+    if super::sandbox_pool::is_pool_spec(&text) {
+        return super::sandbox_pool::up_pool(g, &args.host_spec, &args.name).await;
+    }
     let spec = HostSpec::parse(&args.host_spec.display().to_string(), &text)?;
     let paths = Paths::new(&args.root, &args.name);
     let existing = netns::list(&args.name);

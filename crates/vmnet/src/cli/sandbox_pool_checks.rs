@@ -1,0 +1,234 @@
+//! The checks of the pool sandbox: placement against the spec's walk-through, each seed's
+//! address, reachability by policy, and the spoof attempts (each with an honest control frame
+//! so "dropped" means dropped, not "the capture saw nothing").
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use serde::Serialize;
+use vmnet_kernel::pool::probe::{
+    ALL_NODES_MAC, BROADCAST, Capture, arp_reply_frame, icmp6_frame, send_frame, udp4_frame,
+    udp6_frame,
+};
+use vmnet_model::ErrorCode;
+use vmnet_model::nic::{MacAddr, NetworkPolicy};
+use vmnet_model::pool::IpRange;
+use vmnet_testkit::sandbox::ECHO_V4;
+
+/// A simulated guest of the sandbox.
+#[derive(Debug, Clone)]
+pub struct GuestInfo {
+    /// Instance id.
+    pub id: String,
+    /// Its namespace.
+    pub ns: String,
+    /// Its MAC.
+    pub mac: MacAddr,
+    /// Its lease.
+    pub ip4: Ipv4Addr,
+    /// Its policy.
+    pub policy: NetworkPolicy,
+    /// The addresses it configured from its seed.
+    pub seed_addresses: Vec<String>,
+}
+
+/// One check: what was expected and what was seen.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// What was tried.
+    pub name: String,
+    /// Expected outcome.
+    pub expected: String,
+    /// Seen outcome.
+    pub seen: String,
+    /// Whether they agree.
+    pub ok: bool,
+}
+
+fn check(name: impl Into<String>, expected: impl Into<String>, seen: impl Into<String>) -> Check {
+    let (expected, seen) = (expected.into(), seen.into());
+    Check {
+        name: name.into(),
+        ok: expected == seen,
+        expected,
+        seen,
+    }
+}
+
+fn passes(b: bool) -> &'static str {
+    if b { "passes" } else { "dropped" }
+}
+
+fn ping(ns: &str, to: IpAddr) -> bool {
+    vmnet_testkit::traffic::ping(ns, to, 3, Duration::from_millis(400))
+        .is_ok_and(|r| r.received > 0)
+}
+
+/// The n-th leasable address of `range` (lowest first, gateway skipped).
+fn nth_leasable(range: &IpRange, n: usize) -> Option<Ipv4Addr> {
+    let mut a = u32::from(range.first_host);
+    let mut left = n;
+    loop {
+        let addr = Ipv4Addr::from(a);
+        if addr > range.last_host {
+            return None;
+        }
+        if addr != range.gateway {
+            if left == 0 {
+                return Some(addr);
+            }
+            left -= 1;
+        }
+        a = a.checked_add(1)?;
+    }
+}
+
+/// Runs every check (blocking: pings and captures).
+pub fn run(
+    guests: &[GuestInfo],
+    range: &IpRange,
+    placement: &[(String, Result<Ipv4Addr, ErrorCode>)],
+) -> Vec<Check> {
+    let mut out = Vec::new();
+    for (n, (id, got)) in placement.iter().enumerate() {
+        let expected = nth_leasable(range, n)
+            .map_or_else(|| "CAPACITY_UNAVAILABLE".to_owned(), |a| a.to_string());
+        let seen = match got {
+            Ok(a) => a.to_string(),
+            Err(c) => c.to_string(),
+        };
+        out.push(check(format!("placement {id}"), expected, seen));
+    }
+    let prefix = range.cidr.prefix_len();
+    for g in guests {
+        out.push(check(
+            format!("seed of {} carries its lease", g.id),
+            format!("{}/{prefix}", g.ip4),
+            g.seed_addresses.join(","),
+        ));
+    }
+    let gw = IpAddr::V4(range.gateway);
+    for g in guests {
+        let exp = g.policy != NetworkPolicy::None;
+        out.push(check(
+            format!("{} ({:?}) → gateway", g.id, g.policy).to_lowercase(),
+            passes(exp),
+            passes(ping(&g.ns, gw)),
+        ));
+        let exp = g.policy == NetworkPolicy::Public;
+        out.push(check(
+            format!("{} ({:?}) → internet {ECHO_V4}", g.id, g.policy).to_lowercase(),
+            passes(exp),
+            passes(ping(&g.ns, IpAddr::V4(ECHO_V4))),
+        ));
+    }
+    let public: Vec<&GuestInfo> = guests
+        .iter()
+        .filter(|g| g.policy == NetworkPolicy::Public)
+        .collect();
+    let (Some(a), Some(b)) = (public.first(), public.get(1)) else {
+        return out;
+    };
+    out.push(check(
+        format!("{} → {}", a.id, b.id),
+        "passes",
+        passes(ping(&a.ns, IpAddr::V4(b.ip4))),
+    ));
+    for none in guests.iter().filter(|g| g.policy == NetworkPolicy::None) {
+        out.push(check(
+            format!("{} → {} (none)", a.id, none.id),
+            "dropped",
+            passes(ping(&a.ns, IpAddr::V4(none.ip4))),
+        ));
+    }
+    out.extend(spoofs(a, b));
+    out
+}
+
+fn spoofs(a: &GuestInfo, b: &GuestInfo) -> Vec<Check> {
+    let Ok(cap) = Capture::start(&b.ns, "eth0") else {
+        return vec![check("capture at the receiver", "started", "failed")];
+    };
+    let wait = Duration::from_millis(600);
+    let tag = std::process::id();
+    let foreign_mac = MacAddr([0x02, 0xde, 0xad, 0xbe, 0xef, 0x01]);
+    let (ll_a, ll_b) = (a.mac.link_local_v6(), b.mac.link_local_v6());
+    let all_nodes: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+    let foreign4 = Ipv4Addr::from(u32::from(b.ip4).wrapping_add(100));
+    type Build = Box<dyn Fn(&[u8]) -> Vec<u8>>;
+    let (am, bm, a4, b4) = (a.mac, b.mac, a.ip4, b.ip4);
+    let cases: Vec<(&str, bool, Build)> = vec![
+        (
+            "honest IPv4 frame",
+            true,
+            Box::new(move |m| udp4_frame(bm, am, a4, b4, (4000, 4001), m)),
+        ),
+        (
+            "foreign source MAC",
+            false,
+            Box::new(move |m| udp4_frame(bm, foreign_mac, a4, b4, (4000, 4001), m)),
+        ),
+        (
+            "foreign IPv4 source",
+            false,
+            Box::new(move |m| udp4_frame(bm, am, foreign4, b4, (4000, 4001), m)),
+        ),
+        (
+            "honest IPv6 link-local frame",
+            true,
+            Box::new(move |m| udp6_frame(bm, am, ll_a, ll_b, (4000, 4001), m)),
+        ),
+        (
+            "foreign IPv6 source",
+            false,
+            Box::new(move |m| {
+                udp6_frame(
+                    bm,
+                    am,
+                    Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0xbad, 1),
+                    ll_b,
+                    (4000, 4001),
+                    m,
+                )
+            }),
+        ),
+        (
+            "honest ARP reply",
+            true,
+            Box::new(move |m| arp_reply_frame(bm, am, (am, a4), (bm, b4), m)),
+        ),
+        (
+            "forged ARP reply (claims peer's address)",
+            false,
+            Box::new(move |m| arp_reply_frame(bm, am, (am, b4), (bm, b4), m)),
+        ),
+        (
+            "DHCP offer from a guest",
+            false,
+            Box::new(move |m| udp4_frame(BROADCAST, am, a4, Ipv4Addr::BROADCAST, (67, 68), m)),
+        ),
+        (
+            "router advertisement from a guest",
+            false,
+            Box::new(move |m| icmp6_frame(ALL_NODES_MAC, am, ll_a, all_nodes, 134, m)),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (i, (name, arrives, build)) in cases.iter().enumerate() {
+        let marker = format!("vmnet-sbx-{tag}-{i}").into_bytes();
+        let sent = send_frame(&a.ns, "eth0", &build(&marker)).is_ok();
+        let seen = if !sent {
+            "not sent"
+        } else if cap.saw(&marker, wait) {
+            "arrives"
+        } else {
+            "dropped"
+        };
+        out.push(check(
+            format!("{} → {}: {name}", a.id, b.id),
+            if *arrives { "arrives" } else { "dropped" },
+            seen,
+        ));
+    }
+    out
+}

@@ -1,0 +1,68 @@
+//! `vmnet up --sandbox examples/pool.json` end to end (root): the spec's /29 walk-through —
+//! five instances get .2–.6, their seeds carry those addresses, the sixth fails with
+//! CAPACITY_UNAVAILABLE — plus reachability by policy and every spoof attempt, expected and seen.
+
+use std::process::Command;
+
+#[test]
+fn pool_sandbox_walk_through() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (it creates network namespaces)"
+    );
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/pool.json");
+    let name = format!("pw{:06x}", std::process::id() & 0xff_ffff);
+    let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .args(["--output", "json", "up", "--sandbox", spec, "--name", &name])
+        .output()
+        .expect("run vmnet");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "vmnet up failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
+    let leases: Vec<&str> = v["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["lease"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &leases[..5],
+        ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6"]
+    );
+    assert!(
+        leases[5].starts_with("CAPACITY_UNAVAILABLE"),
+        "{}",
+        leases[5]
+    );
+    let seeds: Vec<&str> = v["instances"].as_array().unwrap()[..5]
+        .iter()
+        .map(|i| i["seed_address"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        seeds,
+        [
+            "10.0.0.2/29",
+            "10.0.0.3/29",
+            "10.0.0.4/29",
+            "10.0.0.5/29",
+            "10.0.0.6/29"
+        ]
+    );
+    let checks = v["checks"].as_array().unwrap();
+    assert!(checks.len() >= 30, "{checks:?}");
+    assert!(checks.iter().all(|c| c["ok"] == true), "{checks:#?}");
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["name"].as_str().unwrap().contains("forged ARP") && c["seen"] == "dropped")
+    );
+    let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&left.stdout).contains(&name),
+        "namespaces left behind"
+    );
+}
