@@ -61,8 +61,9 @@ pub struct UpArgs {
     /// other mode exists).
     #[arg(long)]
     pub sandbox: bool,
-    /// The host spec to apply.
-    #[arg(default_value = "examples/host.json")]
+    /// The host spec to apply (the default falls back to the built-in copy of
+    /// `examples/host.json` when run outside the repository).
+    #[arg(default_value = DEFAULT_HOST_SPEC)]
     pub host_spec: PathBuf,
     /// The sandbox name: the name prefix of every namespace and link in it (lowercase letters
     /// and digits, a letter first, at most 10 bytes).
@@ -147,6 +148,25 @@ fn check_name(name: &str) -> Result<(), Error> {
         .map_err(|m| Error::invalid(format!("sandbox --name: {m}")))
 }
 
+/// The default host spec, compiled in for when `vmnet up --sandbox` runs outside the repository.
+const EMBEDDED_HOST_SPEC: &str = include_str!("../../../../examples/host.json");
+/// The default host spec path.
+const DEFAULT_HOST_SPEC: &str = "examples/host.json";
+
+/// Reads the host spec; the default path falls back to the compiled-in `examples/host.json` when
+/// the file is not there (e.g. the binary runs from another directory).
+fn read_spec(path: &Path) -> Result<String, Error> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound && path == Path::new(DEFAULT_HOST_SPEC) =>
+        {
+            Ok(EMBEDDED_HOST_SPEC.to_owned())
+        }
+        Err(e) => Err(Error::invalid(format!("host spec {}: {e}", path.display()))),
+    }
+}
+
 /// Runs `vmnet up --sandbox`.
 ///
 /// # Errors
@@ -156,8 +176,7 @@ fn check_name(name: &str) -> Result<(), Error> {
 pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
     need_root_and_flag(args.sandbox, "up")?;
     check_name(&args.name)?;
-    let text = std::fs::read_to_string(&args.host_spec)
-        .map_err(|e| Error::invalid(format!("host spec {}: {e}", args.host_spec.display())))?;
+    let text = read_spec(&args.host_spec)?;
     if super::sandbox_pool::is_pool_spec(&text) {
         return super::sandbox_pool::up_pool(g, &args.host_spec, &args.name).await;
     }
@@ -240,8 +259,13 @@ fn print_report(report: &UpReport, paths: &Paths) {
     print!("{}", checks::render_checks(&report.checks));
     let ok = report.checks.iter().filter(|c| c.ok).count();
     println!();
+    let name_flag = if report.sandbox == DEFAULT_NAME {
+        String::new()
+    } else {
+        format!(" --name {}", report.sandbox)
+    };
     println!(
-        "{ok}/{} checks ok; `vmnet down --sandbox` removes the sandbox",
+        "{ok}/{} checks ok; `vmnet down --sandbox{name_flag}` removes the sandbox",
         report.checks.len()
     );
 }
