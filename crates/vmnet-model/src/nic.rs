@@ -391,6 +391,27 @@ pub fn append_reported(addresses: &mut Vec<IpNet>, reported: &[IpNet]) {
     }
 }
 
+/// `Instance.addresses` of a provider pool (spec: "Addresses on an instance", provider pools):
+/// each poll replaces the list with what the provider reports, in its order, without
+/// duplicates. With `drop_loopback_and_link_local` (Proxmox VE guest-agent reports) loopback
+/// (127/8, ::1) and link-local (169.254/16, fe80::/10) addresses are left out. A Hetzner public
+/// IPv6 network stays as given (a /64).
+#[must_use]
+pub fn provider_addresses(reported: &[IpNet], drop_loopback_and_link_local: bool) -> Vec<IpNet> {
+    let skip = |a: &IpNet| match a.addr() {
+        IpAddr::V4(v) => v.is_loopback() || v.is_link_local(),
+        IpAddr::V6(v) => v.is_loopback() || v.is_unicast_link_local(),
+    };
+    let mut out: Vec<IpNet> = Vec::new();
+    for a in reported {
+        if (drop_loopback_and_link_local && skip(a)) || out.contains(a) {
+            continue;
+        }
+        out.push(*a);
+    }
+    out
+}
+
 #[cfg(test)]
 #[path = "nic_tests.rs"]
 mod tests;

@@ -172,6 +172,30 @@ fn reports_only_append() {
     assert_eq!(s, ["10.0.0.2/24", "fd00::5/64", "192.168.1.9/24"]);
 }
 
+#[test]
+fn provider_polls_replace_and_proxmox_drops_loopback_and_link_local() {
+    let r: Vec<IpNet> = [
+        "127.0.0.1/8",
+        "203.0.113.7/32",
+        "fe80::1/64",
+        "2001:db8:1::/64",
+        "10.1.0.5/24",
+        "::1/128",
+        "169.254.3.3/16",
+    ]
+    .iter()
+    .map(|s| s.parse().unwrap())
+    .collect();
+    let all = provider_addresses(&r, false);
+    assert_eq!(all, r);
+    let pve: Vec<String> = provider_addresses(&r, true)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(pve, ["203.0.113.7/32", "2001:db8:1::/64", "10.1.0.5/24"]);
+    assert!(provider_addresses(&[], true).is_empty());
+}
+
 proptest::proptest! {
     #[test]
     fn tap_names_always_fit(id in "[a-zA-Z0-9_.:-]{1,128}", idx in 0usize..100) {

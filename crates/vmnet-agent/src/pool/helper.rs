@@ -198,6 +198,24 @@ impl HelperClient {
         })
     }
 
+    /// Starts the helper binary `vmnet-pool-helper` installed next to the running executable,
+    /// serving namespace `netns` (or the agent's own namespace with `None`).
+    ///
+    /// # Errors
+    /// When the executable path is unknown or the process cannot be started.
+    pub fn spawn_default(netns: Option<&str>) -> std::io::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let dir = exe
+            .parent()
+            .ok_or_else(|| std::io::Error::other("executable has no directory"))?;
+        let mut cmd = Command::new(dir.join("vmnet-pool-helper"));
+        cmd.env_clear();
+        if let Some(ns) = netns {
+            cmd.env("VMNET_HELPER_NETNS", ns);
+        }
+        Self::spawn(cmd)
+    }
+
     /// Sends one request and waits for the reply.
     ///
     /// # Errors

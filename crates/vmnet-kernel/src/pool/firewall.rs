@@ -287,3 +287,7 @@ impl<E: NftExec> PoolFirewall<E> {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "firewall_tests.rs"]
+mod tests;
