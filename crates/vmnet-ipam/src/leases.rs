@@ -8,7 +8,7 @@ use vmnet_model::pool::{Lease, validate_id};
 
 use crate::db::{Tx, db_err, on_tx, release_savepoint, rollback_to, savepoint};
 use crate::free;
-use crate::ranges::{addr, num, parse_stored, range_of, require_pool};
+use crate::ranges::{addr, bounds_of, num, parse_stored, range_of, require_pool};
 
 /// How many times a placement retries on the next free address after its insert hit an address
 /// another transaction took (spec: "retry, up to 8 times").
@@ -19,9 +19,9 @@ pub const LEASE_ATTEMPTS: usize = 8;
 ///
 /// * An instance holding a lease in this pool gets the same address back.
 /// * A pool without a range leases nothing: `Ok(None)`.
-/// * A conflicting insert (the address was taken concurrently) is undone inside a savepoint and
-///   retried on the next free address, up to [`LEASE_ATTEMPTS`] times; the caller's transaction
-///   stays usable.
+/// * A conflicting insert (the address was taken concurrently) is undone (inside a savepoint on
+///   PostgreSQL; SQLite undoes just the failed statement) and retried on the next free address,
+///   up to [`LEASE_ATTEMPTS`] times; the caller's transaction stays usable.
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown pool; `CONFLICT` when the instance
@@ -37,22 +37,33 @@ pub async fn lease(
     if let Some(held) = same_pool_lease(tx, pool_id, instance_id).await? {
         return Ok(Some(held));
     }
-    require_pool(tx, pool_id).await?;
-    if range_of(tx, pool_id, true).await?.is_none() {
+    if bounds_of(tx, pool_id, true).await?.is_none() {
+        require_pool(tx, pool_id).await?;
         return Ok(None);
     }
+    // PostgreSQL: a failed statement aborts the whole transaction, so the insert runs in a
+    // savepoint. SQLite: a failed statement undoes only itself (conflict resolution ABORT) and
+    // the transaction stays usable, so no savepoint is needed (and writers are serialized, so a
+    // conflict there only means the free index was out of step with the leases).
+    let guarded = matches!(tx, Tx::Postgres(_));
     for _ in 0..LEASE_ATTEMPTS {
         let Some(n) = free::take_lowest(tx, pool_id).await? else {
             return Err(exhausted(pool_id));
         };
-        savepoint(tx, "vmnet_lease").await?;
+        if guarded {
+            savepoint(tx, "vmnet_lease").await?;
+        }
         match insert_lease(tx, pool_id, n, instance_id).await {
             Ok(()) => {
-                release_savepoint(tx, "vmnet_lease").await?;
+                if guarded {
+                    release_savepoint(tx, "vmnet_lease").await?;
+                }
                 return Ok(Some(addr(n)?));
             }
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                rollback_to(tx, "vmnet_lease").await?;
+                if guarded {
+                    rollback_to(tx, "vmnet_lease").await?;
+                }
                 // Either the address was taken (try the next one) or this instance got a lease
                 // in a concurrent transaction (return it).
                 if let Some(held) = same_pool_lease(tx, pool_id, instance_id).await? {
@@ -60,7 +71,9 @@ pub async fn lease(
                 }
             }
             Err(e) => {
-                rollback_to(tx, "vmnet_lease").await?;
+                if guarded {
+                    rollback_to(tx, "vmnet_lease").await?;
+                }
                 return Err(db_err(e));
             }
         }
@@ -143,8 +156,9 @@ pub async fn release(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, Er
         return Ok(None);
     };
     let address = addr(n)?;
-    if let Some(range) = range_of(tx, &pool_id, true).await?
-        && range.is_leasable(address)
+    if let Some((first, last, gateway)) = bounds_of(tx, &pool_id, true).await?
+        && (first..=last).contains(&n)
+        && n != gateway
     {
         free::give_back(tx, &pool_id, n).await?;
     }

@@ -188,6 +188,32 @@ pub(crate) async fn range_of(
     }))
 }
 
+/// The leasable bounds of a pool's range as integers `(first_host, last_host, gateway)`, `None`
+/// when the pool has no range. With `lock`, on PostgreSQL the range row is share-locked like in
+/// [`range_of`]. Cheaper than [`range_of`]: one small row, nothing to parse.
+pub(crate) async fn bounds_of(
+    tx: &mut Tx,
+    pool_id: &str,
+    lock: bool,
+) -> Result<Option<(i64, i64, i64)>, Error> {
+    let sql = match (&*tx, lock) {
+        (Tx::Sqlite(_), _) => {
+            "SELECT first_host_num, last_host_num, gateway_num FROM ip_pools WHERE pool_id = $1"
+        }
+        (Tx::Postgres(_), false) => {
+            "SELECT first_host - '0.0.0.0'::inet, last_host - '0.0.0.0'::inet, gateway - '0.0.0.0'::inet \
+             FROM ip_pools WHERE pool_id = $1"
+        }
+        (Tx::Postgres(_), true) => {
+            "SELECT first_host - '0.0.0.0'::inet, last_host - '0.0.0.0'::inet, gateway - '0.0.0.0'::inet \
+             FROM ip_pools WHERE pool_id = $1 FOR SHARE"
+        }
+    };
+    Ok(
+        on_tx!(tx, t => sqlx::query_as(sql).bind(pool_id).fetch_optional(&mut **t).await.map_err(db_err)?),
+    )
+}
+
 const PG_RANGE: &str = "SELECT cidr::text AS cidr, host(gateway) AS gateway, host(first_host) AS first_host, \
      host(last_host) AS last_host, \
      ARRAY(SELECT host(d) FROM unnest(dns) WITH ORDINALITY AS u(d, i) ORDER BY i) AS dns \

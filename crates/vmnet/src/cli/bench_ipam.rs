@@ -2,7 +2,8 @@
 //!
 //! For each store, three `/16` pools are filled to 0 %, 50 % and 99 % with a bulk insert (50 %:
 //! every other address, the most fragmented free index; 99 %: every hundredth address left free),
-//! then one writer takes `--ops` leases, each in its own committed transaction, and releases
+//! then one writer takes `--ops` leases (at most as many as are free: 655 at 99 %), each in its
+//! own committed transaction, and releases
 //! them again, each in its own transaction. On PostgreSQL the same runs again with
 //! `--placers` concurrent placers on separate connections. The table shows per-transaction
 //! latency (median, p99) and leases per second; the two targets (99 %-full lease at most 3× the
@@ -73,8 +74,9 @@ fn bench_err(e: impl std::fmt::Display) -> Error {
     Error::unavailable(format!("bench: {e}"))
 }
 
-/// Creates pool `pool` on `10.<octet>.0.0/16` and bulk-fills `fill` percent of it.
-async fn prepare(db: &Db, pool: &str, octet: u8, fill: u32) -> Result<(), Error> {
+/// Creates pool `pool` on `10.<octet>.0.0/16` and bulk-fills `fill` percent of it; returns how
+/// many addresses are left free.
+async fn prepare(db: &Db, pool: &str, octet: u8, fill: u32) -> Result<usize, Error> {
     let mut tx = db.begin().await?;
     let req = SetIpPool {
         pool_id: pool.to_owned(),
@@ -98,7 +100,8 @@ async fn prepare(db: &Db, pool: &str, octet: u8, fill: u32) -> Result<(), Error>
             .collect(),
     };
     vmnet_ipam::bulk_insert_leases(&mut tx, pool, &taken, &format!("{pool}-fill-")).await?;
-    tx.commit().await
+    tx.commit().await?;
+    Ok(all.len() - taken.len())
 }
 
 /// One writer: `ops` leases then `ops` releases, each its own transaction.
@@ -186,8 +189,8 @@ async fn store_rows(
     for (k, fill) in [0u32, 50, 99].into_iter().enumerate() {
         let octet = u8::try_from(k).map_err(bench_err)?;
         let pool = format!("fill{fill}");
-        prepare(db, &pool, octet, fill).await?;
-        let (lease, release, rate) = single(db, &pool, ops).await?;
+        let free = prepare(db, &pool, octet, fill).await?;
+        let (lease, release, rate) = single(db, &pool, ops.min(free)).await?;
         rows.push(Row {
             store: name.to_owned(),
             fill,
@@ -200,8 +203,8 @@ async fn store_rows(
         for (k, fill) in [0u32, 50, 99].into_iter().enumerate() {
             let octet = u8::try_from(k + 3).map_err(bench_err)?;
             let pool = format!("conc{fill}");
-            prepare(db, &pool, octet, fill).await?;
-            let per = ops.div_ceil(placers);
+            let free = prepare(db, &pool, octet, fill).await?;
+            let per = ops.min(free) / placers;
             let (lease, release, rate) = concurrent(db, &pool, placers, per).await?;
             rows.push(Row {
                 store: format!("{name}, {placers} placers"),
