@@ -1,11 +1,17 @@
-//! The reconcile pass: read the store, observe the kernel, apply every desired VM, collect
-//! orphans. It runs at start, after every change (woken by the API) and every interval.
+//! The reconcile pass: read the store, observe the kernel, apply the desired VMs, collect
+//! orphans. A *full* pass runs at start and every interval; a *change* pass runs after every
+//! change made through the API (woken by it, debounced).
 //!
 //! # Design
 //! - A pass holds the agent's kernel lock, so passes and API changes never interleave.
-//! - Each desired VM is applied with its *desired* config (the driver is idempotent: an
-//!   applied VM costs an observe and no change). When that fails, the last good config is
-//!   re-applied and the error recorded on the VM; the next pass tries again.
+//! - A full pass applies every desired VM with its *desired* config (the driver is idempotent:
+//!   an applied VM costs a per-VM observe and no change), which is also the drift audit: a link,
+//!   route, rule or nft table changed behind our back is repaired.
+//! - A change pass observes the host once (namespaces, host veths) and applies only the VMs
+//!   that are not known good: not applied yet, failed, or with their netns or host veth missing.
+//!   The API already applied the VM it changed, so a burst of PUTs does not cost a full pass each.
+//! - When an apply fails, the last good config is re-applied and the error recorded on the VM;
+//!   the next pass tries again.
 //! - Garbage collection gets the plans of every desired VM (the desired config's and, while it
 //!   differs, the applied config's user id), so nothing a stored VM uses is ever collected.
 //! - The store is written only when a VM's outcome changed, so an idle agent does not write.
@@ -16,6 +22,7 @@ use std::time::Instant;
 
 use vmnet_ipam::Store;
 use vmnet_ipam::vm_store::{self, VmRow};
+use vmnet_kernel::ns::ObservedVm;
 use vmnet_model::Error;
 use vmnet_model::vm::parse_vm_config;
 use vmnet_plan::ns::VmPlan;
@@ -47,13 +54,26 @@ impl Agent {
     /// `UNAVAILABLE` when the store cannot be read (nothing was changed then). Per-VM failures
     /// do not fail the pass; they are in the outcome and on the VMs.
     pub async fn reconcile(&self) -> Result<PassOutcome, Error> {
+        self.run_pass(true).await
+    }
+
+    /// Runs one change pass now (see the module docs): applies only the VMs that are not known
+    /// good, then collects orphans.
+    ///
+    /// # Errors
+    /// As [`Agent::reconcile`].
+    pub async fn reconcile_changes(&self) -> Result<PassOutcome, Error> {
+        self.run_pass(false).await
+    }
+
+    async fn run_pass(&self, full: bool) -> Result<PassOutcome, Error> {
         let _guard = self.kernel_lock.lock().await;
         let started = now_ms();
         let clock = Instant::now();
         if let Ok(mut r) = self.record.lock() {
             r.last_started_at_unix_ms = Some(started);
         }
-        let result = self.pass().await;
+        let result = self.pass(full).await;
         let took = u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX);
         if let Ok(mut r) = self.record.lock() {
             r.passes += 1;
@@ -74,16 +94,29 @@ impl Agent {
         result
     }
 
-    async fn pass(&self) -> Result<PassOutcome, Error> {
+    async fn pass(&self, full: bool) -> Result<PassOutcome, Error> {
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
         let mut out = PassOutcome::default();
-        match self.driver().observe().await {
-            Ok(seen) => out.observed = seen.len() as u64,
-            Err(e) => out.errors.push(format!("observe: {e}")),
-        }
+        let seen: Option<BTreeMap<u32, ObservedVm>> = match self.driver().observe().await {
+            Ok(seen) => {
+                out.observed = seen.len() as u64;
+                Some(seen.into_iter().map(|o| (o.user_id, o)).collect())
+            }
+            Err(e) => {
+                out.errors.push(format!("observe: {e}"));
+                None
+            }
+        };
         // Every plan a stored VM may be using, by user id (for GC).
         let mut keep: BTreeMap<u32, VmPlan> = BTreeMap::new();
         for row in &rows {
+            if !full && let Some(plans) = self.known_good(row, seen.as_ref()) {
+                for p in plans {
+                    keep.insert(p.user_id, p);
+                }
+                out.applied += 1;
+                continue;
+            }
             match self.converge(row, &mut keep).await {
                 Ok(()) => out.applied += 1,
                 Err(e) => out.errors.push(e.message),
@@ -95,6 +128,32 @@ impl Agent {
             Err(e) => out.errors.push(format!("garbage collection: {e}")),
         }
         Ok(out)
+    }
+
+    /// The plans of a VM that needs nothing in a change pass: its desired config is applied
+    /// without error and the observed host still has its netns (and host veth, if it has one).
+    /// `None` when it must be applied.
+    fn known_good(
+        &self,
+        row: &VmRow,
+        seen: Option<&BTreeMap<u32, ObservedVm>>,
+    ) -> Option<Vec<VmPlan>> {
+        if row.last_error.is_some() || row.applied.as_deref() != Some(row.config.as_str()) {
+            return None;
+        }
+        let plan = parse_vm_config(row.config.as_bytes())
+            .ok()
+            .and_then(|c| self.plan(&c).ok())?;
+        let o = seen?.get(&plan.user_id)?;
+        let netns_ok = o.netns.as_deref() == Some(plan.netns.as_str());
+        let veth_ok = match &plan.veth {
+            Some(v) => o
+                .host_veth
+                .as_ref()
+                .is_some_and(|(name, _)| *name == v.host_name),
+            None => true,
+        };
+        (netns_ok && veth_ok).then(|| vec![plan])
     }
 
     /// Applies one stored VM's desired config; on failure re-applies its last good config.
@@ -153,11 +212,19 @@ impl Agent {
         self.wake.notify_one();
     }
 
-    /// Runs the reconcile loop until the task is dropped: one pass now, then one after every
-    /// wake-up and every interval.
+    /// Runs the reconcile loop until the task is dropped: a full pass now and every interval, a
+    /// change pass after every wake-up.
     pub async fn run_loop(self: Arc<Self>) {
+        let mut full = true;
+        let mut next_full = tokio::time::Instant::now();
         loop {
-            match self.reconcile().await {
+            if tokio::time::Instant::now() >= next_full {
+                full = true;
+            }
+            if full {
+                next_full = tokio::time::Instant::now() + self.interval();
+            }
+            match self.run_pass(full).await {
                 Ok(o) if o.errors.is_empty() => {
                     tracing::debug!(applied = o.applied, collected = ?o.collected, "reconcile pass ok");
                 }
@@ -168,8 +235,9 @@ impl Agent {
                 () = self.wake.notified() => {
                     // Coalesce a burst of changes into one pass.
                     tokio::time::sleep(WAKE_DEBOUNCE).await;
+                    full = false;
                 }
-                () = tokio::time::sleep(self.interval()) => {}
+                () = tokio::time::sleep_until(next_full) => full = true,
             }
         }
     }

@@ -531,3 +531,27 @@ async fn reconcile_passes_are_serialized() {
     let tail: Vec<u32> = k.applies.iter().rev().take(10).map(|(u, _)| *u).collect();
     assert_eq!(tail, [4, 3, 2, 1, 0, 4, 3, 2, 1, 0]);
 }
+
+#[tokio::test]
+async fn a_change_pass_applies_only_what_is_not_known_good() {
+    let h = Harness::new().await;
+    for i in 1..=3 {
+        h.put_vm(&vm(&format!("vm-{i}"), i)).await;
+    }
+    let before = h.driver.kernel().applies.len();
+    // VM 2 vanished from the kernel (e.g. its netns was deleted by hand).
+    h.driver.kernel().vms.remove(&2);
+    let out = h.agent.reconcile_changes().await.unwrap();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.applied, 3);
+    {
+        let k = h.driver.kernel();
+        let applied: Vec<u32> = k.applies[before..].iter().map(|(u, _)| *u).collect();
+        assert_eq!(applied, [2], "only the missing VM is applied");
+        assert_eq!(k.gcs.last().unwrap(), &vec![1, 2, 3]);
+        assert!(k.vms.contains_key(&2));
+    }
+    // A full pass applies (audits) every VM.
+    h.agent.reconcile().await.unwrap();
+    assert_eq!(h.driver.kernel().applies.len(), before + 1 + 3);
+}

@@ -23,6 +23,11 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(sb: &Sandbox, dir: &Path) -> Self {
+        Self::start_with(sb, dir, 1)
+    }
+
+    /// Starts the agent with a reconcile interval of `interval_secs`.
+    pub fn start_with(sb: &Sandbox, dir: &Path, interval_secs: u64) -> Self {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -40,7 +45,7 @@ impl Agent {
                 "--name-prefix",
                 &sb.agent_prefix(),
             ])
-            .args(["--reconcile-interval-secs", "1"])
+            .args(["--reconcile-interval-secs", &interval_secs.to_string()])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
