@@ -20,7 +20,12 @@
 //! after their rules exist; a tap's bridge port is locked with learning off and a static FDB
 //! entry for the NIC's MAC ([`super::tap`]), so the bridge itself drops frames with any other
 //! source MAC. What does not hold: IP/ARP source checks, the policies, the DHCP/RA drops and the
-//! host-address drop, until the audit repairs them.
+//! host-address drop, until the audit repairs them (tested: `tests/pool_drift.rs`).
+//!
+//! Considered and not used: the table flag `owner` (another process's `flush ruleset` then skips
+//! the tables) works in nft 1.0.6's text syntax only — its JSON parser ignores table flags — and
+//! without `persist` (not in nft 1.0.6) the tables vanish when the helper process dies, which
+//! fails open; a tc layer on each tap needs `act_gact` (drop), which this kernel lacks.
 
 use serde_json::Value;
 use vmnet_model::Error;
