@@ -4,8 +4,9 @@
 //! # Design
 //! - The store (`vm_configs`, [`vmnet_ipam::vm_store`]) holds, per VM, the desired config, the
 //!   last config applied successfully and the last error. The kernel holds the realised state.
-//! - Every kernel change (a PUT, a DELETE, a reconcile pass) runs under one async mutex, so
-//!   reconciling is serialized and a PUT's answer reflects its own apply.
+//! - Every kernel change (a PUT, a DELETE, one VM of a reconcile pass) runs under one async
+//!   mutex, so driver calls never overlap and a PUT's answer reflects its own apply; reconcile
+//!   passes are serialized by a second mutex (see [`crate::reconcile`]).
 //! - A PUT is transactional from the caller's view: the new config is stored *before* it is
 //!   applied (so an agent killed mid-apply converges to it on restart), then applied. When the
 //!   apply fails, the driver rolls back the VM's partial apply, the agent re-applies the last
@@ -48,8 +49,10 @@ pub struct Agent {
     driver: Arc<dyn NsDriver>,
     settings: NsSettings,
     interval: Duration,
-    /// Serializes every kernel change (PUT, DELETE, reconcile passes).
+    /// Serializes every kernel change (PUT, DELETE, each VM of a reconcile pass, GC).
     pub(crate) kernel_lock: Mutex<()>,
+    /// Serializes reconcile passes (one at a time).
+    pub(crate) pass_lock: Mutex<()>,
     pub(crate) record: StdMutex<ReconcileStatus>,
     pub(crate) wake: Notify,
 }
@@ -114,6 +117,7 @@ impl Agent {
             settings,
             interval,
             kernel_lock: Mutex::new(()),
+            pass_lock: Mutex::new(()),
             record: StdMutex::new(ReconcileStatus::default()),
             wake: Notify::new(),
         }))

@@ -3,7 +3,11 @@
 //! change made through the API (woken by it, debounced).
 //!
 //! # Design
-//! - A pass holds the agent's kernel lock, so passes and API changes never interleave.
+//! - Passes run one at a time (the pass lock). Every driver call holds the kernel lock, taken
+//!   per VM: API changes interleave between the VMs of a pass (a pass at 1000 VMs does not stall
+//!   the API for seconds), and the pass re-reads each VM's row under the lock, so it never
+//!   applies a config older than the store's. Garbage collection reads the desired set afresh
+//!   under the lock.
 //! - A full pass applies every desired VM with its *desired* config (the driver is idempotent:
 //!   an applied VM costs a per-VM observe and no change), which is also the drift audit: a link,
 //!   route, rule or nft table changed behind our back is repaired.
@@ -67,7 +71,7 @@ impl Agent {
     }
 
     async fn run_pass(&self, full: bool) -> Result<PassOutcome, Error> {
-        let _guard = self.kernel_lock.lock().await;
+        let _pass = self.pass_lock.lock().await;
         let started = now_ms();
         let clock = Instant::now();
         if let Ok(mut r) = self.record.lock() {
@@ -95,9 +99,16 @@ impl Agent {
     }
 
     async fn pass(&self, full: bool) -> Result<PassOutcome, Error> {
-        let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
+        let ids: Vec<String> = {
+            let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
+            rows.into_iter().map(|r| r.id).collect()
+        };
         let mut out = PassOutcome::default();
-        let seen: Option<BTreeMap<u32, ObservedVm>> = match self.driver().observe().await {
+        let observed = {
+            let _kernel = self.kernel_lock.lock().await;
+            self.driver().observe().await
+        };
+        let seen: Option<BTreeMap<u32, ObservedVm>> = match observed {
             Ok(seen) => {
                 out.observed = seen.len() as u64;
                 Some(seen.into_iter().map(|o| (o.user_id, o)).collect())
@@ -107,19 +118,37 @@ impl Agent {
                 None
             }
         };
-        // Every plan a stored VM may be using, by user id (for GC).
-        let mut keep: BTreeMap<u32, VmPlan> = BTreeMap::new();
-        for row in &rows {
-            if !full && let Some(plans) = self.known_good(row, seen.as_ref()) {
-                for p in plans {
-                    keep.insert(p.user_id, p);
-                }
+        // One VM at a time under the kernel lock, re-reading its row, so API changes interleave
+        // between VMs and a pass never applies a config older than the store's.
+        for id in &ids {
+            let _kernel = self.kernel_lock.lock().await;
+            let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, id).await)? else {
+                continue;
+            };
+            if !full && self.known_good(&row, seen.as_ref()) {
                 out.applied += 1;
                 continue;
             }
-            match self.converge(row, &mut keep).await {
+            match self.converge(&row).await {
                 Ok(()) => out.applied += 1,
                 Err(e) => out.errors.push(e.message),
+            }
+        }
+        // Collect orphans against the store as it is now: every plan a stored VM may be using
+        // (its desired config's and, while they differ, its applied config's).
+        let _kernel = self.kernel_lock.lock().await;
+        let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
+        let mut keep: BTreeMap<u32, VmPlan> = BTreeMap::new();
+        for row in &rows {
+            for json in std::iter::once(row.config.as_str()).chain(row.applied.as_deref()) {
+                match parse_vm_config(json.as_bytes()).and_then(|c| self.plan(&c)) {
+                    Ok(p) => {
+                        keep.entry(p.user_id).or_insert(p);
+                    }
+                    Err(e) => out
+                        .errors
+                        .push(format!("vm {}: stored config: {}", row.id, e.message)),
+                }
             }
         }
         let keep: Vec<VmPlan> = keep.into_values().collect();
@@ -130,21 +159,21 @@ impl Agent {
         Ok(out)
     }
 
-    /// The plans of a VM that needs nothing in a change pass: its desired config is applied
-    /// without error and the observed host still has its netns (and host veth, if it has one).
-    /// `None` when it must be applied.
-    fn known_good(
-        &self,
-        row: &VmRow,
-        seen: Option<&BTreeMap<u32, ObservedVm>>,
-    ) -> Option<Vec<VmPlan>> {
+    /// Whether a VM needs nothing in a change pass: its desired config is applied without error
+    /// and the observed host still has its netns (and host veth, if it has one).
+    fn known_good(&self, row: &VmRow, seen: Option<&BTreeMap<u32, ObservedVm>>) -> bool {
         if row.last_error.is_some() || row.applied.as_deref() != Some(row.config.as_str()) {
-            return None;
+            return false;
         }
-        let plan = parse_vm_config(row.config.as_bytes())
+        let Some(plan) = parse_vm_config(row.config.as_bytes())
             .ok()
-            .and_then(|c| self.plan(&c).ok())?;
-        let o = seen?.get(&plan.user_id)?;
+            .and_then(|c| self.plan(&c).ok())
+        else {
+            return false;
+        };
+        let Some(o) = seen.and_then(|s| s.get(&plan.user_id)) else {
+            return false;
+        };
         let netns_ok = o.netns.as_deref() == Some(plan.netns.as_str());
         let veth_ok = match &plan.veth {
             Some(v) => o
@@ -153,11 +182,11 @@ impl Agent {
                 .is_some_and(|(name, _)| *name == v.host_name),
             None => true,
         };
-        (netns_ok && veth_ok).then(|| vec![plan])
+        netns_ok && veth_ok
     }
 
     /// Applies one stored VM's desired config; on failure re-applies its last good config.
-    async fn converge(&self, row: &VmRow, keep: &mut BTreeMap<u32, VmPlan>) -> Result<(), Error> {
+    async fn converge(&self, row: &VmRow) -> Result<(), Error> {
         let desired = parse_vm_config(row.config.as_bytes()).map_err(|e| {
             Error::internal(format!(
                 "vm {}: stored config does not parse: {}",
@@ -170,15 +199,10 @@ impl Agent {
             .and_then(|a| parse_vm_config(a.as_bytes()).ok());
         let plan = self.plan(&desired)?;
         let good_plan = good.as_ref().and_then(|g| self.plan(g).ok());
-        keep.insert(plan.user_id, plan.clone());
-        if let Some(g) = &good_plan {
-            keep.entry(g.user_id).or_insert_with(|| g.clone());
-        }
         let (applied, error) = match self.driver().apply(&plan).await {
             Ok(_) => {
                 if let Some(g) = good_plan.as_ref().filter(|g| g.user_id != plan.user_id) {
                     let _ = self.driver().remove(g.user_id).await;
-                    keep.remove(&g.user_id);
                 }
                 (Some(row.config.clone()), None)
             }
