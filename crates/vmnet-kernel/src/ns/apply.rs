@@ -189,33 +189,22 @@ async fn create(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsErr
 
 async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
     let rt = tokio::runtime::Handle::current();
-    // One thread: create the netns, and inside it the tap, sysctls, nft table and a netlink socket.
-    let tap_err = |op| {
-        let name = plan.tap.name.clone();
-        move |source| NsError::Tap { name, op, source }
-    };
-    let (ns, tap_index) =
-        netns::create_and_run(&plan.netns, || -> Result<(Handle, u32), NsError> {
-            inns::create_tap(&plan.tap)?;
-            let tap_index =
-                inns::link_up(&plan.tap.name, Some(plan.tap.mtu)).map_err(tap_err("set mtu/up"))?;
-            inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
-            inns::write_sysctls(&plan.netns, &plan.ns_sysctls)?;
-            // A fresh netns has no table yet: skip the replace prologue (a delete makes closing the
-            // nft socket slow), keep the rest of the one transaction.
-            inns::run_nft(&plan.netns, &without_replace_prologue(&plan.nft))?;
-            let _guard = rt.enter();
-            let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
-                NsError::Netns(netns::NetnsError::Io {
-                    name: plan.netns.clone(),
-                    op: "open rtnetlink socket",
-                    source,
-                })
-            })?;
-            rt.spawn(conn);
-            Ok((h, tap_index))
-        })??;
-    if let Some(v) = &plan.veth {
+    // One thread creates the netns and, inside it, the tap, sysctls, nft table and a netlink
+    // socket. As soon as the namespace is mounted, the veth pair is created from the host side
+    // concurrently with the rest of that thread's work.
+    let (mounted_tx, mounted_rx) = tokio::sync::oneshot::channel::<()>();
+    let p = plan.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        netns::create_and_run(&p.netns, || -> Result<(Handle, u32), NsError> {
+            let _ = mounted_tx.send(());
+            in_new_netns(&p, &rt)
+        })
+    });
+    let veth = async {
+        let Some(v) = &plan.veth else { return Ok(()) };
+        if mounted_rx.await.is_err() {
+            return Ok(()); // the thread failed before mounting; its error is reported below
+        }
         let fd = netns::open(&plan.netns)?;
         let peer = LinkUnspec::new_with_name(&v.peer_name)
             .mtu(v.mtu)
@@ -229,8 +218,12 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         d.host.link().add(msg).execute().await.map_err(nl(format!(
             "host: add veth {}/{}",
             v.host_name, v.peer_name
-        )))?;
-    }
+        )))
+    };
+    let (veth, work) = tokio::join!(veth, work);
+    let (ns, tap_index) =
+        work.map_err(|_| NsError::Netns(netns::NetnsError::ThreadPanicked(plan.netns.clone())))???;
+    veth?;
     // What this thread just made, so configuring it needs no read-back.
     let mut st = VmState::default();
     let known = |name: &str, index, mtu| KLink {
@@ -251,6 +244,34 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     Ok(vec![Change::CreateVm {
         netns: plan.netns.clone(),
     }])
+}
+
+/// The work on the thread that just created the VM's netns: tap (persistent, owner, MTU, up),
+/// lo up, sysctls, the nft table (one transaction) and a netlink socket bound to the netns.
+/// Returns the socket's handle and the tap's ifindex.
+fn in_new_netns(plan: &VmPlan, rt: &tokio::runtime::Handle) -> Result<(Handle, u32), NsError> {
+    let tap_err = |op| {
+        let name = plan.tap.name.clone();
+        move |source| NsError::Tap { name, op, source }
+    };
+    inns::create_tap(&plan.tap)?;
+    let tap_index =
+        inns::link_up(&plan.tap.name, Some(plan.tap.mtu)).map_err(tap_err("set mtu/up"))?;
+    inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
+    inns::write_sysctls(&plan.netns, &plan.ns_sysctls)?;
+    // A fresh netns has no table yet: skip the replace prologue (a delete makes closing the nft
+    // socket slow), keep the rest of the one transaction.
+    inns::run_nft(&plan.netns, &without_replace_prologue(&plan.nft))?;
+    let _guard = rt.enter();
+    let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
+        NsError::Netns(netns::NetnsError::Io {
+            name: plan.netns.clone(),
+            op: "open rtnetlink socket",
+            source,
+        })
+    })?;
+    rt.spawn(conn);
+    Ok((h, tap_index))
 }
 
 /// The transaction without its leading `add table` + `delete table` pair.
