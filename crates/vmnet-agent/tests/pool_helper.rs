@@ -87,3 +87,46 @@ fn helper_applies_bcd_tables_and_refuses_anything_else() {
     drop(fw);
     drop(sb);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_audit_repairs_a_flush_through_the_helper() {
+    vmnet_testkit::require_root();
+    let sb = vmnet_testkit::Sandbox::new("pi").unwrap();
+    let host = sb.host();
+    let rt = vmnet_agent::pool::runtime::PoolRuntime::start(
+        helper_in(&host),
+        HostAddrs::default(),
+        Duration::from_millis(500),
+    )
+    .unwrap();
+    let inst = InstanceSpec {
+        id: "inst-r".into(),
+        allocation_id: "alloc-r".into(),
+        policy: NetworkPolicy::None,
+        sandbox: false,
+        nics: vec![NicSpec {
+            network: Some("br0".parse().unwrap()),
+            mac: MacAddr::for_instance("inst-r"),
+            addresses: vec![],
+            gateway: None,
+            nameservers: vec![],
+        }],
+    };
+    rt.add_instance(&inst).unwrap();
+    assert_eq!(rt.status().taps, 1);
+    let out =
+        vmnet_testkit::netns::exec(&host, "nft", &["flush", "ruleset"], Duration::from_secs(5))
+            .unwrap();
+    assert!(out.status.success());
+    let t = std::time::Instant::now();
+    while rt.status().drift_repairs == 0 {
+        assert!(t.elapsed() < Duration::from_secs(3), "not repaired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(list(&host).contains("table arp bcd_taps"));
+    assert!(rt.status().last_drift.iter().any(|d| d.contains("missing")));
+    rt.remove_instance("inst-r").unwrap();
+    assert!(!list(&host).contains("bcd_taps"));
+    drop(rt);
+    drop(sb);
+}

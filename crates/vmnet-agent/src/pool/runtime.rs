@@ -1,0 +1,90 @@
+//! Pool mode as the agent runs it: the root helper started, the three tables loaded (empty of
+//! taps) before any VM starts, and the drift audit running every [`AUDIT_PERIOD`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use vmnet_kernel::pool::firewall::{FirewallStatus, PoolFirewall};
+use vmnet_model::Error;
+use vmnet_model::nic::InstanceSpec;
+use vmnet_plan::pool::nft::{Firewall, HostAddrs};
+
+use super::audit::{self, AUDIT_PERIOD};
+use super::helper::HelperClient;
+
+/// The agent's pool-mode firewall: the helper, the desired tables and the audit task.
+#[derive(Debug)]
+pub struct PoolRuntime {
+    firewall: Arc<Mutex<PoolFirewall<HelperClient>>>,
+    audit: tokio::task::JoinHandle<()>,
+}
+
+impl PoolRuntime {
+    /// Takes a started helper ([`HelperClient::spawn`], or [`HelperClient::spawn_default`] in
+    /// production), replaces the three tables with an empty host state for `host` and starts the
+    /// audit every `period` (the agent uses [`AUDIT_PERIOD`]). Call inside a tokio runtime.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the first replace fails.
+    pub fn start(helper: HelperClient, host: HostAddrs, period: Duration) -> Result<Self, Error> {
+        let mut fw = PoolFirewall::new(helper);
+        fw.replace(Firewall { taps: vec![], host })
+            .map_err(|e| e.to_error())?;
+        let firewall = Arc::new(Mutex::new(fw));
+        let audit = audit::spawn(Arc::clone(&firewall), period);
+        Ok(Self { firewall, audit })
+    }
+
+    /// [`Self::start`] with the installed helper (`vmnet-pool-helper` next to the running
+    /// executable) serving `netns`, and the 5-second audit.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the helper cannot start or the first replace fails.
+    pub fn start_default(netns: Option<&str>, host: HostAddrs) -> Result<Self, Error> {
+        let helper = HelperClient::spawn_default(netns)
+            .map_err(|e| Error::unavailable(format!("pool root helper: {e}")))?;
+        Self::start(helper, host, AUDIT_PERIOD)
+    }
+
+    /// Adds an instance's rules (before its taps exist).
+    ///
+    /// # Errors
+    /// The documented error (`INVALID_INPUT`, `CONFLICT`, `UNAVAILABLE`).
+    pub fn add_instance(&self, inst: &InstanceSpec) -> Result<(), Error> {
+        self.lock().add_instance(inst).map_err(|e| e.to_error())
+    }
+
+    /// Removes an instance's rules (after its taps are gone).
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the helper refuses or fails.
+    pub fn remove_instance(&self, instance_id: &str) -> Result<(), Error> {
+        self.lock()
+            .remove_instance(instance_id)
+            .map_err(|e| e.to_error())
+    }
+
+    /// The status counters: taps, drift repairs, last drift.
+    #[must_use]
+    pub fn status(&self) -> FirewallStatus {
+        audit::status(&self.firewall)
+    }
+
+    /// The shared firewall (for callers that drive it directly).
+    #[must_use]
+    pub fn firewall(&self) -> Arc<Mutex<PoolFirewall<HelperClient>>> {
+        Arc::clone(&self.firewall)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolFirewall<HelperClient>> {
+        self.firewall
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Drop for PoolRuntime {
+    fn drop(&mut self) {
+        self.audit.abort();
+    }
+}
