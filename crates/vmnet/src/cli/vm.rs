@@ -52,7 +52,9 @@ pub struct ApplyArgs {
 
 fn read_file(path: &PathBuf) -> Result<(String, Vec<u8>), Error> {
     let name = path.display().to_string();
-    let bytes = if name == "-" {
+    let stdin = name == "-";
+    let name = if stdin { "stdin".to_owned() } else { name };
+    let bytes = if stdin {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
             .map_err(|e| Error::invalid(format!("stdin: cannot read: {e}")))?;
@@ -207,6 +209,15 @@ fn print_table(rows: &[Vec<String>]) {
     }
 }
 
+/// How long ago `unix_ms` was, e.g. `3.2 s`.
+fn ago(unix_ms: i64) -> String {
+    let now = vmnet_agent::agent::now_ms();
+    let ms = now.saturating_sub(unix_ms).max(0);
+    let secs = ms / 1000;
+    let tenths = (ms % 1000) / 100;
+    format!("{secs}.{tenths} s")
+}
+
 /// Runs `vmnet status`.
 pub async fn status(g: &Global) -> Result<(), Error> {
     let st: AgentStatus = Client::new(&g.socket).get("/v1/status").await?;
@@ -235,9 +246,9 @@ pub async fn status(g: &Global) -> Result<(), Error> {
             "last reconcile".to_owned(),
             match (r.last_finished_at_unix_ms, r.last_ok) {
                 (Some(t), Some(ok)) => format!(
-                    "{} at {} ms since epoch, took {} ms",
+                    "{}, {} ago, took {} ms",
                     if ok { "ok" } else { "failed" },
-                    t,
+                    ago(t),
                     dash(r.last_duration_ms)
                 ),
                 _ => "never".to_owned(),
