@@ -82,18 +82,43 @@ fn gaps(lo: i64, hi: i64, taken: &[i64]) -> Vec<(i64, i64)> {
 }
 
 /// Takes the lowest free address of `pool` out of the index and returns it, or `None` when the
-/// range is exhausted. On PostgreSQL the interval row is locked (`FOR UPDATE`) first, so
-/// concurrent placers queue on it and each gets the next address.
+/// range is exhausted. On PostgreSQL the interval row is locked first: the lowest one no other
+/// placer holds (`FOR UPDATE SKIP LOCKED`), else the lowest one (`FOR UPDATE`, queueing behind
+/// the holder and then taking the next address), so concurrent placers never fail on each other.
 pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, Error> {
-    let sql = match tx {
-        Tx::Sqlite(_) => {
-            "SELECT first, last FROM ip_free WHERE pool_id = $1 ORDER BY first LIMIT 1"
-        }
-        Tx::Postgres(_) => {
-            "SELECT first, last FROM ip_free WHERE pool_id = $1 ORDER BY first LIMIT 1 FOR UPDATE"
+    let row: Option<(i64, i64)> = match tx {
+        Tx::Sqlite(t) => sqlx::query_as(
+            "SELECT first, last FROM ip_free WHERE pool_id = $1 ORDER BY first LIMIT 1",
+        )
+        .bind(pool)
+        .fetch_optional(&mut **t)
+        .await
+        .map_err(db_err)?,
+        Tx::Postgres(t) => {
+            // First the lowest interval no other placer holds (they work on different holes in
+            // parallel); if every interval is held (typically the one big interval of a sparse
+            // pool), queue for the lowest one.
+            let skip = sqlx::query_as(
+                "SELECT first, last FROM ip_free WHERE pool_id = $1 \
+                 ORDER BY first LIMIT 1 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(pool)
+            .fetch_optional(&mut **t)
+            .await
+            .map_err(db_err)?;
+            match skip {
+                Some(r) => Some(r),
+                None => sqlx::query_as(
+                    "SELECT first, last FROM ip_free WHERE pool_id = $1 \
+                     ORDER BY first LIMIT 1 FOR UPDATE",
+                )
+                .bind(pool)
+                .fetch_optional(&mut **t)
+                .await
+                .map_err(db_err)?,
+            }
         }
     };
-    let row: Option<(i64, i64)> = on_tx!(tx, t => sqlx::query_as(sql).bind(pool).fetch_optional(&mut **t).await.map_err(db_err)?);
     let Some((first, last)) = row else {
         return Ok(None);
     };

@@ -11,8 +11,9 @@
 //!   release puts the address back, merged with its neighbours; `set_ip_pool` rebuilds the
 //!   intervals from the new range minus the gateway minus the existing leases.
 //! * Concurrency: on PostgreSQL a placer share-locks the range row and locks the lowest interval
-//!   `FOR UPDATE`, so concurrent placers queue on it and each takes the next address instead of
-//!   failing. The lease insert runs in a savepoint; a unique violation (an address taken behind the
+//!   no other placer holds (`FOR UPDATE SKIP LOCKED`), or else queues for the lowest one
+//!   (`FOR UPDATE`); either way each takes a distinct address instead of failing. Under
+//!   concurrency "lowest" is the lowest among addresses not being taken by a concurrent placer. The lease insert runs in a savepoint; a unique violation (an address taken behind the
 //!   index's back) is undone and retried on the next free address, up to 8 times. SQLite
 //!   serializes writers (`BEGIN IMMEDIATE`).
 //! * Every function takes the caller's [`Tx`], so a placement's host claim and its lease commit or
