@@ -36,6 +36,8 @@
 //! - nft drift is detected by the fingerprint comment; a hand edit that keeps that rule and its
 //!   comment is not seen.
 //! - Gateway resolution happens on apply; the agent's periodic reconcile re-resolves.
+//! - Each VM with a mesh-via route adds one host rule (`iif <host veth>`); the kernel walks
+//!   rules linearly, so thousands of such VMs cost per-packet rule checks on the host.
 
 mod apply;
 pub mod bench;
@@ -57,6 +59,9 @@ pub use driver::NetlinkNsDriver;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The namespace-mode apply layer for one host.
+///
+/// Different VMs may be applied or removed concurrently; calls for the same user id must not
+/// overlap (the agent serializes them per VM).
 pub trait NsDriver: Send + Sync {
     /// Creates or converges one VM. Idempotent: a second apply of the same plan returns no
     /// changes. On failure the VM's partial apply is rolled back (a new VM is removed; an

@@ -403,3 +403,73 @@ pub(super) async fn dump_links(h: &Handle) -> Result<Vec<KLink>, NsError> {
         .map_err(nl("dump links"))?;
     Ok(v.iter().map(klink).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(r: &KRoute) -> KRoute {
+        KRoute::from_message(&r.to_message(false)).expect("parses back")
+    }
+
+    #[test]
+    fn route_messages_round_trip() {
+        let cases = [
+            KRoute::new(254, "fdaa::7/128".parse().unwrap(), KKind::Dev { oif: 3 }),
+            KRoute::new(
+                254,
+                "0.0.0.0/0".parse().unwrap(),
+                KKind::Via {
+                    gw: "10.200.0.29".parse().unwrap(),
+                    oif: 4,
+                },
+            ),
+            KRoute::new(
+                0x0100_0007,
+                "2000::/3".parse().unwrap(),
+                KKind::Via {
+                    gw: "fe80::2".parse().unwrap(),
+                    oif: 9,
+                },
+            ),
+            KRoute::new(0x0100_0007, "fdaa::/16".parse().unwrap(), KKind::Throw),
+            KRoute {
+                metric: GUARD_METRIC,
+                ..KRoute::new(0x0100_0007, "2000::/3".parse().unwrap(), KKind::Unreachable)
+            },
+        ];
+        for r in &cases {
+            assert_eq!(&round_trip(r), r);
+        }
+        assert_eq!(cases[0].metric, 1024, "IPv6 default metric");
+        assert_eq!(cases[1].metric, 0, "IPv4 default metric");
+    }
+
+    #[test]
+    fn large_tables_use_the_attribute_and_small_ones_the_header() {
+        let big = KRoute::new(0x0100_0007, "::/0".parse().unwrap(), KKind::Throw).to_message(false);
+        assert!(big.attributes.contains(&RouteAttribute::Table(0x0100_0007)));
+        let main = KRoute::new(254, "::/0".parse().unwrap(), KKind::Throw).to_message(false);
+        assert_eq!(main.header.table, 254);
+    }
+
+    #[test]
+    fn onlink_sets_the_flag_and_kernel_routes_are_ignored() {
+        let r = KRoute::new(
+            100,
+            "::/0".parse().unwrap(),
+            KKind::Via {
+                gw: "fdaa::7".parse().unwrap(),
+                oif: 2,
+            },
+        );
+        assert!(r.to_message(true).header.flags.contains(RouteFlags::Onlink));
+        let mut m = r.to_message(false);
+        m.header.protocol = RouteProtocol::Kernel;
+        assert_eq!(
+            KRoute::from_message(&m),
+            None,
+            "only our static routes are read back"
+        );
+    }
+}
