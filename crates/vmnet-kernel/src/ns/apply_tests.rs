@@ -1,0 +1,99 @@
+//! Unit tests of the pure parts of [`super`].
+
+use vmnet_model::vm::parse_vm_config;
+use vmnet_plan::ns::{NsSettings, plan_vm};
+
+use super::*;
+
+fn plan(mesh: bool) -> VmPlan {
+    let json = if mesh {
+        r#"{"id":"a","user_id":7,"tenant":0,"mesh_ipv6":"fdaa::7","network":{"routes":[{"destination":"0.0.0.0/0","via":"host"}]}}"#
+    } else {
+        r#"{"id":"a","user_id":7,"tenant":0}"#
+    };
+    plan_vm(
+        &parse_vm_config(json.as_bytes()).unwrap(),
+        &NsSettings::default(),
+    )
+    .unwrap()
+}
+
+/// The state a correct apply of `p` leaves (links 1..=3 in the netns, 10 on the host).
+fn good_state(p: &VmPlan) -> VmState {
+    let mut st = VmState::default();
+    let link = |name: &str, index, mtu| KLink {
+        index,
+        name: name.into(),
+        mtu,
+        up: true,
+    };
+    st.ns_links.insert("lo".into(), link("lo", 1, 65536));
+    st.ns_links
+        .insert(p.tap.name.clone(), link(&p.tap.name, 2, 1380));
+    st.ns_addrs.insert((2, IpAddr::V4(p.tap.ipv4.addr()), 30));
+    st.ns_addrs
+        .insert((2, IpAddr::V6(p.tap.ipv6_link_local.addr()), 64));
+    if let Some(v) = &p.veth {
+        st.ns_links
+            .insert(v.peer_name.clone(), link(&v.peer_name, 3, 1380));
+        st.ns_addrs.insert((3, IpAddr::V4(v.peer_ipv4.addr()), 30));
+        st.ns_addrs
+            .insert((3, IpAddr::V6(v.peer_ipv6_link_local.addr()), 64));
+        st.host_link = Some(link(&v.host_name, 10, 1380));
+        st.host_addrs
+            .insert((10, IpAddr::V4(v.host_ipv4.addr()), 30));
+        st.host_addrs
+            .insert((10, IpAddr::V6(v.host_ipv6_link_local.addr()), 64));
+    }
+    st
+}
+
+#[test]
+fn a_good_state_has_no_fixed_drift() {
+    for mesh in [true, false] {
+        let p = plan(mesh);
+        let st = good_state(&p);
+        assert!(!needs_rebuild(&p, &st));
+        assert_eq!(fixed_drift(&p, &st), None);
+    }
+}
+
+#[test]
+fn missing_links_need_a_rebuild() {
+    let p = plan(true);
+    let mut st = good_state(&p);
+    st.host_link = None;
+    assert!(needs_rebuild(&p, &st));
+    let mut st = good_state(&p);
+    st.ns_links.remove(&p.tap.name);
+    assert!(needs_rebuild(&p, &st));
+    // A VM that lost its mesh address must lose its veth pair too.
+    let q = plan(false);
+    let st = good_state(&p);
+    assert!(needs_rebuild(&q, &st));
+}
+
+#[test]
+fn fixed_drift_names_what_is_wrong() {
+    let p = plan(true);
+    let mut st = good_state(&p);
+    st.ns_links.get_mut(&p.tap.name).unwrap().mtu = 1500;
+    st.host_addrs.clear();
+    st.sysctls_bad = vec!["net/ipv4/ip_forward".into()];
+    let what = fixed_drift(&p, &st).unwrap();
+    assert_eq!(
+        what,
+        "vmnn0007: vmnt0007 mtu/up; vmnh0007 addresses; sysctls net/ipv4/ip_forward"
+    );
+}
+
+#[test]
+fn the_create_transaction_skips_only_the_replace_prologue() {
+    let p = plan(true);
+    let full = p.nft["nftables"].as_array().unwrap().clone();
+    let fresh = without_replace_prologue(&p.nft);
+    let fresh = fresh["nftables"].as_array().unwrap();
+    assert_eq!(fresh.len(), full.len() - 2);
+    assert_eq!(fresh[..], full[2..]);
+    assert!(fresh.iter().all(|c| c.get("delete").is_none()));
+}
