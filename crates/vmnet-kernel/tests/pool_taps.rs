@@ -49,6 +49,10 @@ async fn tap_is_persistent_owned_and_locked_on_the_bridge() {
         fdb.contains(&inst.nics[0].mac.to_string()) && fdb.contains("static"),
         "{fdb}"
     );
+    // An agent restart: the rules are loaded again, the existing persistent tap is reused.
+    lab.pool.firewall.remove_instance(&inst.id).unwrap();
+    let again = lab.pool.start_instance(&inst).await.unwrap();
+    assert_eq!(again, [vmnet_kernel::pool::tap::TapAction::Reused]);
     lab.pool.stop_instance(&inst).await.unwrap();
     assert!(!lab.link_exists(&tap));
 }
