@@ -129,6 +129,17 @@ impl NsSettings {
                 self.transit_ipv4
             )));
         }
+        let guest_net = Ipv4Net::new(GATEWAY_IPV4, TAP_PREFIX_LEN)
+            .expect("valid")
+            .trunc();
+        if self.transit_ipv4.contains(&guest_net)
+            || guest_net.contains(&self.transit_ipv4.network())
+        {
+            return Err(Error::invalid(format!(
+                "settings: transit_ipv4 {} overlaps the guest network {guest_net}",
+                self.transit_ipv4
+            )));
+        }
         if !(1280..=9000).contains(&self.mtu) {
             return Err(Error::invalid(format!(
                 "settings: mtu {} must be in 1280..=9000",

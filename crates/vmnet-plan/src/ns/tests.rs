@@ -288,3 +288,34 @@ fn print_rulesets_for_manual_nft_check() {
     println!("{}", p.nft);
     println!("{}", plan_host(&NsSettings::default()).unwrap().nft);
 }
+
+#[test]
+fn settings_rules() {
+    let bad = |f: fn(&mut NsSettings)| {
+        let mut s = NsSettings::default();
+        f(&mut s);
+        s.validate().unwrap_err().message
+    };
+    assert_eq!(
+        bad(|s| s.transit_ipv4 = "172.16.0.0/12".parse().unwrap()),
+        "settings: transit_ipv4 172.16.0.0/12 overlaps the guest network 172.16.0.0/30"
+    );
+    assert_eq!(
+        bad(|s| s.transit_ipv4 = "10.200.0.1/14".parse().unwrap()),
+        "settings: transit_ipv4 10.200.0.1/14 must be a canonical prefix of length 30 or shorter"
+    );
+    assert_eq!(
+        bad(|s| s.mtu = 1000),
+        "settings: mtu 1000 must be in 1280..=9000"
+    );
+    assert_eq!(
+        bad(|s| s.host_table_base = 10),
+        "settings: host_table_base 10 leaves no room for 65536 tables above 255"
+    );
+    assert!(NsSettings::default().validate().is_ok());
+    let json: NsSettings =
+        serde_json::from_str(r#"{"name_prefix":"abc","tap_owner_uid":1000}"#).unwrap();
+    assert_eq!(json.name_prefix, "abc");
+    assert_eq!(json.mtu, 1380, "missing fields take the defaults");
+    assert!(serde_json::from_str::<NsSettings>(r#"{"nme_prefix":"abc"}"#).is_err());
+}
