@@ -151,10 +151,11 @@ impl Agent {
         plan_vm(cfg, &self.settings)
     }
 
-    /// The API view of a stored row.
+    /// The API view of a stored row. A config that no longer plans under the current settings
+    /// is shown `failed` with the reason in `last_error`.
     ///
     /// # Errors
-    /// `INTERNAL` when the stored config no longer parses or plans.
+    /// `INTERNAL` when the stored config no longer parses.
     pub fn view(&self, row: &VmRow) -> Result<VmView, Error> {
         let config = decode(row, &row.config, "desired")?;
         let applied = row
@@ -162,11 +163,13 @@ impl Agent {
             .as_deref()
             .map(|a| decode(row, a, "applied"))
             .transpose()?;
-        let plan = self
-            .plan(&config)
-            .map_err(|e| Error::internal(format!("stored vm: {}", e.message)))?;
-        let p = plan.status();
-        let state = if row.last_error.is_some() {
+        // A stored VM may no longer plan (the agent restarted with a smaller transit range):
+        // show it with its derived names and the reason instead of failing the whole listing.
+        let (p, plan_error) = match self.plan(&config) {
+            Ok(plan) => (plan.status(), None),
+            Err(e) => (self.unplanned_status(&config), Some(e.message)),
+        };
+        let state = if row.last_error.is_some() || plan_error.is_some() {
             VmState::Failed
         } else if applied.as_ref() == Some(&config) {
             VmState::Applied
@@ -187,10 +190,38 @@ impl Agent {
             guest_mac: p.guest_mac,
             mesh_ipv6: p.mesh_ipv6.map(|m| m.to_string()),
             applied_routes: applied.map(|a| a.network.routes).unwrap_or_default(),
-            last_error: row.last_error.clone(),
+            last_error: row.last_error.clone().or(plan_error),
             updated_at_unix_ms: row.updated_at,
         };
         Ok(VmView { config, status })
+    }
+
+    /// The status fields that derive from names alone, for a config that does not plan.
+    fn unplanned_status(&self, cfg: &VmConfig) -> vmnet_plan::ns::VmStatus {
+        use vmnet_plan::ns::{
+            GATEWAY_IPV4, GUEST_IPV4, GUEST_MAC, HOST_LINK_LOCAL, NameKind, TAP_PREFIX_LEN, name,
+        };
+        let p = &self.settings.name_prefix;
+        let with_veth = cfg.mesh_ipv6.is_some();
+        vmnet_plan::ns::VmStatus {
+            netns: name(p, NameKind::Netns, cfg.user_id),
+            host_veth: with_veth.then(|| name(p, NameKind::HostVeth, cfg.user_id)),
+            peer_veth: with_veth.then(|| name(p, NameKind::PeerVeth, cfg.user_id)),
+            transit: None,
+            tap: name(p, NameKind::Tap, cfg.user_id),
+            guest_ipv4: ipnet::Ipv4Net::new(GUEST_IPV4, TAP_PREFIX_LEN).unwrap_or_default(),
+            gateway_ipv4: GATEWAY_IPV4,
+            guest_mac: GUEST_MAC
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+            gateway_ipv6: HOST_LINK_LOCAL,
+            mesh_ipv6: cfg.mesh_ipv6,
+            mtu: self.settings.mtu,
+            nat: false,
+            routes: cfg.network.routes.clone(),
+        }
     }
 
     /// `GET /v1/vms/{id}`.

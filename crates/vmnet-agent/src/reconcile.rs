@@ -7,7 +7,8 @@
 //!   per VM: API changes interleave between the VMs of a pass (a pass at 1000 VMs does not stall
 //!   the API for seconds), and the pass re-reads each VM's row under the lock, so it never
 //!   applies a config older than the store's. Garbage collection reads the desired set afresh
-//!   under the lock.
+//!   under the lock. When a stored VM no longer plans (e.g. the agent restarted with a smaller
+//!   transit range), collection is skipped and reported: nothing a stored VM may own is removed.
 //! - A full pass applies every desired VM with its *desired* config (the driver is idempotent:
 //!   an applied VM costs a per-VM observe and no change), which is also the drift audit: a link,
 //!   route, rule or nft table changed behind our back is repaired.
@@ -139,17 +140,25 @@ impl Agent {
         let _kernel = self.kernel_lock.lock().await;
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
         let mut keep: BTreeMap<u32, VmPlan> = BTreeMap::new();
+        let mut unplanned = Vec::new();
         for row in &rows {
             for json in std::iter::once(row.config.as_str()).chain(row.applied.as_deref()) {
                 match parse_vm_config(json.as_bytes()).and_then(|c| self.plan(&c)) {
                     Ok(p) => {
                         keep.entry(p.user_id).or_insert(p);
                     }
-                    Err(e) => out
-                        .errors
-                        .push(format!("vm {}: stored config: {}", row.id, e.message)),
+                    Err(_) => unplanned.push(row.id.clone()),
                 }
             }
+        }
+        if !unplanned.is_empty() {
+            // Never collect what a stored VM may own: without its plan we cannot tell.
+            unplanned.dedup();
+            out.errors.push(format!(
+                "garbage collection skipped: stored vms {} do not plan under the current settings",
+                unplanned.join(", ")
+            ));
+            return Ok(out);
         }
         let keep: Vec<VmPlan> = keep.into_values().collect();
         match self.driver().gc(&keep).await {

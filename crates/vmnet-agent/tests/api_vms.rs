@@ -555,3 +555,51 @@ async fn a_change_pass_applies_only_what_is_not_known_good() {
     h.agent.reconcile().await.unwrap();
     assert_eq!(h.driver.kernel().applies.len(), before + 1 + 3);
 }
+
+#[tokio::test]
+async fn a_stored_vm_that_no_longer_plans_is_shown_failed() {
+    let tmp = tempfile::tempdir().unwrap();
+    {
+        let h = Harness::open(tmp.path(), FakeDriver::default(), settings()).await;
+        h.put_vm(&vm("big", 500)).await;
+        h.put_vm(&vm("small", 5)).await;
+        h.agent.db().close().await;
+    }
+    // Restarted with a transit range that only supports user ids up to 63.
+    let s = vmnet_plan::ns::NsSettings {
+        transit_ipv4: "10.9.0.0/24".parse().unwrap(),
+        ..settings()
+    };
+    let h = Harness::open(tmp.path(), FakeDriver::default(), s).await;
+    let (st, list) = h.call(Method::GET, "/v1/vms", None).await;
+    assert_eq!(st, 200, "{list}");
+    let big = &list[0];
+    assert_eq!(big["status"]["state"], "failed");
+    assert_eq!(big["status"]["netns"], "tstn01f4");
+    assert_eq!(big["status"]["transit"], Value::Null);
+    assert!(
+        big["status"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("user_id 500"),
+        "{big}"
+    );
+    let out = h.agent.reconcile().await.unwrap();
+    assert_eq!(out.applied, 1, "the other VM is still applied");
+    assert!(
+        out.errors.iter().any(|e| e.contains("user_id 500")),
+        "{:?}",
+        out.errors
+    );
+    assert!(
+        out.errors
+            .iter()
+            .any(|e| e.contains("garbage collection skipped")),
+        "{:?}",
+        out.errors
+    );
+    assert!(
+        h.driver.kernel().gcs.is_empty(),
+        "nothing is collected while a stored VM does not plan"
+    );
+}
