@@ -114,6 +114,8 @@ async fn flush_is_repaired_and_the_gap_keeps_mac_checks() {
         lab.pool.firewall.audit().unwrap().repaired,
         "an added rule is drift"
     );
+    nft(&lab, &["add", "chain", "inet", "bcd_taps", "sneaky"]);
+    assert!(lab.pool.firewall.audit().unwrap().repaired, "an added chain is drift");
     let elem = format!("{{ \"{}\" . {} }}", ga.tap, ga.ip4);
     nft(
         &lab,
@@ -134,7 +136,7 @@ async fn flush_is_repaired_and_the_gap_keeps_mac_checks() {
         ping_ok(&ga.ns, IpAddr::V4(gb.ip4)),
         "traffic works after repairs"
     );
-    assert_eq!(lab.pool.firewall.status().drift_repairs, 3);
+    assert_eq!(lab.pool.firewall.status().drift_repairs, 4);
     drop(cap);
 
     // The periodic audit (5 s, as the agent runs it) repairs a flush within one period.

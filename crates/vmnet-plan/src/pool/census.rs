@@ -20,6 +20,8 @@ pub struct TableCensus {
     pub rules: Vec<String>,
     /// Elements per named set or map.
     pub elements: BTreeMap<String, usize>,
+    /// The chains, sets and maps, as `chain NAME`, `set NAME`, `map NAME`.
+    pub objects: std::collections::BTreeSet<String>,
 }
 
 /// The owned tables present, keyed `"family name"` (e.g. `"bridge bcd_instances"`).
@@ -85,6 +87,15 @@ impl Census {
                     t.rules.push(format!("{chain}: {expr}"));
                 }
                 "set" | "map" | "element" => {
+                    if kind != "element"
+                        && let Some(n) = body.get("name").and_then(Value::as_str)
+                    {
+                        if verb == "delete" {
+                            t.objects.remove(&format!("{kind} {n}"));
+                        } else {
+                            t.objects.insert(format!("{kind} {n}"));
+                        }
+                    }
                     let n = body
                         .get("elem")
                         .and_then(Value::as_array)
@@ -99,6 +110,15 @@ impl Census {
                         *e = e.saturating_sub(n);
                     } else {
                         *e += n;
+                    }
+                }
+                "chain" => {
+                    if let Some(n) = body.get("name").and_then(Value::as_str) {
+                        if verb == "delete" {
+                            t.objects.remove(&format!("chain {n}"));
+                        } else {
+                            t.objects.insert(format!("chain {n}"));
+                        }
                     }
                 }
                 _ => {}
@@ -147,6 +167,15 @@ pub fn drift(reference: &Census, planned: &Census, observed: &Census) -> Vec<Str
         }
     }
     for (k, t) in &observed.tables {
+        if let Some(r) = reference.tables.get(k)
+            && r.objects != t.objects
+        {
+            let extra: Vec<_> = t.objects.difference(&r.objects).collect();
+            let gone: Vec<_> = r.objects.difference(&t.objects).collect();
+            out.push(format!(
+                "table {k}: objects added {extra:?}, missing {gone:?}"
+            ));
+        }
         if let Some(r) = reference.tables.get(k)
             && r.rules != t.rules
         {

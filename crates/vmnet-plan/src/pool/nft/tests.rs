@@ -178,3 +178,21 @@ fn bc_bridge_fails_the_plan() {
     n.instances[0].nics[0].network = Some("bcx".parse().unwrap());
     assert!(plan(&n, &host()).is_err());
 }
+
+#[test]
+fn census_tracks_chains_and_sets() {
+    let fw = plan(&node(1), &host()).unwrap();
+    let c = Census::of(&render_full(&fw));
+    let t = &c.tables["bridge bcd_instances"];
+    assert!(t.objects.contains("chain from_tap") && t.objects.contains("map in_policy"));
+    assert!(t.objects.contains("set tap_mac"));
+    let mut extra = c.clone();
+    extra
+        .tables
+        .get_mut("inet bcd_taps")
+        .unwrap()
+        .objects
+        .insert("chain sneaky".into());
+    let d = drift(&c, &c, &extra);
+    assert!(d.iter().any(|m| m.contains("sneaky")), "{d:?}");
+}
