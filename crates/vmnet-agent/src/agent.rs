@@ -15,8 +15,18 @@
 //! - A DELETE removes the kernel objects first and the row only when that succeeded, so a failed
 //!   delete can be retried and never leaves an unrecorded VM behind.
 //!
+//! # Crashes
+//! The agent may die at any instant; on restart the full pass converges the kernel to the store:
+//! - killed during a PUT's apply: the new config is stored, so it is applied on restart;
+//! - killed after a failed apply, before the row was put back: the new config stays desired, the
+//!   pass fails on it again, re-applies the last good config and records the error (state
+//!   `failed`), so the VM keeps working and the caller sees why;
+//! - killed during a DELETE after the kernel objects were removed: the VM is still stored and is
+//!   re-created on restart; delete it again.
+//!
 //! # Limitations
 //! One agent per store and host: two agents sharing a database would fight over the same VMs.
+//! Objects made under another `--name-prefix` are neither observed nor collected.
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
