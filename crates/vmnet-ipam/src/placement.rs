@@ -255,6 +255,9 @@ async fn place(tx: &mut Tx, want: &Want<'_>, host: Option<&str>) -> Result<(), E
     let host_id = match host {
         Some(h) => {
             if !claim(tx, h, want).await? {
+                if get_host(tx, h).await?.state == HostState::Lost {
+                    return Err(Error::capacity(format!("host {h} is lost")));
+                }
                 return Err(Error::capacity(format!(
                     "host {h} has no room for {}",
                     want.no_room()

@@ -148,6 +148,13 @@ mod cases {
             h5.used_vcpus, 1,
             "the failed placement's claim was rolled back"
         );
+        let mut on_lost = inst("z", "q");
+        on_lost.host_id = Some("h4".into());
+        assert_err(
+            create(db, &on_lost).await,
+            ErrorCode::CapacityUnavailable,
+            "host h4 is lost",
+        );
         check_invariants(db).await;
     }
 
