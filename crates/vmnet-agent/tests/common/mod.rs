@@ -129,7 +129,10 @@ impl NsDriver for FakeDriver {
                 .map(|p| ObservedVm {
                     user_id: p.user_id,
                     netns: Some(p.netns.clone()),
-                    host_veth: p.veth.as_ref().map(|v| (v.host_name.clone(), 1000 + p.user_id)),
+                    host_veth: p
+                        .veth
+                        .as_ref()
+                        .map(|v| (v.host_name.clone(), 1000 + p.user_id)),
                     ..ObservedVm::default()
                 })
                 .collect())
