@@ -83,9 +83,24 @@ fn check_name(name: &str) -> Result<(), NetnsError> {
     Ok(())
 }
 
+/// Set once `/run/netns` was made a shared mount point by this process.
+static RUN_DIR_READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Makes `/run/netns` exist and be a shared mount point, as iproute2 does, so namespaces mounted
-/// later propagate into mount namespaces that were copied from this one.
+/// later propagate into mount namespaces that were copied from this one. Done once per process:
+/// the recursive remount walks every namespace mounted there, so repeating it per create would
+/// make creating a namespace cost grow with the number of namespaces.
 fn ensure_run_dir() -> Result<(), NetnsError> {
+    if RUN_DIR_READY.load(std::sync::atomic::Ordering::Acquire) && Path::new(NETNS_RUN_DIR).is_dir()
+    {
+        return Ok(());
+    }
+    ensure_run_dir_now()?;
+    RUN_DIR_READY.store(true, std::sync::atomic::Ordering::Release);
+    Ok(())
+}
+
+fn ensure_run_dir_now() -> Result<(), NetnsError> {
     fs::create_dir_all(NETNS_RUN_DIR).map_err(io(NETNS_RUN_DIR, "create run dir"))?;
     let shared = MsFlags::MS_SHARED | MsFlags::MS_REC;
     if mount(

@@ -16,6 +16,12 @@ fn median(v: &[Duration]) -> Duration {
     s[s.len() / 2]
 }
 
+fn p99(v: &[Duration]) -> Duration {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s[(s.len() * 99 / 100).min(s.len() - 1)]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_and_remove_many_vms() {
     let env = Env::new();
@@ -40,7 +46,14 @@ async fn apply_and_remove_many_vms() {
         .await
         .expect("bench");
     let (setup, teardown) = (median(&t.setup), median(&t.teardown));
-    println!("ns bench: n={n} setup median {setup:?} teardown median {teardown:?}");
+    let k = t.setup.len().min(100);
+    println!(
+        "ns bench: n={n} setup median {setup:?} p99 {:?}, first {k} median {:?}, last {k} median {:?}; teardown median {teardown:?} p99 {:?}",
+        p99(&t.setup),
+        median(&t.setup[..k]),
+        median(&t.setup[t.setup.len() - k..]),
+        p99(&t.teardown)
+    );
     assert_eq!(t.setup.len(), plans.len());
     assert!(
         env.driver.observe().await.unwrap().is_empty(),

@@ -10,13 +10,14 @@
 //!   172.16.0.1 and `fe80::1`;
 //! - with a mesh address, a veth pair `<prefix>h<uid>` (host) / `<prefix>p<uid>` (netns), MTU
 //!   1380, the transit /30 `transit_ipv4 + 4·uid` (host `.1`, netns `.2`) and the link-locals
-//!   `fe80::1` (host) / `fe80::2` (netns), both without DAD so they work at once;
+//!   `fe80::1:<uid>` (host, see [`host_veth_link_local`]) / `fe80::2` (netns), both without DAD
+//!   so they work at once;
 //! - mesh path: host `mesh/128 via fe80::2 dev <host veth>`; netns `mesh/128 dev <tap>`; netns
-//!   `fdaa::/16 via fe80::1 dev <peer>` (mesh peers, always); netns rule `iif <peer>` →
+//!   `fdaa::/16 via fe80::1:<uid> dev <peer>` (mesh peers, always); netns rule `iif <peer>` →
 //!   [`names::NS_INBOUND_TABLE`] with `::/0 via mesh dev <tap> onlink`, so anything the host routes
 //!   into the VM (its mesh address, or traffic for which it is a gateway VM) reaches the guest;
 //! - routes: in the netns every route destination goes to the host (IPv4 `via <host transit>`,
-//!   IPv6 `via fe80::1`); a VM without routes has only the mesh route. On the host, a VM with a
+//!   IPv6 `via fe80::1:<uid>`); a VM without routes has only the mesh route. On the host, a VM with a
 //!   mesh-via route gets its own table (`host_table_base + uid`) selected by `iif <host veth>`:
 //!   mesh-via destinations are unicast via the gateway's mesh address (resolved by the kernel
 //!   layer to the next hop that reaches it), `host` destinations and `fdaa::/16` are `throw`
@@ -56,8 +57,18 @@ pub const GATEWAY_IPV4: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 1);
 pub const TAP_PREFIX_LEN: u8 = 30;
 /// The guest MAC, which encodes 172.16.0.2.
 pub const GUEST_MAC: [u8; 6] = [0x06, 0x00, 0xac, 0x10, 0x00, 0x02];
-/// The link-local address of the host end of every veth and of every tap (the guest's IPv6 gateway).
+/// The link-local address of every tap (the guest's IPv6 gateway, the same in every VM).
 pub const HOST_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
+/// The link-local address of the host end of VM `uid`'s veth: `fe80::1:<uid>`. Unique per VM
+/// because all host ends share one namespace, where the kernel hashes IPv6 addresses by value:
+/// one address on thousands of links would make every address add walk one long chain.
+#[must_use]
+pub fn host_veth_link_local(uid: u32) -> Ipv6Addr {
+    let hi = u16::try_from(uid >> 16).unwrap_or(u16::MAX);
+    let lo = u16::try_from(uid & 0xffff).unwrap_or(u16::MAX);
+    Ipv6Addr::new(0xfe80, 0, 0, 0, 0, hi, 1, lo)
+}
 /// The link-local address of the netns end of every veth.
 pub const PEER_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2);
 /// The routing table number of the main table.
@@ -250,7 +261,7 @@ pub struct VethPlan {
     pub host_ipv4: Ipv4Net,
     /// Netns end address (`.2/30`), the NAT source.
     pub peer_ipv4: Ipv4Net,
-    /// Host end link-local (`fe80::1/64`).
+    /// Host end link-local (`fe80::1:<uid>/64`).
     pub host_ipv6_link_local: Ipv6Net,
     /// Netns end link-local (`fe80::2/64`).
     pub peer_ipv6_link_local: Ipv6Net,
@@ -447,7 +458,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
             transit,
             host_ipv4: Ipv4Net::new(Ipv4Addr::from(net + 1), 30).expect("valid"),
             peer_ipv4: Ipv4Net::new(Ipv4Addr::from(net + 2), 30).expect("valid"),
-            host_ipv6_link_local: Ipv6Net::new(HOST_LINK_LOCAL, 64).expect("valid"),
+            host_ipv6_link_local: Ipv6Net::new(host_veth_link_local(uid), 64).expect("valid"),
             peer_ipv6_link_local: Ipv6Net::new(PEER_LINK_LOCAL, 64).expect("valid"),
         }
     });
@@ -513,7 +524,7 @@ fn route_plan(
         table: MAIN_TABLE,
         destination,
         kind: RouteKind::Via {
-            gateway: IpAddr::V6(HOST_LINK_LOCAL),
+            gateway: IpAddr::V6(v.host_ipv6_link_local.addr()),
             dev: v.peer_name.clone(),
             onlink: false,
         },

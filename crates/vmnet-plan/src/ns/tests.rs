@@ -136,8 +136,8 @@ fn spec_vm_plan() {
         [
             "100 ::/0 Via { gateway: fdaa:1::7, dev: \"vmnt0007\", onlink: true }",
             "254 0.0.0.0/0 Via { gateway: 10.200.0.29, dev: \"vmnp0007\", onlink: false }",
-            "254 2000::/3 Via { gateway: fe80::1, dev: \"vmnp0007\", onlink: false }",
-            "254 fdaa::/16 Via { gateway: fe80::1, dev: \"vmnp0007\", onlink: false }",
+            "254 2000::/3 Via { gateway: fe80::1:7, dev: \"vmnp0007\", onlink: false }",
+            "254 fdaa::/16 Via { gateway: fe80::1:7, dev: \"vmnp0007\", onlink: false }",
             "254 fdaa:1::7/128 Dev { dev: \"vmnt0007\" }",
         ]
     );
@@ -318,4 +318,13 @@ fn settings_rules() {
     assert_eq!(json.name_prefix, "abc");
     assert_eq!(json.mtu, 1380, "missing fields take the defaults");
     assert!(serde_json::from_str::<NsSettings>(r#"{"nme_prefix":"abc"}"#).is_err());
+}
+
+#[test]
+fn host_veth_link_locals_are_unique_per_uid() {
+    assert_eq!(host_veth_link_local(7).to_string(), "fe80::1:7");
+    assert_eq!(host_veth_link_local(0xffff).to_string(), "fe80::1:ffff");
+    let all: HashSet<_> = (0..=MAX_USER_ID).map(host_veth_link_local).collect();
+    assert_eq!(all.len(), 65536);
+    assert!(!all.contains(&HOST_LINK_LOCAL) && !all.contains(&PEER_LINK_LOCAL));
 }
