@@ -87,13 +87,30 @@ fn gaps(lo: i64, hi: i64, taken: &[i64]) -> Vec<(i64, i64)> {
 /// the holder and then taking the next address), so concurrent placers never fail on each other.
 pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, Error> {
     let row: Option<(i64, i64)> = match tx {
-        Tx::Sqlite(t) => sqlx::query_as(
-            "SELECT first, last FROM ip_free WHERE pool_id = $1 ORDER BY first LIMIT 1",
-        )
-        .bind(pool)
-        .fetch_optional(&mut **t)
-        .await
-        .map_err(db_err)?,
+        Tx::Sqlite(t) => {
+            // Writers are serialized: shrink the lowest interval in one statement when it has
+            // more than one address, else delete it (a one-address interval, or none left).
+            let shrunk: Option<i64> = sqlx::query_scalar(
+                "UPDATE ip_free SET first = first + 1 WHERE pool_id = $1 AND first = \
+                 (SELECT MIN(first) FROM ip_free WHERE pool_id = $1) AND first < last \
+                 RETURNING first - 1",
+            )
+            .bind(pool)
+            .fetch_optional(&mut **t)
+            .await
+            .map_err(db_err)?;
+            if shrunk.is_some() {
+                return Ok(shrunk);
+            }
+            return sqlx::query_scalar(
+                "DELETE FROM ip_free WHERE pool_id = $1 AND first = \
+                 (SELECT MIN(first) FROM ip_free WHERE pool_id = $1) RETURNING first",
+            )
+            .bind(pool)
+            .fetch_optional(&mut **t)
+            .await
+            .map_err(db_err);
+        }
         Tx::Postgres(t) => {
             // First the lowest interval no other placer holds (they work on different holes in
             // parallel); if every interval is held (typically the one big interval of a sparse

@@ -34,10 +34,40 @@ pub async fn lease(
 ) -> Result<Option<Ipv4Addr>, Error> {
     validate_id("pool_id", pool_id)?;
     validate_id("instance_id", instance_id)?;
-    if let Some(held) = same_pool_lease(tx, pool_id, instance_id).await? {
-        return Ok(Some(held));
-    }
-    if bounds_of(tx, pool_id, true).await?.is_none() {
+    let has_range = match tx {
+        // One round trip: the instance's lease, if any, and whether the pool has a range.
+        Tx::Sqlite(t) => {
+            let (held_pool, held_addr, has_range): (Option<String>, Option<String>, bool) =
+                sqlx::query_as(
+                    "SELECT l.pool_id, l.address, p.pool_id IS NOT NULL FROM (SELECT 1) AS one \
+                     LEFT JOIN ip_leases l ON l.instance_id = $2 \
+                     LEFT JOIN ip_pools p ON p.pool_id = $1",
+                )
+                .bind(pool_id)
+                .bind(instance_id)
+                .fetch_one(&mut **t)
+                .await
+                .map_err(db_err)?;
+            if let (Some(p), Some(a)) = (held_pool, held_addr) {
+                let l = Lease {
+                    pool_id: p,
+                    address: parse_stored("address", &a)?,
+                    instance_id: instance_id.to_owned(),
+                };
+                return held_in(pool_id, &l).map(Some);
+            }
+            has_range
+        }
+        // The range row is share-locked here (FOR SHARE cannot go on an outer join's
+        // nullable side), so two round trips.
+        Tx::Postgres(_) => {
+            if let Some(held) = same_pool_lease(tx, pool_id, instance_id).await? {
+                return Ok(Some(held));
+            }
+            bounds_of(tx, pool_id, true).await?.is_some()
+        }
+    };
+    if !has_range {
         require_pool(tx, pool_id).await?;
         return Ok(None);
     }
@@ -94,12 +124,21 @@ async fn same_pool_lease(
     instance_id: &str,
 ) -> Result<Option<Ipv4Addr>, Error> {
     match lease_of(tx, instance_id).await? {
-        Some(l) if l.pool_id == pool_id => Ok(Some(l.address)),
-        Some(l) => Err(Error::conflict(format!(
-            "instance {instance_id} already holds lease {} in pool {}",
-            l.address, l.pool_id
-        ))),
+        Some(l) => held_in(pool_id, &l).map(Some),
         None => Ok(None),
+    }
+}
+
+/// The address of a lease the instance already holds: the same address when it is in `pool_id`,
+/// `CONFLICT` when it is in another pool.
+fn held_in(pool_id: &str, l: &Lease) -> Result<Ipv4Addr, Error> {
+    if l.pool_id == pool_id {
+        Ok(l.address)
+    } else {
+        Err(Error::conflict(format!(
+            "instance {} already holds lease {} in pool {}",
+            l.instance_id, l.address, l.pool_id
+        )))
     }
 }
 
