@@ -628,4 +628,33 @@ mod tests {
         // The plan's routes are all expressible.
         assert!(plan.ns_routes.iter().all(|r| route_cmd("x", r).is_some()));
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_methods_set_up_and_tear_down_for_real() {
+        vmnet_testkit::require_root();
+        let sb = vmnet_testkit::Sandbox::new("bt").expect("sandbox");
+        let settings = NsSettings {
+            name_prefix: sb.agent_prefix(),
+            ..NsSettings::default()
+        };
+        let driver =
+            Arc::new(NetlinkNsDriver::new(settings.clone(), Some(sb.host())).expect("driver"));
+        let plans: Vec<VmPlan> = (1..=3)
+            .map(|u| plan_vm(&vm_config(u).expect("cfg"), &settings).expect("plan"))
+            .collect();
+        let row = bench_netlink(&driver, &plans).await.expect("netlink");
+        assert_eq!((row.setup.len(), row.teardown.len()), (3, 3));
+        assert!(row.rss_kib.is_some_and(|k| k > 0));
+        let host = sb.host();
+        let row = tokio::task::spawn_blocking(move || bench_shell(&plans, &host))
+            .await
+            .expect("join")
+            .expect("shell");
+        assert_eq!((row.setup.len(), row.teardown.len()), (3, 3));
+        // Both methods removed what they made: only the sandbox's own namespaces remain.
+        let left = vmnet_testkit::netns::list(sb.prefix());
+        assert_eq!(left, vec![sb.host(), sb.inet()], "{left:?}");
+        let text = render(&[row]);
+        assert!(text.contains("shell"), "{text}");
+    }
 }
