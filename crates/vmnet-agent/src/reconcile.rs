@@ -245,8 +245,8 @@ impl Agent {
         self.wake.notify_one();
     }
 
-    /// Runs the reconcile loop until the task is dropped: a full pass now and every interval, a
-    /// change pass after every wake-up.
+    /// Runs the reconcile loop until the task is dropped: a full pass now and one interval after
+    /// the end of each full pass, a change pass after every wake-up.
     pub async fn run_loop(self: Arc<Self>) {
         let mut full = true;
         let mut next_full = tokio::time::Instant::now();
@@ -254,15 +254,17 @@ impl Agent {
             if tokio::time::Instant::now() >= next_full {
                 full = true;
             }
-            if full {
-                next_full = tokio::time::Instant::now() + self.interval();
-            }
             match self.run_pass(full).await {
                 Ok(o) if o.errors.is_empty() => {
-                    tracing::debug!(applied = o.applied, collected = ?o.collected, "reconcile pass ok");
+                    tracing::debug!(full, applied = o.applied, collected = ?o.collected, "reconcile pass ok");
                 }
-                Ok(o) => tracing::warn!(errors = ?o.errors, "reconcile pass had errors"),
-                Err(e) => tracing::warn!("reconcile pass failed: {e}"),
+                Ok(o) => tracing::warn!(full, errors = ?o.errors, "reconcile pass had errors"),
+                Err(e) => tracing::warn!(full, "reconcile pass failed: {e}"),
+            }
+            if full {
+                // The interval runs from the end of a full pass, so a pass that takes longer than
+                // the interval (many VMs) still leaves the agent idle in between.
+                next_full = tokio::time::Instant::now() + self.interval();
             }
             tokio::select! {
                 () = self.wake.notified() => {
