@@ -27,7 +27,7 @@ use crate::Global;
 #[derive(Debug, clap::Args)]
 pub struct IpamBenchArgs {
     /// Lease (and release) transactions per fill level for the single writer.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 1000)]
     pub ops: usize,
     /// Concurrent placers for the PostgreSQL run.
     #[arg(long, default_value_t = 8)]
@@ -282,7 +282,8 @@ pub async fn run(_g: &Global, args: IpamBenchArgs) -> Result<(), Error> {
         "durability: SQLite WAL + synchronous=FULL; PostgreSQL fsync=on, synchronous_commit=on"
     );
     println!(
-        "pools: /16 (65,533 leasable addresses); {} lease + {} release transactions per row",
+        "pools: /16 (65,533 leasable addresses); up to {} lease + {} release transactions per row \
+         (at most the free addresses: 655 at 99 %)",
         args.ops, args.ops
     );
     let (dir, remove) = match &args.dir {
