@@ -27,6 +27,10 @@
 //! * Concurrent releases of neighbouring addresses may leave adjacent intervals unmerged; that
 //!   costs rows, never correctness.
 //! * Placement picks the first ready host by id with room; there is no spreading or scoring.
+//! * On PostgreSQL a host loss running at the same time as placements can deadlock with one of
+//!   them (they lock host rows and free intervals in different orders); PostgreSQL breaks the
+//!   deadlock by failing one transaction, which the caller sees as `UNAVAILABLE` and may retry.
+//! * SQLite serializes all transactions (`BEGIN IMMEDIATE`), readers included.
 
 pub mod db;
 mod free;
