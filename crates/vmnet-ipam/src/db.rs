@@ -245,7 +245,9 @@ fn create_dir(dir: &Path) -> Result<(), Error> {
 }
 
 /// Runs the same expression against whichever connection `tx` holds; `$c` is bound to the
-/// `&mut Transaction` of that backend. For SQL that is identical on both databases.
+/// `&mut Transaction` of that backend. For SQL that is identical on both databases. Both arms
+/// must have the same type, so end the body with a backend-neutral value (decode rows into
+/// tuples with `query_as`/`query_scalar`, or end an `execute` with `.rows_affected()`).
 macro_rules! on_tx {
     ($tx:expr, $c:ident => $body:expr) => {
         match $tx {
