@@ -240,6 +240,14 @@ impl Agent {
         }
     }
 
+    /// Stops the reconcile loop `task` between two kernel changes (never in the middle of one
+    /// VM's apply): waits for the kernel lock, then aborts the loop.
+    pub async fn stop_loop(&self, task: tokio::task::JoinHandle<()>) {
+        let _kernel = self.kernel_lock.lock().await;
+        task.abort();
+        let _ = task.await;
+    }
+
     /// Asks the background loop for a pass soon.
     pub fn wake(&self) {
         self.wake.notify_one();

@@ -125,7 +125,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     let reconciler = tokio::spawn(Arc::clone(&agent).run_loop());
     let router = vmnet_agent::api::router(Arc::clone(&agent));
     let result = server::serve(router, unix, &g.socket, tcp, server::shutdown_signal()).await;
-    reconciler.abort();
+    agent.stop_loop(reconciler).await;
     tracing::info!("vmnet agent stopped");
     result
 }
