@@ -16,6 +16,12 @@ fn median(v: &[Duration]) -> Duration {
     s[s.len() / 2]
 }
 
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
 fn p99(v: &[Duration]) -> Duration {
     let mut s = v.to_vec();
     s.sort_unstable();
@@ -42,6 +48,7 @@ async fn apply_and_remove_many_vms() {
     // Warm up once (host-wide state, code paths), then measure.
     env.driver.apply(&plans[0]).await.unwrap();
     env.driver.remove(plans[0].user_id).await.unwrap();
+    let fds_before = open_fds();
     let t = apply_then_remove(env.driver.as_ref(), &plans)
         .await
         .expect("bench");
@@ -55,6 +62,13 @@ async fn apply_and_remove_many_vms() {
         p99(&t.teardown)
     );
     assert_eq!(t.setup.len(), plans.len());
+    // No socket or namespace handle per VM outlives its apply/remove.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fds_after = open_fds();
+    assert!(
+        fds_after <= fds_before + 4,
+        "descriptors leaked: {fds_before} → {fds_after}"
+    );
     assert!(
         env.driver.observe().await.unwrap().is_empty(),
         "everything removed"

@@ -10,6 +10,8 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::Mode;
 use vmnet_plan::ns::TapPlan;
 
 use crate::pool::libnft::{LibNft, LibNftError};
@@ -111,35 +113,66 @@ pub(super) fn link_up(name: &str, mtu: Option<u32>) -> std::io::Result<u32> {
     u32::try_from(index).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))
 }
 
+/// Opens the sysctl files `paths` (under `/proc/sys`) of the calling thread's namespace with
+/// `flags`. `/proc/sys/net` is looked up once and the rest relative to it: the kernel keeps one
+/// `net` entry per namespace under the shared `/proc/sys`, so every lookup of that first
+/// component walks all namespaces' entries; doing it once per call keeps that cost to one walk.
+fn open_sysctls<'a>(
+    paths: impl Iterator<Item = &'a str>,
+    flags: OFlag,
+) -> std::io::Result<Vec<(&'a str, std::io::Result<File>)>> {
+    let net = File::open("/proc/sys/net")?;
+    Ok(paths
+        .map(|p| {
+            let file = match p.strip_prefix("net/") {
+                Some(rel) => openat(&net, rel, flags | OFlag::O_CLOEXEC, Mode::empty())
+                    .map(File::from)
+                    .map_err(std::io::Error::from),
+                None => OpenOptions::new()
+                    .read(!flags.contains(OFlag::O_WRONLY))
+                    .write(flags.contains(OFlag::O_WRONLY))
+                    .open(format!("/proc/sys/{p}")),
+            };
+            (p, file)
+        })
+        .collect())
+}
+
 /// Writes each `(path under /proc/sys, value)` in the calling thread's namespace.
 pub(super) fn write_sysctls(netns: &str, sysctls: &[(String, String)]) -> Result<(), NsError> {
-    for (path, value) in sysctls {
-        let full = format!("/proc/sys/{path}");
-        let res = OpenOptions::new()
-            .write(true)
-            .open(&full)
-            .and_then(|mut f| f.write_all(value.as_bytes()));
-        res.map_err(|source| NsError::Sysctl {
-            netns: netns.to_owned(),
-            path: path.clone(),
+    let err = |path: &str| {
+        let (netns, path) = (netns.to_owned(), path.to_owned());
+        move |source| NsError::Sysctl {
+            netns,
+            path,
             source,
-        })?;
+        }
+    };
+    let files = open_sysctls(sysctls.iter().map(|(p, _)| p.as_str()), OFlag::O_WRONLY)
+        .map_err(err("net"))?;
+    for ((path, file), (_, value)) in files.into_iter().zip(sysctls) {
+        file.and_then(|mut f| f.write_all(value.as_bytes()))
+            .map_err(err(path))?;
     }
     Ok(())
 }
 
 /// Reads each sysctl path; returns the ones whose value differs from the wanted one.
 pub(super) fn sysctls_differ(sysctls: &[(String, String)]) -> Vec<String> {
-    sysctls
-        .iter()
-        .filter(|(path, value)| {
+    let Ok(files) = open_sysctls(sysctls.iter().map(|(p, _)| p.as_str()), OFlag::O_RDONLY) else {
+        return sysctls.iter().map(|(p, _)| p.clone()).collect();
+    };
+    files
+        .into_iter()
+        .zip(sysctls)
+        .filter(|((_, file), (_, value))| {
             let mut s = String::new();
-            let ok = File::open(format!("/proc/sys/{path}"))
-                .and_then(|mut f| f.read_to_string(&mut s))
-                .is_ok();
+            let ok = file
+                .as_ref()
+                .is_ok_and(|mut f| f.read_to_string(&mut s).is_ok());
             !ok || s.trim() != value
         })
-        .map(|(p, _)| p.clone())
+        .map(|((p, _), _)| p.to_owned())
         .collect()
 }
 
