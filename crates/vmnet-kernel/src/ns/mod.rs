@@ -36,6 +36,12 @@
 //! - nft drift is detected by the fingerprint comment; a hand edit that keeps that rule and its
 //!   comment is not seen.
 //! - Gateway resolution happens on apply; the agent's periodic reconcile re-resolves.
+//! - Per-VM setup cost grows slowly with the number of VMs through kernel work that is linear
+//!   in it (profiled with perf at 1000 VMs): every lookup of `/proc/sys/net` walks one cache
+//!   entry per namespace (the driver does one per sysctl batch), adding an IPv6 address
+//!   re-verifies all addresses of the host namespace, and per-namespace sysctl tables are
+//!   inserted into shared trees. Measured on 2 busy cores (release): median 3.6 ms for the first
+//!   100 VMs, 6.9 ms for the last 100 of 1000.
 //! - Each VM with a mesh-via route adds one host rule (`iif <host veth>`); the kernel walks
 //!   rules linearly, so thousands of such VMs cost per-packet rule checks on the host.
 
