@@ -411,3 +411,32 @@ async fn drift_is_reported_and_repaired() {
     );
     assert!(env.driver.drift(&plan).await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_applies_of_different_vms() {
+    let env = Env::new();
+    let plans: Vec<_> = (0x81..0x8b)
+        .map(|u| {
+            let mesh = format!("fdaa::{u:x}");
+            let routes: &[(&str, &str)] = if u == 0x81 {
+                &[("0.0.0.0/0", "host"), ("::/0", "host")]
+            } else {
+                &[("0.0.0.0/0", "host"), ("2000::/3", "fdaa::81")]
+            };
+            env.plan(&vm_json(&format!("c{u}"), u, Some(&mesh), routes))
+        })
+        .collect();
+    let results = futures::future::join_all(plans.iter().map(|p| env.driver.apply(p))).await;
+    for r in results {
+        r.expect("concurrent apply");
+    }
+    // Gateway routes resolved while the gateway VM was being created may be unreachable; one
+    // more pass (what the agent's reconcile does) converges everything.
+    for p in &plans {
+        env.driver.apply(p).await.unwrap();
+    }
+    for p in &plans {
+        assert!(env.driver.drift(p).await.unwrap().is_empty(), "{}", p.vm_id);
+    }
+    assert_eq!(env.driver.observe().await.unwrap().len(), plans.len());
+}
