@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use futures::future::join_all;
+use futures::StreamExt;
 use rtnetlink::{Handle, IpVersion};
 use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_host};
 
@@ -203,7 +203,12 @@ impl NetlinkNsDriver {
             .map(|o| o.user_id)
             .filter(|u| !want.contains(u))
             .collect();
-        let results = join_all(orphans.iter().map(|u| self.remove_uid(*u))).await;
+        // A bounded number at a time: teardown waits on the kernel, not on us.
+        let results: Vec<_> =
+            futures::stream::iter(orphans.clone().into_iter().map(|u| self.remove_uid(u)))
+                .buffer_unordered(16)
+                .collect()
+                .await;
         let errors: Vec<NsError> = results.into_iter().filter_map(Result::err).collect();
         if want.is_empty()
             && let Some(p) = &self.host_plan
