@@ -28,7 +28,7 @@
 //! One agent per store and host: two agents sharing a database would fight over the same VMs.
 //! Objects made under another `--name-prefix` are neither observed nor collected.
 
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{Mutex, Notify};
@@ -40,6 +40,7 @@ use vmnet_model::vm::{VmConfig, parse_vm_config};
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
 use crate::api::types::{AgentStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView};
+use crate::pool::node::PoolNode;
 
 /// Default seconds between periodic reconcile passes.
 pub const DEFAULT_RECONCILE_INTERVAL_SECS: u64 = 10;
@@ -65,6 +66,8 @@ pub struct Agent {
     pub(crate) pass_lock: Mutex<()>,
     pub(crate) record: StdMutex<ReconcileStatus>,
     pub(crate) wake: Notify,
+    /// Pool mode on this host, when the agent runs it (`vmnet serve --host-id`).
+    pool: OnceLock<Arc<PoolNode>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -130,7 +133,38 @@ impl Agent {
             pass_lock: Mutex::new(()),
             record: StdMutex::new(ReconcileStatus::default()),
             wake: Notify::new(),
+            pool: OnceLock::new(),
         }))
+    }
+
+    /// Turns pool mode on: from now on every reconcile pass, and every instance change made
+    /// through the API, converges `pool` to the store. Set once, before serving.
+    ///
+    /// # Errors
+    /// `CONFLICT` when pool mode is already set.
+    pub fn set_pool(&self, pool: Arc<PoolNode>) -> Result<(), Error> {
+        self.pool
+            .set(pool)
+            .map_err(|_| Error::conflict("pool mode is already set on this agent"))
+    }
+
+    /// Pool mode, when it is on.
+    #[must_use]
+    pub fn pool(&self) -> Option<&Arc<PoolNode>> {
+        self.pool.get()
+    }
+
+    /// Converges pool mode now (no-op without it) after an instance change made through the API;
+    /// failures are logged and recorded in the status, not returned: the store change stands and
+    /// the next pass retries.
+    pub async fn converge_pool(&self) {
+        if let Some(p) = self.pool.get() {
+            match p.converge(&self.db).await {
+                Ok(o) if o.errors.is_empty() => {}
+                Ok(o) => tracing::warn!(errors = ?o.errors, "pool pass had errors"),
+                Err(e) => tracing::warn!("pool pass failed: {e}"),
+            }
+        }
     }
 
     /// The store.
@@ -390,12 +424,17 @@ impl Agent {
             }
         }
         let reconcile = self.record.lock().map(|r| r.clone()).unwrap_or_default();
+        let pool = match self.pool.get() {
+            Some(p) => Some(p.status().await),
+            None => None,
+        };
         Ok(AgentStatus {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             name_prefix: self.settings.name_prefix.clone(),
             reconcile_interval_secs: self.interval.as_secs(),
             vms,
             reconcile,
+            pool,
         })
     }
 }

@@ -78,7 +78,20 @@ impl Agent {
         if let Ok(mut r) = self.record.lock() {
             r.last_started_at_unix_ms = Some(started);
         }
-        let result = self.pass(full).await;
+        let mut result = self.pass(full).await;
+        // Pool mode: converge this host's instances in the same pass (every pass is cheap for
+        // it: unchanged instances cost a listing, nothing is rewritten).
+        if let Some(pool) = self.pool() {
+            let pooled = pool.converge(self.db()).await;
+            if let Ok(o) = &mut result {
+                match pooled {
+                    Ok(p) => o
+                        .errors
+                        .extend(p.errors.into_iter().map(|e| format!("pool: {e}"))),
+                    Err(e) => o.errors.push(format!("pool: {}", e.message)),
+                }
+            }
+        }
         let took = u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX);
         if let Ok(mut r) = self.record.lock() {
             r.passes += 1;

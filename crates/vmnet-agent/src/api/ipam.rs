@@ -1,6 +1,8 @@
 //! IPAM routes: pools and their ranges, hosts, instances, leases. Each request runs in one
 //! store transaction that commits only when the operation succeeded (so a failed placement leaves
-//! nothing behind: host claims and the lease roll back together).
+//! nothing behind: host claims and the lease roll back together). In pool mode a committed
+//! change to ranges, instances or hosts converges this host's NICs before the answer
+//! ([`Agent::converge_pool`]).
 
 use std::sync::Arc;
 
@@ -69,7 +71,9 @@ pub async fn set_range(
     };
     let range: Result<IpRange, Error> =
         in_tx!(db(&a), tx => vmnet_ipam::set_ip_pool(tx, req).await);
-    Ok(Json(range?))
+    let range = range?;
+    a.converge_pool().await;
+    Ok(Json(range))
 }
 
 /// `GET /v1/pools/{id}/leases`: the pool's leases ordered by address.
@@ -131,7 +135,9 @@ pub async fn lose_host(
 ) -> Result<Json<vmnet_ipam::HostLoss>, ApiError> {
     let loss: Result<vmnet_ipam::HostLoss, Error> =
         in_tx!(db(&a), tx => vmnet_ipam::lose_host(tx, &id).await);
-    Ok(Json(loss?))
+    let loss = loss?;
+    a.converge_pool().await;
+    Ok(Json(loss))
 }
 
 /// `POST /v1/instances` (also `PUT`): place an instance and take its lease, in one transaction.
@@ -141,7 +147,9 @@ pub async fn create_instance(
 ) -> Result<(StatusCode, Json<Instance>), ApiError> {
     let inst: Result<Instance, Error> =
         in_tx!(db(&a), tx => vmnet_ipam::create_instance(tx, &body).await);
-    Ok((StatusCode::CREATED, Json(inst?)))
+    let inst = inst?;
+    a.converge_pool().await;
+    Ok((StatusCode::CREATED, Json(inst)))
 }
 
 /// `GET /v1/instances`: every instance.
@@ -169,5 +177,7 @@ pub async fn delete_instance(
 ) -> Result<Json<Instance>, ApiError> {
     let inst: Result<Instance, Error> =
         in_tx!(db(&a), tx => vmnet_ipam::delete_instance(tx, &id).await);
-    Ok(Json(inst?))
+    let inst = inst?;
+    a.converge_pool().await;
+    Ok(Json(inst))
 }

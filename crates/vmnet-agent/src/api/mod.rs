@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod ipam;
+pub mod nics;
 pub mod types;
 pub mod vms;
 
@@ -63,6 +64,7 @@ fn build() -> Routes {
         .add(Method::POST, "/v1/instances", post(ipam::create_instance))
         .add(Method::PUT, "/v1/instances", put(ipam::create_instance))
         .add(Method::GET, "/v1/instances/{id}", get(ipam::get_instance))
+        .add(Method::GET, "/v1/instances/{id}/nics", get(nics::get_nics))
         .add(
             Method::DELETE,
             "/v1/instances/{id}",

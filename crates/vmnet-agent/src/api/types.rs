@@ -151,6 +151,106 @@ pub struct AgentStatus {
     pub vms: VmCounts,
     /// The reconcile loop.
     pub reconcile: ReconcileStatus,
+    /// Pool mode on this host; `null` when the agent runs without `--host-id`.
+    #[serde(default)]
+    pub pool: Option<PoolStatus>,
+}
+
+/// Pool mode in [`AgentStatus`]: the three bcd tables as the kernel lists them now, the drift
+/// audit and the last convergence pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolStatus {
+    /// This host's id (`--host-id`).
+    pub host_id: String,
+    /// The bridge instance taps join (`--bridge`).
+    pub bridge: String,
+    /// Where the instances' NoCloud seeds are written.
+    pub seed_dir: String,
+    /// The owned tables present in the kernel now, as `family name` (e.g.
+    /// `bridge bcd_instances`); the backstop tables exist only while an instance NIC does.
+    pub tables: Vec<String>,
+    /// Rules per present table.
+    pub rules: std::collections::BTreeMap<String, u64>,
+    /// Elements per non-empty set or map, keyed `family table set`.
+    pub elements: std::collections::BTreeMap<String, u64>,
+    /// Why the tables could not be listed; `null` when they were.
+    pub listing_error: Option<String>,
+    /// Instances realised on this host (NIC, rules, seed).
+    pub instances: u64,
+    /// Taps with rules.
+    pub taps: u64,
+    /// Audits that found drift and re-applied the tables, since the agent started.
+    pub drift_repairs: u64,
+    /// The differences the last repair found.
+    pub last_drift: Vec<String>,
+    /// Audits run since the agent started (one every 5 seconds).
+    pub audits: u64,
+    /// When the last audit finished, ms since the Unix epoch; `null` before the first.
+    pub last_audit_at_unix_ms: Option<i64>,
+    /// The last audit's error; `null` after a good audit.
+    pub last_audit_error: Option<String>,
+    /// Convergence passes run since the agent started.
+    pub passes: u64,
+    /// When the last pass finished, ms since the Unix epoch; `null` before the first.
+    pub last_pass_at_unix_ms: Option<i64>,
+    /// The errors of the last pass, one line each naming the instance or object.
+    pub last_errors: Vec<String>,
+}
+
+/// One NIC of an instance, as `GET /v1/instances/{id}/nics` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NicView {
+    /// Position in the guest's interface order (0 = `eth0`).
+    pub index: u32,
+    /// The guest interface name the seed gives it (`eth<index>`).
+    pub guest_ifname: String,
+    /// The persistent tap, `bc<10 hex digits>n<index>`.
+    pub tap: String,
+    /// The MAC, `02:` and the first 10 hex digits of the SHA-256 of the instance id.
+    pub mac: String,
+    /// The host bridge the tap joins.
+    pub network: String,
+    /// The lease first, in CIDR form with the range's prefix length; empty without a lease.
+    pub addresses: Vec<String>,
+    /// The range's gateway; `null` without a lease.
+    pub gateway: Option<String>,
+    /// The range's DNS servers.
+    pub nameservers: Vec<String>,
+}
+
+/// NIC configs for the runtimes, covering every NIC of the instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfigs {
+    /// libvirt domain `<interface>` elements.
+    pub libvirt_xml: String,
+    /// cloud-hypervisor arguments (`--net`, then one value per NIC).
+    pub cloud_hypervisor_args: Vec<String>,
+    /// Firecracker `network-interfaces` array.
+    pub firecracker: serde_json::Value,
+    /// qemu arguments (`-netdev tap,…` and `-device virtio-net-pci,…` per NIC).
+    pub qemu_args: Vec<String>,
+}
+
+/// Body of `GET /v1/instances/{id}/nics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceNics {
+    /// The instance.
+    pub instance_id: String,
+    /// The host it is placed on; `null` when not placed.
+    pub host_id: Option<String>,
+    /// Whether this agent has realised the NICs (taps, rules, seed) on its host now.
+    pub realised: bool,
+    /// The seed directory on this host (meta-data, user-data, network-config); `null` unless
+    /// realised here.
+    pub seed_dir: Option<String>,
+    /// The NICs in guest interface order.
+    pub nics: Vec<NicView>,
+    /// Runtime configs for these NICs.
+    pub runtime: RuntimeConfigs,
 }
 
 /// One line of an [`ApplyReport`].

@@ -1,5 +1,6 @@
 //! The drift audit loop: every period (5 s in the agent) the pool firewall compares the kernel
-//! with what it loaded and re-applies on any difference; the repairs are counted in its status.
+//! with what it loaded and re-applies on any difference; the repairs are counted in its status,
+//! and every audit is recorded ([`AuditRecord`]) for the agent's status.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,10 +10,23 @@ use vmnet_kernel::pool::firewall::{FirewallStatus, NftExec, PoolFirewall};
 /// The agent's audit period.
 pub const AUDIT_PERIOD: Duration = Duration::from_secs(5);
 
+/// What the audit loop has done so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditRecord {
+    /// Audits run (with or without drift).
+    pub audits: u64,
+    /// When the last audit finished, ms since the Unix epoch.
+    pub last_audit_at_unix_ms: Option<i64>,
+    /// The last audit's error (listing or repair failed); `None` after a good audit.
+    pub last_error: Option<String>,
+}
+
 /// Runs the audit every `period` until the returned task is aborted. Each audit runs on a
-/// blocking thread (it talks to nft synchronously). Failures are logged; the next tick retries.
+/// blocking thread (it talks to nft synchronously) and is recorded in `record`. Failures are
+/// logged; the next tick retries.
 pub fn spawn<E: NftExec + 'static>(
     firewall: Arc<Mutex<PoolFirewall<E>>>,
+    record: Arc<Mutex<AuditRecord>>,
     period: Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -28,12 +42,28 @@ pub fn spawn<E: NftExec + 'static>(
                     .audit()
             })
             .await;
-            match res {
-                Ok(Ok(r)) if r.repaired => tracing::warn!(drift = ?r.drift, "bcd tables repaired"),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::error!(error = %e, "pool firewall audit failed"),
-                Err(e) => tracing::error!(error = %e, "pool firewall audit task failed"),
-            }
+            let error = match res {
+                Ok(Ok(r)) => {
+                    if r.repaired {
+                        tracing::warn!(drift = ?r.drift, "bcd tables repaired");
+                    }
+                    None
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "pool firewall audit failed");
+                    Some(e.to_error().message)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "pool firewall audit task failed");
+                    Some(format!("audit task: {e}"))
+                }
+            };
+            let mut r = record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            r.audits += 1;
+            r.last_audit_at_unix_ms = Some(crate::agent::now_ms());
+            r.last_error = error;
         }
     })
 }

@@ -4,35 +4,68 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vmnet_kernel::pool::firewall::{FirewallStatus, PoolFirewall};
+use vmnet_kernel::pool::firewall::{FirewallError, FirewallStatus, NftExec, PoolFirewall};
 use vmnet_model::Error;
 use vmnet_model::nic::InstanceSpec;
 use vmnet_plan::pool::nft::{Firewall, HostAddrs};
 
-use super::audit::{self, AUDIT_PERIOD};
+use super::audit::{self, AUDIT_PERIOD, AuditRecord};
 use super::helper::HelperClient;
 
-/// The agent's pool-mode firewall: the helper, the desired tables and the audit task.
+/// Any [`NftExec`] behind one type: the root helper in production, a fake in tests.
+pub struct DynExec(pub Box<dyn NftExec>);
+
+impl std::fmt::Debug for DynExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DynExec")
+    }
+}
+
+impl NftExec for DynExec {
+    fn apply(&self, batch: &str) -> Result<(), FirewallError> {
+        self.0.apply(batch)
+    }
+
+    fn list(&self) -> Result<String, FirewallError> {
+        self.0.list()
+    }
+}
+
+/// The firewall type the agent drives.
+pub type AgentFirewall = PoolFirewall<DynExec>;
+
+/// The agent's pool-mode firewall: the executor, the desired tables and the audit task.
 #[derive(Debug)]
 pub struct PoolRuntime {
-    firewall: Arc<Mutex<PoolFirewall<HelperClient>>>,
+    firewall: Arc<Mutex<AgentFirewall>>,
+    record: Arc<Mutex<AuditRecord>>,
     audit: tokio::task::JoinHandle<()>,
 }
 
 impl PoolRuntime {
-    /// Takes a started helper ([`HelperClient::spawn`], or [`HelperClient::spawn_default`] in
-    /// production), replaces the three tables with an empty host state for `host` and starts the
-    /// audit every `period` (the agent uses [`AUDIT_PERIOD`]). Call inside a tokio runtime.
+    /// Takes a started executor (the helper from [`HelperClient::spawn`], or
+    /// [`HelperClient::spawn_default`] in production; a fake in tests), replaces the three tables
+    /// with an empty host state for `host` and starts the audit every `period` (the agent uses
+    /// [`AUDIT_PERIOD`]). Call inside a tokio runtime.
     ///
     /// # Errors
     /// `UNAVAILABLE` when the first replace fails.
-    pub fn start(helper: HelperClient, host: HostAddrs, period: Duration) -> Result<Self, Error> {
-        let mut fw = PoolFirewall::new(helper);
+    pub fn start<E: NftExec + 'static>(
+        exec: E,
+        host: HostAddrs,
+        period: Duration,
+    ) -> Result<Self, Error> {
+        let mut fw = PoolFirewall::new(DynExec(Box::new(exec)));
         fw.replace(Firewall { taps: vec![], host })
             .map_err(|e| e.to_error())?;
         let firewall = Arc::new(Mutex::new(fw));
-        let audit = audit::spawn(Arc::clone(&firewall), period);
-        Ok(Self { firewall, audit })
+        let record = Arc::new(Mutex::new(AuditRecord::default()));
+        let audit = audit::spawn(Arc::clone(&firewall), Arc::clone(&record), period);
+        Ok(Self {
+            firewall,
+            record,
+            audit,
+        })
     }
 
     /// [`Self::start`] with the installed helper (`vmnet-pool-helper` next to the running
@@ -70,13 +103,22 @@ impl PoolRuntime {
         audit::status(&self.firewall)
     }
 
+    /// What the audit loop has done.
+    #[must_use]
+    pub fn audit_record(&self) -> AuditRecord {
+        self.record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// The shared firewall (for callers that drive it directly).
     #[must_use]
-    pub fn firewall(&self) -> Arc<Mutex<PoolFirewall<HelperClient>>> {
+    pub fn firewall(&self) -> Arc<Mutex<AgentFirewall>> {
         Arc::clone(&self.firewall)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, PoolFirewall<HelperClient>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AgentFirewall> {
         self.firewall
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -1,7 +1,7 @@
 //! A small checker for the subset of OpenAPI 3 / JSON Schema that `openapi.json` uses:
 //! `$ref` to `#/components/schemas/*`, `type` (string, integer, number, boolean, array, object,
-//! with `nullable`), `required`, `properties`, `additionalProperties: false`, `items`, `enum`,
-//! `minimum`/`maximum`, `oneOf`, `allOf` (with `nullable`, the 3.0 idiom for a nullable `$ref`). Enough to validate every response the API tests see.
+//! with `nullable`), `required`, `properties`, `items`, `enum`,
+//! `minimum`/`maximum`, `additionalProperties` (false, or the schema of a map's values), `oneOf`, `allOf` (with `nullable`, the 3.0 idiom for a nullable `$ref`). Enough to validate every response the API tests see.
 
 use serde_json::Value;
 
@@ -99,12 +99,17 @@ fn check(doc: &Value, schema: &Value, v: &Value, path: &str, errs: &mut Vec<Stri
                 }
             }
         }
-        let closed = schema.get("additionalProperties") == Some(&Value::Bool(false));
+        let extra = schema.get("additionalProperties");
+        let closed = extra == Some(&Value::Bool(false));
         for (k, val) in obj {
             match props.and_then(|p| p.get(k)) {
                 Some(s) => check(doc, s, val, &format!("{path}.{k}"), errs),
                 None if closed => errs.push(format!("{path}: property {k} is not documented")),
-                None => {}
+                // A map: `additionalProperties` is the schema of every value.
+                None => match extra.filter(|e| e.is_object()) {
+                    Some(s) => check(doc, s, val, &format!("{path}.{k}"), errs),
+                    None => {}
+                },
             }
         }
     }

@@ -110,6 +110,16 @@ impl Taps {
         }
     }
 
+    /// Taps in the calling process's own namespace (an agent that already lives in its host
+    /// namespace), changed through `handle` (opened in that namespace).
+    #[must_use]
+    pub fn here(handle: Handle) -> Self {
+        Self {
+            ns: String::new(),
+            handle,
+        }
+    }
+
     /// The link named `name`, if any.
     ///
     /// # Errors
@@ -145,7 +155,7 @@ impl Taps {
 
     fn create_persistent(&self, tap: &IfName, owner: TapOwner) -> Result<(), TapError> {
         let name = tap.as_str().to_owned();
-        let made = crate::netns::run_in(&self.ns, move || -> Result<(), tun::Error> {
+        let make = move || -> Result<(), tun::Error> {
             let mut cfg = tun::Configuration::default();
             cfg.tun_name(&name)
                 .layer(tun::Layer::L2)
@@ -161,7 +171,13 @@ impl Taps {
                 dev.group(i32::try_from(gid).unwrap_or(-1))?;
             }
             Ok(())
-        });
+        };
+        // An empty namespace name is the calling thread's own namespace (see `Taps::here`).
+        let made = if self.ns.is_empty() {
+            Ok(make())
+        } else {
+            crate::netns::run_in(&self.ns, make)
+        };
         made.map_err(|source| TapError::Netns {
             tap: tap.to_string(),
             source,

@@ -4,17 +4,43 @@
 //! With `--netns NAME` the whole process moves into that named network namespace on the main
 //! thread *before* the tokio runtime starts ([`enter_netns`], called from `main`), so every
 //! thread of the agent lives there; the agent never forks.
+//!
+//! With `--host-id H` the agent also runs pool mode for the instances the store places on host
+//! `H` ([`vmnet_agent::pool::node`]): it starts the root helper for nftables (a child process
+//! spoken to over a socketpair: `vmnet-pool-helper` next to this executable, or this executable
+//! itself as `vmnet serve --pool-helper-serve`), loads the three bcd tables before touching any
+//! tap, and from then on every reconcile pass and every instance change through the API
+//! realises each placed instance's NIC (tap on `--bridge`, set elements) and writes its NoCloud
+//! seed under `<state dir>/pool/seeds/<instance>/` (with a `cidata` image when `genisoimage` is
+//! installed); instances that leave the host lose theirs.
+//!
+//! With `--host-id H` the agent also runs pool mode for the instances the store places on host
+//! `H` ([`vmnet_agent::pool::node`]): it starts the root helper for nftables (a child process
+//! spoken to over a socketpair: `vmnet-pool-helper` next to this executable, or this executable
+//! itself as `vmnet serve --pool-helper-serve`), loads the three bcd tables before touching any
+//! tap, and from then on every reconcile pass and every instance change through the API
+//! realises each placed instance's NIC (tap on `--bridge`, set elements) and writes its NoCloud
+//! seed under `<state dir>/pool/seeds/<instance>/`; instances that leave the host lose theirs.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use vmnet_agent::agent::{Agent, DEFAULT_RECONCILE_INTERVAL_SECS};
+use vmnet_agent::pool::audit::AUDIT_PERIOD;
+use vmnet_agent::pool::helper::HelperClient;
+use vmnet_agent::pool::node::{PoolConfig, PoolNode};
+use vmnet_agent::pool::seeds;
+use vmnet_agent::pool::taps::KernelTaps;
 use vmnet_agent::server;
 use vmnet_ipam::Db;
 use vmnet_kernel::ns::NetlinkNsDriver;
+use vmnet_kernel::pool::tap::TapOwner;
 use vmnet_model::Error;
+use vmnet_model::nic::IfName;
 use vmnet_plan::ns::NsSettings;
 
 use crate::Global;
@@ -43,6 +69,26 @@ pub struct ServeArgs {
     /// agent's host namespace. Entered on the main thread before any other thread starts.
     #[arg(long)]
     pub netns: Option<String>,
+    /// Pool mode: this host's id in the store. The agent realises the NICs (taps on --bridge,
+    /// bcd nftables elements) and NoCloud seeds of every instance placed on this host, and
+    /// removes them when the instance leaves. Without it, pool mode is off.
+    #[arg(long, value_name = "HOST_ID")]
+    pub host_id: Option<String>,
+    /// Pool mode: the bridge instance taps join. It must exist unless --create-bridge is given,
+    /// and must not start with "bc".
+    #[arg(long, default_value = vmnet_model::nic::DEFAULT_BRIDGE, requires = "host_id")]
+    pub bridge: String,
+    /// Pool mode: create --bridge (up, no address) when it does not exist. For sandboxes; a real
+    /// host's bridge exists already.
+    #[arg(long, requires = "host_id")]
+    pub create_bridge: bool,
+    /// Pool mode: the root helper executable. Default: `vmnet-pool-helper` next to this
+    /// executable, or this executable itself (`vmnet serve --pool-helper-serve`).
+    #[arg(long, value_name = "PATH", requires = "host_id")]
+    pub pool_helper: Option<PathBuf>,
+    /// Internal: serve as the pool root helper on descriptor 3 (started by the agent).
+    #[arg(long, hide = true)]
+    pub pool_helper_serve: bool,
 }
 
 fn parse_owner(s: &str) -> Result<(u32, Option<u32>), String> {
@@ -64,9 +110,23 @@ fn parse_owner(s: &str) -> Result<(u32, Option<u32>), String> {
 
 /// Moves the calling (main) thread into `--netns`, if given. Call before the runtime starts.
 ///
+/// With the internal `--pool-helper-serve` this process is the pool root helper instead: it
+/// serves the agent on descriptor 3 on this (single) thread, in the namespace it inherited from
+/// the agent, and exits when the agent closes the socket; it never returns then.
+///
 /// # Errors
 /// `INVALID_INPUT` when the namespace does not exist or cannot be entered.
 pub fn enter_netns(args: &ServeArgs) -> Result<(), Error> {
+    if args.pool_helper_serve {
+        let code = match vmnet_agent::pool::helper::main_from_fd(None) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("vmnet pool helper: {e}");
+                1
+            }
+        };
+        std::process::exit(code);
+    }
     match &args.netns {
         Some(name) => vmnet_kernel::netns::enter_current_thread(name)
             .map_err(|e| Error::invalid(format!("--netns {name}: {e}"))),
@@ -122,12 +182,67 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         prefix = %agent.settings().name_prefix,
         "vmnet agent listening"
     );
+    if let Some(host_id) = &args.host_id {
+        let node = start_pool(g, &args, host_id, &agent).await?;
+        tracing::info!(host = %host_id, bridge = %node.config().bridge, "pool mode on");
+        agent.set_pool(node)?;
+    }
     let reconciler = tokio::spawn(Arc::clone(&agent).run_loop());
     let router = vmnet_agent::api::router(Arc::clone(&agent));
     let result = server::serve(router, unix, &g.socket, tcp, server::shutdown_signal()).await;
     agent.stop_loop(reconciler).await;
     tracing::info!("vmnet agent stopped");
     result
+}
+
+/// The root helper command: `--pool-helper`, else `vmnet-pool-helper` next to this executable,
+/// else this executable as `vmnet serve --pool-helper-serve`. Its environment is cleared.
+fn helper_command(args: &ServeArgs) -> Result<Command, Error> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::unavailable(format!("pool root helper: this executable: {e}")))?;
+    let installed = exe.with_file_name("vmnet-pool-helper");
+    let mut cmd = match &args.pool_helper {
+        Some(p) => Command::new(p),
+        None if installed.is_file() => Command::new(installed),
+        None => {
+            let mut c = Command::new(&exe);
+            c.args(["serve", "--pool-helper-serve"]);
+            c
+        }
+    };
+    cmd.env_clear();
+    Ok(cmd)
+}
+
+/// Starts pool mode for `host_id` (see the module docs).
+async fn start_pool(
+    g: &Global,
+    args: &ServeArgs,
+    host_id: &str,
+    agent: &Agent,
+) -> Result<Arc<PoolNode>, Error> {
+    let bridge: IfName = args
+        .bridge
+        .parse()
+        .map_err(|e: Error| Error::invalid(format!("--bridge: {}", e.message)))?;
+    let owner = TapOwner {
+        uid: args.tap_owner.map(|(u, _)| u),
+        gid: args.tap_owner.and_then(|(_, g)| g),
+    };
+    // The whole process already lives in --netns (if any): taps are made where the agent is.
+    let taps = KernelTaps::new(None, owner)?;
+    if args.create_bridge && taps.ensure_bridge(&bridge).await? {
+        tracing::info!(%bridge, "bridge created");
+    }
+    let helper = HelperClient::spawn(helper_command(args)?)
+        .map_err(|e| Error::unavailable(format!("pool root helper: {e}")))?;
+    let cfg = PoolConfig {
+        host_id: host_id.to_owned(),
+        bridge,
+        seed_dir: g.state_dir.join("pool").join("seeds"),
+        seed_images: seeds::image_tool_available(),
+    };
+    PoolNode::start(cfg, helper, Arc::new(taps), agent.db(), AUDIT_PERIOD).await
 }
 
 #[cfg(test)]

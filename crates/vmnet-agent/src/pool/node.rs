@@ -1,0 +1,445 @@
+//! Pool mode on this host: the instances the store places here, realised as NICs (rules, then
+//! taps on the bridge) and NoCloud seeds (spec: hosted-pool-networking.md, "What reaches the
+//! host", "The guest's network configuration", "bcd's nftables tables").
+//!
+//! # Design
+//! - Desired state comes from the store alone: every `running` instance whose `host_id` is this
+//!   host gets one NIC ([`vmnet_plan::pool::nic::instance_spec`]): the host bridge, the MAC from
+//!   its id, its lease in CIDR form with the range's gateway and nameservers, or no addresses
+//!   (DHCP) when it holds no lease. The instance id doubles as the `allocation_id`; the policy is
+//!   `public` and `sandbox` is off (the store has neither yet).
+//! - [`PoolNode::converge`] compares that with what it realised (kept in memory, the same set the
+//!   firewall holds) and the taps the kernel lists: an instance gone or changed is stopped (taps
+//!   deleted, then its elements), a new one is started (elements first, then taps), a tap missing
+//!   under a realised instance is made again, and any other `bc*` link is deleted as an orphan.
+//!   Seeds are written for every realised instance and removed for the rest. Passes are
+//!   serialized; one instance's failure is recorded and does not stop the others.
+//! - The host's addresses (for the host-address drop) are read from the kernel on every pass,
+//!   the gateways are those of the ranges of the instances here; when either changes the tables
+//!   are replaced in full (the only change that rewrites every rule).
+//! - On start ([`PoolNode::start`]) the tables are loaded with no tap before any tap is touched,
+//!   so a tap left by an earlier agent is closed (its port is not in the `taps` set) until the
+//!   first pass adds its rules again and reuses it.
+//!
+//! # Limitations
+//! One NIC per instance, on the one bridge given to the agent; policies and sandbox flags are
+//! not stored per instance yet. Status-report addresses are not merged here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use vmnet_ipam::{Db, Store};
+use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
+use vmnet_model::Error;
+use vmnet_model::nic::{IfName, InstanceSpec, NetworkPolicy};
+use vmnet_model::pool::{Instance, InstanceState, IpRange};
+use vmnet_plan::pool::census::Census;
+use vmnet_plan::pool::nft::{Firewall, HostAddrs};
+use vmnet_plan::pool::nic::instance_spec;
+
+use super::runtime::{AgentFirewall, PoolRuntime};
+use super::seeds;
+use super::taps::PoolTaps;
+use crate::agent::now_ms;
+use crate::api::types::PoolStatus;
+
+/// How the agent runs pool mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// This host's id in the store (`vmnet serve --host-id`).
+    pub host_id: String,
+    /// The bridge every instance NIC joins (`--bridge`, default `br0`).
+    pub bridge: IfName,
+    /// Where the seeds go (`<state dir>/pool/seeds`).
+    pub seed_dir: PathBuf,
+    /// Whether to build the `cidata` image next to the seed files.
+    pub seed_images: bool,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolPassOutcome {
+    /// Instances started in this pass.
+    pub started: Vec<String>,
+    /// Instances stopped in this pass.
+    pub stopped: Vec<String>,
+    /// Taps made again under a realised instance.
+    pub taps_repaired: Vec<String>,
+    /// Orphaned `bc*` links deleted.
+    pub orphans_deleted: Vec<String>,
+    /// Errors, one line each naming the instance or object.
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct Record {
+    passes: u64,
+    last_pass_at_unix_ms: Option<i64>,
+    last_errors: Vec<String>,
+}
+
+/// The pool-mode state of this host (see the module docs).
+pub struct PoolNode {
+    cfg: PoolConfig,
+    runtime: PoolRuntime,
+    taps: Arc<dyn PoolTaps>,
+    /// Realised instances by id; the pass lock.
+    realised: Mutex<BTreeMap<String, InstanceSpec>>,
+    record: StdMutex<Record>,
+}
+
+impl std::fmt::Debug for PoolNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolNode").field("cfg", &self.cfg).finish()
+    }
+}
+
+/// The desired instances of `host_id` from the store: id → spec, the gateways of their
+/// ranges, the ids that could not be planned (with the reason).
+async fn desired(
+    db: &Db,
+    cfg: &PoolConfig,
+) -> Result<
+    (
+        BTreeMap<String, InstanceSpec>,
+        Vec<IpAddr>,
+        Vec<(String, Error)>,
+    ),
+    Error,
+> {
+    let mut tx = db.begin().await?;
+    let all = vmnet_ipam::list_instances(&mut tx).await?;
+    let mut ranges: BTreeMap<String, Option<IpRange>> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    let mut gateways = Vec::new();
+    let mut failed = Vec::new();
+    for inst in all.iter().filter(|i| {
+        i.host_id.as_deref() == Some(cfg.host_id.as_str()) && i.state == InstanceState::Running
+    }) {
+        if !ranges.contains_key(&inst.pool_id) {
+            let r = vmnet_ipam::get_ip_pool(&mut tx, &inst.pool_id).await?;
+            ranges.insert(inst.pool_id.clone(), r);
+        }
+        let range = ranges.get(&inst.pool_id).and_then(Option::as_ref);
+        match spec_of(inst, range, &cfg.bridge) {
+            Ok(spec) => {
+                if let (Some(r), Some(_)) = (range, inst.address) {
+                    let gw = IpAddr::V4(r.gateway);
+                    if !gateways.contains(&gw) {
+                        gateways.push(gw);
+                    }
+                }
+                out.insert(inst.instance_id.clone(), spec);
+            }
+            Err(e) => failed.push((inst.instance_id.clone(), e)),
+        }
+    }
+    let _ = tx.rollback().await;
+    gateways.sort();
+    Ok((out, gateways, failed))
+}
+
+/// The [`InstanceSpec`] of a stored instance on bridge `bridge` (see the module docs).
+///
+/// # Errors
+/// `INVALID_INPUT` naming the instance when its lease lies outside its range.
+pub fn spec_of(
+    inst: &Instance,
+    range: Option<&IpRange>,
+    bridge: &IfName,
+) -> Result<InstanceSpec, Error> {
+    let lease = inst.address.zip(range);
+    instance_spec(
+        &inst.instance_id,
+        &inst.instance_id,
+        bridge,
+        lease,
+        NetworkPolicy::Public,
+        false,
+    )
+}
+
+impl PoolNode {
+    /// Starts pool mode: reads this host's addresses and the gateways of its instances' ranges,
+    /// loads the three tables with no tap through `exec` (the root helper in production) and
+    /// starts the drift audit every `audit_period`. No tap is touched before the tables exist;
+    /// the first [`Self::converge`] realises the instances.
+    ///
+    /// # Errors
+    /// `INVALID_INPUT` for a bridge starting with `bc`; `UNAVAILABLE` when the store, the
+    /// addresses or the first load fail.
+    pub async fn start<E: NftExec + 'static>(
+        cfg: PoolConfig,
+        exec: E,
+        taps: Arc<dyn PoolTaps>,
+        db: &Db,
+        audit_period: Duration,
+    ) -> Result<Arc<Self>, Error> {
+        if cfg
+            .bridge
+            .as_str()
+            .starts_with(vmnet_model::nic::TAP_PREFIX)
+        {
+            return Err(Error::invalid(format!(
+                "--bridge {:?} starts with \"{}\" and would match every tap rule",
+                cfg.bridge.as_str(),
+                vmnet_model::nic::TAP_PREFIX
+            )));
+        }
+        vmnet_model::pool::validate_id("--host-id", &cfg.host_id)?;
+        let (_, gateways, _) = desired(db, &cfg).await?;
+        let own = taps.host_addresses().await?;
+        let host = HostAddrs { own, gateways };
+        let runtime =
+            tokio::task::spawn_blocking(move || PoolRuntime::start(exec, host, audit_period))
+                .await
+                .map_err(|e| Error::internal(format!("pool start: {e}")))??;
+        Ok(Arc::new(Self {
+            cfg,
+            runtime,
+            taps,
+            realised: Mutex::new(BTreeMap::new()),
+            record: StdMutex::new(Record::default()),
+        }))
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &PoolConfig {
+        &self.cfg
+    }
+
+    /// The runtime (firewall and audit).
+    #[must_use]
+    pub fn runtime(&self) -> &PoolRuntime {
+        &self.runtime
+    }
+
+    /// Runs `f` on the firewall on a blocking thread.
+    async fn fw<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut AgentFirewall) -> Result<T, FirewallError> + Send + 'static,
+    ) -> Result<T, Error> {
+        let fw = self.runtime.firewall();
+        tokio::task::spawn_blocking(move || {
+            let mut g = fw.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            f(&mut g).map_err(|e| e.to_error())
+        })
+        .await
+        .map_err(|e| Error::internal(format!("pool firewall task: {e}")))?
+    }
+
+    /// Rules first, then one tap per NIC; on a tap failure the taps made and the rules go again.
+    async fn start_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
+        let s = spec.clone();
+        self.fw(move |fw| fw.add_instance(&s)).await?;
+        let names = spec.tap_names()?;
+        for (i, (nic, tap)) in spec.nics.iter().zip(&names).enumerate() {
+            let Some(bridge) = &nic.network else { continue };
+            if let Err(e) = self.taps.ensure(tap, bridge, nic.mac).await {
+                for t in &names[..=i] {
+                    let _ = self.taps.delete(t).await;
+                }
+                let id = spec.id.clone();
+                let _ = self.fw(move |fw| fw.remove_instance(&id)).await;
+                return Err(Error::new(
+                    e.code,
+                    format!("instance {}: {}", spec.id, e.message),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Taps first, then the rules; goes on past failures and returns the first.
+    async fn stop_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
+        let mut first = None;
+        for tap in spec.tap_names().unwrap_or_default() {
+            if let Err(e) = self.taps.delete(&tap).await {
+                first.get_or_insert(e);
+            }
+        }
+        let id = spec.id.clone();
+        if let Err(e) = self.fw(move |fw| fw.remove_instance(&id)).await {
+            first.get_or_insert(e);
+        }
+        first.map_or(Ok(()), |e| {
+            Err(Error::new(
+                e.code,
+                format!("instance {}: {}", spec.id, e.message),
+            ))
+        })
+    }
+
+    /// Converges this host to the store (see the module docs) and records the pass.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the store cannot be read (nothing was changed then). Per-instance
+    /// failures are in the outcome.
+    pub async fn converge(&self, db: &Db) -> Result<PoolPassOutcome, Error> {
+        let result = self.pass(db).await;
+        let mut r = self
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        r.passes += 1;
+        r.last_pass_at_unix_ms = Some(now_ms());
+        r.last_errors = match &result {
+            Ok(o) => o.errors.clone(),
+            Err(e) => vec![e.message.clone()],
+        };
+        result
+    }
+
+    async fn pass(&self, db: &Db) -> Result<PoolPassOutcome, Error> {
+        let mut realised = self.realised.lock().await;
+        let (want, gateways, failed) = desired(db, &self.cfg).await?;
+        let mut out = PoolPassOutcome::default();
+        let unplanned: BTreeSet<String> = failed.iter().map(|(id, _)| id.clone()).collect();
+        out.errors
+            .extend(failed.into_iter().map(|(_, e)| e.message));
+
+        // The host's addresses and gateways: a change is a full replace.
+        match self.taps.host_addresses().await {
+            Ok(own) => {
+                let host = HostAddrs { own, gateways };
+                let fw = self.runtime.firewall();
+                let current = fw
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .desired()
+                    .host
+                    .clone();
+                if current != host
+                    && let Err(e) = self
+                        .fw(move |fw| {
+                            let taps = fw.desired().taps.clone();
+                            fw.replace(Firewall { taps, host })
+                        })
+                        .await
+                {
+                    out.errors.push(format!("host addresses: {}", e.message));
+                }
+            }
+            Err(e) => out.errors.push(e.message),
+        }
+
+        // Stop what is gone or changed (an instance that no longer plans is left as it is).
+        let stale: Vec<InstanceSpec> = realised
+            .values()
+            .filter(|s| !unplanned.contains(&s.id) && want.get(&s.id) != Some(*s))
+            .cloned()
+            .collect();
+        for spec in stale {
+            match self.stop_instance(&spec).await {
+                Ok(()) => {
+                    realised.remove(&spec.id);
+                    out.stopped.push(spec.id.clone());
+                }
+                Err(e) => out.errors.push(e.message),
+            }
+        }
+        // Start what is new.
+        for (id, spec) in &want {
+            if realised.contains_key(id) {
+                continue;
+            }
+            match self.start_instance(spec).await {
+                Ok(()) => {
+                    realised.insert(id.clone(), spec.clone());
+                    out.started.push(id.clone());
+                }
+                Err(e) => out.errors.push(e.message),
+            }
+        }
+        // Taps: make missing ones again, delete orphans.
+        match self.taps.list().await {
+            Ok(present) => {
+                let present: BTreeSet<String> = present.into_iter().collect();
+                let mut ours = BTreeSet::new();
+                for spec in realised.values() {
+                    let names = spec.tap_names().unwrap_or_default();
+                    for (nic, tap) in spec.nics.iter().zip(&names) {
+                        ours.insert(tap.to_string());
+                        let Some(bridge) = &nic.network else { continue };
+                        if !present.contains(tap.as_str()) {
+                            match self.taps.ensure(tap, bridge, nic.mac).await {
+                                Ok(()) => out.taps_repaired.push(tap.to_string()),
+                                Err(e) => out.errors.push(e.message),
+                            }
+                        }
+                    }
+                }
+                for name in present.difference(&ours) {
+                    let Ok(tap) = name.parse::<IfName>() else {
+                        continue;
+                    };
+                    match self.taps.delete(&tap).await {
+                        Ok(_) => out.orphans_deleted.push(name.clone()),
+                        Err(e) => out.errors.push(e.message),
+                    }
+                }
+            }
+            Err(e) => out.errors.push(e.message),
+        }
+        // Seeds.
+        let keep: BTreeSet<String> = realised.keys().cloned().collect();
+        for spec in realised.values() {
+            if let Err(e) = seeds::write(&self.cfg.seed_dir, spec, self.cfg.seed_images) {
+                out.errors.push(e.message);
+            }
+        }
+        if let Err(e) = seeds::prune(&self.cfg.seed_dir, &keep) {
+            out.errors.push(e.message);
+        }
+        Ok(out)
+    }
+
+    /// Whether `instance_id` is realised on this host now.
+    pub async fn is_realised(&self, instance_id: &str) -> bool {
+        self.realised.lock().await.contains_key(instance_id)
+    }
+
+    /// The pool part of `GET /v1/status`: the tables as the kernel lists them now, the audit's
+    /// counters and the last pass.
+    pub async fn status(&self) -> PoolStatus {
+        let listed = self.fw(|fw| fw.observe()).await;
+        let (census, listing_error) = match listed {
+            Ok(c) => (c, None),
+            Err(e) => (Census::default(), Some(e.message)),
+        };
+        let fw = self.runtime.status();
+        let audit = self.runtime.audit_record();
+        let instances = self.realised.lock().await.len() as u64;
+        let r = self
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let to_u64 = |m: BTreeMap<String, usize>| -> BTreeMap<String, u64> {
+            m.into_iter().map(|(k, v)| (k, v as u64)).collect()
+        };
+        PoolStatus {
+            host_id: self.cfg.host_id.clone(),
+            bridge: self.cfg.bridge.to_string(),
+            seed_dir: self.cfg.seed_dir.display().to_string(),
+            tables: census.tables.keys().cloned().collect(),
+            rules: to_u64(census.rule_counts()),
+            elements: to_u64(census.element_counts()),
+            listing_error,
+            instances,
+            taps: fw.taps as u64,
+            drift_repairs: fw.drift_repairs,
+            last_drift: fw.last_drift,
+            audits: audit.audits,
+            last_audit_at_unix_ms: audit.last_audit_at_unix_ms,
+            last_audit_error: audit.last_error,
+            passes: r.passes,
+            last_pass_at_unix_ms: r.last_pass_at_unix_ms,
+            last_errors: r.last_errors.clone(),
+        }
+    }
+}
