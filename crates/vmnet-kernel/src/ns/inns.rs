@@ -7,7 +7,7 @@
 use std::ffi::c_short;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 
 use nix::fcntl::{OFlag, openat};
@@ -113,15 +113,63 @@ pub(super) fn link_up(name: &str, mtu: Option<u32>) -> std::io::Result<u32> {
     u32::try_from(index).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))
 }
 
+/// A fresh, detached procfs instance (`fsopen` + `fsmount`, attached nowhere), or `None` when
+/// the kernel refuses. Its dentries are its own, so looking up `sys/net` there does not walk
+/// the entries every other namespace left under the shared `/proc/sys` (a lookup of
+/// `/proc/sys/net` compares against one cached entry per namespace, ~1.5 ms with 1000).
+fn private_proc() -> Option<OwnedFd> {
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    // SAFETY: fsopen(2) with a NUL-terminated file system name; the result is checked.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"proc".as_ptr(), FSOPEN_CLOEXEC) };
+    let fs = i32::try_from(fs).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: `fs` is a fresh descriptor we own.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs) };
+    // SAFETY: fsconfig(2) CMD_CREATE takes no key, value or aux argument.
+    let created = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if created < 0 {
+        return None;
+    }
+    // SAFETY: fsmount(2) on a configured fs context; the result is checked.
+    let mnt = unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, 0) };
+    let mnt = i32::try_from(mnt).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: `mnt` is a fresh descriptor we own.
+    Some(unsafe { OwnedFd::from_raw_fd(mnt) })
+}
+
+/// `/proc/sys/net` of the calling thread's namespace, opened through a private procfs instance
+/// when possible (see [`private_proc`]), else through `/proc`.
+fn sysctl_net_dir() -> std::io::Result<File> {
+    if let Some(proc) = private_proc()
+        && let Ok(fd) = openat(
+            &proc,
+            "sys/net",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    {
+        return Ok(File::from(fd));
+    }
+    File::open("/proc/sys/net")
+}
+
 /// Opens the sysctl files `paths` (under `/proc/sys`) of the calling thread's namespace with
-/// `flags`. `/proc/sys/net` is looked up once and the rest relative to it: the kernel keeps one
-/// `net` entry per namespace under the shared `/proc/sys`, so every lookup of that first
-/// component walks all namespaces' entries; doing it once per call keeps that cost to one walk.
+/// `flags`, relative to one [`sysctl_net_dir`].
 fn open_sysctls<'a>(
     paths: impl Iterator<Item = &'a str>,
     flags: OFlag,
 ) -> std::io::Result<Vec<(&'a str, std::io::Result<File>)>> {
-    let net = File::open("/proc/sys/net")?;
+    let net = sysctl_net_dir()?;
     Ok(paths
         .map(|p| {
             let file = match p.strip_prefix("net/") {
