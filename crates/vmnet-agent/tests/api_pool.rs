@@ -1,0 +1,412 @@
+//! Pool mode in the agent without a kernel: a fake nft executor (it keeps every applied batch
+//! and lists them back, so the census reads what the kernel would hold) and fake links. Instances
+//! created, deleted and lost through the API converge this host's taps, set elements and seeds;
+//! `GET /v1/instances/{id}/nics` and the pool fields of `GET /v1/status` answer as documented.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use common::{Harness, assert_error};
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use vmnet_agent::pool::node::{PoolConfig, PoolNode};
+use vmnet_agent::pool::taps::PoolTaps;
+use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
+use vmnet_model::Error;
+use vmnet_model::nic::{IfName, MacAddr};
+
+#[derive(Default)]
+struct FakeNft {
+    applied: Mutex<Vec<Value>>,
+}
+
+/// A shared handle on the fake (the firewall owns one, the test keeps another).
+#[derive(Default, Clone)]
+struct SharedNft(Arc<FakeNft>);
+
+impl NftExec for SharedNft {
+    fn apply(&self, batch: &str) -> Result<(), FirewallError> {
+        let v: Value = serde_json::from_str(batch).unwrap();
+        self.0
+            .applied
+            .lock()
+            .unwrap()
+            .extend(v["nftables"].as_array().unwrap().iter().cloned());
+        Ok(())
+    }
+
+    fn list(&self) -> Result<String, FirewallError> {
+        Ok(json!({ "nftables": *self.0.applied.lock().unwrap() }).to_string())
+    }
+}
+
+impl SharedNft {
+    /// Forgets everything applied (as `nft flush ruleset` would).
+    fn flush(&self) {
+        self.0.applied.lock().unwrap().clear();
+    }
+}
+
+#[derive(Default)]
+struct Links {
+    /// tap → (bridge, mac)
+    taps: BTreeMap<String, (String, MacAddr)>,
+    bridges: Vec<String>,
+    addrs: Vec<IpAddr>,
+}
+
+#[derive(Default, Clone)]
+struct FakeTaps(Arc<Mutex<Links>>);
+
+impl PoolTaps for FakeTaps {
+    fn ensure<'a>(
+        &'a self,
+        tap: &'a IfName,
+        bridge: &'a IfName,
+        mac: MacAddr,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut l = self.0.lock().unwrap();
+            if !l.bridges.iter().any(|b| b == bridge.as_str()) {
+                return Err(Error::unavailable(format!(
+                    "tap {tap}: bridge {bridge} does not exist"
+                )));
+            }
+            l.taps.insert(tap.to_string(), (bridge.to_string(), mac));
+            Ok(())
+        })
+    }
+
+    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move { Ok(self.0.lock().unwrap().taps.remove(tap.as_str()).is_some()) })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
+        Box::pin(async move { Ok(self.0.lock().unwrap().taps.keys().cloned().collect()) })
+    }
+
+    fn host_addresses(&self) -> BoxFuture<'_, Result<Vec<IpAddr>, Error>> {
+        Box::pin(async move { Ok(self.0.lock().unwrap().addrs.clone()) })
+    }
+}
+
+struct Pool {
+    h: Harness,
+    nft: SharedNft,
+    links: FakeTaps,
+    seeds: PathBuf,
+}
+
+async fn pool() -> Pool {
+    let h = Harness::new().await;
+    let nft = SharedNft::default();
+    let links = FakeTaps::default();
+    {
+        let mut l = links.0.lock().unwrap();
+        l.bridges.push("br0".into());
+        l.addrs = vec!["203.0.113.2".parse().unwrap()];
+    }
+    let seeds = h.dir.join("seeds");
+    let cfg = PoolConfig {
+        host_id: "h1".into(),
+        bridge: "br0".parse().unwrap(),
+        seed_dir: seeds.clone(),
+        seed_images: false,
+    };
+    let node = PoolNode::start(
+        cfg,
+        nft.clone(),
+        Arc::new(links.clone()),
+        h.agent.db(),
+        Duration::from_millis(100),
+    )
+    .await
+    .unwrap();
+    h.agent.set_pool(node).unwrap();
+    for (path, body) in [
+        (
+            "/v1/pools/p1/range",
+            json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1", "dns": ["10.0.0.1", "2001:db8::53"]}),
+        ),
+        ("/v1/hosts/h1", json!({"vcpus": 8, "memory_mib": 8192})),
+        ("/v1/hosts/h2", json!({"vcpus": 8, "memory_mib": 8192})),
+    ] {
+        let (st, v) = h.call(Method::PUT, path, Some(body)).await;
+        assert_eq!(st, StatusCode::OK, "{path}: {v}");
+    }
+    Pool {
+        h,
+        nft,
+        links,
+        seeds,
+    }
+}
+
+impl Pool {
+    async fn create(&self, id: &str, host: &str) -> Value {
+        let (st, v) = self
+            .h
+            .call(
+                Method::POST,
+                "/v1/instances",
+                Some(json!({"instance_id": id, "pool_id": "p1", "host_id": host, "vcpus": 1, "memory_mib": 256})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        v
+    }
+
+    async fn status(&self) -> Value {
+        let (st, v) = self.h.call(Method::GET, "/v1/status", None).await;
+        assert_eq!(st, StatusCode::OK);
+        v["pool"].clone()
+    }
+
+    fn taps(&self) -> BTreeMap<String, (String, MacAddr)> {
+        self.links.0.lock().unwrap().taps.clone()
+    }
+}
+
+fn tap_of(id: &str) -> String {
+    vmnet_model::nic::tap_name(id, 0).unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_realises_the_nic_seed_and_elements_delete_removes_them() {
+    let p = pool().await;
+    let st = p.status().await;
+    assert_eq!(st["host_id"], "h1");
+    assert_eq!(
+        st["tables"],
+        json!(["bridge bcd_instances"]),
+        "no backstop without a NIC"
+    );
+    assert_eq!(st["instances"], 0);
+
+    let a = p.create("inst-a", "h1").await;
+    assert_eq!(a["address"], "10.0.0.2");
+    let b = p.create("inst-b", "h1").await;
+    assert_eq!(b["address"], "10.0.0.3");
+    p.create("inst-other", "h2").await;
+
+    // Taps on the bridge with the instances' MACs; nothing for the other host's instance.
+    let taps = p.taps();
+    assert_eq!(taps.len(), 2, "{taps:?}");
+    assert_eq!(
+        taps[&tap_of("inst-a")],
+        ("br0".to_owned(), MacAddr::for_instance("inst-a"))
+    );
+    assert!(taps.contains_key(&tap_of("inst-b")));
+
+    // Seeds carry the leases.
+    let nc: Value = serde_json::from_str(
+        &std::fs::read_to_string(p.seeds.join("inst-a/network-config")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(nc["ethernets"]["eth0"]["addresses"], json!(["10.0.0.2/29"]));
+    assert_eq!(
+        nc["ethernets"]["eth0"]["routes"],
+        json!([{"to": "0.0.0.0/0", "via": "10.0.0.1"}])
+    );
+    assert_eq!(
+        nc["ethernets"]["eth0"]["match"]["macaddress"],
+        MacAddr::for_instance("inst-a").to_string()
+    );
+    let meta = std::fs::read_to_string(p.seeds.join("inst-b/meta-data")).unwrap();
+    assert!(meta.contains("\"instance-id\": \"inst-b\""), "{meta}");
+    assert!(p.seeds.join("inst-b/user-data").exists());
+    assert!(!p.seeds.join("inst-other").exists());
+
+    // Status: all three tables, the per-tap elements, two instances.
+    let st = p.status().await;
+    assert_eq!(
+        st["tables"],
+        json!(["arp bcd_taps", "bridge bcd_instances", "inet bcd_taps"])
+    );
+    assert_eq!(st["instances"], 2);
+    assert_eq!(st["taps"], 2);
+    assert_eq!(st["elements"]["bridge bcd_instances taps"], 2, "{st}");
+    assert_eq!(st["elements"]["bridge bcd_instances tap_ip4"], 2, "{st}");
+    assert!(st["rules"]["inet bcd_taps"].as_u64().unwrap() > 0);
+    assert_eq!(st["last_errors"], json!([]));
+
+    // NICs over the API.
+    let (s, v) =
+        p.h.call(Method::GET, "/v1/instances/inst-a/nics", None)
+            .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["realised"], true);
+    let nic = &v["nics"][0];
+    assert_eq!(nic["tap"], tap_of("inst-a"));
+    assert_eq!(nic["mac"], MacAddr::for_instance("inst-a").to_string());
+    assert_eq!(nic["network"], "br0");
+    assert_eq!(nic["addresses"], json!(["10.0.0.2/29"]));
+    assert_eq!(nic["gateway"], "10.0.0.1");
+    assert_eq!(nic["nameservers"], json!(["10.0.0.1", "2001:db8::53"]));
+    let xml = v["runtime"]["libvirt_xml"].as_str().unwrap();
+    assert!(
+        xml.contains(&format!("<target dev='{}'", tap_of("inst-a"))),
+        "{xml}"
+    );
+    assert_eq!(v["runtime"]["cloud_hypervisor_args"][0], "--net");
+    assert_eq!(
+        v["runtime"]["firecracker"][0]["host_dev_name"],
+        tap_of("inst-a")
+    );
+    assert!(v["runtime"]["qemu_args"].as_array().unwrap().len() >= 4);
+    let (_, other) =
+        p.h.call(Method::GET, "/v1/instances/inst-other/nics", None)
+            .await;
+    assert_eq!(other["realised"], false);
+    assert_eq!(other["seed_dir"], Value::Null);
+    let missing = p.h.call(Method::GET, "/v1/instances/nope/nics", None).await;
+    assert_error(&missing, 404, "NOT_FOUND", &["nope"]);
+
+    // Delete one: its tap, elements and seed go; the other stays.
+    let (s, _) = p.h.call(Method::DELETE, "/v1/instances/inst-a", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(!p.taps().contains_key(&tap_of("inst-a")));
+    assert!(!p.seeds.join("inst-a").exists());
+    let st = p.status().await;
+    assert_eq!(st["elements"]["bridge bcd_instances taps"], 1, "{st}");
+    // Delete the last: the backstop tables go.
+    p.h.call(Method::DELETE, "/v1/instances/inst-b", None).await;
+    assert!(p.taps().is_empty());
+    let st = p.status().await;
+    assert_eq!(st["tables"], json!(["bridge bcd_instances"]), "{st}");
+    assert_eq!(st["instances"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_loss_removes_the_nics_and_reconcile_repairs_taps_orphans_and_flushes() {
+    let p = pool().await;
+    p.create("inst-a", "h1").await;
+    p.create("inst-b", "h1").await;
+
+    // A tap deleted behind our back comes back; a stray bc* link goes.
+    let orphan = "bc0123456789n0".to_owned();
+    {
+        let mut l = p.links.0.lock().unwrap();
+        l.taps.remove(&tap_of("inst-a"));
+        l.taps.insert(
+            orphan.clone(),
+            ("br0".into(), "02:00:00:00:00:01".parse().unwrap()),
+        );
+    }
+    let out = p.h.agent.reconcile().await.unwrap();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let taps = p.taps();
+    assert!(
+        taps.contains_key(&tap_of("inst-a")) && !taps.contains_key(&orphan),
+        "{taps:?}"
+    );
+
+    // A flushed ruleset is repaired by the audit and counted.
+    p.nft.flush();
+    let t = std::time::Instant::now();
+    loop {
+        let st = p.status().await;
+        // The repair is counted inside the audit, its time recorded right after it.
+        if st["drift_repairs"].as_u64().unwrap() > 0 && st["last_audit_at_unix_ms"].is_i64() {
+            assert_eq!(st["elements"]["bridge bcd_instances taps"], 2, "{st}");
+            assert!(st["last_drift"].to_string().contains("missing"), "{st}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "not repaired: {st}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Host loss: the instances (not recreated) leave this host with their NICs and seeds.
+    let (s, v) = p.h.call(Method::POST, "/v1/hosts/h1/lose", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(p.taps().is_empty(), "{:?}", p.taps());
+    assert!(!p.seeds.join("inst-a").exists() && !p.seeds.join("inst-b").exists());
+    let st = p.status().await;
+    assert_eq!(st["instances"], 0);
+    assert_eq!(st["tables"], json!(["bridge bcd_instances"]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tap_that_cannot_be_made_leaves_no_rules_and_is_reported() {
+    let p = pool().await;
+    p.links.0.lock().unwrap().bridges.clear();
+    p.create("inst-a", "h1").await;
+    assert!(p.taps().is_empty());
+    let st = p.status().await;
+    assert_eq!(st["instances"], 0);
+    assert_eq!(st["taps"], 0);
+    assert_eq!(st["tables"], json!(["bridge bcd_instances"]), "{st}");
+    let errs = st["last_errors"].to_string();
+    assert!(
+        errs.contains("inst-a") && errs.contains("bridge br0"),
+        "{errs}"
+    );
+    // The bridge appears: the next pass realises the instance.
+    p.links.0.lock().unwrap().bridges.push("br0".into());
+    p.h.agent.reconcile().await.unwrap();
+    assert!(p.taps().contains_key(&tap_of("inst-a")));
+    assert_eq!(p.status().await["instances"], 1);
+}
+
+#[tokio::test]
+async fn a_bc_bridge_is_refused() {
+    let h = Harness::new().await;
+    let cfg = PoolConfig {
+        host_id: "h1".into(),
+        bridge: "bc0".parse().unwrap(),
+        seed_dir: h.dir.join("seeds"),
+        seed_images: false,
+    };
+    let e = PoolNode::start(
+        cfg,
+        SharedNft::default(),
+        Arc::new(FakeTaps::default()),
+        h.agent.db(),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
+    assert!(e.message.contains("bc0"), "{e}");
+}
+
+#[tokio::test]
+async fn without_pool_mode_status_has_no_pool_and_nics_are_not_realised() {
+    let h = Harness::new().await;
+    let (_, st) = h.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(st["pool"], Value::Null);
+    h.call(
+        Method::PUT,
+        "/v1/hosts/h1",
+        Some(json!({"vcpus": 1, "memory_mib": 512})),
+    )
+    .await;
+    h.call(
+        Method::PUT,
+        "/v1/pools/p9/range",
+        Some(json!({"cidr": "192.168.9.0/24", "gateway": "192.168.9.1"})),
+    )
+    .await;
+    let (s, v) = h
+        .call(
+            Method::POST,
+            "/v1/instances",
+            Some(json!({"instance_id": "i1", "pool_id": "p9", "vcpus": 1, "memory_mib": 256})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = h.call(Method::GET, "/v1/instances/i1/nics", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["realised"], false);
+    assert_eq!(v["nics"][0]["network"], "br0");
+    assert_eq!(v["nics"][0]["addresses"], json!(["192.168.9.2/24"]));
+    assert_eq!(v["nics"][0]["gateway"], "192.168.9.1");
+    assert_eq!(v["nics"][0]["nameservers"], json!([]));
+    assert_eq!(v["seed_dir"], Value::Null);
+}
