@@ -27,6 +27,11 @@ async fn apply_twice_is_a_noop_and_a_route_change_keeps_the_veth() {
     let v = plan.veth.clone().unwrap();
     let (_, host_index) = link_info(&env.sb.host(), &v.host_name).unwrap();
     let (_, peer_index) = link_info(&plan.netns, &v.peer_name).unwrap();
+    assert_eq!(
+        (host_index, peer_index),
+        (0x3000_0021, 0x3000_0021),
+        "derived ifindexes"
+    );
     assert!(!nft_ruleset(&plan.netns).contains("snat"));
 
     // Add IPv4 via host and a gateway route: NAT appears, the VM gets its host table, veth stays.
@@ -439,4 +444,25 @@ async fn concurrent_applies_of_different_vms() {
         assert!(env.driver.drift(p).await.unwrap().is_empty(), "{}", p.vm_id);
     }
     assert_eq!(env.driver.observe().await.unwrap().len(), plans.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_ifindex_falls_back_to_a_kernel_chosen_one() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json(
+        "x",
+        0x91,
+        Some("fdaa::91"),
+        &[("0.0.0.0/0", "host")],
+    ));
+    let taken = (0x3000_0000u32 + 0x91).to_string();
+    env.host_ip(&[
+        "link", "add", "squat0", "index", &taken, "type", "veth", "peer", "name", "squat1",
+    ]);
+    env.driver.apply(&plan).await.expect("apply");
+    let v = plan.veth.as_ref().unwrap();
+    let (_, index) = link_info(&env.sb.host(), &v.host_name).unwrap();
+    assert_ne!(index.to_string(), taken);
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+    assert!(env.driver.apply(&plan).await.unwrap().is_empty());
 }

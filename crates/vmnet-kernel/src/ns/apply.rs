@@ -174,6 +174,11 @@ fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
     (!bad.is_empty()).then(|| format!("{}: {}", plan.netns, bad.join("; ")))
 }
 
+/// The ifindex both veth ends are created with (`IFINDEX_BASE + uid`, on the host and in the VM
+/// netns), so configuring them needs no lookup; if the host has that index in use already the
+/// kernel picks one and the driver looks it up.
+const IFINDEX_BASE: u32 = 0x3000_0000;
+
 /// Creates the VM in one pass; on failure removes whatever was made.
 async fn create(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
     match create_inner(d, plan).await {
@@ -201,30 +206,42 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         })
     });
     let veth = async {
-        let Some(v) = &plan.veth else { return Ok(()) };
+        let Some(v) = &plan.veth else { return Ok(None) };
         if mounted_rx.await.is_err() {
-            return Ok(()); // the thread failed before mounting; its error is reported below
+            return Ok(None); // the thread failed before mounting; its error is reported below
         }
         let fd = netns::open(&plan.netns)?;
-        let peer = LinkUnspec::new_with_name(&v.peer_name)
-            .mtu(v.mtu)
-            .setns_by_fd(fd.as_raw_fd())
-            .build();
-        let msg = LinkVeth::new(&v.host_name, &v.peer_name)
-            .mtu(v.mtu)
-            .up()
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
-            .build();
-        d.host.link().add(msg).execute().await.map_err(nl(format!(
-            "host: add veth {}/{}",
-            v.host_name, v.peer_name
-        )))
+        let index = IFINDEX_BASE + plan.user_id;
+        let add = |with_index: bool| {
+            let mut peer = LinkUnspec::new_with_name(&v.peer_name)
+                .mtu(v.mtu)
+                .setns_by_fd(fd.as_raw_fd());
+            let mut host = LinkVeth::new(&v.host_name, &v.peer_name).mtu(v.mtu).up();
+            if with_index {
+                peer = peer.index(index);
+                host = host.index(index);
+            }
+            let msg = host
+                .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
+                .build();
+            d.host.link().add(msg).execute()
+        };
+        let what = || format!("host: add veth {}/{}", v.host_name, v.peer_name);
+        match add(true).await {
+            Ok(()) => Ok(Some(index)),
+            // The derived ifindex may be taken on the host: let the kernel pick one (a taken
+            // name fails again and is reported).
+            Err(e) if matches!(routes::errno(&e), Some(libc::EBUSY | libc::EEXIST)) => {
+                add(false).await.map(|()| None).map_err(nl(what()))
+            }
+            Err(e) => Err(nl(what())(e)),
+        }
     };
     let (veth, work) = tokio::join!(veth, work);
     let (ns, tap_index) =
         work.map_err(|_| NsError::Netns(netns::NetnsError::ThreadPanicked(plan.netns.clone())))???;
-    veth?;
-    // What this thread just made, so configuring it needs no read-back.
+    let veth_index = veth?;
+    // What was just made, so configuring it needs no read-back.
     let mut st = VmState::default();
     let known = |name: &str, index, mtu| KLink {
         index,
@@ -237,6 +254,14 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         plan.tap.name.clone(),
         known(&plan.tap.name, tap_index, plan.tap.mtu),
     );
+    if let (Some(v), Some(index)) = (&plan.veth, veth_index) {
+        st.host_link = Some(known(&v.host_name, index, v.mtu));
+        let peer = KLink {
+            up: false,
+            ..known(&v.peer_name, index, v.mtu)
+        };
+        st.ns_links.insert(v.peer_name.clone(), peer);
+    }
     let (links, host_link) = configure_fixed(d, plan, &ns, &st).await?;
     let want = observe::resolve(plan, &links, host_link.as_ref(), &d.host).await?;
     let mut ignored = Vec::new();
