@@ -1,0 +1,308 @@
+//! Pool mode through the real agent on a real kernel (root required): `vmnet serve --netns
+//! <sandbox host> --host-id h1 --create-bridge` in a throwaway sandbox. Over the API a /29 pool,
+//! host h1 and two instances; then, inside the sandbox only: the taps are on the bridge with the
+//! instances' MACs, the bcd set elements hold them, the seeds carry the leases, the status shows
+//! the tables; `nft flush ruleset` is repaired by the audit and counted; deleting an instance
+//! removes its tap and elements; deleting the last removes the backstop tables.
+
+mod agent_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agent_support::{VMNET, log, wait_ready};
+use serde_json::{Value, json};
+use vmnet_agent::api::types::{AgentStatus, InstanceNics, PoolStatus};
+use vmnet_agent::client::Client;
+use vmnet_model::nic::{MacAddr, tap_name};
+use vmnet_testkit::{Sandbox, netns, require_root};
+
+const T: Duration = Duration::from_secs(10);
+
+/// `vmnet` alone in a directory of its own (a hard link, or a copy across file systems), so
+/// no `vmnet-pool-helper` sits next to it and the agent runs itself as the root helper
+/// (`vmnet serve --pool-helper-serve`), as an installed `vmnet` without the helper binary does.
+fn lone_vmnet() -> (tempfile::TempDir, PathBuf) {
+    let target = Path::new(VMNET).parent().unwrap().parent().unwrap();
+    let d = tempfile::Builder::new()
+        .prefix("vmnet-lone-")
+        .tempdir_in(target)
+        .unwrap();
+    let exe = d.path().join("vmnet");
+    if std::fs::hard_link(VMNET, &exe).is_err() {
+        std::fs::copy(VMNET, &exe).unwrap();
+    }
+    (d, exe)
+}
+
+fn start_agent(vmnet: &Path, sb: &Sandbox, dir: &Path) -> agent_support::Agent {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("agent.log"))
+        .unwrap();
+    let child = Command::new(vmnet)
+        .arg("--database-url")
+        .arg(format!("sqlite://{}", dir.join("vmnet.db").display()))
+        .arg("--socket")
+        .arg(dir.join("vmnet.sock"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(["serve", "--netns", &sb.host(), "--name-prefix"])
+        .arg(sb.agent_prefix())
+        .args(["--reconcile-interval-secs", "2"])
+        .args(["--host-id", "h1", "--bridge", "br0", "--create-bridge"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn vmnet serve");
+    agent_support::Agent { child }
+}
+
+/// `nft -j list ruleset` inside the sandbox host.
+fn ruleset(ns: &str) -> Value {
+    let out = netns::exec(ns, "nft", &["-j", "list", "ruleset"], T).unwrap();
+    assert!(out.status.success(), "nft list ruleset failed");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Owned tables present, as `family name`.
+fn tables(rs: &Value) -> Vec<String> {
+    let mut t: Vec<String> = rs["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.get("table"))
+        .filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("bcd_")))
+        .map(|t| {
+            format!(
+                "{} {}",
+                t["family"].as_str().unwrap(),
+                t["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    t.sort();
+    t
+}
+
+/// The elements of set `name` in `bridge bcd_instances`, as JSON text each.
+fn elements(rs: &Value, name: &str) -> Vec<String> {
+    rs["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.get("set").or_else(|| o.get("map")))
+        .filter(|s| s["table"] == "bcd_instances" && s["name"] == name)
+        .flat_map(|s| s["elem"].as_array().cloned().unwrap_or_default())
+        .map(|e| e.to_string())
+        .collect()
+}
+
+/// `ip -j link show dev NAME` inside the sandbox, if the link exists.
+fn link(ns: &str, name: &str) -> Option<Value> {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-d", "-j", "link", "show", "dev", name])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v.as_array()?.first().cloned()
+}
+
+fn bc_links(ns: &str) -> Vec<String> {
+    agent_support::links(ns)
+        .into_iter()
+        .filter(|l| l.starts_with("bc"))
+        .collect()
+}
+
+async fn pool_status(client: &Client) -> PoolStatus {
+    let st: AgentStatus = client.get("/v1/status").await.unwrap();
+    st.pool.expect("pool mode is on")
+}
+
+/// Whether a child process of `parent` runs with `needle` in its command line.
+fn has_child(parent: u32, needle: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let p = e.path();
+        let status = std::fs::read_to_string(p.join("status")).unwrap_or_default();
+        let ppid_ok = status
+            .lines()
+            .any(|l| l.strip_prefix("PPid:").map(str::trim) == Some(&parent.to_string()));
+        ppid_ok
+            && std::fs::read(p.join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
+    require_root();
+    let sb = Sandbox::new("kp").expect("sandbox");
+    let host = sb.host();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_owned();
+    let client = Client::new(dir.join("vmnet.sock"));
+    let (_lone, vmnet) = lone_vmnet();
+    let mut agent = start_agent(&vmnet, &sb, &dir);
+    wait_ready(&client, &dir).await;
+
+    // Started: the bridge exists, the root helper is a child process, the instances table is
+    // loaded and the backstop is not (no NIC yet).
+    let br = link(&host, "br0").expect("bridge br0 created in the sandbox");
+    assert_eq!(br["linkinfo"]["info_kind"], "bridge", "{br}");
+    assert!(
+        has_child(agent.child.id(), "--pool-helper-serve"),
+        "root helper runs"
+    );
+    assert_eq!(tables(&ruleset(&host)), ["bridge bcd_instances"]);
+    assert_eq!(pool_status(&client).await.tables, ["bridge bcd_instances"]);
+
+    // A /29 pool, host h1, two instances on it.
+    let _: Value = client
+        .put(
+            "/v1/pools/p1/range",
+            &json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1", "dns": ["10.0.0.1"]}),
+        )
+        .await
+        .unwrap();
+    let _: Value = client
+        .put("/v1/hosts/h1", &json!({"vcpus": 8, "memory_mib": 8192}))
+        .await
+        .unwrap();
+    let mut leases = Vec::new();
+    for id in ["i-a", "i-b"] {
+        let inst: Value = client
+            .post(
+                "/v1/instances",
+                Some(&json!({"instance_id": id, "pool_id": "p1", "host_id": "h1", "vcpus": 1, "memory_mib": 256})),
+            )
+            .await
+            .unwrap();
+        leases.push(inst["address"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(leases, ["10.0.0.2", "10.0.0.3"]);
+
+    let seeds = dir.join("state/pool/seeds");
+    let rs = ruleset(&host);
+    for (id, lease) in [("i-a", "10.0.0.2"), ("i-b", "10.0.0.3")] {
+        let tap = tap_name(id, 0).unwrap().to_string();
+        let mac = MacAddr::for_instance(id).to_string();
+        // The tap, on the bridge, with the instance's MAC in its static FDB entry and up.
+        let l = link(&host, &tap).unwrap_or_else(|| panic!("tap {tap} missing; {}", log(&dir)));
+        assert_eq!(l["master"], "br0", "{l}");
+        assert!(
+            l["flags"].as_array().unwrap().iter().any(|f| f == "UP"),
+            "{l}"
+        );
+        let fdb = netns::exec(&host, "bridge", &["fdb", "show", "dev", &tap], T).unwrap();
+        assert!(
+            String::from_utf8_lossy(&fdb.stdout).contains(&mac),
+            "fdb of {tap}: {}",
+            String::from_utf8_lossy(&fdb.stdout)
+        );
+        // Set elements for the tap: the tap, its MAC, its lease.
+        assert!(
+            elements(&rs, "taps").iter().any(|e| e.contains(&tap)),
+            "taps set"
+        );
+        assert!(
+            elements(&rs, "tap_mac")
+                .iter()
+                .any(|e| e.contains(&tap) && e.contains(&mac)),
+            "tap_mac set"
+        );
+        assert!(
+            elements(&rs, "tap_ip4")
+                .iter()
+                .any(|e| e.contains(&tap) && e.contains(lease)),
+            "tap_ip4 set"
+        );
+        // The seed carries the lease.
+        let nc = std::fs::read_to_string(seeds.join(id).join("network-config")).unwrap();
+        let nc: Value = serde_json::from_str(&nc).unwrap();
+        assert_eq!(
+            nc["ethernets"]["eth0"]["addresses"],
+            json!([format!("{lease}/29")])
+        );
+        assert_eq!(nc["ethernets"]["eth0"]["match"]["macaddress"], mac);
+        if vmnet_agent::pool::seeds::image_tool_available() {
+            assert!(seeds.join(id).join("seed.iso").is_file(), "cidata image");
+        }
+        // The NICs over the API.
+        let nics: InstanceNics = client
+            .get(&format!("/v1/instances/{id}/nics"))
+            .await
+            .unwrap();
+        assert!(nics.realised);
+        assert_eq!(nics.nics[0].tap, tap);
+        assert_eq!(nics.nics[0].mac, mac);
+        assert_eq!(nics.nics[0].addresses, [format!("{lease}/29")]);
+        assert_eq!(nics.nics[0].gateway.as_deref(), Some("10.0.0.1"));
+    }
+    assert_eq!(
+        tables(&rs),
+        ["arp bcd_taps", "bridge bcd_instances", "inet bcd_taps"]
+    );
+    let st = pool_status(&client).await;
+    assert_eq!(st.tables, tables(&rs));
+    assert_eq!(st.instances, 2);
+    assert_eq!(st.elements.get("bridge bcd_instances taps"), Some(&2));
+    assert!(st.rules.get("inet bcd_taps").is_some_and(|n| *n > 0));
+    assert!(st.last_errors.is_empty(), "{:?}", st.last_errors);
+
+    // Someone flushes the ruleset: the audit (every 5 s) repairs it and counts it.
+    let before = st.drift_repairs;
+    let out = netns::exec(&host, "nft", &["flush", "ruleset"], T).unwrap();
+    assert!(out.status.success());
+    let t = Instant::now();
+    loop {
+        let st = pool_status(&client).await;
+        if st.drift_repairs > before {
+            assert_eq!(st.elements.get("bridge bcd_instances taps"), Some(&2));
+            assert!(st.last_audit_at_unix_ms.is_some());
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_millis(6500),
+            "flush not repaired in time; {}",
+            log(&dir)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rs = ruleset(&host);
+    assert_eq!(
+        tables(&rs),
+        ["arp bcd_taps", "bridge bcd_instances", "inet bcd_taps"]
+    );
+    assert_eq!(elements(&rs, "taps").len(), 2);
+
+    // Delete one instance: its tap, elements and seed go; the other stays.
+    let tap_a = tap_name("i-a", 0).unwrap().to_string();
+    let tap_b = tap_name("i-b", 0).unwrap().to_string();
+    let _: Value = client.delete("/v1/instances/i-a").await.unwrap();
+    assert_eq!(bc_links(&host), [tap_b.clone()]);
+    let rs = ruleset(&host);
+    assert!(!elements(&rs, "taps").iter().any(|e| e.contains(&tap_a)));
+    assert!(!elements(&rs, "tap_ip4").iter().any(|e| e.contains(&tap_a)));
+    assert!(!seeds.join("i-a").exists());
+
+    // Delete the last: no tap, no element, no backstop table.
+    let _: Value = client.delete("/v1/instances/i-b").await.unwrap();
+    assert!(bc_links(&host).is_empty());
+    let rs = ruleset(&host);
+    assert_eq!(tables(&rs), ["bridge bcd_instances"]);
+    assert!(elements(&rs, "taps").is_empty());
+    assert_eq!(pool_status(&client).await.instances, 0);
+
+    let status = agent.sigterm();
+    assert!(status.success(), "agent exit {status:?}; {}", log(&dir));
+    drop(sb);
+}
