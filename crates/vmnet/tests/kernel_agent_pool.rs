@@ -288,7 +288,7 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     let tap_a = tap_name("i-a", 0).unwrap().to_string();
     let tap_b = tap_name("i-b", 0).unwrap().to_string();
     let _: Value = client.delete("/v1/instances/i-a").await.unwrap();
-    assert_eq!(bc_links(&host), [tap_b.clone()]);
+    assert_eq!(bc_links(&host), [tap_b]);
     let rs = ruleset(&host);
     assert!(!elements(&rs, "taps").iter().any(|e| e.contains(&tap_a)));
     assert!(!elements(&rs, "tap_ip4").iter().any(|e| e.contains(&tap_a)));

@@ -106,10 +106,11 @@ fn check(doc: &Value, schema: &Value, v: &Value, path: &str, errs: &mut Vec<Stri
                 Some(s) => check(doc, s, val, &format!("{path}.{k}"), errs),
                 None if closed => errs.push(format!("{path}: property {k} is not documented")),
                 // A map: `additionalProperties` is the schema of every value.
-                None => match extra.filter(|e| e.is_object()) {
-                    Some(s) => check(doc, s, val, &format!("{path}.{k}"), errs),
-                    None => {}
-                },
+                None => {
+                    if let Some(s) = extra.filter(|e| e.is_object()) {
+                        check(doc, s, val, &format!("{path}.{k}"), errs);
+                    }
+                }
             }
         }
     }
