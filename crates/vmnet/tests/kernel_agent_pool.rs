@@ -257,6 +257,12 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     assert_eq!(st.elements.get("bridge bcd_instances taps"), Some(&2));
     assert!(st.rules.get("inet bcd_taps").is_some_and(|n| *n > 0));
     assert!(st.last_errors.is_empty(), "{:?}", st.last_errors);
+    let (ok, out, err) = agent_support::run_cli(&dir, &["status"]);
+    assert!(ok, "vmnet status: {err}");
+    assert!(
+        out.contains("pool tables") && out.contains("inet bcd_taps") && out.contains("2 realised"),
+        "{out}"
+    );
 
     // Someone flushes the ruleset: the audit (every 5 s) repairs it and counts it.
     let before = st.drift_repairs;

@@ -225,7 +225,7 @@ pub async fn status(g: &Global) -> Result<(), Error> {
         return print_json(&st);
     }
     let r = &st.reconcile;
-    let rows = vec![
+    let mut rows = vec![
         vec![
             "agent".to_owned(),
             format!("vmnet {} (prefix {})", st.version, st.name_prefix),
@@ -259,11 +259,56 @@ pub async fn status(g: &Global) -> Result<(), Error> {
             r.orphans_removed_total.to_string(),
         ],
     ];
+    if let Some(p) = &st.pool {
+        rows.extend(pool_rows(p));
+    }
     print_table(&rows);
     for e in &r.last_errors {
         println!("error: {e}");
     }
+    if let Some(p) = &st.pool {
+        for e in p.last_errors.iter().chain(&p.last_audit_error) {
+            println!("pool error: {e}");
+        }
+    }
     Ok(())
+}
+
+/// The pool-mode rows of `vmnet status`.
+fn pool_rows(p: &vmnet_agent::api::types::PoolStatus) -> Vec<Vec<String>> {
+    let tables = if p.tables.is_empty() {
+        "none".to_owned()
+    } else {
+        p.tables
+            .iter()
+            .map(|t| format!("{t} ({} rules)", p.rules.get(t).copied().unwrap_or(0)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let elements: u64 = p.elements.values().sum();
+    vec![
+        vec![
+            "pool host".to_owned(),
+            format!("{} on bridge {}", p.host_id, p.bridge),
+        ],
+        vec![
+            "pool instances".to_owned(),
+            format!("{} realised, {} taps", p.instances, p.taps),
+        ],
+        vec!["pool tables".to_owned(), tables],
+        vec!["pool set elements".to_owned(), elements.to_string()],
+        vec![
+            "pool audits".to_owned(),
+            format!(
+                "{}, last {}, {} drift repairs",
+                p.audits,
+                p.last_audit_at_unix_ms
+                    .map_or_else(|| "never".to_owned(), |t| format!("{} ago", ago(t))),
+                p.drift_repairs
+            ),
+        ],
+        vec!["pool seeds".to_owned(), p.seed_dir.clone()],
+    ]
 }
 
 /// Runs `vmnet apply FILE`.
