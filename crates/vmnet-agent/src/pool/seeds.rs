@@ -104,3 +104,67 @@ pub fn image_tool_available() -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("genisoimage").is_file()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmnet_model::nic::{MacAddr, NetworkPolicy, NicSpec};
+
+    fn inst(id: &str, addresses: &[&str]) -> InstanceSpec {
+        let addresses: Vec<ipnet::IpNet> = addresses.iter().map(|a| a.parse().unwrap()).collect();
+        InstanceSpec {
+            id: id.into(),
+            allocation_id: id.into(),
+            policy: NetworkPolicy::Public,
+            sandbox: false,
+            nics: vec![NicSpec {
+                network: Some("br0".parse().unwrap()),
+                mac: MacAddr::for_instance(id),
+                gateway: (!addresses.is_empty()).then(|| "10.0.0.1".parse().unwrap()),
+                addresses,
+                nameservers: vec![],
+            }],
+        }
+    }
+
+    #[test]
+    fn written_once_rewritten_on_change_network_config_only_when_static() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(write(d.path(), &inst("i-1", &["10.0.0.2/29"]), false).unwrap());
+        assert!(!write(d.path(), &inst("i-1", &["10.0.0.2/29"]), false).unwrap());
+        let nc = std::fs::read_to_string(d.path().join("i-1/network-config")).unwrap();
+        assert!(nc.contains("\"10.0.0.2/29\""), "{nc}");
+        // The lease goes away: DHCP, so no network-config at all.
+        assert!(write(d.path(), &inst("i-1", &[]), false).unwrap());
+        assert!(!d.path().join("i-1/network-config").exists());
+        assert!(d.path().join("i-1/meta-data").exists());
+    }
+
+    #[test]
+    fn prune_removes_only_other_instances() {
+        let d = tempfile::tempdir().unwrap();
+        for id in ["i-1", "i-2"] {
+            write(d.path(), &inst(id, &["10.0.0.2/29"]), false).unwrap();
+        }
+        std::fs::write(d.path().join("stray-file"), "x").unwrap();
+        let keep: BTreeSet<String> = ["i-2".to_owned()].into();
+        assert_eq!(prune(d.path(), &keep).unwrap(), ["i-1"]);
+        assert!(d.path().join("i-2/user-data").exists());
+        assert!(d.path().join("stray-file").exists(), "files are not ours");
+        assert!(prune(&d.path().join("missing"), &keep).unwrap().is_empty());
+    }
+
+    #[test]
+    fn image_is_built_when_the_tool_exists() {
+        if !image_tool_available() {
+            // Without genisoimage the agent does not ask for images (PoolConfig::seed_images).
+            assert!(write(tempfile::tempdir().unwrap().path(), &inst("i-1", &[]), true).is_err());
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), &inst("i-1", &["10.0.0.2/29"]), true).unwrap();
+        let iso = std::fs::read(d.path().join("i-1").join(IMAGE_NAME)).unwrap();
+        assert!(iso.len() > 32 * 1024, "an ISO9660 image");
+        assert_eq!(&iso[0x8001..0x8006], b"CD001");
+    }
+}
