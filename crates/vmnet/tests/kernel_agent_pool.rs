@@ -2,8 +2,9 @@
 //! <sandbox host> --host-id h1 --create-bridge` in a throwaway sandbox. Over the API a /29 pool,
 //! host h1 and two instances; then, inside the sandbox only: the taps are on the bridge with the
 //! instances' MACs, the bcd set elements hold them, the seeds carry the leases, the status shows
-//! the tables; `nft flush ruleset` is repaired by the audit and counted; deleting an instance
-//! removes its tap and elements; deleting the last removes the backstop tables.
+//! the tables; a killed and restarted agent reuses the taps of the instances still placed and
+//! collects the others; `nft flush ruleset` is repaired by the audit and counted; deleting an
+//! instance removes its tap and elements; deleting the last removes the backstop tables.
 
 mod agent_support;
 
@@ -115,11 +116,14 @@ fn link(ns: &str, name: &str) -> Option<Value> {
     v.as_array()?.first().cloned()
 }
 
+/// The `bc*` links in the sandbox host, sorted.
 fn bc_links(ns: &str) -> Vec<String> {
-    agent_support::links(ns)
+    let mut l: Vec<String> = agent_support::links(ns)
         .into_iter()
         .filter(|l| l.starts_with("bc"))
-        .collect()
+        .collect();
+    l.sort();
+    l
 }
 
 async fn pool_status(client: &Client) -> PoolStatus {
@@ -264,6 +268,62 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
         "{out}"
     );
 
+    // The agent is killed; while it is down i-b is deleted and i-c created in the store. The
+    // restarted agent reuses i-a's tap (same ifindex), collects i-b's and makes i-c's.
+    let tap_a = tap_name("i-a", 0).unwrap().to_string();
+    let tap_b = tap_name("i-b", 0).unwrap().to_string();
+    let tap_c = tap_name("i-c", 0).unwrap().to_string();
+    let ifindex_a = link(&host, &tap_a).unwrap()["ifindex"].clone();
+    agent.sigkill();
+    let db = format!("sqlite://{}", dir.join("vmnet.db").display());
+    for args in [
+        vec!["instance", "delete", "i-b"],
+        vec!["instance", "create", "i-c", "--pool", "p1", "--host", "h1"],
+    ] {
+        let out = Command::new(VMNET)
+            .args(["--database-url", &db])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut agent = start_agent(&vmnet, &sb, &dir);
+    wait_ready(&client, &dir).await;
+    let t = Instant::now();
+    let st = loop {
+        let st = pool_status(&client).await;
+        if st.passes > 0 && st.instances == 2 {
+            break st;
+        }
+        assert!(
+            t.elapsed() < T,
+            "no pass after restart: {st:?}; {}",
+            log(&dir)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(st.last_errors.is_empty(), "{:?}", st.last_errors);
+    let mut want = vec![tap_a.clone(), tap_c.clone()];
+    want.sort();
+    assert_eq!(bc_links(&host), want);
+    assert_eq!(
+        link(&host, &tap_a).unwrap()["ifindex"],
+        ifindex_a,
+        "tap reused"
+    );
+    let rs = ruleset(&host);
+    assert!(
+        elements(&rs, "tap_ip4")
+            .iter()
+            .any(|e| e.contains(&tap_c) && e.contains("10.0.0.3"))
+    );
+    assert!(!elements(&rs, "taps").iter().any(|e| e.contains(&tap_b)));
+    assert!(!seeds.join("i-b").exists() && seeds.join("i-c/network-config").is_file());
+
     // Someone flushes the ruleset: the audit (every 5 s) repairs it and counts it.
     let before = st.drift_repairs;
     let out = netns::exec(&host, "nft", &["flush", "ruleset"], T).unwrap();
@@ -291,17 +351,15 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     assert_eq!(elements(&rs, "taps").len(), 2);
 
     // Delete one instance: its tap, elements and seed go; the other stays.
-    let tap_a = tap_name("i-a", 0).unwrap().to_string();
-    let tap_b = tap_name("i-b", 0).unwrap().to_string();
     let _: Value = client.delete("/v1/instances/i-a").await.unwrap();
-    assert_eq!(bc_links(&host), [tap_b]);
+    assert_eq!(bc_links(&host), [tap_c]);
     let rs = ruleset(&host);
     assert!(!elements(&rs, "taps").iter().any(|e| e.contains(&tap_a)));
     assert!(!elements(&rs, "tap_ip4").iter().any(|e| e.contains(&tap_a)));
     assert!(!seeds.join("i-a").exists());
 
     // Delete the last: no tap, no element, no backstop table.
-    let _: Value = client.delete("/v1/instances/i-b").await.unwrap();
+    let _: Value = client.delete("/v1/instances/i-c").await.unwrap();
     assert!(bc_links(&host).is_empty());
     let rs = ruleset(&host);
     assert_eq!(tables(&rs), ["bridge bcd_instances"]);
