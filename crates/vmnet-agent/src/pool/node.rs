@@ -21,6 +21,10 @@
 //!   so a tap left by an earlier agent is closed (its port is not in the `taps` set) until the
 //!   first pass adds its rules again and reuses it.
 //!
+//! - The agent stopping (or dying) leaves taps, tables and seeds in place, so running VMs keep
+//!   their network; a restarted agent loads the tables (no tap), then its first pass reuses the
+//!   taps of instances still placed here and collects the rest.
+//!
 //! # Limitations
 //! One NIC per instance, on the one bridge given to the agent; policies and sandbox flags are
 //! not stored per instance yet. Status-report addresses are not merged here.
@@ -236,7 +240,13 @@ impl PoolNode {
     /// Rules first, then one tap per NIC; on a tap failure the taps made and the rules go again.
     async fn start_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
         let s = spec.clone();
-        self.fw(move |fw| fw.add_instance(&s)).await?;
+        // Rules left by an earlier failed start whose cleanup failed too would make the add a
+        // CONFLICT on every pass: drop them first (a no-op when there are none).
+        self.fw(move |fw| {
+            fw.remove_instance(&s.id)?;
+            fw.add_instance(&s)
+        })
+        .await?;
         let names = spec.tap_names()?;
         for (i, (nic, tap)) in spec.nics.iter().zip(&names).enumerate() {
             let Some(bridge) = &nic.network else { continue };
