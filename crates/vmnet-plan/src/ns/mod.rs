@@ -209,7 +209,8 @@ pub enum RouteKind {
     },
     /// Via a gateway VM's mesh address: the kernel layer resolves the next hop and device that
     /// reach `mesh` at apply time (on one host: that VM's veth), or installs `unreachable` while
-    /// it cannot (never falling through to the uplink).
+    /// it cannot, and keeps an `unreachable` route of the same destination at a worse metric
+    /// beside it, so the traffic never falls through to the uplink.
     ViaMesh {
         /// The gateway VM's mesh address.
         mesh: Ipv6Addr,

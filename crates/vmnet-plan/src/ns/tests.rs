@@ -328,3 +328,37 @@ fn host_veth_link_locals_are_unique_per_uid() {
     assert_eq!(all.len(), 65536);
     assert!(!all.contains(&HOST_LINK_LOCAL) && !all.contains(&PEER_LINK_LOCAL));
 }
+
+proptest! {
+    /// For any valid route set: every destination reaches the host from the netns exactly once,
+    /// NAT follows the IPv4-via-host rule, and the host table exists only with a mesh via and
+    /// then lists every IPv6 destination once (plus the mesh range).
+    #[test]
+    fn route_plan_invariants(picks in proptest::collection::btree_set(0usize..8, 0..8), vias in proptest::collection::vec(any::<bool>(), 8)) {
+        let dests = ["0.0.0.0/0", "10.0.0.0/8", "192.0.2.0/24", "::/0", "2000::/3", "2001:db8::/32", "2001:db8:1::/48", "fdaa::/16"];
+        let routes: Vec<String> = picks.iter().map(|&i| {
+            let v6 = dests[i].contains(':');
+            let via = if v6 && vias[i] { "fdaa::99" } else { "host" };
+            format!(r#"{{"destination":"{}","via":"{via}"}}"#, dests[i])
+        }).collect();
+        let c = cfg(&format!(r#"{{"id":"p","user_id":5,"tenant":0,"mesh_ipv6":"fdaa::5","network":{{"routes":[{}]}}}}"#, routes.join(",")));
+        let p = plan_vm(&c, &NsSettings::default()).unwrap();
+        let main: Vec<_> = p.ns_routes.iter().filter(|r| r.table == MAIN_TABLE).map(|r| r.destination).collect();
+        let unique: HashSet<_> = main.iter().collect();
+        prop_assert_eq!(unique.len(), main.len());
+        for r in &c.network.routes {
+            prop_assert!(main.contains(&r.destination));
+        }
+        prop_assert_eq!(p.nat, c.ipv4_via_host());
+        let mesh_via = c.network.routes.iter().any(|r| matches!(r.via, vmnet_model::vm::Via::Mesh(_)));
+        prop_assert_eq!(p.host_rules.len(), usize::from(mesh_via));
+        let table: Vec<_> = p.host_routes.iter().filter(|r| r.table == p.host_table).map(|r| r.destination).collect();
+        if mesh_via {
+            let v6 = c.network.routes.iter().filter(|r| !vmnet_model::vm::is_ipv4(&r.destination)).count();
+            let has_mesh_range = c.network.routes.iter().any(|r| r.destination.to_string() == "fdaa::/16");
+            prop_assert_eq!(table.len(), v6 + usize::from(!has_mesh_range));
+        } else {
+            prop_assert!(table.is_empty());
+        }
+    }
+}
