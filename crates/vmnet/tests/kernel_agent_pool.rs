@@ -3,11 +3,13 @@
 //! host h1 and two instances; then, inside the sandbox only: the taps are on the bridge with the
 //! instances' MACs, the bcd set elements hold them, the seeds carry the leases, the status shows
 //! the tables; a killed and restarted agent reuses the taps of the instances still placed and
-//! collects the others; `nft flush ruleset` is repaired by the audit and counted; deleting an
-//! instance removes its tap and elements; deleting the last removes the backstop tables.
+//! collects the others; simulated guests on two taps reach each other, not with a spoofed
+//! source; `nft flush ruleset` is repaired by the audit and counted; deleting an instance
+//! removes its tap and elements; deleting the last removes the backstop tables.
 
 mod agent_support;
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,8 +18,10 @@ use agent_support::{VMNET, log, wait_ready};
 use serde_json::{Value, json};
 use vmnet_agent::api::types::{AgentStatus, InstanceNics, PoolStatus};
 use vmnet_agent::client::Client;
+use vmnet_kernel::pool::sim_guest;
 use vmnet_model::nic::{MacAddr, tap_name};
-use vmnet_testkit::{Sandbox, netns, require_root};
+use vmnet_testkit::relay::Relay;
+use vmnet_testkit::{Sandbox, netns, require_root, traffic};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -323,6 +327,40 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     );
     assert!(!elements(&rs, "taps").iter().any(|e| e.contains(&tap_b)));
     assert!(!seeds.join("i-b").exists() && seeds.join("i-c/network-config").is_file());
+
+    // Real frames on the taps the agent made: simulated guests relayed to i-a's and i-c's taps
+    // (opened as a VMM opens them), configured from their own seeds. Guest a reaches guest c;
+    // with a source address that is not its lease it does not (anti-spoofing), and with its
+    // lease again it does (the control).
+    let mut relays = Vec::new();
+    let mut guests = Vec::new();
+    for (id, tap) in [("i-a", &tap_a), ("i-c", &tap_c)] {
+        let ns = sb.add_netns(&format!("g{id}")).unwrap();
+        relays.push(Relay::start(&host, tap, &ns, "eth0").unwrap());
+        let nc = std::fs::read_to_string(seeds.join(id).join("network-config")).unwrap();
+        sim_guest::configure(&ns, "eth0", MacAddr::for_instance(id), Some(&nc)).unwrap();
+        guests.push(ns);
+    }
+    let to_c: IpAddr = "10.0.0.3".parse().unwrap();
+    let reaches = |ns: &str| {
+        traffic::ping(ns, to_c, 3, Duration::from_millis(400))
+            .unwrap()
+            .received
+            > 0
+    };
+    assert!(reaches(&guests[0]), "guest a reaches guest c");
+    let readdress = |cidr: &str| {
+        netns::ip(&guests[0], &["addr", "flush", "dev", "eth0"]).unwrap();
+        netns::ip(&guests[0], &["addr", "add", cidr, "dev", "eth0", "nodad"]).unwrap();
+    };
+    readdress("10.0.0.6/29");
+    assert!(!reaches(&guests[0]), "a foreign source address is dropped");
+    readdress("10.0.0.2/29");
+    assert!(
+        reaches(&guests[0]),
+        "with its lease again guest a reaches guest c"
+    );
+    drop(relays);
 
     // Someone flushes the ruleset: the audit (every 5 s) repairs it and counts it.
     let before = st.drift_repairs;
