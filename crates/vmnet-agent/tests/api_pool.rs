@@ -299,9 +299,19 @@ async fn host_loss_removes_the_nics_and_reconcile_repairs_taps_orphans_and_flush
             ("br0".into(), "02:00:00:00:00:01".parse().unwrap()),
         );
     }
+    let foreign = "bcm0".to_owned();
+    p.links.0.lock().unwrap().taps.insert(
+        foreign.clone(),
+        ("br0".into(), "02:00:00:00:00:02".parse().unwrap()),
+    );
     let out = p.h.agent.reconcile().await.unwrap();
     assert!(out.errors.is_empty(), "{:?}", out.errors);
     let taps = p.taps();
+    assert!(
+        taps.contains_key(&foreign),
+        "a link not named like a tap stays"
+    );
+    p.links.0.lock().unwrap().taps.remove(&foreign);
     assert!(
         taps.contains_key(&tap_of("inst-a")) && !taps.contains_key(&orphan),
         "{taps:?}"

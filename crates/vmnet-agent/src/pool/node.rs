@@ -11,7 +11,8 @@
 //! - [`PoolNode::converge`] compares that with what it realised (kept in memory, the same set the
 //!   firewall holds) and the taps the kernel lists: an instance gone or changed is stopped (taps
 //!   deleted, then its elements), a new one is started (elements first, then taps), a tap missing
-//!   under a realised instance is made again, and any other `bc*` link is deleted as an orphan.
+//!   under a realised instance is made again, and any other link named like an instance tap
+//!   ([`is_instance_tap`]) is deleted as an orphan.
 //!   Seeds are written for every realised instance and removed for the rest. Passes are
 //!   serialized; one instance's failure is recorded and does not stop the others.
 //! - The host's addresses (for the host-address drop) are read from the kernel on every pass,
@@ -145,6 +146,22 @@ async fn desired(
     let _ = tx.rollback().await;
     gateways.sort();
     Ok((out, gateways, failed))
+}
+
+/// Whether `name` has the exact shape of an instance tap, `bc<10 lower-case hex digits>n<1-2
+/// digits>` ([`vmnet_model::nic::tap_name`]); only such links are ever collected as orphans, so
+/// another link whose name merely starts with `bc` is left alone.
+#[must_use]
+pub fn is_instance_tap(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(vmnet_model::nic::TAP_PREFIX) else {
+        return false;
+    };
+    let (hash, nic) = rest.split_at(rest.len().min(10));
+    hash.len() == 10
+        && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && nic
+            .strip_prefix('n')
+            .is_some_and(|i| (1..=2).contains(&i.len()) && i.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The [`InstanceSpec`] of a stored instance on bridge `bridge` (see the module docs).
@@ -384,7 +401,7 @@ impl PoolNode {
                         }
                     }
                 }
-                for name in present.difference(&ours) {
+                for name in present.difference(&ours).filter(|n| is_instance_tap(n)) {
                     let Ok(tap) = name.parse::<IfName>() else {
                         continue;
                     };
@@ -450,6 +467,29 @@ impl PoolNode {
             passes: r.passes,
             last_pass_at_unix_ms: r.last_pass_at_unix_ms,
             last_errors: r.last_errors.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_instance_tap_names_are_orphans() {
+        let t = vmnet_model::nic::tap_name("inst-1", 0).unwrap();
+        assert!(is_instance_tap(t.as_str()));
+        assert!(is_instance_tap("bc0123456789n99"));
+        for other in [
+            "bcm0",
+            "bc0123456789",
+            "bc0123456789n",
+            "bc0123456789n100",
+            "bc0123456789x0",
+            "bcABCDEF0123n0",
+            "br0",
+        ] {
+            assert!(!is_instance_tap(other), "{other}");
         }
     }
 }
