@@ -14,7 +14,7 @@
 //!    `ip netns del` ([`shell_teardown`]), one after another.
 //!
 //! It prints one row per N and method (setup median/p99, teardown median/p99 and wall time,
-//! RSS), the median of the first 100 setups against the last 100 at the largest N, and the
+//! RSS after the setups, with the growth during that round in parentheses), the median of the first 100 setups against the last 100 at the largest N, and the
 //! targets of the issue: setup median ≤ 5 ms, ≥ 10× faster than the shell, last-100 within 1.5×
 //! of the first-100, RSS < 64 MiB at 1000 VMs.
 //!
@@ -93,6 +93,8 @@ pub struct Row {
     pub teardown_wall: Duration,
     /// VmRSS after setup, KiB (netlink only).
     pub rss_kib: Option<u64>,
+    /// VmRSS before the first setup of this round, KiB (netlink only).
+    pub rss_before_kib: Option<u64>,
 }
 
 fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, Error> {
@@ -395,16 +397,13 @@ pub async fn run(_g: &Global, args: VmsBenchArgs) -> Result<(), Error> {
     eprintln!("bench sandbox {} (host netns {host})", sb.prefix());
     let mut rows = Vec::new();
     for &n in &counts {
-        let plans: Vec<VmPlan> = (1..=n)
-            .map(|uid| vm_config(uid).and_then(|c| plan_vm(&c, &settings)))
-            .collect::<Result<_, _>>()?;
-        rows.push(bench_netlink(&driver, &plans).await?);
-        let shell_n = args
-            .shell_max
-            .map_or(plans.len(), |m| plans.len().min(m as usize));
+        rows.push(bench_netlink(&driver, &settings, n).await?);
+        let shell_n = args.shell_max.map_or(n, |m| n.min(m));
         if shell_n > 0 {
             let host2 = host.clone();
-            let sub: Vec<VmPlan> = plans[..shell_n].to_vec();
+            let sub: Vec<VmPlan> = (1..=shell_n)
+                .map(|uid| vm_config(uid).and_then(|c| plan_vm(&c, &settings)))
+                .collect::<Result<_, _>>()?;
             let mut row = tokio::task::spawn_blocking(move || bench_shell(&sub, &host2))
                 .await
                 .map_err(|e| Error::internal(format!("shell baseline: {e}")))??;
@@ -418,9 +417,17 @@ pub async fn run(_g: &Global, args: VmsBenchArgs) -> Result<(), Error> {
     Ok(())
 }
 
-async fn bench_netlink(driver: &Arc<NetlinkNsDriver>, plans: &[VmPlan]) -> Result<Row, Error> {
-    let mut setup = Vec::with_capacity(plans.len());
-    for p in plans {
+/// Sets up VMs 1..=n with the driver (each plan made just before its timed apply and dropped
+/// after it, so the RSS is the driver's and the runtime's, not a list of plans), then removes them.
+async fn bench_netlink(
+    driver: &Arc<NetlinkNsDriver>,
+    settings: &NsSettings,
+    n: u32,
+) -> Result<Row, Error> {
+    let rss_before = rss_kib();
+    let mut setup = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    for uid in 1..=n {
+        let p = &plan_vm(&vm_config(uid)?, settings)?;
         let t = Instant::now();
         driver
             .apply(p)
@@ -430,16 +437,15 @@ async fn bench_netlink(driver: &Arc<NetlinkNsDriver>, plans: &[VmPlan]) -> Resul
     }
     let rss = rss_kib();
     let wall = Instant::now();
-    let mut teardown = Vec::with_capacity(plans.len());
-    for p in plans {
+    let mut teardown = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    for uid in 1..=n {
         let t = Instant::now();
         driver
-            .remove(p.user_id)
+            .remove(uid)
             .await
-            .map_err(|e| Error::internal(format!("remove vm {}: {e}", p.user_id)))?;
+            .map_err(|e| Error::internal(format!("remove vm {uid}: {e}")))?;
         teardown.push(t.elapsed());
     }
-    let n = u32::try_from(plans.len()).unwrap_or(u32::MAX);
     Ok(Row {
         n,
         method: "netlink",
@@ -447,6 +453,7 @@ async fn bench_netlink(driver: &Arc<NetlinkNsDriver>, plans: &[VmPlan]) -> Resul
         teardown,
         teardown_wall: wall.elapsed(),
         rss_kib: rss,
+        rss_before_kib: rss_before,
     })
 }
 
@@ -474,6 +481,7 @@ fn bench_shell(plans: &[VmPlan], host: &str) -> Result<Row, Error> {
         teardown,
         teardown_wall: wall.elapsed(),
         rss_kib: None,
+        rss_before_kib: None,
     })
 }
 
@@ -494,8 +502,17 @@ pub fn render(rows: &[Row]) -> String {
                 ms(t.median),
                 ms(t.p99),
                 format!("{:.1}", r.teardown_wall.as_secs_f64()),
-                r.rss_kib
-                    .map_or_else(|| "-".into(), |k| format!("{:.1}", k as f64 / 1024.0)),
+                match (r.rss_before_kib, r.rss_kib) {
+                    (Some(b), Some(a)) => {
+                        format!(
+                            "{:.1} (+{:.1})",
+                            a as f64 / 1024.0,
+                            a.saturating_sub(b) as f64 / 1024.0
+                        )
+                    }
+                    (_, Some(a)) => format!("{:.1}", a as f64 / 1024.0),
+                    _ => "-".into(),
+                },
             ]
         })
         .collect();
@@ -509,7 +526,7 @@ pub fn render(rows: &[Row]) -> String {
             "TEARDOWN MED ms",
             "TEARDOWN P99 ms",
             "TEARDOWN WALL s",
-            "RSS MiB",
+            "RSS MiB (+ROUND)",
         ],
         &table,
     ));
@@ -642,7 +659,7 @@ mod tests {
         let plans: Vec<VmPlan> = (1..=3)
             .map(|u| plan_vm(&vm_config(u).expect("cfg"), &settings).expect("plan"))
             .collect();
-        let row = bench_netlink(&driver, &plans).await.expect("netlink");
+        let row = bench_netlink(&driver, &settings, 3).await.expect("netlink");
         assert_eq!((row.setup.len(), row.teardown.len()), (3, 3));
         assert!(row.rss_kib.is_some_and(|k| k > 0));
         let host = sb.host();
