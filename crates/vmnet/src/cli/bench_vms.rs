@@ -24,15 +24,19 @@
 //! time: the driver shares one host netlink socket, and concurrent route dumps on it overflow
 //! its receive buffer (`ENOBUFS`); the agent serializes its operations the same way.
 
+#[path = "bench_vms_shell.rs"]
+mod shell;
+
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vmnet_kernel::ns::{NetlinkNsDriver, NsDriver};
 use vmnet_model::Error;
-use vmnet_plan::ns::{NsSettings, PlannedRoute, RouteKind, VmPlan, plan_vm};
+use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
+
+use self::shell::run_cmds;
+pub use self::shell::{shell_setup, shell_teardown};
 
 use crate::Global;
 
@@ -117,241 +121,6 @@ pub fn rss_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn family(dst: &ipnet::IpNet) -> &'static str {
-    if matches!(dst, ipnet::IpNet::V4(_)) {
-        "-4"
-    } else {
-        "-6"
-    }
-}
-
-fn route_cmd(ns: &str, r: &PlannedRoute) -> Option<Vec<String>> {
-    let mut c: Vec<String> = ["ip", "-n", ns, family(&r.destination), "route", "replace"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-    match &r.kind {
-        RouteKind::Dev { dev } => c.extend([r.destination.to_string(), "dev".into(), dev.clone()]),
-        RouteKind::Via {
-            gateway,
-            dev,
-            onlink,
-        } => {
-            c.extend([
-                r.destination.to_string(),
-                "via".into(),
-                gateway.to_string(),
-                "dev".into(),
-                dev.clone(),
-            ]);
-            if *onlink {
-                c.push("onlink".into());
-            }
-        }
-        RouteKind::Throw => c.extend(["throw".into(), r.destination.to_string()]),
-        RouteKind::ViaMesh { .. } => return None,
-    }
-    c.extend(["table".into(), r.table.to_string()]);
-    Some(c)
-}
-
-/// The commands a shell script runs to set up `plan` with `host_ns` as the host: one process
-/// each. The nft ruleset is passed on stdin of the `nft -j -f -` command (the last one).
-#[must_use]
-pub fn shell_setup(plan: &VmPlan, host_ns: &str) -> Vec<Vec<String>> {
-    let ns = plan.netns.as_str();
-    let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<String>>();
-    let mtu = plan.tap.mtu.to_string();
-    let mut cmds = vec![
-        s(&["ip", "netns", "add", ns]),
-        s(&["ip", "-n", ns, "link", "set", "lo", "up"]),
-    ];
-    let mut sysctl = s(&["ip", "netns", "exec", ns, "sysctl", "-q", "-w"]);
-    sysctl.extend(plan.ns_sysctls.iter().map(|(k, v)| format!("{k}={v}")));
-    sysctl.push("net/ipv6/conf/default/accept_dad=0".into());
-    cmds.push(sysctl);
-    let tap = plan.tap.name.as_str();
-    let mut tuntap = s(&["ip", "-n", ns, "tuntap", "add", "dev", tap, "mode", "tap"]);
-    if let Some(u) = plan.tap.owner_uid {
-        tuntap.extend(["user".into(), u.to_string()]);
-    }
-    cmds.push(tuntap);
-    cmds.push(s(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &plan.tap.ipv4.to_string(),
-        "dev",
-        tap,
-    ]));
-    cmds.push(s(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &plan.tap.ipv6_link_local.to_string(),
-        "dev",
-        tap,
-        "nodad",
-    ]));
-    cmds.push(s(&["ip", "-n", ns, "link", "set", tap, "mtu", &mtu, "up"]));
-    if let Some(v) = &plan.veth {
-        let (h, p) = (v.host_name.as_str(), v.peer_name.as_str());
-        cmds.push(s(&[
-            "ip", "-n", host_ns, "link", "add", h, "mtu", &mtu, "type", "veth", "peer", "name", p,
-            "mtu", &mtu, "netns", ns,
-        ]));
-        cmds.push(s(&[
-            "ip",
-            "-n",
-            host_ns,
-            "addr",
-            "add",
-            &v.host_ipv4.to_string(),
-            "dev",
-            h,
-        ]));
-        cmds.push(s(&[
-            "ip",
-            "-n",
-            host_ns,
-            "addr",
-            "add",
-            &v.host_ipv6_link_local.to_string(),
-            "dev",
-            h,
-            "nodad",
-        ]));
-        cmds.push(s(&["ip", "-n", host_ns, "link", "set", h, "up"]));
-        cmds.push(s(&[
-            "ip",
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &v.peer_ipv4.to_string(),
-            "dev",
-            p,
-        ]));
-        cmds.push(s(&[
-            "ip",
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &v.peer_ipv6_link_local.to_string(),
-            "dev",
-            p,
-            "nodad",
-        ]));
-        cmds.push(s(&["ip", "-n", ns, "link", "set", p, "up"]));
-    }
-    cmds.extend(plan.ns_routes.iter().filter_map(|r| route_cmd(ns, r)));
-    for r in &plan.ns_rules {
-        cmds.push(s(&[
-            "ip",
-            "-n",
-            ns,
-            "-6",
-            "rule",
-            "add",
-            "iif",
-            &r.iif,
-            "lookup",
-            &r.table.to_string(),
-            "pref",
-            &r.priority.to_string(),
-        ]));
-    }
-    cmds.extend(
-        plan.host_routes
-            .iter()
-            .filter_map(|r| route_cmd(host_ns, r)),
-    );
-    for r in &plan.host_rules {
-        cmds.push(s(&[
-            "ip",
-            "-n",
-            host_ns,
-            "-6",
-            "rule",
-            "add",
-            "iif",
-            &r.iif,
-            "lookup",
-            &r.table.to_string(),
-            "pref",
-            &r.priority.to_string(),
-        ]));
-    }
-    cmds.push(s(&["ip", "netns", "exec", ns, "nft", "-j", "-f", "-"]));
-    cmds
-}
-
-/// The commands a shell script runs to remove `plan`'s VM.
-#[must_use]
-pub fn shell_teardown(plan: &VmPlan, host_ns: &str) -> Vec<Vec<String>> {
-    let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<String>>();
-    let mut cmds = Vec::new();
-    for r in &plan.host_rules {
-        cmds.push(s(&[
-            "ip",
-            "-n",
-            host_ns,
-            "-6",
-            "rule",
-            "del",
-            "iif",
-            &r.iif,
-            "lookup",
-            &r.table.to_string(),
-            "pref",
-            &r.priority.to_string(),
-        ]));
-    }
-    if let Some(v) = &plan.veth {
-        cmds.push(s(&["ip", "-n", host_ns, "link", "del", &v.host_name]));
-    }
-    cmds.push(s(&["ip", "netns", "del", &plan.netns]));
-    cmds
-}
-
-fn run_cmds(cmds: &[Vec<String>], nft: Option<&[u8]>) -> Result<(), Error> {
-    for c in cmds {
-        let is_nft = c.iter().any(|a| a == "nft");
-        let mut child = Command::new(&c[0])
-            .args(&c[1..])
-            .stdin(if is_nft {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| Error::internal(format!("{}: {e}", c.join(" "))))?;
-        if let (true, Some(body), Some(mut stdin)) = (is_nft, nft, child.stdin.take()) {
-            stdin
-                .write_all(body)
-                .map_err(|e| Error::internal(format!("{}: {e}", c.join(" "))))?;
-        }
-        let out = child
-            .wait_with_output()
-            .map_err(|e| Error::internal(format!("{}: {e}", c.join(" "))))?;
-        if !out.status.success() {
-            return Err(Error::internal(format!(
-                "`{}` failed: {}",
-                c.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-    }
-    Ok(())
 }
 
 fn ms(d: f64) -> String {
@@ -643,7 +412,11 @@ mod tests {
             vec!["ip -n hostns link del bqh0007", "ip netns del bqn0007"]
         );
         // The plan's routes are all expressible.
-        assert!(plan.ns_routes.iter().all(|r| route_cmd("x", r).is_some()));
+        assert!(
+            plan.ns_routes
+                .iter()
+                .all(|r| shell::route_cmd("x", r).is_some())
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
