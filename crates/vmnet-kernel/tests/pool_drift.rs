@@ -115,7 +115,10 @@ async fn flush_is_repaired_and_the_gap_keeps_mac_checks() {
         "an added rule is drift"
     );
     nft(&lab, &["add", "chain", "inet", "bcd_taps", "sneaky"]);
-    assert!(lab.pool.firewall.audit().unwrap().repaired, "an added chain is drift");
+    assert!(
+        lab.pool.firewall.audit().unwrap().repaired,
+        "an added chain is drift"
+    );
     let elem = format!("{{ \"{}\" . {} }}", ga.tap, ga.ip4);
     nft(
         &lab,

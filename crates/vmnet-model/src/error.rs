@@ -88,7 +88,10 @@ pub struct Error {
 impl Error {
     /// An error with `code` and `message`.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
 
     /// `INVALID_INPUT` with `message`.
@@ -139,6 +142,9 @@ mod tests {
     #[test]
     fn display_is_code_then_message() {
         let e = Error::invalid("pool p1: cidr 10.0.0.1/24 has host bits set");
-        assert_eq!(e.to_string(), "INVALID_INPUT: pool p1: cidr 10.0.0.1/24 has host bits set");
+        assert_eq!(
+            e.to_string(),
+            "INVALID_INPUT: pool p1: cidr 10.0.0.1/24 has host bits set"
+        );
     }
 }

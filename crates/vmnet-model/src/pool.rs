@@ -53,7 +53,9 @@ pub fn validate_id(field: &str, value: &str) -> Result<(), Error> {
         )));
     }
     let ok_start = value.as_bytes()[0].is_ascii_alphanumeric();
-    let ok_chars = value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    let ok_chars = value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if !ok_start || !ok_chars {
         return Err(Error::invalid(format!(
             "{field} {value:?} may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit"
@@ -126,7 +128,11 @@ impl IpRange {
 pub fn usable_hosts(net: Ipv4Net) -> (Ipv4Addr, Ipv4Addr) {
     let lo = u32::from(net.network());
     let hi = u32::from(net.broadcast());
-    if net.prefix_len() >= 31 { (lo.into(), hi.into()) } else { ((lo + 1).into(), (hi - 1).into()) }
+    if net.prefix_len() >= 31 {
+        (lo.into(), hi.into())
+    } else {
+        ((lo + 1).into(), (hi - 1).into())
+    }
 }
 
 impl SetIpPool {
@@ -148,7 +154,10 @@ impl SetIpPool {
             Some(s) => parse_v4(s).map_err(|what| bad("first_host", what))?,
             None => {
                 let next = u32::from(gateway).checked_add(1).ok_or_else(|| {
-                    bad("first_host", format!("has no default: gateway {gateway} is the last IPv4 address"))
+                    bad(
+                        "first_host",
+                        format!("has no default: gateway {gateway} is the last IPv4 address"),
+                    )
                 })?;
                 Ipv4Addr::from(next)
             }
@@ -162,7 +171,10 @@ impl SetIpPool {
                 return Err(bad(field, format!("{addr} is outside cidr {cidr}")));
             }
             if addr < lo {
-                return Err(bad(field, format!("{addr} is the network address of {cidr}")));
+                return Err(bad(
+                    field,
+                    format!("{addr} is the network address of {cidr}"),
+                ));
             }
             if addr > hi {
                 let hint = if field == "first_host" && self.first_host.is_none() {
@@ -170,11 +182,17 @@ impl SetIpPool {
                 } else {
                     ""
                 };
-                return Err(bad(field, format!("{addr} is the broadcast address of {cidr}{hint}")));
+                return Err(bad(
+                    field,
+                    format!("{addr} is the broadcast address of {cidr}{hint}"),
+                ));
             }
         }
         if first_host > last_host {
-            return Err(bad("first_host", format!("{first_host} is after last_host {last_host}")));
+            return Err(bad(
+                "first_host",
+                format!("{first_host} is after last_host {last_host}"),
+            ));
         }
         let mut dns = Vec::with_capacity(self.dns.len());
         for (i, s) in self.dns.iter().enumerate() {
@@ -182,7 +200,14 @@ impl SetIpPool {
                 .map_err(|_| bad(&format!("dns[{i}]"), format!("{s:?} is not an IP address")))?;
             dns.push(ip);
         }
-        Ok(IpRange { pool_id: p.clone(), cidr, gateway, first_host, last_host, dns })
+        Ok(IpRange {
+            pool_id: p.clone(),
+            cidr,
+            gateway,
+            first_host,
+            last_host,
+            dns,
+        })
     }
 }
 
@@ -191,9 +216,13 @@ fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
     if let Ok(net) = ipnet::Ipv6Net::from_str(s) {
         return Err(format!("{net} is IPv6; only IPv4 ranges are supported"));
     }
-    let net = Ipv4Net::from_str(s).map_err(|_| format!("{s:?} is not an IPv4 CIDR such as 10.0.0.0/24"))?;
+    let net = Ipv4Net::from_str(s)
+        .map_err(|_| format!("{s:?} is not an IPv4 CIDR such as 10.0.0.0/24"))?;
     if net.network() != net.addr() {
-        return Err(format!("{net} has host bits set (the network is {})", net.trunc()));
+        return Err(format!(
+            "{net} has host bits set (the network is {})",
+            net.trunc()
+        ));
     }
     Ok(net)
 }
@@ -363,10 +392,16 @@ impl NewInstance {
             validate_id("host_id", h)?;
         }
         if self.vcpus == 0 {
-            return Err(Error::invalid(format!("instance {}: vcpus must be at least 1", self.instance_id)));
+            return Err(Error::invalid(format!(
+                "instance {}: vcpus must be at least 1",
+                self.instance_id
+            )));
         }
         if self.memory_mib == 0 {
-            return Err(Error::invalid(format!("instance {}: memory_mib must be at least 1", self.instance_id)));
+            return Err(Error::invalid(format!(
+                "instance {}: memory_mib must be at least 1",
+                self.instance_id
+            )));
         }
         Ok(())
     }
@@ -377,7 +412,12 @@ mod tests {
     use super::*;
 
     fn req(cidr: &str, gw: &str) -> SetIpPool {
-        SetIpPool { pool_id: "p1".into(), cidr: cidr.into(), gateway: gw.into(), ..Default::default() }
+        SetIpPool {
+            pool_id: "p1".into(),
+            cidr: cidr.into(),
+            gateway: gw.into(),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -392,7 +432,10 @@ mod tests {
     #[test]
     fn slash31_and_slash32() {
         let r = req("10.0.0.0/31", "10.0.0.0").validate().unwrap();
-        assert_eq!((r.first_host, r.last_host), (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 1)));
+        assert_eq!(
+            (r.first_host, r.last_host),
+            (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 1))
+        );
         let mut q = req("10.0.0.5/32", "10.0.0.1");
         assert!(q.validate().is_err());
         q.first_host = Some("10.0.0.5".into());
@@ -403,7 +446,10 @@ mod tests {
     #[test]
     fn ids() {
         assert!(validate_id("instance_id", "vm-1.a_b").is_ok());
-        assert_eq!(validate_id("instance_id", "").unwrap_err().message, "instance_id must not be empty");
+        assert_eq!(
+            validate_id("instance_id", "").unwrap_err().message,
+            "instance_id must not be empty"
+        );
         assert!(validate_id("instance_id", "-x").is_err());
         assert!(validate_id("instance_id", "a'; DROP TABLE x; --").is_err());
         assert!(validate_id("instance_id", &"a".repeat(65)).is_err());

@@ -29,10 +29,20 @@ pub struct Global {
     #[arg(long, global = true, env = "VMNET_DATABASE_URL")]
     pub database_url: Option<String>,
     /// Directory for vmnet's own state (the default SQLite database lives here).
-    #[arg(long, global = true, env = "VMNET_STATE_DIR", default_value = "/var/lib/vmnet")]
+    #[arg(
+        long,
+        global = true,
+        env = "VMNET_STATE_DIR",
+        default_value = "/var/lib/vmnet"
+    )]
     pub state_dir: PathBuf,
     /// The agent's unix socket, for client commands.
-    #[arg(long, global = true, env = "VMNET_SOCKET", default_value = "/run/vmnet/vmnet.sock")]
+    #[arg(
+        long,
+        global = true,
+        env = "VMNET_SOCKET",
+        default_value = "/run/vmnet/vmnet.sock"
+    )]
     pub socket: PathBuf,
     /// Output format.
     #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
@@ -50,7 +60,11 @@ impl Global {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "vmnet", version, about = "Host networking for virtual machines")]
+#[command(
+    name = "vmnet",
+    version,
+    about = "Host networking for virtual machines"
+)]
 struct Cli {
     #[command(flatten)]
     global: Global,
@@ -134,5 +148,9 @@ async fn run(cli: Cli) -> Result<(), Error> {
 fn report(e: &Error) -> ExitCode {
     eprintln!("error: {e}");
     let code: u8 = e.code.exit_code().try_into().unwrap_or(1);
-    if e.code == ErrorCode::Internal { ExitCode::FAILURE } else { ExitCode::from(code) }
+    if e.code == ErrorCode::Internal {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::from(code)
+    }
 }
