@@ -17,11 +17,13 @@
 //!   The API already applied the VM it changed, so a burst of PUTs does not cost a full pass each.
 //! - When an apply fails, the last good config is re-applied and the error recorded on the VM;
 //!   the next pass tries again.
-//! - Garbage collection gets the plans of every desired VM (the desired config's and, while it
-//!   differs, the applied config's user id), so nothing a stored VM uses is ever collected.
+//! - Garbage collection gets the user ids of every desired VM (the desired config's and, while
+//!   it differs, the applied config's), so nothing a stored VM uses is ever collected. Each
+//!   config is planned (a config that no longer plans stops the collection) and its plan dropped
+//!   at once: a pass holds one plan at a time, so its memory does not grow with the VM count.
 //! - The store is written only when a VM's outcome changed, so an idle agent does not write.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,7 +32,6 @@ use vmnet_ipam::vm_store::{self, VmRow};
 use vmnet_kernel::ns::ObservedVm;
 use vmnet_model::Error;
 use vmnet_model::vm::parse_vm_config;
-use vmnet_plan::ns::VmPlan;
 
 use crate::agent::{Agent, now_ms, store_tx};
 
@@ -152,13 +153,16 @@ impl Agent {
         // (its desired config's and, while they differ, its applied config's).
         let _kernel = self.kernel_lock.lock().await;
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
-        let mut keep: BTreeMap<u32, VmPlan> = BTreeMap::new();
+        // Only the user ids are kept: each plan is dropped as soon as it proved the config plans
+        // (a plan carries its nft ruleset, ~40 KiB; holding all of them made every pass's peak,
+        // and with it the agent's RSS, grow by that much per VM).
+        let mut keep: BTreeSet<u32> = BTreeSet::new();
         let mut unplanned = Vec::new();
         for row in &rows {
             for json in std::iter::once(row.config.as_str()).chain(row.applied.as_deref()) {
                 match parse_vm_config(json.as_bytes()).and_then(|c| self.plan(&c)) {
                     Ok(p) => {
-                        keep.entry(p.user_id).or_insert(p);
+                        keep.insert(p.user_id);
                     }
                     Err(_) => unplanned.push(row.id.clone()),
                 }
@@ -173,7 +177,7 @@ impl Agent {
             ));
             return Ok(out);
         }
-        let keep: Vec<VmPlan> = keep.into_values().collect();
+        let keep: Vec<u32> = keep.into_iter().collect();
         match self.driver().gc(&keep).await {
             Ok(uids) => out.collected = uids,
             Err(e) => out.errors.push(format!("garbage collection: {e}")),

@@ -139,10 +139,10 @@ impl NsDriver for FakeDriver {
         })
     }
 
-    fn gc<'a>(&'a self, desired: &'a [VmPlan]) -> BoxFuture<'a, Result<Vec<u32>, NsError>> {
+    fn gc<'a>(&'a self, keep: &'a [u32]) -> BoxFuture<'a, Result<Vec<u32>, NsError>> {
         Box::pin(async move {
             let mut k = self.kernel();
-            let keep: BTreeSet<u32> = desired.iter().map(|p| p.user_id).collect();
+            let keep: BTreeSet<u32> = keep.iter().copied().collect();
             k.gcs.push(keep.iter().copied().collect());
             let gone: Vec<u32> = k
                 .vms

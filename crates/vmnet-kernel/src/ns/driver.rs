@@ -194,8 +194,8 @@ impl NetlinkNsDriver {
         Ok(by_uid.into_values().collect())
     }
 
-    async fn gc_inner(&self, desired: &[VmPlan]) -> Result<Vec<u32>, NsError> {
-        let want: BTreeSet<u32> = desired.iter().map(|p| p.user_id).collect();
+    async fn gc_inner(&self, keep: &[u32]) -> Result<Vec<u32>, NsError> {
+        let want: BTreeSet<u32> = keep.iter().copied().collect();
         let orphans: Vec<u32> = self
             .observe_all()
             .await?
@@ -246,7 +246,7 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(self.observe_all())
     }
 
-    fn gc<'a>(&'a self, desired: &'a [VmPlan]) -> BoxFuture<'a, Result<Vec<u32>, NsError>> {
-        Box::pin(self.gc_inner(desired))
+    fn gc<'a>(&'a self, keep: &'a [u32]) -> BoxFuture<'a, Result<Vec<u32>, NsError>> {
+        Box::pin(self.gc_inner(keep))
     }
 }

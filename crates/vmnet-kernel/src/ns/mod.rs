@@ -86,9 +86,12 @@ pub trait NsDriver: Send + Sync {
     /// What exists on the host with our prefix, by user id.
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>>;
 
-    /// Removes every VM object with our prefix whose user id is not in `desired`; with no
-    /// desired VM also the host-wide objects. Returns the user ids removed.
-    fn gc<'a>(&'a self, desired: &'a [VmPlan]) -> BoxFuture<'a, Result<Vec<u32>, NsError>>;
+    /// Removes every VM object with our prefix whose user id is not in `keep` (the user ids of
+    /// the desired VMs); with none kept also the host-wide objects. Returns the user ids removed.
+    ///
+    /// It takes user ids, not plans: a caller collecting many VMs need not hold every VM's plan
+    /// (each carries its nft ruleset, tens of KiB) at once.
+    fn gc<'a>(&'a self, keep: &'a [u32]) -> BoxFuture<'a, Result<Vec<u32>, NsError>>;
 }
 
 /// What [`NsDriver::observe`] found for one user id.
