@@ -14,6 +14,8 @@ pub enum BenchCmd {
     Vms(super::bench_vms::VmsBenchArgs),
     /// Pool-mode nftables apply and per-instance add/remove.
     Nft(super::bench_nft::NftBenchArgs),
+    /// The agent process (`vmnet serve`) under N VMs put over its API: PUT latency, RSS, fds.
+    Agent(super::bench_agent::AgentBenchArgs),
 }
 
 /// Runs `vmnet bench …`.
@@ -22,5 +24,6 @@ pub async fn run(g: &Global, c: BenchCmd) -> Result<(), Error> {
         BenchCmd::Ipam(a) => super::bench_ipam::run(g, a).await,
         BenchCmd::Vms(a) => super::bench_vms::run(g, a).await,
         BenchCmd::Nft(a) => super::bench_nft::run(g, a).await,
+        BenchCmd::Agent(a) => super::bench_agent::run(g, a).await,
     }
 }

@@ -1,6 +1,7 @@
 //! Subcommands, one module per area (each owned by one area of the product).
 
 pub mod bench;
+pub mod bench_agent;
 pub mod bench_ipam;
 pub mod bench_nft;
 pub mod bench_vms;
