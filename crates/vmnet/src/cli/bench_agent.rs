@@ -431,7 +431,7 @@ mod tests {
 
     #[test]
     fn renders_rows_and_targets() {
-        let row = |n, rss_mib| AgentRow {
+        let row = |n: u32, rss_mib: u64| AgentRow {
             n,
             puts: vec![Duration::from_millis(3); n as usize],
             usage: ProcUsage {
