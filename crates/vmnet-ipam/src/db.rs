@@ -8,7 +8,7 @@
 //!   `synchronous=FULL` (every commit is durable once `commit` returns), foreign keys on, busy
 //!   timeout 10 s. Transactions start with `BEGIN IMMEDIATE`, so writers queue for the write lock
 //!   up front instead of failing when a read lock would have to be upgraded.
-//! * PostgreSQL (`postgres://…`, e.g. `postgres://postgres@/vmnet?host=/run/postgresql` for a unix
+//! * PostgreSQL (`postgres://…`, e.g. `postgres://postgres@localhost/vmnet?host=/run/postgresql` for a unix
 //!   socket): READ COMMITTED transactions; row locks serialize concurrent placers.
 //!
 //! Migrations (`migrations/sqlite`, `migrations/postgres`, embedded) run on connect. IPAM uses
