@@ -30,8 +30,14 @@
 //! at most 10 bytes of lowercase letters and digits, as vmnet's `--name-prefix` requires. The
 //! fixed widths make prefixes of live sandboxes prefix-free: no prefix starts another.
 //!
+//! A name belongs to a sandbox only when it is the prefix followed by one of these suffix forms
+//! ([`owns`]): `host`, `inet`, `x-…`, or one lowercase letter and four lowercase hex digits.
+//! Nothing longer: the namespaces of a sandbox `ab1x` (`ab1xhost`, …) are not those of `ab1`.
+//! [`Sandbox::with_prefix`] also refuses a prefix when a sandbox whose prefix starts it, or is
+//! started by it, exists ([`prefix_conflicts`]), so live prefixes stay prefix-free.
+//!
 //! # Cleanup
-//! `Drop` deletes every named namespace starting with the prefix (links inside go with them),
+//! `Drop` deletes every named namespace of the sandbox ([`owned`]; links inside go with them),
 //! also while unwinding from a panic. [`Sandbox::keep`] disarms the guard (for `vmnet up`);
 //! [`cleanup`] removes a kept sandbox later, from another process.
 
@@ -113,7 +119,7 @@ impl Sandbox {
     /// [`TestkitError::Unexpected`] when namespaces with this prefix exist already; otherwise as
     /// [`Sandbox::new`].
     pub fn with_prefix(prefix: &str) -> Result<Self, TestkitError> {
-        let existing = netns::list(prefix);
+        let existing = prefix_conflicts(prefix);
         if !existing.is_empty() {
             return Err(TestkitError::Unexpected(format!(
                 "sandbox {prefix}: namespaces exist already: {}",
@@ -310,14 +316,64 @@ impl Drop for Sandbox {
     }
 }
 
-/// Deletes every named namespace whose name starts with `prefix` (their links, addresses,
-/// routes and rules go with them). Goes on past failures and returns the first one.
+/// Whether `name` (a namespace or link) belongs to the sandbox or agent with `prefix`: the
+/// prefix followed by `host`, `inet`, `x-…`, or exactly one lowercase letter and four lowercase
+/// hex digits (vmnet's derived names). A name of a sandbox with a longer prefix never matches.
+#[must_use]
+pub fn owns(prefix: &str, name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(prefix) else {
+        return false;
+    };
+    if rest == "host" || rest == "inet" || rest.starts_with("x-") {
+        return true;
+    }
+    let b = rest.as_bytes();
+    b.len() == 5
+        && b[0].is_ascii_lowercase()
+        && b[1..]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+}
+
+/// The named namespaces of the sandbox with `prefix` (see [`owns`]), sorted.
+#[must_use]
+pub fn owned(prefix: &str) -> Vec<String> {
+    netns::list(prefix)
+        .into_iter()
+        .filter(|n| owns(prefix, n))
+        .collect()
+}
+
+/// Existing namespaces that stand in the way of a sandbox with `prefix`: every one whose name
+/// starts with `prefix` (its own, or a sandbox's with a longer prefix), and the host or fake
+/// internet namespace of a sandbox whose prefix is a proper prefix of `prefix`. Empty when
+/// `prefix` is free.
+#[must_use]
+pub fn prefix_conflicts(prefix: &str) -> Vec<String> {
+    let mut out = netns::list(prefix);
+    for end in 1..prefix.len() {
+        let Some(shorter) = prefix.get(..end) else {
+            continue;
+        };
+        for suffix in ["host", "inet"] {
+            let ns = format!("{shorter}{suffix}");
+            if netns::path(&ns).exists() {
+                out.push(ns);
+            }
+        }
+    }
+    out
+}
+
+/// Deletes the named namespaces of the sandbox with `prefix` ([`owned`]; their links,
+/// addresses, routes and rules go with them), never those of a sandbox with a longer prefix.
+/// Goes on past failures and returns the first one.
 ///
 /// # Errors
 /// The first namespace that could not be deleted.
 pub fn cleanup(prefix: &str) -> Result<(), TestkitError> {
     let mut first = None;
-    for ns in netns::list(prefix) {
+    for ns in owned(prefix) {
         if let Err(e) = netns::delete(&ns) {
             first.get_or_insert(e);
         }
@@ -325,23 +381,63 @@ pub fn cleanup(prefix: &str) -> Result<(), TestkitError> {
     first.map_or(Ok(()), Err)
 }
 
-/// Everything named with `prefix` that still exists: named namespaces, and links of the calling
-/// process's namespace (read from `/sys/class/net`, which shows the namespace sysfs was mounted
-/// in). Empty after a clean teardown.
+/// Everything of the sandbox with `prefix` (see [`owns`]) that still exists: named namespaces,
+/// and links of the calling process's namespace (read from `/sys/class/net`, which shows the
+/// namespace sysfs was mounted in). Empty after a clean teardown.
 #[must_use]
 pub fn leftovers(prefix: &str) -> Vec<String> {
-    let mut out: Vec<String> = netns::list(prefix)
+    let mut out: Vec<String> = owned(prefix)
         .into_iter()
         .map(|n| format!("netns {n}"))
         .collect();
     if let Ok(entries) = std::fs::read_dir("/sys/class/net") {
         for e in entries.filter_map(Result::ok) {
             if let Ok(name) = e.file_name().into_string()
-                && name.starts_with(prefix)
+                && owns(prefix, &name)
             {
                 out.push(format!("link {name}"));
             }
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owns;
+
+    #[test]
+    fn owns_only_the_documented_suffix_forms_of_the_exact_prefix() {
+        for name in [
+            "fuq1host",
+            "fuq1inet",
+            "fuq1x-g0",
+            "fuq1x-extra",
+            "fuq1n0007",
+            "fuq1g00ff",
+            "fuq1hffff",
+        ] {
+            assert!(owns("fuq1", name), "{name}");
+        }
+        for name in [
+            // Another sandbox's, whose prefix merely starts with ours.
+            "fuq1xhost",
+            "fuq1xinet",
+            "fuq1xx-g0",
+            "fuq1xn0007",
+            "fuq1ahost",
+            "fuq1an0007",
+            // Not a derived name: wrong length, upper case, not hex, no letter.
+            "fuq1n007",
+            "fuq1n00070",
+            "fuq1N0007",
+            "fuq1n00g7",
+            "fuq100007",
+            "fuq1",
+            "fuq1hostx",
+            "fuqhost",
+        ] {
+            assert!(!owns("fuq1", name), "{name}");
+        }
+    }
 }

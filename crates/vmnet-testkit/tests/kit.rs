@@ -200,3 +200,32 @@ fn kept_sandbox_survives_until_cleanup() {
     sandbox::cleanup(&prefix).expect("cleanup");
     assert_eq!(sandbox::leftovers(&prefix), Vec::<String>::new());
 }
+
+#[test]
+fn cleanup_never_touches_a_sandbox_whose_prefix_only_starts_with_ours() {
+    require_root();
+    let short = sandbox::unique_prefix("kp");
+    let long = format!("{short}x");
+    // Guards first, so a failure below still removes both (each only its own).
+    let _short_guard = Sandbox::adopt(&short);
+    let long_sb = Sandbox::with_prefix(&long).expect("long sandbox");
+    let mine = format!("{short}n0001");
+    netns::create(&mine).expect("derived netns");
+
+    // Neither can be made while the other exists: prefixes stay prefix-free.
+    let err = Sandbox::with_prefix(&short).expect_err("prefix of a live sandbox");
+    assert!(err.to_string().contains(&format!("{long}host")), "{err}");
+    assert!(!sandbox::prefix_conflicts(&format!("{long}y")).is_empty());
+
+    assert_eq!(sandbox::owned(&short), vec![mine.clone()]);
+    sandbox::cleanup(&short).expect("cleanup");
+    assert!(!netns::exists(&mine));
+    assert_eq!(
+        sandbox::owned(&long),
+        vec![format!("{long}host"), format!("{long}inet")],
+        "the longer sandbox survives"
+    );
+    drop(long_sb);
+    assert_eq!(sandbox::leftovers(&long), Vec::<String>::new());
+    assert!(sandbox::prefix_conflicts(&short).is_empty());
+}
