@@ -292,7 +292,7 @@ impl Agent {
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the field (also when the body's id differs from `path_id`);
-    /// `CONFLICT` when another VM holds the user id; `UNAVAILABLE` when the store fails or the
+    /// `CONFLICT` when another VM holds the user id or the mesh address; `UNAVAILABLE` when the store fails or the
     /// apply failed (the previous good config stays applied).
     pub async fn put_vm(&self, path_id: &str, body: &[u8]) -> Result<VmView, Error> {
         let cfg = parse_vm_config(body)?;
@@ -305,7 +305,8 @@ impl Agent {
         let plan = self.plan(&cfg)?;
         let json = encode(&cfg)?;
         let _guard = self.kernel_lock.lock().await;
-        let before = store_tx!(self.db, tx => vm_store::put(tx, &cfg.id, cfg.user_id, &json, now_ms()).await)?;
+        let mesh = cfg.mesh_ipv6.map(|m| m.to_string());
+        let before = store_tx!(self.db, tx => vm_store::put(tx, &cfg.id, cfg.user_id, mesh.as_deref(), &json, now_ms()).await)?;
         let prev_good = match &before {
             Some(b) => b
                 .applied

@@ -113,7 +113,8 @@ impl HostSpec {
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the file (`what`), the entry and the field at fault; also for two
-    /// entries with one id, or two VMs with one user id.
+    /// entries with one id, two VMs with one user id, or two VMs with one mesh address
+    /// (`vms: vm b: mesh_ipv6 fdaa:1::1 is already used by vm a`).
     pub fn parse(what: &str, text: &str) -> Result<Self, Error> {
         let spec: Self = serde_json::from_str(text)
             .map_err(|e| Error::invalid(format!("host spec {what}: {e}")))?;
@@ -140,6 +141,17 @@ impl HostSpec {
             "vms (user_id)",
             spec.vms.iter().map(|v| v.user_id.to_string()),
         )?;
+        let mut meshes = std::collections::BTreeMap::new();
+        for v in &spec.vms {
+            if let Some(m) = v.mesh_ipv6
+                && let Some(other) = meshes.insert(m, &v.id)
+            {
+                return Err(Error::invalid(format!(
+                    "host spec {what}: vms: vm {}: mesh_ipv6 {m} is already used by vm {other}",
+                    v.id
+                )));
+            }
+        }
         Ok(spec)
     }
 }
@@ -210,6 +222,25 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message.contains("user_id"), "{e}");
+        // Two VMs with one mesh address would fight over the host route to it.
+        let e = HostSpec::parse(
+            "h.json",
+            r#"{"vms": [{"id": "a", "user_id": 1, "tenant": 1, "mesh_ipv6": "fdaa:1::100"},
+                        {"id": "b", "user_id": 2, "tenant": 1, "mesh_ipv6": "fdaa:1:0::100/128"}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
+        assert!(
+            e.message
+                .contains("vm b: mesh_ipv6 fdaa:1::100 is already used by vm a"),
+            "{e}"
+        );
+        HostSpec::parse(
+            "h.json",
+            r#"{"vms": [{"id": "a", "user_id": 1, "tenant": 1, "mesh_ipv6": "fdaa:1::100"},
+                        {"id": "b", "user_id": 2, "tenant": 1, "mesh_ipv6": "fdaa:1::101"}]}"#,
+        )
+        .unwrap();
     }
 
     #[test]

@@ -381,6 +381,47 @@ async fn user_id_held_by_another_vm_is_409() {
 }
 
 #[tokio::test]
+async fn mesh_address_held_by_another_vm_is_409() {
+    let h = Harness::new().await;
+    let mut a1 = vm("a1", 1);
+    a1["mesh_ipv6"] = json!("fdaa:1::100");
+    assert_eq!(h.put_vm(&a1).await.0, 200);
+    let mut a3 = vm("a3", 3);
+    a3["mesh_ipv6"] = json!("fdaa:1:0::100/128");
+    assert_error(
+        &h.put_vm(&a3).await,
+        409,
+        "CONFLICT",
+        &["vm a3: mesh_ipv6 fdaa:1::100 is already used by vm a1"],
+    );
+    assert_eq!(h.call(Method::GET, "/v1/vms/a3", None).await.0, 404);
+    assert!(h.driver.applied(3).is_none(), "nothing of a3 was applied");
+    // An existing VM cannot take it over either, and keeps its own address.
+    let mut a2 = vm("a2", 2);
+    assert_eq!(h.put_vm(&a2).await.0, 200);
+    a2["mesh_ipv6"] = json!("fdaa:1::100");
+    assert_error(
+        &h.put_vm(&a2).await,
+        409,
+        "CONFLICT",
+        &["vm a2: mesh_ipv6 fdaa:1::100 is already used by vm a1"],
+    );
+    let (_, v) = h.call(Method::GET, "/v1/vms/a2", None).await;
+    assert_eq!(v["status"]["mesh_ipv6"], "fdaa:1::2");
+    // Re-putting a1 with its own address is fine; once a1 moves away, the address is free.
+    assert_eq!(h.put_vm(&a1).await.0, 200);
+    a1["mesh_ipv6"] = json!("fdaa:1::101");
+    assert_eq!(h.put_vm(&a1).await.0, 200);
+    let (st, v) = h.put_vm(&a2).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["status"]["mesh_ipv6"], "fdaa:1::100");
+    // A deleted VM frees its address.
+    assert_eq!(h.call(Method::DELETE, "/v1/vms/a2", None).await.0, 200);
+    let (st, v) = h.put_vm(&a3).await;
+    assert_eq!(st, 200, "{v}");
+}
+
+#[tokio::test]
 async fn a_failed_apply_keeps_the_previous_good_config() {
     let h = Harness::new().await;
     let good = vm("vm-1", 4);

@@ -6,6 +6,9 @@
 //! validated by the agent (`vmnet_model::vm`). Every function takes the caller's transaction.
 //!
 //! `user_id` is unique across rows: two VMs with one user id would share every kernel name.
+//! `mesh` (the config's `mesh_ipv6`, migration 0101) is unique across rows too: two VMs with one
+//! mesh address would fight over the host route to it. Both are enforced by unique indexes, so
+//! two concurrent writers cannot both win; the violation maps to `CONFLICT`.
 
 use vmnet_model::Error;
 
@@ -24,6 +27,8 @@ pub struct VmRow {
     pub id: String,
     /// The VM user id (unique).
     pub user_id: u32,
+    /// The VM's mesh address as canonical text (unique); `None` when the VM has none.
+    pub mesh: Option<String>,
     /// The desired config, JSON.
     pub config: String,
     /// The last config applied successfully, JSON; `None` until one was.
@@ -34,7 +39,15 @@ pub struct VmRow {
     pub updated_at: i64,
 }
 
-type Raw = (String, i64, String, Option<String>, Option<String>, i64);
+type Raw = (
+    String,
+    i64,
+    Option<String>,
+    String,
+    Option<String>,
+    Option<String>,
+    i64,
+);
 
 fn from_raw(r: Raw) -> Result<VmRow, Error> {
     let user_id = u32::try_from(r.1).map_err(|_| {
@@ -46,17 +59,18 @@ fn from_raw(r: Raw) -> Result<VmRow, Error> {
     Ok(VmRow {
         id: r.0,
         user_id,
-        config: r.2,
-        applied: r.3,
-        last_error: r.4,
-        updated_at: r.5,
+        mesh: r.2,
+        config: r.3,
+        applied: r.4,
+        last_error: r.5,
+        updated_at: r.6,
     })
 }
 
 macro_rules! select {
     ($tail:literal) => {
         concat!(
-            "SELECT id, user_id, config, applied, last_error, updated_at FROM vm_configs ",
+            "SELECT id, user_id, mesh, config, applied, last_error, updated_at FROM vm_configs ",
             $tail
         )
     };
@@ -84,15 +98,20 @@ pub async fn list(tx: &mut Tx) -> Result<Vec<VmRow>, Error> {
     rows.into_iter().map(from_raw).collect()
 }
 
-/// Stores `config` as the desired config of VM `id` (insert or replace), keeping the row's
-/// `applied` and `last_error`. Returns the row as it was before, so a caller can restore it.
+/// Stores `config` as the desired config of VM `id` (insert or replace) with its user id and
+/// mesh address (`mesh`: canonical text, e.g. `fdaa:1::7`; `None` when the VM has none), keeping
+/// the row's `applied` and `last_error`. Returns the row as it was before, so a caller can
+/// restore it.
 ///
 /// # Errors
-/// `CONFLICT` when another VM holds `user_id`; `UNAVAILABLE` on a database failure.
+/// `CONFLICT` when another VM holds `user_id` or `mesh`
+/// (`vm a3: mesh_ipv6 fdaa:1::100 is already used by vm a1`); `UNAVAILABLE` on a database
+/// failure.
 pub async fn put(
     tx: &mut Tx,
     id: &str,
     user_id: u32,
+    mesh: Option<&str>,
     config: &str,
     now_ms: i64,
 ) -> Result<Option<VmRow>, Error> {
@@ -109,13 +128,28 @@ pub async fn put(
             "vm {id}: user_id {user_id} is already used by vm {other}"
         )));
     }
+    if let Some(m) = mesh {
+        let holder: Option<(String,)> =
+            on_tx!(tx, c => sqlx::query_as("SELECT id FROM vm_configs WHERE mesh = $1 AND id <> $2")
+            .bind(m)
+            .bind(id)
+            .fetch_optional(&mut **c)
+            .await)
+            .map_err(db_err)?;
+        if let Some((other,)) = holder {
+            return Err(Error::conflict(format!(
+                "vm {id}: mesh_ipv6 {m} is already used by vm {other}"
+            )));
+        }
+    }
     let res = on_tx!(tx, c => sqlx::query(
-        "INSERT INTO vm_configs (id, user_id, config, updated_at) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (id) DO UPDATE SET user_id = excluded.user_id, config = excluded.config, \
-         updated_at = excluded.updated_at",
+        "INSERT INTO vm_configs (id, user_id, mesh, config, updated_at) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (id) DO UPDATE SET user_id = excluded.user_id, mesh = excluded.mesh, \
+         config = excluded.config, updated_at = excluded.updated_at",
     )
     .bind(id)
     .bind(i64::from(user_id))
+    .bind(mesh)
     .bind(config)
     .bind(now_ms)
     .execute(&mut **c)
@@ -123,9 +157,17 @@ pub async fn put(
     .map(|r| r.rows_affected()));
     match res {
         Ok(_) => Ok(before),
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(Error::conflict(format!(
-            "vm {id}: user_id {user_id} is already used by another vm"
-        ))),
+        // A concurrent writer won between the check above and the insert.
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+            let on_mesh =
+                e.constraint().is_some_and(|c| c.contains("mesh")) || e.message().contains("mesh");
+            Err(Error::conflict(match mesh {
+                Some(m) if on_mesh => {
+                    format!("vm {id}: mesh_ipv6 {m} is already used by another vm")
+                }
+                _ => format!("vm {id}: user_id {user_id} is already used by another vm"),
+            }))
+        }
         Err(e) => Err(db_err(e)),
     }
 }
@@ -168,7 +210,8 @@ pub async fn restore(tx: &mut Tx, id: &str, before: Option<&VmRow>) -> Result<()
         return Ok(());
     };
     on_tx!(tx, c => sqlx::query(
-        "UPDATE vm_configs SET user_id = $2, config = $3, applied = $4, last_error = $5, updated_at = $6 WHERE id = $1",
+        "UPDATE vm_configs SET user_id = $2, mesh = $7, config = $3, applied = $4, last_error = $5, \
+         updated_at = $6 WHERE id = $1",
     )
     .bind(id)
     .bind(i64::from(b.user_id))
@@ -176,6 +219,7 @@ pub async fn restore(tx: &mut Tx, id: &str, before: Option<&VmRow>) -> Result<()
     .bind(&b.applied)
     .bind(&b.last_error)
     .bind(b.updated_at)
+    .bind(&b.mesh)
     .execute(&mut **c)
     .await
     .map(|r| r.rows_affected()))

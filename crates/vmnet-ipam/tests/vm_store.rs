@@ -9,26 +9,82 @@ use vmnet_testkit::postgres::PgCluster;
 async fn exercise(db: &Db) {
     let mut tx = db.begin().await.unwrap();
     assert_eq!(
-        vm_store::put(&mut tx, "a", 1, r#"{"v":1}"#, 10)
+        vm_store::put(&mut tx, "a", 1, None, r#"{"v":1}"#, 10)
             .await
             .unwrap(),
         None
     );
-    let before = vm_store::put(&mut tx, "a", 1, r#"{"v":2}"#, 11)
+    let before = vm_store::put(&mut tx, "a", 1, None, r#"{"v":2}"#, 11)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(before.config, r#"{"v":1}"#);
-    vm_store::put(&mut tx, "b", 2, r#"{"b":1}"#, 12)
+    vm_store::put(&mut tx, "b", 2, None, r#"{"b":1}"#, 12)
         .await
         .unwrap();
-    let e = vm_store::put(&mut tx, "c", 2, "{}", 13).await.unwrap_err();
+    let e = vm_store::put(&mut tx, "c", 2, None, "{}", 13)
+        .await
+        .unwrap_err();
     assert_eq!(e.code, ErrorCode::Conflict);
     assert!(
         e.message.contains("user_id 2 is already used by vm b"),
         "{e}"
     );
     tx.commit().await.unwrap();
+
+    // The mesh address is unique too; a VM may keep or change its own.
+    let mut tx = db.begin().await.unwrap();
+    vm_store::put(&mut tx, "m1", 101, Some("fdaa:1::100"), "{}", 14)
+        .await
+        .unwrap();
+    let e = vm_store::put(&mut tx, "m3", 103, Some("fdaa:1::100"), "{}", 15)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(
+        e.message
+            .contains("vm m3: mesh_ipv6 fdaa:1::100 is already used by vm m1"),
+        "{e}"
+    );
+    vm_store::put(&mut tx, "m1", 101, Some("fdaa:1::100"), "{}", 16)
+        .await
+        .unwrap();
+    let before = vm_store::put(&mut tx, "m1", 101, Some("fdaa:1::101"), "{}", 17)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(before.mesh.as_deref(), Some("fdaa:1::100"));
+    vm_store::put(&mut tx, "m3", 103, Some("fdaa:1::100"), "{}", 18)
+        .await
+        .unwrap();
+    // Restoring m1's old row while m3 holds its old address is refused by the index, not
+    // silently duplicated (the agent restores under its kernel lock, so this is a guard).
+    assert!(
+        vm_store::restore(&mut tx, "m1", Some(&before))
+            .await
+            .is_err()
+    );
+    tx.rollback().await.unwrap();
+
+    // The unique index holds even for a write that skips the check (restore), on both stores.
+    let mut tx = db.begin().await.unwrap();
+    vm_store::put(&mut tx, "m1", 101, Some("fdaa:1::100"), "{}", 14)
+        .await
+        .unwrap();
+    vm_store::put(&mut tx, "m2", 102, None, "{}", 14)
+        .await
+        .unwrap();
+    vm_store::put(&mut tx, "m4", 104, None, "{}", 14)
+        .await
+        .unwrap();
+    let m2 = vm_store::get(&mut tx, "m2").await.unwrap().unwrap();
+    assert_eq!(m2.mesh, None, "VMs without a mesh address do not collide");
+    let dup = VmRow {
+        mesh: Some("fdaa:1::100".into()),
+        ..m2
+    };
+    assert!(vm_store::restore(&mut tx, "m2", Some(&dup)).await.is_err());
+    tx.rollback().await.unwrap();
 
     let mut tx = db.begin().await.unwrap();
     vm_store::set_result(&mut tx, "a", Some(r#"{"v":2}"#), None, 20)
@@ -44,7 +100,7 @@ async fn exercise(db: &Db) {
         (Some(r#"{"v":2}"#), 20)
     );
     // A change that fails is put back exactly, with the error recorded by the caller.
-    let prev = vm_store::put(&mut tx, "a", 5, r#"{"v":3}"#, 30)
+    let prev = vm_store::put(&mut tx, "a", 5, None, r#"{"v":3}"#, 30)
         .await
         .unwrap();
     vm_store::restore(&mut tx, "a", prev.as_ref())
@@ -52,7 +108,9 @@ async fn exercise(db: &Db) {
         .unwrap();
     assert_eq!(vm_store::get(&mut tx, "a").await.unwrap().unwrap(), good);
     // A new VM whose first apply fails is removed again.
-    vm_store::put(&mut tx, "new", 9, "{}", 40).await.unwrap();
+    vm_store::put(&mut tx, "new", 9, None, "{}", 40)
+        .await
+        .unwrap();
     vm_store::restore(&mut tx, "new", None).await.unwrap();
     assert!(vm_store::get(&mut tx, "new").await.unwrap().is_none());
     tx.commit().await.unwrap();
@@ -60,7 +118,9 @@ async fn exercise(db: &Db) {
     // Dropping a transaction rolls its writes back.
     {
         let mut tx = db.begin().await.unwrap();
-        vm_store::put(&mut tx, "ghost", 77, "{}", 50).await.unwrap();
+        vm_store::put(&mut tx, "ghost", 77, None, "{}", 50)
+            .await
+            .unwrap();
     }
     let mut tx = db.begin().await.unwrap();
     let ids: Vec<String> = vm_store::list(&mut tx)
