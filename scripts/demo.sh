@@ -2,7 +2,9 @@
 # The main job on a fresh Debian 12 machine, as root: builds vmnet, brings up a sandbox host
 # namespace (uplink to a fake internet namespace) running the agent with the embedded SQLite
 # store, applies examples/host.json, attaches simulated guests and prints the checks.
-# `vmnet down --sandbox` (run by this script at the end unless KEEP=1) removes all of it.
+# `vmnet down --sandbox` (run by this script at the end unless KEEP=1) removes all of it, but
+# only when this run made it: a sandbox that existed already (`up` exits 4, CONFLICT) is left
+# alone. NAME=... picks the sandbox name (`--name`, default vmsbx).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "scripts/demo.sh must run as root" >&2; exit 1; }
@@ -11,9 +13,15 @@ scripts/install-deps.sh
 cargo build --release --locked -p vmnet
 bin=target/release/vmnet
 
+name="${NAME:-vmsbx}"
 status=0
-"$bin" up --sandbox "${1:-examples/host.json}" || status=$?
-if [ "${KEEP:-0}" != 1 ]; then
-  "$bin" down --sandbox
+"$bin" up --sandbox "${1:-examples/host.json}" --name "$name" || status=$?
+if [ "${KEEP:-0}" != 1 ] && [ "$status" != 4 ]; then
+  # Exit 3 (NOT_FOUND): `up` failed before building anything or removed its partial sandbox.
+  down=0
+  "$bin" down --sandbox --name "$name" || down=$?
+  if [ "$down" != 0 ] && [ "$down" != 3 ] && [ "$status" = 0 ]; then
+    status=$down
+  fi
 fi
 exit "$status"
