@@ -66,3 +66,31 @@ fn pool_sandbox_walk_through() {
         "namespaces left behind"
     );
 }
+
+/// A sandbox of the same name exists (here a bare testkit sandbox): refused with CONFLICT
+/// (exit 4) and the host-mode hint, the name said once, and the existing sandbox untouched.
+#[test]
+fn pool_sandbox_refuses_an_existing_name() {
+    vmnet_testkit::require_root();
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/pool.json");
+    let name = vmnet_testkit::sandbox::unique_prefix("pc");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().display().to_string();
+    let sb = vmnet_testkit::Sandbox::with_prefix(&name).expect("sandbox");
+    let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .args(["up", "--sandbox", spec, "--name", &name, "--root", &root])
+        .output()
+        .expect("run vmnet");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("CONFLICT"), "{err}");
+    assert!(
+        err.contains(&format!("run `vmnet down --sandbox --name {name}` first")),
+        "{err}"
+    );
+    assert_eq!(err.matches(&format!("sandbox {name}")).count(), 1, "{err}");
+    assert_eq!(
+        vmnet_testkit::sandbox::owned(&name),
+        vec![sb.host(), sb.inet()]
+    );
+}

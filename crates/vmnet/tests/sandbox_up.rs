@@ -89,6 +89,22 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     );
     let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
 
+    // The agent's socket is printed, with a ready-to-copy client command that works.
+    let socket = root.join(&name).join("vmnet.sock").display().to_string();
+    assert_eq!(report["socket"], socket);
+    let hint = format!("VMNET_SOCKET={socket} vmnet status");
+    assert_eq!(report["client_hint"], hint);
+    let status = Command::new(BIN)
+        .arg("status")
+        .env("VMNET_SOCKET", &socket)
+        .output()
+        .expect("run vmnet status");
+    assert!(
+        status.status.success(),
+        "{hint}: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+
     // The VM table: names derived from the sandbox name and the user ids.
     let vms = report["vms"].as_array().expect("vms");
     assert_eq!(vms.len(), 3, "{vms:#?}");
@@ -145,6 +161,33 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         String::from_utf8_lossy(&again.stderr)
     );
     assert!(String::from_utf8_lossy(&again.stderr).contains("CONFLICT"));
+    // A name that is a prefix of this one is refused too (its namespaces would be matched by
+    // prefix), and `down` with it finds nothing and touches nothing of this sandbox.
+    let shorter = &name[..name.len() - 1];
+    let again = vmnet(&[
+        "up",
+        "--sandbox",
+        &spec,
+        "--name",
+        shorter,
+        "--root",
+        &root_s,
+    ]);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("CONFLICT") && err.contains(&format!("sandbox {name}")),
+        "{err}"
+    );
+    let down = vmnet(&["down", "--sandbox", "--name", shorter, "--root", &root_s]);
+    assert_eq!(
+        down.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert_eq!(our_processes(&marker).len(), 5);
+    assert!(dir.exists());
 
     let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
     assert!(
@@ -189,4 +232,82 @@ fn up_refuses_bad_input_without_leaving_anything() {
     assert_eq!(out.status.code(), Some(2), "--sandbox is required");
     assert_eq!(sandbox::leftovers(&name), Vec::<String>::new());
     assert!(!tmp.path().join(&name).exists());
+}
+
+/// The new-user trial's bug: `down --name X` deleted the namespaces of a sandbox `Xx…`. Now
+/// `down` touches only X's own names, and `up` refuses a name that is a prefix of a live
+/// sandbox's name, or that a live sandbox's name is a prefix of. The live sandboxes here are
+/// bare testkit sandboxes (cheap: no agent), each removed by its own guard.
+#[test]
+fn prefix_related_sandboxes_are_neither_removed_nor_created() {
+    require_root();
+    let short = sandbox::unique_prefix("s");
+    let long = format!("{short}x");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root_s = tmp.path().display().to_string();
+    let spec = host_spec().display().to_string();
+    let _guards = (
+        Guard {
+            name: short.clone(),
+            root: tmp.path().to_owned(),
+        },
+        Guard {
+            name: long.clone(),
+            root: tmp.path().to_owned(),
+        },
+    );
+
+    // A live sandbox `<short>x`, with a state directory: `down --name <short>` finds nothing.
+    let sb = vmnet_testkit::Sandbox::with_prefix(&long).expect("sandbox");
+    std::fs::create_dir(tmp.path().join(&long)).expect("state dir");
+    let own = vec![format!("{long}host"), format!("{long}inet")];
+    let down = vmnet(&["down", "--sandbox", "--name", &short, "--root", &root_s]);
+    assert_eq!(
+        down.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert_eq!(sandbox::owned(&long), own, "the other sandbox is untouched");
+    let up = vmnet(&[
+        "up",
+        "--sandbox",
+        &spec,
+        "--name",
+        &short,
+        "--root",
+        &root_s,
+    ]);
+    let err = String::from_utf8_lossy(&up.stderr);
+    assert_eq!(up.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains(&format!("sandbox {long}")) && err.contains(&own[0]),
+        "{err}"
+    );
+    assert_eq!(sandbox::leftovers(&short), Vec::<String>::new());
+    assert!(!tmp.path().join(&short).exists());
+    drop(sb);
+    std::fs::remove_dir(tmp.path().join(&long)).expect("rm state dir");
+
+    // The other way round: a live sandbox `<short>`; `<short>x` is refused, and its `down`
+    // finds nothing.
+    let sb = vmnet_testkit::Sandbox::with_prefix(&short).expect("sandbox");
+    let up = vmnet(&["up", "--sandbox", &spec, "--name", &long, "--root", &root_s]);
+    let err = String::from_utf8_lossy(&up.stderr);
+    assert_eq!(up.status.code(), Some(4), "{err}");
+    assert!(err.contains(&format!("{short}host")), "{err}");
+    let down = vmnet(&["down", "--sandbox", "--name", &long, "--root", &root_s]);
+    assert_eq!(
+        down.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert_eq!(
+        sandbox::owned(&short),
+        vec![format!("{short}host"), format!("{short}inet")]
+    );
+    assert_eq!(sandbox::leftovers(&long), Vec::<String>::new());
+    drop(sb);
+    assert_eq!(sandbox::leftovers(&short), Vec::<String>::new());
 }

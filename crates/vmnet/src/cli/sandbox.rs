@@ -18,10 +18,14 @@
 //! The exit status is non-zero when any check saw something other than what it expected. The
 //! sandbox stays up either way (the agent, echo service and relays keep running in the
 //! background, their pids recorded in `/run/vmnet-sandbox/<name>/sandbox.json`); `vmnet down
-//! --sandbox` stops them by pid, deletes every namespace named `<name>…` and the state directory.
+//! --sandbox` stops them by pid, deletes the sandbox's namespaces (`<name>` followed by `host`,
+//! `inet`, `x-…` or a kind letter and four hex digits: never those of a sandbox whose name merely
+//! starts with `<name>`) and the state directory. `up` prints the agent's socket and a
+//! ready-to-copy `VMNET_SOCKET=… vmnet status`.
 //!
-//! `up` when the sandbox exists already is refused with `CONFLICT` (run `down` first); a failure
-//! while building it removes what was built.
+//! `up` when the sandbox exists already, or when an existing sandbox's name is a prefix of
+//! `<name>` or starts with it, is refused with `CONFLICT` (run `down` first); a failure while
+//! building it removes what was built.
 
 #[path = "sandbox_checks.rs"]
 pub mod checks;
@@ -123,6 +127,11 @@ pub struct VmRow {
 pub struct UpReport {
     /// The sandbox name.
     pub sandbox: String,
+    /// The sandbox agent's API socket.
+    pub socket: PathBuf,
+    /// A ready-to-copy command talking to the sandbox agent:
+    /// `VMNET_SOCKET=<socket> vmnet status`.
+    pub client_hint: String,
     /// The VMs.
     pub vms: Vec<VmRow>,
     /// The checks.
@@ -178,20 +187,11 @@ pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
     check_name(&args.name)?;
     let text = read_spec(&args.host_spec)?;
     if super::sandbox_pool::is_pool_spec(&text) {
-        return super::sandbox_pool::up_pool(g, &args.host_spec, &args.name).await;
+        return super::sandbox_pool::up_pool(g, &args.host_spec, &args.name, &args.root).await;
     }
     let spec = HostSpec::parse(&args.host_spec.display().to_string(), &text)?;
     let paths = Paths::new(&args.root, &args.name);
-    let existing = netns::list(&args.name);
-    if paths.dir.exists() || !existing.is_empty() {
-        return Err(Error::conflict(format!(
-            "sandbox {} exists already (state {}, {} namespaces): run `vmnet down --sandbox --name {}` first",
-            args.name,
-            paths.dir.display(),
-            existing.len(),
-            args.name
-        )));
-    }
+    state::check_free(&args.root, &args.name)?;
     std::fs::create_dir_all(&paths.dir)
         .map_err(|e| Error::internal(format!("sandbox dir {}: {e}", paths.dir.display())))?;
     let report = match bring_up(&args, &paths, &spec).await {
@@ -238,6 +238,11 @@ fn print_report(report: &UpReport, paths: &Paths) {
         })
         .collect();
     println!("sandbox {} (state {})", report.sandbox, paths.dir.display());
+    println!(
+        "agent socket {}: {}",
+        report.socket.display(),
+        report.client_hint
+    );
     println!();
     print!(
         "{}",
@@ -394,8 +399,11 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         .await
         .map_err(|e| Error::internal(format!("checks: {e}")))?
         .map_err(|e| Error::internal(format!("checks: {e}")))?;
+    let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
     Ok(UpReport {
         sandbox: args.name.clone(),
+        client_hint: format!("VMNET_SOCKET={} vmnet status", socket.display()),
+        socket,
         vms: rows,
         checks: results,
     })
@@ -543,11 +551,13 @@ struct DownReport {
     namespaces: Vec<String>,
 }
 
-/// Stops the recorded processes (relays, agent, echo: newest first), deletes every namespace
-/// named with the sandbox's prefix and removes the state directory.
+/// Stops the recorded processes (relays, agent, echo: newest first), deletes the sandbox's
+/// namespaces ([`sandbox::owned`]: its exact prefix and a documented suffix, never a sandbox
+/// whose name merely starts with this one) and removes the state directory.
 fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
     let mut report = DownReport::default();
-    let marker = paths.dir.display().to_string();
+    // With the trailing slash, so a sandbox whose name starts with this one's never matches.
+    let marker = format!("{}/", paths.dir.display());
     if let Some(st) = paths.load()? {
         for p in st.procs.iter().rev() {
             if state::stop(p.pid, &marker) {
@@ -555,7 +565,7 @@ fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
             }
         }
     }
-    report.namespaces = netns::list(name);
+    report.namespaces = sandbox::owned(name);
     sandbox::cleanup(name).map_err(|e| Error::internal(format!("sandbox {name}: {e}")))?;
     match std::fs::remove_dir_all(&paths.dir) {
         Ok(()) => {}
@@ -579,7 +589,7 @@ pub async fn down(g: &Global, args: DownArgs) -> Result<(), Error> {
     need_root_and_flag(args.sandbox, "down")?;
     check_name(&args.name)?;
     let paths = Paths::new(&args.root, &args.name);
-    if !paths.dir.exists() && netns::list(&args.name).is_empty() {
+    if !paths.dir.exists() && sandbox::owned(&args.name).is_empty() {
         return Err(Error::not_found(format!(
             "no sandbox {} is up (no {} and no namespaces {}…)",
             args.name,

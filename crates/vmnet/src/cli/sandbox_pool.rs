@@ -175,14 +175,16 @@ async fn place(
 /// Runs `vmnet up --sandbox FILE` for a pool-mode spec (see the module docs).
 ///
 /// # Errors
-/// `INVALID_INPUT` for a bad spec or name; `UNAVAILABLE`/`INTERNAL` when the sandbox cannot be
-/// built; `INTERNAL` when a check fails.
-pub async fn up_pool(g: &Global, path: &Path, name: &str) -> Result<(), Error> {
+/// `INVALID_INPUT` for a bad spec or name; `CONFLICT` when a sandbox of this name (under `root`
+/// or by its namespaces) exists or its name and `name` are prefixes of one another;
+/// `UNAVAILABLE`/`INTERNAL` when the sandbox cannot be built; `INTERNAL` when a check fails.
+pub async fn up_pool(g: &Global, path: &Path, name: &str, root: &Path) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
             "vmnet up --sandbox must run as root (it creates network namespaces)",
         ));
     }
+    super::sandbox::state::check_free(root, name)?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::invalid(format!("pool spec {}: {e}", path.display())))?;
     let spec: PoolSpec = serde_json::from_str(&text)
@@ -369,34 +371,104 @@ async fn run(
 }
 
 fn print(r: &PoolReport) {
-    println!("pool sandbox {}: instances", r.sandbox);
-    println!(
-        "{:<12} {:<8} {:<44} {:<16} {:<18} {:<14}",
-        "INSTANCE", "POLICY", "LEASE", "TAP", "MAC", "SEED ADDRESS"
-    );
-    for i in &r.instances {
-        println!(
-            "{:<12} {:<8} {:<44} {:<16} {:<18} {:<14}",
-            i.instance, i.policy, i.lease, i.tap, i.mac, i.seed_address
-        );
-    }
-    println!();
-    println!(
-        "{:<58} {:<20} {:<20} {:<4}",
-        "CHECK", "EXPECTED", "SEEN", "OK"
-    );
-    for c in &r.checks {
-        println!(
-            "{:<58} {:<20} {:<20} {:<4}",
-            c.name,
-            c.expected,
-            c.seen,
-            if c.ok { "ok" } else { "FAIL" }
-        );
-    }
-    let failed = r.checks.iter().filter(|c| !c.ok).count();
-    println!(
-        "\n{} checks, {failed} failed; sandbox removed",
+    print!("{}", render(r));
+}
+
+/// The two tables (instances, checks) in the namespace-mode layout, and the summary line.
+fn render(r: &PoolReport) -> String {
+    use super::sandbox::checks::render_table;
+    let rows: Vec<Vec<String>> = r
+        .instances
+        .iter()
+        .map(|i| {
+            vec![
+                i.instance.clone(),
+                i.policy.clone(),
+                i.lease.clone(),
+                i.tap.clone(),
+                i.mac.clone(),
+                i.seed_address.clone(),
+            ]
+        })
+        .collect();
+    let mut out = format!("pool sandbox {}\n\n", r.sandbox);
+    out.push_str(&render_table(
+        &["INSTANCE", "POLICY", "LEASE", "TAP", "MAC", "SEED ADDRESS"],
+        &rows,
+    ));
+    let rows: Vec<Vec<String>> = r
+        .checks
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.expected.clone(),
+                c.seen.clone(),
+                if c.ok { "ok" } else { "FAIL" }.into(),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&render_table(
+        &["CHECK", "EXPECTED", "SEEN", "RESULT"],
+        &rows,
+    ));
+    let ok = r.checks.iter().filter(|c| c.ok).count();
+    out.push_str(&format!(
+        "\n{ok}/{} checks ok; sandbox removed\n",
         r.checks.len()
-    );
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_use_the_namespace_mode_layout_and_summary() {
+        let r = PoolReport {
+            sandbox: "pw1".into(),
+            instances: vec![InstanceRow {
+                instance: "i-1".into(),
+                policy: "default".into(),
+                lease: "10.0.0.2".into(),
+                tap: "bc0".into(),
+                mac: "02:00:00:00:00:01".into(),
+                seed_address: "10.0.0.2/29".into(),
+            }],
+            checks: vec![
+                Check {
+                    name: "i-1 ping gateway".into(),
+                    expected: "reply".into(),
+                    seen: "reply".into(),
+                    ok: true,
+                },
+                Check {
+                    name: "i-1 forged ARP".into(),
+                    expected: "dropped".into(),
+                    seen: "seen".into(),
+                    ok: false,
+                },
+            ],
+        };
+        let text = render(&r);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "pool sandbox pw1");
+        assert!(lines[2].starts_with("INSTANCE  POLICY   LEASE"), "{text}");
+        assert!(lines[3].starts_with("--------  -------"), "{text}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("CHECK") && l.ends_with("SEEN   RESULT")),
+            "{text}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("i-1 forged ARP") && l.ends_with("seen   FAIL")),
+            "{text}"
+        );
+        assert_eq!(lines.last(), Some(&"1/2 checks ok; sandbox removed"));
+    }
 }

@@ -131,6 +131,45 @@ impl Paths {
     }
 }
 
+/// Refuses a new sandbox `name` under `root` with `CONFLICT` when it exists already (its state
+/// directory or any of its namespaces), or when an existing sandbox's name is a prefix of `name`
+/// or starts with it: names of namespaces and links are matched by prefix, so the names of live
+/// sandboxes must stay prefix-free.
+///
+/// # Errors
+/// `CONFLICT` naming what is in the way and how to remove it.
+pub fn check_free(root: &Path, name: &str) -> Result<(), Error> {
+    let dir = root.join(name);
+    let own = vmnet_testkit::sandbox::owned(name);
+    if dir.exists() || !own.is_empty() {
+        return Err(Error::conflict(format!(
+            "sandbox {name} exists already (state {}, {} namespaces): run `vmnet down --sandbox --name {name}` first",
+            dir.display(),
+            own.len()
+        )));
+    }
+    let mut others: Vec<String> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|o| o != name && (o.starts_with(name) || name.starts_with(o.as_str())))
+        .map(|o| format!("sandbox {o} (state {})", root.join(&o).display()))
+        .collect();
+    others.extend(
+        vmnet_testkit::sandbox::prefix_conflicts(name)
+            .into_iter()
+            .map(|ns| format!("netns {ns}")),
+    );
+    if others.is_empty() {
+        return Ok(());
+    }
+    Err(Error::conflict(format!(
+        "sandbox {name}: the name and an existing sandbox's name are prefixes of one another ({}): choose another --name, or remove that sandbox first with `vmnet down --sandbox --name <its name>`",
+        others.join(", ")
+    )))
+}
+
 /// Starts `vmnet ARGS…` in the background (own process group, stdin closed, output appended to
 /// `log`).
 ///
