@@ -6,8 +6,9 @@ mod ns_support;
 
 use std::net::{IpAddr, SocketAddr};
 
-use ns_support::{Env, T, link_info, nft_ruleset, vm_json};
+use ns_support::{Env, T, link_info, nft_ruleset, v6, vm_json};
 use vmnet_kernel::ns::Change;
+use vmnet_testkit::echo::EchoService;
 use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4};
 use vmnet_testkit::{netns, traffic};
 
@@ -136,6 +137,115 @@ async fn apply_twice_is_a_noop_and_a_route_change_keeps_the_veth() {
     assert_eq!(
         link_info(&env.sb.host(), &v.host_name).unwrap().1,
         host_index
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mesh_address_change_converges_in_place() {
+    let env = Env::new();
+    let peer = env.plan(&vm_json("mp", 0x41, Some("fdaa:4::41"), &[]));
+    let old = env.plan(&vm_json("mc", 0x42, Some("fdaa:4::1"), &[("::/0", "host")]));
+    env.driver.apply(&peer).await.expect("apply peer");
+    env.driver.apply(&old).await.expect("apply old mesh");
+    let v = old.veth.clone().unwrap();
+    let host_index = link_info(&env.sb.host(), &v.host_name).unwrap().1;
+    let peer_index = link_info(&old.netns, &v.peer_name).unwrap().1;
+    let tap_index = link_info(&old.netns, &old.tap.name).unwrap().1;
+
+    let new = env.plan(&vm_json("mc", 0x42, Some("fdaa:4::2"), &[("::/0", "host")]));
+    let changes = env
+        .driver
+        .apply(&new)
+        .await
+        .expect("change the mesh address");
+    assert!(
+        !changes
+            .iter()
+            .any(|c| matches!(c, Change::CreateVm { .. } | Change::Repair { .. })),
+        "converged in place, not rebuilt: {changes:?}"
+    );
+    assert_eq!(
+        (
+            link_info(&env.sb.host(), &v.host_name).unwrap().1,
+            link_info(&new.netns, &v.peer_name).unwrap().1,
+            link_info(&new.netns, &new.tap.name).unwrap().1,
+        ),
+        (host_index, peer_index, tap_index),
+        "veth and tap kept"
+    );
+    assert!(
+        env.driver.apply(&new).await.unwrap().is_empty(),
+        "converged"
+    );
+    assert!(env.driver.drift(&new).await.unwrap().is_empty());
+
+    // The routes: the new address everywhere, the old one nowhere.
+    let host6 = env.host_ip(&["-6", "route", "show"]);
+    assert!(
+        host6
+            .lines()
+            .any(|l| l.starts_with("fdaa:4::2 ") && l.contains(&v.host_name)),
+        "{host6}"
+    );
+    assert!(
+        !host6.contains("fdaa:4::1 "),
+        "old host route gone: {host6}"
+    );
+    let ns6 = netns::ip(&new.netns, &["-6", "route", "show", "table", "all"]).unwrap();
+    assert!(
+        ns6.lines()
+            .any(|l| l.starts_with("fdaa:4::2 dev ") && l.contains(&new.tap.name)),
+        "{ns6}"
+    );
+    assert!(
+        ns6.lines()
+            .any(|l| l.starts_with("default via fdaa:4::2 dev ")
+                && l.contains("table 100")
+                && l.contains("onlink")),
+        "{ns6}"
+    );
+    assert!(!ns6.contains("fdaa:4::1"), "old netns routes gone: {ns6}");
+
+    // Real packets: the peer's guest reaches the guest on its new mesh address, not the old one.
+    let g_peer = env.guest("mp", &peer, &["fdaa::/16"], 1380);
+    let g_new = env.guest("mc", &new, &["::/0"], 1380);
+    let svc = EchoService::start(
+        g_new.netns(),
+        &[SocketAddr::new(IpAddr::V6(v6("fdaa:4::2")), 7)],
+    )
+    .unwrap();
+    let r = traffic::udp_echo(
+        g_peer.netns(),
+        SocketAddr::new(IpAddr::V6(v6("fdaa:4::2")), 7),
+        T,
+    )
+    .expect("peer → new mesh address");
+    assert_eq!(r.peer.ip(), IpAddr::V6(v6("fdaa:4::41")));
+    let stale = traffic::try_udp_echo(
+        g_peer.netns(),
+        SocketAddr::new(IpAddr::V6(v6("fdaa:4::1")), 7),
+        std::time::Duration::from_millis(500),
+    )
+    .unwrap();
+    assert!(stale.is_none(), "the old mesh address answers: {stale:?}");
+    drop(svc);
+
+    // And back to the old address, in place again.
+    let back = env.driver.apply(&old).await.expect("change back");
+    assert!(
+        !back
+            .iter()
+            .any(|c| matches!(c, Change::CreateVm { .. } | Change::Repair { .. })),
+        "{back:?}"
+    );
+    assert_eq!(
+        link_info(&env.sb.host(), &v.host_name).unwrap().1,
+        host_index
+    );
+    let host6 = env.host_ip(&["-6", "route", "show"]);
+    assert!(
+        host6.contains("fdaa:4::1 ") && !host6.contains("fdaa:4::2 "),
+        "{host6}"
     );
 }
 

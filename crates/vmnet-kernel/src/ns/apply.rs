@@ -487,7 +487,7 @@ async fn restore(
         ns_routes: before
             .ns_routes
             .iter()
-            .map(|r| (r.clone(), onlink_guess(r, plan)))
+            .map(|r| (r.clone(), onlink_guess(r)))
             .collect(),
         ns_rules: before.ns_rules.clone(),
         host_routes: before
@@ -502,9 +502,11 @@ async fn restore(
 }
 
 /// Routes to the guest's mesh address via the tap were added on-link; keep that on restore.
-fn onlink_guess(r: &KRoute, plan: &VmPlan) -> bool {
+/// Any mesh gateway in the inbound table counts, not only the plan's: after a failed change of
+/// the mesh address, the route to restore is via the old one.
+fn onlink_guess(r: &KRoute) -> bool {
     r.table == vmnet_plan::ns::names::NS_INBOUND_TABLE
-        && matches!(r.kind, routes::KKind::Via { gw: IpAddr::V6(g), .. } if Some(g) == plan.guest.mesh_ipv6)
+        && matches!(r.kind, routes::KKind::Via { gw: IpAddr::V6(g), .. } if vmnet_model::vm::MESH_RANGE.contains(&g))
 }
 
 fn route_changes(want: &Desired, st: &VmState, out: &mut Vec<Change>) {
@@ -580,6 +582,7 @@ async fn sync_routes(
     ];
     // Order: stale rules, stale routes, missing routes, missing rules — so no rule ever selects a
     // half-filled table. Within a step the requests are independent and run concurrently.
+    let names = link_names(st);
     let mut steps: Vec<futures::future::BoxFuture<'_, Result<(), NsError>>> = Vec::new();
     for (side, h, wr, have, label) in rule_sides {
         for r in have.difference(wr) {
@@ -595,13 +598,23 @@ async fn sync_routes(
         }
     }
     try_join_all(steps.drain(..)).await?;
-    for (side, h, wr, have, label) in route_sides {
-        for (r, onlink) in wr.iter().filter(|(r, _)| !have.contains(*r)) {
-            changes.push(Change::AddRoute(side, r.to_string()));
-            steps.push(Box::pin(routes::add_route(h, r, *onlink, label)));
+    // Missing routes in two steps: on-link next hops last. The kernel checks an on-link gateway
+    // against the main table: `::/0 table 100 via <mesh> dev <tap> onlink` is refused (EINVAL,
+    // "device mismatch") while the main table routes the mesh address elsewhere (`fdaa::/16 via
+    // … dev <peer>`), i.e. until `<mesh>/128 dev <tap>` exists. A changed mesh address adds both.
+    for onlink_step in [false, true] {
+        for (side, h, wr, have, label) in route_sides {
+            let names = &names[usize::from(side == Side::Vm)];
+            for (r, onlink) in wr
+                .iter()
+                .filter(|(r, o)| **o == onlink_step && !have.contains(*r))
+            {
+                changes.push(Change::AddRoute(side, r.to_string()));
+                steps.push(Box::pin(routes::add_route(h, r, *onlink, label, names)));
+            }
         }
+        try_join_all(steps.drain(..)).await?;
     }
-    try_join_all(steps.drain(..)).await?;
     for (side, h, wr, have, label) in rule_sides {
         for r in wr.difference(have) {
             changes.push(Change::AddRule(side, r.to_string()));
@@ -610,6 +623,21 @@ async fn sync_routes(
     }
     try_join_all(steps).await?;
     Ok(())
+}
+
+/// Link names by ifindex, for error messages: `[host, VM netns]`.
+fn link_names(st: &VmState) -> [HashMap<u32, String>; 2] {
+    let host = st
+        .host_link
+        .iter()
+        .map(|l| (l.index, l.name.clone()))
+        .collect();
+    let ns = st
+        .ns_links
+        .values()
+        .map(|l| (l.index, l.name.clone()))
+        .collect();
+    [host, ns]
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Routes and rules as the kernel sees them (interfaces by index), with conversion to and from
 //! netlink messages, dumps, and small netlink helpers shared by the driver.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 
 use futures::TryStreamExt;
@@ -204,12 +205,14 @@ pub(super) async fn dump_routes(
         .map_err(nl("dump routes"))
 }
 
-/// Adds (or replaces) a route.
+/// Adds (or replaces) a route. `names` maps the ifindexes of `whereis` to link names, for the
+/// error message (`fu1n00c8: add route ::/0 table 100 via fdaa:2::2 dev fu1t00c8 onlink: …`).
 pub(super) async fn add_route(
     h: &Handle,
     r: &KRoute,
     onlink: bool,
     whereis: &str,
+    names: &HashMap<u32, String>,
 ) -> Result<(), NsError> {
     h.route()
         .add(r.to_message(onlink))
@@ -217,9 +220,29 @@ pub(super) async fn add_route(
         .execute()
         .await
         .map_err(nl(format!(
-            "{whereis}: add route {} table {} {:?}",
-            r.dst, r.table, r.kind
+            "{whereis}: add route {} table {} {}",
+            r.dst,
+            r.table,
+            describe_kind(&r.kind, onlink, names)
         )))
+}
+
+/// What a route does, in `ip route` words with link names (`#<ifindex>` for a link not in
+/// `names`): `dev tap0`, `via fdaa:2::2 dev tap0 onlink`, `throw`, `unreachable`.
+pub(super) fn describe_kind(kind: &KKind, onlink: bool, names: &HashMap<u32, String>) -> String {
+    let dev = |oif: &u32| names.get(oif).cloned().unwrap_or_else(|| format!("#{oif}"));
+    match kind {
+        KKind::Dev { oif } => format!("dev {}", dev(oif)),
+        KKind::Via { gw, oif } => {
+            format!(
+                "via {gw} dev {}{}",
+                dev(oif),
+                if onlink { " onlink" } else { "" }
+            )
+        }
+        KKind::Throw => "throw".to_owned(),
+        KKind::Unreachable => "unreachable".to_owned(),
+    }
 }
 
 /// Deletes a route; a route that is already gone is fine.
@@ -472,5 +495,23 @@ mod tests {
             None,
             "only our static routes are read back"
         );
+    }
+
+    #[test]
+    fn route_kinds_are_described_with_link_names() {
+        let names = HashMap::from([(2, "fu1t00c8".to_owned())]);
+        let via = KKind::Via {
+            gw: "fdaa:2::2".parse().unwrap(),
+            oif: 2,
+        };
+        assert_eq!(
+            describe_kind(&via, true, &names),
+            "via fdaa:2::2 dev fu1t00c8 onlink"
+        );
+        assert_eq!(
+            describe_kind(&KKind::Dev { oif: 9 }, false, &names),
+            "dev #9"
+        );
+        assert_eq!(describe_kind(&KKind::Throw, false, &names), "throw");
     }
 }
