@@ -7,27 +7,32 @@
 //!
 //! # Ranges
 //! * IPv4 only; an IPv6 `cidr` is refused.
+//! * Addresses and CIDRs are parsed strictly: no surrounding whitespace, no leading zeros
+//!   (`010.5.0.0/24` and `" 10.5.0.0/24"` are refused, never read as `10.5.0.0/24`).
 //! * `cidr` must be canonical (no host bits set).
 //! * `first_host` defaults to the address after the gateway, `last_host` to the address before the
 //!   broadcast address. Both must be *usable host addresses* of `cidr` (see below), with
 //!   `first_host <= last_host`.
-//! * The gateway may lie anywhere (inside or outside the range, even outside `cidr`); it is never
-//!   leased.
+//! * The gateway may lie anywhere (inside or outside the range, even outside `cidr`) except on
+//!   the network or broadcast address of `cidr` (prefixes up to /30); it is never leased.
 //!
 //! # Usable addresses, /31 and /32
 //! * Prefix length 0 to 30: the network address and the broadcast address are never usable, so
 //!   they can never be `first_host`/`last_host` and are never leased.
 //! * `/31` follows RFC 3021 (point-to-point): there is no network or broadcast address, both
 //!   addresses are usable, and the default `last_host` is the upper address.
-//! * `/32`: the one address is usable and is the default `last_host`. With the gateway inside the
-//!   /32 nothing is leasable (every lease is `CAPACITY_UNAVAILABLE`); with a gateway outside it
-//!   (a routed /32), set `first_host` explicitly to the address.
+//! * `/32`: the one address is usable and is the default `last_host`. A gateway inside the /32
+//!   leaves nothing to lease: with the default `first_host` (the address after the gateway, outside
+//!   the /32) the range is refused with `INVALID_INPUT`; with `first_host` set explicitly it is
+//!   accepted but leases nothing (every lease is `CAPACITY_UNAVAILABLE`). With a gateway outside
+//!   it (a routed /32), set `first_host` explicitly to the address (the default is refused with
+//!   that hint).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
@@ -149,6 +154,20 @@ impl SetIpPool {
         let bad = |field: &str, what: String| Error::invalid(format!("pool {p}: {field} {what}"));
         let cidr = parse_cidr(&self.cidr).map_err(|what| bad("cidr", what))?;
         let gateway = parse_v4(&self.gateway).map_err(|what| bad("gateway", what))?;
+        if cidr.prefix_len() <= 30 {
+            if gateway == cidr.network() {
+                return Err(bad(
+                    "gateway",
+                    format!("{gateway} is the network address of {cidr}"),
+                ));
+            }
+            if gateway == cidr.broadcast() {
+                return Err(bad(
+                    "gateway",
+                    format!("{gateway} is the broadcast address of {cidr}"),
+                ));
+            }
+        }
         let (lo, hi) = usable_hosts(cidr);
         let first_host = match &self.first_host {
             Some(s) => parse_v4(s).map_err(|what| bad("first_host", what))?,
@@ -166,9 +185,17 @@ impl SetIpPool {
             Some(s) => parse_v4(s).map_err(|what| bad("last_host", what))?,
             None => hi,
         };
+        let default_hint = |field: &str| {
+            if field == "first_host" && self.first_host.is_none() {
+                " (the default is the address after the gateway; set first_host explicitly)"
+            } else {
+                ""
+            }
+        };
         for (field, addr) in [("first_host", first_host), ("last_host", last_host)] {
             if !cidr.contains(&addr) {
-                return Err(bad(field, format!("{addr} is outside cidr {cidr}")));
+                let hint = default_hint(field);
+                return Err(bad(field, format!("{addr} is outside cidr {cidr}{hint}")));
             }
             if addr < lo {
                 return Err(bad(
@@ -177,11 +204,7 @@ impl SetIpPool {
                 ));
             }
             if addr > hi {
-                let hint = if field == "first_host" && self.first_host.is_none() {
-                    " (the default is the address after the gateway; set first_host explicitly)"
-                } else {
-                    ""
-                };
+                let hint = default_hint(field);
                 return Err(bad(
                     field,
                     format!("{addr} is the broadcast address of {cidr}{hint}"),
@@ -196,7 +219,7 @@ impl SetIpPool {
         }
         let mut dns = Vec::with_capacity(self.dns.len());
         for (i, s) in self.dns.iter().enumerate() {
-            let ip = IpAddr::from_str(s.trim())
+            let ip = IpAddr::from_str(s)
                 .map_err(|_| bad(&format!("dns[{i}]"), format!("{s:?} is not an IP address")))?;
             dns.push(ip);
         }
@@ -212,12 +235,13 @@ impl SetIpPool {
 }
 
 fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
-    let s = s.trim();
-    if let Ok(net) = ipnet::Ipv6Net::from_str(s) {
-        return Err(format!("{net} is IPv6; only IPv4 ranges are supported"));
-    }
-    let net = Ipv4Net::from_str(s)
-        .map_err(|_| format!("{s:?} is not an IPv4 CIDR such as 10.0.0.0/24"))?;
+    let net = match crate::vm::parse_net(s) {
+        Some(IpNet::V4(net)) => net,
+        Some(IpNet::V6(net)) => {
+            return Err(format!("{net} is IPv6; only IPv4 ranges are supported"));
+        }
+        None => return Err(format!("{s:?} is not an IPv4 CIDR such as 10.0.0.0/24")),
+    };
     if net.network() != net.addr() {
         return Err(format!(
             "{net} has host bits set (the network is {})",
@@ -227,8 +251,8 @@ fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
     Ok(net)
 }
 
+/// Parses an IPv4 address strictly (std's parser: no whitespace, no leading zeros).
 fn parse_v4(s: &str) -> Result<Ipv4Addr, String> {
-    let s = s.trim();
     match IpAddr::from_str(s) {
         Ok(IpAddr::V4(a)) => Ok(a),
         Ok(IpAddr::V6(a)) => Err(format!("{a} is IPv6; only IPv4 is supported")),
@@ -441,6 +465,97 @@ mod tests {
         q.first_host = Some("10.0.0.5".into());
         let r = q.validate().unwrap();
         assert_eq!(r.size(), 1);
+    }
+
+    fn invalid(r: &SetIpPool) -> String {
+        let e = r.validate().expect_err("must be refused");
+        assert_eq!(e.code, crate::ErrorCode::InvalidInput, "{e}");
+        e.message
+    }
+
+    #[test]
+    fn addresses_are_parsed_strictly() {
+        assert_eq!(
+            invalid(&req("010.5.0.0/24", "10.5.0.1")),
+            r#"pool p1: cidr "010.5.0.0/24" is not an IPv4 CIDR such as 10.0.0.0/24"#
+        );
+        assert_eq!(
+            invalid(&req(" 10.5.0.0/24", "10.5.0.1")),
+            r#"pool p1: cidr " 10.5.0.0/24" is not an IPv4 CIDR such as 10.0.0.0/24"#
+        );
+        assert_eq!(
+            invalid(&req("10.5.0.0/024", "10.5.0.1")),
+            r#"pool p1: cidr "10.5.0.0/024" is not an IPv4 CIDR such as 10.0.0.0/24"#
+        );
+        assert_eq!(
+            invalid(&req("10.5.0.0/24", "10.5.0.01")),
+            r#"pool p1: gateway "10.5.0.01" is not an IPv4 address"#
+        );
+        assert_eq!(
+            invalid(&req("10.5.0.0/24", "10.5.0.1 ")),
+            r#"pool p1: gateway "10.5.0.1 " is not an IPv4 address"#
+        );
+        let mut q = req("10.5.0.0/24", "10.5.0.1");
+        q.first_host = Some("10.5.0.010".into());
+        assert_eq!(
+            invalid(&q),
+            r#"pool p1: first_host "10.5.0.010" is not an IPv4 address"#
+        );
+        let mut q = req("10.5.0.0/24", "10.5.0.1");
+        q.dns = vec![" 1.1.1.1".into()];
+        assert_eq!(
+            invalid(&q),
+            r#"pool p1: dns[0] " 1.1.1.1" is not an IP address"#
+        );
+        assert_eq!(
+            invalid(&req("fd00::/64", "10.5.0.1")),
+            "pool p1: cidr fd00::/64 is IPv6; only IPv4 ranges are supported"
+        );
+        assert!(req("10.5.0.0/24", "10.5.0.1").validate().is_ok());
+    }
+
+    #[test]
+    fn gateway_on_network_or_broadcast_is_refused() {
+        assert_eq!(
+            invalid(&req("10.5.0.0/24", "10.5.0.0")),
+            "pool p1: gateway 10.5.0.0 is the network address of 10.5.0.0/24"
+        );
+        assert_eq!(
+            invalid(&req("10.5.0.0/24", "10.5.0.255")),
+            "pool p1: gateway 10.5.0.255 is the broadcast address of 10.5.0.0/24"
+        );
+        assert_eq!(
+            invalid(&req("10.5.0.4/30", "10.5.0.7")),
+            "pool p1: gateway 10.5.0.7 is the broadcast address of 10.5.0.4/30"
+        );
+        // A gateway outside the cidr stays allowed (spec: "The gateway may lie outside the range").
+        let mut q = req("10.5.0.0/24", "10.9.0.1");
+        q.first_host = Some("10.5.0.1".into());
+        assert_eq!(q.validate().unwrap().size(), 254);
+        // /31: both addresses are usable (RFC 3021), so either may be the gateway.
+        assert!(req("10.5.0.0/31", "10.5.0.1").validate().is_err());
+        assert!(req("10.5.0.0/31", "10.5.0.0").validate().is_ok());
+    }
+
+    #[test]
+    fn slash32_default_first_host_gets_the_hint() {
+        assert_eq!(
+            invalid(&req("10.0.0.5/32", "10.0.0.1")),
+            "pool p1: first_host 10.0.0.2 is outside cidr 10.0.0.5/32 (the default is the address after the gateway; set first_host explicitly)"
+        );
+        assert_eq!(
+            invalid(&req("10.0.0.5/32", "10.0.0.5")),
+            "pool p1: first_host 10.0.0.6 is outside cidr 10.0.0.5/32 (the default is the address after the gateway; set first_host explicitly)"
+        );
+        let mut q = req("10.0.0.5/32", "10.0.0.1");
+        q.first_host = Some("10.0.0.9".into());
+        assert_eq!(
+            invalid(&q),
+            "pool p1: first_host 10.0.0.9 is outside cidr 10.0.0.5/32"
+        );
+        let mut q = req("10.0.0.5/32", "10.0.0.5");
+        q.first_host = Some("10.0.0.5".into());
+        assert_eq!(q.validate().unwrap().size(), 0);
     }
 
     #[test]

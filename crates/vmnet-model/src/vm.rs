@@ -17,7 +17,10 @@
 //! - `user_id`: `0..=`[`MAX_USER_ID`] (every derived name and transit /30 exists for this range).
 //! - `tenant`: any `u32`.
 //! - `mesh_ipv6`: an address in `fdaa::/16`, written plain (`fdaa:1::7`) or as a /128.
-//! - `network.routes[i].destination`: a canonical prefix (no host bits), each destination once.
+//! - `network.routes[i].destination`: a canonical prefix (no host bits), each destination once,
+//!   written strictly (no whitespace, no leading zeros; see [`parse_net`]); not inside the guest
+//!   link [`GUEST_LINK`] (a wider prefix containing it is fine: the connected /30 is longer), and
+//!   not inside the mesh range with `via: host`.
 //! - `network.routes[i].via`: `"host"` or a mesh address in `fdaa::/16`; a mesh via only for IPv6
 //!   destinations.
 //! - routes need `mesh_ipv6`: a VM without a mesh address has no veth pair, so nothing to route over.
@@ -30,10 +33,10 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use ipnet::{IpNet, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
@@ -51,6 +54,13 @@ pub const MESH_RANGE: Ipv6Net = match Ipv6Net::new(Ipv6Addr::new(0xfdaa, 0, 0, 0
     Ok(n) => n,
     Err(_) => panic!("fdaa::/16 is a valid prefix"),
 };
+
+/// The guest link between the tap (172.16.0.1) and the guest (172.16.0.2): `172.16.0.0/30`.
+/// A route destination inside it is refused (the connected route always wins).
+pub const GUEST_LINK: IpNet = IpNet::V4(match Ipv4Net::new(Ipv4Addr::new(172, 16, 0, 0), 30) {
+    Ok(n) => n,
+    Err(_) => panic!("172.16.0.0/30 is a valid prefix"),
+});
 
 /// Fields of later issues, at the top level or under `network`, refused with "… is not supported yet".
 pub const FUTURE_FIELDS: &[&str] = &[
@@ -198,6 +208,16 @@ impl VmConfig {
                     "vm {vm}: network.routes[{i}].destination {d} appears more than once"
                 )));
             }
+            if GUEST_LINK.contains(&d) {
+                return Err(Error::invalid(format!(
+                    "vm {vm}: network.routes[{i}].destination {d} lies inside the guest link {GUEST_LINK}, which is always connected"
+                )));
+            }
+            if r.via == Via::Host && matches!(d, IpNet::V6(n) if MESH_RANGE.contains(&n)) {
+                return Err(Error::invalid(format!(
+                    "vm {vm}: network.routes[{i}].destination {d} lies inside the mesh range {MESH_RANGE}; mesh traffic never goes via host"
+                )));
+            }
             if let Via::Mesh(g) = r.via {
                 if !MESH_RANGE.contains(&g) {
                     return Err(Error::invalid(format!(
@@ -206,7 +226,7 @@ impl VmConfig {
                 }
                 if matches!(d, IpNet::V4(_)) {
                     return Err(Error::invalid(format!(
-                        "vm {vm}: network.routes[{i}].via {g}: a mesh via carries IPv6 only, destination {d} is IPv4"
+                        "vm {vm}: network.routes[{i}].via {g} carries IPv6 only, but destination {d} is IPv4"
                     )));
                 }
                 if Some(g) == self.mesh_ipv6 {
@@ -273,7 +293,7 @@ pub fn from_value(value: &Value) -> Result<VmConfig, Error> {
     };
     validate_id(&id)?;
     let vm = &id;
-    let bad = |field: &str, msg: &str| Error::invalid(format!("vm {vm}: {field}: {msg}"));
+    let bad = |field: &str, msg: &str| Error::invalid(format!("vm {vm}: {field} {msg}"));
     for key in top.keys() {
         if FUTURE_FIELDS.contains(&key.as_str()) {
             return Err(bad(key, "is not supported yet"));
@@ -282,7 +302,7 @@ pub fn from_value(value: &Value) -> Result<VmConfig, Error> {
             key.as_str(),
             "id" | "user_id" | "tenant" | "mesh_ipv6" | "network"
         ) {
-            return Err(bad(key, "unknown field"));
+            return Err(bad(key, "is an unknown field"));
         }
     }
     let user_id = match top.get("user_id") {
@@ -346,7 +366,7 @@ fn parse_network(
             return Err(bad(&path, "is not supported yet"));
         }
         if key != "routes" {
-            return Err(bad(&path, "unknown field"));
+            return Err(bad(&path, "is an unknown field"));
         }
     }
     let list = match net.get("routes") {
@@ -364,7 +384,7 @@ fn parse_network(
             .keys()
             .find(|k| !matches!(k.as_str(), "destination" | "via"))
         {
-            return Err(bad(&format!("{path}.{k}"), "unknown field"));
+            return Err(bad(&format!("{path}.{k}"), "is an unknown field"));
         }
         let field = |name: &str| -> Result<&str, Error> {
             match o.get(name) {
@@ -377,7 +397,7 @@ fn parse_network(
             }
         };
         let d = field("destination")?;
-        let destination: IpNet = d.parse().map_err(|_| {
+        let destination: IpNet = parse_net(d).ok_or_else(|| {
             bad(
                 &format!("{path}.destination"),
                 &format!("{d:?} is not a prefix like 10.0.0.0/8 or 2000::/3"),
@@ -424,6 +444,23 @@ impl<'de> Deserialize<'de> for VmNetwork {
             routes: Raw::deserialize(d)?.routes,
         })
     }
+}
+
+/// Parses a prefix strictly: `ADDR/LEN` with no surrounding whitespace, no leading zeros in IPv4
+/// octets or in the length (std's address parsers), and a length within the family's bits.
+/// Host bits may be set (callers check canonical form themselves). `None` when malformed.
+#[must_use]
+pub fn parse_net(s: &str) -> Option<IpNet> {
+    let (addr, len) = s.split_once('/')?;
+    if len.is_empty()
+        || len.len() > 3
+        || !len.bytes().all(|b| b.is_ascii_digit())
+        || (len.len() > 1 && len.starts_with('0'))
+    {
+        return None;
+    }
+    let len: u8 = len.parse().ok()?;
+    IpNet::new(addr.parse::<IpAddr>().ok()?, len).ok()
 }
 
 /// The address family of a destination, for callers that split routes by family.

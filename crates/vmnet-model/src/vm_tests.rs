@@ -101,15 +101,15 @@ fn rule_id_charset() {
 fn rule_user_id_range() {
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":65536,"tenant":0}"#),
-        "vm vm-7: user_id: 65536 is outside the supported range 0..=65535"
+        "vm vm-7: user_id 65536 is outside the supported range 0..=65535"
     );
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":-1,"tenant":0}"#),
-        "vm vm-7: user_id: must be a non-negative integer, got -1"
+        "vm vm-7: user_id must be a non-negative integer, got -1"
     );
     assert_eq!(
         err(r#"{"id":"vm-7","tenant":0}"#),
-        "vm vm-7: user_id: is required"
+        "vm vm-7: user_id is required"
     );
 }
 
@@ -117,11 +117,11 @@ fn rule_user_id_range() {
 fn rule_tenant_required_u32() {
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":1}"#),
-        "vm vm-7: tenant: is required"
+        "vm vm-7: tenant is required"
     );
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":1,"tenant":"x"}"#),
-        r#"vm vm-7: tenant: must be an integer in 0..=4294967295, got "x""#
+        r#"vm vm-7: tenant must be an integer in 0..=4294967295, got "x""#
     );
 }
 
@@ -129,15 +129,15 @@ fn rule_tenant_required_u32() {
 fn rule_mesh_ipv6_in_fdaa() {
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":1,"tenant":0,"mesh_ipv6":"fd00::1"}"#),
-        "vm vm-7: mesh_ipv6: fd00::1 is not in fdaa::/16"
+        "vm vm-7: mesh_ipv6 fd00::1 is not in fdaa::/16"
     );
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":1,"tenant":0,"mesh_ipv6":"fdaa::/64"}"#),
-        "vm vm-7: mesh_ipv6: fdaa::/64 must be a single address (a /128)"
+        "vm vm-7: mesh_ipv6 fdaa::/64 must be a single address (a /128)"
     );
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":1,"tenant":0,"mesh_ipv6":"nope"}"#),
-        r#"vm vm-7: mesh_ipv6: "nope" is not an IPv6 address"#
+        r#"vm vm-7: mesh_ipv6 "nope" is not an IPv6 address"#
     );
 }
 
@@ -145,17 +145,17 @@ fn rule_mesh_ipv6_in_fdaa() {
 fn rule_unknown_fields_refused() {
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":1,"tenant":0,"colour":1}"#),
-        "vm vm-7: colour: unknown field"
+        "vm vm-7: colour is an unknown field"
     );
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":1,"tenant":0,"network":{"rutes":[]}}"#),
-        "vm vm-7: network.rutes: unknown field"
+        "vm vm-7: network.rutes is an unknown field"
     );
     assert_eq!(
         err(
             r#"{"id":"vm-7","user_id":1,"tenant":0,"mesh_ipv6":"fdaa::1","network":{"routes":[{"destination":"::/0","via":"host","metric":1}]}}"#
         ),
-        "vm vm-7: network.routes[0].metric: unknown field"
+        "vm vm-7: network.routes[0].metric is an unknown field"
     );
 }
 
@@ -166,13 +166,13 @@ fn rule_future_fields_not_supported_yet() {
             err(&format!(
                 r#"{{"id":"vm-7","user_id":1,"tenant":0,"{f}":null}}"#
             )),
-            format!("vm vm-7: {f}: is not supported yet")
+            format!("vm vm-7: {f} is not supported yet")
         );
         assert_eq!(
             err(&format!(
                 r#"{{"id":"vm-7","user_id":1,"tenant":0,"network":{{"{f}":1}}}}"#
             )),
-            format!("vm vm-7: network.{f}: is not supported yet")
+            format!("vm vm-7: network.{f} is not supported yet")
         );
     }
 }
@@ -203,11 +203,11 @@ fn rule_destination_canonical() {
 fn rule_destination_is_a_prefix() {
     assert_eq!(
         err(&with_routes(r#"[{"destination":"10.0.0.0","via":"host"}]"#)),
-        r#"vm vm-7: network.routes[0].destination: "10.0.0.0" is not a prefix like 10.0.0.0/8 or 2000::/3"#
+        r#"vm vm-7: network.routes[0].destination "10.0.0.0" is not a prefix like 10.0.0.0/8 or 2000::/3"#
     );
     assert_eq!(
         err(&with_routes(r#"[{"via":"host"}]"#)),
-        "vm vm-7: network.routes[0].destination: is required"
+        "vm vm-7: network.routes[0].destination is required"
     );
 }
 
@@ -227,15 +227,15 @@ fn rule_via_host_or_mesh() {
         err(&with_routes(
             r#"[{"destination":"::/0","via":"2001:db8::1"}]"#
         )),
-        "vm vm-7: network.routes[0].via: 2001:db8::1 is not a mesh address in fdaa::/16"
+        "vm vm-7: network.routes[0].via 2001:db8::1 is not a mesh address in fdaa::/16"
     );
     assert_eq!(
         err(&with_routes(r#"[{"destination":"::/0","via":"uplink"}]"#)),
-        r#"vm vm-7: network.routes[0].via: "uplink" is neither "host" nor a mesh address in fdaa::/16"#
+        r#"vm vm-7: network.routes[0].via "uplink" is neither "host" nor a mesh address in fdaa::/16"#
     );
     assert_eq!(
         err(&with_routes(r#"[{"destination":"::/0","via":5}]"#)),
-        "vm vm-7: network.routes[0].via: must be a string, got 5"
+        "vm vm-7: network.routes[0].via must be a string, got 5"
     );
 }
 
@@ -245,7 +245,7 @@ fn rule_mesh_via_ipv6_only() {
         err(&with_routes(
             r#"[{"destination":"0.0.0.0/0","via":"fdaa:1::56"}]"#
         )),
-        "vm vm-7: network.routes[0].via fdaa:1::56: a mesh via carries IPv6 only, destination 0.0.0.0/0 is IPv4"
+        "vm vm-7: network.routes[0].via fdaa:1::56 carries IPv6 only, but destination 0.0.0.0/0 is IPv4"
     );
 }
 
@@ -274,7 +274,7 @@ fn rule_not_an_object() {
     assert_eq!(err("[]"), "vm: the config must be a JSON object");
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":1,"tenant":0,"network":[]}"#),
-        "vm vm-7: network: must be an object, got []"
+        "vm vm-7: network must be an object, got []"
     );
 }
 
@@ -284,6 +284,84 @@ fn serde_deserialize_runs_validation() {
         serde_json::from_str(r#"{"id":"vm-7","user_id":1,"tenant":0,"firewall":{}}"#);
     assert_eq!(
         r.unwrap_err().to_string(),
-        "vm vm-7: firewall: is not supported yet"
+        "vm vm-7: firewall is not supported yet"
+    );
+}
+
+#[test]
+fn rule_destination_parsed_strictly() {
+    for d in [
+        "010.0.0.0/8",
+        " 10.0.0.0/8",
+        "10.0.0.0/8 ",
+        "10.0.0.0/08",
+        "10.0.0.0/+8",
+    ] {
+        assert_eq!(
+            err(&with_routes(&format!(
+                r#"[{{"destination":{d:?},"via":"host"}}]"#
+            ))),
+            format!(
+                "vm vm-7: network.routes[0].destination {d:?} is not a prefix like 10.0.0.0/8 or 2000::/3"
+            )
+        );
+    }
+    assert_eq!(
+        err(r#"{"id":"vm-7","user_id":7,"tenant":0,"mesh_ipv6":" fdaa:1::7"}"#),
+        r#"vm vm-7: mesh_ipv6 " fdaa:1::7" is not an IPv6 address"#
+    );
+    assert_eq!(
+        err(r#"{"id":"vm-7","user_id":7,"tenant":0,"mesh_ipv6":"fdaa:1::7/0128"}"#),
+        "vm vm-7: mesh_ipv6 fdaa:1::7/0128 must be a single address (a /128)"
+    );
+    assert_eq!(parse_net("10.0.0.0/8"), Some("10.0.0.0/8".parse().unwrap()));
+    assert_eq!(parse_net("2000::/3"), Some("2000::/3".parse().unwrap()));
+    assert_eq!(parse_net("10.0.0.0/33"), None);
+    assert_eq!(parse_net("10.0.0.0"), None);
+}
+
+#[test]
+fn rule_destination_not_inside_the_guest_link() {
+    for d in ["172.16.0.0/30", "172.16.0.0/31", "172.16.0.2/32"] {
+        assert_eq!(
+            err(&with_routes(&format!(
+                r#"[{{"destination":"{d}","via":"host"}}]"#
+            ))),
+            format!(
+                "vm vm-7: network.routes[0].destination {d} lies inside the guest link 172.16.0.0/30, which is always connected"
+            )
+        );
+    }
+    // A wider prefix containing the guest link is fine: the connected /30 is longer.
+    let c = parse_vm_config(
+        with_routes(r#"[{"destination":"172.16.0.0/12","via":"host"}]"#).as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(c.network.routes.len(), 1);
+}
+
+#[test]
+fn rule_mesh_range_never_via_host() {
+    assert_eq!(
+        err(&with_routes(
+            r#"[{"destination":"fdaa:2::/32","via":"host"}]"#
+        )),
+        "vm vm-7: network.routes[0].destination fdaa:2::/32 lies inside the mesh range fdaa::/16; mesh traffic never goes via host"
+    );
+    assert_eq!(
+        err(&with_routes(
+            r#"[{"destination":"fdaa::/16","via":"host"}]"#
+        )),
+        "vm vm-7: network.routes[0].destination fdaa::/16 lies inside the mesh range fdaa::/16; mesh traffic never goes via host"
+    );
+    // Wider prefixes containing the mesh range stay allowed via host; a mesh via may carry it.
+    assert!(
+        parse_vm_config(with_routes(r#"[{"destination":"::/0","via":"host"}]"#).as_bytes()).is_ok()
+    );
+    assert!(
+        parse_vm_config(
+            with_routes(r#"[{"destination":"fdaa:2::/32","via":"fdaa:1::56"}]"#).as_bytes()
+        )
+        .is_ok()
     );
 }
