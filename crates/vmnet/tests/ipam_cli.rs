@@ -73,7 +73,10 @@ fn walk_through(db: &[String]) {
         5,
         "error: CAPACITY_UNAVAILABLE: Pool p1 has no free IP address\n",
     );
-    ok(db, &["instance", "delete", "vm3"]);
+    assert_eq!(
+        ok(db, &["instance", "delete", "vm3"]),
+        "deleted instance vm3 (released 10.0.0.4)\n"
+    );
     let json = ok(
         db,
         &[
@@ -122,6 +125,27 @@ fn walk_through(db: &[String]) {
         &["instance", "create", "$(reboot)", "--pool", "p1"],
         2,
         "error: INVALID_INPUT: instance_id \"$(reboot)\" may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit\n",
+    );
+    let json = ok(db, &["--output", "json", "instance", "delete", "vm6"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["deleted"], true);
+    assert_eq!(
+        v["released"],
+        serde_json::json!({"pool_id": "p1", "address": "10.0.0.4", "instance_id": "vm6"})
+    );
+    fails(
+        db,
+        &[
+            "pool",
+            "set",
+            "p3",
+            "--cidr",
+            "010.5.0.0/24",
+            "--gateway",
+            "10.5.0.1",
+        ],
+        2,
+        "error: INVALID_INPUT: pool p3: cidr \"010.5.0.0/24\" is not an IPv4 CIDR such as 10.0.0.0/24\n",
     );
 }
 

@@ -387,7 +387,8 @@ pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), Error> {
         }
         InstanceCmd::Delete { id } => {
             let i = vmnet_ipam::delete_instance(&mut tx, &id).await?;
-            finish(db, tx, g, &i, |i| instances_table(std::slice::from_ref(i))).await
+            let d = Deleted::of(i);
+            finish(db, tx, g, &d, Deleted::line).await
         }
         InstanceCmd::Show { id } => {
             let i = vmnet_ipam::get_instance(&mut tx, &id).await?;
@@ -396,6 +397,43 @@ pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), Error> {
         InstanceCmd::List => {
             let all = vmnet_ipam::list_instances(&mut tx).await?;
             finish(db, tx, g, &all, |i| instances_table(i)).await
+        }
+    }
+}
+
+/// The output of `instance delete`: JSON
+/// `{"deleted": true, "instance_id": …, "released": {pool_id, address, instance_id} | null,
+/// "instance": {… as it was}}`, or one line in table mode.
+#[derive(Debug, Serialize)]
+struct Deleted {
+    deleted: bool,
+    instance_id: String,
+    released: Option<Lease>,
+    instance: Instance,
+}
+
+impl Deleted {
+    fn of(i: Instance) -> Self {
+        Self {
+            deleted: true,
+            instance_id: i.instance_id.clone(),
+            released: i.address.map(|address| Lease {
+                pool_id: i.pool_id.clone(),
+                address,
+                instance_id: i.instance_id.clone(),
+            }),
+            instance: i,
+        }
+    }
+
+    /// `deleted instance vm3 (released 10.0.0.4)` or `deleted instance vm3 (it held no lease)`.
+    fn line(&self) -> String {
+        match &self.released {
+            Some(l) => format!(
+                "deleted instance {} (released {})\n",
+                self.instance_id, l.address
+            ),
+            None => format!("deleted instance {} (it held no lease)\n", self.instance_id),
         }
     }
 }
@@ -416,11 +454,42 @@ pub async fn lease(g: &Global, c: LeaseCmd) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::render;
+    use super::{Deleted, render};
+    use vmnet_ipam::{Instance, InstanceState};
 
     #[test]
     fn table_columns_align() {
         let t = render(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]);
         assert_eq!(t, "A    BB\nxyz  1\n");
+    }
+
+    #[test]
+    fn delete_says_what_was_released() {
+        let mut i = Instance {
+            instance_id: "vm3".into(),
+            pool_id: "p1".into(),
+            host_id: Some("h1".into()),
+            vcpus: 1,
+            memory_mib: 512,
+            recreate_on_host_loss: false,
+            state: InstanceState::Running,
+            conditions: vec![],
+            address: Some("10.0.0.4".parse().unwrap()),
+        };
+        let d = Deleted::of(i.clone());
+        assert_eq!(d.line(), "deleted instance vm3 (released 10.0.0.4)\n");
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(v["deleted"], true);
+        assert_eq!(
+            v["released"],
+            serde_json::json!({"pool_id": "p1", "address": "10.0.0.4", "instance_id": "vm3"})
+        );
+        i.address = None;
+        let d = Deleted::of(i);
+        assert_eq!(d.line(), "deleted instance vm3 (it held no lease)\n");
+        assert_eq!(
+            serde_json::to_value(&d).unwrap()["released"],
+            serde_json::Value::Null
+        );
     }
 }
