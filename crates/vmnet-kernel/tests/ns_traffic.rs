@@ -6,8 +6,10 @@
 mod ns_support;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use ns_support::{Env, T, link_info, nft_ruleset, v6, vm_json};
+use vmnet_kernel::ns::Change;
 use vmnet_testkit::echo::EchoService;
 use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4};
 use vmnet_testkit::{netns, traffic};
@@ -268,4 +270,60 @@ async fn mesh_between_guests_and_gateway_vm_route() {
             .is_none()
     );
     drop(svc);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_masquerade_flushed_behind_our_back_is_reported_and_repaired() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json(
+        "hn",
+        0x61,
+        Some("fdaa:6::61"),
+        &[("0.0.0.0/0", "host")],
+    ));
+    env.driver.apply(&plan).await.expect("apply");
+    let _echo = env.sb.start_echo().expect("echo");
+    let guest = env.guest("hn", &plan, &["fdaa::/16"], 1380);
+    let echo = SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT);
+    // Each echo binds a new source port: a new conntrack entry, so NAT is decided afresh.
+    let masqueraded = |when: &str| {
+        let r = traffic::udp_echo(guest.netns(), echo, T).expect(when);
+        assert_eq!(r.peer.ip(), IpAddr::V4(HOST_UPLINK_V4), "{when}");
+    };
+    masqueraded("before");
+
+    let host = env.sb.host();
+    let table = format!("{}_host", env.settings.name_prefix);
+    let flush = || {
+        let out = netns::exec(&host, "nft", &["flush", "table", "ip", &table], T).unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert!(!nft_ruleset(&host).contains("masquerade"));
+    };
+    flush();
+    let lost = traffic::try_udp_echo(guest.netns(), echo, Duration::from_millis(500)).unwrap();
+    assert!(
+        lost.as_ref().is_none_or(|r| r.peer.ip() != IpAddr::V4(HOST_UPLINK_V4)),
+        "no masquerade without the rule: {lost:?}"
+    );
+
+    // The table still exists, but its content differs: that is drift.
+    let drift = env.driver.drift(&plan).await.unwrap();
+    assert!(
+        drift.iter().any(
+            |c| matches!(c, Change::Repair { what } if what.contains(&table) && what.contains("changed"))
+        ),
+        "{drift:?}"
+    );
+    // The next apply repairs it.
+    env.driver.apply(&plan).await.expect("apply after drift");
+    assert!(nft_ruleset(&host).contains("masquerade"));
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+    masqueraded("after the apply");
+
+    // Without a drift report, the reconcile pass's collection re-checks and repairs it too.
+    flush();
+    assert_eq!(env.driver.gc(&[0x61]).await.unwrap(), Vec::<u32>::new());
+    assert!(nft_ruleset(&host).contains("masquerade"));
+    masqueraded("after gc");
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
 }

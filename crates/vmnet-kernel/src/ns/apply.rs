@@ -76,6 +76,9 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
         }]);
     }
     let mut changes = Vec::new();
+    if let Some(what) = d.host_drift().await? {
+        changes.push(Change::Repair { what });
+    }
     if let Some(what) = fixed_drift(plan, &st) {
         changes.push(Change::Repair { what });
     }

@@ -63,19 +63,35 @@ impl NetlinkNsDriver {
         &self.settings
     }
 
-    /// Applies the host-wide plan once per driver (and again after a gc removed it).
+    /// Checks the host-wide state against the plan and re-applies it on any difference, once per
+    /// driver and again after every gc (so every reconcile pass repairs it) or a drift report
+    /// that found it wrong.
     pub(super) async fn ensure_host(&self) -> Result<(), NsError> {
         let mut ready = self.host_ready.lock().await;
         if *ready {
             return Ok(());
         }
         if let Some(p) = &self.host_plan
-            && !host::host_in_sync(&self.host_ns, p)?
+            && let Some(what) = host::host_drift(&self.host_ns, p)?
         {
+            tracing::info!(drift = %what, "host-wide state not as planned; re-applying it");
             host::apply_host(&self.host_ns, p)?;
         }
         *ready = true;
         Ok(())
+    }
+
+    /// The host-wide drift (`None` when in sync, or when the driver does not manage the host).
+    /// Finding some makes the next apply re-check and repair it.
+    pub(super) async fn host_drift(&self) -> Result<Option<String>, NsError> {
+        let Some(p) = &self.host_plan else {
+            return Ok(None);
+        };
+        let drift = host::host_drift(&self.host_ns, p)?;
+        if drift.is_some() {
+            *self.host_ready.lock().await = false;
+        }
+        Ok(drift)
     }
 
     fn name(&self, kind: NameKind, uid: u32) -> String {

@@ -1,7 +1,7 @@
 //! The host side of the driver: which namespace is "the host", running synchronous work there,
 //! and the host-wide state ([`vmnet_plan::ns::HostPlan`]).
 
-use vmnet_plan::ns::HostPlan;
+use vmnet_plan::ns::{FINGERPRINT_PREFIX, HostPlan};
 
 use super::{NsError, inns};
 use crate::netns;
@@ -63,12 +63,25 @@ pub(super) fn apply_host(host: &HostNs, plan: &HostPlan) -> Result<(), NsError> 
     })?
 }
 
-/// Whether the host-wide state is in place (sysctls and the masquerade table exist).
-pub(super) fn host_in_sync(host: &HostNs, plan: &HostPlan) -> Result<bool, NsError> {
+/// What of the host-wide state is not as planned (`None` when all is): sysctls, and the
+/// masquerade table's content, compared by the fingerprint on its rule (so a flushed table or a
+/// replaced rule counts, not only a missing table).
+pub(super) fn host_drift(host: &HostNs, plan: &HostPlan) -> Result<Option<String>, NsError> {
     let label = host.label().to_owned();
     host.run(|| {
-        Ok(inns::sysctls_differ(&plan.sysctls).is_empty()
-            && inns::nft_table_exists(&label, "ip", &plan.nft_table)?)
+        let mut bad = Vec::new();
+        let sysctls = inns::sysctls_differ(&plan.sysctls);
+        if !sysctls.is_empty() {
+            bad.push(format!("sysctls {}", sysctls.join(", ")));
+        }
+        match inns::nft_table_comment(&label, "ip", &plan.nft_table, FINGERPRINT_PREFIX)? {
+            None => bad.push(format!("nft table ip {} missing", plan.nft_table)),
+            Some(fp) if fp != plan.nft_fingerprint => {
+                bad.push(format!("nft table ip {} changed", plan.nft_table));
+            }
+            Some(_) => {}
+        }
+        Ok((!bad.is_empty()).then(|| format!("{label}: {}", bad.join("; "))))
     })?
 }
 

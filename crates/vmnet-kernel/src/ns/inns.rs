@@ -328,11 +328,6 @@ pub(super) fn nft_table_comment(
     Ok(Some(comment.unwrap_or_default()))
 }
 
-/// Whether table `family name` exists in the calling thread's namespace.
-pub(super) fn nft_table_exists(netns: &str, family: &str, table: &str) -> Result<bool, NsError> {
-    Ok(list_table(netns, family, table)?.is_some())
-}
-
 /// Deletes table `family name` in the calling thread's namespace if it exists.
 pub(super) fn nft_delete_table(netns: &str, family: &str, table: &str) -> Result<(), NsError> {
     let t = serde_json::json!({"table": {"family": family, "name": table}});

@@ -388,6 +388,8 @@ pub struct HostPlan {
     pub sysctls: Vec<(String, String)>,
     /// The nftables transaction replacing table `ip <prefix>_host` (transit masquerade).
     pub nft: serde_json::Value,
+    /// A fingerprint of [`Self::nft`], stored as the masquerade rule's comment for read-back.
+    pub nft_fingerprint: String,
     /// The name of that table.
     pub nft_table: String,
 }
@@ -395,16 +397,18 @@ pub struct HostPlan {
 /// The host-wide plan, or `None` when `settings.manage_host` is false.
 #[must_use]
 pub fn plan_host(settings: &NsSettings) -> Option<HostPlan> {
-    settings.manage_host.then(|| HostPlan {
-        sysctls: vec![
-            ("net/ipv4/ip_forward".into(), "1".into()),
-            ("net/ipv6/conf/all/forwarding".into(), "1".into()),
-        ],
-        nft: nft::host_ruleset(
-            &names::host_nft_table(&settings.name_prefix),
-            settings.transit_ipv4,
-        ),
-        nft_table: names::host_nft_table(&settings.name_prefix),
+    settings.manage_host.then(|| {
+        let nft_table = names::host_nft_table(&settings.name_prefix);
+        let (nft, nft_fingerprint) = nft::host_ruleset(&nft_table, settings.transit_ipv4);
+        HostPlan {
+            sysctls: vec![
+                ("net/ipv4/ip_forward".into(), "1".into()),
+                ("net/ipv6/conf/all/forwarding".into(), "1".into()),
+            ],
+            nft,
+            nft_fingerprint,
+            nft_table,
+        }
     })
 }
 

@@ -9,7 +9,7 @@ use ipnet::Ipv4Net;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-/// The comment on the first rule of the VM table: `vmnet:<fingerprint>`.
+/// The comment on the first rule of the VM table (and of the host table): `vmnet:<fingerprint>`.
 pub const FINGERPRINT_PREFIX: &str = "vmnet:";
 
 fn replace_table(family: &str, name: &str) -> Vec<Value> {
@@ -69,7 +69,11 @@ fn fingerprint(cmds: &[Value]) -> String {
 
 /// The host ruleset: table `ip <table>` with chain `postrouting` (nat, srcnat) masquerading
 /// traffic from the transit range to anywhere outside it.
-pub fn host_ruleset(table: &str, transit: Ipv4Net) -> Value {
+///
+/// Returns the transaction and its fingerprint, written (like [`vm_ruleset`]'s) as the comment
+/// of the masquerade rule, so read-back detects a flushed or replaced rule, not only a missing
+/// table.
+pub fn host_ruleset(table: &str, transit: Ipv4Net) -> (Value, String) {
     let mut cmds = replace_table("ip", table);
     let prefix =
         json!({"prefix": {"addr": transit.network().to_string(), "len": transit.prefix_len()}});
@@ -82,5 +86,7 @@ pub fn host_ruleset(table: &str, transit: Ipv4Net) -> Value {
         {"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": prefix}},
         {"masquerade": null}
     ]}}}));
-    json!({"nftables": cmds})
+    let fp = fingerprint(&cmds);
+    cmds[4]["add"]["rule"]["comment"] = Value::String(format!("{FINGERPRINT_PREFIX}{fp}"));
+    (json!({"nftables": cmds}), fp)
 }

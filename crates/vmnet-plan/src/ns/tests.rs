@@ -265,9 +265,11 @@ fn nft_fingerprint_changes_with_nat() {
 fn host_plan_snapshot() {
     let h = plan_host(&NsSettings::default()).unwrap();
     assert_eq!(h.nft_table, "vmn_host");
+    assert_eq!(h.nft_fingerprint.len(), 16);
     assert_eq!(
         h.nft["nftables"][4],
-        serde_json::json!({"add": {"rule": {"family": "ip", "table": "vmn_host", "chain": "postrouting", "expr": [
+        serde_json::json!({"add": {"rule": {"family": "ip", "table": "vmn_host", "chain": "postrouting",
+            "comment": format!("vmnet:{}", h.nft_fingerprint), "expr": [
             {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "10.200.0.0", "len": 14}}}},
             {"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": {"prefix": {"addr": "10.200.0.0", "len": 14}}}},
             {"masquerade": null}]}}})
@@ -279,6 +281,13 @@ fn host_plan_snapshot() {
         })
         .is_none()
     );
+    // The fingerprint follows the content (another transit range, another rule).
+    let other = plan_host(&NsSettings {
+        transit_ipv4: "10.100.0.0/16".parse().unwrap(),
+        ..NsSettings::default()
+    })
+    .unwrap();
+    assert_ne!(other.nft_fingerprint, h.nft_fingerprint);
 }
 
 #[test]
@@ -338,7 +347,8 @@ proptest! {
         let dests = ["0.0.0.0/0", "10.0.0.0/8", "192.0.2.0/24", "::/0", "2000::/3", "2001:db8::/32", "2001:db8:1::/48", "fdaa::/16"];
         let routes: Vec<String> = picks.iter().map(|&i| {
             let v6 = dests[i].contains(':');
-            let via = if v6 && vias[i] { "fdaa::99" } else { "host" };
+            // The mesh range never goes via host (the model refuses it): only via a mesh gateway.
+            let via = if v6 && (vias[i] || dests[i] == "fdaa::/16") { "fdaa::99" } else { "host" };
             format!(r#"{{"destination":"{}","via":"{via}"}}"#, dests[i])
         }).collect();
         let c = cfg(&format!(r#"{{"id":"p","user_id":5,"tenant":0,"mesh_ipv6":"fdaa::5","network":{{"routes":[{}]}}}}"#, routes.join(",")));
