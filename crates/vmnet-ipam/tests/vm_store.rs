@@ -150,3 +150,52 @@ async fn postgres() {
     let db = Db::connect(&url).await.unwrap();
     exercise(&db).await;
 }
+
+/// Rows stored before migration 0101, two of them sharing a mesh address.
+const OLD_ROWS: &str = r#"INSERT INTO vm_configs (id, user_id, config, updated_at) VALUES
+    ('a1', 1, '{"id":"a1","mesh_ipv6":"fdaa:1::100"}', 1),
+    ('a3', 3, '{"id":"a3","mesh_ipv6":"fdaa:1::100"}', 1),
+    ('b', 4, '{"id":"b"}', 1),
+    ('c', 5, '{"id":"c","mesh_ipv6":"fdaa:1::5"}', 1);"#;
+const BACKFILLED: &str = "SELECT id, COALESCE(mesh, '-') FROM vm_configs ORDER BY id";
+/// What 0101 makes of [`OLD_ROWS`]: the smallest id keeps a shared address.
+const WANT: [(&str, &str); 4] = [
+    ("a1", "fdaa:1::100"),
+    ("a3", "-"),
+    ("b", "-"),
+    ("c", "fdaa:1::5"),
+];
+
+#[tokio::test]
+async fn migration_0101_backfills_mesh_on_sqlite() {
+    use sqlx::Connection;
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", tmp.path().join("m.db").display());
+    let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    for sql in [
+        include_str!("../migrations/sqlite/0100_vm_configs.sql"),
+        OLD_ROWS,
+        include_str!("../migrations/sqlite/0101_vm_mesh_unique.sql"),
+    ] {
+        sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
+    }
+    let got: Vec<(String, String)> = sqlx::query_as(BACKFILLED).fetch_all(&mut c).await.unwrap();
+    let got: Vec<(&str, &str)> = got.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    assert_eq!(got, WANT);
+}
+
+#[tokio::test]
+async fn migration_0101_backfills_mesh_on_postgres() {
+    let pg = PgCluster::shared();
+    let db = pg.fresh_database().unwrap();
+    for sql in [
+        include_str!("../migrations/postgres/0100_vm_configs.sql"),
+        OLD_ROWS,
+        include_str!("../migrations/postgres/0101_vm_mesh_unique.sql"),
+    ] {
+        pg.psql(&db, sql).unwrap();
+    }
+    let got = pg.psql(&db, BACKFILLED).unwrap();
+    let want: Vec<String> = WANT.iter().map(|(a, b)| format!("{a}|{b}")).collect();
+    assert_eq!(got.lines().collect::<Vec<_>>(), want);
+}
