@@ -384,6 +384,20 @@ pub struct Instance {
     pub address: Option<Ipv4Addr>,
 }
 
+/// The vCPUs an instance requests when the request does not say (API and CLI alike): 1.
+pub const DEFAULT_VCPUS: u32 = 1;
+
+/// The memory an instance requests when the request does not say (API and CLI alike): 512 MiB.
+pub const DEFAULT_MEMORY_MIB: u32 = 512;
+
+const fn default_vcpus() -> u32 {
+    DEFAULT_VCPUS
+}
+
+const fn default_memory_mib() -> u32 {
+    DEFAULT_MEMORY_MIB
+}
+
 /// The request of `instances.create`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -395,9 +409,11 @@ pub struct NewInstance {
     /// Place on this host; `None` picks the first ready host (by id) with room.
     #[serde(default)]
     pub host_id: Option<String>,
-    /// Requested vCPUs (at least 1).
+    /// Requested vCPUs (at least 1). Default (absent in JSON): [`DEFAULT_VCPUS`].
+    #[serde(default = "default_vcpus")]
     pub vcpus: u32,
-    /// Requested memory, MiB (at least 1).
+    /// Requested memory, MiB (at least 1). Default (absent in JSON): [`DEFAULT_MEMORY_MIB`].
+    #[serde(default = "default_memory_mib")]
     pub memory_mib: u32,
     /// Whether a host loss places it again elsewhere.
     #[serde(default)]
@@ -556,6 +572,19 @@ mod tests {
         let mut q = req("10.0.0.5/32", "10.0.0.5");
         q.first_host = Some("10.0.0.5".into());
         assert_eq!(q.validate().unwrap().size(), 0);
+    }
+
+    #[test]
+    fn new_instance_defaults_vcpus_and_memory() {
+        let i: NewInstance =
+            serde_json::from_str(r#"{"instance_id":"vm1","pool_id":"p1"}"#).unwrap();
+        assert_eq!((i.vcpus, i.memory_mib), (1, 512));
+        assert_eq!((i.vcpus, i.memory_mib), (DEFAULT_VCPUS, DEFAULT_MEMORY_MIB));
+        let i: NewInstance = serde_json::from_str(
+            r#"{"instance_id":"vm1","pool_id":"p1","vcpus":4,"memory_mib":2048}"#,
+        )
+        .unwrap();
+        assert_eq!((i.vcpus, i.memory_mib), (4, 2048));
     }
 
     #[test]

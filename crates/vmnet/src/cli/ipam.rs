@@ -91,10 +91,10 @@ pub enum InstanceCmd {
         #[arg(long)]
         host: Option<String>,
         /// Requested vCPUs.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = vmnet_model::pool::DEFAULT_VCPUS)]
         vcpus: u32,
         /// Requested memory, MiB.
-        #[arg(long, default_value_t = 512)]
+        #[arg(long, default_value_t = vmnet_model::pool::DEFAULT_MEMORY_MIB)]
         memory_mib: u32,
         /// Place it again on another host after a host loss.
         #[arg(long)]
