@@ -268,3 +268,87 @@ async fn host_loss_recreates_or_loses() {
     let (_, hosts) = h.call(Method::GET, "/v1/hosts", None).await;
     assert_eq!(hosts.as_array().unwrap().len(), 2);
 }
+
+#[tokio::test]
+async fn instance_defaults_vcpus_and_memory_like_the_cli() {
+    let h = Harness::new().await;
+    setup(&h).await;
+    let (st, v) = h
+        .call(
+            Method::POST,
+            "/v1/instances",
+            Some(json!({"instance_id": "d1", "pool_id": "p1"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(
+        (v["vcpus"].clone(), v["memory_mib"].clone()),
+        (json!(1), json!(512))
+    );
+}
+
+fn exact(got: &(axum::http::StatusCode, serde_json::Value), message: &str) {
+    assert_eq!(got.0.as_u16(), 400, "{}", got.1);
+    assert_eq!(
+        got.1,
+        json!({"error": {"code": "INVALID_INPUT", "message": message}})
+    );
+}
+
+#[tokio::test]
+async fn body_errors_name_the_object_and_field_in_vmnet_words() {
+    let h = Harness::new().await;
+    setup(&h).await;
+    let mut bad = inst("x");
+    bad["vcpus"] = json!("x");
+    exact(
+        &h.call(Method::POST, "/v1/instances", Some(bad)).await,
+        r#"instance: vcpus: invalid type: string "x", expected u32"#,
+    );
+    exact(
+        &h.call(
+            Method::POST,
+            "/v1/instances",
+            Some(json!({"instance_id": "x"})),
+        )
+        .await,
+        "instance: missing field `pool_id`",
+    );
+    exact(
+        &h.call(
+            Method::PUT,
+            "/v1/hosts/h2",
+            Some(json!({"vcpus": 1, "memory_mib": 1, "gpu": 1})),
+        )
+        .await,
+        "host: gpu: unknown field `gpu`, expected `vcpus` or `memory_mib`",
+    );
+    exact(
+        &h.call(
+            Method::PUT,
+            "/v1/pools/p2/range",
+            Some(json!({"cidr": 5, "gateway": "10.0.0.1"})),
+        )
+        .await,
+        "pool: cidr: invalid type: integer `5`, expected a string",
+    );
+    exact(
+        &h.call(
+            Method::PUT,
+            "/v1/pools/p2/range",
+            Some(json!({"cidr": "010.5.0.0/24", "gateway": "10.5.0.1"})),
+        )
+        .await,
+        r#"pool p2: cidr "010.5.0.0/24" is not an IPv4 CIDR such as 10.0.0.0/24"#,
+    );
+    exact(
+        &h.raw(
+            Method::POST,
+            "/v1/instances",
+            Some(b"{\"instance_id\": ".to_vec()),
+            Some("application/json"),
+        )
+        .await,
+        "instance: request body is not valid JSON: instance_id: EOF while parsing a value at line 1 column 16",
+    );
+}

@@ -9,8 +9,8 @@
 //!
 //! # Design
 //! Rejections are mapped in two places: [`ApiJson`] turns a JSON rejection into
-//! `INVALID_INPUT` with axum's message (which names the field through its path-aware decoder),
-//! and the [`ensure_error_body`] middleware is the safety net for everything else, so no code
+//! `INVALID_INPUT` naming the object ([`ApiBody::OBJECT`]) and the field path that serde reports
+//! (axum decodes through `serde_path_to_error`), without axum's own wording; and the [`ensure_error_body`] middleware is the safety net for everything else, so no code
 //! path can leak a plain-text error.
 
 use axum::body::Body;
@@ -73,9 +73,30 @@ impl IntoResponse for ApiError {
 /// [`ensure_error_body`] before the response leaves the server.
 const MARKER: &str = "x-vmnet-error-body";
 
-/// Maps an axum JSON rejection to `INVALID_INPUT` with a message that says what was wrong.
+/// A JSON request body type and the object its errors name (`instance`, `pool`, `host`).
+pub trait ApiBody {
+    /// The object named first in every error about this body, e.g. `instance`.
+    const OBJECT: &'static str;
+}
+
+impl ApiBody for vmnet_model::pool::NewInstance {
+    const OBJECT: &'static str = "instance";
+}
+
+impl ApiBody for super::types::PoolRange {
+    const OBJECT: &'static str = "pool";
+}
+
+impl ApiBody for super::types::HostCapacity {
+    const OBJECT: &'static str = "host";
+}
+
+/// Maps an axum JSON rejection to `INVALID_INPUT` with a message that names `object` and, where
+/// serde gives one, the field path, e.g. `instance: vcpus: invalid type: string "x", expected
+/// u32` or `instance: missing field `pool_id``. Malformed JSON keeps its position
+/// (`instance: request body is not valid JSON: expected value at line 1 column 2`).
 #[must_use]
-pub fn json_rejection(r: &JsonRejection) -> Error {
+pub fn json_rejection(object: &str, r: &JsonRejection) -> Error {
     match r {
         JsonRejection::MissingJsonContentType(_) => {
             Error::invalid("request body: expected Content-Type: application/json")
@@ -83,7 +104,49 @@ pub fn json_rejection(r: &JsonRejection) -> Error {
         JsonRejection::BytesRejection(_) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
             too_large()
         }
+        JsonRejection::JsonDataError(_) => {
+            let text = r.body_text();
+            let detail = after_axum_prefix(&text);
+            Error::invalid(format!("{object}: {}", without_position(detail)))
+        }
+        JsonRejection::JsonSyntaxError(_) => {
+            let text = r.body_text();
+            Error::invalid(format!(
+                "{object}: request body is not valid JSON: {}",
+                after_axum_prefix(&text)
+            ))
+        }
         _ => Error::invalid(format!("request body: {}", r.body_text())),
+    }
+}
+
+/// The serde part of an axum rejection text (`Failed to …: <serde's message>`).
+fn after_axum_prefix(text: &str) -> &str {
+    for prefix in [
+        "Failed to deserialize the JSON body into the target type: ",
+        "Failed to parse the request body as JSON: ",
+    ] {
+        if let Some(rest) = text.strip_prefix(prefix) {
+            return rest;
+        }
+    }
+    text
+}
+
+/// `msg` without serde_json's trailing ` at line N column M` (meaningless for a field error).
+fn without_position(msg: &str) -> &str {
+    match msg.rsplit_once(" at line ") {
+        Some((head, pos))
+            if pos.split_once(" column ").is_some_and(|(l, c)| {
+                !l.is_empty()
+                    && !c.is_empty()
+                    && l.bytes().all(|b| b.is_ascii_digit())
+                    && c.bytes().all(|b| b.is_ascii_digit())
+            }) =>
+        {
+            head
+        }
+        _ => msg,
     }
 }
 
@@ -93,13 +156,14 @@ fn too_large() -> Error {
     ))
 }
 
-/// A JSON body extractor whose rejections are documented API errors (`INVALID_INPUT`).
+/// A JSON body extractor whose rejections are documented API errors (`INVALID_INPUT` naming
+/// [`ApiBody::OBJECT`] and the field, see [`json_rejection`]).
 #[derive(Debug, Clone)]
 pub struct ApiJson<T>(pub T);
 
 impl<T, S> FromRequest<S> for ApiJson<T>
 where
-    T: DeserializeOwned,
+    T: DeserializeOwned + ApiBody,
     S: Send + Sync,
 {
     type Rejection = ApiError;
@@ -107,7 +171,7 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(Self(v)),
-            Err(r) => Err(ApiError(json_rejection(&r))),
+            Err(r) => Err(ApiError(json_rejection(T::OBJECT, &r))),
         }
     }
 }
