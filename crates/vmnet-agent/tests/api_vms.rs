@@ -352,17 +352,18 @@ async fn unknown_routes_and_methods_answer_the_error_body() {
         "NOT_FOUND",
         &["no route"],
     );
+    // A wrong method on a served path is 405 (the Allow header: api_ipam.rs).
     assert_error(
         &h.call(Method::PATCH, "/v1/vms/x", None).await,
-        404,
-        "NOT_FOUND",
-        &["no route PATCH /v1/vms/x"],
+        405,
+        "INVALID_INPUT",
+        &["method PATCH is not allowed on /v1/vms/{id}; allowed: GET, PUT, DELETE"],
     );
     assert_error(
         &h.call(Method::DELETE, "/v1/status", None).await,
-        404,
-        "NOT_FOUND",
-        &["no route"],
+        405,
+        "INVALID_INPUT",
+        &["method DELETE is not allowed on /v1/status; allowed: GET"],
     );
 }
 

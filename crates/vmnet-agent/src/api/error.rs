@@ -16,7 +16,7 @@
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, Request};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
@@ -213,13 +213,33 @@ where
     }
 }
 
-/// The fallback for unknown routes: 404 `NOT_FOUND` naming the method and path.
-pub async fn no_route(req: Request) -> ApiError {
-    ApiError(Error::not_found(format!(
-        "no route {} {}",
-        req.method(),
-        req.uri().path()
+/// The fallback for unknown routes: 404 `NOT_FOUND` naming the method and path; a method not
+/// served on an existing path is 405 with an `Allow` header and an `INVALID_INPUT` body, e.g.
+/// `method POST is not allowed on /v1/vms/{id}; allowed: GET, PUT, DELETE`.
+pub async fn no_route(req: Request) -> Response {
+    let path = req.uri().path();
+    let Some((template, methods)) = super::allowed_methods(path) else {
+        return ApiError(Error::not_found(format!(
+            "no route {} {path}",
+            req.method()
+        )))
+        .into_response();
+    };
+    let allowed = methods
+        .iter()
+        .map(Method::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut resp = ApiError(Error::invalid(format!(
+        "method {} is not allowed on {template}; allowed: {allowed}",
+        req.method()
     )))
+    .into_response();
+    *resp.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    if let Ok(v) = HeaderValue::from_str(&allowed) {
+        resp.headers_mut().insert(header::ALLOW, v);
+    }
+    resp
 }
 
 /// Middleware: every error response leaves in the documented shape. Responses built from

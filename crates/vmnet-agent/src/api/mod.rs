@@ -11,7 +11,7 @@ pub mod nics;
 pub mod types;
 pub mod vms;
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -78,12 +78,53 @@ pub fn routes() -> Vec<(Method, &'static str)> {
     build().list
 }
 
-/// The API router over `agent`: every route, the body limit, the unknown-route fallback and
-/// the error-body safety net.
+/// The route table, built once for [`allowed_methods`].
+static ROUTES: LazyLock<Vec<(Method, &'static str)>> = LazyLock::new(routes);
+
+/// The path template (e.g. `/v1/vms/{id}`) that `path` matches and the methods served on it
+/// (in the order GET, POST, PUT, DELETE), or `None` when no route has this path. A `{param}`
+/// segment matches any non-empty segment.
+#[must_use]
+pub fn allowed_methods(path: &str) -> Option<(&'static str, Vec<Method>)> {
+    let matches = |template: &str| {
+        let (mut t, mut p) = (template.split('/'), path.split('/'));
+        loop {
+            match (t.next(), p.next()) {
+                (None, None) => return true,
+                (Some(ts), Some(ps)) if ts.starts_with('{') && ts.ends_with('}') => {
+                    if ps.is_empty() {
+                        return false;
+                    }
+                }
+                (Some(ts), Some(ps)) if ts == ps => {}
+                _ => return false,
+            }
+        }
+    };
+    let template = ROUTES.iter().map(|(_, t)| *t).find(|t| matches(t))?;
+    let mut methods: Vec<Method> = ROUTES
+        .iter()
+        .filter(|(_, t)| *t == template)
+        .map(|(m, _)| m.clone())
+        .collect();
+    let rank = |m: &Method| {
+        [Method::GET, Method::POST, Method::PUT, Method::DELETE]
+            .iter()
+            .position(|x| x == m)
+            .unwrap_or(usize::MAX)
+    };
+    methods.sort_by_key(rank);
+    methods.dedup();
+    Some((template, methods))
+}
+
+/// The API router over `agent`: every route, the body limit, the unknown-route fallback (404,
+/// or 405 with `Allow` for a wrong method on a served path) and the error-body safety net.
 pub fn router(agent: Arc<Agent>) -> Router {
     build()
         .router
         .fallback(error::no_route)
+        .method_not_allowed_fallback(error::no_route)
         .layer(DefaultBodyLimit::max(error::BODY_LIMIT_BYTES))
         .layer(axum::middleware::from_fn(error::ensure_error_body))
         .with_state(agent)

@@ -301,9 +301,14 @@ pub fn check_documented(method: &Method, path: &str, status: StatusCode, body: &
             resp["content"]["application/json"]["schema"].clone()
         }
         None => {
+            // An unknown path is 404; a wrong method on a documented path is 405 (with Allow).
+            let want = if template_of(&doc, path_only).is_some() {
+                StatusCode::METHOD_NOT_ALLOWED
+            } else {
+                StatusCode::NOT_FOUND
+            };
             assert_eq!(
-                status,
-                StatusCode::NOT_FOUND,
+                status, want,
                 "{method} {path}: undocumented route answered {status}"
             );
             serde_json::json!({"$ref": "#/components/schemas/Error"})
@@ -317,6 +322,7 @@ pub fn check_documented(method: &Method, path: &str, status: StatusCode, body: &
     if !status.is_success() {
         let code = body["error"]["code"].as_str().unwrap();
         let expected = match code {
+            "INVALID_INPUT" if op.is_none() => 405,
             "INVALID_INPUT" => 400,
             "NOT_FOUND" => 404,
             "CONFLICT" => 409,
