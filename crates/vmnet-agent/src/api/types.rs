@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 pub struct PoolRange {
     /// The IPv4 network, e.g. `10.0.0.0/24` (no host bits). IPv6 is refused.
     pub cidr: String,
-    /// The gateway address; never leased, may lie outside the range.
+    /// The gateway address; never leased, may lie outside the range, but not on the network or
+    /// broadcast address of `cidr` (prefixes up to /30).
     pub gateway: String,
     /// The first address to lease (default: the address after the gateway).
     #[serde(default, skip_serializing_if = "Option::is_none")]
