@@ -201,7 +201,7 @@ mod cases {
         assert_err(
             set_pool(db, range("p32", "10.0.2.5/32", "10.0.2.1")).await,
             ErrorCode::InvalidInput,
-            "pool p32: first_host 10.0.2.2 is outside cidr 10.0.2.5/32",
+            "pool p32: first_host 10.0.2.2 is outside cidr 10.0.2.5/32 (the default is the address after the gateway; set first_host explicitly)",
         );
         let mut req = range("p32", "10.0.2.5/32", "10.0.2.1");
         req.first_host = Some("10.0.2.5".into());

@@ -155,7 +155,7 @@ mod validation {
             "192.0.2.1",
             None,
             None,
-            "pool p1: first_host 192.0.2.2 is outside cidr 10.0.0.0/24",
+            "pool p1: first_host 192.0.2.2 is outside cidr 10.0.0.0/24 (the default is the address after the gateway; set first_host explicitly)",
         )
         .await;
     }
