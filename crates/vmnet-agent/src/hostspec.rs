@@ -23,7 +23,8 @@
 //! A pool entry is [`vmnet_model::pool::SetIpPool`] (`pool_id`, `cidr`, `gateway`, optional
 //! `first_host`, `last_host`, `dns`), an instance entry is [`vmnet_model::pool::NewInstance`]
 //! (`instance_id`, `pool_id`, optional `host_id`, `vcpus`, `memory_mib`, optional
-//! `recreate_on_host_loss`), a host entry is `host_id`, `vcpus`, `memory_mib`, and each VM entry
+//! `recreate_on_host_loss`, `network_policy` (`public` default, `private`, `none`), `sandbox`
+//! (default false)), a host entry is `host_id`, `vcpus`, `memory_mib`, and each VM entry
 //! is a VM network config exactly as `PUT /v1/vms/{id}` takes it.
 //!
 //! # Semantics of `vmnet apply`
@@ -34,7 +35,8 @@
 //!    capacity is left as it is, one with a different capacity is a `CONFLICT` (capacity
 //!    changes are not supported by the store).
 //! 3. **instances**: each is created with its lease (`POST /v1/instances`, body as in the file); an instance that
-//!    exists already is left as it is (placement is not redone, its lease is kept).
+//!    exists already is left as it is (placement is not redone, its lease is kept; a changed
+//!    `network_policy` or `sandbox` in the file is not applied to it either).
 //! 4. **vms**: each VM config is put (`PUT /v1/vms/{id}`); an unchanged config is a no-op.
 //! 5. with `--prune` only: VMs the agent holds that the file does not list are deleted.
 //!
@@ -187,6 +189,32 @@ mod tests {
         assert_eq!(spec.instances[0].pool_id, "pool-a");
         assert_eq!(spec.vms[0].id, "vm-1");
         assert_eq!(spec.vms[0].user_id, 1001);
+    }
+
+    #[test]
+    fn instances_take_network_policy_and_sandbox() {
+        let spec = HostSpec::parse(
+            "h.json",
+            r#"{"instances": [{"instance_id": "i-1", "pool_id": "p"},
+                {"instance_id": "i-2", "pool_id": "p", "network_policy": "none", "sandbox": true}]}"#,
+        )
+        .unwrap();
+        use vmnet_model::nic::NetworkPolicy;
+        let got: Vec<_> = spec
+            .instances
+            .iter()
+            .map(|i| (i.network_policy, i.sandbox))
+            .collect();
+        assert_eq!(
+            got,
+            [(NetworkPolicy::Public, false), (NetworkPolicy::None, true)]
+        );
+        let e = HostSpec::parse(
+            "h.json",
+            r#"{"instances": [{"instance_id": "i-1", "pool_id": "p", "network_policy": "open"}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("network_policy"), "{e}");
     }
 
     #[test]

@@ -412,3 +412,81 @@ async fn wrong_method_on_a_served_path_is_405_with_allow() {
         &["no route POST /v1/vms/a0/x"],
     );
 }
+
+#[tokio::test]
+async fn network_policy_sandbox_and_allocation_id() {
+    let h = Harness::new().await;
+    setup(&h).await;
+    // Defaults: public, no sandbox, an allocation id.
+    let (st, d) = h.call(Method::POST, "/v1/instances", Some(inst("d"))).await;
+    assert_eq!(st, 201, "{d}");
+    assert_eq!(
+        (&d["network_policy"], &d["sandbox"]),
+        (&json!("public"), &json!(false))
+    );
+    let d_alloc = d["allocation_id"].as_str().unwrap().to_owned();
+    assert!(
+        d_alloc.starts_with("alloc-") && d_alloc.ends_with("-d"),
+        "{d_alloc}"
+    );
+    for (id, policy, method) in [("p", "private", Method::POST), ("n", "none", Method::PUT)] {
+        let mut body = inst(id);
+        body["network_policy"] = json!(policy);
+        body["sandbox"] = json!(true);
+        body["recreate_on_host_loss"] = json!(true);
+        let (st, v) = h.call(method, "/v1/instances", Some(body)).await;
+        assert_eq!(st, 201, "{v}");
+        assert_eq!(
+            (&v["network_policy"], &v["sandbox"]),
+            (&json!(policy), &json!(true))
+        );
+        let (_, got) = h
+            .call(Method::GET, &format!("/v1/instances/{id}"), None)
+            .await;
+        assert_eq!(got, v);
+        assert_ne!(got["allocation_id"], json!(d_alloc));
+    }
+    let (_, list) = h.call(Method::GET, "/v1/instances", None).await;
+    let policies: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["network_policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["public", "none", "private"]);
+    // An unknown policy (or a wrong type) is 400 INVALID_INPUT naming network_policy; nothing kept.
+    for bad_policy in [json!("open"), json!("Public"), json!(1)] {
+        let mut bad = inst("x");
+        bad["network_policy"] = bad_policy;
+        let got = h.call(Method::POST, "/v1/instances", Some(bad)).await;
+        assert_error(&got, 400, "INVALID_INPUT", &["instance: network_policy: "]);
+    }
+    let mut bad = inst("x");
+    bad["network_policy"] = json!("open");
+    exact(
+        &h.call(Method::POST, "/v1/instances", Some(bad)).await,
+        r#"instance: network_policy: unknown network_policy "open", expected one of public, private, none"#,
+    );
+    let mut bad = inst("x");
+    bad["sandbox"] = json!("yes");
+    let got = h.call(Method::POST, "/v1/instances", Some(bad)).await;
+    assert_error(&got, 400, "INVALID_INPUT", &["instance: sandbox: "]);
+    assert_eq!(h.call(Method::GET, "/v1/instances/x", None).await.0, 404);
+    // Re-placement after a host loss keeps policy and sandbox, with a new allocation id.
+    h.call(
+        Method::PUT,
+        "/v1/hosts/h2",
+        Some(json!({"vcpus": 4, "memory_mib": 4096})),
+    )
+    .await;
+    let (_, before) = h.call(Method::GET, "/v1/instances/p", None).await;
+    let (st, loss) = h.call(Method::POST, "/v1/hosts/h1/lose", None).await;
+    assert_eq!(st, 200, "{loss}");
+    let (_, after) = h.call(Method::GET, "/v1/instances/p", None).await;
+    assert_eq!(after["host_id"], "h2");
+    assert_eq!(
+        (&after["network_policy"], &after["sandbox"]),
+        (&json!("private"), &json!(true))
+    );
+    assert_ne!(after["allocation_id"], before["allocation_id"]);
+}

@@ -47,6 +47,6 @@ pub use placement::{
 };
 pub use ranges::{create_pool, get_ip_pool, get_pool, list_pools, set_ip_pool};
 pub use vmnet_model::pool::{
-    Condition, Host, HostState, Instance, InstanceState, IpRange, Lease, NewInstance, Pool,
-    SetIpPool,
+    Condition, Host, HostState, Instance, InstanceState, IpRange, Lease, NetworkPolicy,
+    NewInstance, Pool, SetIpPool,
 };

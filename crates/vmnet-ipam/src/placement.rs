@@ -9,6 +9,9 @@
 //!   Instances with `recreate_on_host_loss` are placed on another ready host with a new
 //!   lowest-free lease; when that fails they move to `error` with an `Unschedulable` condition.
 //!   The others move to `lost` with a `HostLost` condition.
+//! * Every placement (creation, re-placement after a host loss) gives the instance a new
+//!   `allocation_id` ([`Instance::allocation_id`]); the network policy and the sandbox flag are
+//!   the instance's own and survive re-placement unchanged.
 
 use std::net::Ipv4Addr;
 
@@ -131,7 +134,7 @@ fn instance_sql(tx: &Tx, filter: &str) -> sqlx::AssertSqlSafe<String> {
     };
     sqlx::AssertSqlSafe(format!(
         "SELECT i.instance_id, i.pool_id, i.host_id, i.vcpus, i.memory_mib, i.recreate_on_host_loss, \
-         i.state, i.conditions, {address} AS address \
+         i.state, i.conditions, i.network_policy, i.sandbox, i.allocation_id, {address} AS address \
          FROM instances i LEFT JOIN ip_leases l ON l.instance_id = i.instance_id {filter}"
     ))
 }
@@ -147,6 +150,7 @@ where
     let state: String = r.try_get("state").map_err(db_err)?;
     let conditions: String = r.try_get("conditions").map_err(db_err)?;
     let address: Option<String> = r.try_get("address").map_err(db_err)?;
+    let policy: String = r.try_get("network_policy").map_err(db_err)?;
     Ok(Instance {
         instance_id: r.try_get("instance_id").map_err(db_err)?,
         pool_id: r.try_get("pool_id").map_err(db_err)?,
@@ -160,6 +164,11 @@ where
         address: address
             .map(|a| parse_stored::<Ipv4Addr>("address", &a))
             .transpose()?,
+        network_policy: policy
+            .parse()
+            .map_err(|e: Error| Error::internal(format!("stored {}", e.message)))?,
+        sandbox: r.try_get("sandbox").map_err(db_err)?,
+        allocation_id: r.try_get("allocation_id").map_err(db_err)?,
     })
 }
 
@@ -205,13 +214,16 @@ async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error>
         get_host(tx, h).await?;
     }
     let n = on_tx!(tx, t => sqlx::query(
-        "INSERT INTO instances (instance_id, pool_id, vcpus, memory_mib, recreate_on_host_loss, state) \
-         VALUES ($1, $2, $3, $4, $5, 'running') ON CONFLICT (instance_id) DO NOTHING")
+        "INSERT INTO instances (instance_id, pool_id, vcpus, memory_mib, recreate_on_host_loss, \
+         network_policy, sandbox, state) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'running') ON CONFLICT (instance_id) DO NOTHING")
         .bind(&req.instance_id)
         .bind(&req.pool_id)
         .bind(i64::from(req.vcpus))
         .bind(i64::from(req.memory_mib))
         .bind(req.recreate_on_host_loss)
+        .bind(req.network_policy.as_str())
+        .bind(req.sandbox)
         .execute(&mut **t)
         .await
         .map_err(db_err)?
@@ -286,15 +298,38 @@ async fn place(tx: &mut Tx, want: &Want<'_>, host: Option<&str>) -> Result<(), E
             })?
         }
     };
+    let allocation_id = Instance::allocation_id_for(want.instance_id, next_allocation(tx).await?);
     on_tx!(tx, t => sqlx::query(
-        "UPDATE instances SET host_id = $2, state = 'running', conditions = '[]' WHERE instance_id = $1")
+        "UPDATE instances SET host_id = $2, state = 'running', conditions = '[]', allocation_id = $3 \
+         WHERE instance_id = $1")
         .bind(want.instance_id)
         .bind(&host_id)
+        .bind(&allocation_id)
         .execute(&mut **t)
         .await
         .map_err(db_err)?.rows_affected());
     lease(tx, want.pool_id, want.instance_id).await?;
     Ok(())
+}
+
+/// The next placement number, store-wide, never repeated: a sequence on PostgreSQL (no row lock,
+/// so concurrent placements neither serialize nor deadlock on it; a rolled-back placement leaves
+/// a gap), a counter row on SQLite (whose writers are serialized anyway; rolled back with the
+/// placement).
+async fn next_allocation(tx: &mut Tx) -> Result<u64, Error> {
+    let n: i64 = match tx {
+        Tx::Sqlite(t) => sqlx::query_scalar(
+            "UPDATE allocation_counter SET next = next + 1 WHERE id = 1 RETURNING next - 1",
+        )
+        .fetch_one(&mut **t)
+        .await
+        .map_err(db_err)?,
+        Tx::Postgres(t) => sqlx::query_scalar("SELECT nextval('allocation_seq')")
+            .fetch_one(&mut **t)
+            .await
+            .map_err(db_err)?,
+    };
+    u64::try_from(n).map_err(|_| Error::internal(format!("allocation counter {n} is negative")))
 }
 
 /// Claims the request on a ready host if it has room; false otherwise. Row-level: concurrent

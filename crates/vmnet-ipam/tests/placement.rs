@@ -315,11 +315,90 @@ mod cases {
         tx.commit().await.unwrap();
         assert_eq!(snapshot(db).await, before);
     }
+
+    /// Policy and sandbox are stored and read back (create, get, list); every placement takes a
+    /// new, valid allocation id; re-placement after a host loss keeps policy and sandbox.
+    pub async fn policy_sandbox_and_allocation_ids(db: &Db) {
+        use vmnet_ipam::NetworkPolicy;
+        set_pool(db, range("p1", "10.0.0.0/29", "10.0.0.1"))
+            .await
+            .unwrap();
+        add_host(db, "h1", 8, 8192).await;
+        add_host(db, "h2", 8, 8192).await;
+        let plain = create(db, &inst("plain", "p1")).await.unwrap();
+        assert_eq!(
+            (plain.network_policy, plain.sandbox),
+            (NetworkPolicy::Public, false)
+        );
+        let mut r = inst("boxed", "p1");
+        r.host_id = Some("h1".into());
+        r.network_policy = NetworkPolicy::Private;
+        r.sandbox = true;
+        r.recreate_on_host_loss = true;
+        let boxed = create(db, &r).await.unwrap();
+        assert_eq!(
+            (boxed.network_policy, boxed.sandbox),
+            (NetworkPolicy::Private, true)
+        );
+        let mut r = inst("dark", "p1");
+        r.network_policy = NetworkPolicy::None;
+        let dark = create(db, &r).await.unwrap();
+        assert_eq!(dark.network_policy, NetworkPolicy::None);
+        for i in [&plain, &boxed, &dark] {
+            vmnet_model::pool::validate_id("allocation_id", &i.allocation_id).unwrap();
+            assert!(
+                i.allocation_id.starts_with("alloc-")
+                    && i.allocation_id.ends_with(&format!("-{}", i.instance_id)),
+                "{}",
+                i.allocation_id
+            );
+        }
+        let ids: std::collections::HashSet<_> = [&plain, &boxed, &dark]
+            .iter()
+            .map(|i| i.allocation_id.clone())
+            .collect();
+        assert_eq!(ids.len(), 3, "{ids:?}");
+        let mut tx = db.begin().await.unwrap();
+        assert_eq!(
+            vmnet_ipam::get_instance(&mut tx, "boxed").await.unwrap(),
+            boxed
+        );
+        let all = vmnet_ipam::list_instances(&mut tx).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(all, vec![boxed.clone(), dark.clone(), plain.clone()]);
+        // Re-placement after a host loss: same policy and sandbox, a new allocation id.
+        let loss = lose(db, "h1").await.unwrap();
+        let moved = loss
+            .instances
+            .iter()
+            .find(|i| i.instance_id == "boxed")
+            .unwrap();
+        assert_eq!(moved.host_id.as_deref(), Some("h2"));
+        assert_eq!(
+            (moved.network_policy, moved.sandbox),
+            (NetworkPolicy::Private, true)
+        );
+        assert_ne!(moved.allocation_id, boxed.allocation_id);
+        assert!(moved.allocation_id.ends_with("-boxed"));
+        // A deleted and re-created id never gets an allocation id it had before.
+        let mut tx = db.begin().await.unwrap();
+        vmnet_ipam::delete_instance(&mut tx, "plain").await.unwrap();
+        tx.commit().await.unwrap();
+        let again = create(db, &inst("plain", "p1")).await.unwrap();
+        assert_ne!(again.allocation_id, plain.allocation_id);
+        // A 64-byte instance id still gets a valid (cut) allocation id.
+        let long = "l".repeat(64);
+        let l = create(db, &inst(&long, "p1")).await.unwrap();
+        assert_eq!(l.allocation_id.len(), 64);
+        vmnet_model::pool::validate_id("allocation_id", &l.allocation_id).unwrap();
+        check_invariants(db).await;
+    }
 }
 
 conformance!(cases:
     placement_claims_and_rolls_back,
     host_loss_recreates_or_marks_unschedulable,
+    policy_sandbox_and_allocation_ids,
     not_found_and_conflict,
     bad_input_leaves_database_unchanged,
 );

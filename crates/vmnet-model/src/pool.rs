@@ -36,6 +36,7 @@ use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
+pub use crate::nic::NetworkPolicy;
 
 /// The longest id accepted for pools, hosts and instances, in bytes.
 pub const MAX_ID_LEN: usize = 64;
@@ -351,6 +352,62 @@ impl FromStr for InstanceState {
     }
 }
 
+/// The names of [`NetworkPolicy`] as stored and shown (JSON, SQL, CLI): `public`, `private`, `none`.
+impl NetworkPolicy {
+    /// Every policy, in the order the docs list them.
+    pub const ALL: [Self; 3] = [Self::Public, Self::Private, Self::None];
+
+    /// The lowercase name (`public`, `private`, `none`), as in JSON.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Public => "public",
+            Self::Private => "private",
+            Self::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for NetworkPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for NetworkPolicy {
+    type Err = Error;
+    /// Parses the lowercase name.
+    ///
+    /// # Errors
+    /// `INVALID_INPUT` naming `network_policy`:
+    /// `network_policy "open" is not one of public, private, none`.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "network_policy {s:?} is not one of public, private, none"
+                ))
+            })
+    }
+}
+
+/// Deserializes `network_policy` with an error that names the field even where the caller has
+/// no field path (host spec files): `unknown network_policy "open", expected one of public,
+/// private, none`.
+fn policy_field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<NetworkPolicy, D::Error> {
+    let s = String::deserialize(d)?;
+    NetworkPolicy::ALL
+        .into_iter()
+        .find(|p| p.as_str() == s)
+        .ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown network_policy {s:?}, expected one of public, private, none"
+            ))
+        })
+}
+
 /// A condition on an instance, e.g. `Unschedulable` after a failed placement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Condition {
@@ -382,6 +439,33 @@ pub struct Instance {
     pub conditions: Vec<Condition>,
     /// Its lease, when it holds one.
     pub address: Option<Ipv4Addr>,
+    /// What traffic it may exchange (`public`, `private` or `none`).
+    #[serde(default)]
+    pub network_policy: NetworkPolicy,
+    /// A sandbox instance accepts SSH (tcp/22) only from its host's own addresses.
+    #[serde(default)]
+    pub sandbox: bool,
+    /// The id of its latest placement, handed to the host with the instance (its
+    /// `allocationId`). Every placement, re-placement after a host loss included, takes a new
+    /// one: `alloc-<n>-<instance_id>` cut to [`MAX_ID_LEN`] bytes, where `n` is a store-wide
+    /// counter that never repeats (so the id is unique even for long instance ids and after an
+    /// instance id is deleted and reused). Instances stored before the field existed keep their
+    /// instance id as allocation id. Always a valid id (see [`validate_id`]).
+    #[serde(default)]
+    pub allocation_id: String,
+}
+
+impl Instance {
+    /// The allocation id for placement number `n` of `instance_id` (see
+    /// [`Instance::allocation_id`]): `alloc-<n>-<instance_id>`, cut to [`MAX_ID_LEN`] bytes.
+    /// The `alloc-<n>-` prefix alone makes it unique; ids are ASCII, so the cut is on a character
+    /// boundary.
+    #[must_use]
+    pub fn allocation_id_for(instance_id: &str, n: u64) -> String {
+        let mut id = format!("alloc-{n}-{instance_id}");
+        id.truncate(MAX_ID_LEN);
+        id
+    }
 }
 
 /// The vCPUs an instance requests when the request does not say (API and CLI alike): 1.
@@ -418,9 +502,32 @@ pub struct NewInstance {
     /// Whether a host loss places it again elsewhere.
     #[serde(default)]
     pub recreate_on_host_loss: bool,
+    /// What traffic it may exchange: `public` (default), `private` or `none` (lowercase in JSON;
+    /// anything else is refused with `INVALID_INPUT` naming `network_policy`).
+    #[serde(default, deserialize_with = "policy_field")]
+    pub network_policy: NetworkPolicy,
+    /// Accept SSH (tcp/22) only from the host's own addresses. Default: false.
+    #[serde(default)]
+    pub sandbox: bool,
 }
 
 impl NewInstance {
+    /// A request with the defaults of an absent JSON field: no host, [`DEFAULT_VCPUS`],
+    /// [`DEFAULT_MEMORY_MIB`], no recreation, policy `public`, no sandbox.
+    #[must_use]
+    pub fn new(instance_id: impl Into<String>, pool_id: impl Into<String>) -> Self {
+        Self {
+            instance_id: instance_id.into(),
+            pool_id: pool_id.into(),
+            host_id: None,
+            vcpus: DEFAULT_VCPUS,
+            memory_mib: DEFAULT_MEMORY_MIB,
+            recreate_on_host_loss: false,
+            network_policy: NetworkPolicy::Public,
+            sandbox: false,
+        }
+    }
+
     /// Checks the ids and the resource request.
     ///
     /// # Errors
@@ -448,155 +555,5 @@ impl NewInstance {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn req(cidr: &str, gw: &str) -> SetIpPool {
-        SetIpPool {
-            pool_id: "p1".into(),
-            cidr: cidr.into(),
-            gateway: gw.into(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn defaults_follow_the_spec() {
-        let r = req("10.0.0.0/24", "10.0.0.1").validate().unwrap();
-        assert_eq!(r.first_host, Ipv4Addr::new(10, 0, 0, 2));
-        assert_eq!(r.last_host, Ipv4Addr::new(10, 0, 0, 254));
-        assert!(r.dns.is_empty());
-        assert_eq!(r.size(), 253);
-    }
-
-    #[test]
-    fn slash31_and_slash32() {
-        let r = req("10.0.0.0/31", "10.0.0.0").validate().unwrap();
-        assert_eq!(
-            (r.first_host, r.last_host),
-            (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 1))
-        );
-        let mut q = req("10.0.0.5/32", "10.0.0.1");
-        assert!(q.validate().is_err());
-        q.first_host = Some("10.0.0.5".into());
-        let r = q.validate().unwrap();
-        assert_eq!(r.size(), 1);
-    }
-
-    fn invalid(r: &SetIpPool) -> String {
-        let e = r.validate().expect_err("must be refused");
-        assert_eq!(e.code, crate::ErrorCode::InvalidInput, "{e}");
-        e.message
-    }
-
-    #[test]
-    fn addresses_are_parsed_strictly() {
-        assert_eq!(
-            invalid(&req("010.5.0.0/24", "10.5.0.1")),
-            r#"pool p1: cidr "010.5.0.0/24" is not an IPv4 CIDR such as 10.0.0.0/24"#
-        );
-        assert_eq!(
-            invalid(&req(" 10.5.0.0/24", "10.5.0.1")),
-            r#"pool p1: cidr " 10.5.0.0/24" is not an IPv4 CIDR such as 10.0.0.0/24"#
-        );
-        assert_eq!(
-            invalid(&req("10.5.0.0/024", "10.5.0.1")),
-            r#"pool p1: cidr "10.5.0.0/024" is not an IPv4 CIDR such as 10.0.0.0/24"#
-        );
-        assert_eq!(
-            invalid(&req("10.5.0.0/24", "10.5.0.01")),
-            r#"pool p1: gateway "10.5.0.01" is not an IPv4 address"#
-        );
-        assert_eq!(
-            invalid(&req("10.5.0.0/24", "10.5.0.1 ")),
-            r#"pool p1: gateway "10.5.0.1 " is not an IPv4 address"#
-        );
-        let mut q = req("10.5.0.0/24", "10.5.0.1");
-        q.first_host = Some("10.5.0.010".into());
-        assert_eq!(
-            invalid(&q),
-            r#"pool p1: first_host "10.5.0.010" is not an IPv4 address"#
-        );
-        let mut q = req("10.5.0.0/24", "10.5.0.1");
-        q.dns = vec![" 1.1.1.1".into()];
-        assert_eq!(
-            invalid(&q),
-            r#"pool p1: dns[0] " 1.1.1.1" is not an IP address"#
-        );
-        assert_eq!(
-            invalid(&req("fd00::/64", "10.5.0.1")),
-            "pool p1: cidr fd00::/64 is IPv6; only IPv4 ranges are supported"
-        );
-        assert!(req("10.5.0.0/24", "10.5.0.1").validate().is_ok());
-    }
-
-    #[test]
-    fn gateway_on_network_or_broadcast_is_refused() {
-        assert_eq!(
-            invalid(&req("10.5.0.0/24", "10.5.0.0")),
-            "pool p1: gateway 10.5.0.0 is the network address of 10.5.0.0/24"
-        );
-        assert_eq!(
-            invalid(&req("10.5.0.0/24", "10.5.0.255")),
-            "pool p1: gateway 10.5.0.255 is the broadcast address of 10.5.0.0/24"
-        );
-        assert_eq!(
-            invalid(&req("10.5.0.4/30", "10.5.0.7")),
-            "pool p1: gateway 10.5.0.7 is the broadcast address of 10.5.0.4/30"
-        );
-        // A gateway outside the cidr stays allowed (spec: "The gateway may lie outside the range").
-        let mut q = req("10.5.0.0/24", "10.9.0.1");
-        q.first_host = Some("10.5.0.1".into());
-        assert_eq!(q.validate().unwrap().size(), 254);
-        // /31: both addresses are usable (RFC 3021), so either may be the gateway.
-        assert!(req("10.5.0.0/31", "10.5.0.1").validate().is_err());
-        assert!(req("10.5.0.0/31", "10.5.0.0").validate().is_ok());
-    }
-
-    #[test]
-    fn slash32_default_first_host_gets_the_hint() {
-        assert_eq!(
-            invalid(&req("10.0.0.5/32", "10.0.0.1")),
-            "pool p1: first_host 10.0.0.2 is outside cidr 10.0.0.5/32 (the default is the address after the gateway; set first_host explicitly)"
-        );
-        assert_eq!(
-            invalid(&req("10.0.0.5/32", "10.0.0.5")),
-            "pool p1: first_host 10.0.0.6 is outside cidr 10.0.0.5/32 (the default is the address after the gateway; set first_host explicitly)"
-        );
-        let mut q = req("10.0.0.5/32", "10.0.0.1");
-        q.first_host = Some("10.0.0.9".into());
-        assert_eq!(
-            invalid(&q),
-            "pool p1: first_host 10.0.0.9 is outside cidr 10.0.0.5/32"
-        );
-        let mut q = req("10.0.0.5/32", "10.0.0.5");
-        q.first_host = Some("10.0.0.5".into());
-        assert_eq!(q.validate().unwrap().size(), 0);
-    }
-
-    #[test]
-    fn new_instance_defaults_vcpus_and_memory() {
-        let i: NewInstance =
-            serde_json::from_str(r#"{"instance_id":"vm1","pool_id":"p1"}"#).unwrap();
-        assert_eq!((i.vcpus, i.memory_mib), (1, 512));
-        assert_eq!((i.vcpus, i.memory_mib), (DEFAULT_VCPUS, DEFAULT_MEMORY_MIB));
-        let i: NewInstance = serde_json::from_str(
-            r#"{"instance_id":"vm1","pool_id":"p1","vcpus":4,"memory_mib":2048}"#,
-        )
-        .unwrap();
-        assert_eq!((i.vcpus, i.memory_mib), (4, 2048));
-    }
-
-    #[test]
-    fn ids() {
-        assert!(validate_id("instance_id", "vm-1.a_b").is_ok());
-        assert_eq!(
-            validate_id("instance_id", "").unwrap_err().message,
-            "instance_id must not be empty"
-        );
-        assert!(validate_id("instance_id", "-x").is_err());
-        assert!(validate_id("instance_id", "a'; DROP TABLE x; --").is_err());
-        assert!(validate_id("instance_id", &"a".repeat(65)).is_err());
-        assert!(validate_id("instance_id", &"a".repeat(64)).is_ok());
-    }
-}
+#[path = "pool_tests.rs"]
+mod tests;

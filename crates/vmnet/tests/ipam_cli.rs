@@ -29,6 +29,58 @@ fn fails(db: &[String], args: &[&str], exit: i32, stderr: &str) {
     assert!(out.stdout.is_empty());
 }
 
+/// `--network-policy` and `--sandbox` reach the store and come back in `instance show` (JSON
+/// and table); an unknown policy is INVALID_INPUT naming network_policy. Uses (and returns) the
+/// free address 10.0.0.4.
+fn policy_and_sandbox(db: &[String]) {
+    fails(
+        db,
+        &[
+            "instance",
+            "create",
+            "vm7",
+            "--pool",
+            "p1",
+            "--network-policy",
+            "open",
+        ],
+        2,
+        "error: INVALID_INPUT: network_policy \"open\" is not one of public, private, none\n",
+    );
+    ok(
+        db,
+        &[
+            "instance",
+            "create",
+            "vm7",
+            "--pool",
+            "p1",
+            "--network-policy",
+            "private",
+            "--sandbox",
+        ],
+    );
+    let json = ok(db, &["--output", "json", "instance", "show", "vm7"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["network_policy"], "private");
+    assert_eq!(v["sandbox"], true);
+    let alloc = v["allocation_id"].as_str().unwrap().to_owned();
+    assert!(
+        alloc.starts_with("alloc-") && alloc.ends_with("-vm7"),
+        "{alloc}"
+    );
+    let table = ok(db, &["instance", "show", "vm7"]);
+    let mut lines = table.lines();
+    let head: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let col = |name: &str| row[head.iter().position(|h| *h == name).unwrap()];
+    assert_eq!(
+        (col("POLICY"), col("SANDBOX"), col("ALLOCATION")),
+        ("private", "true", alloc.as_str())
+    );
+    ok(db, &["instance", "delete", "vm7"]);
+}
+
 fn walk_through(db: &[String]) {
     let set = ok(
         db,
@@ -129,6 +181,9 @@ fn walk_through(db: &[String]) {
     let json = ok(db, &["--output", "json", "instance", "delete", "vm6"]);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["deleted"], true);
+    assert_eq!(v["instance"]["network_policy"], "public");
+    assert_eq!(v["instance"]["sandbox"], false);
+    policy_and_sandbox(db);
     assert_eq!(
         v["released"],
         serde_json::json!({"pool_id": "p1", "address": "10.0.0.4", "instance_id": "vm6"})

@@ -49,14 +49,7 @@ pub fn range(pool: &str, cidr: &str, gw: &str) -> SetIpPool {
 }
 
 pub fn inst(id: &str, pool: &str) -> NewInstance {
-    NewInstance {
-        instance_id: id.into(),
-        pool_id: pool.into(),
-        host_id: None,
-        vcpus: 1,
-        memory_mib: 512,
-        recreate_on_host_loss: false,
-    }
+    NewInstance::new(id, pool)
 }
 
 /// Runs one operation in its own transaction and commits it only on success.

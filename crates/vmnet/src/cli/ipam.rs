@@ -99,6 +99,13 @@ pub enum InstanceCmd {
         /// Place it again on another host after a host loss.
         #[arg(long)]
         recreate_on_host_loss: bool,
+        /// What traffic it may exchange: public, private (private address space only) or none.
+        /// Anything else is refused with INVALID_INPUT naming network_policy.
+        #[arg(long, default_value = "public", value_name = "public|private|none")]
+        network_policy: String,
+        /// Accept SSH (tcp/22) only from the host's own addresses.
+        #[arg(long)]
+        sandbox: bool,
     },
     /// Delete an instance, returning its lease and claim.
     Delete {
@@ -255,6 +262,13 @@ fn instances_table(instances: &[Instance]) -> String {
                 i.vcpus.to_string(),
                 i.memory_mib.to_string(),
                 i.recreate_on_host_loss.to_string(),
+                i.network_policy.to_string(),
+                i.sandbox.to_string(),
+                if i.allocation_id.is_empty() {
+                    "-".into()
+                } else {
+                    i.allocation_id.clone()
+                },
                 if conditions.is_empty() {
                     "-".into()
                 } else {
@@ -273,6 +287,9 @@ fn instances_table(instances: &[Instance]) -> String {
             "VCPUS",
             "MEMORY_MIB",
             "RECREATE",
+            "POLICY",
+            "SANDBOX",
+            "ALLOCATION",
             "CONDITIONS",
         ],
         &rows,
@@ -373,6 +390,8 @@ pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), Error> {
             vcpus,
             memory_mib,
             recreate_on_host_loss,
+            network_policy,
+            sandbox,
         } => {
             let req = NewInstance {
                 instance_id: id,
@@ -381,6 +400,8 @@ pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), Error> {
                 vcpus,
                 memory_mib,
                 recreate_on_host_loss,
+                network_policy: network_policy.parse()?,
+                sandbox,
             };
             let i = vmnet_ipam::create_instance(&mut tx, &req).await?;
             finish(db, tx, g, &i, |i| instances_table(std::slice::from_ref(i))).await
@@ -475,11 +496,17 @@ mod tests {
             state: InstanceState::Running,
             conditions: vec![],
             address: Some("10.0.0.4".parse().unwrap()),
+            network_policy: vmnet_ipam::NetworkPolicy::Private,
+            sandbox: true,
+            allocation_id: "alloc-1-vm3".into(),
         };
         let d = Deleted::of(i.clone());
         assert_eq!(d.line(), "deleted instance vm3 (released 10.0.0.4)\n");
         let v = serde_json::to_value(&d).unwrap();
         assert_eq!(v["deleted"], true);
+        assert_eq!(v["instance"]["network_policy"], "private");
+        assert_eq!(v["instance"]["sandbox"], true);
+        assert_eq!(v["instance"]["allocation_id"], "alloc-1-vm3");
         assert_eq!(
             v["released"],
             serde_json::json!({"pool_id": "p1", "address": "10.0.0.4", "instance_id": "vm3"})

@@ -148,12 +148,10 @@ async fn place(
     for i in &spec.instances {
         let mut tx = db.begin().await?;
         let req = NewInstance {
-            instance_id: i.instance_id.clone(),
-            pool_id: spec.pool.pool_id.clone(),
             host_id: Some(spec.host.host_id.clone()),
             vcpus: 1,
             memory_mib: 256,
-            recreate_on_host_loss: false,
+            ..NewInstance::new(i.instance_id.clone(), spec.pool.pool_id.clone())
         };
         let r = match vmnet_ipam::create_instance(&mut tx, &req).await {
             Ok(inst) => {

@@ -1,0 +1,196 @@
+use super::*;
+
+fn req(cidr: &str, gw: &str) -> SetIpPool {
+    SetIpPool {
+        pool_id: "p1".into(),
+        cidr: cidr.into(),
+        gateway: gw.into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn defaults_follow_the_spec() {
+    let r = req("10.0.0.0/24", "10.0.0.1").validate().unwrap();
+    assert_eq!(r.first_host, Ipv4Addr::new(10, 0, 0, 2));
+    assert_eq!(r.last_host, Ipv4Addr::new(10, 0, 0, 254));
+    assert!(r.dns.is_empty());
+    assert_eq!(r.size(), 253);
+}
+
+#[test]
+fn slash31_and_slash32() {
+    let r = req("10.0.0.0/31", "10.0.0.0").validate().unwrap();
+    assert_eq!(
+        (r.first_host, r.last_host),
+        (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 1))
+    );
+    let mut q = req("10.0.0.5/32", "10.0.0.1");
+    assert!(q.validate().is_err());
+    q.first_host = Some("10.0.0.5".into());
+    let r = q.validate().unwrap();
+    assert_eq!(r.size(), 1);
+}
+
+fn invalid(r: &SetIpPool) -> String {
+    let e = r.validate().expect_err("must be refused");
+    assert_eq!(e.code, crate::ErrorCode::InvalidInput, "{e}");
+    e.message
+}
+
+#[test]
+fn addresses_are_parsed_strictly() {
+    assert_eq!(
+        invalid(&req("010.5.0.0/24", "10.5.0.1")),
+        r#"pool p1: cidr "010.5.0.0/24" is not an IPv4 CIDR such as 10.0.0.0/24"#
+    );
+    assert_eq!(
+        invalid(&req(" 10.5.0.0/24", "10.5.0.1")),
+        r#"pool p1: cidr " 10.5.0.0/24" is not an IPv4 CIDR such as 10.0.0.0/24"#
+    );
+    assert_eq!(
+        invalid(&req("10.5.0.0/024", "10.5.0.1")),
+        r#"pool p1: cidr "10.5.0.0/024" is not an IPv4 CIDR such as 10.0.0.0/24"#
+    );
+    assert_eq!(
+        invalid(&req("10.5.0.0/24", "10.5.0.01")),
+        r#"pool p1: gateway "10.5.0.01" is not an IPv4 address"#
+    );
+    assert_eq!(
+        invalid(&req("10.5.0.0/24", "10.5.0.1 ")),
+        r#"pool p1: gateway "10.5.0.1 " is not an IPv4 address"#
+    );
+    let mut q = req("10.5.0.0/24", "10.5.0.1");
+    q.first_host = Some("10.5.0.010".into());
+    assert_eq!(
+        invalid(&q),
+        r#"pool p1: first_host "10.5.0.010" is not an IPv4 address"#
+    );
+    let mut q = req("10.5.0.0/24", "10.5.0.1");
+    q.dns = vec![" 1.1.1.1".into()];
+    assert_eq!(
+        invalid(&q),
+        r#"pool p1: dns[0] " 1.1.1.1" is not an IP address"#
+    );
+    assert_eq!(
+        invalid(&req("fd00::/64", "10.5.0.1")),
+        "pool p1: cidr fd00::/64 is IPv6; only IPv4 ranges are supported"
+    );
+    assert!(req("10.5.0.0/24", "10.5.0.1").validate().is_ok());
+}
+
+#[test]
+fn gateway_on_network_or_broadcast_is_refused() {
+    assert_eq!(
+        invalid(&req("10.5.0.0/24", "10.5.0.0")),
+        "pool p1: gateway 10.5.0.0 is the network address of 10.5.0.0/24"
+    );
+    assert_eq!(
+        invalid(&req("10.5.0.0/24", "10.5.0.255")),
+        "pool p1: gateway 10.5.0.255 is the broadcast address of 10.5.0.0/24"
+    );
+    assert_eq!(
+        invalid(&req("10.5.0.4/30", "10.5.0.7")),
+        "pool p1: gateway 10.5.0.7 is the broadcast address of 10.5.0.4/30"
+    );
+    // A gateway outside the cidr stays allowed (spec: "The gateway may lie outside the range").
+    let mut q = req("10.5.0.0/24", "10.9.0.1");
+    q.first_host = Some("10.5.0.1".into());
+    assert_eq!(q.validate().unwrap().size(), 254);
+    // /31: both addresses are usable (RFC 3021), so either may be the gateway.
+    assert!(req("10.5.0.0/31", "10.5.0.1").validate().is_err());
+    assert!(req("10.5.0.0/31", "10.5.0.0").validate().is_ok());
+}
+
+#[test]
+fn slash32_default_first_host_gets_the_hint() {
+    assert_eq!(
+        invalid(&req("10.0.0.5/32", "10.0.0.1")),
+        "pool p1: first_host 10.0.0.2 is outside cidr 10.0.0.5/32 (the default is the address after the gateway; set first_host explicitly)"
+    );
+    assert_eq!(
+        invalid(&req("10.0.0.5/32", "10.0.0.5")),
+        "pool p1: first_host 10.0.0.6 is outside cidr 10.0.0.5/32 (the default is the address after the gateway; set first_host explicitly)"
+    );
+    let mut q = req("10.0.0.5/32", "10.0.0.1");
+    q.first_host = Some("10.0.0.9".into());
+    assert_eq!(
+        invalid(&q),
+        "pool p1: first_host 10.0.0.9 is outside cidr 10.0.0.5/32"
+    );
+    let mut q = req("10.0.0.5/32", "10.0.0.5");
+    q.first_host = Some("10.0.0.5".into());
+    assert_eq!(q.validate().unwrap().size(), 0);
+}
+
+#[test]
+fn new_instance_defaults_vcpus_and_memory() {
+    let i: NewInstance = serde_json::from_str(r#"{"instance_id":"vm1","pool_id":"p1"}"#).unwrap();
+    assert_eq!((i.vcpus, i.memory_mib), (1, 512));
+    assert_eq!((i.vcpus, i.memory_mib), (DEFAULT_VCPUS, DEFAULT_MEMORY_MIB));
+    let i: NewInstance =
+        serde_json::from_str(r#"{"instance_id":"vm1","pool_id":"p1","vcpus":4,"memory_mib":2048}"#)
+            .unwrap();
+    assert_eq!((i.vcpus, i.memory_mib), (4, 2048));
+}
+
+#[test]
+fn new_instance_policy_and_sandbox() {
+    let i: NewInstance = serde_json::from_str(r#"{"instance_id":"vm1","pool_id":"p1"}"#).unwrap();
+    assert_eq!(i, NewInstance::new("vm1", "p1"));
+    assert_eq!(
+        (i.network_policy, i.sandbox),
+        (NetworkPolicy::Public, false)
+    );
+    let i: NewInstance = serde_json::from_str(
+        r#"{"instance_id":"vm1","pool_id":"p1","network_policy":"none","sandbox":true}"#,
+    )
+    .unwrap();
+    assert_eq!((i.network_policy, i.sandbox), (NetworkPolicy::None, true));
+    let e = serde_json::from_str::<NewInstance>(
+        r#"{"instance_id":"vm1","pool_id":"p1","network_policy":"Private"}"#,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(r#"unknown network_policy "Private", expected one of public, private, none"#),
+        "{e}"
+    );
+    for p in NetworkPolicy::ALL {
+        assert_eq!(p.as_str().parse::<NetworkPolicy>().unwrap(), p);
+        assert_eq!(serde_json::to_string(&p).unwrap(), format!("\"{p}\""));
+    }
+    assert_eq!(
+        "open".parse::<NetworkPolicy>().unwrap_err().message,
+        "network_policy \"open\" is not one of public, private, none"
+    );
+}
+
+#[test]
+fn allocation_ids_are_valid_and_distinct() {
+    assert_eq!(Instance::allocation_id_for("vm1", 7), "alloc-7-vm1");
+    let long = "a".repeat(MAX_ID_LEN);
+    let a = Instance::allocation_id_for(&long, 1);
+    let b = Instance::allocation_id_for(&long, 2);
+    assert_ne!(a, b);
+    for id in [&a, &b] {
+        assert_eq!(id.len(), MAX_ID_LEN);
+        validate_id("allocation_id", id).unwrap();
+    }
+    let huge = Instance::allocation_id_for(&long, u64::MAX);
+    validate_id("allocation_id", &huge).unwrap();
+    assert!(huge.starts_with(&format!("alloc-{}-", u64::MAX)));
+}
+
+#[test]
+fn ids() {
+    assert!(validate_id("instance_id", "vm-1.a_b").is_ok());
+    assert_eq!(
+        validate_id("instance_id", "").unwrap_err().message,
+        "instance_id must not be empty"
+    );
+    assert!(validate_id("instance_id", "-x").is_err());
+    assert!(validate_id("instance_id", "a'; DROP TABLE x; --").is_err());
+    assert!(validate_id("instance_id", &"a".repeat(65)).is_err());
+    assert!(validate_id("instance_id", &"a".repeat(64)).is_ok());
+}
