@@ -47,7 +47,7 @@ impl NftExec for SharedNft {
 }
 
 impl SharedNft {
-    /// Forgets everything applied (the tables lost, as when their owner dies).
+    /// Forgets everything applied (as `nft flush ruleset` would).
     fn flush(&self) {
         self.0.applied.lock().unwrap().clear();
     }

@@ -4,9 +4,8 @@
 //! instances' MACs, the bcd set elements hold them, the seeds carry the leases, the status shows
 //! the tables; a killed and restarted agent reuses the taps of the instances still placed and
 //! collects the others; simulated guests on two taps reach each other, not with a spoofed
-//! source; `nft flush ruleset` leaves the owned tables; a killed root helper is restarted and
-//! the tables loaded again; deleting an instance removes its tap and elements; deleting the
-//! last removes the backstop tables.
+//! source; `nft flush ruleset` is repaired by the audit and counted; deleting an instance
+//! removes its tap and elements; deleting the last removes the backstop tables.
 
 mod agent_support;
 
@@ -137,25 +136,18 @@ async fn pool_status(client: &Client) -> PoolStatus {
 }
 
 /// Whether a child process of `parent` runs with `needle` in its command line.
-/// The pid of a child of `parent` whose command line contains `needle`.
-fn child_pid(parent: u32, needle: &str) -> Option<u32> {
-    std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+fn has_child(parent: u32, needle: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
         let p = e.path();
         let status = std::fs::read_to_string(p.join("status")).unwrap_or_default();
         let ppid_ok = status
             .lines()
             .any(|l| l.strip_prefix("PPid:").map(str::trim) == Some(&parent.to_string()));
-        let cmd_ok = std::fs::read(p.join("cmdline"))
-            .map(|c| String::from_utf8_lossy(&c).contains(needle))
-            .unwrap_or(false);
-        (ppid_ok && cmd_ok)
-            .then(|| e.file_name().to_str()?.parse().ok())
-            .flatten()
+        ppid_ok
+            && std::fs::read(p.join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
     })
-}
-
-fn has_child(parent: u32, needle: &str) -> bool {
-    child_pid(parent, needle).is_some()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,54 +366,31 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     );
     drop(relays);
 
-    // Someone flushes the ruleset: the tables belong to the agent's root helper, so they stay,
-    // rules and elements included, with nothing to repair; deleting one from outside fails.
+    // Someone flushes the ruleset: the audit (every 5 s) repairs it and counts it.
     let before = st.drift_repairs;
     let out = netns::exec(&host, "nft", &["flush", "ruleset"], T).unwrap();
     assert!(out.status.success());
+    let t = Instant::now();
+    loop {
+        let st = pool_status(&client).await;
+        if st.drift_repairs > before {
+            assert_eq!(st.elements.get("bridge bcd_instances taps"), Some(&2));
+            assert!(st.last_audit_at_unix_ms.is_some());
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_millis(6500),
+            "flush not repaired in time; {}",
+            log(&dir)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let rs = ruleset(&host);
     assert_eq!(
         tables(&rs),
         ["arp bcd_taps", "bridge bcd_instances", "inet bcd_taps"]
     );
     assert_eq!(elements(&rs, "taps").len(), 2);
-    let out = netns::exec(
-        &host,
-        "nft",
-        &["delete", "table", "bridge", "bcd_instances"],
-        T,
-    )
-    .unwrap();
-    assert!(
-        !out.status.success(),
-        "an external delete of an owned table fails"
-    );
-    assert_eq!(pool_status(&client).await.drift_repairs, before);
-
-    // The root helper dies (killed by its pid: a child of the agent this test started): the
-    // kernel drops its tables, the agent starts a new helper and loads them again.
-    let helper = child_pid(agent.child.id(), "--pool-helper-serve").expect("root helper pid");
-    let pid = i32::try_from(helper).unwrap();
-    // SAFETY: kill(2) of a process started by the agent this test started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let killed = Instant::now();
-    let back = loop {
-        let rs = ruleset(&host);
-        if tables(&rs).len() == 3 && elements(&rs, "taps").len() == 2 {
-            break killed.elapsed();
-        }
-        assert!(
-            killed.elapsed() < T,
-            "tables not restored after the helper died; {}",
-            log(&dir)
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    eprintln!("root helper killed -> tables back (listed by nft): {back:?}");
-    assert!(
-        child_pid(agent.child.id(), "--pool-helper-serve").is_some_and(|p| p != helper),
-        "a new root helper runs"
-    );
 
     // Delete one instance: its tap, elements and seed go; the other stays.
     let _: Value = client.delete("/v1/instances/i-a").await.unwrap();

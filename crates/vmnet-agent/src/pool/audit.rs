@@ -17,14 +17,8 @@ pub struct AuditRecord {
     pub audits: u64,
     /// When the last audit finished, ms since the Unix epoch.
     pub last_audit_at_unix_ms: Option<i64>,
-    /// The last audit's error (listing or repair failed), or of a failed helper restart;
-    /// `None` after a good audit.
+    /// The last audit's error (listing or repair failed); `None` after a good audit.
     pub last_error: Option<String>,
-    /// Times the root helper exited and was started again with the tables re-applied.
-    pub helper_restarts: u64,
-    /// For the last of those restarts: ms from noticing the exit (the tables gone with it) to
-    /// the tables loaded again.
-    pub last_helper_restart_ms: Option<u64>,
 }
 
 /// Runs the audit every `period` until the returned task is aborted. Each audit runs on a

@@ -4,39 +4,29 @@
 //!
 //! # Protocol
 //! Both directions send frames of a 4-byte big-endian length and that many bytes of JSON.
-//! Requests: `{"op":"apply","ruleset":"<nft JSON>"}` or `{"op":"list"}` (bcd's tables:
-//! [`vmnet_kernel::pool::firewall::list_owned`]). Replies:
+//! Requests: `{"op":"apply","ruleset":"<nft JSON>"}` or `{"op":"list"}`. Replies:
 //! `{"ok":true,"output":"…"}` or `{"ok":false,"error":"…"}`. The helper applies a ruleset only
-//! after [`vmnet_plan::pool::validate::validate_doc`] accepted it; a refusal carries the reason.
-//! It serves one agent, one request at a time, and exits when the socket closes.
+//! after [`vmnet_plan::pool::validate::validate`] accepted it; a refusal carries the reason. It serves one
+//! agent, one request at a time, and exits when the socket closes.
 //!
 //! # Design
 //! The helper enters the target namespace on its main thread before doing anything else (it is
-//! single-threaded), then opens one libnftables context there and keeps it for its whole life:
-//! bcd's three tables are made by that context with the `owner` flag
-//! ([`vmnet_kernel::pool::firewall::apply_owned`], from fixed table names, never from text the
-//! agent sends), so no other process can flush, edit or delete them, and the kernel deletes
-//! them when the helper exits. The agent side ([`HelperClient`]) implements [`NftExec`], so the
-//! pool firewall drives the helper exactly as it drives an in-process context, and
-//! [`OwnerWatch`]: it notices the helper's exit (a pidfd) and starts it again from the same
-//! command, for the agent's watchdog to re-apply the tables
-//! ([`super::runtime::PoolRuntime`]).
+//! single-threaded), then opens one libnftables context there and keeps it. The agent side
+//! ([`HelperClient`]) implements [`NftExec`], so the pool firewall drives the helper exactly as it
+//! drives an in-process context.
 
-use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
-use vmnet_kernel::pool::firewall::{FirewallError, NftExec, OwnerWatch, apply_owned, list_owned};
+use vmnet_kernel::pool::firewall::{FirewallError, LIST_RULESET, NftExec};
 use vmnet_kernel::pool::libnft::LibNft;
 
-use vmnet_plan::pool::validate::validate_doc;
+use vmnet_plan::pool::validate::validate;
 
 /// The descriptor number the helper finds its socket on.
 pub const HELPER_FD: i32 = 3;
@@ -109,13 +99,11 @@ pub fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
 /// Answers one request with `nft` (validation first for `apply`).
 pub fn handle(nft: &LibNft, req: &Request) -> Reply {
     let result = match req {
-        Request::Apply { ruleset } => match validate_doc(ruleset) {
-            Ok(doc) => apply_owned(nft, &doc, ruleset)
-                .map(|()| String::new())
-                .map_err(|e| e.to_string()),
+        Request::Apply { ruleset } => match validate(ruleset) {
+            Ok(()) => nft.run(ruleset).map_err(|e| e.to_string()),
             Err(refusal) => Err(refusal.to_string()),
         },
-        Request::List => list_owned(nft).map_err(|e| e.to_string()),
+        Request::List => nft.run(LIST_RULESET).map_err(|e| e.to_string()),
     };
     match result {
         Ok(output) => Reply {
@@ -171,49 +159,20 @@ pub fn main_from_fd(netns: Option<&str>) -> Result<(), String> {
     serve(&UnixStream::from(fd), netns)
 }
 
-/// How to start the helper again: the first command's program, arguments, explicitly set
-/// variables and directory (a restarted helper gets only those variables).
-#[derive(Debug, Clone)]
-struct Recipe {
-    program: OsString,
-    args: Vec<OsString>,
-    envs: Vec<(OsString, OsString)>,
-    dir: Option<PathBuf>,
-}
-
-impl Recipe {
-    fn of(cmd: &Command) -> Self {
-        Self {
-            program: cmd.get_program().to_owned(),
-            args: cmd.get_args().map(ToOwned::to_owned).collect(),
-            envs: cmd
-                .get_envs()
-                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
-                .collect(),
-            dir: cmd.get_current_dir().map(ToOwned::to_owned),
-        }
-    }
-
-    fn command(&self) -> Command {
-        let mut cmd = Command::new(&self.program);
-        cmd.args(&self.args).env_clear().envs(self.envs.clone());
-        if let Some(d) = &self.dir {
-            cmd.current_dir(d);
-        }
-        cmd
-    }
-}
-
-/// One running helper: its socket, its process and a pidfd that becomes readable when it exits.
+/// The agent's end: a running helper and its socket.
 #[derive(Debug)]
-struct Live {
-    sock: UnixStream,
-    child: Child,
-    pidfd: Arc<OwnedFd>,
+pub struct HelperClient {
+    sock: Mutex<UnixStream>,
+    child: Mutex<Child>,
 }
 
-impl Live {
-    fn start(mut cmd: Command) -> std::io::Result<Self> {
+impl HelperClient {
+    /// Starts `cmd` (the helper entry: e.g. `vmnet-pool-helper --netns NS`) with one end of a
+    /// new socketpair as descriptor 3.
+    ///
+    /// # Errors
+    /// When the socketpair or the process cannot be made.
+    pub fn spawn(mut cmd: Command) -> std::io::Result<Self> {
         let (ours, theirs) = UnixStream::pair()?;
         let fd = theirs.as_raw_fd();
         // SAFETY: the closure runs in the forked child before exec and calls only dup2 and
@@ -231,108 +190,11 @@ impl Live {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn()?;
+        let child = cmd.spawn()?;
         drop(theirs);
-        let pid = libc::pid_t::try_from(child.id()).map_err(std::io::Error::other)?;
-        // SAFETY: pidfd_open(2) with a pid of our own unreaped child (it cannot be reused before
-        // we wait for it) and no flags; the result is checked.
-        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let raw = match i32::try_from(raw) {
-            Ok(fd) if fd >= 0 => fd,
-            _ => {
-                let e = std::io::Error::last_os_error();
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(std::io::Error::other(format!("pidfd_open: {e}")));
-            }
-        };
-        // SAFETY: `raw` is a new descriptor owned by nothing else.
-        let pidfd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
         Ok(Self {
-            sock: ours,
-            child,
-            pidfd,
-        })
-    }
-
-    /// Closes our end (the helper exits on it) and reaps the process.
-    fn stop(&mut self) {
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
-        let _ = self.child.wait();
-    }
-}
-
-#[derive(Debug)]
-struct Shared {
-    recipe: Recipe,
-    live: Mutex<Live>,
-}
-
-impl Shared {
-    fn live(&self) -> std::sync::MutexGuard<'_, Live> {
-        self.live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        if let Ok(l) = self.live.get_mut() {
-            l.stop();
-        }
-    }
-}
-
-impl OwnerWatch for Shared {
-    fn wait_lost(&self, timeout: Duration) -> bool {
-        let fd = Arc::clone(&self.live().pidfd);
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: one valid pollfd for the duration of the call; `fd` stays open (we hold it).
-        let n = unsafe { libc::poll(&raw mut p, 1, ms) };
-        n > 0 && p.revents & libc::POLLIN != 0
-    }
-
-    fn restart(&self) -> Result<(), FirewallError> {
-        let fresh = Live::start(self.recipe.command())
-            .map_err(|e| FirewallError::Helper(format!("restart: {e}")))?;
-        let mut old = std::mem::replace(&mut *self.live(), fresh);
-        if matches!(old.child.try_wait(), Ok(None)) {
-            // Not gone after all (a restart asked for by hand): stop our own child by its pid.
-            let _ = old.child.kill();
-        }
-        old.stop();
-        tracing::warn!(pid = self.live().child.id(), "pool root helper restarted");
-        Ok(())
-    }
-}
-
-/// The agent's end: a running helper and its socket; restartable ([`OwnerWatch`]).
-#[derive(Debug)]
-pub struct HelperClient {
-    shared: Arc<Shared>,
-}
-
-impl HelperClient {
-    /// Starts `cmd` (the helper entry: e.g. `vmnet-pool-helper --netns NS`) with one end of a
-    /// new socketpair as descriptor 3. A restart ([`OwnerWatch::restart`]) runs the same
-    /// program, arguments and directory with only the variables set explicitly on `cmd`.
-    ///
-    /// # Errors
-    /// When the socketpair, the process or its pidfd cannot be made.
-    pub fn spawn(cmd: Command) -> std::io::Result<Self> {
-        let recipe = Recipe::of(&cmd);
-        let live = Live::start(cmd)?;
-        Ok(Self {
-            shared: Arc::new(Shared {
-                recipe,
-                live: Mutex::new(live),
-            }),
+            sock: Mutex::new(ours),
+            child: Mutex::new(child),
         })
     }
 
@@ -359,11 +221,14 @@ impl HelperClient {
     /// # Errors
     /// [`FirewallError::Helper`] when the helper refused, failed or is gone.
     pub fn call(&self, req: &Request) -> Result<String, FirewallError> {
-        let live = self.shared.live();
+        let sock = self
+            .sock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let body = serde_json::to_vec(req).map_err(|e| FirewallError::Helper(e.to_string()))?;
-        let mut w = &live.sock;
+        let mut w = &*sock;
         write_frame(&mut w, &body).map_err(|e| FirewallError::Helper(format!("send: {e}")))?;
-        let mut r = &live.sock;
+        let mut r = &*sock;
         let bytes = read_frame(&mut r)
             .map_err(|e| FirewallError::Helper(format!("receive: {e}")))?
             .ok_or_else(|| FirewallError::Helper("the helper exited".into()))?;
@@ -376,9 +241,12 @@ impl HelperClient {
         }
     }
 
-    /// The running helper's process id (it changes when the helper is restarted).
+    /// The helper's process id.
     pub fn pid(&self) -> u32 {
-        self.shared.live().child.id()
+        self.child
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .id()
     }
 }
 
@@ -393,8 +261,16 @@ impl NftExec for HelperClient {
     fn list(&self) -> Result<String, FirewallError> {
         self.call(&Request::List)
     }
+}
 
-    fn owner_watch(&self) -> Option<Arc<dyn OwnerWatch>> {
-        Some(Arc::clone(&self.shared) as Arc<dyn OwnerWatch>)
+impl Drop for HelperClient {
+    fn drop(&mut self) {
+        // Closing our end makes the helper exit; reap it.
+        if let Ok(s) = self.sock.get_mut() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        if let Ok(c) = self.child.get_mut() {
+            let _ = c.wait();
+        }
     }
 }

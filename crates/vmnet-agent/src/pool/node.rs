@@ -22,13 +22,9 @@
 //!   so a tap left by an earlier agent is closed (its port is not in the `taps` set) until the
 //!   first pass adds its rules again and reuses it.
 //!
-//! - The agent stopping (or dying) leaves taps and seeds in place, so running VMs keep their
-//!   network; the tables belong to the root helper's socket and the kernel deletes them when the
-//!   helper exits with the agent, so until the agent is back only the locked bridge ports filter
-//!   (source MAC; see `vmnet_kernel::pool::firewall`, "The gap"). A restarted agent loads the
-//!   tables (no tap), then its first pass reuses the taps of instances still placed here and
-//!   collects the rest. A helper that dies under a running agent is restarted at once and the
-//!   tables re-applied ([`PoolRuntime`]).
+//! - The agent stopping (or dying) leaves taps, tables and seeds in place, so running VMs keep
+//!   their network; a restarted agent loads the tables (no tap), then its first pass reuses the
+//!   taps of instances still placed here and collects the rest.
 //!
 //! # Limitations
 //! One NIC per instance, on the one bridge given to the agent; policies and sandbox flags are

@@ -1,22 +1,10 @@
 //! Pool mode as the agent runs it: the root helper started, the three tables loaded (empty of
-//! taps) before any VM starts, the drift audit running every [`AUDIT_PERIOD`], and a watchdog
-//! on the helper.
-//!
-//! # Design
-//! The tables belong to the helper's netlink socket (table flag `owner`), so the kernel deletes
-//! them when the helper exits. The watchdog (a thread, when the executor has an owner to watch:
-//! [`NftExec::owner_watch`]) waits on the helper's pidfd; on its exit it takes the firewall
-//! lock, starts a new helper and re-applies the full desired state, and records the restart and
-//! how long the tables were missing for ([`AuditRecord`]). A change that reached the dead
-//! helper fails with `UNAVAILABLE` and is retried by the caller's next pass.
+//! taps) before any VM starts, and the drift audit running every [`AUDIT_PERIOD`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use vmnet_kernel::pool::firewall::{
-    FirewallError, FirewallStatus, NftExec, OwnerWatch, PoolFirewall,
-};
+use vmnet_kernel::pool::firewall::{FirewallError, FirewallStatus, NftExec, PoolFirewall};
 use vmnet_model::Error;
 use vmnet_model::nic::InstanceSpec;
 use vmnet_plan::pool::nft::{Firewall, HostAddrs};
@@ -41,58 +29,6 @@ impl NftExec for DynExec {
     fn list(&self) -> Result<String, FirewallError> {
         self.0.list()
     }
-
-    fn owner_watch(&self) -> Option<Arc<dyn OwnerWatch>> {
-        self.0.owner_watch()
-    }
-}
-
-/// How often the watchdog checks whether it should stop (it wakes at once on the helper's
-/// exit).
-const WATCH_TICK: Duration = Duration::from_millis(100);
-
-/// Waits for the owner of the tables to die, restarts it and re-applies, until `stop`.
-fn spawn_watchdog(
-    watch: Arc<dyn OwnerWatch>,
-    firewall: Arc<Mutex<AgentFirewall>>,
-    record: Arc<Mutex<AuditRecord>>,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("pool-helper-watch".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if !watch.wait_lost(WATCH_TICK) {
-                    continue;
-                }
-                let t = Instant::now();
-                tracing::error!("pool root helper exited: the kernel dropped the bcd tables");
-                let res = {
-                    let mut fw = firewall
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    watch.restart().and_then(|()| fw.reapply())
-                };
-                let took = u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX);
-                let mut r = record
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                match res {
-                    Ok(()) => {
-                        tracing::warn!(took_ms = took, "bcd tables re-applied by a new helper");
-                        r.helper_restarts += 1;
-                        r.last_helper_restart_ms = Some(took);
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "pool root helper restart failed");
-                        r.last_error = Some(e.to_error().message);
-                        drop(r);
-                        // The old helper stays exited: the next round retries.
-                        std::thread::sleep(Duration::from_secs(1));
-                    }
-                }
-            }
-        })
 }
 
 /// The firewall type the agent drives.
@@ -104,50 +40,31 @@ pub struct PoolRuntime {
     firewall: Arc<Mutex<AgentFirewall>>,
     record: Arc<Mutex<AuditRecord>>,
     audit: tokio::task::JoinHandle<()>,
-    stop: Arc<AtomicBool>,
-    watchdog: Option<std::thread::JoinHandle<()>>,
 }
 
 impl PoolRuntime {
     /// Takes a started executor (the helper from [`HelperClient::spawn`], or
     /// [`HelperClient::spawn_default`] in production; a fake in tests), replaces the three tables
-    /// with an empty host state for `host`, starts the audit every `period` (the agent uses
-    /// [`AUDIT_PERIOD`]) and, when the executor's tables belong to another process (the
-    /// helper), the watchdog that restarts it and re-applies on its exit. Call inside a tokio
-    /// runtime.
+    /// with an empty host state for `host` and starts the audit every `period` (the agent uses
+    /// [`AUDIT_PERIOD`]). Call inside a tokio runtime.
     ///
     /// # Errors
-    /// `UNAVAILABLE` when the first replace fails or the watchdog cannot start.
+    /// `UNAVAILABLE` when the first replace fails.
     pub fn start<E: NftExec + 'static>(
         exec: E,
         host: HostAddrs,
         period: Duration,
     ) -> Result<Self, Error> {
-        let watch = exec.owner_watch();
         let mut fw = PoolFirewall::new(DynExec(Box::new(exec)));
         fw.replace(Firewall { taps: vec![], host })
             .map_err(|e| e.to_error())?;
         let firewall = Arc::new(Mutex::new(fw));
         let record = Arc::new(Mutex::new(AuditRecord::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let watchdog = watch
-            .map(|w| {
-                spawn_watchdog(
-                    w,
-                    Arc::clone(&firewall),
-                    Arc::clone(&record),
-                    Arc::clone(&stop),
-                )
-            })
-            .transpose()
-            .map_err(|e| Error::unavailable(format!("pool helper watchdog: {e}")))?;
         let audit = audit::spawn(Arc::clone(&firewall), Arc::clone(&record), period);
         Ok(Self {
             firewall,
             record,
             audit,
-            stop,
-            watchdog,
         })
     }
 
@@ -211,9 +128,5 @@ impl PoolRuntime {
 impl Drop for PoolRuntime {
     fn drop(&mut self) {
         self.audit.abort();
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(w) = self.watchdog.take() {
-            let _ = w.join();
-        }
     }
 }

@@ -10,51 +10,29 @@
 //! everything else is element adds/deletes whose size does not depend on how many taps exist.
 //!
 //! [`PoolFirewall::audit`] lists the ruleset, compares rules and element counts of the three
-//! tables with what was loaded and, on any difference (a missing table, an edited rule, a
-//! missing element — none of which another process can cause while the owner lives), re-applies
-//! the whole desired state atomically, logs the difference and counts it.
+//! tables with what was loaded and, on any difference (a flushed ruleset, an edited rule, a
+//! missing table, a missing element), re-applies the whole desired state atomically, logs the
+//! difference and counts it.
 //!
-//! # The gap: what guests can do while the tables are not as loaded
-//! The three tables are *owned* (table flag `owner`) by the netlink socket of the executor's one
-//! long-lived libnftables context — the root helper's in the agent ([`apply_owned`] makes each
-//! table with the fixed text command [`owner_command`] before the JSON batch; nft 1.0.6 cannot
-//! set table flags in JSON and the flag cannot be added to an existing table). Decided:
-//! - **External flush or edit: no gap.** Another process's `nft flush ruleset` leaves the
-//!   tables and their rules intact, and `nft delete table`, `nft flush table`, `nft add rule`
-//!   or element changes on them fail with `EPERM`; frames keep being filtered throughout
-//!   (tested with spoofed frames right after the flush: `tests/pool_drift.rs`). The audit stays
-//!   as the second line of defence and for other drift (e.g. a missing table).
-//! - **The owner dies** (the helper crashes or is killed; the agent stops): the kernel deletes
-//!   the three tables with the socket. The agent watches its helper ([`OwnerWatch`]): on the
-//!   child's exit it starts a new helper at once and re-applies the full desired state (the
-//!   window is the helper's start plus one replace: 25–35 ms from the exit to the tables
-//!   re-applied, 40–50 ms from the kill until an outside `nft list` shows them, one tap, 2-core
-//!   test host; `vmnet-agent/tests/pool_helper.rs`, `vmnet/tests/kernel_agent_pool.rs`). While the agent itself is down the tables
-//!   are gone until it starts again. In such a window only the bridge still filters: a tap's
-//!   port is locked with learning off and a static FDB entry for the NIC's MAC
-//!   ([`super::tap`]), so frames with another source MAC are dropped; IP/ARP source checks,
-//!   the policies, the DHCP/RA drops and the host-address drop do not hold.
-//! - A table that exists without the flag (left by an older agent) is replaced by an empty
-//!   owned one in one transaction just before the batch that fills it (a sub-millisecond gap,
-//!   once).
+//! # Limitations (the drift gap)
+//! Between someone else's `nft flush ruleset` and the next audit (at most one audit period, 5 s
+//! in the agent) the three tables are gone. What still holds in that gap: taps are created only
+//! after their rules exist; a tap's bridge port is locked with learning off and a static FDB
+//! entry for the NIC's MAC ([`super::tap`]), so the bridge itself drops frames with any other
+//! source MAC. What does not hold: IP/ARP source checks, the policies, the DHCP/RA drops and the
+//! host-address drop, until the audit repairs them (tested: `tests/pool_drift.rs`).
 //!
-//! nft 1.0.6 mis-frees the flags of a table with one flag while it prints the table as JSON (a
-//! use-after-free that corrupted this process's heap in testing), so bcd's tables are listed
-//! object by object ([`list_owned`]), never with `list ruleset`/`list table(s)` in-process.
-//!
-//! Not available here: the `persist` flag (tables surviving their owner) is not in nft 1.0.6; a
-//! tc layer on each tap needs `act_gact` (drop), which this kernel lacks.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! Considered and not used: the table flag `owner` (another process's `flush ruleset` then skips
+//! the tables) works in nft 1.0.6's text syntax only — its JSON parser ignores table flags — and
+//! without `persist` (not in nft 1.0.6) the tables vanish when the helper process dies, which
+//! fails open; a tc layer on each tap needs `act_gact` (drop), which this kernel lacks.
 
 use serde_json::Value;
 use vmnet_model::Error;
 use vmnet_model::nic::{InstanceSpec, instance_hash10};
 use vmnet_plan::pool::census::{Census, drift};
 use vmnet_plan::pool::nft::{
-    Change, Firewall, needs_full_replace, owner_command, render_full, render_instance,
-    tables_to_own, tap_entries,
+    Change, Firewall, needs_full_replace, render_full, render_instance, tap_entries,
 };
 
 use super::libnft::{LibNft, LibNftError};
@@ -74,129 +52,18 @@ pub trait NftExec: Send + Sync {
     /// # Errors
     /// When nft or the transport fails.
     fn list(&self) -> Result<String, FirewallError>;
-
-    /// A handle on the process whose socket owns the tables, for a watchdog that restarts it
-    /// and re-applies when it dies (see the module docs). `None` (the default): the owner is
-    /// this process (in-process libnftables), nothing to watch.
-    fn owner_watch(&self) -> Option<Arc<dyn OwnerWatch>> {
-        None
-    }
 }
 
-/// The owner of the tables as a separate process (the root helper), watched without holding
-/// the firewall: when it dies the kernel has deleted the tables.
-pub trait OwnerWatch: Send + Sync {
-    /// Waits up to `timeout` for the owner to exit; `true` when it has (and stays so until
-    /// [`Self::restart`]).
-    fn wait_lost(&self, timeout: Duration) -> bool;
-
-    /// Starts a new owner in place of the one that exited; the caller then re-applies the
-    /// tables ([`PoolFirewall::reapply`]).
-    ///
-    /// # Errors
-    /// When the new owner cannot be started.
-    fn restart(&self) -> Result<(), FirewallError>;
-}
-
-/// The nft JSON command that lists the ruleset. Not used on bcd's owned tables from a
-/// long-lived process (see [`list_owned`]).
+/// The nft JSON command that lists the ruleset.
 pub const LIST_RULESET: &str = r#"{"nftables":[{"list":{"ruleset":null}}]}"#;
-
-/// Applies `batch` (nft JSON; `doc` is it parsed) through `nft` so that bcd's tables belong to
-/// `nft`'s socket: first every table the batch defines something in
-/// ([`tables_to_own`]) is made with the fixed text command [`owner_command`] (one transaction, a
-/// no-op for tables this context owns already), then the batch as one transaction. A table
-/// that exists without the flag is deleted and made again, owned and empty, in one transaction
-/// (the batch that follows fills it). Element-only batches skip the first step.
-///
-/// # Errors
-/// [`LibNftError::Refused`] when nft refuses either step (e.g. `EPERM`: another socket owns a
-/// table); when the batch is refused, nothing of it is applied.
-pub fn apply_owned(nft: &LibNft, doc: &Value, batch: &str) -> Result<(), LibNftError> {
-    let tables = tables_to_own(doc);
-    if !tables.is_empty() {
-        let all: Vec<String> = tables.iter().map(|t| owner_command(*t)).collect();
-        if nft.run_text(&all.join("\n")).is_err() {
-            for t in &tables {
-                let own = owner_command(*t);
-                if nft.run_text(&own).is_err() {
-                    nft.run_text(&format!("delete table {} {}\n{own}", t.0, t.1))?;
-                }
-            }
-        }
-    }
-    nft.run(batch).map(drop)
-}
-
-/// The items of every `{"nftables":[…]}` line nft printed (one per `list` command), metainfo
-/// left out.
-fn items(out: &str) -> Result<Vec<Value>, LibNftError> {
-    let mut all = Vec::new();
-    for line in out.lines().filter(|l| !l.trim().is_empty()) {
-        let v: Value = serde_json::from_str(line).map_err(|e| LibNftError::Refused {
-            status: 0,
-            message: format!("listing is not JSON: {e}"),
-        })?;
-        let list = v.get("nftables").and_then(Value::as_array).cloned();
-        all.extend(
-            list.unwrap_or_default()
-                .into_iter()
-                .filter(|i| i.get("metainfo").is_none()),
-        );
-    }
-    Ok(all)
-}
-
-/// Lists bcd's three tables as one nft JSON document (`{"nftables":[…]}`: chains with their
-/// rules, sets and maps with their elements) without ever printing a table object: nft 1.0.6
-/// frees the flags of a table with exactly one flag (`owner`) while it prints them
-/// (`table_flags_json`), a use-after-free that corrupts a long-lived process's heap, so `list
-/// ruleset` and `list table` are not used. First the chains, sets and maps of all tables, then
-/// each of bcd's in full, one run each. A table without any chain or set reads as absent.
-///
-/// # Errors
-/// As [`LibNft::run`].
-pub fn list_owned(nft: &LibNft) -> Result<String, LibNftError> {
-    let names = items(&nft.run(
-        r#"{"nftables":[{"list":{"chains":null}},{"list":{"sets":null}},{"list":{"maps":null}}]}"#,
-    )?)?;
-    let mut cmds = Vec::new();
-    for item in &names {
-        let Some((kind, body)) = item.as_object().and_then(|o| o.iter().next()) else {
-            continue;
-        };
-        let fam = body.get("family").and_then(Value::as_str).unwrap_or("");
-        let tbl = body.get("table").and_then(Value::as_str).unwrap_or("");
-        let name = body.get("name").and_then(Value::as_str).unwrap_or("");
-        let owned = vmnet_plan::pool::nft::OWNED_TABLES
-            .iter()
-            .any(|(f, t)| *f == fam && *t == tbl);
-        if owned && matches!(kind.as_str(), "chain" | "set" | "map") {
-            let cmd = serde_json::json!({ "list": { kind.as_str(): {
-                "family": fam, "table": tbl, "name": name } } });
-            if !cmds.contains(&cmd) {
-                cmds.push(cmd);
-            }
-        }
-    }
-    // One run per object: nft 1.0.6 narrows its cache to the chain or set of one `list`
-    // command, so several in one run fail for all but one.
-    let mut all = Vec::new();
-    for cmd in cmds {
-        let doc = serde_json::json!({ "nftables": [cmd] }).to_string();
-        all.extend(items(&nft.run(&doc)?)?);
-    }
-    Ok(serde_json::json!({ "nftables": all }).to_string())
-}
 
 impl NftExec for LibNft {
     fn apply(&self, batch: &str) -> Result<(), FirewallError> {
-        let doc: Value = serde_json::from_str(batch).unwrap_or(Value::Null);
-        apply_owned(self, &doc, batch).map_err(FirewallError::Nft)
+        self.run(batch).map(drop).map_err(FirewallError::Nft)
     }
 
     fn list(&self) -> Result<String, FirewallError> {
-        list_owned(self).map_err(FirewallError::Nft)
+        self.run(LIST_RULESET).map_err(FirewallError::Nft)
     }
 }
 
@@ -400,18 +267,6 @@ impl<E: NftExec> PoolFirewall<E> {
         self.planned.apply(&doc);
         self.desired = next;
         Ok(())
-    }
-
-    /// Re-applies the desired state in full (after the owner of the tables was restarted: the
-    /// kernel deleted them with the old one). Does nothing before the first [`Self::replace`].
-    ///
-    /// # Errors
-    /// As [`Self::replace`].
-    pub fn reapply(&mut self) -> Result<(), FirewallError> {
-        if !self.loaded {
-            return Ok(());
-        }
-        self.replace(self.desired.clone())
     }
 
     /// Compares the kernel with what was loaded and re-applies on any difference.

@@ -7,9 +7,7 @@
 //! on that namespace. The socket stays open, which is what makes a per-instance batch cost well
 //! under a millisecond: a fresh `nft` process pays 2–3 ms to start and about 10 ms to close a
 //! socket that deleted anything. Output and errors are buffered, so a refused batch returns
-//! nft's own message. One batch is one kernel transaction. Tables made with the `owner` flag
-//! through a context ([`LibNft::run_text`]) belong to its socket: only this context can change
-//! them, and the kernel deletes them when the context is dropped.
+//! nft's own message. One batch is one kernel transaction.
 //!
 //! # Limitations
 //! Needs `libnftables.so.1` (nftables 1.0.x) on the host; the JSON input parser is selected by
@@ -177,9 +175,7 @@ impl LibNft {
             ctx: Mutex::new(ctx),
         };
         // Open the netlink socket now, in this namespace (libnftables may open it lazily).
-        // Chains, not tables: nft 1.0.6 mis-frees the flags of an owned table it prints as JSON
-        // (see `firewall::list_owned`).
-        nft.run(r#"{"nftables":[{"list":{"chains":null}}]}"#)?;
+        nft.run(r#"{"nftables":[{"list":{"tables":null}}]}"#)?;
         Ok(nft)
     }
 
@@ -197,19 +193,6 @@ impl LibNft {
     /// # Errors
     /// [`LibNftError::Refused`] with nft's message; nothing of the batch is applied then.
     pub fn run(&self, cmd: &str) -> Result<String, LibNftError> {
-        self.exec(cmd, true)
-    }
-
-    /// Runs one command buffer in nft's text syntax, with the JSON flag off for this call (nft
-    /// 1.0.6 reads table flags such as `owner` only from text), as one transaction.
-    ///
-    /// # Errors
-    /// As [`Self::run`].
-    pub fn run_text(&self, cmd: &str) -> Result<String, LibNftError> {
-        self.exec(cmd, false)
-    }
-
-    fn exec(&self, cmd: &str, json: bool) -> Result<String, LibNftError> {
         let api = api()?;
         let c = CString::new(cmd).map_err(|_| LibNftError::Nul)?;
         let guard = self
@@ -217,18 +200,8 @@ impl LibNft {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // SAFETY: the context is live and used by this thread alone (mutex held); `c` is a valid
-        // NUL-terminated string for the duration of the call. The JSON flag is put back before
-        // the mutex is released.
-        let status = unsafe {
-            if !json {
-                (api.output_set_flags)(guard.0, 0);
-            }
-            let status = (api.run_cmd)(guard.0, c.as_ptr());
-            if !json {
-                (api.output_set_flags)(guard.0, NFT_CTX_OUTPUT_JSON);
-            }
-            status
-        };
+        // NUL-terminated string for the duration of the call.
+        let status = unsafe { (api.run_cmd)(guard.0, c.as_ptr()) };
         // SAFETY: as above; the buffers belong to the context.
         let (out, err) = unsafe {
             (

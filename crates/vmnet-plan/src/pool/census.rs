@@ -51,8 +51,8 @@ impl Census {
         c
     }
 
-    /// Updates this census with a batch (adds, flushes, deletes) as the kernel would apply it,
-    /// or with a listing.
+    /// Updates this census with a batch (adds, deletes) as the kernel would apply it, or with
+    /// a listing.
     pub fn apply(&mut self, doc: &Value) {
         let c = self;
         let Some(items) = doc.get("nftables").and_then(Value::as_array) else {
@@ -60,9 +60,7 @@ impl Census {
         };
         for item in items {
             let (verb, inner) = match item.as_object().and_then(|o| o.iter().next()) {
-                Some((k, v))
-                    if matches!(k.as_str(), "add" | "create" | "delete" | "insert" | "flush") =>
-                {
+                Some((k, v)) if matches!(k.as_str(), "add" | "create" | "delete" | "insert") => {
                     (k.as_str(), v)
                 }
                 _ => ("list", item),
@@ -82,20 +80,6 @@ impl Census {
             }
             let Some(k) = key(body) else { continue };
             let t = c.tables.entry(k).or_default();
-            if verb == "flush" {
-                let name = body.get("name").and_then(Value::as_str).unwrap_or("");
-                match kind.as_str() {
-                    "chain" => {
-                        let prefix = format!("{name}: ");
-                        t.rules.retain(|r| !r.starts_with(&prefix));
-                    }
-                    "set" | "map" => {
-                        t.elements.insert(name.to_owned(), 0);
-                    }
-                    _ => {}
-                }
-                continue;
-            }
             match kind.as_str() {
                 "rule" => {
                     let chain = body.get("chain").and_then(Value::as_str).unwrap_or("");

@@ -21,15 +21,9 @@
 //! [`rules`] for the rules in order. `inet bcd_taps` and `arp bcd_taps` are the backstop for taps
 //! off their bridge.
 //!
-//! The three tables carry the table flag `owner`: they belong to the netlink socket that made
-//! them (the root helper's one libnftables context), so nobody else can flush, edit or delete
-//! them (`nft flush ruleset` by another process skips them), and the kernel deletes them when
-//! that socket closes. The flag cannot be set in nft 1.0.6's JSON nor added to an existing
-//! table, so the executor first makes each table with the fixed text command
-//! [`owner_command`], then applies the JSON batch. A full replace ([`render_full`]) is one
-//! batch that adds every chain, set and map (idempotent), flushes them all and adds the rules
-//! and elements, so it applies atomically whatever the tables held. With no instance NIC the
-//! two backstop tables are deleted by their owner. Adding or removing one instance
+//! A full replace ([`render_full`]) is one batch: for each table `add table; delete table; add
+//! table; …` so it applies atomically whatever existed. With no instance NIC the two backstop
+//! tables are only deleted (`add; delete`). Adding or removing one instance
 //! ([`render_instance`]) is one batch of element adds or deletes: its size does not depend on
 //! how many instances exist.
 //!
@@ -320,46 +314,27 @@ fn elements_cmd(verb: &str, name: &str, elems: Vec<Value>) -> Value {
     obj(verb, obj("element", body))
 }
 
-/// A backstop base chain and the interface keys (`iifname`, `oifname`) whose `bc*` match
-/// drops.
-type BackstopChain = (&'static str, &'static [&'static str]);
-
-/// The chains of `bridge bcd_instances` without a hook.
-const CHAINS: [&str; 4] = ["from_tap", "to_tap", "private_out", "private_in"];
-
-/// `{"flush": {kind: {family, table, name}}}`: empties a chain (its rules) or a set or map (its
-/// elements).
-fn flush(kind: &str, family: &str, tbl: &str, name: &str) -> Value {
-    json!({ "flush": obj(kind, json!({ "family": family, "table": tbl, "name": name })) })
-}
-
 /// The full replace of all three tables as one nft JSON batch (`{"nftables":[…]}`).
 ///
-/// The batch never adds a table (the executor creates each table with the `owner` flag first,
-/// see [`tables_to_own`]): it adds every chain, set and map (a no-op for an identical existing
-/// definition), flushes them all, then adds every rule and element, so one transaction lands on
-/// exactly the desired state whatever the tables held. With no tap the backstop tables are
-/// deleted instead (the bridge table stays, with empty tap sets).
+/// With at least one tap the backstop tables are loaded; with none they are deleted and not
+/// loaded again (the bridge table stays, with empty tap sets).
 #[must_use]
 pub fn render_full(fw: &Firewall) -> Value {
     let mut cmds: Vec<Value> = Vec::new();
     let add = |v: Value| json!({ "add": v });
     let b = "bridge";
     let t = INSTANCES_TABLE;
+    cmds.push(add(table(b, t)));
+    cmds.push(json!({ "delete": table(b, t) }));
+    cmds.push(add(table(b, t)));
     for (name, ty, is_map) in SETS {
         cmds.push(add(set_decl(name, ty, is_map)));
     }
-    for c in CHAINS {
+    for c in ["from_tap", "to_tap", "private_out", "private_in"] {
         cmds.push(add(chain(b, t, c)));
     }
     cmds.push(add(base_chain(b, t, "prerouting", "prerouting", -200)));
     cmds.push(add(base_chain(b, t, "postrouting", "postrouting", -200)));
-    for c in CHAINS.iter().chain(&["prerouting", "postrouting"]) {
-        cmds.push(flush("chain", b, t, c));
-    }
-    for (name, _, is_map) in SETS {
-        cmds.push(flush(if is_map { "map" } else { "set" }, b, t, name));
-    }
     let rulesets = [
         ("from_tap", rules::from_tap()),
         ("to_tap", rules::to_tap()),
@@ -393,77 +368,58 @@ pub fn render_full(fw: &Firewall) -> Value {
             cmds.push(elements_cmd("add", name, elems));
         }
     }
-    if fw.taps.is_empty() {
-        for fam in ["inet", "arp"] {
-            cmds.push(json!({ "delete": table(fam, TAPS_TABLE) }));
-        }
-        return json!({ "nftables": cmds });
+    for fam in ["inet", "arp"] {
+        cmds.push(add(table(fam, TAPS_TABLE)));
+        cmds.push(json!({ "delete": table(fam, TAPS_TABLE) }));
     }
-    let tt = TAPS_TABLE;
-    let backstop: [(&str, &[BackstopChain]); 2] = [
-        (
-            "inet",
-            &[
-                ("input", &["iifname"]),
-                ("forward", &["iifname", "oifname"]),
-                ("output", &["oifname"]),
-            ],
-        ),
-        ("arp", &[("input", &["iifname"]), ("output", &["oifname"])]),
-    ];
-    for (fam, chains) in backstop {
-        for (c, _) in chains {
-            cmds.push(add(base_chain(fam, tt, c, c, 0)));
-        }
-        for (c, _) in chains {
-            cmds.push(flush("chain", fam, tt, c));
-        }
-        for (c, keys) in chains {
-            for k in *keys {
-                cmds.push(add(rule(fam, tt, c, rules::tap_wildcard_drop(k))));
-            }
-        }
+    if !fw.taps.is_empty() {
+        let (i, tt) = ("inet", TAPS_TABLE);
+        cmds.push(add(table(i, tt)));
+        cmds.push(add(base_chain(i, tt, "input", "input", 0)));
+        cmds.push(add(base_chain(i, tt, "forward", "forward", 0)));
+        cmds.push(add(base_chain(i, tt, "output", "output", 0)));
+        cmds.push(add(rule(
+            i,
+            tt,
+            "input",
+            rules::tap_wildcard_drop("iifname"),
+        )));
+        cmds.push(add(rule(
+            i,
+            tt,
+            "forward",
+            rules::tap_wildcard_drop("iifname"),
+        )));
+        cmds.push(add(rule(
+            i,
+            tt,
+            "forward",
+            rules::tap_wildcard_drop("oifname"),
+        )));
+        cmds.push(add(rule(
+            i,
+            tt,
+            "output",
+            rules::tap_wildcard_drop("oifname"),
+        )));
+        let a = "arp";
+        cmds.push(add(table(a, tt)));
+        cmds.push(add(base_chain(a, tt, "input", "input", 0)));
+        cmds.push(add(base_chain(a, tt, "output", "output", 0)));
+        cmds.push(add(rule(
+            a,
+            tt,
+            "input",
+            rules::tap_wildcard_drop("iifname"),
+        )));
+        cmds.push(add(rule(
+            a,
+            tt,
+            "output",
+            rules::tap_wildcard_drop("oifname"),
+        )));
     }
     json!({ "nftables": cmds })
-}
-
-/// The tables of bcd's three that a batch defines something in (any command but element
-/// adds and deletes), in [`OWNED_TABLES`] order: the executor makes each exist, owned by its
-/// netlink socket, before it applies the batch ([`owner_command`]).
-#[must_use]
-pub fn tables_to_own(doc: &Value) -> Vec<(&'static str, &'static str)> {
-    let mut named = Vec::new();
-    let cmds = doc.get("nftables").and_then(Value::as_array);
-    for c in cmds.into_iter().flatten() {
-        let Some((_, body)) = c.as_object().and_then(|o| o.iter().next()) else {
-            continue;
-        };
-        let Some((kind, o)) = body.as_object().and_then(|o| o.iter().next()) else {
-            continue;
-        };
-        if kind == "element" {
-            continue;
-        }
-        let key = if kind == "table" { "name" } else { "table" };
-        let fam = o.get("family").and_then(Value::as_str);
-        let tbl = o.get(key).and_then(Value::as_str);
-        named.push((fam, tbl));
-    }
-    OWNED_TABLES
-        .iter()
-        .filter(|(f, t)| named.contains(&(Some(*f), Some(*t))))
-        .copied()
-        .collect()
-}
-
-/// The nft text command that creates `table` (one of [`OWNED_TABLES`], as returned by
-/// [`tables_to_own`]) owned by the sending netlink socket: `add table bridge bcd_instances {
-/// flags owner; }`. A no-op when that socket owns it already; refused (`EPERM`) when another
-/// socket owns it, and (`EOPNOTSUPP`) when it exists without the flag. Text, because nft
-/// 1.0.6's JSON parser ignores table flags.
-#[must_use]
-pub fn owner_command(table: (&'static str, &'static str)) -> String {
-    format!("add table {} {} {{ flags owner; }}", table.0, table.1)
 }
 
 /// Whether adding or removing taps needs a full replace rather than element changes: when the

@@ -3,16 +3,13 @@
 //!
 //! # Design
 //! Structural, on the parsed nft JSON — never on text: the document must be exactly
-//! `{"nftables": [command, …]}`; each command exactly one verb holding exactly one object, and
-//! only these pairs: `add` of a `chain`, `rule`, `set`, `map` or `element`; `flush` of a
-//! `chain`, `set` or `map`; `delete` of an `element`, or of the backstop tables `inet bcd_taps`
-//! and `arp bcd_taps` (`table`). Every object names its family and table, and the pair must be
-//! one of `bridge bcd_instances`, `inet bcd_taps`, `arp bcd_taps`. So `flush ruleset`, `add
-//! table` (the helper makes the tables itself, with the `owner` flag, from fixed names: see
-//! [`super::nft::owner_command`]), deleting the bridge table, `include`, `list`, other tables,
-//! other families' objects, flowtables, ct helpers, `metainfo` and any key nft might read as
-//! something else are refused, each with a reason. Rule expressions may jump only to chains
-//! (no `goto`/`jump` into another table is expressible in nft JSON anyway). Size is bounded.
+//! `{"nftables": [command, …]}`; each command exactly one of `add` or `delete` holding exactly
+//! one object of kind `table`, `chain`, `rule`, `set`, `map` or `element`; every object names
+//! its family and table, and the pair must be one of `bridge bcd_instances`, `inet bcd_taps`,
+//! `arp bcd_taps`. So `flush ruleset`, `include`, `list`, other tables, other families' objects,
+//! flowtables, ct helpers, `metainfo` and any key nft might read as something else are refused,
+//! each with a reason. Rule expressions may jump only to chains (no `goto`/`jump` into another
+//! table is expressible in nft JSON anyway). Size is bounded.
 
 use super::nft::OWNED_TABLES;
 use serde_json::{Map, Value};
@@ -40,19 +37,13 @@ fn single(o: &Map<String, Value>, what: &str) -> Result<(String, Value), Refusal
     Ok((k.clone(), v.clone()))
 }
 
+const KINDS: [&str; 6] = ["table", "chain", "rule", "set", "map", "element"];
+
 /// Checks a ruleset (nft JSON text) against the rules of the module docs.
 ///
 /// # Errors
 /// [`Refusal`] with the reason, naming the command index.
 pub fn validate(text: &str) -> Result<(), Refusal> {
-    validate_doc(text).map(drop)
-}
-
-/// [`validate`], returning the parsed document (for [`super::nft::tables_to_own`]).
-///
-/// # Errors
-/// As [`validate`].
-pub fn validate_doc(text: &str) -> Result<Value, Refusal> {
     if text.len() > MAX_RULESET_BYTES {
         return refuse(format!("{} bytes, at most {MAX_RULESET_BYTES}", text.len()));
     }
@@ -76,17 +67,7 @@ pub fn validate_doc(text: &str) -> Result<Value, Refusal> {
     for (i, c) in cmds.iter().enumerate() {
         command(c).map_err(|Refusal(m)| Refusal(format!("command {i}: {m}")))?;
     }
-    Ok(doc)
-}
-
-/// The object kinds each verb may act on.
-fn kinds_of(verb: &str) -> Option<&'static [&'static str]> {
-    match verb {
-        "add" => Some(&["chain", "rule", "set", "map", "element"]),
-        "flush" => Some(&["chain", "set", "map"]),
-        "delete" => Some(&["table", "element"]),
-        _ => None,
-    }
+    Ok(())
 }
 
 fn command(c: &Value) -> Result<(), Refusal> {
@@ -94,20 +75,17 @@ fn command(c: &Value) -> Result<(), Refusal> {
         return refuse("not an object");
     };
     let (verb, body) = single(o, "command")?;
-    let Some(allowed) = kinds_of(&verb) else {
+    if verb != "add" && verb != "delete" {
         return refuse(format!(
-            "verb {verb:?} is not allowed (only add, flush and delete)"
+            "verb {verb:?} is not allowed (only add and delete)"
         ));
-    };
+    }
     let Some(bo) = body.as_object() else {
         return refuse(format!("{verb} body is not an object"));
     };
     let (kind, obj) = single(bo, "command body")?;
-    if !allowed.contains(&kind.as_str()) {
-        return refuse(format!(
-            "verb {verb:?} on a {kind:?} is not allowed ({verb} only of {})",
-            allowed.join(", ")
-        ));
+    if !KINDS.contains(&kind.as_str()) {
+        return refuse(format!("object kind {kind:?} is not allowed"));
     }
     let Some(obj) = obj.as_object() else {
         return refuse(format!("{kind} is not an object"));
@@ -128,9 +106,6 @@ fn command(c: &Value) -> Result<(), Refusal> {
     }
     if kind == "table" && obj.keys().any(|k| k != "family" && k != "name") {
         return refuse("table has keys other than family and name");
-    }
-    if kind == "table" && family == "bridge" {
-        return refuse("delete of table bridge bcd_instances is not allowed");
     }
     if kind == "chain" {
         if let Some(h) = obj.get("hook").and_then(Value::as_str) {
@@ -220,28 +195,12 @@ mod tests {
                 "verb \"flush\"",
             ),
             (
-                r#"{"nftables":[{"delete":{"table":{"family":"inet","name":"filter"}}}]}"#,
+                r#"{"nftables":[{"add":{"table":{"family":"inet","name":"filter"}}}]}"#,
                 "inet filter",
             ),
             (
-                r#"{"nftables":[{"delete":{"table":{"family":"ip","name":"bcd_taps"}}}]}"#,
+                r#"{"nftables":[{"add":{"table":{"family":"ip","name":"bcd_taps"}}}]}"#,
                 "ip bcd_taps",
-            ),
-            (
-                r#"{"nftables":[{"add":{"table":{"family":"inet","name":"bcd_taps"}}}]}"#,
-                "verb \"add\" on a \"table\"",
-            ),
-            (
-                r#"{"nftables":[{"delete":{"table":{"family":"bridge","name":"bcd_instances"}}}]}"#,
-                "delete of table bridge",
-            ),
-            (
-                r#"{"nftables":[{"flush":{"table":{"family":"bridge","name":"bcd_instances"}}}]}"#,
-                "verb \"flush\" on a \"table\"",
-            ),
-            (
-                r#"{"nftables":[{"delete":{"rule":{"family":"bridge","table":"bcd_instances","chain":"from_tap","handle":4}}}]}"#,
-                "verb \"delete\" on a \"rule\"",
             ),
             (r#"{"nftables":[{"include":"/etc/x"}]}"#, "\"include\""),
             (
@@ -249,7 +208,7 @@ mod tests {
                 "flowtable",
             ),
             (
-                r#"{"nftables":[{"add":{"chain":{"family":"inet","table":"bcd_taps","name":"c"},"x":1}}]}"#,
+                r#"{"nftables":[{"add":{"table":{"family":"inet","name":"bcd_taps"},"x":1}}]}"#,
                 "exactly one key",
             ),
             (r#"{"nftables":[],"x":1}"#, "exactly one key"),
