@@ -302,7 +302,8 @@ async fn host_masquerade_flushed_behind_our_back_is_reported_and_repaired() {
     flush();
     let lost = traffic::try_udp_echo(guest.netns(), echo, Duration::from_millis(500)).unwrap();
     assert!(
-        lost.as_ref().is_none_or(|r| r.peer.ip() != IpAddr::V4(HOST_UPLINK_V4)),
+        lost.as_ref()
+            .is_none_or(|r| r.peer.ip() != IpAddr::V4(HOST_UPLINK_V4)),
         "no masquerade without the rule: {lost:?}"
     );
 
