@@ -6,8 +6,8 @@
 //! - Desired state comes from the store alone: every `running` instance whose `host_id` is this
 //!   host gets one NIC ([`vmnet_plan::pool::nic::instance_spec`]): the host bridge, the MAC from
 //!   its id, its lease in CIDR form with the range's gateway and nameservers, or no addresses
-//!   (DHCP) when it holds no lease. The instance id doubles as the `allocation_id`; the policy is
-//!   `public` and `sandbox` is off (the store has neither yet).
+//!   (DHCP) when it holds no lease; its `allocation_id`, network policy and sandbox flag come
+//!   from the stored instance.
 //! - [`PoolNode::converge`] compares that with what it realised (kept in memory, the same set the
 //!   firewall holds) and the taps the kernel lists: an instance gone or changed is stopped (taps
 //!   deleted, then its elements), a new one is started (elements first, then taps), a tap missing
@@ -27,8 +27,9 @@
 //!   taps of instances still placed here and collects the rest.
 //!
 //! # Limitations
-//! One NIC per instance, on the one bridge given to the agent; policies and sandbox flags are
-//! not stored per instance yet. Status-report addresses are not merged here.
+//! One NIC per instance, on the one bridge given to the agent. A stored instance's policy and
+//! sandbox flag are fixed at creation (there is no update call yet). Status-report addresses are
+//! not merged here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -40,7 +41,7 @@ use tokio::sync::Mutex;
 use vmnet_ipam::{Db, Store};
 use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
 use vmnet_model::Error;
-use vmnet_model::nic::{IfName, InstanceSpec, NetworkPolicy};
+use vmnet_model::nic::{IfName, InstanceSpec};
 use vmnet_model::pool::{Instance, InstanceState, IpRange};
 use vmnet_plan::pool::census::Census;
 use vmnet_plan::pool::nft::{Firewall, HostAddrs};
@@ -176,11 +177,11 @@ pub fn spec_of(
     let lease = inst.address.zip(range);
     instance_spec(
         &inst.instance_id,
-        &inst.instance_id,
+        &inst.allocation_id,
         bridge,
         lease,
-        NetworkPolicy::Public,
-        false,
+        inst.network_policy,
+        inst.sandbox,
     )
 }
 
@@ -491,5 +492,28 @@ mod tests {
         ] {
             assert!(!is_instance_tap(other), "{other}");
         }
+    }
+
+    #[test]
+    fn the_nic_carries_the_stored_policy_sandbox_flag_and_allocation() {
+        let inst = Instance {
+            instance_id: "inst-1".into(),
+            pool_id: "p1".into(),
+            host_id: Some("h1".into()),
+            vcpus: 1,
+            memory_mib: 512,
+            recreate_on_host_loss: false,
+            state: vmnet_model::pool::InstanceState::Running,
+            conditions: Vec::new(),
+            address: None,
+            network_policy: vmnet_model::nic::NetworkPolicy::Private,
+            sandbox: true,
+            allocation_id: "alloc-7-inst-1".into(),
+        };
+        let bridge: IfName = "br0".parse().unwrap();
+        let spec = spec_of(&inst, None, &bridge).unwrap();
+        assert_eq!(spec.allocation_id, "alloc-7-inst-1");
+        assert_eq!(spec.policy, vmnet_model::nic::NetworkPolicy::Private);
+        assert!(spec.sandbox);
     }
 }
