@@ -116,6 +116,19 @@ fn api() -> Result<&'static Api, LibNftError> {
         .map_err(|e| LibNftError::Load(e.clone()))
 }
 
+/// libnftables 1.0.x keeps process-wide state (datatype tables, symbol tables loaded by
+/// `nft_ctx_new`, buffers used while printing JSON) that is not safe to touch from two threads at
+/// once, even through different contexts: two kernel tests running in parallel aborted inside
+/// `set_dtype_json` (`json.c:71: Assertion '__out' failed`). Every call into the library holds
+/// this lock.
+static LIB_LOCK: Mutex<()> = Mutex::new(());
+
+fn lib_lock() -> std::sync::MutexGuard<'static, ()> {
+    LIB_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 struct Ctx(*mut c_void);
 
 // SAFETY: a libnftables context is plain heap state plus a netlink socket; it is only ever used
@@ -125,6 +138,7 @@ unsafe impl Send for Ctx {}
 impl Drop for Ctx {
     fn drop(&mut self) {
         if let Ok(api) = api() {
+            let _lib = lib_lock();
             // SAFETY: the pointer came from nft_ctx_new and is freed exactly once.
             unsafe { (api.ctx_free)(self.0) };
         }
@@ -159,18 +173,20 @@ impl LibNft {
     /// [`LibNftError::Load`] or [`LibNftError::Context`].
     pub fn here() -> Result<Self, LibNftError> {
         let api = api()?;
+        let lib = lib_lock();
         // SAFETY: plain constructor call; NULL is checked below.
         let raw = unsafe { (api.ctx_new)(0) };
         if raw.is_null() {
             return Err(LibNftError::Context);
         }
-        let ctx = Ctx(raw);
         // SAFETY: `raw` is a live context.
         unsafe {
             (api.output_set_flags)(raw, NFT_CTX_OUTPUT_JSON);
             (api.buffer_output)(raw);
             (api.buffer_error)(raw);
         }
+        drop(lib);
+        let ctx = Ctx(raw);
         let nft = Self {
             ctx: Mutex::new(ctx),
         };
@@ -199,6 +215,7 @@ impl LibNft {
             .ctx
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _lib = lib_lock();
         // SAFETY: the context is live and used by this thread alone (mutex held); `c` is a valid
         // NUL-terminated string for the duration of the call.
         let status = unsafe { (api.run_cmd)(guard.0, c.as_ptr()) };
