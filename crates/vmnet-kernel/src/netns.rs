@@ -139,40 +139,7 @@ fn ensure_run_dir_now() -> Result<(), NetnsError> {
 /// [`NetnsError::Exists`] when the name is taken; a system error otherwise, after which nothing
 /// is left behind.
 pub fn create(name: &str) -> Result<(), NetnsError> {
-    check_name(name)?;
-    ensure_run_dir()?;
-    remove_stale(name);
-    let target = path(name);
-    match OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&target)
-    {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            return Err(NetnsError::Exists(name.to_owned()));
-        }
-        Err(e) => return Err(io(name, "create mount point")(e)),
-    }
-    let result = std::thread::scope(|s| {
-        s.spawn(|| {
-            unshare(CloneFlags::CLONE_NEWNET).map_err(sys(name, "unshare"))?;
-            mount(
-                Some("/proc/thread-self/ns/net"),
-                &target,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )
-            .map_err(sys(name, "bind mount"))
-        })
-        .join()
-        .unwrap_or_else(|_| Err(NetnsError::ThreadPanicked(name.to_owned())))
-    });
-    if result.is_err() {
-        let _ = fs::remove_file(&target);
-    }
-    result
+    create_and_run(name, || ())
 }
 
 /// Creates the named namespace `name` like [`create`] and runs `f` inside it on the very thread
