@@ -373,51 +373,44 @@ pub fn render_full(fw: &Firewall) -> Value {
         cmds.push(json!({ "delete": table(fam, TAPS_TABLE) }));
     }
     if !fw.taps.is_empty() {
-        let (i, tt) = ("inet", TAPS_TABLE);
-        cmds.push(add(table(i, tt)));
-        cmds.push(add(base_chain(i, tt, "input", "input", 0)));
-        cmds.push(add(base_chain(i, tt, "forward", "forward", 0)));
-        cmds.push(add(base_chain(i, tt, "output", "output", 0)));
-        cmds.push(add(rule(
-            i,
-            tt,
-            "input",
-            rules::tap_wildcard_drop("iifname"),
-        )));
-        cmds.push(add(rule(
-            i,
-            tt,
-            "forward",
-            rules::tap_wildcard_drop("iifname"),
-        )));
-        cmds.push(add(rule(
-            i,
-            tt,
-            "forward",
-            rules::tap_wildcard_drop("oifname"),
-        )));
-        cmds.push(add(rule(
-            i,
-            tt,
-            "output",
-            rules::tap_wildcard_drop("oifname"),
-        )));
-        let a = "arp";
-        cmds.push(add(table(a, tt)));
-        cmds.push(add(base_chain(a, tt, "input", "input", 0)));
-        cmds.push(add(base_chain(a, tt, "output", "output", 0)));
-        cmds.push(add(rule(
-            a,
-            tt,
-            "input",
-            rules::tap_wildcard_drop("iifname"),
-        )));
-        cmds.push(add(rule(
-            a,
-            tt,
-            "output",
-            rules::tap_wildcard_drop("oifname"),
-        )));
+        // The backstop: (family, its base chains, then each chain's wildcard drop by
+        // interface-name key), in the order the spec lists them.
+        type Backstop = (
+            &'static str,
+            &'static [&'static str],
+            &'static [(&'static str, &'static str)],
+        );
+        const BACKSTOP: [Backstop; 2] = [
+            (
+                "inet",
+                &["input", "forward", "output"],
+                &[
+                    ("input", "iifname"),
+                    ("forward", "iifname"),
+                    ("forward", "oifname"),
+                    ("output", "oifname"),
+                ],
+            ),
+            (
+                "arp",
+                &["input", "output"],
+                &[("input", "iifname"), ("output", "oifname")],
+            ),
+        ];
+        for (fam, chains, drops) in BACKSTOP {
+            cmds.push(add(table(fam, TAPS_TABLE)));
+            for chain in chains {
+                cmds.push(add(base_chain(fam, TAPS_TABLE, chain, chain, 0)));
+            }
+            for (chain, key) in drops {
+                cmds.push(add(rule(
+                    fam,
+                    TAPS_TABLE,
+                    chain,
+                    rules::tap_wildcard_drop(key),
+                )));
+            }
+        }
     }
     json!({ "nftables": cmds })
 }
