@@ -45,6 +45,11 @@ use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy, NodeSpec};
 pub const INSTANCES_TABLE: &str = "bcd_instances";
 /// Name of the inet- and arp-family backstop tables.
 pub const TAPS_TABLE: &str = "bcd_taps";
+/// The skb mark bit chain `to_tap` sets on every frame it lets through to a tap. The tap guard's
+/// egress program (`vmnet_kernel::pool::guard`) passes only frames carrying it and clears it,
+/// so when the bcd tables are gone (a flushed ruleset) nothing reaches a guest. Other mark bits
+/// are kept.
+pub const GUARD_MARK: u32 = 0x1000_0000;
 /// The three tables as `(family, name)`.
 pub const OWNED_TABLES: [(&str, &str); 3] = [
     ("bridge", INSTANCES_TABLE),

@@ -134,7 +134,8 @@ fn command(c: &Value) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Statements a bcd rule may use: match, verdicts, jumps (within the table) and vmap lookups.
+/// Statements a bcd rule may use: match, verdicts, jumps (within the table), vmap lookups, and
+/// exactly one mangle: setting the tap guard's mark bit (`meta mark set meta mark | GUARD_MARK`).
 fn statement(e: &Value) -> Result<(), Refusal> {
     let Some(o) = e.as_object() else {
         return refuse("rule statement is not an object");
@@ -142,6 +143,8 @@ fn statement(e: &Value) -> Result<(), Refusal> {
     let (k, _) = single(o, "rule statement")?;
     match k.as_str() {
         "match" | "accept" | "drop" | "return" | "jump" | "vmap" | "counter" => Ok(()),
+        "mangle" if *e == super::nft::rules::guard_mark() => Ok(()),
+        "mangle" => refuse("rule statement \"mangle\" may only set the guard mark bit"),
         other => refuse(format!("rule statement {other:?} is not allowed")),
     }
 }
@@ -221,6 +224,10 @@ mod tests {
             (
                 r#"{"nftables":[{"add":{"rule":{"family":"arp","table":"bcd_taps","chain":"input","expr":[{"mangle":{}}]}}}]}"#,
                 "mangle",
+            ),
+            (
+                r#"{"nftables":[{"add":{"rule":{"family":"bridge","table":"bcd_instances","chain":"to_tap","expr":[{"mangle":{"key":{"meta":{"key":"mark"}},"value":{"|":[{"meta":{"key":"mark"}},1]}}}]}}}]}"#,
+                "guard mark",
             ),
         ];
         for (text, want) in cases {

@@ -218,7 +218,17 @@ pub(crate) fn to_tap() -> Vec<Vec<Value>> {
             m("!=", payload("ip6", "saddr"), set_ref("host_all6")),
             drop(),
         ],
+        // Passed: mark it for the tap guard's egress check (`meta mark set meta mark | GUARD_MARK`).
+        vec![guard_mark()],
     ]
+}
+
+/// `meta mark set meta mark | GUARD_MARK`.
+pub(crate) fn guard_mark() -> Value {
+    json!({ "mangle": {
+        "key": meta("mark"),
+        "value": { "|": [meta("mark"), super::GUARD_MARK] }
+    }})
 }
 
 /// Rules of chain `private_out` (jumped to for frames from a `private` tap).
