@@ -7,6 +7,7 @@ packages=(
   iproute2 nftables util-linux procps kmod
   postgresql
   genisoimage dosfstools mtools
+  clang libbpf-dev linux-libc-dev
   python3 python3-yaml python3-jinja2 python3-jsonschema python3-configobj
   python3-requests python3-jsonpatch python3-netifaces
 )
@@ -24,7 +25,7 @@ fi
 
 # Debian's postgresql package tries to start a system cluster; vmnet never uses it (tests start
 # their own cluster on a unix socket). Nothing else to start here.
-for tool in ip nft; do
+for tool in ip nft tc clang; do
   command -v "$tool" >/dev/null || { echo "missing $tool after install" >&2; exit 1; }
 done
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null

@@ -5,12 +5,14 @@
 //! - [`firewall`]: the three bcd tables: full replace, per-instance element changes, the drift
 //!   audit.
 //! - [`tap`]: persistent taps on the host bridge.
+//! - [`guard`]: the tap guard, BPF filters on each tap that hold when the nft tables are gone.
 //! - [`seed_image`]: the `cidata` ISO image of a NoCloud seed.
 //! - [`host`]: rules then taps on start, taps then rules on stop.
 //! - [`probe`], [`sim_guest`]: raw frame probes and seed-configured simulated guests, for
 //!   sandboxes and tests.
 
 pub mod firewall;
+pub mod guard;
 pub mod host;
 pub mod libnft;
 pub mod probe;

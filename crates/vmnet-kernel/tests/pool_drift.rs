@@ -1,5 +1,5 @@
 //! Drift and the backstop with real packets: a flushed ruleset is found and repaired (within
-//! one 5 s audit period), what guests can do in the gap, a tap taken off its bridge is dropped
+//! one 5 s audit period), what guests can do in the gap (nothing unfiltered), a tap taken off its bridge is dropped
 //! by the backstop tables, edits and missing elements are found, and stopping instances leaves
 //! no tap and no set element behind.
 
@@ -26,7 +26,7 @@ fn nft(lab: &Lab, args: &[&str]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flush_is_repaired_and_the_gap_keeps_mac_checks() {
+async fn flush_is_repaired_and_the_gap_stays_filtered() {
     let mut lab = Lab::new("pd").await;
     let a = lab
         .add("inst-a", "10.0.0.2", NetworkPolicy::Public, false)
@@ -74,15 +74,15 @@ async fn flush_is_repaired_and_the_gap_keeps_mac_checks() {
     );
 
     nft(&lab, &["flush", "ruleset"]);
-    // The gap: the bridge's locked port still drops a foreign source MAC; the IP checks are gone
-    // until the audit repairs them (documented in vmnet_kernel::pool::firewall).
+    // The gap: the bridge's locked port drops a foreign source MAC and the tap guard drops the
+    // rest (each check with the guard alone: tests/pool_guard.rs).
     assert!(
         !spoof_mac("mac-in-gap"),
-        "locked port drops a foreign MAC even with no ruleset"
+        "a foreign MAC drops even with no ruleset"
     );
     assert!(
-        spoof_ip("ip-in-gap"),
-        "without the tables an IPv4 spoof passes (the documented gap)"
+        !spoof_ip("ip-in-gap"),
+        "an IPv4 spoof drops even with no ruleset (tap guard)"
     );
 
     let report = lab.pool.firewall.audit().unwrap();
@@ -187,7 +187,7 @@ async fn flush_is_repaired_and_the_gap_keeps_mac_checks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tap_off_its_bridge_is_dropped_by_the_backstop() {
-    let mut lab = Lab::new("pe").await;
+    let mut lab = Lab::nft_only("pe").await;
     let b = lab
         .add("inst-b", "10.0.0.3", NetworkPolicy::Public, false)
         .await;
@@ -252,12 +252,28 @@ async fn stop_leaves_no_tap_and_no_element_and_reboot_reuses_the_tap() {
         "no set element of a stopped instance"
     );
     assert!(listing.contains(&tap_b));
+    let guard = lab.pool.guard.clone().unwrap();
+    assert_eq!(
+        guard
+            .taps()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        std::slice::from_ref(&tap_b),
+        "no guard entry of a stopped instance"
+    );
     assert!(listing.contains("\"inet\", \"name\": \"bcd_taps\"") || listing.contains("bcd_taps"));
     assert!(lab.pool.firewall.audit().unwrap().drift.is_empty());
 
     lab.guests[b].relay.take();
     lab.pool.stop_instance(&inst_b).await.unwrap();
     assert!(!lab.link_exists(&tap_b));
+    assert!(guard.taps().is_empty(), "no guard entry left");
+    assert_eq!(
+        guard.map_sizes().unwrap(),
+        (0, 0, 0),
+        "the guard's kernel maps are empty"
+    );
     let listing = lab.nft_list();
     assert!(!listing.contains(&tap_b));
     assert!(

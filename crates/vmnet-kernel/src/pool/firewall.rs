@@ -14,18 +14,20 @@
 //! missing table, a missing element), re-applies the whole desired state atomically, logs the
 //! difference and counts it.
 //!
-//! # Limitations (the drift gap)
+//! # The drift gap
 //! Between someone else's `nft flush ruleset` and the next audit (at most one audit period, 5 s
-//! in the agent) the three tables are gone. What still holds in that gap: taps are created only
-//! after their rules exist; a tap's bridge port is locked with learning off and a static FDB
-//! entry for the NIC's MAC ([`super::tap`]), so the bridge itself drops frames with any other
-//! source MAC. What does not hold: IP/ARP source checks, the policies, the DHCP/RA drops and the
-//! host-address drop, until the audit repairs them (tested: `tests/pool_drift.rs`).
+//! in the agent) the three tables are gone. Guests are still filtered then, by layers that do not
+//! live in nftables: a tap's bridge port is locked with learning off and a static FDB entry for
+//! the NIC's MAC ([`super::tap`]), and the tap guard ([`super::guard`], BPF on each tap) repeats
+//! every source check and policy of chain `from_tap` on what a guest sends and lets nothing
+//! reach a guest that chain `to_tap` did not mark. So in the gap a guest can send only what the
+//! rules would let it send, and receives nothing (tested: `tests/pool_guard.rs`,
+//! `tests/pool_drift.rs`). Taps are created only after their rules exist.
 //!
 //! Considered and not used: the table flag `owner` (another process's `flush ruleset` then skips
 //! the tables) works in nft 1.0.6's text syntax only — its JSON parser ignores table flags — and
 //! without `persist` (not in nft 1.0.6) the tables vanish when the helper process dies, which
-//! fails open; a tc layer on each tap needs `act_gact` (drop), which this kernel lacks.
+//! fails open.
 
 use serde_json::Value;
 use vmnet_model::Error;

@@ -4,7 +4,12 @@
 use vmnet_model::Error;
 use vmnet_model::nic::InstanceSpec;
 
+use std::sync::Arc;
+
+use vmnet_plan::pool::nft::tap_entries;
+
 use super::firewall::{FirewallError, NftExec, PoolFirewall};
+use super::guard::{GuardError, TapGuard};
 use super::tap::{TapAction, TapError, TapOwner, Taps};
 
 /// Errors of starting or stopping an instance.
@@ -28,6 +33,15 @@ pub enum PoolHostError {
         #[source]
         source: TapError,
     },
+    /// The tap guard could not be attached or updated.
+    #[error("instance {instance}: tap guard")]
+    Guard {
+        /// The instance.
+        instance: String,
+        /// Cause.
+        #[source]
+        source: GuardError,
+    },
 }
 
 impl PoolHostError {
@@ -40,17 +54,20 @@ impl PoolHostError {
                 let e = source.to_error();
                 Error::new(e.code, format!("instance {instance}: {}", e.message))
             }
-            Self::Tap { instance, source } => {
-                let mut msg = format!("instance {instance}: {source}");
-                let mut cur = std::error::Error::source(source);
-                while let Some(c) = cur {
-                    msg.push_str(&format!(": {c}"));
-                    cur = c.source();
-                }
-                Error::unavailable(msg)
-            }
+            Self::Tap { instance, source } => unavailable(instance, source),
+            Self::Guard { instance, source } => unavailable(instance, source),
         }
     }
+}
+
+fn unavailable(instance: &str, source: &dyn std::error::Error) -> Error {
+    let mut msg = format!("instance {instance}: {source}");
+    let mut cur = source.source();
+    while let Some(c) = cur {
+        msg.push_str(&format!(": {c}"));
+        cur = c.source();
+    }
+    Error::unavailable(msg)
 }
 
 /// The pool-mode kernel state of one host: the bcd tables and the taps.
@@ -62,6 +79,8 @@ pub struct PoolHost<E: NftExec> {
     pub taps: Taps,
     /// Owner given to new taps.
     pub owner: TapOwner,
+    /// The tap guard (BPF filters on each tap), when enabled.
+    pub guard: Option<Arc<TapGuard>>,
 }
 
 impl<E: NftExec> PoolHost<E> {
@@ -79,23 +98,42 @@ impl<E: NftExec> PoolHost<E> {
             source,
         };
         let taps = inst.tap_names().map_err(|e| fw(FirewallError::Plan(e)))?;
+        let entries = tap_entries(inst).map_err(|e| fw(FirewallError::Plan(e)))?;
         self.firewall.add_instance(inst).map_err(fw)?;
         let mut done = Vec::new();
-        for (nic, tap) in inst.nics.iter().zip(&taps) {
+        for ((nic, tap), entry) in inst.nics.iter().zip(&taps).zip(&entries) {
             let Some(bridge) = &nic.network else { continue };
-            match self.taps.ensure(tap, bridge, nic.mac, self.owner).await {
-                Ok(a) => done.push(a),
-                Err(source) => {
+            let made = match self.taps.ensure(tap, bridge, nic.mac, self.owner).await {
+                Ok(a) => {
+                    done.push(a);
+                    match &self.guard {
+                        Some(g) => g.attach(entry).map_err(|source| PoolHostError::Guard {
+                            instance: inst.id.clone(),
+                            source,
+                        }),
+                        None => Ok(()),
+                    }
+                }
+                Err(source) => Err(PoolHostError::Tap {
+                    instance: inst.id.clone(),
+                    source,
+                }),
+            };
+            match made {
+                Ok(()) => {}
+                Err(e) => {
                     for (t, a) in taps.iter().zip(&done) {
                         if *a == TapAction::Created {
                             let _ = self.taps.delete(t).await;
                         }
                     }
+                    if let Some(g) = &self.guard {
+                        for t in &taps {
+                            let _ = g.forget(t);
+                        }
+                    }
                     let _ = self.firewall.remove_instance(&inst.id);
-                    return Err(PoolHostError::Tap {
-                        instance: inst.id.clone(),
-                        source,
-                    });
+                    return Err(e);
                 }
             }
         }
@@ -113,6 +151,14 @@ impl<E: NftExec> PoolHost<E> {
         for tap in &taps {
             if let Err(source) = self.taps.delete(tap).await {
                 first.get_or_insert(PoolHostError::Tap {
+                    instance: inst.id.clone(),
+                    source,
+                });
+            }
+            if let Some(g) = &self.guard
+                && let Err(source) = g.forget(tap)
+            {
+                first.get_or_insert(PoolHostError::Guard {
                     instance: inst.id.clone(),
                     source,
                 });

@@ -5,9 +5,11 @@
 #![allow(dead_code, missing_docs)]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use vmnet_kernel::pool::firewall::PoolFirewall;
+use vmnet_kernel::pool::guard::TapGuard;
 use vmnet_kernel::pool::host::PoolHost;
 use vmnet_kernel::pool::libnft::LibNft;
 use vmnet_kernel::pool::sim_guest;
@@ -65,7 +67,17 @@ pub struct Lab {
 }
 
 impl Lab {
+    /// A lab with both layers: the bcd tables and the tap guard (the product's default).
     pub async fn new(tag: &str) -> Self {
+        Self::build(tag, true).await
+    }
+
+    /// A lab with the bcd tables only (no tap guard): proves what nftables alone does.
+    pub async fn nft_only(tag: &str) -> Self {
+        Self::build(tag, false).await
+    }
+
+    async fn build(tag: &str, guard: bool) -> Self {
         vmnet_testkit::require_root();
         let sb = Sandbox::new(tag).expect("sandbox");
         let host = sb.host();
@@ -92,10 +104,16 @@ impl Lab {
             })
             .expect("initial tables");
         let handle = vmnet_kernel::netns::netlink_in(&host).expect("netlink");
+        let guard = guard.then(|| {
+            let g = TapGuard::load(Some(&host)).expect("load the tap guard");
+            g.set_host(&host_addrs()).expect("guard host addresses");
+            Arc::new(g)
+        });
         let pool = PoolHost {
             firewall,
             taps: Taps::new(&host, handle),
             owner: TapOwner::default(),
+            guard,
         };
         Self {
             pool,
@@ -173,4 +191,101 @@ pub fn ping_ok(ns: &str, to: IpAddr) -> bool {
         .unwrap()
         .received
         > 0
+}
+
+/// One probe frame from guest `a` to guest `b`, and whether it must arrive.
+pub struct Case {
+    pub name: &'static str,
+    pub frame: Vec<u8>,
+    pub marker: Vec<u8>,
+    pub arrives: bool,
+}
+
+/// The spoof suite: each spoof next to the same frame sent honestly (which must arrive, so the
+/// capture is proven to work). Frames go from `a` to `b` (or broadcast/all-nodes).
+pub fn spoof_cases(a: &Guest, b: &Guest) -> Vec<Case> {
+    use vmnet_kernel::pool::probe::{
+        ALL_NODES_MAC, BROADCAST, arp_reply_frame, icmp6_frame, udp4_frame, udp6_frame,
+    };
+    let foreign_mac = MacAddr([0x02, 0xde, 0xad, 0xbe, 0xef, 0x01]);
+    let ports = (4000, 4001);
+    let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
+    let foreign6: Ipv6Addr = "fe80::bad:1".parse().unwrap();
+    let mut out = Vec::new();
+    let mut case = |name: &'static str, arrives: bool, build: &dyn Fn(&[u8]) -> Vec<u8>| {
+        let m = marker(name);
+        out.push(Case {
+            name,
+            frame: build(&m),
+            marker: m,
+            arrives,
+        });
+    };
+    case("honest IPv4", true, &|m| {
+        udp4_frame(b.mac, a.mac, a.ip4, b.ip4, ports, m)
+    });
+    case("foreign source MAC", false, &|m| {
+        udp4_frame(b.mac, foreign_mac, a.ip4, b.ip4, ports, m)
+    });
+    case("foreign IPv4 source", false, &|m| {
+        udp4_frame(b.mac, a.mac, Ipv4Addr::new(10, 0, 0, 5), b.ip4, ports, m)
+    });
+    case("own link-local IPv6", true, &|m| {
+        udp6_frame(b.mac, a.mac, a.ll6, b.ll6, ports, m)
+    });
+    case("foreign IPv6 source", false, &|m| {
+        udp6_frame(b.mac, a.mac, foreign6, b.ll6, ports, m)
+    });
+    case("honest ARP reply", true, &|m| {
+        arp_reply_frame(b.mac, a.mac, (a.mac, a.ip4), (b.mac, b.ip4), m)
+    });
+    case("ARP reply claiming the gateway", false, &|m| {
+        arp_reply_frame(b.mac, a.mac, (a.mac, GATEWAY), (b.mac, b.ip4), m)
+    });
+    case("ARP reply with a foreign sender MAC", false, &|m| {
+        arp_reply_frame(b.mac, a.mac, (foreign_mac, a.ip4), (b.mac, b.ip4), m)
+    });
+    case("broadcast UDP to port 68 (control)", true, &|m| {
+        udp4_frame(BROADCAST, a.mac, a.ip4, Ipv4Addr::BROADCAST, (4067, 68), m)
+    });
+    case("DHCP offer", false, &|m| {
+        udp4_frame(BROADCAST, a.mac, a.ip4, Ipv4Addr::BROADCAST, (67, 68), m)
+    });
+    case("ICMPv6 echo to all-nodes (control)", true, &|m| {
+        icmp6_frame(ALL_NODES_MAC, a.mac, a.ll6, all_nodes, 128, m)
+    });
+    case("router advertisement", false, &|m| {
+        icmp6_frame(ALL_NODES_MAC, a.mac, a.ll6, all_nodes, 134, m)
+    });
+    case("ICMPv6 redirect", false, &|m| {
+        icmp6_frame(b.mac, a.mac, a.ll6, b.ll6, 137, m)
+    });
+    case("VLAN-tagged frame", false, &|m| {
+        let mut tagged = udp4_frame(b.mac, a.mac, a.ip4, b.ip4, ports, m);
+        tagged.splice(12..12, [0x81, 0x00, 0x00, 0x05]);
+        tagged
+    });
+    out
+}
+
+/// Sends every case from guest `a` and asserts what `cap` saw (`layer` names what filters, for
+/// the messages).
+pub fn check_spoofs(
+    a: &Guest,
+    cases: &[Case],
+    cap: &vmnet_kernel::pool::probe::Capture,
+    layer: &str,
+) {
+    let wait = Duration::from_millis(600);
+    for c in cases {
+        vmnet_kernel::pool::probe::send_frame(&a.ns, "eth0", &c.frame).unwrap();
+        let seen = cap.saw(&c.marker, wait);
+        assert_eq!(
+            seen,
+            c.arrives,
+            "{layer}: {} must {}",
+            c.name,
+            if c.arrives { "arrive" } else { "drop" }
+        );
+    }
 }
