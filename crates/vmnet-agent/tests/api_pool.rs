@@ -20,6 +20,7 @@ use vmnet_agent::pool::taps::PoolTaps;
 use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, MacAddr};
+use vmnet_plan::pool::nft::TapEntry;
 
 #[derive(Default)]
 struct FakeNft {
@@ -67,11 +68,11 @@ struct FakeTaps(Arc<Mutex<Links>>);
 impl PoolTaps for FakeTaps {
     fn ensure<'a>(
         &'a self,
-        tap: &'a IfName,
+        entry: &'a TapEntry,
         bridge: &'a IfName,
-        mac: MacAddr,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
+            let (tap, mac) = (&entry.tap, entry.mac);
             let mut l = self.0.lock().unwrap();
             if !l.bridges.iter().any(|b| b == bridge.as_str()) {
                 return Err(Error::unavailable(format!(

@@ -359,6 +359,27 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     };
     readdress("10.0.0.6/29");
     assert!(!reaches(&guests[0]), "a foreign source address is dropped");
+    // The tap guard (tc ingress, before the bridge's nft hooks) dropped it first; after the
+    // restart its filters on the reused tap were replaced, not added.
+    let guard = pool_status(&client)
+        .await
+        .guard
+        .expect("the tap guard is on");
+    assert_eq!(guard.taps, 2, "{guard:?}");
+    // (The guest's ARP request for c already carries the foreign sender address.)
+    assert!(
+        guard.drops["arp"] + guard.drops["ipv4_source"] > 0,
+        "{guard:?}"
+    );
+    for dir in ["ingress", "egress"] {
+        let out = netns::exec(&host, "tc", &["filter", "show", "dev", &tap_a, dir], T).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let filters = text
+            .lines()
+            .filter(|l| l.contains(" bpf ") && l.contains("handle "))
+            .count();
+        assert_eq!(filters, 1, "one guard filter on {tap_a} {dir}: {text}");
+    }
     readdress("10.0.0.2/29");
     assert!(
         reaches(&guests[0]),

@@ -197,6 +197,20 @@ pub struct PoolStatus {
     pub last_pass_at_unix_ms: Option<i64>,
     /// The errors of the last pass, one line each naming the instance or object.
     pub last_errors: Vec<String>,
+    /// The tap guard; `null` when it is off (`--no-tap-guard`).
+    pub guard: Option<GuardStatus>,
+}
+
+/// The tap guard in `GET /v1/status` (see `vmnet_kernel::pool::guard`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardStatus {
+    /// Taps the guard is attached to.
+    pub taps: u64,
+    /// Frames dropped since the agent started, by reason (`vmnet_kernel::pool::guard::DROP_REASONS`).
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Why the counters could not be read; `null` when they were.
+    pub error: Option<String>,
 }
 
 /// One NIC of an instance, as `GET /v1/instances/{id}/nics` reports it.

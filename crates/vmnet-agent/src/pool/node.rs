@@ -44,7 +44,7 @@ use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec};
 use vmnet_model::pool::{Instance, InstanceState, IpRange};
 use vmnet_plan::pool::census::Census;
-use vmnet_plan::pool::nft::{Firewall, HostAddrs};
+use vmnet_plan::pool::nft::{Firewall, HostAddrs, tap_entries};
 use vmnet_plan::pool::nic::instance_spec;
 
 use super::runtime::{AgentFirewall, PoolRuntime};
@@ -216,6 +216,7 @@ impl PoolNode {
         let (_, gateways, _) = desired(db, &cfg).await?;
         let own = taps.host_addresses().await?;
         let host = HostAddrs { own, gateways };
+        taps.set_host(&host).await?;
         let runtime =
             tokio::task::spawn_blocking(move || PoolRuntime::start(exec, host, audit_period))
                 .await
@@ -266,9 +267,10 @@ impl PoolNode {
         })
         .await?;
         let names = spec.tap_names()?;
-        for (i, (nic, tap)) in spec.nics.iter().zip(&names).enumerate() {
+        let entries = tap_entries(spec)?;
+        for (i, (nic, entry)) in spec.nics.iter().zip(&entries).enumerate() {
             let Some(bridge) = &nic.network else { continue };
-            if let Err(e) = self.taps.ensure(tap, bridge, nic.mac).await {
+            if let Err(e) = self.taps.ensure(entry, bridge).await {
                 for t in &names[..=i] {
                     let _ = self.taps.delete(t).await;
                 }
@@ -342,15 +344,21 @@ impl PoolNode {
                     .desired()
                     .host
                     .clone();
-                if current != host
-                    && let Err(e) = self
+                if current != host {
+                    let h = host.clone();
+                    let replaced = self
                         .fw(move |fw| {
                             let taps = fw.desired().taps.clone();
-                            fw.replace(Firewall { taps, host })
+                            fw.replace(Firewall { taps, host: h })
                         })
-                        .await
-                {
-                    out.errors.push(format!("host addresses: {}", e.message));
+                        .await;
+                    let guarded = match replaced {
+                        Ok(()) => self.taps.set_host(&host).await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = guarded {
+                        out.errors.push(format!("host addresses: {}", e.message));
+                    }
                 }
             }
             Err(e) => out.errors.push(e.message),
@@ -390,12 +398,13 @@ impl PoolNode {
                 let present: BTreeSet<String> = present.into_iter().collect();
                 let mut ours = BTreeSet::new();
                 for spec in realised.values() {
-                    let names = spec.tap_names().unwrap_or_default();
-                    for (nic, tap) in spec.nics.iter().zip(&names) {
+                    let entries = tap_entries(spec).unwrap_or_default();
+                    for (nic, entry) in spec.nics.iter().zip(&entries) {
+                        let tap = &entry.tap;
                         ours.insert(tap.to_string());
                         let Some(bridge) = &nic.network else { continue };
                         if !present.contains(tap.as_str()) {
-                            match self.taps.ensure(tap, bridge, nic.mac).await {
+                            match self.taps.ensure(entry, bridge).await {
                                 Ok(()) => out.taps_repaired.push(tap.to_string()),
                                 Err(e) => out.errors.push(e.message),
                             }
@@ -468,6 +477,7 @@ impl PoolNode {
             passes: r.passes,
             last_pass_at_unix_ms: r.last_pass_at_unix_ms,
             last_errors: r.last_errors.clone(),
+            guard: self.taps.guard_status(),
         }
     }
 }

@@ -1,33 +1,53 @@
-//! The link side of pool mode as the agent needs it: instance taps on the bridge, the host's own
-//! addresses, and (for sandboxes) the bridge itself. [`PoolTaps`] is the seam; [`KernelTaps`] is
-//! the real implementation over rtnetlink and tap ioctls ([`vmnet_kernel::pool::tap`]), fakes
+//! The link side of pool mode as the agent needs it: instance taps on the bridge with their tap
+//! guard, the host's own addresses, and (for sandboxes) the bridge itself. [`PoolTaps`] is the
+//! seam; [`KernelTaps`] is the real implementation over rtnetlink, tap ioctls
+//! ([`vmnet_kernel::pool::tap`]) and the BPF tap guard ([`vmnet_kernel::pool::guard`]); fakes
 //! implement it in tests.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use futures::TryStreamExt;
 use futures::future::BoxFuture;
 use netlink_packet_route::address::AddressAttribute;
 use rtnetlink::{Handle, LinkBridge};
+use vmnet_kernel::pool::guard::TapGuard;
 use vmnet_kernel::pool::tap::{TapOwner, Taps};
 use vmnet_model::Error;
-use vmnet_model::nic::{IfName, MacAddr};
+use vmnet_model::nic::IfName;
+use vmnet_plan::pool::nft::{HostAddrs, TapEntry};
+
+use crate::api::types::GuardStatus;
 
 /// Taps and host addresses of one host namespace.
 pub trait PoolTaps: Send + Sync {
-    /// Makes tap `tap` exist, persistent, on `bridge` as a locked port for `mac`, and up
-    /// (an existing tap is reused).
+    /// Makes tap `entry.tap` exist, persistent, on `bridge` as a locked port for `entry.mac`,
+    /// guarded (when the guard is on) and up (an existing tap is reused, its guard replaced).
     ///
     /// # Errors
     /// `UNAVAILABLE` naming the tap (a missing bridge included).
     fn ensure<'a>(
         &'a self,
-        tap: &'a IfName,
+        entry: &'a TapEntry,
         bridge: &'a IfName,
-        mac: MacAddr,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
-    /// Deletes tap `tap`; `false` when it did not exist.
+    /// Tells the guard the host's own addresses (guests may reach only the gateways among
+    /// them). A no-op without a guard.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the guard's maps cannot be written.
+    fn set_host<'a>(&'a self, host: &'a HostAddrs) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = host;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The guard's counters; `None` without a guard.
+    fn guard_status(&self) -> Option<GuardStatus> {
+        None
+    }
+
+    /// Deletes tap `tap` (and forgets its guard entry); `false` when it did not exist.
     ///
     /// # Errors
     /// `UNAVAILABLE` naming the tap.
@@ -46,22 +66,44 @@ pub trait PoolTaps: Send + Sync {
     fn host_addresses(&self) -> BoxFuture<'_, Result<Vec<IpAddr>, Error>>;
 }
 
-fn unavailable(what: impl std::fmt::Display, e: &dyn std::error::Error) -> Error {
-    let mut msg = format!("{what}: {e}");
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        msg.push_str(&format!(": {c}"));
-        cur = c.source();
+/// An error and its sources, `: `-separated.
+struct ErrorChain<'a>(&'a dyn std::error::Error);
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cur = self.0.source();
+        while let Some(c) = cur {
+            write!(f, ": {c}")?;
+            cur = c.source();
+        }
+        Ok(())
     }
-    Error::unavailable(msg)
 }
 
-/// The real [`PoolTaps`]: taps through [`Taps`], addresses through rtnetlink.
+fn unavailable(what: impl std::fmt::Display, e: &dyn std::error::Error) -> Error {
+    Error::unavailable(format!("{what}: {}", ErrorChain(e)))
+}
+
+/// The real [`PoolTaps`]: taps through [`Taps`], addresses through rtnetlink, the guard through
+/// [`TapGuard`].
 #[derive(Debug, Clone)]
 pub struct KernelTaps {
     taps: Taps,
     handle: Handle,
     owner: TapOwner,
+    guard: Option<Arc<TapGuard>>,
+}
+
+/// Runs a blocking guard call off the async runtime, mapping its error to `UNAVAILABLE`.
+async fn guard_call<T: Send + 'static>(
+    what: String,
+    f: impl FnOnce() -> Result<T, vmnet_kernel::pool::guard::GuardError> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::internal(format!("{what}: {e}")))?
+        .map_err(|e| unavailable(what, &e))
 }
 
 impl KernelTaps {
@@ -88,7 +130,18 @@ impl KernelTaps {
             taps,
             handle,
             owner,
+            guard: None,
         })
+    }
+
+    /// Loads the tap guard for this namespace and uses it for every tap from now on.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the BPF programs cannot be loaded (no BPF support or privileges).
+    pub fn with_guard(mut self, netns: Option<&str>) -> Result<Self, Error> {
+        let g = TapGuard::load(netns).map_err(|e| unavailable("tap guard", &e))?;
+        self.guard = Some(Arc::new(g));
+        Ok(self)
     }
 
     /// Creates bridge `bridge` (up) when it does not exist; `true` when it was created. For
@@ -119,25 +172,60 @@ impl KernelTaps {
 impl PoolTaps for KernelTaps {
     fn ensure<'a>(
         &'a self,
-        tap: &'a IfName,
+        entry: &'a TapEntry,
         bridge: &'a IfName,
-        mac: MacAddr,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             self.taps
-                .ensure(tap, bridge, mac, self.owner)
+                .ensure(&entry.tap, bridge, entry.mac, self.owner)
                 .await
-                .map(drop)
-                .map_err(|e| unavailable("pool", &e))
+                .map_err(|e| unavailable("pool", &e))?;
+            if let Some(g) = &self.guard {
+                let (g, e) = (Arc::clone(g), entry.clone());
+                guard_call(format!("tap {}", entry.tap), move || g.attach(&e)).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn set_host<'a>(&'a self, host: &'a HostAddrs) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            if let Some(g) = &self.guard {
+                let (g, h) = (Arc::clone(g), host.clone());
+                guard_call("tap guard host addresses".into(), move || g.set_host(&h)).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn guard_status(&self) -> Option<GuardStatus> {
+        let g = self.guard.as_ref()?;
+        let (drops, error) = match g.drops() {
+            Ok(d) => (
+                d.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+                None,
+            ),
+            Err(e) => (Default::default(), Some(format!("{}", ErrorChain(&e)))),
+        };
+        Some(GuardStatus {
+            taps: g.taps().len() as u64,
+            drops,
+            error,
         })
     }
 
     fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            self.taps
+            let gone = self
+                .taps
                 .delete(tap)
                 .await
-                .map_err(|e| unavailable("pool", &e))
+                .map_err(|e| unavailable("pool", &e))?;
+            if let Some(g) = &self.guard {
+                let (g, t) = (Arc::clone(g), tap.clone());
+                guard_call(format!("tap {tap}"), move || g.forget(&t)).await?;
+            }
+            Ok(gone)
         })
     }
 

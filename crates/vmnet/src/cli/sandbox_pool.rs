@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use vmnet_ipam::{Db, NewInstance, SetIpPool, Store};
 use vmnet_kernel::pool::firewall::PoolFirewall;
+use vmnet_kernel::pool::guard::TapGuard;
 use vmnet_kernel::pool::host::PoolHost;
 use vmnet_kernel::pool::libnft::LibNft;
 use vmnet_kernel::pool::sim_guest;
@@ -258,6 +259,11 @@ async fn run(
         ],
         gateways: vec![IpAddr::V4(range.gateway)],
     };
+    let guard = TapGuard::load(Some(&host))
+        .map_err(|e| Error::unavailable(format!("tap guard: {}", error_chain(&e))))?;
+    guard
+        .set_host(&host_addrs)
+        .map_err(|e| Error::unavailable(format!("tap guard: {}", error_chain(&e))))?;
     firewall
         .replace(Firewall {
             taps: vec![],
@@ -270,6 +276,7 @@ async fn run(
         firewall,
         taps: Taps::new(&host, handle),
         owner: TapOwner::default(),
+        guard: Some(std::sync::Arc::new(guard)),
     };
 
     let mut rows = Vec::new();
@@ -417,6 +424,17 @@ fn render(r: &PoolReport) -> String {
         r.checks.len()
     ));
     out
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 #[cfg(test)]

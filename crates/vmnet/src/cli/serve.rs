@@ -82,6 +82,12 @@ pub struct ServeArgs {
     /// host's bridge exists already.
     #[arg(long, requires = "host_id")]
     pub create_bridge: bool,
+
+    /// Pool mode: do not load the tap guard (the BPF filters on each tap that keep guests
+    /// filtered while the nft tables are missing). Only for kernels without BPF: without the
+    /// guard a flushed ruleset leaves guests unfiltered until the next audit (up to 5 s).
+    #[arg(long, requires = "host_id")]
+    pub no_tap_guard: bool,
     /// Pool mode: the root helper executable. Default: `vmnet-pool-helper` next to this
     /// executable, or this executable itself (`vmnet serve --pool-helper-serve`).
     #[arg(long, value_name = "PATH", requires = "host_id")]
@@ -230,7 +236,19 @@ async fn start_pool(
         gid: args.tap_owner.and_then(|(_, g)| g),
     };
     // The whole process already lives in --netns (if any): taps are made where the agent is.
-    let taps = KernelTaps::new(None, owner)?;
+    let mut taps = KernelTaps::new(None, owner)?;
+    if args.no_tap_guard {
+        tracing::warn!(
+            "tap guard off (--no-tap-guard): guests are unfiltered while the tables are missing"
+        );
+    } else {
+        taps = taps.with_guard(None).map_err(|e| {
+            Error::new(
+                e.code,
+                format!("{} (--no-tap-guard runs without it)", e.message),
+            )
+        })?;
+    }
     if args.create_bridge && taps.ensure_bridge(&bridge).await? {
         tracing::info!(%bridge, "bridge created");
     }

@@ -308,7 +308,30 @@ fn pool_rows(p: &vmnet_agent::api::types::PoolStatus) -> Vec<Vec<String>> {
             ),
         ],
         vec!["pool seeds".to_owned(), p.seed_dir.clone()],
+        vec!["pool tap guard".to_owned(), guard_line(p.guard.as_ref())],
     ]
+}
+
+/// `off`, or the taps guarded and the non-zero drop counters.
+fn guard_line(g: Option<&vmnet_agent::api::types::GuardStatus>) -> String {
+    let Some(g) = g else {
+        return "off (--no-tap-guard)".to_owned();
+    };
+    let drops: Vec<String> = g
+        .drops
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    let drops = if drops.is_empty() {
+        "none".to_owned()
+    } else {
+        drops.join(", ")
+    };
+    match &g.error {
+        Some(e) => format!("{} taps; drops unreadable: {e}", g.taps),
+        None => format!("{} taps; drops: {drops}", g.taps),
+    }
 }
 
 /// Runs `vmnet apply FILE`.
