@@ -357,7 +357,20 @@ async fn run(
     let checks = match outcome {
         Ok(()) => {
             let (gs, pl, r) = (&guests, &placement, &range);
-            tokio::task::block_in_place(|| checks::run(gs, r, pl))
+            let fw = &mut pool.firewall;
+            tokio::task::block_in_place(|| {
+                let mut all = checks::run(gs, r, pl);
+                let mut audit = || fw.audit().map(|a| a.repaired).map_err(|e| error_chain(&e));
+                all.extend(checks::gap(
+                    gs,
+                    checks::GapHost {
+                        ns: &host,
+                        bridge: bridge.as_str(),
+                        audit: &mut audit,
+                    },
+                ));
+                all
+            })
         }
         Err(_) => Vec::new(),
     };

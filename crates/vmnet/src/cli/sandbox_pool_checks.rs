@@ -1,6 +1,8 @@
 //! The checks of the pool sandbox: placement against the spec's walk-through, each seed's
-//! address, reachability by policy, and the spoof attempts (each with an honest control frame
-//! so "dropped" means dropped, not "the capture saw nothing").
+//! address, reachability by policy, the spoof attempts (each with an honest control frame so
+//! "dropped" means dropped, not "the capture saw nothing"), and the drift gap: the ruleset
+//! flushed, the same spoofs seen at the bridge (the tap guard alone), nothing reaching a guest,
+//! then the audit's repair.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
@@ -141,13 +143,80 @@ pub fn run(
             passes(ping(&a.ns, IpAddr::V4(none.ip4))),
         ));
     }
-    out.extend(spoofs(a, b));
+    out.extend(spoofs(a, b, (&b.ns, "eth0"), ""));
     out
 }
 
-fn spoofs(a: &GuestInfo, b: &GuestInfo) -> Vec<Check> {
-    let Ok(cap) = Capture::start(&b.ns, "eth0") else {
-        return vec![check("capture at the receiver", "started", "failed")];
+/// The host side of the drift-gap checks.
+pub struct GapHost<'a> {
+    /// The sandbox host namespace.
+    pub ns: &'a str,
+    /// The bridge.
+    pub bridge: &'a str,
+    /// Runs one audit; `Ok(true)` when it found drift and repaired it.
+    pub audit: &'a mut dyn FnMut() -> Result<bool, String>,
+}
+
+/// The drift gap (blocking): flushes the sandbox host's ruleset, sends the spoof suite from the
+/// first public guest and looks for it on the bridge (promiscuous, so it sees what passed the
+/// tap's ingress: the tap guard alone filters now), checks that nothing reaches a guest, then
+/// runs the audit and checks that traffic flows again.
+pub fn gap(guests: &[GuestInfo], host: GapHost<'_>) -> Vec<Check> {
+    let public: Vec<&GuestInfo> = guests
+        .iter()
+        .filter(|g| g.policy == NetworkPolicy::Public)
+        .collect();
+    let (Some(a), Some(b)) = (public.first(), public.get(1)) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let t = Duration::from_secs(10);
+    let flushed = vmnet_testkit::netns::exec(host.ns, "nft", &["flush", "ruleset"], t)
+        .is_ok_and(|o| o.status.success());
+    let tables = vmnet_testkit::netns::exec(host.ns, "nft", &["list", "tables"], t)
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(usize::MAX);
+    out.push(check(
+        "gap: someone runs nft flush ruleset",
+        "0 tables left",
+        if flushed {
+            format!("{tables} tables left")
+        } else {
+            "flush failed".to_owned()
+        },
+    ));
+    let promisc = vmnet_testkit::netns::ip(host.ns, &["link", "set", host.bridge, "promisc", "on"]);
+    if promisc.is_ok() {
+        out.extend(spoofs(a, b, (host.ns, host.bridge), "gap, at the bridge: "));
+    }
+    out.push(check(
+        format!("gap: {} → {} (nothing reaches a guest)", a.id, b.id),
+        "dropped",
+        passes(ping(&a.ns, IpAddr::V4(b.ip4))),
+    ));
+    let repaired = match (host.audit)() {
+        Ok(true) => "repaired".to_owned(),
+        Ok(false) => "no drift found".to_owned(),
+        Err(e) => e,
+    };
+    out.push(check("gap: the audit", "repaired", repaired));
+    out.push(check(
+        format!("after the repair: {} → {}", a.id, b.id),
+        "passes",
+        passes(ping(&a.ns, IpAddr::V4(b.ip4))),
+    ));
+    out
+}
+
+/// The spoof suite from `a` towards `b`, looked for on `at` (namespace, interface); `label`
+/// prefixes the check names.
+fn spoofs(a: &GuestInfo, b: &GuestInfo, at: (&str, &str), label: &str) -> Vec<Check> {
+    let Ok(cap) = Capture::start(at.0, at.1) else {
+        return vec![check(
+            format!("{label}capture on {}", at.1),
+            "started",
+            "failed",
+        )];
     };
     let wait = Duration::from_millis(600);
     let tag = std::process::id();
@@ -215,7 +284,7 @@ fn spoofs(a: &GuestInfo, b: &GuestInfo) -> Vec<Check> {
     ];
     let mut out = Vec::new();
     for (i, (name, arrives, build)) in cases.iter().enumerate() {
-        let marker = format!("vmnet-sbx-{tag}-{i}").into_bytes();
+        let marker = format!("vmnet-sbx-{tag}-{label}{i}").into_bytes();
         let sent = send_frame(&a.ns, "eth0", &build(&marker)).is_ok();
         let seen = if !sent {
             "not sent"
@@ -225,7 +294,7 @@ fn spoofs(a: &GuestInfo, b: &GuestInfo) -> Vec<Check> {
             "dropped"
         };
         out.push(check(
-            format!("{} → {}: {name}", a.id, b.id),
+            format!("{label}{} → {}: {name}", a.id, b.id),
             if *arrives { "arrives" } else { "dropped" },
             seen,
         ));
