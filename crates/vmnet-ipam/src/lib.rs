@@ -20,6 +20,9 @@
 //!   roll back together. Composite operations (instance create/delete, host loss) run inside a
 //!   savepoint and undo their own writes on error, so a failed call leaves the transaction as it was.
 //!
+//! * Host status reports add addresses to `Instance.addresses` after the lease
+//!   (`instance_addresses`, see [`reports`]).
+//!
 //! # Limitations
 //! * IPv4 only, one range and one lease per instance.
 //! * A release outside the current range (after a range replacement) does not return the address
@@ -37,6 +40,7 @@ mod free;
 pub mod leases;
 pub mod placement;
 pub mod ranges;
+pub mod reports;
 pub mod vm_store;
 
 pub use db::{Backend, Db, POSTGRES_MIGRATOR, PgStore, SQLITE_MIGRATOR, SqliteStore, Store, Tx};
@@ -46,7 +50,9 @@ pub use placement::{
     list_instances, lose_host,
 };
 pub use ranges::{create_pool, get_ip_pool, get_pool, list_pools, set_ip_pool};
+pub use reports::report_host_status;
 pub use vmnet_model::pool::{
     Condition, Host, HostState, Instance, InstanceState, IpRange, Lease, NetworkPolicy,
-    NewInstance, Pool, SetIpPool,
+    NewInstance, Pool, ReportedInstance, SetIpPool, SkipReason, SkippedInstance, StatusReport,
+    StatusReportOutcome, UpdatedInstance,
 };

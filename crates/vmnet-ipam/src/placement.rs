@@ -8,12 +8,17 @@
 //! * `lose_host` marks the host lost and returns each affected instance's lease with its claim.
 //!   Instances with `recreate_on_host_loss` are placed on another ready host with a new
 //!   lowest-free lease; when that fails they move to `error` with an `Unschedulable` condition.
-//!   The others move to `lost` with a `HostLost` condition.
+//!   The others move to `lost` with a `HostLost` condition. Either way the addresses host status
+//!   reports added to the instance are cleared (they came from the lost machine; see
+//!   [`crate::reports`]).
 //! * Every placement (creation, re-placement after a host loss) gives the instance a new
 //!   `allocation_id` ([`Instance::allocation_id`]); the network policy and the sandbox flag are
 //!   the instance's own and survive re-placement unchanged.
 
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
 
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
@@ -25,6 +30,7 @@ use vmnet_model::{Error, ErrorCode};
 use crate::db::{Tx, atomically, db_err, on_tx, release_savepoint, rollback_to, savepoint};
 use crate::leases::{lease, release};
 use crate::ranges::{parse_stored, require_pool};
+use crate::reports::{append_stored, clear_reported, reported};
 
 /// What a host loss did: the affected instances as they are afterwards (ordered by id).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,14 +134,16 @@ pub async fn list_hosts(tx: &mut Tx) -> Result<Vec<Host>, Error> {
 }
 
 fn instance_sql(tx: &Tx, filter: &str) -> sqlx::AssertSqlSafe<String> {
-    let address = match tx {
-        Tx::Sqlite(_) => "l.address",
-        Tx::Postgres(_) => "host(l.address)",
+    let (address, cidr) = match tx {
+        Tx::Sqlite(_) => ("l.address", "p.cidr"),
+        Tx::Postgres(_) => ("host(l.address)", "text(p.cidr)"),
     };
     sqlx::AssertSqlSafe(format!(
         "SELECT i.instance_id, i.pool_id, i.host_id, i.vcpus, i.memory_mib, i.recreate_on_host_loss, \
-         i.state, i.conditions, i.network_policy, i.sandbox, i.allocation_id, {address} AS address \
-         FROM instances i LEFT JOIN ip_leases l ON l.instance_id = i.instance_id {filter}"
+         i.state, i.conditions, i.network_policy, i.sandbox, i.allocation_id, {address} AS address, \
+         {cidr} AS range_cidr \
+         FROM instances i LEFT JOIN ip_leases l ON l.instance_id = i.instance_id \
+         LEFT JOIN ip_pools p ON p.pool_id = l.pool_id {filter}"
     ))
 }
 
@@ -151,6 +159,14 @@ where
     let conditions: String = r.try_get("conditions").map_err(db_err)?;
     let address: Option<String> = r.try_get("address").map_err(db_err)?;
     let policy: String = r.try_get("network_policy").map_err(db_err)?;
+    let range_cidr: Option<String> = r.try_get("range_cidr").map_err(db_err)?;
+    let address = address
+        .map(|a| parse_stored::<Ipv4Addr>("address", &a))
+        .transpose()?;
+    let addresses = match address {
+        Some(a) => vec![lease_cidr(a, range_cidr.as_deref())?.to_string()],
+        None => Vec::new(),
+    };
     Ok(Instance {
         instance_id: r.try_get("instance_id").map_err(db_err)?,
         pool_id: r.try_get("pool_id").map_err(db_err)?,
@@ -161,18 +177,51 @@ where
         state: state.parse()?,
         conditions: serde_json::from_str(&conditions)
             .map_err(|e| Error::internal(format!("stored conditions {conditions:?}: {e}")))?,
-        address: address
-            .map(|a| parse_stored::<Ipv4Addr>("address", &a))
-            .transpose()?,
+        address,
         network_policy: policy
             .parse()
             .map_err(|e: Error| Error::internal(format!("stored {}", e.message)))?,
         sandbox: r.try_get("sandbox").map_err(db_err)?,
         allocation_id: r.try_get("allocation_id").map_err(db_err)?,
+        addresses,
     })
 }
 
-/// An instance with its lease.
+/// The lease in CIDR form: the address with the prefix length of its pool's range, or `/32` when
+/// the range no longer contains it (replaced since) or the pool has no range any more.
+fn lease_cidr(address: Ipv4Addr, range_cidr: Option<&str>) -> Result<Ipv4Net, Error> {
+    let prefix = match range_cidr {
+        Some(c) => {
+            let net: Ipv4Net = parse_stored("range cidr", c)?;
+            if net.contains(&address) {
+                net.prefix_len()
+            } else {
+                32
+            }
+        }
+        None => 32,
+    };
+    Ipv4Net::new(address, prefix)
+        .map_err(|e| Error::internal(format!("lease {address}/{prefix}: {e}")))
+}
+
+/// Appends each instance's reported addresses (in arrival order) to its lease in `addresses`;
+/// `one` limits the read to one instance.
+async fn with_reported(tx: &mut Tx, one: Option<&str>, list: &mut [Instance]) -> Result<(), Error> {
+    let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
+    for (id, a) in reported(tx, one).await? {
+        by_id.entry(id).or_default().push(a);
+    }
+    for inst in list.iter_mut() {
+        if let Some(stored) = by_id.get(&inst.instance_id) {
+            append_stored(&mut inst.addresses, stored)?;
+        }
+    }
+    Ok(())
+}
+
+/// An instance with its lease and its `addresses` (the lease, then reported addresses; see
+/// [`crate::reports`]).
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown instance; `UNAVAILABLE` on a database failure.
@@ -183,7 +232,10 @@ pub async fn get_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, Er
         Some(r) => Some(instance_row(&r)?),
         None => None,
     });
-    row.ok_or_else(|| Error::not_found(format!("instance {instance_id} not found")))
+    let mut inst =
+        row.ok_or_else(|| Error::not_found(format!("instance {instance_id} not found")))?;
+    with_reported(tx, Some(instance_id), std::slice::from_mut(&mut inst)).await?;
+    Ok(inst)
 }
 
 /// Every instance, ordered by id.
@@ -192,7 +244,9 @@ pub async fn get_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, Er
 /// `UNAVAILABLE` on a database failure.
 pub async fn list_instances(tx: &mut Tx) -> Result<Vec<Instance>, Error> {
     let sql = instance_sql(tx, "ORDER BY i.instance_id");
-    on_tx!(tx, t => sqlx::query(sql).fetch_all(&mut **t).await.map_err(db_err)?.iter().map(instance_row).collect())
+    let mut list: Vec<Instance> = on_tx!(tx, t => sqlx::query(sql).fetch_all(&mut **t).await.map_err(db_err)?.iter().map(instance_row).collect::<Result<_, _>>()?);
+    with_reported(tx, None, &mut list).await?;
+    Ok(list)
 }
 
 /// Creates an instance: claims its vCPUs and memory on a host (the given one, or the first ready
@@ -438,6 +492,9 @@ async fn lose_inner(tx: &mut Tx, host_id: &str) -> Result<HostLoss, Error> {
     for inst in &affected {
         release(tx, &inst.instance_id).await?;
         set_state(tx, &inst.instance_id, InstanceState::Lost, &lost).await?;
+        // After the row update, which (on PostgreSQL) waits for a concurrent status report
+        // holding the row, so that report's addresses are cleared too.
+        clear_reported(tx, &inst.instance_id).await?;
     }
     let mut out = Vec::with_capacity(affected.len());
     for inst in affected {

@@ -453,6 +453,14 @@ pub struct Instance {
     /// instance id as allocation id. Always a valid id (see [`validate_id`]).
     #[serde(default)]
     pub allocation_id: String,
+    /// `Instance.addresses` (spec: "Addresses on an instance", hosted pools), CIDR form: the
+    /// lease first (the address with its range's prefix length, `/32` when the lease lies outside
+    /// the pool's current range after a range replacement), then every address the host's status
+    /// reports added ([`StatusReport`]), in arrival order, each once. Reports only add; the
+    /// reported addresses are cleared when a host loss takes the instance off its host. Empty for
+    /// an instance without a lease and without reports.
+    #[serde(default)]
+    pub addresses: Vec<String>,
 }
 
 impl Instance {
@@ -466,6 +474,133 @@ impl Instance {
         id.truncate(MAX_ID_LEN);
         id
     }
+}
+
+/// The most addresses one instance may carry in one [`StatusReport`].
+pub const MAX_REPORTED_ADDRESSES: usize = 64;
+
+/// The most instances one [`StatusReport`] may carry.
+pub const MAX_REPORTED_INSTANCES: usize = 4096;
+
+/// A host status report (`POST /v1/hosts/{id}/status`; spec: "Addresses on an instance", hosted
+/// pools): the addresses the host's runtime sees on its instances (guest agent, DHCP leases).
+///
+/// JSON: `{"instances": [{"instance_id": "vm1", "addresses": ["10.0.0.2/29", "2001:db8::5/64"]}]}`.
+/// Unknown fields are refused. Check it with [`StatusReport::validate`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusReport {
+    /// The instances the host reports on, at most [`MAX_REPORTED_INSTANCES`], each id once.
+    pub instances: Vec<ReportedInstance>,
+}
+
+/// One instance of a [`StatusReport`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportedInstance {
+    /// The instance id (see [`validate_id`]).
+    pub instance_id: String,
+    /// Its interface addresses in CIDR form (address and prefix length, host bits kept:
+    /// `10.0.0.2/29`, `2001:db8::5/64`), IPv4 or IPv6, at most [`MAX_REPORTED_ADDRESSES`].
+    /// Parsed strictly (no whitespace, no leading zeros). Repeats are ignored.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+}
+
+impl StatusReport {
+    /// Validates the whole report and parses every address, in report order: what the store
+    /// appends for each instance, duplicates inside one entry removed.
+    ///
+    /// # Errors
+    /// `INVALID_INPUT` naming the instance and the field, e.g.
+    /// `status report: instances[1].instance_id "a;b" may only contain …`,
+    /// `status report: instance vm1 appears twice`,
+    /// `instance vm1: addresses[0] "10.0.0.2" is not an address in CIDR form such as 10.0.0.2/24`,
+    /// `instance vm1: 65 addresses; at most 64 are allowed`,
+    /// `status report: 4097 instances; at most 4096 are allowed`.
+    pub fn validate(&self) -> Result<Vec<(String, Vec<IpNet>)>, Error> {
+        if self.instances.len() > MAX_REPORTED_INSTANCES {
+            return Err(Error::invalid(format!(
+                "status report: {} instances; at most {MAX_REPORTED_INSTANCES} are allowed",
+                self.instances.len()
+            )));
+        }
+        let mut out: Vec<(String, Vec<IpNet>)> = Vec::with_capacity(self.instances.len());
+        for (i, inst) in self.instances.iter().enumerate() {
+            validate_id(
+                &format!("status report: instances[{i}].instance_id"),
+                &inst.instance_id,
+            )?;
+            let id = &inst.instance_id;
+            if out.iter().any(|(o, _)| o == id) {
+                return Err(Error::invalid(format!(
+                    "status report: instance {id} appears twice"
+                )));
+            }
+            if inst.addresses.len() > MAX_REPORTED_ADDRESSES {
+                return Err(Error::invalid(format!(
+                    "instance {id}: {} addresses; at most {MAX_REPORTED_ADDRESSES} are allowed",
+                    inst.addresses.len()
+                )));
+            }
+            let mut nets: Vec<IpNet> = Vec::with_capacity(inst.addresses.len());
+            for (j, a) in inst.addresses.iter().enumerate() {
+                let net = crate::vm::parse_net(a).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "instance {id}: addresses[{j}] {a:?} is not an address in CIDR form such as 10.0.0.2/24"
+                    ))
+                })?;
+                crate::nic::append_reported(&mut nets, &[net]);
+            }
+            out.push((id.clone(), nets));
+        }
+        Ok(out)
+    }
+}
+
+/// Why a [`StatusReport`] entry was not applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// No instance has this id.
+    UnknownInstance,
+    /// The instance exists but is not placed on the reporting host (another host, or none:
+    /// lost or in error).
+    NotOnHost,
+}
+
+/// A [`StatusReport`] entry that was not applied; the rest of the report was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedInstance {
+    /// The reported instance id.
+    pub instance_id: String,
+    /// Why.
+    pub reason: SkipReason,
+    /// A human-readable explanation, e.g. `instance vm2 is placed on host h2, not h1`.
+    pub message: String,
+}
+
+/// A [`StatusReport`] entry that was applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdatedInstance {
+    /// The instance id.
+    pub instance_id: String,
+    /// The addresses this report added, in report order (CIDR form); empty when it added
+    /// nothing new.
+    pub added: Vec<String>,
+    /// The instance's `addresses` afterwards (see [`Instance::addresses`]).
+    pub addresses: Vec<String>,
+}
+
+/// What a [`StatusReport`] did: entries applied and skipped, each in report order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReportOutcome {
+    /// The reporting host.
+    pub host_id: String,
+    /// Entries for instances placed on the host.
+    pub updated: Vec<UpdatedInstance>,
+    /// Entries for unknown instances and instances not placed on the host.
+    pub skipped: Vec<SkippedInstance>,
 }
 
 /// The vCPUs an instance requests when the request does not say (API and CLI alike): 1.

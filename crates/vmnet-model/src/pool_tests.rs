@@ -194,3 +194,97 @@ fn ids() {
     assert!(validate_id("instance_id", &"a".repeat(65)).is_err());
     assert!(validate_id("instance_id", &"a".repeat(64)).is_ok());
 }
+
+fn report(json: &str) -> Result<Vec<(String, Vec<IpNet>)>, Error> {
+    let r: StatusReport = serde_json::from_str(json).map_err(|e| Error::invalid(e.to_string()))?;
+    r.validate()
+}
+
+#[test]
+fn status_report_parses_cidrs_in_order_without_repeats() {
+    let got = report(
+        r#"{"instances": [
+            {"instance_id": "vm1", "addresses": ["10.0.0.2/29", "2001:db8::5/64", "10.0.0.2/29"]},
+            {"instance_id": "vm2", "addresses": []},
+            {"instance_id": "vm3"}
+        ]}"#,
+    )
+    .unwrap();
+    let want: Vec<(String, Vec<IpNet>)> = vec![
+        (
+            "vm1".into(),
+            vec![
+                "10.0.0.2/29".parse().unwrap(),
+                "2001:db8::5/64".parse().unwrap(),
+            ],
+        ),
+        ("vm2".into(), vec![]),
+        ("vm3".into(), vec![]),
+    ];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn status_report_is_strict() {
+    let bad = |json: &str| {
+        let e = report(json).expect_err(json);
+        assert_eq!(e.code, crate::ErrorCode::InvalidInput, "{e}");
+        e.message
+    };
+    assert!(bad(r#"{"instances": [], "extra": 1}"#).contains("unknown field `extra`"));
+    assert!(
+        bad(r#"{"instances": [{"instance_id": "vm1", "address": "10.0.0.2/29"}]}"#)
+            .contains("unknown field `address`")
+    );
+    assert!(bad("{}").contains("missing field `instances`"));
+    for (a, why) in [
+        ("10.0.0.2", "no prefix length"),
+        ("10.0.0.2/33", "prefix too long"),
+        ("10.0.0.2/024", "leading zero in the prefix"),
+        (" 10.0.0.2/24", "whitespace"),
+        ("010.0.0.2/24", "leading zero in the address"),
+        ("2001:db8::5/129", "IPv6 prefix too long"),
+        ("vm", "not an address"),
+    ] {
+        let json = format!(
+            r#"{{"instances": [{{"instance_id": "vm1", "addresses": ["10.0.0.3/29", "{a}"]}}]}}"#
+        );
+        assert_eq!(
+            bad(&json),
+            format!(
+                "instance vm1: addresses[1] {a:?} is not an address in CIDR form such as 10.0.0.2/24"
+            ),
+            "{why}"
+        );
+    }
+    assert_eq!(
+        bad(r#"{"instances": [{"instance_id": "vm1"}, {"instance_id": "vm1"}]}"#),
+        "status report: instance vm1 appears twice"
+    );
+    assert_eq!(
+        bad(r#"{"instances": [{"instance_id": "vm1"}, {"instance_id": "a;b"}]}"#),
+        "status report: instances[1].instance_id \"a;b\" may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit"
+    );
+    let many = StatusReport {
+        instances: vec![ReportedInstance {
+            instance_id: "vm1".into(),
+            addresses: (0..=MAX_REPORTED_ADDRESSES)
+                .map(|i| format!("10.0.{i}.1/24"))
+                .collect(),
+        }],
+    };
+    assert_eq!(
+        many.validate().unwrap_err().message,
+        "instance vm1: 65 addresses; at most 64 are allowed"
+    );
+}
+
+#[test]
+fn instance_addresses_default_to_empty() {
+    let i: Instance = serde_json::from_value(serde_json::json!({
+        "instance_id": "vm1", "pool_id": "p1", "host_id": null, "vcpus": 1, "memory_mib": 512,
+        "recreate_on_host_loss": false, "state": "lost", "conditions": [], "address": null
+    }))
+    .unwrap();
+    assert!(i.addresses.is_empty());
+}
