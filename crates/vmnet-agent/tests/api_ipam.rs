@@ -490,3 +490,118 @@ async fn network_policy_sandbox_and_allocation_id() {
     );
     assert_ne!(after["allocation_id"], before["allocation_id"]);
 }
+
+#[tokio::test]
+async fn status_reports_append_addresses_after_the_lease() {
+    let h = Harness::new().await;
+    setup(&h).await;
+    h.call(
+        Method::PUT,
+        "/v1/hosts/h2",
+        Some(json!({"vcpus": 4, "memory_mib": 4096})),
+    )
+    .await;
+    let mut a = inst("a");
+    a["host_id"] = json!("h1");
+    a["recreate_on_host_loss"] = json!(true);
+    let (st, v) = h.call(Method::POST, "/v1/instances", Some(a)).await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["addresses"], json!(["10.0.0.2/29"]));
+    let mut b = inst("b");
+    b["host_id"] = json!("h2");
+    h.call(Method::POST, "/v1/instances", Some(b)).await;
+
+    let report = json!({"instances": [
+        {"instance_id": "a", "addresses": ["10.0.0.2/29", "2001:db8::5/64"]},
+        {"instance_id": "b", "addresses": ["10.9.0.1/24"]},
+        {"instance_id": "zz", "addresses": []}
+    ]});
+    let (st, out) = h
+        .call(Method::POST, "/v1/hosts/h1/status", Some(report))
+        .await;
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(
+        out,
+        json!({
+            "host_id": "h1",
+            "updated": [{"instance_id": "a", "added": ["2001:db8::5/64"],
+                         "addresses": ["10.0.0.2/29", "2001:db8::5/64"]}],
+            "skipped": [
+                {"instance_id": "b", "reason": "not_on_host",
+                 "message": "instance b is placed on host h2, not h1"},
+                {"instance_id": "zz", "reason": "unknown_instance",
+                 "message": "instance zz not found"}
+            ]
+        })
+    );
+    let report = json!({"instances": [
+        {"instance_id": "a", "addresses": ["192.168.7.2/24", "2001:db8::5/64"]}
+    ]});
+    let (st, out) = h
+        .call(Method::POST, "/v1/hosts/h1/status", Some(report))
+        .await;
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(out["updated"][0]["added"], json!(["192.168.7.2/24"]));
+    let want = json!(["10.0.0.2/29", "2001:db8::5/64", "192.168.7.2/24"]);
+    let (_, got) = h.call(Method::GET, "/v1/instances/a", None).await;
+    assert_eq!(got["addresses"], want);
+    assert_eq!(got["address"], "10.0.0.2", "the lease is still the lease");
+    let (_, list) = h.call(Method::GET, "/v1/instances", None).await;
+    assert_eq!(list[0]["addresses"], want);
+    assert_eq!(list[1]["addresses"], json!(["10.0.0.3/29"]));
+
+    // A malformed report: 400 naming the instance and field, nothing written.
+    let got = h
+        .call(
+            Method::POST,
+            "/v1/hosts/h1/status",
+            Some(json!({"instances": [
+                {"instance_id": "a", "addresses": ["10.1.1.1/24"]},
+                {"instance_id": "b", "addresses": ["10.1.1.2"]}
+            ]})),
+        )
+        .await;
+    exact(
+        &got,
+        "instance b: addresses[0] \"10.1.1.2\" is not an address in CIDR form such as 10.0.0.2/24",
+    );
+    let got = h
+        .call(
+            Method::POST,
+            "/v1/hosts/h1/status",
+            Some(json!({"instances": [], "extra": 1})),
+        )
+        .await;
+    assert_error(&got, 400, "INVALID_INPUT", &["status report", "extra"]);
+    let (_, got) = h.call(Method::GET, "/v1/instances/a", None).await;
+    assert_eq!(got["addresses"], want);
+    assert_error(
+        &h.call(
+            Method::POST,
+            "/v1/hosts/h9/status",
+            Some(json!({"instances": []})),
+        )
+        .await,
+        404,
+        "NOT_FOUND",
+        &["host h9 not found"],
+    );
+
+    // A host loss clears what the lost host reported; the new host reports afresh.
+    let (st, loss) = h.call(Method::POST, "/v1/hosts/h1/lose", None).await;
+    assert_eq!(st, 200, "{loss}");
+    assert_eq!(loss["instances"][0]["host_id"], "h2");
+    assert_eq!(loss["instances"][0]["addresses"], json!(["10.0.0.2/29"]));
+    let (st, out) = h
+        .call(
+            Method::POST,
+            "/v1/hosts/h2/status",
+            Some(json!({"instances": [{"instance_id": "a", "addresses": ["10.8.0.1/24"]}]})),
+        )
+        .await;
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(
+        out["updated"][0]["addresses"],
+        json!(["10.0.0.2/29", "10.8.0.1/24"])
+    );
+}

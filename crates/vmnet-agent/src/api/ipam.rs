@@ -11,9 +11,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use vmnet_ipam::{Db, Store, Tx};
 use vmnet_model::Error;
-use vmnet_model::pool::{Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool};
+use vmnet_model::pool::{
+    Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool, StatusReport, StatusReportOutcome,
+};
 
-use super::error::{ApiError, ApiJson};
+use super::error::{ApiBody, ApiError, ApiJson};
 use super::types::{HostCapacity, PoolRange};
 use crate::agent::Agent;
 
@@ -138,6 +140,28 @@ pub async fn lose_host(
     let loss = loss?;
     a.converge_pool().await;
     Ok(Json(loss))
+}
+
+/// JSON errors of a status report body name it `status report` (e.g. `status report: unknown
+/// field \`extra\``).
+impl ApiBody for StatusReport {
+    const OBJECT: &'static str = "status report";
+}
+
+/// `POST /v1/hosts/{id}/status`: a host status report (spec: "Addresses on an instance", hosted
+/// pools). For each reported instance placed on the host, the reported addresses it does not list
+/// yet are appended to its `addresses`; entries for unknown instances and instances on another
+/// host are skipped and listed in the answer. A malformed report is `INVALID_INPUT` naming the
+/// instance and field and changes nothing; an unknown host is `NOT_FOUND`. Reported addresses do
+/// not reach the host's NICs, so nothing is converged.
+pub async fn report_host_status(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<StatusReport>,
+) -> Result<Json<StatusReportOutcome>, ApiError> {
+    let out: Result<StatusReportOutcome, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::report_host_status(tx, &id, &body).await);
+    Ok(Json(out?))
 }
 
 /// `POST /v1/instances` (also `PUT`): place an instance and take its lease, in one transaction.

@@ -60,6 +60,11 @@ fn build() -> Routes {
         .add(Method::GET, "/v1/hosts/{id}", get(ipam::get_host))
         .add(Method::PUT, "/v1/hosts/{id}", put(ipam::put_host))
         .add(Method::POST, "/v1/hosts/{id}/lose", post(ipam::lose_host))
+        .add(
+            Method::POST,
+            "/v1/hosts/{id}/status",
+            post(ipam::report_host_status),
+        )
         .add(Method::GET, "/v1/instances", get(ipam::list_instances))
         .add(Method::POST, "/v1/instances", post(ipam::create_instance))
         .add(Method::PUT, "/v1/instances", put(ipam::create_instance))
