@@ -1,5 +1,6 @@
 //! `vmnet pool|host|instance|lease …`: IPAM commands against the store (spec:
-//! hosted-pool-networking.md, "Give a hosted pool a range", "How leases work").
+//! hosted-pool-networking.md, "Give a hosted pool a range", "How leases work", "Addresses on an
+//! instance": `host report` and the ADDRESSES column).
 //!
 //! Each command opens the database (`--database-url`, `VMNET_DATABASE_URL`, or the SQLite file
 //! `<state-dir>/vmnet.db`, created with its directory if missing), runs in one transaction and
@@ -10,7 +11,10 @@ use std::fmt::Write as _;
 
 use clap::Subcommand;
 use serde::Serialize;
-use vmnet_ipam::{Db, Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool, Store, Tx};
+use vmnet_ipam::{
+    Db, Host, Instance, IpRange, Lease, NewInstance, Pool, ReportedInstance, SetIpPool,
+    StatusReport, StatusReportOutcome, Store, Tx,
+};
 use vmnet_model::Error;
 
 use crate::{Global, Output};
@@ -74,6 +78,36 @@ pub enum HostCmd {
     },
     /// List every host with its claims.
     List,
+    /// Apply a host status report (spec: "Addresses on an instance", hosted pools): append the
+    /// addresses the host sees on its instances to their `addresses`, after the lease, in
+    /// arrival order. Reports only add: nothing is removed or reordered, and what an instance
+    /// already lists is not repeated. Entries for unknown instances or instances placed on
+    /// another host are skipped and listed; the rest is applied. A malformed address is
+    /// INVALID_INPUT and nothing is written.
+    ///
+    /// Either one instance: `vmnet host report h1 --instance vm1 --address 10.0.0.2/29
+    /// --address 2001:db8::5/64`, or a whole report with `--file report.json` (`-` reads
+    /// stdin): `{"instances": [{"instance_id": "vm1", "addresses": ["10.0.0.2/29"]}]}`.
+    Report {
+        /// The reporting host.
+        host: String,
+        /// The instance the addresses belong to.
+        #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+        instance: Option<String>,
+        /// An address in CIDR form (address and prefix length, host bits kept), IPv4 or IPv6;
+        /// repeat for more.
+        #[arg(
+            long = "address",
+            value_name = "CIDR",
+            requires = "instance",
+            conflicts_with = "file"
+        )]
+        addresses: Vec<String>,
+        /// A JSON status report (`{"instances": [{"instance_id": …, "addresses": […]}]}`;
+        /// unknown fields are refused); `-` reads stdin.
+        #[arg(long, value_name = "PATH")]
+        file: Option<std::path::PathBuf>,
+    },
 }
 
 /// `vmnet instance …`
@@ -259,6 +293,11 @@ fn instances_table(instances: &[Instance]) -> String {
                 opt(i.host_id.as_ref()),
                 i.state.to_string(),
                 opt(i.address.as_ref()),
+                if i.addresses.is_empty() {
+                    "-".into()
+                } else {
+                    i.addresses.join(",")
+                },
                 i.vcpus.to_string(),
                 i.memory_mib.to_string(),
                 i.recreate_on_host_loss.to_string(),
@@ -284,6 +323,7 @@ fn instances_table(instances: &[Instance]) -> String {
             "HOST",
             "STATE",
             "ADDRESS",
+            "ADDRESSES",
             "VCPUS",
             "MEMORY_MIB",
             "RECREATE",
@@ -372,7 +412,94 @@ pub async fn host(g: &Global, c: HostCmd) -> Result<(), Error> {
             let hosts = vmnet_ipam::list_hosts(&mut tx).await?;
             finish(db, tx, g, &hosts, |h| hosts_table(h)).await
         }
+        HostCmd::Report {
+            host,
+            instance,
+            addresses,
+            file,
+        } => {
+            let report = match (instance, file) {
+                (Some(instance_id), _) => StatusReport {
+                    instances: vec![ReportedInstance {
+                        instance_id,
+                        addresses,
+                    }],
+                },
+                (None, Some(path)) => read_report(&path)?,
+                (None, None) => {
+                    return Err(Error::invalid(
+                        "status report: give --instance with --address, or --file",
+                    ));
+                }
+            };
+            let out = vmnet_ipam::report_host_status(&mut tx, &host, &report).await?;
+            finish(db, tx, g, &out, report_table).await
+        }
     }
+}
+
+/// Reads a JSON [`StatusReport`] from `path` (`-`: stdin).
+///
+/// # Errors
+/// `INVALID_INPUT` naming the file when it cannot be read or is not a status report.
+fn read_report(path: &std::path::Path) -> Result<StatusReport, Error> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    }
+    .map_err(|e| Error::invalid(format!("status report {}: {e}", path.display())))?;
+    parse_report(&text).map_err(|e| {
+        Error::invalid(format!(
+            "status report {}: {}",
+            path.display(),
+            e.message.trim_start_matches("status report: ")
+        ))
+    })
+}
+
+/// Parses a JSON [`StatusReport`] strictly (unknown fields refused).
+///
+/// # Errors
+/// `INVALID_INPUT` `status report: <serde error>`.
+fn parse_report(text: &str) -> Result<StatusReport, Error> {
+    serde_json::from_str(text).map_err(|e| Error::invalid(format!("status report: {e}")))
+}
+
+/// The outcome of `host report`: one row per entry, applied ones first.
+fn report_table(out: &StatusReportOutcome) -> String {
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "-".to_owned()
+        } else {
+            v.join(",")
+        }
+    };
+    let mut rows: Vec<Vec<String>> = out
+        .updated
+        .iter()
+        .map(|u| {
+            vec![
+                u.instance_id.clone(),
+                "updated".into(),
+                list(&u.added),
+                list(&u.addresses),
+            ]
+        })
+        .collect();
+    rows.extend(out.skipped.iter().map(|s| {
+        let reason = serde_json::to_value(s.reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        vec![
+            s.instance_id.clone(),
+            format!("skipped ({reason})"),
+            "-".into(),
+            s.message.clone(),
+        ]
+    }));
+    render(&["INSTANCE", "RESULT", "ADDED", "ADDRESSES / WHY"], &rows)
 }
 
 /// Runs `vmnet instance …`.
@@ -475,8 +602,105 @@ pub async fn lease(g: &Global, c: LeaseCmd) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Deleted, render};
-    use vmnet_ipam::{Instance, InstanceState};
+    use super::{Deleted, HostCmd, instances_table, parse_report, render, report_table};
+    use clap::Parser;
+    use vmnet_ipam::{
+        Instance, InstanceState, SkipReason, SkippedInstance, StatusReportOutcome, UpdatedInstance,
+    };
+
+    #[derive(Debug, Parser)]
+    struct HostCli {
+        #[command(subcommand)]
+        cmd: HostCmd,
+    }
+
+    fn parse_host(args: &[&str]) -> Result<HostCmd, clap::Error> {
+        HostCli::try_parse_from(std::iter::once("host").chain(args.iter().copied())).map(|c| c.cmd)
+    }
+
+    #[test]
+    fn host_report_takes_an_instance_with_addresses_or_a_file() {
+        let c = parse_host(&[
+            "report",
+            "h1",
+            "--instance",
+            "vm1",
+            "--address",
+            "10.0.0.2/29",
+            "--address",
+            "2001:db8::5/64",
+        ])
+        .unwrap();
+        let HostCmd::Report {
+            host,
+            instance,
+            addresses,
+            file,
+        } = c
+        else {
+            panic!("{c:?}")
+        };
+        assert_eq!(host, "h1");
+        assert_eq!(instance.as_deref(), Some("vm1"));
+        assert_eq!(addresses, ["10.0.0.2/29", "2001:db8::5/64"]);
+        assert!(file.is_none());
+        let c = parse_host(&["report", "h1", "--file", "-"]).unwrap();
+        assert!(matches!(c, HostCmd::Report { file: Some(f), .. } if f.as_os_str() == "-"));
+        // Neither, both, or addresses without an instance are usage errors.
+        for bad in [
+            &["report", "h1"][..],
+            &["report", "h1", "--instance", "vm1", "--file", "r.json"],
+            &[
+                "report",
+                "h1",
+                "--address",
+                "10.0.0.2/29",
+                "--file",
+                "r.json",
+            ],
+        ] {
+            assert!(parse_host(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn report_files_are_parsed_strictly() {
+        let r = parse_report(
+            r#"{"instances": [{"instance_id": "vm1", "addresses": ["10.0.0.2/29"]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.instances[0].addresses, ["10.0.0.2/29"]);
+        let e = parse_report(r#"{"instances": [], "extra": true}"#).unwrap_err();
+        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
+        assert!(
+            e.message
+                .starts_with("status report: unknown field `extra`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn report_outcome_table() {
+        let out = StatusReportOutcome {
+            host_id: "h1".into(),
+            updated: vec![UpdatedInstance {
+                instance_id: "vm1".into(),
+                added: vec!["2001:db8::5/64".into()],
+                addresses: vec!["10.0.0.2/29".into(), "2001:db8::5/64".into()],
+            }],
+            skipped: vec![SkippedInstance {
+                instance_id: "vm2".into(),
+                reason: SkipReason::NotOnHost,
+                message: "instance vm2 is placed on host h2, not h1".into(),
+            }],
+        };
+        assert_eq!(
+            report_table(&out),
+            "INSTANCE  RESULT                 ADDED           ADDRESSES / WHY\n\
+             vm1       updated                2001:db8::5/64  10.0.0.2/29,2001:db8::5/64\n\
+             vm2       skipped (not_on_host)  -               instance vm2 is placed on host h2, not h1\n"
+        );
+    }
 
     #[test]
     fn table_columns_align() {
@@ -499,7 +723,14 @@ mod tests {
             network_policy: vmnet_ipam::NetworkPolicy::Private,
             sandbox: true,
             allocation_id: "alloc-1-vm3".into(),
+            addresses: vec!["10.0.0.4/29".into(), "2001:db8::5/64".into()],
         };
+        let table = instances_table(std::slice::from_ref(&i));
+        let mut lines = table.lines();
+        let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        let col = header.iter().position(|h| *h == "ADDRESSES").unwrap();
+        assert_eq!(row[col], "10.0.0.4/29,2001:db8::5/64");
         let d = Deleted::of(i.clone());
         assert_eq!(d.line(), "deleted instance vm3 (released 10.0.0.4)\n");
         let v = serde_json::to_value(&d).unwrap();
@@ -507,6 +738,10 @@ mod tests {
         assert_eq!(v["instance"]["network_policy"], "private");
         assert_eq!(v["instance"]["sandbox"], true);
         assert_eq!(v["instance"]["allocation_id"], "alloc-1-vm3");
+        assert_eq!(
+            v["instance"]["addresses"],
+            serde_json::json!(["10.0.0.4/29", "2001:db8::5/64"])
+        );
         assert_eq!(
             v["released"],
             serde_json::json!({"pool_id": "p1", "address": "10.0.0.4", "instance_id": "vm3"})
