@@ -414,3 +414,82 @@ conformance!(cases:
     host_loss_clears_reported_addresses,
     lease_outside_the_replaced_range_is_slash32,
 );
+
+/// PostgreSQL (READ COMMITTED, row locks): a status report and a host loss of the reporting host
+/// racing on separate connections never leave the lost host's addresses on the instance.
+mod postgres_races {
+    use std::time::Duration;
+
+    use vmnet_ipam::{Db, StatusReport, Store};
+
+    use crate::common::*;
+
+    const REPORT: &str = r#"{"instances": [{"instance_id": "vm1", "addresses": ["10.9.0.1/24"]}]}"#;
+
+    async fn setup() -> TestDb {
+        let t = postgres().await;
+        set_pool(&t.db, range("p1", "10.0.0.0/29", "10.0.0.1"))
+            .await
+            .unwrap();
+        add_host(&t.db, "h1", 8, 8192).await;
+        add_host(&t.db, "h2", 8, 8192).await;
+        let mut r = inst("vm1", "p1");
+        r.host_id = Some("h1".into());
+        r.recreate_on_host_loss = true;
+        create(&t.db, &r).await.unwrap();
+        t
+    }
+
+    async fn addresses(db: &Db) -> Vec<String> {
+        let mut tx = db.begin().await.unwrap();
+        let i = vmnet_ipam::get_instance(&mut tx, "vm1").await.unwrap();
+        tx.commit().await.unwrap();
+        i.addresses
+    }
+
+    /// The report holds the instance row; the host loss waits for it, then clears what it added.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn report_first_then_host_loss_clears_it() {
+        let t = setup().await;
+        let report: StatusReport = serde_json::from_str(REPORT).unwrap();
+        let mut a = t.db.begin().await.unwrap();
+        let out = vmnet_ipam::report_host_status(&mut a, "h1", &report)
+            .await
+            .unwrap();
+        assert_eq!(out.updated[0].added, ["10.9.0.1/24"]);
+        let db = t.db.clone();
+        let loss = tokio::spawn(async move { lose(&db, "h1").await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!loss.is_finished(), "the host loss waits for the report");
+        a.commit().await.unwrap();
+        let loss = loss.await.unwrap().unwrap();
+        assert_eq!(loss.instances[0].addresses, ["10.0.0.2/29"]);
+        assert_eq!(addresses(&t.db).await, ["10.0.0.2/29"]);
+    }
+
+    /// The host loss holds the instance row; the report waits for it, then skips the instance.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn host_loss_first_then_report_skips() {
+        let t = setup().await;
+        let mut b = t.db.begin().await.unwrap();
+        vmnet_ipam::lose_host(&mut b, "h1").await.unwrap();
+        let db = t.db.clone();
+        let report = tokio::spawn(async move {
+            let r: StatusReport = serde_json::from_str(REPORT).unwrap();
+            let mut a = db.begin().await.unwrap();
+            let out = vmnet_ipam::report_host_status(&mut a, "h1", &r).await;
+            a.commit().await.unwrap();
+            out
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!report.is_finished(), "the report waits for the host loss");
+        b.commit().await.unwrap();
+        let out = report.await.unwrap().unwrap();
+        assert!(out.updated.is_empty());
+        assert_eq!(
+            out.skipped[0].message,
+            "instance vm1 is placed on host h2, not h1"
+        );
+        assert_eq!(addresses(&t.db).await, ["10.0.0.2/29"]);
+    }
+}
