@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use pool_support::{GATEWAY, Guest, Lab, check_spoofs, marker, ping_ok, spoof_cases};
-use vmnet_kernel::pool::guard::TapGuard;
+use vmnet_kernel::pool::guard::{TapGuard, detach_from};
 use vmnet_kernel::pool::probe::{Capture, send_frame, udp4_frame};
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
 use vmnet_plan::pool::nft::tap_entries;
@@ -249,4 +249,33 @@ async fn the_guard_outlives_its_loader_and_is_replaced_in_place() {
     send(ga.ip4, &m);
     assert!(!cap.saw(&m, SHORT), "a forgotten tap's frames drop");
     assert!(g.drops().unwrap()["unknown_tap"] >= 1);
+
+    // An agent started without the guard removes leftover filters from the taps it ensures.
+    assert!(
+        detach_from(Some(&lab.host), &ga.tap).unwrap(),
+        "filters removed"
+    );
+    for dir in ["ingress", "egress"] {
+        assert_eq!(
+            bpf_filters(&lab, &ga.tap, dir),
+            0,
+            "{dir}: no guard filter left"
+        );
+    }
+    assert!(
+        !detach_from(Some(&lab.host), &ga.tap).unwrap(),
+        "nothing left to remove"
+    );
+    let m = marker("unguarded");
+    send(ga.ip4, &m);
+    assert!(
+        cap.saw(&m, SHORT),
+        "the tap passes frames again without its guard"
+    );
+    let fresh = vmnet_testkit::netns::ip(&lab.host, &["tuntap", "add", "bcfresh", "mode", "tap"]);
+    fresh.unwrap();
+    assert!(
+        !detach_from(Some(&lab.host), "bcfresh").unwrap(),
+        "a tap without a clsact qdisc has nothing to remove"
+    );
 }

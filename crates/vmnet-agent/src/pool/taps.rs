@@ -11,7 +11,7 @@ use futures::TryStreamExt;
 use futures::future::BoxFuture;
 use netlink_packet_route::address::AddressAttribute;
 use rtnetlink::{Handle, LinkBridge};
-use vmnet_kernel::pool::guard::TapGuard;
+use vmnet_kernel::pool::guard::{TapGuard, detach_from};
 use vmnet_kernel::pool::tap::{TapOwner, Taps};
 use vmnet_model::Error;
 use vmnet_model::nic::IfName;
@@ -180,9 +180,16 @@ impl PoolTaps for KernelTaps {
                 .ensure(&entry.tap, bridge, entry.mac, self.owner)
                 .await
                 .map_err(|e| unavailable("pool", &e))?;
+            let what = format!("tap {}", entry.tap);
             if let Some(g) = &self.guard {
                 let (g, e) = (Arc::clone(g), entry.clone());
-                guard_call(format!("tap {}", entry.tap), move || g.attach(&e)).await?;
+                guard_call(what, move || g.attach(&e)).await?;
+            } else {
+                // Without the guard (--no-tap-guard), filters a guarded agent left go.
+                let tap = entry.tap.to_string();
+                if guard_call(what, move || detach_from(None, &tap)).await? {
+                    tracing::info!(tap = %entry.tap, "removed the tap guard a previous agent left");
+                }
             }
             Ok(())
         })

@@ -299,6 +299,41 @@ fn attach_one(
     Ok(())
 }
 
+/// Removes the guard's filters from `tap` in namespace `ns` (`None`: this thread's), if any: for
+/// an agent started without the guard over taps a guarded agent left. `Ok(false)` when there
+/// were none.
+///
+/// # Errors
+/// [`GuardError::Attach`] when listing or deleting the filters fails.
+pub fn detach_from(ns: Option<&str>, tap: &str) -> Result<bool, GuardError> {
+    let run = || -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
+        let mut any = false;
+        for (name, kind) in [
+            ("guard_in", TcAttachType::Ingress),
+            ("guard_out", TcAttachType::Egress),
+        ] {
+            match aya::programs::tc::qdisc_detach_program(tap, kind, name) {
+                Ok(()) => any = true,
+                Err(aya::programs::tc::TcError::IoError(e))
+                    if e.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    // No filter of that name on the tap (or no clsact qdisc at all).
+                }
+                Err(e) => return Err(Box::new(e)),
+            }
+        }
+        Ok(any)
+    };
+    let result = match ns {
+        Some(ns) => crate::netns::run_in(ns, run).map_err(GuardError::Netns)?,
+        None => run(),
+    };
+    result.map_err(|source| GuardError::Attach {
+        tap: tap.to_owned(),
+        source,
+    })
+}
+
 impl TapGuard {
     /// Loads the guard programs and maps. `ns` is the namespace its taps live in (`None`: this
     /// thread's namespace).
