@@ -4,8 +4,10 @@
 //! applied from scratch, a full replace of all three with K present, and one instance added and
 //! removed as an element batch with K present (median and p90 of `--reps` rounds), all through
 //! one libnftables context held in the namespace, as the root helper holds it. Also the
-//! read-back (listing + census) the drift audit pays. Prints a table (or JSON with
-//! `--output json`).
+//! read-back (listing + census) the drift audit pays. Then the tap guard's share of an instance
+//! add/remove with K guarded taps on a bridge in the same namespace: attaching it to a new tap
+//! (map writes, clsact qdisc, two `cls_bpf` filters) and forgetting it. Prints a table (or JSON
+//! with `--output json`).
 
 use std::time::{Duration, Instant};
 
@@ -52,6 +54,12 @@ pub struct NftBenchRow {
     pub remove_p90_ms: f64,
     /// Listing + census of the drift audit, ms (median).
     pub audit_ms: f64,
+    /// Tap guard attached to one new tap with K guarded taps present, ms (median).
+    pub guard_add_ms: f64,
+    /// Tap guard attached to one new tap, ms (p90).
+    pub guard_add_p90_ms: f64,
+    /// Tap guard entries of one tap forgotten, ms (median).
+    pub guard_remove_ms: f64,
 }
 
 fn instance(i: usize) -> InstanceSpec {
@@ -154,6 +162,7 @@ fn bench_one(k: usize, reps: usize) -> Result<NftBenchRow, Error> {
             )));
         }
     }
+    let (mut guard_add, mut guard_remove) = guard_costs(&ns, k, reps)?;
     Ok(NftBenchRow {
         k,
         rules,
@@ -165,7 +174,69 @@ fn bench_one(k: usize, reps: usize) -> Result<NftBenchRow, Error> {
         remove_ms: quantile(&mut remove.clone(), 0.5),
         remove_p90_ms: quantile(&mut remove, 0.9),
         audit_ms: quantile(&mut audit, 0.5),
+        guard_add_ms: quantile(&mut guard_add.clone(), 0.5),
+        guard_add_p90_ms: quantile(&mut guard_add, 0.9),
+        guard_remove_ms: quantile(&mut guard_remove, 0.5),
     })
+}
+
+/// K guarded taps on bridge `br0` in `ns`, then `reps` rounds of: a new tap, the guard attached
+/// (timed), forgotten (timed), the tap deleted. Returns the attach and forget times, ms.
+fn guard_costs(ns: &str, k: usize, reps: usize) -> Result<(Vec<f64>, Vec<f64>), Error> {
+    use vmnet_kernel::pool::guard::TapGuard;
+    use vmnet_kernel::pool::tap::{TapOwner, Taps};
+    let unavailable = |what: &str, e: &dyn std::fmt::Display| {
+        Error::unavailable(format!("bench guard: {what}: {e}"))
+    };
+    let rt = tokio::runtime::Handle::current();
+    let handle = rt
+        .block_on(async { vmnet_kernel::netns::netlink_in(ns) })
+        .map_err(|e| unavailable("netlink", &e))?;
+    let br: vmnet_model::nic::IfName = "br0".parse()?;
+    rt.block_on(
+        handle
+            .link()
+            .add(rtnetlink::LinkBridge::new(br.as_str()).up().build())
+            .execute(),
+    )
+    .map_err(|e| unavailable("bridge", &e))?;
+    let taps = Taps::new(ns, handle);
+    let guard = TapGuard::load(Some(ns)).map_err(|e| unavailable("load", &e))?;
+    let owner = TapOwner::default();
+    let entry = |i: usize| -> Result<vmnet_plan::pool::nft::TapEntry, Error> {
+        let inst = instance(i);
+        vmnet_plan::pool::nft::tap_entries(&inst)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::internal("bench instance without a NIC"))
+    };
+    for i in 0..k {
+        let e = entry(i)?;
+        rt.block_on(taps.ensure(&e.tap, &br, e.mac, owner))
+            .map_err(|err| unavailable("tap", &err))?;
+        guard
+            .attach(&e)
+            .map_err(|err| unavailable("attach", &err))?;
+    }
+    let e = entry(k + 1)?;
+    let (mut add, mut remove) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        rt.block_on(taps.ensure(&e.tap, &br, e.mac, owner))
+            .map_err(|err| unavailable("tap", &err))?;
+        let t = Instant::now();
+        guard
+            .attach(&e)
+            .map_err(|err| unavailable("attach", &err))?;
+        add.push(ms(t.elapsed()));
+        let t = Instant::now();
+        guard
+            .forget(&e.tap)
+            .map_err(|err| unavailable("forget", &err))?;
+        remove.push(ms(t.elapsed()));
+        rt.block_on(taps.delete(&e.tap))
+            .map_err(|err| unavailable("tap delete", &err))?;
+    }
+    Ok((add, remove))
 }
 
 /// Runs the command.
@@ -192,7 +263,7 @@ pub async fn run(g: &Global, args: NftBenchArgs) -> Result<(), Error> {
         return Ok(());
     }
     println!(
-        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10} {:>9}",
+        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10} {:>9} {:>12} {:>10} {:>12}",
         "NICs",
         "rules",
         "JSON",
@@ -202,11 +273,14 @@ pub async fn run(g: &Global, args: NftBenchArgs) -> Result<(), Error> {
         "add p90",
         "remove ms",
         "remove p90",
-        "audit ms"
+        "audit ms",
+        "guard add ms",
+        "guard p90",
+        "guard rm ms"
     );
     for r in &rows {
         println!(
-            "{:>6} {:>6} {:>10} {:>11.2} {:>11.2} {:>9.3} {:>9.3} {:>10.3} {:>10.3} {:>9.2}",
+            "{:>6} {:>6} {:>10} {:>11.2} {:>11.2} {:>9.3} {:>9.3} {:>10.3} {:>10.3} {:>9.2} {:>12.3} {:>10.3} {:>12.3}",
             r.k,
             r.rules,
             r.full_bytes,
@@ -216,11 +290,14 @@ pub async fn run(g: &Global, args: NftBenchArgs) -> Result<(), Error> {
             r.add_p90_ms,
             r.remove_ms,
             r.remove_p90_ms,
-            r.audit_ms
+            r.audit_ms,
+            r.guard_add_ms,
+            r.guard_add_p90_ms,
+            r.guard_remove_ms
         );
     }
     println!(
-        "(one libnftables context in a throwaway namespace; add/remove: one element batch each, {reps} rounds)"
+        "(one libnftables context in a throwaway namespace; add/remove: one element batch each, {reps} rounds;\n guard: K guarded taps on a bridge, then a new tap's guard attach and forget, {reps} rounds)"
     );
     Ok(())
 }
