@@ -519,6 +519,7 @@ mod tests {
             network_policy: vmnet_model::nic::NetworkPolicy::Private,
             sandbox: true,
             allocation_id: "alloc-7-inst-1".into(),
+            addresses: Vec::new(),
         };
         let bridge: IfName = "br0".parse().unwrap();
         let spec = spec_of(&inst, None, &bridge).unwrap();

@@ -363,7 +363,7 @@ async fn run(
                 let mut audit = || fw.audit().map(|a| a.repaired).map_err(|e| error_chain(&e));
                 all.extend(checks::gap(
                     gs,
-                    checks::GapHost {
+                    &mut checks::GapHost {
                         ns: &host,
                         bridge: bridge.as_str(),
                         audit: &mut audit,

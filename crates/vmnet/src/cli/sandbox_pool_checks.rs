@@ -161,7 +161,7 @@ pub struct GapHost<'a> {
 /// first public guest and looks for it on the bridge (promiscuous, so it sees what passed the
 /// tap's ingress: the tap guard alone filters now), checks that nothing reaches a guest, then
 /// runs the audit and checks that traffic flows again.
-pub fn gap(guests: &[GuestInfo], host: GapHost<'_>) -> Vec<Check> {
+pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
     let public: Vec<&GuestInfo> = guests
         .iter()
         .filter(|g| g.policy == NetworkPolicy::Public)
