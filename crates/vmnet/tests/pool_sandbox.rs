@@ -1,6 +1,7 @@
 //! `vmnet up --sandbox examples/pool.json` end to end (root): the spec's /29 walk-through —
 //! five instances get .2–.6, their seeds carry those addresses, the sixth fails with
-//! CAPACITY_UNAVAILABLE — plus reachability by policy and every spoof attempt, expected and seen.
+//! CAPACITY_UNAVAILABLE — plus reachability by policy, every spoof attempt, the drift gap and
+//! the teardown, expected and seen, all through the real agent.
 
 use std::process::Command;
 
@@ -60,6 +61,23 @@ fn pool_sandbox_walk_through() {
             .iter()
             .any(|c| c["name"].as_str().unwrap().contains("forged ARP") && c["seen"] == "dropped")
     );
+    // The drift gap through the real agent: held, flushed, the guard alone; then its audit.
+    let check = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["name"].as_str().unwrap().contains(name))
+            .unwrap_or_else(|| panic!("no check {name:?}: {checks:#?}"))
+    };
+    assert_eq!(
+        check("gap, at the bridge: web-1 → web-2: foreign IPv4 source")["seen"],
+        "dropped"
+    );
+    assert_eq!(check("nothing reaches a guest")["seen"], "dropped");
+    assert_eq!(check("gap: the audit")["seen"], "repaired");
+    assert_eq!(
+        check("teardown: instances deleted through the API")["seen"],
+        "0 taps, 0 elements"
+    );
     let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(
         !String::from_utf8_lossy(&left.stdout).contains(&name),
@@ -92,5 +110,57 @@ fn pool_sandbox_refuses_an_existing_name() {
     assert_eq!(
         vmnet_testkit::sandbox::owned(&name),
         vec![sb.host(), sb.inet()]
+    );
+}
+
+/// An interrupted `up` (SIGINT while the agent runs) stops the agent and removes the sandbox.
+#[test]
+fn pool_sandbox_interrupted_leaves_nothing() {
+    vmnet_testkit::require_root();
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/pool.json");
+    let name = vmnet_testkit::sandbox::unique_prefix("pi");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().display().to_string();
+    let child = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .args(["up", "--sandbox", spec, "--name", &name, "--root", &root])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vmnet");
+    // Wait until the agent runs inside the sandbox (its namespace exists and it has a child).
+    let start = std::time::Instant::now();
+    let agent_running = || {
+        let out = Command::new("pgrep")
+            .args(["-P", &child.id().to_string(), "-f", "serve --netns"])
+            .output()
+            .unwrap();
+        out.status.success()
+    };
+    while !agent_running() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the agent never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(
+        vmnet_testkit::sandbox::owned(&name).is_empty(),
+        "namespaces left: {:?}",
+        vmnet_testkit::sandbox::owned(&name)
+    );
+    let agents = Command::new("pgrep")
+        .args(["-f", &format!("--name-prefix {name}")])
+        .output()
+        .unwrap();
+    assert!(
+        !agents.status.success(),
+        "an agent of the sandbox still runs: {}",
+        String::from_utf8_lossy(&agents.stdout)
     );
 }

@@ -1,44 +1,45 @@
-//! `vmnet up --sandbox examples/pool.json`: pool mode end to end in throwaway namespaces.
+//! `vmnet up --sandbox examples/pool.json`: pool mode end to end in throwaway namespaces, through
+//! the real agent.
 //!
-//! 1. IPAM in a temporary SQLite database: the spec's range (the /29 of the spec's walk-through),
-//!    one host, and the instances created in order — each takes the lowest free address; the
-//!    sixth of a /29 fails with `CAPACITY_UNAVAILABLE`.
-//! 2. A sandbox host namespace (uplink to a fake internet, [`vmnet_testkit::Sandbox`]) with the
-//!    bridge holding the range's gateway, the three bcd tables loaded through libnftables, and
-//!    per placed instance: its NIC and seed from its lease, a `cidata` seed image, its rules,
-//!    its persistent tap on the bridge, and a simulated guest relayed to the tap and configured
-//!    from its own seed's network-config.
-//! 3. The checks (reachability by policy, and each spoof attempt: expected and seen), then two
-//!    tables: instances (lease, tap, MAC, seed address, policy) and checks.
+//! 1. A sandbox host namespace (uplink to a fake internet, [`vmnet_testkit::Sandbox`]) with the
+//!    bridge holding the range's gateway.
+//! 2. The agent (`vmnet serve --netns <host> --host-id <host> --bridge <bridge>`, this
+//!    executable) with its SQLite database, socket and state in a temporary directory: it starts
+//!    its root helper, loads the bcd tables and the tap guard.
+//! 3. Over its API, as an operator would: the range (the /29 of the spec's walk-through), the
+//!    host, and the instances in order — each takes the lowest free address and is realised
+//!    (rules, tap, guard, seed) before the answer; the sixth of a /29 fails with
+//!    `CAPACITY_UNAVAILABLE`. Per realised instance a simulated guest is relayed to its tap and
+//!    configured from the `network-config` the agent wrote.
+//! 4. The checks ([`checks`]): placement, seeds, reachability by policy, the spoof attempts, the
+//!    drift gap (the agent held with `SIGSTOP`, the ruleset flushed, the guard alone; then the
+//!    agent's own audit repairs it), and the teardown through the API leaving no tap and no set
+//!    element. Two tables are printed: instances (lease, tap, MAC, seed address, policy) and
+//!    checks.
 //!
-//! Everything runs in this process; the sandbox (namespaces, taps, database) is removed before
-//! the command returns. Exit status non-zero when any check saw something other than expected.
+//! The sandbox (agent, namespaces, taps, database) is removed before the command returns. Exit
+//! status non-zero when any check saw something other than expected.
 
+#[path = "sandbox_pool_agent.rs"]
+mod agent;
 #[path = "sandbox_pool_checks.rs"]
 mod checks;
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use vmnet_ipam::{Db, NewInstance, SetIpPool, Store};
-use vmnet_kernel::pool::firewall::PoolFirewall;
-use vmnet_kernel::pool::guard::TapGuard;
-use vmnet_kernel::pool::host::PoolHost;
-use vmnet_kernel::pool::libnft::LibNft;
+use vmnet_agent::api::types::InstanceNics;
+use vmnet_agent::client::segment;
 use vmnet_kernel::pool::sim_guest;
-use vmnet_kernel::pool::tap::{TapOwner, Taps};
 use vmnet_model::Error;
-use vmnet_model::nic::{IfName, InstanceSpec, NetworkPolicy};
-use vmnet_model::pool::IpRange;
-use vmnet_plan::pool::nft::{Firewall, HostAddrs};
-use vmnet_plan::pool::nic::instance_spec;
-use vmnet_plan::pool::seed::seed;
+use vmnet_model::nic::{IfName, MacAddr, NetworkPolicy};
+use vmnet_model::pool::SetIpPool;
 use vmnet_testkit::netns as tk;
 use vmnet_testkit::relay::Relay;
-use vmnet_testkit::sandbox::{HOST_UPLINK_V4, HOST_UPLINK_V6, Sandbox};
+use vmnet_testkit::sandbox::{HOST_UPLINK_V4, Sandbox};
 
+use self::agent::AgentProc;
 use self::checks::{Check, GuestInfo};
 use crate::{Global, Output};
 
@@ -129,48 +130,6 @@ fn internal(what: &str) -> impl Fn(String) -> Error + '_ {
     move |m| Error::internal(format!("{what}: {m}"))
 }
 
-async fn place(
-    spec: &PoolSpec,
-    dir: &Path,
-) -> Result<(IpRange, Vec<(PoolSpecInstance, Result<Ipv4Addr, Error>)>), Error> {
-    let url = format!("sqlite://{}", dir.join("ipam.db").display());
-    let db = Db::connect(&url).await?;
-    let mut tx = db.begin().await?;
-    let range = vmnet_ipam::set_ip_pool(&mut tx, spec.pool.clone()).await?;
-    vmnet_ipam::add_host(
-        &mut tx,
-        &spec.host.host_id,
-        spec.host.vcpus,
-        spec.host.memory_mib,
-    )
-    .await?;
-    tx.commit().await?;
-    let mut out = Vec::new();
-    for i in &spec.instances {
-        let mut tx = db.begin().await?;
-        let req = NewInstance {
-            host_id: Some(spec.host.host_id.clone()),
-            vcpus: 1,
-            memory_mib: 256,
-            ..NewInstance::new(i.instance_id.clone(), spec.pool.pool_id.clone())
-        };
-        let r = match vmnet_ipam::create_instance(&mut tx, &req).await {
-            Ok(inst) => {
-                tx.commit().await?;
-                inst.address
-                    .ok_or_else(|| Error::internal(format!("instance {}: no lease", i.instance_id)))
-            }
-            Err(e) => {
-                tx.rollback().await?;
-                Err(e)
-            }
-        };
-        out.push((i.clone(), r));
-    }
-    db.close().await;
-    Ok((range, out))
-}
-
 /// Runs `vmnet up --sandbox FILE` for a pool-mode spec (see the module docs).
 ///
 /// # Errors
@@ -198,7 +157,19 @@ pub async fn up_pool(g: &Global, path: &Path, name: &str, root: &Path) -> Result
     let dir = std::env::temp_dir().join(format!("vmnet-pool-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir)
         .map_err(|e| Error::internal(format!("{}: {e}", dir.display())))?;
-    let result = run(&spec, &bridge, name, &dir).await;
+    // An interrupt (SIGINT, SIGTERM) drops the run: its guards stop the agent and delete the
+    // namespaces before this returns.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::internal(format!("signal handler: {e}")))?;
+    let result = tokio::select! {
+        r = run(&spec, &bridge, name, &dir) => r,
+        _ = tokio::signal::ctrl_c() => Err(Error::internal(format!(
+            "interrupted; pool sandbox {name} removed"
+        ))),
+        _ = term.recv() => Err(Error::internal(format!(
+            "terminated; pool sandbox {name} removed"
+        ))),
+    };
     let _ = std::fs::remove_dir_all(&dir);
     let report = result?;
     match g.output {
@@ -227,11 +198,15 @@ async fn run(
     name: &str,
     dir: &Path,
 ) -> Result<PoolReport, Error> {
-    let (range, placed) = place(spec, dir).await?;
+    let range_net: ipnet::Ipv4Net = spec
+        .pool
+        .cidr
+        .parse()
+        .map_err(|e| Error::invalid(format!("pool {}: cidr: {e}", spec.pool.pool_id)))?;
     let sb = Sandbox::with_prefix(name)
         .map_err(|e| Error::unavailable(format!("sandbox {name}: {e}")))?;
     let host = sb.host();
-    let gw_cidr = format!("{}/{}", range.gateway, range.cidr.prefix_len());
+    let gw_cidr = format!("{}/{}", spec.pool.gateway, range_net.prefix_len());
     let br = bridge.as_str();
     let ipf = internal("sandbox bridge");
     tk::ip(&host, &["link", "add", br, "type", "bridge"]).map_err(|e| ipf(e.to_string()))?;
@@ -242,50 +217,23 @@ async fn run(
         &[
             "route",
             "add",
-            &range.cidr.to_string(),
+            &range_net.trunc().to_string(),
             "via",
             &HOST_UPLINK_V4.to_string(),
         ],
     )
     .map_err(|e| ipf(e.to_string()))?;
-    let nft =
-        LibNft::in_netns(&host).map_err(|e| Error::unavailable(format!("libnftables: {e}")))?;
-    let mut firewall = PoolFirewall::new(nft);
-    let host_addrs = HostAddrs {
-        own: vec![
-            IpAddr::V4(range.gateway),
-            IpAddr::V4(HOST_UPLINK_V4),
-            IpAddr::V6(HOST_UPLINK_V6),
-        ],
-        gateways: vec![IpAddr::V4(range.gateway)],
-    };
-    let guard = TapGuard::load(Some(&host))
-        .map_err(|e| Error::unavailable(format!("tap guard: {}", error_chain(&e))))?;
-    guard
-        .set_host(&host_addrs)
-        .map_err(|e| Error::unavailable(format!("tap guard: {}", error_chain(&e))))?;
-    firewall
-        .replace(Firewall {
-            taps: vec![],
-            host: host_addrs,
-        })
-        .map_err(|e| e.to_error())?;
-    let handle =
-        vmnet_kernel::netns::netlink_in(&host).map_err(|e| Error::unavailable(e.to_string()))?;
-    let mut pool = PoolHost {
-        firewall,
-        taps: Taps::new(&host, handle),
-        owner: TapOwner::default(),
-        guard: Some(std::sync::Arc::new(guard)),
-    };
 
+    let agent = AgentProc::start(spec, &host, name, dir, Duration::from_secs(30)).await?;
     let mut rows = Vec::new();
     let mut guests = Vec::new();
     let mut relays = Vec::new();
-    let mut started: Vec<InstanceSpec> = Vec::new();
+    let mut created = Vec::new();
     let mut placement = Vec::new();
+    let mut range = None;
     let outcome: Result<(), Error> = async {
-        for (i, lease) in &placed {
+        agent.set_up_pool(spec).await?;
+        for i in &spec.instances {
             let row = |lease: String, tap: &str, mac: &str, seed_address: &str| InstanceRow {
                 instance: i.instance_id.clone(),
                 policy: format!("{:?}", i.policy).to_lowercase(),
@@ -294,33 +242,37 @@ async fn run(
                 mac: mac.into(),
                 seed_address: seed_address.into(),
             };
-            let addr = match lease {
-                Ok(a) => *a,
+            let inst = match agent.create_instance(spec, i).await {
+                Ok(inst) => inst,
                 Err(e) => {
                     placement.push((i.instance_id.clone(), Err(e.code)));
                     rows.push(row(format!("{}: {}", e.code, e.message), "-", "-", "-"));
                     continue;
                 }
             };
+            created.push(i.instance_id.clone());
+            let addr = inst.address.ok_or_else(|| {
+                Error::internal(format!(
+                    "instance {}: created without a lease",
+                    i.instance_id
+                ))
+            })?;
             placement.push((i.instance_id.clone(), Ok(addr)));
-            let alloc = format!("alloc-{}", i.instance_id);
-            let inst = instance_spec(
-                &i.instance_id,
-                &alloc,
-                bridge,
-                Some((addr, &range)),
-                i.policy,
-                i.sandbox,
-            )?;
-            let s = seed(&inst, None)?;
-            vmnet_kernel::pool::seed_image::write_iso(
-                &s,
-                &dir.join(format!("{}-seed.iso", i.instance_id)),
-            )
-            .map_err(|e| Error::unavailable(format!("instance {}: {e}", i.instance_id)))?;
-            pool.start_instance(&inst).await.map_err(|e| e.to_error())?;
-            started.push(inst.clone());
-            let tap = inst.tap_names()?[0].to_string();
+            let nics: InstanceNics = agent
+                .client
+                .get(&format!("/v1/instances/{}/nics", segment(&i.instance_id)))
+                .await?;
+            let nic = nics.nics.first().filter(|_| nics.realised).ok_or_else(|| {
+                Error::internal(format!(
+                    "instance {}: not realised on the host; {}",
+                    i.instance_id,
+                    agent.log_tail()
+                ))
+            })?;
+            let seed_file = agent.seeds.join(&i.instance_id).join("network-config");
+            let network_config = std::fs::read_to_string(&seed_file)
+                .map_err(|e| Error::internal(format!("{}: {e}", seed_file.display())))?;
+            let mac: MacAddr = nic.mac.parse()?;
             let ns = sb
                 .add_netns(&format!("g{}", guests.len()))
                 .map_err(|e| Error::unavailable(e.to_string()))?;
@@ -329,16 +281,15 @@ async fn run(
                     .map_err(|e| Error::unavailable(e.to_string()))?;
             }
             relays.push(
-                Relay::start(&host, &tap, &ns, "eth0")
+                Relay::start(&host, &nic.tap, &ns, "eth0")
                     .map_err(|e| Error::unavailable(e.to_string()))?,
             );
-            let mac = inst.nics[0].mac;
-            let net = sim_guest::configure(&ns, "eth0", mac, s.network_config.as_deref())
+            let net = sim_guest::configure(&ns, "eth0", mac, Some(&network_config))
                 .map_err(internal("simulated guest"))?;
             rows.push(row(
                 addr.to_string(),
-                &tap,
-                &mac.to_string(),
+                &nic.tap,
+                &nic.mac,
                 &net.addresses.join(","),
             ));
             guests.push(GuestInfo {
@@ -350,35 +301,64 @@ async fn run(
                 seed_addresses: net.addresses,
             });
         }
+        let pool: vmnet_model::pool::Pool = agent
+            .client
+            .get(&format!("/v1/pools/{}", segment(&spec.pool.pool_id)))
+            .await?;
+        range = pool.range;
         std::thread::sleep(Duration::from_millis(500));
         Ok(())
     }
     .await;
-    let checks = match outcome {
-        Ok(()) => {
-            let (gs, pl, r) = (&guests, &placement, &range);
-            let fw = &mut pool.firewall;
-            tokio::task::block_in_place(|| {
-                let mut all = checks::run(gs, r, pl);
-                let mut audit = || fw.audit().map(|a| a.repaired).map_err(|e| error_chain(&e));
-                all.extend(checks::gap(
-                    gs,
-                    &mut checks::GapHost {
-                        ns: &host,
-                        bridge: bridge.as_str(),
-                        audit: &mut audit,
-                    },
-                ));
-                all
-            })
-        }
-        Err(_) => Vec::new(),
-    };
-    drop(relays);
-    for inst in &started {
-        let _ = pool.stop_instance(inst).await;
+    let mut checks = Vec::new();
+    if let (Ok(()), Some(r)) = (&outcome, &range) {
+        let (gs, pl) = (&guests, &placement);
+        let rt = tokio::runtime::Handle::current();
+        let agent = &agent;
+        checks = tokio::task::block_in_place(|| {
+            let mut all = checks::run(gs, r, pl);
+            let before = std::cell::Cell::new(0);
+            let mut hold_audit = || {
+                before.set(
+                    rt.block_on(agent.pool_status())
+                        .map_err(|e| e.message)?
+                        .drift_repairs,
+                );
+                agent.signal(nix::sys::signal::Signal::SIGSTOP)
+            };
+            let mut audit = || {
+                agent.signal(nix::sys::signal::Signal::SIGCONT)?;
+                Ok(rt
+                    .block_on(agent.wait_repair(before.get(), AUDIT_WAIT))
+                    .is_some())
+            };
+            all.extend(checks::gap(
+                gs,
+                &mut checks::GapHost {
+                    ns: &host,
+                    bridge: bridge.as_str(),
+                    hold_audit: &mut hold_audit,
+                    audit: &mut audit,
+                },
+            ));
+            all
+        });
     }
-    drop(pool);
+    drop(relays);
+    // Deleting the instances through the API removes their taps, rules and seeds.
+    for id in &created {
+        if let Err(e) = agent.delete_instance(id).await {
+            checks.push(checks::check(
+                format!("teardown: delete {id}"),
+                "deleted",
+                e.to_string(),
+            ));
+        }
+    }
+    if outcome.is_ok() && range.is_some() {
+        checks.push(checks::left_behind(&host));
+    }
+    drop(agent);
     drop(sb);
     outcome?;
     Ok(PoolReport {
@@ -387,6 +367,9 @@ async fn run(
         checks,
     })
 }
+
+/// How long the gap check waits for the agent's audit (one 5 s period and some slack).
+const AUDIT_WAIT: Duration = Duration::from_secs(6);
 
 fn print(r: &PoolReport) {
     print!("{}", render(r));
@@ -437,17 +420,6 @@ fn render(r: &PoolReport) -> String {
         r.checks.len()
     ));
     out
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -47,7 +47,12 @@ pub struct Check {
     pub ok: bool,
 }
 
-fn check(name: impl Into<String>, expected: impl Into<String>, seen: impl Into<String>) -> Check {
+/// A check of `name` from what was expected and what was seen (`ok` when they are equal).
+pub fn check(
+    name: impl Into<String>,
+    expected: impl Into<String>,
+    seen: impl Into<String>,
+) -> Check {
     let (expected, seen) = (expected.into(), seen.into());
     Check {
         name: name.into(),
@@ -153,14 +158,19 @@ pub struct GapHost<'a> {
     pub ns: &'a str,
     /// The bridge.
     pub bridge: &'a str,
-    /// Runs one audit; `Ok(true)` when it found drift and repaired it.
+    /// Called before the flush: holds the audit off (the agent is stopped) so the gap lasts
+    /// until [`Self::audit`].
+    pub hold_audit: &'a mut dyn FnMut() -> Result<(), String>,
+    /// Lets the audit run again and waits for it; `Ok(true)` when it found the drift and
+    /// repaired it within one audit period.
     pub audit: &'a mut dyn FnMut() -> Result<bool, String>,
 }
 
-/// The drift gap (blocking): flushes the sandbox host's ruleset, sends the spoof suite from the
-/// first public guest and looks for it on the bridge (promiscuous, so it sees what passed the
-/// tap's ingress: the tap guard alone filters now), checks that nothing reaches a guest, then
-/// runs the audit and checks that traffic flows again.
+/// The drift gap (blocking): holds the audit off, flushes the sandbox host's ruleset, sends the
+/// spoof suite from the first public guest and looks for it on the bridge (promiscuous, so it
+/// sees what passed the tap's ingress: the tap guard alone filters now), checks that nothing
+/// reaches a guest, then lets the audit run and checks that it repaired the tables and that
+/// traffic flows again.
 pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
     let public: Vec<&GuestInfo> = guests
         .iter()
@@ -170,6 +180,10 @@ pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
         return Vec::new();
     };
     let mut out = Vec::new();
+    if let Err(e) = (host.hold_audit)() {
+        out.push(check("gap: hold the audit off", "held", e));
+        return out;
+    }
     let t = Duration::from_secs(10);
     let flushed = vmnet_testkit::netns::exec(host.ns, "nft", &["flush", "ruleset"], t)
         .is_ok_and(|o| o.status.success());
@@ -199,7 +213,11 @@ pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
         Ok(false) => "no drift found".to_owned(),
         Err(e) => e,
     };
-    out.push(check("gap: the audit", "repaired", repaired));
+    out.push(check(
+        "gap: the audit, running again, within one period",
+        "repaired",
+        repaired,
+    ));
     out.push(check(
         format!("after the repair: {} → {}", a.id, b.id),
         "passes",
@@ -300,4 +318,44 @@ fn spoofs(a: &GuestInfo, b: &GuestInfo, at: (&str, &str), label: &str) -> Vec<Ch
         ));
     }
     out
+}
+
+/// After every instance was deleted through the API: the `bc*` links and the elements of the
+/// sets and maps of `bridge bcd_instances` left in the sandbox host (expected none).
+pub fn left_behind(host_ns: &str) -> Check {
+    let t = Duration::from_secs(10);
+    let taps = vmnet_testkit::netns::exec(host_ns, "ip", &["-j", "link", "show"], t)
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| v.as_array().cloned())
+        .map(|links| {
+            links
+                .iter()
+                .filter(|l| l["ifname"].as_str().is_some_and(|n| n.starts_with("bc")))
+                .count()
+        });
+    let elements = vmnet_testkit::netns::exec(host_ns, "nft", &["-j", "list", "ruleset"], t)
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .map(|v| {
+            v["nftables"].as_array().map_or(0, |objs| {
+                objs.iter()
+                    .filter_map(|o| o.get("set").or_else(|| o.get("map")))
+                    .filter(|s| {
+                        s["table"] == "bcd_instances"
+                            && !s["name"].as_str().is_some_and(|n| n.starts_with("host_"))
+                    })
+                    .map(|s| s["elem"].as_array().map_or(0, Vec::len))
+                    .sum::<usize>()
+            })
+        });
+    let seen = match (taps, elements) {
+        (Some(t), Some(e)) => format!("{t} taps, {e} elements"),
+        _ => "could not list".to_owned(),
+    };
+    check(
+        "teardown: instances deleted through the API",
+        "0 taps, 0 elements",
+        seen,
+    )
 }

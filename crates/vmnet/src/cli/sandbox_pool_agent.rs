@@ -1,0 +1,206 @@
+//! The agent side of the pool sandbox: `vmnet serve --host-id` started inside the sandbox host,
+//! driven over its API as an operator would, and stopped again (SIGTERM by pid, SIGKILL after
+//! 10 s) when the sandbox goes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use vmnet_agent::api::types::PoolStatus;
+use vmnet_agent::client::{Client, segment};
+use vmnet_model::Error;
+
+use super::PoolSpec;
+
+/// A running agent this process started; stopped on drop.
+pub struct AgentProc {
+    child: Child,
+    log: PathBuf,
+    /// Its API.
+    pub client: Client,
+    /// Its seed directory (`<state dir>/pool/seeds`).
+    pub seeds: PathBuf,
+}
+
+impl AgentProc {
+    /// Starts `vmnet serve` (this executable) in namespace `host_ns` for `spec`'s host and
+    /// bridge, its database, socket and state under `dir`, and waits until it answers.
+    ///
+    /// # Errors
+    /// `INTERNAL` when it cannot be started or does not answer within `timeout`.
+    pub async fn start(
+        spec: &PoolSpec,
+        host_ns: &str,
+        prefix: &str,
+        dir: &Path,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
+        let exe =
+            std::env::current_exe().map_err(|e| Error::internal(format!("own executable: {e}")))?;
+        let log = dir.join("agent.log");
+        let stderr = std::fs::File::create(&log)
+            .map_err(|e| Error::internal(format!("{}: {e}", log.display())))?;
+        let child = Command::new(exe)
+            .arg("--database-url")
+            .arg(format!("sqlite://{}", dir.join("vmnet.db").display()))
+            .arg("--socket")
+            .arg(dir.join("vmnet.sock"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .args(["serve", "--netns", host_ns, "--name-prefix", prefix])
+            .args(["--host-id", &spec.host.host_id, "--bridge", &spec.bridge])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| Error::internal(format!("start vmnet serve: {e}")))?;
+        let mut agent = Self {
+            child,
+            log,
+            client: Client::new(dir.join("vmnet.sock")),
+            seeds: dir.join("state/pool/seeds"),
+        };
+        let start = Instant::now();
+        loop {
+            match agent.client.get::<Value>("/v1/status").await {
+                Ok(_) => return Ok(agent),
+                Err(e) => {
+                    if let Ok(Some(status)) = agent.child.try_wait() {
+                        return Err(Error::internal(format!(
+                            "the agent exited ({status}): {}",
+                            agent.log_tail()
+                        )));
+                    }
+                    if start.elapsed() > timeout {
+                        return Err(Error::internal(format!(
+                            "the agent did not answer within {timeout:?}: {e}; {}",
+                            agent.log_tail()
+                        )));
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The last lines of the agent's log.
+    #[must_use]
+    pub fn log_tail(&self) -> String {
+        super::super::sandbox::state::log_tail(&self.log)
+    }
+
+    /// The range and the host of `spec`, over the API.
+    ///
+    /// # Errors
+    /// The API's error (e.g. `INVALID_INPUT` for a bad range).
+    pub async fn set_up_pool(&self, spec: &PoolSpec) -> Result<(), Error> {
+        let p = &spec.pool;
+        let _: Value = self
+            .client
+            .put(
+                &format!("/v1/pools/{}/range", segment(&p.pool_id)),
+                &json!({ "cidr": p.cidr, "gateway": p.gateway, "first_host": p.first_host,
+                         "last_host": p.last_host, "dns": p.dns }),
+            )
+            .await?;
+        let h = &spec.host;
+        let _: Value = self
+            .client
+            .put(
+                &format!("/v1/hosts/{}", segment(&h.host_id)),
+                &json!({ "vcpus": h.vcpus, "memory_mib": h.memory_mib }),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Creates one instance on the spec's host; the answer comes once this host realised it.
+    ///
+    /// # Errors
+    /// The API's error (`CAPACITY_UNAVAILABLE` when the pool is full).
+    pub async fn create_instance(
+        &self,
+        spec: &PoolSpec,
+        i: &super::PoolSpecInstance,
+    ) -> Result<vmnet_model::pool::Instance, Error> {
+        self.client
+            .post(
+                "/v1/instances",
+                Some(&json!({
+                    "instance_id": i.instance_id, "pool_id": spec.pool.pool_id,
+                    "host_id": spec.host.host_id, "vcpus": 1, "memory_mib": 256,
+                    "network_policy": i.policy, "sandbox": i.sandbox,
+                })),
+            )
+            .await
+    }
+
+    /// Deletes an instance (its tap, rules and seed go with it).
+    ///
+    /// # Errors
+    /// The API's error.
+    pub async fn delete_instance(&self, id: &str) -> Result<(), Error> {
+        let _: Value = self
+            .client
+            .delete(&format!("/v1/instances/{}", segment(id)))
+            .await?;
+        Ok(())
+    }
+
+    /// The pool part of `GET /v1/status`.
+    ///
+    /// # Errors
+    /// The API's error, or `INTERNAL` when the agent runs without pool mode.
+    pub async fn pool_status(&self) -> Result<PoolStatus, Error> {
+        let st: vmnet_agent::api::types::AgentStatus = self.client.get("/v1/status").await?;
+        st.pool
+            .ok_or_else(|| Error::internal("the agent reports no pool mode"))
+    }
+
+    /// Sends `sig` to the agent (this process started it): `SIGSTOP` holds its audit loop off,
+    /// `SIGCONT` lets it run again.
+    ///
+    /// # Errors
+    /// The system error, as a message.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<(), String> {
+        let pid =
+            nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).map_err(|e| e.to_string())?);
+        nix::sys::signal::kill(pid, sig).map_err(|e| format!("{sig} to the agent: {e}"))
+    }
+
+    /// Waits until the audit has repaired drift once more than `before` repairs; the time it
+    /// took, or `None` after `timeout`.
+    pub async fn wait_repair(&self, before: u64, timeout: Duration) -> Option<Duration> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if self
+                .pool_status()
+                .await
+                .is_ok_and(|p| p.drift_repairs > before)
+            {
+                return Some(start.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(0));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
