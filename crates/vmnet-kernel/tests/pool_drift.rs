@@ -28,12 +28,7 @@ fn nft(lab: &Lab, args: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_is_repaired_and_the_gap_stays_filtered() {
     let mut lab = Lab::new("pd").await;
-    let a = lab
-        .add("inst-a", "10.0.0.2", NetworkPolicy::Public, false)
-        .await;
-    let b = lab
-        .add("inst-b", "10.0.0.3", NetworkPolicy::Public, false)
-        .await;
+    let (a, b) = lab.add_public_pair().await;
     assert!(
         lab.pool.firewall.audit().unwrap().drift.is_empty(),
         "no drift right after start"

@@ -57,12 +57,7 @@ fn host_frame_arrives(lab: &Lab, g: &Guest, tag: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_the_gap_the_guard_filters_everything() {
     let mut lab = Lab::new("pi").await;
-    let a = lab
-        .add("inst-a", "10.0.0.2", NetworkPolicy::Public, false)
-        .await;
-    let b = lab
-        .add("inst-b", "10.0.0.3", NetworkPolicy::Public, false)
-        .await;
+    let (a, b) = lab.add_public_pair().await;
     let v = lab
         .add("inst-v", "10.0.0.4", NetworkPolicy::Private, false)
         .await;
@@ -163,12 +158,7 @@ fn bpf_filters(lab: &Lab, tap: &str, dir: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guard_outlives_its_loader_and_is_replaced_in_place() {
     let mut lab = Lab::new("pj").await;
-    let a = lab
-        .add("inst-a", "10.0.0.2", NetworkPolicy::Public, false)
-        .await;
-    let b = lab
-        .add("inst-b", "10.0.0.3", NetworkPolicy::Public, false)
-        .await;
+    let (a, b) = lab.add_public_pair().await;
     let (ga, gb) = (&lab.guests[a], &lab.guests[b]);
     for dir in ["ingress", "egress"] {
         assert_eq!(

@@ -17,12 +17,7 @@ const SHORT: Duration = Duration::from_millis(600);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guests_pass_and_spoofs_are_dropped() {
     let mut lab = Lab::nft_only("pa").await;
-    let a = lab
-        .add("inst-a", "10.0.0.2", NetworkPolicy::Public, false)
-        .await;
-    let b = lab
-        .add("inst-b", "10.0.0.3", NetworkPolicy::Public, false)
-        .await;
+    let (a, b) = lab.add_public_pair().await;
     let (ga, gb) = (&lab.guests[a], &lab.guests[b]);
 
     // Correct traffic: guest to guest, guest to gateway, guest through the gateway.

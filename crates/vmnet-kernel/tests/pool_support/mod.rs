@@ -165,6 +165,18 @@ impl Lab {
         self.guests.len() - 1
     }
 
+    /// Two public instances, `inst-a` (10.0.0.2) and `inst-b` (10.0.0.3), with their guests;
+    /// their indexes in `guests`.
+    pub async fn add_public_pair(&mut self) -> (usize, usize) {
+        let a = self
+            .add("inst-a", "10.0.0.2", NetworkPolicy::Public, false)
+            .await;
+        let b = self
+            .add("inst-b", "10.0.0.3", NetworkPolicy::Public, false)
+            .await;
+        (a, b)
+    }
+
     pub fn nft_list(&self) -> String {
         let out = tk::exec(
             &self.host,
