@@ -8,6 +8,8 @@
 //! [`NftExec`] — libnftables in-process ([`LibNft`]) or the agent's root helper. The first tap
 //! on a host and the last one going away are full replaces (the backstop tables appear and go);
 //! everything else is element adds/deletes whose size does not depend on how many taps exist.
+//! An instance whose spec changes under the same taps ([`PoolFirewall::replace_instance`]) has
+//! its changed elements swapped in one batch, so its taps are never without rules.
 //!
 //! [`PoolFirewall::audit`] lists the ruleset, compares rules and element counts of the three
 //! tables with what was loaded and, on any difference (a flushed ruleset, an edited rule, a
@@ -31,7 +33,7 @@
 
 use serde_json::Value;
 use vmnet_model::Error;
-use vmnet_model::nic::{InstanceSpec, instance_hash10};
+use vmnet_model::nic::{IfName, InstanceSpec, instance_hash10};
 use vmnet_plan::pool::census::{Census, drift};
 use vmnet_plan::pool::nft::{
     Change, Firewall, needs_full_replace, render_full, render_instance, tap_entries,
@@ -255,6 +257,85 @@ impl<E: NftExec> PoolFirewall<E> {
         self.change(next, &gone, Change::Remove)
     }
 
+    /// Sets one instance's taps to those of `inst` in one transaction: the entries held under
+    /// its id (what [`Self::remove_instance`] would remove) are swapped for `inst`'s, the batch
+    /// deleting only the set elements that change and adding only the new ones (a changed lease,
+    /// policy or sandbox flag), so an element that stays is never absent and nothing is applied
+    /// when no element changes (e.g. only the nameservers or the gateway of a NIC changed,
+    /// which no element carries). With nothing held it is [`Self::add_instance`] without the
+    /// `CONFLICT` for its own taps; the first tap on the host or the last going away (`inst`
+    /// without NICs) is a full replace, as for the other changes. The caller keeps the taps.
+    ///
+    /// # Errors
+    /// [`FirewallError::Plan`] for an invalid instance, or one whose tap names are held by
+    /// another instance's entries (`CONFLICT`); otherwise as [`Self::replace`]. On an error the
+    /// previous entries stay.
+    pub fn replace_instance(&mut self, inst: &InstanceSpec) -> Result<(), FirewallError> {
+        let entries = tap_entries(inst).map_err(FirewallError::Plan)?;
+        let prefix = format!("bc{}n", instance_hash10(&inst.id));
+        let (held, kept): (Vec<_>, Vec<_>) = self
+            .desired
+            .taps
+            .iter()
+            .cloned()
+            .partition(|t| t.tap.as_str().starts_with(&prefix));
+        if entries.iter().any(|e| kept.iter().any(|t| t.tap == e.tap)) {
+            return Err(FirewallError::Plan(Error::conflict(format!(
+                "instance {}: its taps have another instance's rules on this host",
+                inst.id
+            ))));
+        }
+        let mut next = Firewall {
+            taps: kept,
+            host: self.desired.host.clone(),
+        };
+        next.taps.extend(entries.iter().cloned());
+        next.taps.sort_by(|a, b| a.tap.cmp(&b.tap));
+        if next == self.desired {
+            return Ok(());
+        }
+        if !self.loaded || needs_full_replace(&self.desired, &next) {
+            return self.replace(next);
+        }
+        let doc = element_swap(
+            &render_instance(&held, Change::Remove),
+            &render_instance(&entries, Change::Add),
+        );
+        if !doc["nftables"].as_array().is_some_and(Vec::is_empty) {
+            self.exec.apply(&doc.to_string())?;
+            self.planned.apply(&doc);
+        }
+        self.desired = next;
+        Ok(())
+    }
+
+    /// Removes, in one batch, the entries of every tap for which `keep` is false (e.g. taps
+    /// loaded for an instance that is no longer placed here), or does a full replace when no
+    /// tap is left. Returns the taps removed (none: nothing applied).
+    ///
+    /// # Errors
+    /// As [`Self::replace`]; the entries stay then.
+    pub fn retain_taps(
+        &mut self,
+        keep: impl Fn(&IfName) -> bool,
+    ) -> Result<Vec<IfName>, FirewallError> {
+        let (kept, gone): (Vec<_>, Vec<_>) = self
+            .desired
+            .taps
+            .iter()
+            .cloned()
+            .partition(|t| keep(&t.tap));
+        if gone.is_empty() {
+            return Ok(Vec::new());
+        }
+        let next = Firewall {
+            taps: kept,
+            host: self.desired.host.clone(),
+        };
+        self.change(next, &gone, Change::Remove)?;
+        Ok(gone.into_iter().map(|t| t.tap).collect())
+    }
+
     fn change(
         &mut self,
         next: Firewall,
@@ -293,6 +374,50 @@ impl<E: NftExec> PoolFirewall<E> {
             repaired: true,
         })
     }
+}
+
+/// One batch that turns the elements deleted by `remove` into those added by `add` (both from
+/// [`render_instance`]): per set, the elements in both are left out, then the deletes come
+/// before the adds (a verdict map's key whose verdict changes is deleted, then added again).
+fn element_swap(remove: &Value, add: &Value) -> Value {
+    fn sets(doc: &Value, verb: &str) -> Vec<(Value, Vec<Value>)> {
+        doc["nftables"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                let mut body = c.get(verb)?.get("element")?.clone();
+                let elems = body.as_object_mut()?.remove("elem")?.as_array()?.clone();
+                Some((body, elems))
+            })
+            .collect()
+    }
+    fn elems_of<'a>(list: &'a [(Value, Vec<Value>)], set: &Value) -> &'a [Value] {
+        list.iter()
+            .find(|(b, _)| b == set)
+            .map_or(&[], |(_, e)| e.as_slice())
+    }
+    let (gone, new) = (sets(remove, "delete"), sets(add, "add"));
+    let mut cmds = Vec::new();
+    for (verb, from, other) in [("delete", &gone, &new), ("add", &new, &gone)] {
+        for (body, elems) in from {
+            let same = elems_of(other, body);
+            let diff: Vec<Value> = elems
+                .iter()
+                .filter(|e| !same.contains(e))
+                .cloned()
+                .collect();
+            if diff.is_empty() {
+                continue;
+            }
+            let mut body = body.clone();
+            if let Some(o) = body.as_object_mut() {
+                o.insert("elem".into(), Value::Array(diff));
+            }
+            cmds.push(serde_json::json!({ verb: { "element": body } }));
+        }
+    }
+    serde_json::json!({ "nftables": cmds })
 }
 
 #[cfg(test)]

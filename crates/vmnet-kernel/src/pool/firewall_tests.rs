@@ -128,3 +128,171 @@ fn a_lost_ruleset_is_drift_and_is_repaired_and_counted() {
     assert_eq!(fw.status().taps, 1);
     assert!(fw.audit().unwrap().drift.is_empty());
 }
+
+/// The commands of batch `i` as `verb set elements…` lines.
+fn commands(fw: &PoolFirewall<Fake>, i: usize) -> Vec<String> {
+    let v: Value = serde_json::from_str(&fw.exec().batches.lock().unwrap()[i]).unwrap();
+    v["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let (verb, body) = c.as_object().unwrap().iter().next().unwrap();
+            let e = &body["element"];
+            format!("{verb} {} {}", e["name"].as_str().unwrap(), e["elem"])
+        })
+        .collect()
+}
+
+#[test]
+fn replace_instance_swaps_only_the_changed_elements_in_one_batch() {
+    let mut fw = loaded();
+    fw.add_instance(&inst("i-1", "10.0.0.2")).unwrap();
+    fw.add_instance(&inst("i-2", "10.0.0.3")).unwrap();
+    let n = fw.exec().batches.lock().unwrap().len();
+
+    // A new lease and policy: one batch, the old address and verdicts out, the new ones in.
+    let mut moved = inst("i-1", "10.0.0.5");
+    moved.policy = NetworkPolicy::Private;
+    fw.replace_instance(&moved).unwrap();
+    assert_eq!(fw.exec().batches.lock().unwrap().len(), n + 1);
+    let tap = moved.tap_names().unwrap()[0].to_string();
+    let cmds = commands(&fw, n);
+    let heads: Vec<String> = cmds
+        .iter()
+        .map(|c| c.split(' ').take(2).collect::<Vec<_>>().join(" "))
+        .collect();
+    for want in [
+        "delete tap_ip4",
+        "add tap_ip4",
+        "add in_policy",
+        "add out_policy",
+    ] {
+        assert!(heads.iter().any(|h| h == want), "{want}: {cmds:#?}");
+    }
+    // Elements that stay (the tap, its MAC, its IPv6 link-local) are not touched.
+    for kept in [
+        "taps",
+        "tap_mac",
+        "tap_ip6",
+        "ip4_unchecked",
+        "sandbox_taps",
+    ] {
+        assert!(
+            !heads.iter().any(|h| h.ends_with(&format!(" {kept}"))),
+            "{kept}: {cmds:#?}"
+        );
+    }
+    let first_add = heads.iter().position(|h| h.starts_with("add ")).unwrap();
+    assert!(
+        heads[first_add..].iter().all(|h| h.starts_with("add ")),
+        "deletes first: {cmds:#?}"
+    );
+    let find = |h: &str| &cmds[heads.iter().position(|x| x == h).unwrap()];
+    assert!(
+        find("delete tap_ip4").contains("10.0.0.2") && find("delete tap_ip4").contains(&tap),
+        "{cmds:?}"
+    );
+    assert!(find("add tap_ip4").contains("10.0.0.5"), "{cmds:?}");
+    assert!(find("add in_policy").contains("private_out"), "{cmds:?}");
+    assert!(
+        !cmds.iter().any(|c| c.contains("10.0.0.3")),
+        "i-2 untouched"
+    );
+    let entry = fw
+        .desired()
+        .taps
+        .iter()
+        .find(|t| t.tap.as_str() == tap)
+        .unwrap();
+    assert_eq!(
+        entry.ip4,
+        vec!["10.0.0.5".parse::<std::net::Ipv4Addr>().unwrap()]
+    );
+    assert_eq!(fw.desired().taps.len(), 2);
+    // The census followed: no drift, and the elements are those of the new spec.
+    assert!(fw.audit().unwrap().drift.is_empty());
+    let elements = fw.observe().unwrap().element_counts();
+    assert_eq!(elements["bridge bcd_instances tap_ip4"], 2, "{elements:?}");
+    assert_eq!(
+        elements["bridge bcd_instances in_policy"], 1,
+        "{elements:?}"
+    );
+
+    // Back to public: the verdicts go, nothing is added.
+    let back = inst("i-1", "10.0.0.5");
+    fw.replace_instance(&back).unwrap();
+    let cmds = commands(&fw, n + 1);
+    assert_eq!(cmds.len(), 2, "{cmds:?}");
+    assert!(
+        cmds.iter()
+            .all(|c| c.starts_with("delete ") && c.contains("_policy "))
+    );
+    assert!(fw.audit().unwrap().drift.is_empty());
+
+    // Only the nameservers and the gateway change: no element does, nothing is applied.
+    let mut dns = back.clone();
+    dns.nics[0].nameservers = vec!["10.0.0.1".parse().unwrap()];
+    dns.nics[0].gateway = Some("10.0.0.1".parse().unwrap());
+    fw.replace_instance(&dns).unwrap();
+    assert_eq!(fw.exec().batches.lock().unwrap().len(), n + 2);
+    assert!(fw.audit().unwrap().drift.is_empty());
+}
+
+#[test]
+fn replace_instance_is_an_add_when_nothing_is_held_and_a_full_replace_for_the_first_tap() {
+    let mut fw = loaded();
+    // First tap on the host: the backstop tables come with it.
+    fw.replace_instance(&inst("i-1", "10.0.0.2")).unwrap();
+    let batches = fw.exec().batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 2);
+    assert!(batches[1].contains("bcd_taps"));
+    // Another instance: an element add; the same spec again changes nothing.
+    fw.replace_instance(&inst("i-2", "10.0.0.3")).unwrap();
+    fw.replace_instance(&inst("i-2", "10.0.0.3")).unwrap();
+    let batches = fw.exec().batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 3);
+    assert!(
+        batches[2].starts_with(r#"{"nftables":[{"add":{"element""#),
+        "{}",
+        batches[2]
+    );
+    assert_eq!(fw.desired().taps.len(), 2);
+    assert!(fw.audit().unwrap().drift.is_empty());
+}
+
+#[test]
+fn a_refused_replace_instance_keeps_the_old_entries() {
+    let mut fw = loaded();
+    fw.add_instance(&inst("i-1", "10.0.0.2")).unwrap();
+    fw.add_instance(&inst("i-2", "10.0.0.3")).unwrap();
+    let before = fw.desired().clone();
+    *fw.exec().refuse.lock().unwrap() = true;
+    assert!(fw.replace_instance(&inst("i-1", "10.0.0.4")).is_err());
+    assert_eq!(fw.desired(), &before);
+    *fw.exec().refuse.lock().unwrap() = false;
+    assert!(fw.audit().unwrap().drift.is_empty());
+}
+
+#[test]
+fn retain_taps_removes_the_others_in_one_batch_and_the_last_with_the_backstop() {
+    let mut fw = loaded();
+    fw.add_instance(&inst("i-1", "10.0.0.2")).unwrap();
+    fw.add_instance(&inst("i-2", "10.0.0.3")).unwrap();
+    let keep = inst("i-2", "10.0.0.3").tap_names().unwrap()[0].clone();
+    let gone = inst("i-1", "10.0.0.2").tap_names().unwrap()[0].clone();
+    assert_eq!(fw.retain_taps(|t| *t == keep).unwrap(), vec![gone]);
+    assert!(
+        fw.retain_taps(|t| *t == keep).unwrap().is_empty(),
+        "nothing more"
+    );
+    let batches = fw.exec().batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 4);
+    assert!(batches[3].starts_with(r#"{"nftables":[{"delete":{"element""#));
+    assert!(fw.audit().unwrap().drift.is_empty());
+    assert_eq!(fw.retain_taps(|_| false).unwrap(), vec![keep]);
+    let batches = fw.exec().batches.lock().unwrap().clone();
+    assert!(batches[4].contains("bcd_taps") && batches[4].contains("\"delete\""));
+    assert!(fw.desired().taps.is_empty());
+    assert!(fw.audit().unwrap().drift.is_empty());
+}
