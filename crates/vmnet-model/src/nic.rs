@@ -2,7 +2,7 @@
 //! "Addresses on an instance").
 //!
 //! An instance of a hosted pool reaches its host as an [`InstanceSpec`] inside a [`NodeSpec`]:
-//! its id, its `allocation_id`, its network policy and its NICs in guest interface order. Each
+//! its id, its `allocationId`, its network policy and its NICs in guest interface order. Each
 //! [`NicSpec`] names the host bridge (`network`), a stable [`MacAddr`], the lease in CIDR form,
 //! the range's gateway and its nameservers.
 //!
@@ -17,10 +17,10 @@
 //! At most [`MAX_NICS`] NICs per instance (the tap name must fit 15 bytes).
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
@@ -238,7 +238,8 @@ pub struct NicSpec {
     pub network: Option<IfName>,
     /// The guest MAC ([`MacAddr::for_instance`] for vps NICs).
     pub mac: MacAddr,
-    /// The lease in CIDR form with the range's prefix length; empty without a lease.
+    /// The lease in CIDR form ([`lease_cidr`]: the range's prefix length, or `/32` for a lease
+    /// outside its range); empty without a lease.
     #[serde(default)]
     pub addresses: Vec<IpNet>,
     /// The range's gateway, for a NIC with a lease.
@@ -263,8 +264,9 @@ impl NicSpec {
 pub struct InstanceSpec {
     /// The instance id ([`crate::pool::validate_id`]).
     pub id: String,
-    /// The allocation the host names when it fetches the user data (`allocationId` accepted too).
-    #[serde(alias = "allocationId")]
+    /// The allocation the host names when it fetches the user data. On the wire `allocationId`
+    /// (the spec's name); `allocation_id` is still accepted when parsing.
+    #[serde(rename = "allocationId", alias = "allocation_id")]
     pub allocation_id: String,
     /// The network policy (default `public`).
     #[serde(default)]
@@ -289,7 +291,7 @@ impl InstanceSpec {
     pub fn validate(&self) -> Result<(), Error> {
         validate_id("instance id", &self.id)?;
         let ctx = |m: String| Error::invalid(format!("instance {}: {m}", self.id));
-        validate_id("allocation_id", &self.allocation_id).map_err(|e| ctx(e.message))?;
+        validate_id("allocationId", &self.allocation_id).map_err(|e| ctx(e.message))?;
         if self.nics.len() > MAX_NICS {
             return Err(ctx(format!(
                 "nics: {} NICs, at most {MAX_NICS}",
@@ -377,6 +379,26 @@ impl NodeSpec {
             serde_json::from_str(s).map_err(|e| Error::invalid(format!("node spec: {e}")))?;
         spec.validate()?;
         Ok(spec)
+    }
+}
+
+/// The lease in CIDR form (spec: "What reaches the host", `addresses`; "Addresses on an
+/// instance"): `address` with the prefix length of its range's `cidr` when the range contains it,
+/// otherwise `/32`.
+///
+/// A lease lies outside its range when `setIpPool` replaced the range and kept the existing
+/// leases ("Existing leases are kept as they are, even if they now fall outside it"); `range_cidr`
+/// is `None` when the pool has no range at all. Such a lease is given as `<address>/32` and
+/// never fails anything: the NIC keeps the range's gateway and nameservers (the seed then routes
+/// through the gateway on-link), and `Instance.addresses` shows the same `/32`. This one rule is
+/// shared by the host plan (`vmnet_plan::pool::nic`) and the store (`vmnet_ipam`).
+#[must_use]
+pub fn lease_cidr(address: Ipv4Addr, range_cidr: Option<Ipv4Net>) -> Ipv4Net {
+    match range_cidr {
+        Some(net) if net.contains(&address) => {
+            Ipv4Net::new(address, net.prefix_len()).unwrap_or_else(|_| Ipv4Net::from(address))
+        }
+        _ => Ipv4Net::from(address),
     }
 }
 

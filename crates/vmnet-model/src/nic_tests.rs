@@ -128,7 +128,7 @@ fn bad_instance_id_is_refused() {
 
 #[test]
 fn node_spec_json_keeps_nic_order_and_refuses_injection() {
-    let json = r#"{"instances":[{"id":"i-1","allocation_id":"a-1","nics":[
+    let json = r#"{"instances":[{"id":"i-1","allocationId":"a-1","nics":[
         {"network":"br0","mac":"02:00:00:00:00:01","addresses":["10.0.0.2/24"],"gateway":"10.0.0.1"},
         {"network":"br1","mac":"02:00:00:00:00:02"}]}]}"#;
     let spec = NodeSpec::from_json(json).unwrap();
@@ -148,13 +148,57 @@ fn node_spec_json_keeps_nic_order_and_refuses_injection() {
         r#""{10.0.0.2/24}""#,
     ] {
         let j = format!(
-            r#"{{"instances":[{{"id":"i-1","allocation_id":"a-1","nics":[{{"network":"br0","mac":"02:00:00:00:00:01","addresses":[{evil}]}}]}}]}}"#
+            r#"{{"instances":[{{"id":"i-1","allocationId":"a-1","nics":[{{"network":"br0","mac":"02:00:00:00:00:01","addresses":[{evil}]}}]}}]}}"#
         );
         let e = NodeSpec::from_json(&j).unwrap_err();
         assert_eq!(e.code, crate::ErrorCode::InvalidInput, "{evil}");
     }
-    let j = r#"{"instances":[{"id":"i-1","allocation_id":"a-1","nics":[{"network":"br0","mac":"02:00:00:00:00:01","addresses":["10.0.0.2/24"],"gateway":"10.0.0.1","nameservers":["1.1.1.1 # yaml"]}]}]}"#;
+    let j = r#"{"instances":[{"id":"i-1","allocationId":"a-1","nics":[{"network":"br0","mac":"02:00:00:00:00:01","addresses":["10.0.0.2/24"],"gateway":"10.0.0.1","nameservers":["1.1.1.1 # yaml"]}]}]}"#;
     assert!(NodeSpec::from_json(j).is_err());
+}
+
+#[test]
+fn allocation_id_is_allocation_id_camel_case_on_the_wire() {
+    let v = serde_json::to_value(inst(vec![])).unwrap();
+    assert_eq!(v["allocationId"], "alloc-1");
+    assert!(v.get("allocation_id").is_none(), "{v}");
+    let node = NodeSpec {
+        instances: vec![inst(vec![nic("br0")])],
+    };
+    let text = serde_json::to_string(&node).unwrap();
+    assert!(text.contains(r#""allocationId":"alloc-1""#), "{text}");
+    assert_eq!(NodeSpec::from_json(&text).unwrap(), node);
+
+    // The old name is still accepted, never both at once.
+    let old = r#"{"instances":[{"id":"i-1","allocation_id":"a-1"}]}"#;
+    assert_eq!(
+        NodeSpec::from_json(old).unwrap().instances[0].allocation_id,
+        "a-1"
+    );
+    let both = r#"{"instances":[{"id":"i-1","allocation_id":"a-1","allocationId":"a-2"}]}"#;
+    let e = NodeSpec::from_json(both).unwrap_err();
+    assert_eq!(e.code, crate::ErrorCode::InvalidInput);
+    let missing = r#"{"instances":[{"id":"i-1"}]}"#;
+    let e = NodeSpec::from_json(missing).unwrap_err();
+    assert!(e.message.contains("allocationId"), "{e}");
+    let bad = r#"{"instances":[{"id":"i-1","allocationId":"a b"}]}"#;
+    let e = NodeSpec::from_json(bad).unwrap_err();
+    assert!(
+        e.message.contains("instance i-1") && e.message.contains("allocationId"),
+        "{e}"
+    );
+}
+
+#[test]
+fn lease_cidr_in_range_takes_its_prefix_outside_is_32() {
+    let a: Ipv4Addr = "10.0.0.2".parse().unwrap();
+    let net = |s: &str| Some(s.parse::<Ipv4Net>().unwrap());
+    assert_eq!(lease_cidr(a, net("10.0.0.0/29")).to_string(), "10.0.0.2/29");
+    assert_eq!(lease_cidr(a, net("10.0.0.0/8")).to_string(), "10.0.0.2/8");
+    // Replaced range no longer containing the lease, or no range at all.
+    assert_eq!(lease_cidr(a, net("10.0.1.0/24")).to_string(), "10.0.0.2/32");
+    assert_eq!(lease_cidr(a, None).to_string(), "10.0.0.2/32");
+    assert_eq!(lease_cidr(a, net("10.0.0.2/32")).to_string(), "10.0.0.2/32");
 }
 
 #[test]
