@@ -187,22 +187,14 @@ where
     })
 }
 
-/// The lease in CIDR form: the address with the prefix length of its pool's range, or `/32` when
-/// the range no longer contains it (replaced since) or the pool has no range any more.
+/// The lease in CIDR form ([`vmnet_model::nic::lease_cidr`], the rule the host plan uses too):
+/// the address with the prefix length of its pool's range, or `/32` when the range no longer
+/// contains it (replaced since) or the pool has no range any more.
 fn lease_cidr(address: Ipv4Addr, range_cidr: Option<&str>) -> Result<Ipv4Net, Error> {
-    let prefix = match range_cidr {
-        Some(c) => {
-            let net: Ipv4Net = parse_stored("range cidr", c)?;
-            if net.contains(&address) {
-                net.prefix_len()
-            } else {
-                32
-            }
-        }
-        None => 32,
-    };
-    Ipv4Net::new(address, prefix)
-        .map_err(|e| Error::internal(format!("lease {address}/{prefix}: {e}")))
+    let range = range_cidr
+        .map(|c| parse_stored::<Ipv4Net>("range cidr", c))
+        .transpose()?;
+    Ok(vmnet_model::nic::lease_cidr(address, range))
 }
 
 /// Appends each instance's reported addresses (in arrival order) to its lease in `addresses`;

@@ -2,7 +2,9 @@
 //! an instance", hosted pools).
 //!
 //! * `Instance.addresses` is the lease first (CIDR form: the address with its range's prefix
-//!   length), then the addresses host status reports added, in arrival order, each once.
+//!   length, or `/32` when the range no longer contains it; [`vmnet_model::nic::lease_cidr`],
+//!   the rule the host's NIC uses too), then the addresses host status reports added, in
+//!   arrival order, each once.
 //! * [`report_host_status`] appends, for each reported instance placed on the reporting host, the
 //!   reported addresses not yet in its list. Reports only add: nothing is removed or reordered,
 //!   and an address equal to the lease (same address and prefix length) is not stored again.

@@ -2,27 +2,30 @@
 //! address list (spec: "Addresses on an instance").
 //!
 //! One NIC per instance: network = the host bridge, MAC = [`MacAddr::for_instance`], addresses =
-//! the lease with the range's prefix length, gateway = the range's gateway, nameservers = the
-//! range's `dns`. Without a lease the NIC has no addresses, gateway or nameservers.
+//! the lease in CIDR form ([`lease_cidr`]: the range's prefix length, or `/32` for a lease the
+//! range no longer contains), gateway = the range's gateway, nameservers = the range's `dns`.
+//! Without a lease the NIC has no addresses, gateway or nameservers.
+//!
+//! A lease outside its range (possible after `setIpPool` replaced the range, which keeps
+//! existing leases) never fails the host plan: it is given as `/32`, exactly as the store shows
+//! it in `Instance.addresses`, and keeps the range's gateway and nameservers; the seed then
+//! routes through the gateway on-link ([`crate::pool::seed`]).
 
 use std::net::Ipv4Addr;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy, NicSpec, append_reported};
 use vmnet_model::pool::IpRange;
 
 /// The NIC of instance `instance_id` on bridge `bridge`, with its lease (`address` from
-/// `range`) if it holds one.
-///
-/// # Errors
-/// `INVALID_INPUT` naming the instance when the lease lies outside the range's network (a
-/// malformed lease fails instead of producing a NIC).
+/// `range`) if it holds one. Never fails: a lease outside the range is given as `/32`.
+#[must_use]
 pub fn nic_for_instance(
     instance_id: &str,
     bridge: &IfName,
     lease: Option<(Ipv4Addr, &IpRange)>,
-) -> Result<NicSpec, Error> {
+) -> NicSpec {
     let mut nic = NicSpec {
         network: Some(bridge.clone()),
         mac: MacAddr::for_instance(instance_id),
@@ -31,33 +34,25 @@ pub fn nic_for_instance(
         nameservers: Vec::new(),
     };
     if let Some((addr, range)) = lease {
-        nic.addresses.push(lease_cidr(instance_id, addr, range)?);
+        nic.addresses.push(lease_cidr(addr, range));
         nic.gateway = Some(range.gateway.into());
         nic.nameservers.clone_from(&range.dns);
     }
-    Ok(nic)
+    nic
 }
 
-/// The lease in CIDR form: the address with the range's prefix length (`10.0.0.2/24`).
-///
-/// # Errors
-/// `INVALID_INPUT` when `addr` is not inside `range.cidr`.
-pub fn lease_cidr(instance_id: &str, addr: Ipv4Addr, range: &IpRange) -> Result<IpNet, Error> {
-    if !range.cidr.contains(&addr) {
-        return Err(Error::invalid(format!(
-            "instance {instance_id}: lease {addr} is outside pool {} range {}",
-            range.pool_id, range.cidr
-        )));
-    }
-    let net = Ipv4Net::new(addr, range.cidr.prefix_len())
-        .map_err(|e| Error::internal(format!("instance {instance_id}: lease {addr}: {e}")))?;
-    Ok(IpNet::V4(net))
+/// The lease in CIDR form: the address with the range's prefix length (`10.0.0.2/24`), or
+/// `<addr>/32` when `range.cidr` does not contain it ([`vmnet_model::nic::lease_cidr`], the rule
+/// the store uses for `Instance.addresses`).
+#[must_use]
+pub fn lease_cidr(addr: Ipv4Addr, range: &IpRange) -> IpNet {
+    IpNet::V4(vmnet_model::nic::lease_cidr(addr, Some(range.cidr)))
 }
 
 /// The [`InstanceSpec`] of a hosted instance: one NIC from [`nic_for_instance`], validated.
 ///
 /// # Errors
-/// As [`nic_for_instance`] and [`InstanceSpec::validate`] (e.g. a bridge starting with `bc`).
+/// As [`InstanceSpec::validate`] (e.g. a bridge starting with `bc`).
 pub fn instance_spec(
     instance_id: &str,
     allocation_id: &str,
@@ -71,30 +66,27 @@ pub fn instance_spec(
         allocation_id: allocation_id.to_owned(),
         policy,
         sandbox,
-        nics: vec![nic_for_instance(instance_id, bridge, lease)?],
+        nics: vec![nic_for_instance(instance_id, bridge, lease)],
     };
     spec.validate()?;
     Ok(spec)
 }
 
-/// `Instance.addresses` of a hosted instance: the lease first (CIDR form), then every address of
-/// the host's status reports in arrival order; reports only add.
-///
-/// # Errors
-/// As [`lease_cidr`].
+/// `Instance.addresses` of a hosted instance: the lease first (CIDR form, [`lease_cidr`]), then
+/// every address of the host's status reports in arrival order; reports only add.
+#[must_use]
 pub fn instance_addresses(
-    instance_id: &str,
     lease: Option<(Ipv4Addr, &IpRange)>,
     reports: &[Vec<IpNet>],
-) -> Result<Vec<IpNet>, Error> {
+) -> Vec<IpNet> {
     let mut out = Vec::new();
     if let Some((addr, range)) = lease {
-        out.push(lease_cidr(instance_id, addr, range)?);
+        out.push(lease_cidr(addr, range));
     }
     for r in reports {
         append_reported(&mut out, r);
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
@@ -116,7 +108,7 @@ mod tests {
     fn nic_with_lease() {
         let br: IfName = "br0".parse().unwrap();
         let r = range();
-        let nic = nic_for_instance("inst-1", &br, Some(("10.0.0.2".parse().unwrap(), &r))).unwrap();
+        let nic = nic_for_instance("inst-1", &br, Some(("10.0.0.2".parse().unwrap(), &r)));
         let j = serde_json::to_value(&nic).unwrap();
         assert_eq!(
             j,
@@ -128,17 +120,34 @@ mod tests {
     #[test]
     fn nic_without_lease_has_nothing() {
         let br: IfName = "br0".parse().unwrap();
-        let nic = nic_for_instance("inst-1", &br, None).unwrap();
+        let nic = nic_for_instance("inst-1", &br, None);
         assert!(nic.addresses.is_empty() && nic.gateway.is_none() && nic.nameservers.is_empty());
     }
 
     #[test]
-    fn lease_outside_range_fails() {
+    fn lease_outside_replaced_range_is_32_with_gateway() {
         let br: IfName = "br0".parse().unwrap();
         let r = range();
-        let e =
-            nic_for_instance("inst-1", &br, Some(("10.0.1.2".parse().unwrap(), &r))).unwrap_err();
-        assert!(e.message.contains("instance inst-1: lease 10.0.1.2"), "{e}");
+        let nic = nic_for_instance("inst-1", &br, Some(("10.0.1.2".parse().unwrap(), &r)));
+        let j = serde_json::to_value(&nic).unwrap();
+        assert_eq!(
+            j,
+            serde_json::json!({"network":"br0","mac":"02:81:bf:91:24:5c","addresses":["10.0.1.2/32"],
+                "gateway":"10.0.0.1","nameservers":["10.0.0.1","2001:db8::53"]})
+        );
+        let spec = instance_spec(
+            "inst-1",
+            "a-1",
+            &br,
+            Some(("10.0.1.2".parse().unwrap(), &r)),
+            NetworkPolicy::Public,
+            false,
+        )
+        .unwrap();
+        assert_eq!(spec.nics[0], nic);
+        // The same rule as the store's Instance.addresses.
+        let a = instance_addresses(Some(("10.0.1.2".parse().unwrap(), &r)), &[]);
+        assert_eq!(a, ["10.0.1.2/32".parse::<IpNet>().unwrap()]);
     }
 
     #[test]
@@ -159,8 +168,7 @@ mod tests {
                 "192.168.7.2/24".parse().unwrap(),
             ],
         ];
-        let a = instance_addresses("inst-1", Some(("10.0.0.2".parse().unwrap(), &r)), &reports)
-            .unwrap();
+        let a = instance_addresses(Some(("10.0.0.2".parse().unwrap(), &r)), &reports);
         let s: Vec<String> = a.iter().map(ToString::to_string).collect();
         assert_eq!(s, ["10.0.0.2/29", "fd00::7/64", "192.168.7.2/24"]);
     }
