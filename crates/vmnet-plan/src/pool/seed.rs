@@ -13,7 +13,10 @@
 //! Each NIC is keyed `eth<index>` (its position in the instance's NIC list), matched by its
 //! MAC and renamed with `set-name: eth<index>`. A static NIC gets `dhcp4: false`, its addresses,
 //! a default route (`0.0.0.0/0`, or `::/0` for an IPv6 gateway) via its gateway, and its
-//! nameservers. A NIC without addresses gets `dhcp4: true`. With no static NIC at all there is
+//! nameservers. When no address of the NIC contains the gateway (a `/32` lease outside a
+//! replaced range, or a gateway outside the range's network, which the model allows) the route
+//! carries `"on-link": true`, so the gateway is reached directly on the link instead of the
+//! route being refused as unreachable. A NIC without addresses gets `dhcp4: true`. With no static NIC at all there is
 //! no network-config, so the image's own fallback (DHCP on the first NIC) stays.
 
 use std::net::IpAddr;
@@ -63,6 +66,19 @@ fn net_str(n: IpNet) -> Value {
     Value::String(n.to_string())
 }
 
+/// The default route of a static NIC through `gw`: `{"to", "via"}`, plus `"on-link": true`
+/// when none of the NIC's addresses contains `gw` (cloud-init network-config v2 route key).
+fn default_route(nic: &NicSpec, gw: IpAddr) -> Value {
+    let to = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
+    let mut r = Map::new();
+    r.insert("to".into(), Value::String(to.into()));
+    r.insert("via".into(), ip_str(gw));
+    if !nic.addresses.iter().any(|a| a.contains(&gw)) {
+        r.insert("on-link".into(), Value::Bool(true));
+    }
+    Value::Object(r)
+}
+
 fn ethernet(index: usize, nic: &NicSpec) -> Value {
     let mut e = Map::new();
     e.insert("match".into(), json!({ "macaddress": nic.mac.to_string() }));
@@ -74,8 +90,7 @@ fn ethernet(index: usize, nic: &NicSpec) -> Value {
             nic.addresses.iter().copied().map(net_str).collect(),
         );
         if let Some(gw) = nic.gateway {
-            let to = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
-            e.insert("routes".into(), json!([{ "to": to, "via": ip_str(gw) }]));
+            e.insert("routes".into(), json!([default_route(nic, gw)]));
         }
         if !nic.nameservers.is_empty() {
             let ns: Vec<Value> = nic.nameservers.iter().copied().map(ip_str).collect();
@@ -184,6 +199,38 @@ mod tests {
             json!([{"to":"::/0","via":"2001:db8::1"}])
         );
         assert!(nc["ethernets"]["eth0"].get("nameservers").is_none());
+    }
+
+    #[test]
+    fn gateway_outside_every_address_is_on_link() {
+        // A /32 lease outside a replaced range keeps the range's gateway.
+        let mut n = static_nic();
+        n.addresses = vec!["10.0.1.2/32".parse().unwrap()];
+        let nc = network_config(&inst(vec![n.clone()])).unwrap();
+        assert_eq!(
+            nc["ethernets"]["eth0"]["routes"],
+            json!([{"to":"0.0.0.0/0","via":"10.0.0.1","on-link":true}])
+        );
+        // A gateway outside the range's network.
+        n.addresses = vec!["10.0.0.2/29".parse().unwrap()];
+        n.gateway = Some("10.0.9.1".parse().unwrap());
+        let nc = network_config(&inst(vec![n.clone()])).unwrap();
+        assert_eq!(nc["ethernets"]["eth0"]["routes"][0]["on-link"], true);
+        // One address containing the gateway is enough: no on-link.
+        n.addresses.push("10.0.9.5/24".parse().unwrap());
+        let nc = network_config(&inst(vec![n.clone()])).unwrap();
+        assert_eq!(
+            nc["ethernets"]["eth0"]["routes"],
+            json!([{"to":"0.0.0.0/0","via":"10.0.9.1"}])
+        );
+        // IPv6: a gateway outside the /128.
+        n.addresses = vec!["2001:db8::5/128".parse().unwrap()];
+        n.gateway = Some("2001:db8::1".parse().unwrap());
+        let nc = network_config(&inst(vec![n])).unwrap();
+        assert_eq!(
+            nc["ethernets"]["eth0"]["routes"],
+            json!([{"to":"::/0","via":"2001:db8::1","on-link":true}])
+        );
     }
 
     #[test]
