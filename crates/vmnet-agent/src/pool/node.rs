@@ -9,22 +9,33 @@
 //!   (DHCP) when it holds no lease; its `allocation_id`, network policy and sandbox flag come
 //!   from the stored instance.
 //! - [`PoolNode::converge`] compares that with what it realised (kept in memory, the same set the
-//!   firewall holds) and the taps the kernel lists: an instance gone or changed is stopped (taps
-//!   deleted, then its elements), a new one is started (elements first, then taps), a tap missing
-//!   under a realised instance is made again, and any other link named like an instance tap
-//!   ([`is_instance_tap`]) is deleted as an orphan.
+//!   firewall holds) and the taps the kernel lists: an instance gone is stopped (taps deleted,
+//!   then its elements), a new one is started (elements first, then taps), a tap missing under a
+//!   realised instance is made again, and any other link named like an instance tap
+//!   ([`is_instance_tap`]) is deleted as an orphan, then the elements of any tap no realised
+//!   instance has.
+//! - An instance whose spec changed (a new lease, gateway or nameservers after its range was
+//!   replaced) is updated in place when its taps stay the same (same NIC count, so the same tap
+//!   names, each NIC on the same bridge): its changed elements are swapped in one nft
+//!   transaction ([`PoolFirewall::replace_instance`]), each tap is ensured again with its new
+//!   entry (the tap and the VMM's fd on it stay; the guard and the bridge port are updated) and
+//!   its seed is rewritten. Only a changed NIC count or bridge stops and starts it (its taps
+//!   are made again). The spec: taps are deleted when the VM stops or is destroyed.
 //!   Seeds are written for every realised instance and removed for the rest. Passes are
 //!   serialized; one instance's failure is recorded and does not stop the others.
 //! - The host's addresses (for the host-address drop) are read from the kernel on every pass,
 //!   the gateways are those of the ranges of the instances here; when either changes the tables
 //!   are replaced in full (the only change that rewrites every rule).
-//! - On start ([`PoolNode::start`]) the tables are loaded with no tap before any tap is touched,
-//!   so a tap left by an earlier agent is closed (its port is not in the `taps` set) until the
-//!   first pass adds its rules again and reuses it.
+//! - On start ([`PoolNode::start`]) the tables are loaded, before any tap is touched, with the
+//!   tap entries of every instance the store places here, so taps left by an earlier agent keep
+//!   their rules and the backstop tables stay (no window in which they are gone); a tap of an
+//!   instance no longer placed here is closed (its port is not in the `taps` set) until the
+//!   first pass deletes it.
 //!
 //! - The agent stopping (or dying) leaves taps, tables and seeds in place, so running VMs keep
-//!   their network; a restarted agent loads the tables (no tap), then its first pass reuses the
-//!   taps of instances still placed here and collects the rest.
+//!   their network; a restarted agent loads the tables (with the placed instances' taps), then
+//!   its first pass reuses the taps of instances still placed here (their elements are already
+//!   there, so nothing is applied for them) and collects the rest, with their elements.
 //!
 //! # Limitations
 //! One NIC per instance, on the one bridge given to the agent. A stored instance's policy and
@@ -39,12 +50,14 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 use vmnet_ipam::{Db, Store};
+#[cfg(doc)]
+use vmnet_kernel::pool::firewall::PoolFirewall;
 use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec};
 use vmnet_model::pool::{Instance, InstanceState, IpRange};
 use vmnet_plan::pool::census::Census;
-use vmnet_plan::pool::nft::{Firewall, HostAddrs, tap_entries};
+use vmnet_plan::pool::nft::{Firewall, HostAddrs, TapEntry, tap_entries};
 use vmnet_plan::pool::nic::instance_spec;
 
 use super::runtime::{AgentFirewall, PoolRuntime};
@@ -73,6 +86,9 @@ pub struct PoolPassOutcome {
     pub started: Vec<String>,
     /// Instances stopped in this pass.
     pub stopped: Vec<String>,
+    /// Realised instances whose spec changed under the same taps, updated in place (elements
+    /// swapped, taps ensured again, seed rewritten) in this pass.
+    pub updated: Vec<String>,
     /// Taps made again under a realised instance.
     pub taps_repaired: Vec<String>,
     /// Orphaned `bc*` links deleted.
@@ -149,6 +165,35 @@ async fn desired(
     Ok((out, gateways, failed))
 }
 
+/// The tap entries of every instance in `want`, sorted by tap name: the first load of the
+/// tables. An instance that does not plan, or whose tap names another one already has, is left
+/// out (the first pass reports it).
+fn first_taps(want: &BTreeMap<String, InstanceSpec>) -> Vec<TapEntry> {
+    let mut taps: Vec<TapEntry> = Vec::new();
+    for spec in want.values() {
+        let Ok(entries) = tap_entries(spec) else {
+            continue;
+        };
+        if entries.iter().any(|e| taps.iter().any(|t| t.tap == e.tap)) {
+            continue;
+        }
+        taps.extend(entries);
+    }
+    taps.sort_by(|a, b| a.tap.cmp(&b.tap));
+    taps
+}
+
+/// Whether `new` can replace `old` in place: the same tap names (the same NIC count) and each
+/// NIC on the same bridge.
+fn same_taps(old: &InstanceSpec, new: &InstanceSpec) -> bool {
+    matches!((old.tap_names(), new.tap_names()), (Ok(a), Ok(b)) if a == b)
+        && old
+            .nics
+            .iter()
+            .zip(&new.nics)
+            .all(|(a, b)| a.network == b.network)
+}
+
 /// Whether `name` has the exact shape of an instance tap, `bc<10 lower-case hex digits>n<1-2
 /// digits>` ([`vmnet_model::nic::tap_name`]); only such links are ever collected as orphans, so
 /// another link whose name merely starts with `bc` is left alone.
@@ -187,9 +232,10 @@ pub fn spec_of(
 
 impl PoolNode {
     /// Starts pool mode: reads this host's addresses and the gateways of its instances' ranges,
-    /// loads the three tables with no tap through `exec` (the root helper in production) and
-    /// starts the drift audit every `audit_period`. No tap is touched before the tables exist;
-    /// the first [`Self::converge`] realises the instances.
+    /// loads the three tables through `exec` (the root helper in production) with the tap
+    /// entries of every instance the store places here (so taps an earlier agent left keep
+    /// their rules and the backstop) and starts the drift audit every `audit_period`. No tap is
+    /// touched before the tables exist; the first [`Self::converge`] realises the instances.
     ///
     /// # Errors
     /// `INVALID_INPUT` for a bridge starting with `bc`; `UNAVAILABLE` when the store, the
@@ -213,12 +259,16 @@ impl PoolNode {
             )));
         }
         vmnet_model::pool::validate_id("--host-id", &cfg.host_id)?;
-        let (_, gateways, _) = desired(db, &cfg).await?;
+        let (want, gateways, _) = desired(db, &cfg).await?;
         let own = taps.host_addresses().await?;
         let host = HostAddrs { own, gateways };
         taps.set_host(&host).await?;
+        let first = Firewall {
+            taps: first_taps(&want),
+            host,
+        };
         let runtime =
-            tokio::task::spawn_blocking(move || PoolRuntime::start(exec, host, audit_period))
+            tokio::task::spawn_blocking(move || PoolRuntime::start_with(exec, first, audit_period))
                 .await
                 .map_err(|e| Error::internal(format!("pool start: {e}")))??;
         Ok(Arc::new(Self {
@@ -259,13 +309,11 @@ impl PoolNode {
     /// Rules first, then one tap per NIC; on a tap failure the taps made and the rules go again.
     async fn start_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
         let s = spec.clone();
-        // Rules left by an earlier failed start whose cleanup failed too would make the add a
-        // CONFLICT on every pass: drop them first (a no-op when there are none).
-        self.fw(move |fw| {
-            fw.remove_instance(&s.id)?;
-            fw.add_instance(&s)
-        })
-        .await?;
+        // The elements may be there already: loaded at start for an instance placed here, or
+        // left by an earlier failed start whose cleanup failed too. Set them to this spec in one
+        // transaction (nothing applied when they match), so a tap an earlier agent left never
+        // loses its rules or the backstop.
+        self.fw(move |fw| fw.replace_instance(&s)).await?;
         let names = spec.tap_names()?;
         let entries = tap_entries(spec)?;
         for (i, (nic, entry)) in spec.nics.iter().zip(&entries).enumerate() {
@@ -281,6 +329,24 @@ impl PoolNode {
                     format!("instance {}: {}", spec.id, e.message),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// A realised instance's new spec under the same taps ([`same_taps`]): its changed elements
+    /// swapped in one transaction, then each tap ensured again with its new entry (the tap is
+    /// reused; its guard and bridge port follow the entry). Nothing is deleted; on a failure the
+    /// caller keeps the old spec, so the next pass tries again.
+    async fn update_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
+        let s = spec.clone();
+        self.fw(move |fw| fw.replace_instance(&s)).await?;
+        let entries = tap_entries(spec)?;
+        for (nic, entry) in spec.nics.iter().zip(&entries) {
+            let Some(bridge) = &nic.network else { continue };
+            self.taps
+                .ensure(entry, bridge)
+                .await
+                .map_err(|e| Error::new(e.code, format!("instance {}: {}", spec.id, e.message)))?;
         }
         Ok(())
     }
@@ -364,17 +430,31 @@ impl PoolNode {
             Err(e) => out.errors.push(e.message),
         }
 
-        // Stop what is gone or changed (an instance that no longer plans is left as it is).
-        let stale: Vec<InstanceSpec> = realised
-            .values()
-            .filter(|s| !unplanned.contains(&s.id) && want.get(&s.id) != Some(*s))
-            .cloned()
-            .collect();
+        // Stop what is gone or changed beyond its taps, update in place what changed under the
+        // same taps (an instance that no longer plans is left as it is).
+        let mut stale: Vec<InstanceSpec> = Vec::new();
+        let mut changed: Vec<InstanceSpec> = Vec::new();
+        for s in realised.values().filter(|s| !unplanned.contains(&s.id)) {
+            match want.get(&s.id) {
+                Some(w) if w == s => {}
+                Some(w) if same_taps(s, w) => changed.push(w.clone()),
+                _ => stale.push(s.clone()),
+            }
+        }
         for spec in stale {
             match self.stop_instance(&spec).await {
                 Ok(()) => {
                     realised.remove(&spec.id);
                     out.stopped.push(spec.id.clone());
+                }
+                Err(e) => out.errors.push(e.message),
+            }
+        }
+        for spec in changed {
+            match self.update_instance(&spec).await {
+                Ok(()) => {
+                    out.updated.push(spec.id.clone());
+                    realised.insert(spec.id.clone(), spec);
                 }
                 Err(e) => out.errors.push(e.message),
             }
@@ -422,6 +502,24 @@ impl PoolNode {
                 }
             }
             Err(e) => out.errors.push(e.message),
+        }
+        // Elements of taps no realised instance has (loaded at start for an instance that is
+        // gone or no longer plans, or left by a start whose cleanup failed), after their taps.
+        let ours: BTreeSet<IfName> = realised
+            .values()
+            .flat_map(|s| s.tap_names().unwrap_or_default())
+            .collect();
+        match self
+            .fw(move |fw| fw.retain_taps(|t| ours.contains(t)))
+            .await
+        {
+            Ok(gone) if !gone.is_empty() => {
+                tracing::info!(taps = ?gone, "pool: removed the elements of taps not realised here");
+            }
+            Ok(_) => {}
+            Err(e) => out
+                .errors
+                .push(format!("stale tap elements: {}", e.message)),
         }
         // Seeds.
         let keep: BTreeSet<String> = realised.keys().cloned().collect();

@@ -1,5 +1,7 @@
-//! Pool mode as the agent runs it: the root helper started, the three tables loaded (empty of
-//! taps) before any VM starts, and the drift audit running every [`AUDIT_PERIOD`].
+//! Pool mode as the agent runs it: the root helper started, the three tables loaded before any
+//! tap is touched (with the taps of the instances already placed on this host, so taps left by
+//! an earlier agent keep their rules and the backstop), and the drift audit running every
+//! [`AUDIT_PERIOD`].
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,9 +57,22 @@ impl PoolRuntime {
         host: HostAddrs,
         period: Duration,
     ) -> Result<Self, Error> {
+        Self::start_with(exec, Firewall { taps: vec![], host }, period)
+    }
+
+    /// [`Self::start`] with a first load of `first` (its taps sorted by tap name): the tap
+    /// entries of the instances this host should run, so the tables (and the backstop with
+    /// them) hold those taps from the first transaction on.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the first replace fails.
+    pub fn start_with<E: NftExec + 'static>(
+        exec: E,
+        first: Firewall,
+        period: Duration,
+    ) -> Result<Self, Error> {
         let mut fw = PoolFirewall::new(DynExec(Box::new(exec)));
-        fw.replace(Firewall { taps: vec![], host })
-            .map_err(|e| e.to_error())?;
+        fw.replace(first).map_err(|e| e.to_error())?;
         let firewall = Arc::new(Mutex::new(fw));
         let record = Arc::new(Mutex::new(AuditRecord::default()));
         let audit = audit::spawn(Arc::clone(&firewall), Arc::clone(&record), period);

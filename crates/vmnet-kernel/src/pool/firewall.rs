@@ -267,9 +267,8 @@ impl<E: NftExec> PoolFirewall<E> {
     /// without NICs) is a full replace, as for the other changes. The caller keeps the taps.
     ///
     /// # Errors
-    /// [`FirewallError::Plan`] for an invalid instance, or one whose tap names are held by
-    /// another instance's entries (`CONFLICT`); otherwise as [`Self::replace`]. On an error the
-    /// previous entries stay.
+    /// [`FirewallError::Plan`] for an invalid instance; otherwise as [`Self::replace`]. On an
+    /// error the previous entries stay.
     pub fn replace_instance(&mut self, inst: &InstanceSpec) -> Result<(), FirewallError> {
         let entries = tap_entries(inst).map_err(FirewallError::Plan)?;
         let prefix = format!("bc{}n", instance_hash10(&inst.id));
@@ -279,12 +278,6 @@ impl<E: NftExec> PoolFirewall<E> {
             .iter()
             .cloned()
             .partition(|t| t.tap.as_str().starts_with(&prefix));
-        if entries.iter().any(|e| kept.iter().any(|t| t.tap == e.tap)) {
-            return Err(FirewallError::Plan(Error::conflict(format!(
-                "instance {}: its taps have another instance's rules on this host",
-                inst.id
-            ))));
-        }
         let mut next = Firewall {
             taps: kept,
             host: self.desired.host.clone(),
