@@ -25,6 +25,8 @@ use vmnet_plan::pool::nft::TapEntry;
 #[derive(Default)]
 struct FakeNft {
     applied: Mutex<Vec<Value>>,
+    /// Every applied batch, in order.
+    batches: Mutex<Vec<String>>,
 }
 
 /// A shared handle on the fake (the firewall owns one, the test keeps another).
@@ -39,6 +41,7 @@ impl NftExec for SharedNft {
             .lock()
             .unwrap()
             .extend(v["nftables"].as_array().unwrap().iter().cloned());
+        self.0.batches.lock().unwrap().push(batch.to_owned());
         Ok(())
     }
 
@@ -60,6 +63,10 @@ struct Links {
     taps: BTreeMap<String, (String, MacAddr)>,
     bridges: Vec<String>,
     addrs: Vec<IpAddr>,
+    /// Every tap `ensure` was called for, in order.
+    ensured: Vec<String>,
+    /// Every tap deleted (that existed), in order.
+    deleted: Vec<String>,
 }
 
 #[derive(Default, Clone)]
@@ -80,12 +87,20 @@ impl PoolTaps for FakeTaps {
                 )));
             }
             l.taps.insert(tap.to_string(), (bridge.to_string(), mac));
+            l.ensured.push(tap.to_string());
             Ok(())
         })
     }
 
     fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move { Ok(self.0.lock().unwrap().taps.remove(tap.as_str()).is_some()) })
+        Box::pin(async move {
+            let mut l = self.0.lock().unwrap();
+            let existed = l.taps.remove(tap.as_str()).is_some();
+            if existed {
+                l.deleted.push(tap.to_string());
+            }
+            Ok(existed)
+        })
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
@@ -420,4 +435,265 @@ async fn without_pool_mode_status_has_no_pool_and_nics_are_not_realised() {
     assert_eq!(v["nics"][0]["gateway"], "192.168.9.1");
     assert_eq!(v["nics"][0]["nameservers"], json!([]));
     assert_eq!(v["seed_dir"], Value::Null);
+}
+
+/// The store's range of `pool_id` set directly (no API call, so no pass runs).
+async fn set_range_in_store(db: &vmnet_ipam::Db, pool_id: &str, gateway: &str, dns: &[&str]) {
+    use vmnet_ipam::Store;
+    let mut tx = db.begin().await.unwrap();
+    vmnet_ipam::set_ip_pool(
+        &mut tx,
+        vmnet_model::pool::SetIpPool {
+            pool_id: pool_id.into(),
+            cidr: "10.0.0.0/29".into(),
+            gateway: gateway.into(),
+            first_host: None,
+            last_host: None,
+            dns: dns.iter().map(|d| (*d).to_owned()).collect(),
+        },
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+fn network_config(p: &Pool, id: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p.seeds.join(id).join("network-config")).unwrap())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_change_updates_running_instances_in_place_without_new_taps() {
+    let p = pool().await;
+    p.create("inst-a", "h1").await;
+    p.create("inst-b", "h1").await;
+    let node = p.h.agent.pool().unwrap().clone();
+    let taps_before = p.taps();
+    let batches_before = p.nft.0.batches.lock().unwrap().len();
+    p.links.0.lock().unwrap().ensured.clear();
+
+    // New nameservers: every NIC spec changes, no set element does.
+    set_range_in_store(p.h.agent.db(), "p1", "10.0.0.1", &["192.0.2.53"]).await;
+    let out = node.converge(p.h.agent.db()).await.unwrap();
+    assert_eq!(out.updated, ["inst-a", "inst-b"], "{out:?}");
+    assert!(out.stopped.is_empty() && out.started.is_empty(), "{out:?}");
+    assert!(out.errors.is_empty(), "{out:?}");
+    assert!(
+        p.links.0.lock().unwrap().deleted.is_empty(),
+        "no tap deleted: {:?}",
+        p.links.0.lock().unwrap().deleted
+    );
+    assert_eq!(p.taps(), taps_before);
+    let mut ensured = p.links.0.lock().unwrap().ensured.clone();
+    ensured.sort();
+    let mut want = vec![tap_of("inst-a"), tap_of("inst-b")];
+    want.sort();
+    assert_eq!(ensured, want, "each tap ensured again with its new entry");
+    assert_eq!(
+        p.nft.0.batches.lock().unwrap().len(),
+        batches_before,
+        "no element changed, nothing applied"
+    );
+    assert_eq!(
+        network_config(&p, "inst-a")["ethernets"]["eth0"]["nameservers"]["addresses"],
+        json!(["192.0.2.53"])
+    );
+    let (_, v) =
+        p.h.call(Method::GET, "/v1/instances/inst-b/nics", None)
+            .await;
+    assert_eq!(v["nics"][0]["nameservers"], json!(["192.0.2.53"]), "{v}");
+    assert_eq!(v["realised"], true);
+    // A second pass has nothing to do.
+    let again = node.converge(p.h.agent.db()).await.unwrap();
+    assert!(
+        again.updated.is_empty() && again.errors.is_empty(),
+        "{again:?}"
+    );
+
+    // A new gateway through the API: the tables carry it (a full replace, since the host's
+    // gateways are in every tap's drop), the taps stay, the seeds route through it.
+    let (st, v) =
+        p.h.call(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.6", "first_host": "10.0.0.2", "last_host": "10.0.0.5", "dns": ["192.0.2.53"]})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert!(p.links.0.lock().unwrap().deleted.is_empty());
+    assert_eq!(p.taps(), taps_before);
+    let last = p.nft.0.batches.lock().unwrap().last().unwrap().clone();
+    let last: Value = serde_json::from_str(&last).unwrap();
+    let reserved: Vec<Value> = last["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["add"]["element"]["name"] == "reserved4")
+        .flat_map(|c| c["add"]["element"]["elem"].as_array().unwrap().clone())
+        .collect();
+    assert!(reserved.contains(&json!("10.0.0.6")), "{reserved:?}");
+    assert!(!reserved.contains(&json!("10.0.0.1")), "{reserved:?}");
+    {
+        let fw = node.runtime().firewall();
+        let fw = fw.lock().unwrap();
+        assert_eq!(fw.desired().taps.len(), 2);
+        assert_eq!(
+            fw.desired().host.gateways,
+            vec!["10.0.0.6".parse::<IpAddr>().unwrap()]
+        );
+    }
+    assert_eq!(
+        network_config(&p, "inst-b")["ethernets"]["eth0"]["routes"],
+        json!([{"to": "0.0.0.0/0", "via": "10.0.0.6"}])
+    );
+    let st = p.status().await;
+    assert_eq!(st["instances"], 2);
+    assert_eq!(st["elements"]["bridge bcd_instances taps"], 2, "{st}");
+    assert_eq!(st["last_errors"], json!([]), "{st}");
+    assert!(
+        node.runtime()
+            .firewall()
+            .lock()
+            .unwrap()
+            .audit()
+            .unwrap()
+            .drift
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_loads_the_placed_taps_first_and_drops_the_elements_of_the_gone() {
+    // The store as an earlier agent left it: three instances here, one elsewhere, their taps.
+    let h = Harness::new().await;
+    for (path, body) in [
+        (
+            "/v1/pools/p1/range",
+            json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1"}),
+        ),
+        ("/v1/hosts/h1", json!({"vcpus": 8, "memory_mib": 8192})),
+        ("/v1/hosts/h2", json!({"vcpus": 8, "memory_mib": 8192})),
+    ] {
+        let (st, v) = h.call(Method::PUT, path, Some(body)).await;
+        assert_eq!(st, StatusCode::OK, "{path}: {v}");
+    }
+    for (id, host) in [
+        ("inst-a", "h1"),
+        ("inst-b", "h1"),
+        ("inst-c", "h1"),
+        ("inst-x", "h2"),
+    ] {
+        let (st, v) = h
+            .call(
+                Method::POST,
+                "/v1/instances",
+                Some(json!({"instance_id": id, "pool_id": "p1", "host_id": host, "vcpus": 1, "memory_mib": 256})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+    }
+    let links = FakeTaps::default();
+    {
+        let mut l = links.0.lock().unwrap();
+        l.bridges.push("br0".into());
+        l.addrs = vec!["203.0.113.2".parse().unwrap()];
+        for id in ["inst-a", "inst-b", "inst-c", "inst-gone"] {
+            l.taps
+                .insert(tap_of(id), ("br0".into(), MacAddr::for_instance(id)));
+        }
+    }
+    let nft = SharedNft::default();
+    let cfg = PoolConfig {
+        host_id: "h1".into(),
+        bridge: "br0".parse().unwrap(),
+        seed_dir: h.dir.join("seeds"),
+        seed_images: false,
+    };
+    let node = PoolNode::start(
+        cfg,
+        nft.clone(),
+        Arc::new(links.clone()),
+        h.agent.db(),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+
+    // The first load already holds the backstop and the placed instances' taps.
+    let batches = nft.0.batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    let first: Value = serde_json::from_str(&batches[0]).unwrap();
+    let cmds = first["nftables"].as_array().unwrap();
+    let tables: Vec<String> = cmds
+        .iter()
+        .filter_map(|c| c["add"]["table"].as_object())
+        .map(|t| {
+            format!(
+                "{} {}",
+                t["family"].as_str().unwrap(),
+                t["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    for t in ["bridge bcd_instances", "inet bcd_taps", "arp bcd_taps"] {
+        assert!(tables.iter().any(|x| x == t), "{t} in {tables:?}");
+    }
+    let mut loaded: Vec<String> = cmds
+        .iter()
+        .filter(|c| c["add"]["element"]["name"] == "taps")
+        .flat_map(|c| c["add"]["element"]["elem"].as_array().unwrap().clone())
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    loaded.sort();
+    let mut placed = vec![tap_of("inst-a"), tap_of("inst-b"), tap_of("inst-c")];
+    placed.sort();
+    assert_eq!(loaded, placed);
+    assert!(
+        links.0.lock().unwrap().deleted.is_empty(),
+        "no tap touched yet"
+    );
+
+    // Before the first pass inst-c goes (no pass runs: pool mode is not attached yet).
+    let (st, _) = h.call(Method::DELETE, "/v1/instances/inst-c", None).await;
+    assert_eq!(st, StatusCode::OK);
+
+    // The first pass reuses the placed taps without applying anything for them, collects the
+    // stray taps and removes inst-c's elements in one element batch.
+    let out = node.converge(h.agent.db()).await.unwrap();
+    assert!(out.errors.is_empty(), "{out:?}");
+    assert_eq!(out.started, ["inst-a", "inst-b"]);
+    let mut orphans = out.orphans_deleted.clone();
+    orphans.sort();
+    let mut gone = vec![tap_of("inst-c"), tap_of("inst-gone")];
+    gone.sort();
+    assert_eq!(orphans, gone);
+    let deleted = links.0.lock().unwrap().deleted.clone();
+    assert!(
+        !deleted.contains(&tap_of("inst-a")) && !deleted.contains(&tap_of("inst-b")),
+        "{deleted:?}"
+    );
+    let batches = nft.0.batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 2, "{batches:?}");
+    assert!(
+        batches[1].starts_with(r#"{"nftables":[{"delete":{"element""#)
+            && batches[1].contains(&tap_of("inst-c"))
+            && !batches[1].contains(&tap_of("inst-a")),
+        "{}",
+        batches[1]
+    );
+    {
+        let fw = node.runtime().firewall();
+        let mut fw = fw.lock().unwrap();
+        let held: Vec<String> = fw
+            .desired()
+            .taps
+            .iter()
+            .map(|t| t.tap.to_string())
+            .collect();
+        let mut want = vec![tap_of("inst-a"), tap_of("inst-b")];
+        want.sort();
+        assert_eq!(held, want);
+        assert!(fw.audit().unwrap().drift.is_empty());
+    }
+    assert!(node.is_realised("inst-a").await && !node.is_realised("inst-c").await);
 }
