@@ -697,3 +697,56 @@ async fn a_restarted_agent_loads_the_placed_taps_first_and_drops_the_elements_of
     }
     assert!(node.is_realised("inst-a").await && !node.is_realised("inst-c").await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nics_carry_the_plugin_spec_and_a_lease_outside_a_replaced_range_is_32() {
+    let p = pool().await;
+    p.create("inst-a", "h1").await;
+    let (s, inst) = p.h.call(Method::GET, "/v1/instances/inst-a", None).await;
+    assert_eq!(s, StatusCode::OK, "{inst}");
+    let alloc = inst["allocation_id"].as_str().unwrap().to_owned();
+
+    let (s, v) =
+        p.h.call(Method::GET, "/v1/instances/inst-a/nics", None)
+            .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v["runtime"]["plugin"],
+        json!({
+            "instance_id": "inst-a",
+            "allocation_id": alloc,
+            "nics": [{
+                "tap": tap_of("inst-a"),
+                "network": "br0",
+                "mac": MacAddr::for_instance("inst-a").to_string(),
+                "addresses": ["10.0.0.2/29"],
+                "gateway": "10.0.0.1",
+                "nameservers": ["10.0.0.1", "2001:db8::53"],
+            }],
+        })
+    );
+
+    // Replace the range: the lease is kept although the new range does not contain it. The
+    // host's NIC, the plugin spec and Instance.addresses all give it as /32 with the new
+    // range's gateway and nameservers; nothing fails.
+    let (s, r) =
+        p.h.call(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(json!({"cidr": "10.0.8.0/29", "gateway": "10.0.8.1", "dns": ["10.0.8.1"]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{r}");
+    let (s, v) =
+        p.h.call(Method::GET, "/v1/instances/inst-a/nics", None)
+            .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["nics"][0]["addresses"], json!(["10.0.0.2/32"]));
+    assert_eq!(v["nics"][0]["gateway"], "10.0.8.1");
+    assert_eq!(v["nics"][0]["nameservers"], json!(["10.0.8.1"]));
+    let plugin_nic = &v["runtime"]["plugin"]["nics"][0];
+    assert_eq!(plugin_nic["addresses"], json!(["10.0.0.2/32"]));
+    assert_eq!(plugin_nic["gateway"], "10.0.8.1");
+    let (_, inst) = p.h.call(Method::GET, "/v1/instances/inst-a", None).await;
+    assert_eq!(inst["addresses"], v["nics"][0]["addresses"], "{inst}");
+}

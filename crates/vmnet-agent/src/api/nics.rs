@@ -1,6 +1,6 @@
 //! `GET /v1/instances/{id}/nics`: an instance's NICs as this host realises them (spec: "What
 //! reaches the host") and the NIC configs for the runtimes (libvirt, cloud-hypervisor,
-//! Firecracker, qemu).
+//! Firecracker, qemu) and the runtime plugin spec.
 
 use std::sync::Arc;
 
@@ -22,8 +22,8 @@ use crate::pool::seeds;
 /// (`br0` without pool mode), with whether they are realised here.
 ///
 /// # Errors
-/// `NOT_FOUND` for an unknown instance; `INVALID_INPUT` when its lease lies outside its range;
-/// `UNAVAILABLE` on a store failure.
+/// `NOT_FOUND` for an unknown instance; `UNAVAILABLE` on a store failure. A lease its range no
+/// longer contains is no error: the NIC shows it as `/32` ([`vmnet_model::nic::lease_cidr`]).
 pub async fn instance_nics(agent: &Agent, id: &str) -> Result<InstanceNics, Error> {
     let (inst, range) = {
         let mut tx = agent.db().begin().await?;
@@ -83,6 +83,7 @@ pub async fn instance_nics(agent: &Agent, id: &str) -> Result<InstanceNics, Erro
             cloud_hypervisor_args: rt::cloud_hypervisor_args(&spec)?,
             firecracker: rt::firecracker_interfaces(&spec)?,
             qemu_args: rt::qemu_args(&spec)?,
+            plugin: rt::plugin_spec(&spec)?,
         },
     })
 }

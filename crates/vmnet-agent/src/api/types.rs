@@ -227,7 +227,8 @@ pub struct NicView {
     pub mac: String,
     /// The host bridge the tap joins.
     pub network: String,
-    /// The lease first, in CIDR form with the range's prefix length; empty without a lease.
+    /// The lease first, in CIDR form with the range's prefix length (`/32` when the range no
+    /// longer contains it); empty without a lease.
     pub addresses: Vec<String>,
     /// The range's gateway; `null` without a lease.
     pub gateway: Option<String>,
@@ -247,6 +248,11 @@ pub struct RuntimeConfigs {
     pub firecracker: serde_json::Value,
     /// qemu arguments (`-netdev tap,…` and `-device virtio-net-pci,…` per NIC).
     pub qemu_args: Vec<String>,
+    /// The runtime plugin spec ([`vmnet_plan::pool::runtime::plugin_spec`]):
+    /// `{"instance_id", "allocation_id", "nics": [{"tap", "network", "mac", "addresses",
+    /// "gateway", "nameservers"}]}`, each NIC with its gateway and nameservers (spec: "A bcx
+    /// runtime plugin gets each NIC's gateway and nameservers in its spec").
+    pub plugin: serde_json::Value,
 }
 
 /// Body of `GET /v1/instances/{id}/nics`.
