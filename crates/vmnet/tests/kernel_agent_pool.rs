@@ -385,6 +385,40 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
         reaches(&guests[0]),
         "with its lease again guest a reaches guest c"
     );
+
+    // The range's nameservers change, so does every NIC spec: the instances are updated in
+    // place. Their taps stay (same ifindex; the relays' fds, as a VMM's, keep working) and the
+    // seeds carry the new nameservers.
+    let ifindex_c = link(&host, &tap_c).unwrap()["ifindex"].clone();
+    let _: Value = client
+        .put(
+            "/v1/pools/p1/range",
+            &json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1", "dns": ["10.0.0.1", "192.0.2.53"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        link(&host, &tap_a).unwrap()["ifindex"],
+        ifindex_a,
+        "tap a kept"
+    );
+    assert_eq!(
+        link(&host, &tap_c).unwrap()["ifindex"],
+        ifindex_c,
+        "tap c kept"
+    );
+    let nc = std::fs::read_to_string(seeds.join("i-a/network-config")).unwrap();
+    let nc: Value = serde_json::from_str(&nc).unwrap();
+    assert_eq!(
+        nc["ethernets"]["eth0"]["nameservers"]["addresses"],
+        json!(["10.0.0.1", "192.0.2.53"])
+    );
+    assert!(
+        reaches(&guests[0]),
+        "after the update guest a still reaches guest c"
+    );
+    let st = pool_status(&client).await;
+    assert!(st.last_errors.is_empty(), "{:?}", st.last_errors);
     drop(relays);
 
     // Someone flushes the ruleset: the audit (every 5 s) repairs it and counts it.
