@@ -153,6 +153,57 @@ fn cloud_init_reads_the_static_seed() {
     }
 }
 
+/// A lease outside its (replaced) range is a `/32` with the range's gateway: the default route
+/// must be on-link, or the gateway is unreachable from the guest.
+#[test]
+fn cloud_init_reads_an_on_link_default_route_for_a_32_lease() {
+    let br: IfName = "br0".parse().unwrap();
+    let r = range();
+    let inst = instance_spec(
+        "inst-4",
+        "alloc-4",
+        &br,
+        Some(("10.0.1.2".parse().unwrap(), &r)),
+        NetworkPolicy::Public,
+        false,
+    )
+    .unwrap();
+    let v = parse_with_cloud_init(&seed(&inst, None).unwrap()).unwrap();
+    let sub = &v["interfaces"][0]["subnets"][0];
+    assert_eq!(sub["address"], "10.0.1.2");
+    assert_eq!(sub["prefix"], 32);
+    assert_eq!(sub["routes"][0]["gateway"], "10.0.0.1");
+    assert_eq!(sub["routes"][0]["network"], "0.0.0.0");
+    // Netplan guests get the route as written: on-link through the gateway outside the /32.
+    let eth0 = &v["netplan"]["network"]["ethernets"]["eth0"];
+    assert_eq!(eth0["addresses"], serde_json::json!(["10.0.1.2/32"]));
+    assert_eq!(
+        eth0["routes"],
+        serde_json::json!([{"to": "0.0.0.0/0", "via": "10.0.0.1", "on-link": true}]),
+        "{v}"
+    );
+    let networkd = v["networkd"]["eth0"].as_str().unwrap();
+    for line in ["Address=10.0.1.2/32", "Gateway=10.0.0.1"] {
+        assert!(networkd.contains(line), "{line} missing in\n{networkd}");
+    }
+
+    // A lease inside its range: no on-link (the gateway is on the subnet).
+    let inside = instance_spec(
+        "inst-4",
+        "alloc-4",
+        &br,
+        Some(("10.0.0.2".parse().unwrap(), &r)),
+        NetworkPolicy::Public,
+        false,
+    )
+    .unwrap();
+    let v = parse_with_cloud_init(&seed(&inside, None).unwrap()).unwrap();
+    assert_eq!(
+        v["netplan"]["network"]["ethernets"]["eth0"]["routes"],
+        serde_json::json!([{"to": "0.0.0.0/0", "via": "10.0.0.1"}])
+    );
+}
+
 #[test]
 fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
     let inst = InstanceSpec {

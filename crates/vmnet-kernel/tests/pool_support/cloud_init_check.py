@@ -4,14 +4,15 @@ Usage: python3 cloud_init_check.py SEED_DIR  (PYTHONPATH must hold cloud-init's 
 
 Prints one JSON object: meta-data, user-data (after strict cloud-config schema validation),
 and, when network-config exists, the parsed network state (interfaces with MAC and subnets,
-nameservers) and the systemd-networkd files cloud-init's renderer would write.
+nameservers), the systemd-networkd files cloud-init's renderer would write and the netplan
+configuration its netplan renderer would write (read back as a mapping).
 """
 import json
 import sys
 
 from cloudinit import util
 from cloudinit.config import schema
-from cloudinit.net import network_state, networkd
+from cloudinit.net import netplan, network_state, networkd
 
 seed = util.pathprefix2dict(
     sys.argv[1], required=["meta-data", "user-data"], optional=["network-config"]
@@ -35,4 +36,5 @@ if "network-config" in seed:
     ]
     out["dns"] = state.dns_nameservers
     out["networkd"] = networkd.Renderer({})._render_content(state)
+    out["netplan"] = util.load_yaml(netplan.Renderer({})._render_content(state))
 print(json.dumps(out, default=str))
