@@ -15,6 +15,9 @@
 //! | `in_policy`, `out_policy` | `ifname : verdict` | `none` → `drop`; `private` → `jump private_out` / `jump private_in` |
 //! | `host_block4/6` | address | the host's own addresses minus the gateways: guests may not reach them |
 //! | `host_all4/6` | address | all of the host's own addresses (the "from the host" of the SSH rule) |
+//! | `host_gw4/6` | address | the gateways among the host's own addresses: guests reach them for ICMP and DNS (port 53) only |
+//! | `leased4` | `ipv4_addr` | every tap's IPv4 addresses (a NIC without one may not send from them) |
+//! | `reserved4` | `ipv4_addr` | the host's IPv4 addresses and the gateways (likewise) |
 //!
 //! Chains: `prerouting` (bridge hook, priority -200) sends frames from `bc*` ports to
 //! `from_tap`; `postrouting` (priority -200) sends frames to `bc*` ports to `to_tap`. See
@@ -29,8 +32,10 @@
 //!
 //! # Limitations
 //! Only EUI-64 link-local IPv6 addresses pass the source check (stable-privacy link-local
-//! addresses are dropped). Neighbour advertisement target addresses are not checked (the IPv6
-//! source is). The host address sets and gateways change only with a full replace.
+//! addresses are dropped). Neighbour advertisement target addresses (and their target
+//! link-layer option) are checked by the tap guard only: nft 1.0.6 cannot match a raw 128-bit
+//! payload against an `ipv6_addr` set (the IPv6 source is checked here). The host address sets
+//! and gateways change only with a full replace.
 
 pub mod rules;
 
@@ -184,7 +189,7 @@ fn rule(family: &str, tbl: &str, chain: &str, expr: Vec<Value>) -> Value {
 }
 
 /// The sets and maps of `bridge bcd_instances`: `(name, type, is_map)`.
-const SETS: [(&str, &[&str], bool); 12] = [
+const SETS: [(&str, &[&str], bool); 16] = [
     ("taps", &["ifname"], false),
     ("tap_mac", &["ifname", "ether_addr"], false),
     ("tap_ip4", &["ifname", "ipv4_addr"], false),
@@ -197,6 +202,10 @@ const SETS: [(&str, &[&str], bool); 12] = [
     ("host_block6", &["ipv6_addr"], false),
     ("host_all4", &["ipv4_addr"], false),
     ("host_all6", &["ipv6_addr"], false),
+    ("leased4", &["ipv4_addr"], false),
+    ("reserved4", &["ipv4_addr"], false),
+    ("host_gw4", &["ipv4_addr"], false),
+    ("host_gw6", &["ipv6_addr"], false),
 ];
 
 fn set_decl(name: &str, ty: &[&str], is_map: bool) -> Value {
@@ -230,6 +239,7 @@ fn tap_elements(taps: &[TapEntry]) -> Vec<(&'static str, Vec<Value>)> {
         "sandbox_taps",
         "in_policy",
         "out_policy",
+        "leased4",
     ]
     .iter()
     .map(|n| (*n, Vec::new()))
@@ -244,6 +254,7 @@ fn tap_elements(taps: &[TapEntry]) -> Vec<(&'static str, Vec<Value>)> {
         push("tap_mac", concat(&t.tap, &t.mac.to_string()));
         for a in &t.ip4 {
             push("tap_ip4", concat(&t.tap, &a.to_string()));
+            push("leased4", json!(a.to_string()));
         }
         for a in &t.ip6 {
             push("tap_ip6", concat(&t.tap, &a.to_string()));
@@ -301,11 +312,31 @@ fn host_elements(host: &HostAddrs) -> Vec<(&'static str, Vec<Value>)> {
                 .collect(),
         )
     };
+    let owned_gateways = |v4: bool| {
+        uniq(
+            host.own
+                .iter()
+                .filter(|a| a.is_ipv4() == v4 && host.gateways.contains(a))
+                .map(ToString::to_string)
+                .collect(),
+        )
+    };
+    let reserved4 = uniq(
+        host.own
+            .iter()
+            .chain(&host.gateways)
+            .filter(|a| a.is_ipv4())
+            .map(ToString::to_string)
+            .collect(),
+    );
     vec![
         ("host_block4", blocked(true)),
         ("host_block6", blocked(false)),
         ("host_all4", all(true)),
         ("host_all6", all(false)),
+        ("reserved4", reserved4),
+        ("host_gw4", owned_gateways(true)),
+        ("host_gw6", owned_gateways(false)),
     ]
 }
 

@@ -85,6 +85,19 @@ pub(crate) fn from_tap() -> Vec<Vec<Value>> {
             ),
             drop(),
         ],
+        // ARP: Ethernet/IPv4 only (the fixed-offset sender fields below assume it).
+        vec![
+            ether_type("arp"),
+            m(
+                "!=",
+                json!({ "concat": [
+                    payload("arp", "htype"), payload("arp", "ptype"),
+                    payload("arp", "hlen"), payload("arp", "plen"),
+                ]}),
+                json!({ "set": [{ "concat": [1, "ip", 6, 4] }] }),
+            ),
+            drop(),
+        ],
         // ARP: sender MAC and sender address (0.0.0.0 for probes).
         vec![
             ether_type("arp"),
@@ -104,6 +117,32 @@ pub(crate) fn from_tap() -> Vec<Vec<Value>> {
                 concat(ifn(), payload("arp", "saddr ip")),
                 set_ref("tap_ip4"),
             ),
+            drop(),
+        ],
+        // A NIC without an IPv4 address (DHCP elsewhere) may not use another tap's lease, the
+        // host's addresses or a gateway as IPv4 or ARP sender.
+        vec![
+            ether_type("arp"),
+            m("==", ifn(), set_ref("ip4_unchecked")),
+            m("==", payload("arp", "saddr ip"), set_ref("leased4")),
+            drop(),
+        ],
+        vec![
+            ether_type("arp"),
+            m("==", ifn(), set_ref("ip4_unchecked")),
+            m("==", payload("arp", "saddr ip"), set_ref("reserved4")),
+            drop(),
+        ],
+        vec![
+            ether_type("ip"),
+            m("==", ifn(), set_ref("ip4_unchecked")),
+            m("==", payload("ip", "saddr"), set_ref("leased4")),
+            drop(),
+        ],
+        vec![
+            ether_type("ip"),
+            m("==", ifn(), set_ref("ip4_unchecked")),
+            m("==", payload("ip", "saddr"), set_ref("reserved4")),
             drop(),
         ],
         // IPv4: 0.0.0.0 only for DHCP requests; otherwise the tap's addresses.
@@ -158,10 +197,16 @@ pub(crate) fn from_tap() -> Vec<Vec<Value>> {
             ),
             drop(),
         ],
-        // The drops every tap gets: DHCP server replies, router advertisements and redirects.
+        // The drops every tap gets: DHCP server messages (from the server port, or to the
+        // client port: clients check only the latter), router advertisements and redirects.
         vec![
             ether_type("ip"),
             m("==", payload("udp", "sport"), json!(67)),
+            drop(),
+        ],
+        vec![
+            ether_type("ip"),
+            m("==", payload("udp", "dport"), json!(68)),
             drop(),
         ],
         vec![
@@ -170,8 +215,17 @@ pub(crate) fn from_tap() -> Vec<Vec<Value>> {
             drop(),
         ],
         vec![
+            ether_type("ip6"),
+            m("==", payload("udp", "dport"), json!(546)),
+            drop(),
+        ],
+        vec![
             ether_type("ip"),
-            m("==", payload("icmp", "type"), json!("redirect")),
+            m(
+                "==",
+                payload("icmp", "type"),
+                json!({ "set": ["redirect", "router-advertisement"] }),
+            ),
             drop(),
         ],
         vec![
@@ -183,7 +237,42 @@ pub(crate) fn from_tap() -> Vec<Vec<Value>> {
             ),
             drop(),
         ],
-        // The host's own addresses (its gateway addresses excepted).
+        // The host's gateway addresses: ICMP and DNS (port 53) only.
+        vec![
+            ether_type("ip"),
+            m("==", payload("ip", "daddr"), set_ref("host_gw4")),
+            m(
+                "!=",
+                meta("l4proto"),
+                json!({ "set": ["icmp", "tcp", "udp"] }),
+            ),
+            drop(),
+        ],
+        vec![
+            ether_type("ip"),
+            m("==", payload("ip", "daddr"), set_ref("host_gw4")),
+            m("==", meta("l4proto"), json!({ "set": ["tcp", "udp"] })),
+            m("!=", payload("th", "dport"), json!(53)),
+            drop(),
+        ],
+        vec![
+            ether_type("ip6"),
+            m("==", payload("ip6", "daddr"), set_ref("host_gw6")),
+            m(
+                "!=",
+                meta("l4proto"),
+                json!({ "set": ["ipv6-icmp", "tcp", "udp"] }),
+            ),
+            drop(),
+        ],
+        vec![
+            ether_type("ip6"),
+            m("==", payload("ip6", "daddr"), set_ref("host_gw6")),
+            m("==", meta("l4proto"), json!({ "set": ["tcp", "udp"] })),
+            m("!=", payload("th", "dport"), json!(53)),
+            drop(),
+        ],
+        // The host's other addresses.
         vec![
             ether_type("ip"),
             m("==", payload("ip", "daddr"), set_ref("host_block4")),
