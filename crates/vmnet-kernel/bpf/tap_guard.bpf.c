@@ -100,6 +100,41 @@ struct {
 	__type(value, __u8);
 } host_block6 SEC(".maps");
 
+// Every tap's IPv4 addresses (value: the tap's ifindex), and the host's addresses plus the
+// gateways: a NIC without an IPv4 address may not send from any of them.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u32);
+} leased4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u8);
+} reserved4 SEC(".maps");
+
+// The gateways among the host's own addresses: guests reach them for ICMP and DNS only.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u8);
+} host_gw4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct addr6);
+	__type(value, __u8);
+} host_gw6 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, R_COUNT);
@@ -161,6 +196,23 @@ static __always_inline int ip4_allowed(__u32 ifindex, __be32 addr)
 	return bpf_map_lookup_elem(&tap_ip4, &k) != 0;
 }
 
+// An IPv4 source a NIC may use: its own addresses; without any, anything but another tap's
+// lease, the host's addresses and the gateways.
+static __always_inline int ip4_source_ok(__u32 ifindex, const struct tap_info *t, __be32 addr)
+{
+	if (!(t->flags & F_IP4_UNCHECKED))
+		return ip4_allowed(ifindex, addr);
+	return !bpf_map_lookup_elem(&leased4, &addr) && !bpf_map_lookup_elem(&reserved4, &addr);
+}
+
+// Traffic to a gateway the host owns: ICMP (any) and DNS (port 53) only.
+static __always_inline int gateway_service_ok(__u8 l4, int first, __be16 dport, __u8 icmp)
+{
+	if (l4 == icmp)
+		return 1;
+	return first && (l4 == IPPROTO_UDP || l4 == IPPROTO_TCP) && dport == bpf_htons(53);
+}
+
 // The destinations a `private` tap may send to: 10/8, 172.16/12, 192.168/16, 169.254/16 and
 // 255.255.255.255 (the nft set `private4`).
 static __always_inline int private4(__be32 daddr)
@@ -182,11 +234,14 @@ static __always_inline int check_arp(struct __sk_buff *skb, __u32 ifx, const str
 	struct arp_eth4 arp;
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &arp, sizeof(arp)))
 		return shot(R_MALFORMED);
+	if (arp.htype != bpf_htons(1) || arp.ptype != bpf_htons(ETH_P_IP) || arp.hlen != 6 ||
+	    arp.plen != 4)
+		return shot(R_ARP);
 	if (!mac_eq(arp.sha, t->mac))
 		return shot(R_ARP);
 	__be32 spa;
 	__builtin_memcpy(&spa, arp.spa, 4);
-	if (spa != 0 && !(t->flags & F_IP4_UNCHECKED) && !ip4_allowed(ifx, spa))
+	if (spa != 0 && !ip4_source_ok(ifx, t, spa))
 		return shot(R_ARP);
 	return TC_ACT_UNSPEC;
 }
@@ -214,14 +269,18 @@ static __always_inline int check_ip4(struct __sk_buff *skb, __u32 ifx, const str
 		// 0.0.0.0 only for DHCP requests.
 		if (!first || ip.proto != IPPROTO_UDP || ports[1] != bpf_htons(67))
 			return shot(R_IP4_SOURCE);
-	} else if (!(t->flags & F_IP4_UNCHECKED) && !ip4_allowed(ifx, ip.saddr)) {
+	} else if (!ip4_source_ok(ifx, t, ip.saddr)) {
 		return shot(R_IP4_SOURCE);
 	}
-	if (first && ip.proto == IPPROTO_UDP && ports[0] == bpf_htons(67))
-		return shot(R_SERVER); // DHCP server reply
-	if (first && ip.proto == IPPROTO_ICMP && icmp_type == 5)
-		return shot(R_SERVER); // redirect
+	if (first && ip.proto == IPPROTO_UDP &&
+	    (ports[0] == bpf_htons(67) || ports[1] == bpf_htons(68)))
+		return shot(R_SERVER); // DHCP server message
+	if (first && ip.proto == IPPROTO_ICMP && (icmp_type == 5 || icmp_type == 9))
+		return shot(R_SERVER); // redirect, router advertisement
 	if (bpf_map_lookup_elem(&host_block4, &ip.daddr))
+		return shot(R_HOST_ADDRESS);
+	if (bpf_map_lookup_elem(&host_gw4, &ip.daddr) &&
+	    !gateway_service_ok(ip.proto, first, ports[1], IPPROTO_ICMP))
 		return shot(R_HOST_ADDRESS);
 	if ((t->flags & F_POLICY_PRIVATE) && !private4(ip.daddr))
 		return shot(R_POLICY);
@@ -295,13 +354,35 @@ static __always_inline int check_ip6(struct __sk_buff *skb, __u32 ifx, const str
 		if (!bpf_map_lookup_elem(&tap_ip6, &k))
 			return shot(R_IP6_SOURCE);
 	}
-	if (nh == IPPROTO_UDP && ports[0] == bpf_htons(547))
-		return shot(R_SERVER); // DHCPv6 server reply
+	if (nh == IPPROTO_UDP && (ports[0] == bpf_htons(547) || ports[1] == bpf_htons(546)))
+		return shot(R_SERVER); // DHCPv6 server message
 	if (nh == NEXTHDR_ICMP && (icmp_type == 134 || icmp_type == 137))
 		return shot(R_SERVER); // router advertisement, redirect
+	if (nh == NEXTHDR_ICMP && icmp_type == 136) {
+		// Neighbour advertisement: the target must be one of the tap's addresses and a
+		// target link-layer option (type 2, first) the tap's MAC.
+		struct {
+			__u8 hdr[8];
+			__u8 target[16];
+			__u8 opt[2];
+			__u8 lladdr[6];
+		} na;
+		if (bpf_skb_load_bytes(skb, off, &na, 24))
+			return shot(R_MALFORMED);
+		struct key6 k = { .ifindex = ifx };
+		__builtin_memcpy(k.addr, na.target, 16);
+		if (!bpf_map_lookup_elem(&tap_ip6, &k))
+			return shot(R_IP6_SOURCE);
+		if (!bpf_skb_load_bytes(skb, off + 24, na.opt, 8) && na.opt[0] == 2 &&
+		    na.opt[1] == 1 && !mac_eq(na.lladdr, t->mac))
+			return shot(R_IP6_SOURCE);
+	}
 	struct addr6 d;
 	__builtin_memcpy(d.a, ip.daddr, 16);
 	if (bpf_map_lookup_elem(&host_block6, &d))
+		return shot(R_HOST_ADDRESS);
+	if (bpf_map_lookup_elem(&host_gw6, &d) &&
+	    !gateway_service_ok(nh, nh != NO_L4, ports[1], NEXTHDR_ICMP))
 		return shot(R_HOST_ADDRESS);
 	if ((t->flags & F_POLICY_PRIVATE) && !private6(ip.daddr))
 		return shot(R_POLICY);

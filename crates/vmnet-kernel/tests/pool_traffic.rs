@@ -7,7 +7,9 @@ mod pool_support;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use pool_support::{GATEWAY, Lab, check_spoofs, marker, ping_ok, spoof_cases};
+use pool_support::{
+    GATEWAY, Lab, check_spoofs, gateway_cases, marker, ping_ok, spoof_cases, unleased_cases,
+};
 use vmnet_kernel::pool::probe::{Capture, send_frame, udp4_frame};
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
 use vmnet_testkit::sandbox::{ECHO_V4, HOST_UPLINK_V4};
@@ -37,6 +39,20 @@ async fn guests_pass_and_spoofs_are_dropped() {
     let cap = Capture::start(&gb.ns, "eth0").unwrap();
     check_spoofs(ga, &spoof_cases(ga, gb), &cap, "nftables alone");
     drop(cap);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unleased_nics_and_the_gateway_address() {
+    let mut lab = Lab::nft_only("pk").await;
+    let (a, b) = lab.add_public_pair().await;
+    let u = lab.add_unleased("inst-u").await;
+    let (ga, gb, gu) = (&lab.guests[a], &lab.guests[b], &lab.guests[u]);
+    let cap = Capture::start(&gb.ns, "eth0").unwrap();
+    check_spoofs(gu, &unleased_cases(gu, ga, gb), &cap, "nftables alone");
+    drop(cap);
+    let br0_mac = lab.bridge_mac();
+    let cap = Capture::start(&lab.host, "br0").unwrap();
+    check_spoofs(ga, &gateway_cases(ga, br0_mac), &cap, "nftables alone");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,7 +33,7 @@
 //! apply in normal operation, so such frames are dropped.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
@@ -146,8 +146,8 @@ struct Attached {
 struct Inner {
     bpf: Ebpf,
     taps: BTreeMap<IfName, Attached>,
-    host4: BTreeSet<Ipv4Addr>,
-    host6: BTreeSet<Ipv6Addr>,
+    /// What [`TapGuard::set_host`] last wrote, by map name.
+    host: BTreeMap<&'static str, BTreeSet<IpAddr>>,
 }
 
 /// The loaded guard of one host namespace. All methods are blocking (netlink and bpf(2) calls).
@@ -228,6 +228,12 @@ impl Inner {
             }
         }
         {
+            let mut m = self.hash::<u32, u32>("leased4")?;
+            for k in &want4 {
+                m.insert(k.addr, ifindex, 0).map_err(map_err("leased4"))?;
+            }
+        }
+        {
             let mut m = self.hash::<u32, TapInfo>("taps")?;
             if let Some(e) = new {
                 let info = TapInfo {
@@ -244,9 +250,22 @@ impl Inner {
             }
         }
         if let Some(o) = old {
+            let stale4: Vec<Key4> = keys4(o.ifindex, &o.entry)
+                .difference(&want4)
+                .copied()
+                .collect();
             let mut m = self.hash::<Key4, u8>("tap_ip4")?;
-            for k in keys4(o.ifindex, &o.entry).difference(&want4) {
+            for k in &stale4 {
                 ignore_missing(m.remove(k)).map_err(map_err("tap_ip4"))?;
+            }
+            // A lease moves to another tap only after this one let it go: remove it from
+            // `leased4` only while it still names this tap.
+            let mut m = self.hash::<u32, u32>("leased4")?;
+            for k in &stale4 {
+                let still_new = want4.iter().any(|w| w.addr == k.addr);
+                if !still_new && m.get(&k.addr, 0).ok() == Some(o.ifindex) {
+                    ignore_missing(m.remove(&k.addr)).map_err(map_err("leased4"))?;
+                }
             }
             let mut m = self.hash::<Key6, u8>("tap_ip6")?;
             for k in keys6(o.ifindex, &o.entry).difference(&want6) {
@@ -358,8 +377,7 @@ impl TapGuard {
             inner: Mutex::new(Inner {
                 bpf,
                 taps: BTreeMap::new(),
-                host4: BTreeSet::new(),
-                host6: BTreeSet::new(),
+                host: BTreeMap::new(),
             }),
         })
     }
@@ -433,50 +451,59 @@ impl TapGuard {
         inner.write_tap(old.ifindex, None, Some(&old))
     }
 
-    /// Sets the host's own addresses guests may not reach (`host.own` minus `host.gateways`).
+    /// Sets the host's addresses: those guests may not reach (`host.own` minus `host.gateways`),
+    /// the gateways among them (ICMP and DNS only), and the addresses a NIC without an IPv4
+    /// address may not send from (`host.own` and `host.gateways`, IPv4).
     ///
     /// # Errors
     /// A map error.
     pub fn set_host(&self, host: &HostAddrs) -> Result<(), GuardError> {
-        let mut want4 = BTreeSet::new();
-        let mut want6 = BTreeSet::new();
-        for a in host.own.iter().filter(|a| !host.gateways.contains(a)) {
-            match a {
-                std::net::IpAddr::V4(v) => want4.insert(*v),
-                std::net::IpAddr::V6(v) => want6.insert(*v),
-            };
-        }
+        let own = || host.own.iter().copied();
+        let gw = |a: &IpAddr| host.gateways.contains(a);
+        let wanted: [(&'static str, BTreeSet<IpAddr>); 5] = [
+            (
+                "host_block4",
+                own().filter(|a| a.is_ipv4() && !gw(a)).collect(),
+            ),
+            (
+                "host_block6",
+                own().filter(|a| a.is_ipv6() && !gw(a)).collect(),
+            ),
+            ("host_gw4", own().filter(|a| a.is_ipv4() && gw(a)).collect()),
+            ("host_gw6", own().filter(|a| a.is_ipv6() && gw(a)).collect()),
+            (
+                "reserved4",
+                own()
+                    .chain(host.gateways.iter().copied())
+                    .filter(IpAddr::is_ipv4)
+                    .collect(),
+            ),
+        ];
         let mut inner = self.lock();
-        {
-            let mut m = inner.hash::<u32, u8>("host_block4")?;
-            for a in &want4 {
-                m.insert(u32::from_ne_bytes(a.octets()), 1, 0)
-                    .map_err(map_err("host_block4"))?;
+        for (map, want) in wanted {
+            let had = inner.host.get(map).cloned().unwrap_or_default();
+            for a in &want {
+                match a {
+                    IpAddr::V4(v) => {
+                        inner
+                            .hash::<u32, u8>(map)?
+                            .insert(u32::from_ne_bytes(v.octets()), 1, 0)
+                    }
+                    IpAddr::V6(v) => inner.hash::<[u8; 16], u8>(map)?.insert(v.octets(), 1, 0),
+                }
+                .map_err(map_err(map))?;
             }
-        }
-        {
-            let mut m = inner.hash::<[u8; 16], u8>("host_block6")?;
-            for a in &want6 {
-                m.insert(a.octets(), 1, 0).map_err(map_err("host_block6"))?;
+            for a in had.difference(&want) {
+                ignore_missing(match a {
+                    IpAddr::V4(v) => inner
+                        .hash::<u32, u8>(map)?
+                        .remove(&u32::from_ne_bytes(v.octets())),
+                    IpAddr::V6(v) => inner.hash::<[u8; 16], u8>(map)?.remove(&v.octets()),
+                })
+                .map_err(map_err(map))?;
             }
+            inner.host.insert(map, want);
         }
-        let stale4: Vec<Ipv4Addr> = inner.host4.difference(&want4).copied().collect();
-        let stale6: Vec<Ipv6Addr> = inner.host6.difference(&want6).copied().collect();
-        {
-            let mut m = inner.hash::<u32, u8>("host_block4")?;
-            for a in stale4 {
-                ignore_missing(m.remove(&u32::from_ne_bytes(a.octets())))
-                    .map_err(map_err("host_block4"))?;
-            }
-        }
-        {
-            let mut m = inner.hash::<[u8; 16], u8>("host_block6")?;
-            for a in stale6 {
-                ignore_missing(m.remove(&a.octets())).map_err(map_err("host_block6"))?;
-            }
-        }
-        inner.host4 = want4;
-        inner.host6 = want6;
         Ok(())
     }
 

@@ -65,17 +65,41 @@ pub fn udp4_frame(
     ports: (u16, u16),
     payload: &[u8],
 ) -> Vec<u8> {
-    let body = udp(ports.0, ports.1, payload);
+    eth(
+        dst,
+        src,
+        0x0800,
+        &ipv4(src_ip, dst_ip, 17, &udp(ports.0, ports.1, payload)),
+    )
+}
+
+/// An Ethernet frame carrying ICMP of `icmp_type` (5 = redirect, 8 = echo request, 9 = router
+/// advertisement) from `src_ip` to `dst_ip`, `payload` after the 8-byte ICMP header.
+#[must_use]
+pub fn icmp4_frame(
+    dst: MacAddr,
+    src: MacAddr,
+    src_ip: Ipv4Addr,
+    dst_ip: Ipv4Addr,
+    icmp_type: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut body = vec![icmp_type, 0, 0, 0, 0, 0, 0, 0];
+    body.extend(payload);
+    eth(dst, src, 0x0800, &ipv4(src_ip, dst_ip, 1, &body))
+}
+
+fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, body: &[u8]) -> Vec<u8> {
     let total = u16::try_from(20 + body.len()).unwrap_or(u16::MAX);
     let mut ip = vec![0x45, 0];
     ip.extend(total.to_be_bytes());
-    ip.extend([0, 0, 0x40, 0, 64, 17, 0, 0]);
-    ip.extend(src_ip.octets());
-    ip.extend(dst_ip.octets());
+    ip.extend([0, 0, 0x40, 0, 64, proto, 0, 0]);
+    ip.extend(src.octets());
+    ip.extend(dst.octets());
     let c = ipv4_checksum(&ip);
     ip[10..12].copy_from_slice(&c.to_be_bytes());
     ip.extend(body);
-    eth(dst, src, 0x0800, &ip)
+    ip
 }
 
 fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, hop: u8, body: &[u8]) -> Vec<u8> {

@@ -165,6 +165,53 @@ impl Lab {
         self.guests.len() - 1
     }
 
+    /// Starts instance `id` without a lease (its NIC keeps DHCP: no IPv4 source check of its
+    /// own) and attaches a simulated guest with no address. Returns its index in `guests`.
+    pub async fn add_unleased(&mut self, id: &str) -> usize {
+        let br: IfName = "br0".parse().unwrap();
+        let inst = instance_spec(
+            id,
+            &format!("alloc-{id}"),
+            &br,
+            None,
+            NetworkPolicy::Public,
+            false,
+        )
+        .expect("instance spec");
+        self.pool
+            .start_instance(&inst)
+            .await
+            .expect("start instance");
+        let tap = inst.tap_names().unwrap()[0].to_string();
+        let ns = self.sb.add_netns(&format!("g-{id}")).expect("guest netns");
+        let relay = Relay::start(&self.host, &tap, &ns, "eth0").expect("relay");
+        let mac = inst.nics[0].mac;
+        let net = sim_guest::configure(&ns, "eth0", mac, None).expect("guest config");
+        assert!(net.dhcp && net.addresses.is_empty(), "{net:?}");
+        self.guests.push(Guest {
+            inst,
+            ns,
+            mac,
+            ip4: Ipv4Addr::UNSPECIFIED,
+            ll6: mac.link_local_v6(),
+            tap,
+            relay: Some(relay),
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        self.guests.len() - 1
+    }
+
+    /// Gives `br0` a fixed MAC (so frames to the gateway can be addressed) and returns it.
+    pub fn bridge_mac(&self) -> MacAddr {
+        let mac = MacAddr([0x02, 0, 0, 0, 0, 0x01]);
+        tk::ip(
+            &self.host,
+            &["link", "set", "br0", "address", &mac.to_string()],
+        )
+        .unwrap();
+        mac
+    }
+
     /// Two public instances, `inst-a` (10.0.0.2) and `inst-b` (10.0.0.3), with their guests;
     /// their indexes in `guests`.
     pub async fn add_public_pair(&mut self) -> (usize, usize) {
@@ -217,7 +264,7 @@ pub struct Case {
 /// capture is proven to work). Frames go from `a` to `b` (or broadcast/all-nodes).
 pub fn spoof_cases(a: &Guest, b: &Guest) -> Vec<Case> {
     use vmnet_kernel::pool::probe::{
-        ALL_NODES_MAC, BROADCAST, arp_reply_frame, icmp6_frame, udp4_frame, udp6_frame,
+        ALL_NODES_MAC, BROADCAST, arp_reply_frame, icmp4_frame, icmp6_frame, udp4_frame, udp6_frame,
     };
     let foreign_mac = MacAddr([0x02, 0xde, 0xad, 0xbe, 0xef, 0x01]);
     let ports = (4000, 4001);
@@ -257,11 +304,41 @@ pub fn spoof_cases(a: &Guest, b: &Guest) -> Vec<Case> {
     case("ARP reply with a foreign sender MAC", false, &|m| {
         arp_reply_frame(b.mac, a.mac, (foreign_mac, a.ip4), (b.mac, b.ip4), m)
     });
-    case("broadcast UDP to port 68 (control)", true, &|m| {
-        udp4_frame(BROADCAST, a.mac, a.ip4, Ipv4Addr::BROADCAST, (4067, 68), m)
+    case("ARP reply with a non-Ethernet hardware type", false, &|m| {
+        let mut f = arp_reply_frame(b.mac, a.mac, (a.mac, a.ip4), (b.mac, b.ip4), m);
+        f[14..16].copy_from_slice(&6u16.to_be_bytes());
+        f
+    });
+    case("broadcast UDP (control)", true, &|m| {
+        udp4_frame(
+            BROADCAST,
+            a.mac,
+            a.ip4,
+            Ipv4Addr::BROADCAST,
+            (4067, 4068),
+            m,
+        )
     });
     case("DHCP offer", false, &|m| {
         udp4_frame(BROADCAST, a.mac, a.ip4, Ipv4Addr::BROADCAST, (67, 68), m)
+    });
+    case("DHCP offer from another source port", false, &|m| {
+        udp4_frame(BROADCAST, a.mac, a.ip4, Ipv4Addr::BROADCAST, (4067, 68), m)
+    });
+    case("DHCPv6 reply", false, &|m| {
+        udp6_frame(b.mac, a.mac, a.ll6, b.ll6, (547, 546), m)
+    });
+    case("DHCPv6 reply from another source port", false, &|m| {
+        udp6_frame(b.mac, a.mac, a.ll6, b.ll6, (4547, 546), m)
+    });
+    case("ICMP echo request (control)", true, &|m| {
+        icmp4_frame(b.mac, a.mac, a.ip4, b.ip4, 8, m)
+    });
+    case("ICMP redirect", false, &|m| {
+        icmp4_frame(b.mac, a.mac, a.ip4, b.ip4, 5, m)
+    });
+    case("ICMP router advertisement", false, &|m| {
+        icmp4_frame(BROADCAST, a.mac, a.ip4, Ipv4Addr::BROADCAST, 9, m)
     });
     case("ICMPv6 echo to all-nodes (control)", true, &|m| {
         icmp6_frame(ALL_NODES_MAC, a.mac, a.ll6, all_nodes, 128, m)
@@ -278,6 +355,98 @@ pub fn spoof_cases(a: &Guest, b: &Guest) -> Vec<Case> {
         tagged
     });
     out
+}
+
+/// Frames from `u`, a guest without a lease, to guest `b`: it may use any IPv4 source except
+/// another tap's lease (`a`'s), the host's addresses and the gateway.
+pub fn unleased_cases(u: &Guest, a: &Guest, b: &Guest) -> Vec<Case> {
+    use vmnet_kernel::pool::probe::{arp_reply_frame, udp4_frame};
+    let ports = (4000, 4001);
+    let unrelated = Ipv4Addr::new(10, 0, 0, 77);
+    let mut out = Vec::new();
+    let mut case = |name: &'static str, arrives: bool, build: &dyn Fn(&[u8]) -> Vec<u8>| {
+        let m = marker(name);
+        out.push(Case {
+            name,
+            frame: build(&m),
+            marker: m,
+            arrives,
+        });
+    };
+    case("unleased: an unrelated IPv4 source (control)", true, &|m| {
+        udp4_frame(b.mac, u.mac, unrelated, b.ip4, ports, m)
+    });
+    case("unleased: another tap's lease as source", false, &|m| {
+        udp4_frame(b.mac, u.mac, a.ip4, b.ip4, ports, m)
+    });
+    case("unleased: the gateway as source", false, &|m| {
+        udp4_frame(b.mac, u.mac, GATEWAY, b.ip4, ports, m)
+    });
+    case(
+        "unleased: the host's uplink address as source",
+        false,
+        &|m| udp4_frame(b.mac, u.mac, HOST_UPLINK_V4, b.ip4, ports, m),
+    );
+    case(
+        "unleased: an ARP reply for an unrelated address (control)",
+        true,
+        &|m| arp_reply_frame(b.mac, u.mac, (u.mac, unrelated), (b.mac, b.ip4), m),
+    );
+    case("unleased: an ARP reply claiming the gateway", false, &|m| {
+        arp_reply_frame(b.mac, u.mac, (u.mac, GATEWAY), (b.mac, b.ip4), m)
+    });
+    case(
+        "unleased: an ARP reply claiming another tap's lease",
+        false,
+        &|m| arp_reply_frame(b.mac, u.mac, (u.mac, a.ip4), (b.mac, b.ip4), m),
+    );
+    out
+}
+
+/// Frames from `a` to the gateway address the host owns (`br0`, MAC `br0_mac`): ICMP and DNS
+/// pass, any other port does not. Look for them on `br0` in the host namespace.
+pub fn gateway_cases(a: &Guest, br0_mac: MacAddr) -> Vec<Case> {
+    use vmnet_kernel::pool::probe::{icmp4_frame, udp4_frame};
+    let mut out = Vec::new();
+    let mut case = |name: &'static str, arrives: bool, build: &dyn Fn(&[u8]) -> Vec<u8>| {
+        let m = marker(name);
+        out.push(Case {
+            name,
+            frame: build(&m),
+            marker: m,
+            arrives,
+        });
+    };
+    case("to the gateway: ICMP echo", true, &|m| {
+        icmp4_frame(br0_mac, a.mac, a.ip4, GATEWAY, 8, m)
+    });
+    case("to the gateway: DNS (udp/53)", true, &|m| {
+        udp4_frame(br0_mac, a.mac, a.ip4, GATEWAY, (4000, 53), m)
+    });
+    case("to the gateway: another port (udp/9999)", false, &|m| {
+        udp4_frame(br0_mac, a.mac, a.ip4, GATEWAY, (4000, 9999), m)
+    });
+    case("to the gateway: SSH (tcp/22)", false, &|m| {
+        let mut f = udp4_frame(br0_mac, a.mac, a.ip4, GATEWAY, (4000, 22), m);
+        f[23] = 6; // protocol TCP (the first four bytes of a TCP header are the ports)
+        let c = ipv4_header_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f
+    });
+    out
+}
+
+fn ipv4_header_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for (i, c) in h.chunks(2).enumerate() {
+        if i != 5 {
+            sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+        }
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !u16::try_from(sum).unwrap()
 }
 
 /// Sends every case from guest `a` and asserts what `cap` saw (`layer` names what filters, for
