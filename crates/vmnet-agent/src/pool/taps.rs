@@ -59,7 +59,9 @@ pub trait PoolTaps: Send + Sync {
     /// `UNAVAILABLE` when the links cannot be listed.
     fn list(&self) -> BoxFuture<'_, Result<Vec<String>, Error>>;
 
-    /// Every address of the host namespace except loopback and IPv6 link-local ones.
+    /// Every address of the host namespace except loopback ones, sorted; IPv6 link-local ones
+    /// only on interfaces that carry another address too (guests may not reach the host on
+    /// those either; a tap's own link-local address is unreachable from its guest anyway).
     ///
     /// # Errors
     /// `UNAVAILABLE` when the addresses cannot be listed.
@@ -247,23 +249,43 @@ impl PoolTaps for KernelTaps {
 
     fn host_addresses(&self) -> BoxFuture<'_, Result<Vec<IpAddr>, Error>> {
         Box::pin(async move {
-            let mut out = Vec::new();
+            let mut found = Vec::new();
             let mut s = self.handle.address().get().execute();
             while let Some(m) = s
                 .try_next()
                 .await
                 .map_err(|e| unavailable("list host addresses", &e))?
             {
-                for a in &m.attributes {
-                    if let AddressAttribute::Address(ip) = a {
-                        let skip = match ip {
-                            IpAddr::V4(v) => v.is_loopback(),
-                            IpAddr::V6(v) => v.is_loopback() || v.is_unicast_link_local(),
-                        };
-                        if !skip && !out.contains(ip) {
-                            out.push(*ip);
-                        }
-                    }
+                // The host's own address is IFA_LOCAL when present (on point-to-point links
+                // IFA_ADDRESS is the peer's), else IFA_ADDRESS.
+                let local = m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Local(ip) => Some(*ip),
+                    _ => None,
+                });
+                let address = m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Address(ip) => Some(*ip),
+                    _ => None,
+                });
+                if let Some(ip) = local.or(address)
+                    && !ip.is_loopback()
+                {
+                    found.push((m.header.index, ip));
+                }
+            }
+            // IPv6 link-local addresses count on interfaces that also carry another address
+            // (the bridge, the uplink): a link-local address is reachable only on its own link,
+            // and the instance taps' own link-local addresses would change the set with every
+            // tap.
+            let is_ll = |ip: &IpAddr| matches!(ip, IpAddr::V6(v) if v.is_unicast_link_local());
+            let addressed: std::collections::BTreeSet<u32> = found
+                .iter()
+                .filter(|(_, ip)| !is_ll(ip))
+                .map(|(i, _)| *i)
+                .collect();
+            let mut out = Vec::new();
+            for (index, ip) in found {
+                if (!is_ll(&ip) || addressed.contains(&index)) && !out.contains(&ip) {
+                    out.push(ip);
                 }
             }
             out.sort();

@@ -317,6 +317,7 @@ async fn run(
         let agent = &agent;
         checks = tokio::task::block_in_place(|| {
             let mut all = checks::run(gs, r, pl);
+            all.extend(checks::host_reach(gs, &host, bridge.as_str(), r.gateway));
             let before = std::cell::Cell::new(0);
             let mut hold_audit = || {
                 before.set(

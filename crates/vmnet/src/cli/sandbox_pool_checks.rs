@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use vmnet_kernel::pool::probe::{
-    ALL_NODES_MAC, BROADCAST, Capture, arp_reply_frame, icmp6_frame, send_frame, udp4_frame,
-    udp6_frame,
+    ALL_NODES_MAC, BROADCAST, Capture, arp_reply_frame, icmp4_frame, icmp6_frame, send_frame,
+    udp4_frame, udp6_frame,
 };
 use vmnet_model::ErrorCode;
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
@@ -150,6 +150,96 @@ pub fn run(
     }
     out.extend(spoofs(a, b, (&b.ns, "eth0"), ""));
     out
+}
+
+/// What guests reach on the host (blocking): from the first public guest, to the gateway
+/// address the host owns ICMP and DNS pass and another port does not; to the bridge's IPv6
+/// link-local address nothing passes, while a frame to all-nodes does (the control). Looked for
+/// on the bridge in `host_ns`.
+pub fn host_reach(
+    guests: &[GuestInfo],
+    host_ns: &str,
+    bridge: &str,
+    gateway: Ipv4Addr,
+) -> Vec<Check> {
+    let Some(a) = guests.iter().find(|g| g.policy == NetworkPolicy::Public) else {
+        return Vec::new();
+    };
+    let t = Duration::from_secs(10);
+    let json = |args: &[&str]| {
+        vmnet_testkit::netns::exec(host_ns, "ip", args, t)
+            .ok()
+            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+    };
+    let br_mac: Option<MacAddr> = json(&["-j", "link", "show", "dev", bridge])
+        .and_then(|v| v[0]["address"].as_str().and_then(|m| m.parse().ok()));
+    let br_ll: Option<Ipv6Addr> =
+        json(&["-j", "-6", "addr", "show", "dev", bridge, "scope", "link"]).and_then(|v| {
+            v[0]["addr_info"][0]["local"]
+                .as_str()
+                .and_then(|a| a.parse().ok())
+        });
+    let (Some(br_mac), Some(br_ll)) = (br_mac, br_ll) else {
+        return vec![check(
+            format!("{bridge}'s MAC and IPv6 link-local address"),
+            "read",
+            "not found",
+        )];
+    };
+    let Ok(cap) = Capture::start(host_ns, bridge) else {
+        return vec![check(format!("capture on {bridge}"), "started", "failed")];
+    };
+    let ll_a = a.mac.link_local_v6();
+    let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+    type Build = Box<dyn Fn(&[u8]) -> Vec<u8>>;
+    let (am, a4) = (a.mac, a.ip4);
+    let cases: Vec<(String, bool, Build)> = vec![
+        (
+            format!("gateway {gateway}: ICMP echo"),
+            true,
+            Box::new(move |m| icmp4_frame(br_mac, am, a4, gateway, 8, m)),
+        ),
+        (
+            format!("gateway {gateway}: DNS (udp/53)"),
+            true,
+            Box::new(move |m| udp4_frame(br_mac, am, a4, gateway, (4000, 53), m)),
+        ),
+        (
+            format!("gateway {gateway}: another port (udp/9999)"),
+            false,
+            Box::new(move |m| udp4_frame(br_mac, am, a4, gateway, (4000, 9999), m)),
+        ),
+        (
+            "all-nodes ff02::1 (control)".to_owned(),
+            true,
+            Box::new(move |m| udp6_frame(ALL_NODES_MAC, am, ll_a, all_nodes, (4000, 4001), m)),
+        ),
+        (
+            format!("the host's link-local {br_ll}"),
+            false,
+            Box::new(move |m| udp6_frame(br_mac, am, ll_a, br_ll, (4000, 4001), m)),
+        ),
+    ];
+    let tag = std::process::id();
+    cases
+        .iter()
+        .enumerate()
+        .map(|(i, (name, arrives, build))| {
+            let marker = format!("vmnet-sbx-host-{tag}-{i}").into_bytes();
+            let seen = if send_frame(&a.ns, "eth0", &build(&marker)).is_err() {
+                "not sent"
+            } else if cap.saw(&marker, Duration::from_millis(600)) {
+                "arrives"
+            } else {
+                "dropped"
+            };
+            check(
+                format!("{} → host: {name}", a.id),
+                if *arrives { "arrives" } else { "dropped" },
+                seen,
+            )
+        })
+        .collect()
 }
 
 /// The host side of the drift-gap checks.
@@ -320,8 +410,21 @@ fn spoofs(a: &GuestInfo, b: &GuestInfo, at: (&str, &str), label: &str) -> Vec<Ch
     out
 }
 
-/// After every instance was deleted through the API: the `bc*` links and the elements of the
-/// sets and maps of `bridge bcd_instances` left in the sandbox host (expected none).
+/// The sets and maps of `bridge bcd_instances` that hold per-tap elements.
+const PER_TAP_SETS: [&str; 9] = [
+    "taps",
+    "tap_mac",
+    "tap_ip4",
+    "tap_ip6",
+    "ip4_unchecked",
+    "sandbox_taps",
+    "in_policy",
+    "out_policy",
+    "leased4",
+];
+
+/// After every instance was deleted through the API: the `bc*` links and the per-tap elements
+/// of the sets and maps of `bridge bcd_instances` left in the sandbox host (expected none).
 pub fn left_behind(host_ns: &str) -> Check {
     let t = Duration::from_secs(10);
     let taps = vmnet_testkit::netns::exec(host_ns, "ip", &["-j", "link", "show"], t)
@@ -343,7 +446,9 @@ pub fn left_behind(host_ns: &str) -> Check {
                     .filter_map(|o| o.get("set").or_else(|| o.get("map")))
                     .filter(|s| {
                         s["table"] == "bcd_instances"
-                            && !s["name"].as_str().is_some_and(|n| n.starts_with("host_"))
+                            && s["name"]
+                                .as_str()
+                                .is_some_and(|n| PER_TAP_SETS.contains(&n))
                     })
                     .map(|s| s["elem"].as_array().map_or(0, Vec::len))
                     .sum::<usize>()
