@@ -17,11 +17,11 @@
 //! - An instance whose spec changed (a new lease, gateway or nameservers after its range was
 //!   replaced) is updated in place when its taps stay the same (same NIC count, so the same tap
 //!   names, each NIC on the same bridge): its changed elements are swapped in one nft
-//!   transaction ([`PoolFirewall::replace_instance`]), each tap is ensured again with its new
-//!   entry (the tap and the VMM's fd on it stay; the guard and the bridge port are updated) and
-//!   its seed is rewritten. Only a changed NIC count or bridge stops and starts it (its taps
-//!   are made again). The spec: taps are deleted when the VM stops or is destroyed.
-//!   Seeds are written for every realised instance and removed for the rest. Passes are
+//!   transaction ([`replace_instance`]), each tap is ensured again with its new entry (the tap
+//!   and the VMM's fd on it stay; the guard and the bridge port are updated) and its seed is
+//!   rewritten. Only a changed NIC count or bridge stops and starts it (its taps are made
+//!   again). The spec: taps are deleted when the VM stops or is destroyed.
+//! - Seeds are written for every realised instance and removed for the rest. Passes are
 //!   serialized; one instance's failure is recorded and does not stop the others.
 //! - The host's addresses (for the host-address drop) are read from the kernel on every pass,
 //!   the gateways are those of the ranges of the instances here; when either changes the tables
@@ -37,6 +37,8 @@
 //!   its first pass reuses the taps of instances still placed here (their elements are already
 //!   there, so nothing is applied for them) and collects the rest, with their elements.
 //!
+//! [`replace_instance`]: vmnet_kernel::pool::firewall::PoolFirewall::replace_instance
+//!
 //! # Limitations
 //! One NIC per instance, on the one bridge given to the agent. A stored instance's policy and
 //! sandbox flag are fixed at creation (there is no update call yet). Status-report addresses are
@@ -50,8 +52,6 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 use vmnet_ipam::{Db, Store};
-#[cfg(doc)]
-use vmnet_kernel::pool::firewall::PoolFirewall;
 use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec};
