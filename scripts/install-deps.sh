@@ -8,6 +8,7 @@ packages=(
   postgresql
   genisoimage dosfstools mtools
   clang libbpf-dev linux-libc-dev
+  libvirt-clients  # virsh: the tests validate the generated libvirt XML with libvirt itself
   python3 python3-yaml python3-jinja2 python3-jsonschema python3-configobj
   python3-requests python3-jsonpatch python3-netifaces
 )
