@@ -114,10 +114,39 @@ impl HostSpec {
     /// before anything is applied.
     ///
     /// # Errors
-    /// `INVALID_INPUT` naming the file (`what`), the entry and the field at fault; also for two
-    /// entries with one id, two VMs with one user id, or two VMs with one mesh address
-    /// (`vms: vm b: mesh_ipv6 fdaa:1::1 is already used by vm a`).
+    /// `INVALID_INPUT`, always starting `host spec <what>: `:
+    /// - `not valid JSON: <error> at line L column C` for text that is not JSON;
+    /// - `must be a JSON object` for any other top level (`[]`, a string, a number…), so an
+    ///   empty array is never taken for an empty spec (which `apply --prune` would turn into
+    ///   deleting every VM);
+    /// - for a `"mode"` key: a `"mode": "pool"` file is a pool sandbox spec, for
+    ///   `vmnet up --sandbox`, not a host spec; any other value: `mode must be "pool"`;
+    /// - `unknown field` errors (with line and column) at every level;
+    /// - the entry and the field at fault when an entry is invalid; also for two entries with
+    ///   one id, two VMs with one user id, or two VMs with one mesh address
+    ///   (`vms: vm b: mesh_ipv6 fdaa:1::1 is already used by vm a`).
     pub fn parse(what: &str, text: &str) -> Result<Self, Error> {
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid(format!("host spec {what}: not valid JSON: {e}")))?;
+        let Some(object) = value.as_object() else {
+            return Err(Error::invalid(format!(
+                "host spec {what}: must be a JSON object"
+            )));
+        };
+        if let Some(mode) = object.get("mode") {
+            return Err(Error::invalid(if mode.as_str() == Some("pool") {
+                format!(
+                    "host spec {what}: a \"mode\": \"pool\" file is a pool sandbox spec, for \
+                     `vmnet up --sandbox {what}`, not a host spec (a host spec has no \"mode\")"
+                )
+            } else {
+                format!(
+                    "host spec {what}: mode must be \"pool\" (a pool sandbox spec, for \
+                     `vmnet up --sandbox`); a host spec has no \"mode\" field"
+                )
+            }));
+        }
+        // Deserialized from the text again (not from `value`) so errors keep line and column.
         let spec: Self = serde_json::from_str(text)
             .map_err(|e| Error::invalid(format!("host spec {what}: {e}")))?;
         let bad = |e: Error| Error::invalid(format!("host spec {what}: {}", e.message));
@@ -269,6 +298,52 @@ mod tests {
                         {"id": "b", "user_id": 2, "tenant": 1, "mesh_ipv6": "fdaa:1::101"}]}"#,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn only_a_json_object_is_a_host_spec() {
+        for text in ["[]", "[{}]", "\"pools\"", "1", "null", "true"] {
+            let e = HostSpec::parse("h.json", text).unwrap_err();
+            assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput, "{text}");
+            assert_eq!(
+                e.message, "host spec h.json: must be a JSON object",
+                "{text}"
+            );
+        }
+        let e = HostSpec::parse("h.json", "{\"pools\": [],\n  ").unwrap_err();
+        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
+        assert!(
+            e.message.starts_with("host spec h.json: not valid JSON: ")
+                && e.message.contains("line 2 column"),
+            "{e}"
+        );
+        // Unknown fields keep their position too.
+        let e = HostSpec::parse("h.json", "{\n \"vm\": []}").unwrap_err();
+        assert!(
+            e.message
+                .starts_with("host spec h.json: unknown field `vm`")
+                && e.message.contains("line 2 column"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_pool_sandbox_spec_is_not_a_host_spec() {
+        let e = HostSpec::parse("pool.json", r#"{"mode": "pool", "pools": []}"#).unwrap_err();
+        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
+        assert!(
+            e.message.starts_with("host spec pool.json: ")
+                && e.message.contains("pool sandbox spec")
+                && e.message.contains("vmnet up --sandbox"),
+            "{e}"
+        );
+        let e = HostSpec::parse("h.json", r#"{"mode": "namespace"}"#).unwrap_err();
+        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
+        assert!(
+            e.message
+                .starts_with("host spec h.json: mode must be \"pool\""),
+            "{e}"
+        );
     }
 
     #[test]
