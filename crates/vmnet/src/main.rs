@@ -108,7 +108,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    restore_sigpipe();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     // `serve --netns NAME` moves the process into NAME on the main thread, before any other
     // thread (the runtime's) exists, so the whole agent lives there without forking.
     if let Command::Serve(a) = &cli.command
@@ -145,12 +149,58 @@ async fn run(cli: Cli) -> Result<(), Error> {
     }
 }
 
+/// Restores the default `SIGPIPE` disposition (terminate), which the Rust runtime sets to
+/// ignore: `vmnet … --output json | head -5` then ends quietly when the reader goes away,
+/// as other Unix tools do, instead of panicking in `println!` on `EPIPE`.
+fn restore_sigpipe() {
+    // SAFETY: called first thing in `main`, while the process has one thread and no signal
+    // handlers of its own; `SIG_DFL` is a valid disposition for `SIGPIPE` and the call touches
+    // no memory.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Reports a command-line parsing error in the documented shape: `--help` and `--version`
+/// print as clap prints them and exit 0; anything else prints
+/// `error: INVALID_INPUT: <clap's message>` followed by clap's usage and `--help` hint on
+/// stderr (a missing subcommand: `error: INVALID_INPUT: a subcommand is required` and the
+/// help), and exits with INVALID_INPUT's exit status (2).
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        // Printing fails only when stdout is gone; nothing useful is left to do then.
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    let rendered = e.render().to_string();
+    let text = if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // `vmnet` or `vmnet host` alone: clap renders the help; say what is missing first.
+        format!("a subcommand is required\n\n{rendered}")
+    } else {
+        rendered
+            .strip_prefix("error: ")
+            .unwrap_or(&rendered)
+            .to_owned()
+    };
+    eprint!("error: {}: {text}", ErrorCode::InvalidInput);
+    if !text.ends_with('\n') {
+        eprintln!();
+    }
+    report_code(ErrorCode::InvalidInput)
+}
+
 fn report(e: &Error) -> ExitCode {
     eprintln!("error: {e}");
-    let code: u8 = e.code.exit_code().try_into().unwrap_or(1);
-    if e.code == ErrorCode::Internal {
+    report_code(e.code)
+}
+
+/// The process exit status of an error code ([`ErrorCode::exit_code`]).
+fn report_code(code: ErrorCode) -> ExitCode {
+    let status: u8 = code.exit_code().try_into().unwrap_or(1);
+    if code == ErrorCode::Internal {
         ExitCode::FAILURE
     } else {
-        ExitCode::from(code)
+        ExitCode::from(status)
     }
 }

@@ -1,0 +1,110 @@
+//! The binary's behaviour at its edges, without an agent or root: command-line errors in the
+//! documented `error: CODE: message` shape with exit status 2, `--help`/`--version` exiting 0,
+//! and output into a pipe whose reader is gone ending quietly (no panic).
+#![allow(missing_docs)]
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Output, Stdio};
+
+fn vmnet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .args(args)
+        .env_remove("VMNET_DATABASE_URL")
+        .env_remove("VMNET_STATE_DIR")
+        .env_remove("VMNET_SOCKET")
+        .output()
+        .expect("run vmnet")
+}
+
+/// Exit status 2, nothing on stdout, stderr starting `error: INVALID_INPUT: ` + `starts` and
+/// ending with clap's hint. Returns stderr.
+fn usage_error(args: &[&str], starts: &str) -> String {
+    let out = vmnet(args);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "vmnet {args:?}: {stderr}");
+    assert!(out.stdout.is_empty(), "vmnet {args:?}");
+    let prefix = format!("error: INVALID_INPUT: {starts}");
+    assert!(stderr.starts_with(&prefix), "vmnet {args:?}: {stderr}");
+    assert_eq!(
+        stderr.matches("error:").count(),
+        1,
+        "one error line: {stderr}"
+    );
+    assert!(
+        stderr.ends_with("For more information, try '--help'.\n"),
+        "vmnet {args:?}: {stderr}"
+    );
+    stderr
+}
+
+#[test]
+fn argument_errors_use_the_documented_format_and_exit_2() {
+    let e = usage_error(&["--bogus"], "unexpected argument '--bogus' found\n");
+    assert!(e.contains("\nUsage: vmnet [OPTIONS] <COMMAND>\n"), "{e}");
+    usage_error(
+        &["--output", "yaml", "pool", "list"],
+        "invalid value 'yaml' for '--output <OUTPUT>'",
+    );
+    usage_error(&["pool", "set", "p1"], "the following required arguments");
+    usage_error(&["frobnicate"], "unrecognized subcommand 'frobnicate'");
+}
+
+#[test]
+fn a_missing_subcommand_is_invalid_input_with_the_help() {
+    for args in [&[][..], &["host"]] {
+        let out = vmnet(args);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "vmnet {args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: INVALID_INPUT: a subcommand is required\n"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("Usage: vmnet"), "{stderr}");
+    }
+}
+
+#[test]
+fn help_and_version_exit_0_on_stdout() {
+    for args in [&["--help"][..], &["host", "--help"], &["help", "pool"]] {
+        let out = vmnet(args);
+        assert_eq!(out.status.code(), Some(0), "vmnet {args:?}");
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(stdout.contains("Usage: vmnet"), "{stdout}");
+        assert!(out.stderr.is_empty(), "vmnet {args:?}");
+    }
+    let out = vmnet(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("vmnet {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// `vmnet … --output json | head -5` where the reader exits first: the read end is closed
+/// before the command starts, so its first write meets a pipe without a reader. The process
+/// ends by SIGPIPE (as other Unix tools do), not with a "failed printing to stdout" panic.
+#[test]
+fn a_closed_pipe_on_stdout_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().display().to_string();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .args(["--state-dir", &state, "--output", "json", "pool", "list"])
+        .env_remove("VMNET_DATABASE_URL")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run vmnet");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+        "{stderr}"
+    );
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
