@@ -233,3 +233,25 @@ fn bad_database_url_is_invalid_input() {
         "error: INVALID_INPUT: database_url \"mysql://x\" must start with sqlite:// or postgres://\n",
     );
 }
+
+/// `host report --instance` without `--address` would change nothing yet say "updated": it is
+/// a usage error naming `--address`, refused before the database is opened.
+#[test]
+fn host_report_with_an_instance_needs_an_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = vec!["--state-dir".to_owned(), dir.path().display().to_string()];
+    let out = vmnet(&db, &["host", "report", "h1", "--instance", "vm1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert!(
+        stderr.starts_with(
+            "error: INVALID_INPUT: the following required arguments were not provided:\n  --address <CIDR>\n"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("vmnet.db").exists(),
+        "refused before the database is opened"
+    );
+}

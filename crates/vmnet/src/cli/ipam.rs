@@ -91,8 +91,14 @@ pub enum HostCmd {
     Report {
         /// The reporting host.
         host: String,
-        /// The instance the addresses belong to.
-        #[arg(long, required_unless_present = "file", conflicts_with = "file")]
+        /// The instance the addresses belong to; needs at least one `--address` (a report
+        /// with none would change nothing).
+        #[arg(
+            long,
+            required_unless_present = "file",
+            conflicts_with = "file",
+            requires = "addresses"
+        )]
         instance: Option<String>,
         /// An address in CIDR form (address and prefix length, host bits kept), IPv4 or IPv6;
         /// repeat for more.
@@ -646,9 +652,11 @@ mod tests {
         assert!(file.is_none());
         let c = parse_host(&["report", "h1", "--file", "-"]).unwrap();
         assert!(matches!(c, HostCmd::Report { file: Some(f), .. } if f.as_os_str() == "-"));
-        // Neither, both, or addresses without an instance are usage errors.
+        // Neither, both, addresses without an instance or an instance without addresses are
+        // usage errors.
         for bad in [
             &["report", "h1"][..],
+            &["report", "h1", "--instance", "vm1"],
             &["report", "h1", "--instance", "vm1", "--file", "r.json"],
             &[
                 "report",
