@@ -92,7 +92,8 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     // The agent's socket is printed, with a ready-to-copy client command that works.
     let socket = root.join(&name).join("vmnet.sock").display().to_string();
     assert_eq!(report["socket"], socket);
-    let hint = format!("VMNET_SOCKET={socket} vmnet status");
+    let exe = std::fs::canonicalize(BIN).unwrap();
+    let hint = format!("VMNET_SOCKET={socket} {} status", exe.display());
     assert_eq!(report["client_hint"], hint);
     let status = Command::new(BIN)
         .arg("status")

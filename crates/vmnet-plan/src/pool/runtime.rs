@@ -35,9 +35,9 @@ pub fn xml_escape(s: &str) -> String {
     o
 }
 
+/// A NIC on a bridge (validation refuses one without): its tap and MAC.
 struct Row {
     tap: IfName,
-    bridge: IfName,
     mac: String,
 }
 
@@ -48,12 +48,10 @@ fn rows(inst: &InstanceSpec) -> Result<Vec<Row>, Error> {
         .nics
         .iter()
         .zip(taps)
-        .filter_map(|(n, tap)| {
-            n.network.clone().map(|bridge| Row {
-                tap,
-                bridge,
-                mac: n.mac.to_string(),
-            })
+        .filter(|(n, _)| n.network.is_some())
+        .map(|(n, tap)| Row {
+            tap,
+            mac: n.mac.to_string(),
         })
         .collect())
 }

@@ -187,14 +187,23 @@ pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
     check_name(&args.name)?;
     let text = read_spec(&args.host_spec)?;
     if super::sandbox_pool::is_pool_spec(&text) {
-        return super::sandbox_pool::up_pool(g, &args.host_spec, &args.name, &args.root).await;
+        return super::sandbox_pool::up_pool(
+            g,
+            &args.host_spec,
+            &args.name,
+            &args.root,
+            Duration::from_secs(args.timeout_secs),
+        )
+        .await;
     }
     let spec = HostSpec::parse(&args.host_spec.display().to_string(), &text)?;
-    let paths = Paths::new(&args.root, &args.name);
-    state::check_free(&args.root, &args.name)?;
-    std::fs::create_dir_all(&paths.dir)
-        .map_err(|e| Error::internal(format!("sandbox dir {}: {e}", paths.dir.display())))?;
-    let report = match bring_up(&args, &paths, &spec).await {
+    let paths = state::claim(&args.root, &args.name)?;
+    // Ctrl-C or SIGTERM while building: the partial sandbox is removed like a failed one.
+    let built = tokio::select! {
+        r = bring_up(&args, &paths, &spec) => r,
+        why = state::interrupted() => Err(Error::internal(why?)),
+    };
+    let report = match built {
         Ok(r) => r,
         Err(e) => {
             eprintln!("vmnet up: {e}; removing the partial sandbox");
@@ -270,7 +279,7 @@ fn print_report(report: &UpReport, paths: &Paths) {
         format!(" --name {}", report.sandbox)
     };
     println!(
-        "{ok}/{} checks ok; `vmnet down --sandbox{name_flag}` removes the sandbox",
+        "{ok}/{} checks ok; the sandbox stays up (`vmnet down --sandbox{name_flag}` removes it)",
         report.checks.len()
     );
 }
@@ -402,7 +411,11 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
     Ok(UpReport {
         sandbox: args.name.clone(),
-        client_hint: format!("VMNET_SOCKET={} vmnet status", socket.display()),
+        client_hint: format!(
+            "VMNET_SOCKET={} {} status",
+            socket.display(),
+            std::env::current_exe().map_or_else(|_| "vmnet".into(), |p| p.display().to_string())
+        ),
         socket,
         vms: rows,
         checks: results,

@@ -373,9 +373,29 @@ pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, TestkitError> {
     Ok(results)
 }
 
+/// `s` with control characters escaped (`\u{1b}`), the rest as is.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// Renders rows as an aligned text table with a header.
 #[must_use]
 pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    // Cells come from user input (ids, error messages): control characters are shown escaped,
+    // never sent to the terminal.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| printable(c)).collect())
+        .collect();
+    let rows = &rows;
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -468,6 +488,14 @@ mod tests {
 
     fn find<'a>(plans: &'a [CheckPlan], vm: usize, name: &str) -> Option<&'a CheckPlan> {
         plans.iter().find(|p| p.vm == vm && p.name == name)
+    }
+
+    #[test]
+    fn tables_escape_control_characters() {
+        let t = render_table(&["ID"], &[vec!["\u{1b}[2J\u{1b}[31mweb-1\n".into()]]);
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert!(t.contains("\\u{1b}[2J"), "{t}");
+        assert_eq!(t.lines().count(), 3, "{t}");
     }
 
     #[test]

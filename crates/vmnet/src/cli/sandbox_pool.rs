@@ -41,6 +41,7 @@ use vmnet_testkit::sandbox::{HOST_UPLINK_V4, Sandbox};
 
 use self::agent::AgentProc;
 use self::checks::{Check, GuestInfo};
+use super::sandbox::state::{Paths, Proc, SandboxState};
 use crate::{Global, Output};
 
 /// One instance of a pool spec.
@@ -84,6 +85,55 @@ pub struct PoolSpec {
     pub host: PoolSpecHost,
     /// The instances, created in order.
     pub instances: Vec<PoolSpecInstance>,
+}
+
+impl PoolSpec {
+    /// Parses and checks a pool spec before anything is built: valid JSON object, `mode`
+    /// `"pool"`, a bridge name usable in the sandbox host (an interface name, not `bc…`, not
+    /// `lo` or `uplink`), at least one instance, instance ids valid and distinct.
+    ///
+    /// # Errors
+    /// `INVALID_INPUT` naming the file and the field.
+    pub fn parse(file: &str, text: &str) -> Result<Self, Error> {
+        let bad = |m: String| Error::invalid(format!("pool spec {file}: {m}"));
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(bad("must be a JSON object".into()));
+        }
+        let spec: Self = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
+        if spec.mode != "pool" {
+            return Err(bad(format!("mode {:?}: must be \"pool\"", spec.mode)));
+        }
+        let bridge: IfName = spec
+            .bridge
+            .parse()
+            .map_err(|e: Error| bad(format!("bridge: {}", e.message)))?;
+        if bridge.as_str().starts_with(vmnet_model::nic::TAP_PREFIX)
+            || ["lo", "uplink"].contains(&bridge.as_str())
+        {
+            return Err(bad(format!(
+                "bridge {:?}: names starting with \"{}\" are instance taps, and lo and uplink exist in the sandbox host",
+                bridge.as_str(),
+                vmnet_model::nic::TAP_PREFIX
+            )));
+        }
+        if spec.instances.is_empty() {
+            return Err(bad("instances: at least one is needed".into()));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (n, i) in spec.instances.iter().enumerate() {
+            vmnet_model::pool::validate_id(&format!("instances[{n}].instance_id"), &i.instance_id)
+                .map_err(|e| bad(e.message))?;
+            if !seen.insert(i.instance_id.as_str()) {
+                return Err(bad(format!(
+                    "instances[{n}].instance_id {:?} appears twice",
+                    i.instance_id
+                )));
+            }
+        }
+        Ok(spec)
+    }
 }
 
 fn default_bridge() -> String {
@@ -136,41 +186,32 @@ fn internal(what: &str) -> impl Fn(String) -> Error + '_ {
 /// `INVALID_INPUT` for a bad spec or name; `CONFLICT` when a sandbox of this name (under `root`
 /// or by its namespaces) exists or its name and `name` are prefixes of one another;
 /// `UNAVAILABLE`/`INTERNAL` when the sandbox cannot be built; `INTERNAL` when a check fails.
-pub async fn up_pool(g: &Global, path: &Path, name: &str, root: &Path) -> Result<(), Error> {
+pub async fn up_pool(
+    g: &Global,
+    path: &Path,
+    name: &str,
+    root: &Path,
+    timeout: Duration,
+) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
             "vmnet up --sandbox must run as root (it creates network namespaces)",
         ));
     }
-    super::sandbox::state::check_free(root, name)?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::invalid(format!("pool spec {}: {e}", path.display())))?;
-    let spec: PoolSpec = serde_json::from_str(&text)
-        .map_err(|e| Error::invalid(format!("pool spec {}: {e}", path.display())))?;
-    if spec.mode != "pool" {
-        return Err(Error::invalid(format!(
-            "pool spec {}: mode must be \"pool\"",
-            path.display()
-        )));
-    }
+    let spec = PoolSpec::parse(&path.display().to_string(), &text)?;
     let bridge: IfName = spec.bridge.parse()?;
-    let dir = std::env::temp_dir().join(format!("vmnet-pool-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Error::internal(format!("{}: {e}", dir.display())))?;
+    let paths = super::sandbox::state::claim(root, name)?;
     // An interrupt (SIGINT, SIGTERM) drops the run: its guards stop the agent and delete the
     // namespaces before this returns.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Error::internal(format!("signal handler: {e}")))?;
     let result = tokio::select! {
-        r = run(&spec, &bridge, name, &dir) => r,
-        _ = tokio::signal::ctrl_c() => Err(Error::internal(format!(
-            "interrupted; pool sandbox {name} removed"
-        ))),
-        _ = term.recv() => Err(Error::internal(format!(
-            "terminated; pool sandbox {name} removed"
+        r = run(&spec, &bridge, name, &paths, timeout) => r,
+        why = super::sandbox::state::interrupted() => Err(Error::internal(format!(
+            "{}; pool sandbox {name} removed", why?
         ))),
     };
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&paths.dir);
     let report = result?;
     match g.output {
         Output::Json => {
@@ -196,16 +237,28 @@ async fn run(
     spec: &PoolSpec,
     bridge: &IfName,
     name: &str,
-    dir: &Path,
+    paths: &Paths,
+    timeout: Duration,
 ) -> Result<PoolReport, Error> {
+    let dir = &paths.dir;
     let range_net: ipnet::Ipv4Net = spec
         .pool
         .cidr
         .parse()
         .map_err(|e| Error::invalid(format!("pool {}: cidr: {e}", spec.pool.pool_id)))?;
-    let sb = Sandbox::with_prefix(name)
-        .map_err(|e| Error::unavailable(format!("sandbox {name}: {e}")))?;
+    let sb = Sandbox::with_prefix(name).map_err(|e| {
+        Error::conflict(format!(
+            "{e}: run `vmnet down --sandbox --name {name}` first"
+        ))
+    })?;
     let host = sb.host();
+    let mut st = SandboxState {
+        name: name.to_owned(),
+        host_ns: host.clone(),
+        inet_ns: sb.inet(),
+        ..SandboxState::default()
+    };
+    paths.save(&st)?;
     let gw_cidr = format!("{}/{}", spec.pool.gateway, range_net.prefix_len());
     let br = bridge.as_str();
     let ipf = internal("sandbox bridge");
@@ -224,7 +277,13 @@ async fn run(
     )
     .map_err(|e| ipf(e.to_string()))?;
 
-    let agent = AgentProc::start(spec, &host, name, dir, Duration::from_secs(30)).await?;
+    let agent = AgentProc::start(spec, &host, name, dir, timeout).await?;
+    // Recorded so `vmnet down --sandbox` can stop it should this process die without cleaning up.
+    st.procs.push(Proc {
+        role: "agent".into(),
+        pid: agent.pid(),
+    });
+    paths.save(&st)?;
     let mut rows = Vec::new();
     let mut guests = Vec::new();
     let mut relays = Vec::new();
@@ -426,6 +485,83 @@ fn render(r: &PoolReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const GOOD: &str = r#"{"mode": "pool", "pool": {"pool_id": "p1", "cidr": "10.0.0.0/29", "gateway": "10.0.0.1"},
+        "host": {"host_id": "h1", "vcpus": 8, "memory_mib": 8192},
+        "instances": [{"instance_id": "web-1"}, {"instance_id": "web-2", "policy": "private"}]}"#;
+
+    #[test]
+    fn pool_specs_are_checked_before_anything_is_built() {
+        assert_eq!(PoolSpec::parse("f", GOOD).unwrap().instances.len(), 2);
+        let with = |from: &str, to: &str| GOOD.replacen(from, to, 1);
+        let cases: Vec<(String, &str)> = vec![
+            ("[]".into(), "must be a JSON object"),
+            (r#"{"mode": "pool", "#.into(), "not valid JSON"),
+            (
+                with(r#""mode": "pool""#, r#""mode": "Pool""#),
+                "mode \"Pool\"",
+            ),
+            (
+                with(r#""mode": "pool","#, r#""mode": "pool", "bridge": "bc0","#),
+                "bridge \"bc0\"",
+            ),
+            (
+                with(
+                    r#""mode": "pool","#,
+                    r#""mode": "pool", "bridge": "uplink","#,
+                ),
+                "bridge \"uplink\"",
+            ),
+            (
+                with(r#""mode": "pool","#, r#""mode": "pool", "bridge": "lo","#),
+                "bridge \"lo\"",
+            ),
+            (
+                with(r#""mode": "pool","#, r#""mode": "pool", "bridge": "a b","#),
+                "bridge:",
+            ),
+            (
+                with(
+                    r#"[{"instance_id": "web-1"}, {"instance_id": "web-2", "policy": "private"}]"#,
+                    "[]",
+                ),
+                "instances: at least one",
+            ),
+            (
+                with(r#""web-2""#, r#""web-1""#),
+                "instances[1].instance_id \"web-1\" appears twice",
+            ),
+            (
+                with(r#""web-2""#, r#""web-2\nnetwork: {config: disabled}""#),
+                "instances[1].instance_id",
+            ),
+            (
+                with(r#""web-2""#, r#""web-2\"; flush ruleset; #""#),
+                "instances[1].instance_id",
+            ),
+            (with(r#""web-1""#, r#""""#), "instances[0].instance_id"),
+            (
+                with(r#""web-1"}"#, r#""web-1", "colour": "red"}"#),
+                "unknown field",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = PoolSpec::parse("f.json", &text).unwrap_err();
+            assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput, "{text}");
+            assert!(e.message.starts_with("pool spec f.json: "), "{}", e.message);
+            assert!(e.message.contains(want), "{text}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_sandbox_name_is_claimed_once() {
+        let root = tempfile::tempdir().unwrap();
+        let name = format!("vc{:06x}", std::process::id() & 0xff_ffff);
+        let first = super::super::sandbox::state::claim(root.path(), &name).unwrap();
+        assert!(first.dir.is_dir());
+        let again = super::super::sandbox::state::claim(root.path(), &name).unwrap_err();
+        assert_eq!(again.code, vmnet_model::ErrorCode::Conflict);
+    }
 
     #[test]
     fn tables_use_the_namespace_mode_layout_and_summary() {

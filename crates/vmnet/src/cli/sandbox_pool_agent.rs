@@ -85,6 +85,12 @@ impl AgentProc {
         }
     }
 
+    /// The agent's process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The last lines of the agent's log.
     #[must_use]
     pub fn log_tail(&self) -> String {

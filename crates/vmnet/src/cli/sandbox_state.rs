@@ -170,6 +170,46 @@ pub fn check_free(root: &Path, name: &str) -> Result<(), Error> {
     )))
 }
 
+/// Claims sandbox `name` under `root`: [`check_free`], then creates `<root>/<name>` with one
+/// `mkdir`, so of two `up` runs racing for one name exactly one gets it.
+///
+/// # Errors
+/// `CONFLICT` as [`check_free`], or when the directory appeared in the meantime; `INTERNAL`
+/// when it cannot be created.
+pub fn claim(root: &Path, name: &str) -> Result<Paths, Error> {
+    check_free(root, name)?;
+    std::fs::create_dir_all(root)
+        .map_err(|e| Error::internal(format!("sandbox root {}: {e}", root.display())))?;
+    let paths = Paths::new(root, name);
+    match std::fs::create_dir(&paths.dir) {
+        Ok(()) => Ok(paths),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(Error::conflict(format!(
+            "sandbox {name} is being made by another `vmnet up` (state {}): run `vmnet down --sandbox --name {name}` once it is done",
+            paths.dir.display()
+        ))),
+        Err(e) => Err(Error::internal(format!(
+            "sandbox dir {}: {e}",
+            paths.dir.display()
+        ))),
+    }
+}
+
+/// Waits for SIGINT or SIGTERM (for `up` to remove what it built instead of dying half-way).
+///
+/// # Errors
+/// `INTERNAL` when the handlers cannot be installed.
+pub async fn interrupted() -> Result<&'static str, Error> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| Error::internal(format!("signal handler: {e}")))?;
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| Error::internal(format!("signal handler: {e}")))?;
+    Ok(tokio::select! {
+        _ = int.recv() => "interrupted",
+        _ = term.recv() => "terminated",
+    })
+}
+
 /// Starts `vmnet ARGS…` in the background (own process group, stdin closed, output appended to
 /// `log`).
 ///
