@@ -260,6 +260,19 @@ pub struct Case {
     pub arrives: bool,
 }
 
+impl Case {
+    /// A case named `name` whose frame `build` makes around a fresh marker.
+    pub fn new(name: &'static str, arrives: bool, build: &dyn Fn(&[u8]) -> Vec<u8>) -> Self {
+        let marker = marker(name);
+        Self {
+            name,
+            frame: build(&marker),
+            marker,
+            arrives,
+        }
+    }
+}
+
 /// The spoof suite: each spoof next to the same frame sent honestly (which must arrive, so the
 /// capture is proven to work). Frames go from `a` to `b` (or broadcast/all-nodes).
 pub fn spoof_cases(a: &Guest, b: &Guest) -> Vec<Case> {
@@ -271,14 +284,8 @@ pub fn spoof_cases(a: &Guest, b: &Guest) -> Vec<Case> {
     let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
     let foreign6: Ipv6Addr = "fe80::bad:1".parse().unwrap();
     let mut out = Vec::new();
-    let mut case = |name: &'static str, arrives: bool, build: &dyn Fn(&[u8]) -> Vec<u8>| {
-        let m = marker(name);
-        out.push(Case {
-            name,
-            frame: build(&m),
-            marker: m,
-            arrives,
-        });
+    let mut case = |name, arrives, build: &dyn Fn(&[u8]) -> Vec<u8>| {
+        out.push(Case::new(name, arrives, build));
     };
     case("honest IPv4", true, &|m| {
         udp4_frame(b.mac, a.mac, a.ip4, b.ip4, ports, m)
@@ -364,14 +371,8 @@ pub fn unleased_cases(u: &Guest, a: &Guest, b: &Guest) -> Vec<Case> {
     let ports = (4000, 4001);
     let unrelated = Ipv4Addr::new(10, 0, 0, 77);
     let mut out = Vec::new();
-    let mut case = |name: &'static str, arrives: bool, build: &dyn Fn(&[u8]) -> Vec<u8>| {
-        let m = marker(name);
-        out.push(Case {
-            name,
-            frame: build(&m),
-            marker: m,
-            arrives,
-        });
+    let mut case = |name, arrives, build: &dyn Fn(&[u8]) -> Vec<u8>| {
+        out.push(Case::new(name, arrives, build));
     };
     case("unleased: an unrelated IPv4 source (control)", true, &|m| {
         udp4_frame(b.mac, u.mac, unrelated, b.ip4, ports, m)
@@ -408,14 +409,8 @@ pub fn unleased_cases(u: &Guest, a: &Guest, b: &Guest) -> Vec<Case> {
 pub fn gateway_cases(a: &Guest, br0_mac: MacAddr) -> Vec<Case> {
     use vmnet_kernel::pool::probe::{icmp4_frame, udp4_frame};
     let mut out = Vec::new();
-    let mut case = |name: &'static str, arrives: bool, build: &dyn Fn(&[u8]) -> Vec<u8>| {
-        let m = marker(name);
-        out.push(Case {
-            name,
-            frame: build(&m),
-            marker: m,
-            arrives,
-        });
+    let mut case = |name, arrives, build: &dyn Fn(&[u8]) -> Vec<u8>| {
+        out.push(Case::new(name, arrives, build));
     };
     case("to the gateway: ICMP echo", true, &|m| {
         icmp4_frame(br0_mac, a.mac, a.ip4, GATEWAY, 8, m)

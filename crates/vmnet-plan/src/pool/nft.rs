@@ -228,22 +228,24 @@ fn concat(tap: &IfName, v: &str) -> Value {
     json!({ "concat": [tap.as_str(), v] })
 }
 
+/// The sets and maps of `bridge bcd_instances` that hold per-tap elements (the others hold the
+/// host's addresses).
+pub const TAP_SETS: [&str; 9] = [
+    "taps",
+    "tap_mac",
+    "tap_ip4",
+    "tap_ip6",
+    "ip4_unchecked",
+    "sandbox_taps",
+    "in_policy",
+    "out_policy",
+    "leased4",
+];
+
 /// The elements each set and map of `bridge bcd_instances` gets for `taps`, by set name.
 fn tap_elements(taps: &[TapEntry]) -> Vec<(&'static str, Vec<Value>)> {
-    let mut out: Vec<(&'static str, Vec<Value>)> = [
-        "taps",
-        "tap_mac",
-        "tap_ip4",
-        "tap_ip6",
-        "ip4_unchecked",
-        "sandbox_taps",
-        "in_policy",
-        "out_policy",
-        "leased4",
-    ]
-    .iter()
-    .map(|n| (*n, Vec::new()))
-    .collect();
+    let mut out: Vec<(&'static str, Vec<Value>)> =
+        TAP_SETS.iter().map(|n| (*n, Vec::new())).collect();
     let mut push = |name: &str, v: Value| {
         if let Some((_, list)) = out.iter_mut().find(|(n, _)| *n == name) {
             list.push(v);

@@ -410,19 +410,6 @@ fn spoofs(a: &GuestInfo, b: &GuestInfo, at: (&str, &str), label: &str) -> Vec<Ch
     out
 }
 
-/// The sets and maps of `bridge bcd_instances` that hold per-tap elements.
-const PER_TAP_SETS: [&str; 9] = [
-    "taps",
-    "tap_mac",
-    "tap_ip4",
-    "tap_ip6",
-    "ip4_unchecked",
-    "sandbox_taps",
-    "in_policy",
-    "out_policy",
-    "leased4",
-];
-
 /// After every instance was deleted through the API: the `bc*` links and the per-tap elements
 /// of the sets and maps of `bridge bcd_instances` left in the sandbox host (expected none).
 pub fn left_behind(host_ns: &str) -> Check {
@@ -448,7 +435,7 @@ pub fn left_behind(host_ns: &str) -> Check {
                         s["table"] == "bcd_instances"
                             && s["name"]
                                 .as_str()
-                                .is_some_and(|n| PER_TAP_SETS.contains(&n))
+                                .is_some_and(|n| vmnet_plan::pool::nft::TAP_SETS.contains(&n))
                     })
                     .map(|s| s["elem"].as_array().map_or(0, Vec::len))
                     .sum::<usize>()
