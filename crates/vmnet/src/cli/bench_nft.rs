@@ -8,7 +8,19 @@
 //! add/remove with K guarded taps on a bridge in the same namespace: attaching it to a new tap
 //! (map writes, clsact qdisc, two `cls_bpf` filters) and forgetting it. Prints a table (or JSON
 //! with `--output json`).
+//!
+//! # Bounds, namespaces and signals
+//! Each size is 1..=20000 NICs and `--reps` is 1..=10000 (other values are argument errors).
+//! The namespaces are named `vmbn<pid>k<K>` (`<pid>`: the bench's process) and deleted when
+//! each size is done. At start, the bench deletes `vmbn<pid>k<K>` namespaces whose `<pid>` is
+//! no running process (no `/proc/<pid>`): leftovers of a bench that was killed; those of a
+//! running bench, and every other name, are left alone. SIGINT or SIGTERM while it runs stops
+//! it at the next round (a round is one apply, one add/remove or one tap; a set-up step such
+//! as the first apply of K NICs finishes first): the namespace is deleted and the command
+//! fails with `UNAVAILABLE` `bench nft: stopped by SIGINT/SIGTERM`. A SIGKILL leaves the
+//! namespace to the next run's clean-up.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -23,12 +35,111 @@ use crate::{Global, Output};
 /// Arguments of this command.
 #[derive(Debug, clap::Args)]
 pub struct NftBenchArgs {
-    /// Numbers of instance NICs to measure, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    /// Numbers of instance NICs to measure, comma separated, each 1..=20000.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "10,100,1000",
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_SIZE)
+    )]
     pub sizes: Vec<usize>,
-    /// Rounds of add/remove per size (median and p90 reported).
-    #[arg(long, default_value_t = 50)]
+    /// Rounds of add/remove per size (median and p90 reported), 1..=10000.
+    #[arg(
+        long,
+        default_value_t = 50,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_REPS)
+    )]
     pub reps: usize,
+}
+
+/// The largest `--sizes` value (NICs per namespace).
+pub const MAX_SIZE: u64 = 20_000;
+/// The largest `--reps` value.
+pub const MAX_REPS: u64 = 10_000;
+
+/// The first part of the bench's namespace names, `vmbn<pid>k<K>`.
+const NS_PREFIX: &str = "vmbn";
+
+/// Set by the signal watcher of [`run`] on SIGINT or SIGTERM; the bench checks it between
+/// rounds and stops, so its namespace guards run.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// The namespace of size `k` of the bench in process `pid`.
+fn ns_name(pid: u32, k: usize) -> String {
+    format!("{NS_PREFIX}{pid}k{k}")
+}
+
+/// The process id in a bench namespace name `vmbn<pid>k<K>` (both decimal), or `None` for any
+/// other name.
+fn ns_pid(name: &str) -> Option<u32> {
+    let (pid, k) = name.strip_prefix(NS_PREFIX)?.split_once('k')?;
+    let decimal = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    if decimal(pid) && decimal(k) {
+        pid.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// Of `names`, the bench namespaces whose process is not `alive`.
+fn stale(names: &[String], alive: impl Fn(u32) -> bool) -> Vec<String> {
+    names
+        .iter()
+        .filter(|n| ns_pid(n).is_some_and(|pid| !alive(pid)))
+        .cloned()
+        .collect()
+}
+
+/// Whether process `pid` runs (`/proc/<pid>` exists).
+fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Deletes the namespaces of benches that no longer run (see the module docs) and returns
+/// their names.
+///
+/// # Errors
+/// `UNAVAILABLE` when `/run/netns` cannot be read or a namespace cannot be deleted.
+fn remove_stale_namespaces() -> Result<Vec<String>, Error> {
+    let names = vmnet_kernel::netns::list(NS_PREFIX)
+        .map_err(|e| Error::unavailable(format!("bench netns: listing {NS_PREFIX}*: {e}")))?;
+    let own = std::process::id();
+    let gone = stale(&names, |pid| pid == own || pid_alive(pid));
+    for n in &gone {
+        vmnet_kernel::netns::delete(n)
+            .map_err(|e| Error::unavailable(format!("bench netns {n}: deleting: {e}")))?;
+    }
+    Ok(gone)
+}
+
+/// `UNAVAILABLE` once `stop` is set.
+fn check(stop: &AtomicBool) -> Result<(), Error> {
+    if stop.load(Ordering::Relaxed) {
+        Err(Error::unavailable("bench nft: stopped by SIGINT/SIGTERM"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Sets [`STOP`] on the first SIGINT or SIGTERM (the handlers stay installed until the
+/// process ends, so later ones are ignored too).
+///
+/// # Errors
+/// `INTERNAL` when a handler cannot be installed.
+fn watch_signals() -> Result<tokio::task::JoinHandle<()>, Error> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let install = |kind: SignalKind| {
+        signal(kind).map_err(|e| Error::internal(format!("bench nft: signal handler: {e}")))
+    };
+    let mut int = install(SignalKind::interrupt())?;
+    let mut term = install(SignalKind::terminate())?;
+    Ok(tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        STOP.store(true, Ordering::Relaxed);
+    }))
 }
 
 /// One row of the result.
@@ -110,8 +221,11 @@ impl Drop for NsGuard {
     }
 }
 
-fn bench_one(k: usize, reps: usize) -> Result<NftBenchRow, Error> {
-    let ns = format!("vmbn{}k{k}", std::process::id());
+/// Measures size `k` in its own namespace; stops with `UNAVAILABLE` between rounds once
+/// `stop` is set (the namespace is deleted either way).
+fn bench_one(k: usize, reps: usize, stop: &AtomicBool) -> Result<NftBenchRow, Error> {
+    check(stop)?;
+    let ns = ns_name(std::process::id(), k);
     vmnet_kernel::netns::create(&ns)
         .map_err(|e| Error::unavailable(format!("bench netns {ns}: {e}")))?;
     let _guard = NsGuard(ns.clone());
@@ -132,17 +246,20 @@ fn bench_one(k: usize, reps: usize) -> Result<NftBenchRow, Error> {
     let scratch = t.elapsed();
     let mut replace = Vec::new();
     for _ in 0..5 {
+        check(stop)?;
         let t = Instant::now();
         nft.apply(&full).map_err(fail)?;
         replace.push(ms(t.elapsed()));
     }
 
+    check(stop)?;
     let mut pf = PoolFirewall::new(nft);
     pf.replace(fw).map_err(fail)?;
     let rules: usize = pf.observe().map_err(fail)?.rule_counts().values().sum();
     let extra = instance(k + 1);
     let (mut add, mut remove) = (Vec::new(), Vec::new());
     for _ in 0..reps {
+        check(stop)?;
         let t = Instant::now();
         pf.add_instance(&extra).map_err(fail)?;
         add.push(ms(t.elapsed()));
@@ -152,6 +269,7 @@ fn bench_one(k: usize, reps: usize) -> Result<NftBenchRow, Error> {
     }
     let mut audit = Vec::new();
     for _ in 0..5 {
+        check(stop)?;
         let t = Instant::now();
         let r = pf.audit().map_err(fail)?;
         audit.push(ms(t.elapsed()));
@@ -162,7 +280,7 @@ fn bench_one(k: usize, reps: usize) -> Result<NftBenchRow, Error> {
             )));
         }
     }
-    let (mut guard_add, mut guard_remove) = guard_costs(&ns, k, reps)?;
+    let (mut guard_add, mut guard_remove) = guard_costs(&ns, k, reps, stop)?;
     Ok(NftBenchRow {
         k,
         rules,
@@ -182,7 +300,13 @@ fn bench_one(k: usize, reps: usize) -> Result<NftBenchRow, Error> {
 
 /// K guarded taps on bridge `br0` in `ns`, then `reps` rounds of: a new tap, the guard attached
 /// (timed), forgotten (timed), the tap deleted. Returns the attach and forget times, ms.
-fn guard_costs(ns: &str, k: usize, reps: usize) -> Result<(Vec<f64>, Vec<f64>), Error> {
+/// Stops with `UNAVAILABLE` between taps and rounds once `stop` is set.
+fn guard_costs(
+    ns: &str,
+    k: usize,
+    reps: usize,
+    stop: &AtomicBool,
+) -> Result<(Vec<f64>, Vec<f64>), Error> {
     use vmnet_kernel::pool::guard::TapGuard;
     use vmnet_kernel::pool::tap::{TapOwner, Taps};
     let unavailable = |what: &str, e: &dyn std::fmt::Display| {
@@ -211,6 +335,7 @@ fn guard_costs(ns: &str, k: usize, reps: usize) -> Result<(Vec<f64>, Vec<f64>), 
             .ok_or_else(|| Error::internal("bench instance without a NIC"))
     };
     for i in 0..k {
+        check(stop)?;
         let e = entry(i)?;
         rt.block_on(taps.ensure(&e.tap, &br, e.mac, owner))
             .map_err(|err| unavailable("tap", &err))?;
@@ -221,6 +346,7 @@ fn guard_costs(ns: &str, k: usize, reps: usize) -> Result<(Vec<f64>, Vec<f64>), 
     let e = entry(k + 1)?;
     let (mut add, mut remove) = (Vec::new(), Vec::new());
     for _ in 0..reps {
+        check(stop)?;
         rt.block_on(taps.ensure(&e.tap, &br, e.mac, owner))
             .map_err(|err| unavailable("tap", &err))?;
         let t = Instant::now();
@@ -241,20 +367,28 @@ fn guard_costs(ns: &str, k: usize, reps: usize) -> Result<(Vec<f64>, Vec<f64>), 
 
 /// Runs the command.
 ///
+/// Deletes stale bench namespaces first (named on stderr), and stops cleanly on SIGINT or
+/// SIGTERM (see the module docs).
+///
 /// # Errors
 /// `UNAVAILABLE` when a namespace or libnftables cannot be used (needs root and
-/// `libnftables.so.1`).
+/// `libnftables.so.1`), and `bench nft: stopped by SIGINT/SIGTERM` after a signal.
 pub async fn run(g: &Global, args: NftBenchArgs) -> Result<(), Error> {
-    let reps = args.reps.max(1);
+    let reps = args.reps;
     let sizes = args.sizes.clone();
+    for n in remove_stale_namespaces()? {
+        eprintln!("bench nft: removed namespace {n} left by a bench that no longer runs");
+    }
+    let signals = watch_signals()?;
     let rows = tokio::task::spawn_blocking(move || {
         sizes
             .iter()
-            .map(|k| bench_one(*k, reps))
+            .map(|k| bench_one(*k, reps, &STOP))
             .collect::<Result<Vec<_>, _>>()
     })
-    .await
-    .map_err(|e| Error::internal(format!("bench task: {e}")))??;
+    .await;
+    signals.abort();
+    let rows = rows.map_err(|e| Error::internal(format!("bench task: {e}")))??;
     if g.output == Output::Json {
         println!(
             "{}",
@@ -300,4 +434,140 @@ pub async fn run(g: &Global, args: NftBenchArgs) -> Result<(), Error> {
         "(one libnftables context in a throwaway namespace; add/remove: one element batch each, {reps} rounds;\n guard: K guarded taps on a bridge, then a new tap's guard attach and forget, {reps} rounds)"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{
+        AtomicBool, NftBenchArgs, Ordering, bench_one, ns_name, ns_pid, remove_stale_namespaces,
+        stale,
+    };
+    use clap::Parser;
+    use std::sync::Arc;
+    use vmnet_kernel::netns;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: NftBenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<NftBenchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("nft").chain(args.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn sizes_and_reps_are_bounded() {
+        let a = parse(&[]).unwrap();
+        assert_eq!((a.sizes, a.reps), (vec![10, 100, 1000], 50));
+        let a = parse(&["--sizes", "1,20000", "--reps", "10000"]).unwrap();
+        assert_eq!((a.sizes, a.reps), (vec![1, 20000], 10000));
+        assert_eq!(parse(&["--reps", "1"]).unwrap().reps, 1);
+        for bad in [
+            &["--reps", "0"][..],
+            &["--reps", "10001"],
+            &["--reps=-1"],
+            &["--sizes", "0"],
+            &["--sizes", "10,20001"],
+            &["--sizes", "10,,100"],
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{bad:?}");
+        }
+        let e = parse(&["--reps", "0"]).unwrap_err().to_string();
+        assert!(e.contains("0 is not in 1..=10000"), "{e}");
+    }
+
+    #[test]
+    fn stale_names_are_bench_namespaces_of_processes_that_are_gone() {
+        assert_eq!(ns_name(42, 1000), "vmbn42k1000");
+        assert_eq!(ns_pid("vmbn42k1000"), Some(42));
+        for other in [
+            "vmbn42k",
+            "vmbnk10",
+            "vmbn42",
+            "vmbn+42k10",
+            "vmbn42k10x",
+            "vmbnxk1",
+            "vmb42k1",
+        ] {
+            assert_eq!(ns_pid(other), None, "{other}");
+        }
+        let names: Vec<String> = ["vmbn1k10", "vmbn2k10", "vmbn2k100", "vmbn3kx", "other"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(stale(&names, |pid| pid == 1), ["vmbn2k10", "vmbn2k100"]);
+        assert!(stale(&names, |_| true).is_empty());
+    }
+
+    /// Deletes the named namespace when dropped.
+    struct Cleanup(Vec<String>);
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for n in &self.0 {
+                let _ = netns::delete(n);
+            }
+        }
+    }
+
+    #[test]
+    fn stale_namespaces_of_dead_benches_are_removed_and_no_others() {
+        vmnet_testkit::require_root();
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        child.wait().expect("wait true");
+        let dead = child.id();
+        let own = std::process::id();
+        let (gone, mine, other) = (
+            ns_name(dead, 3),
+            ns_name(own, 3),
+            format!("vmbn{dead}kx{own}"),
+        );
+        let _cleanup = Cleanup(vec![gone.clone(), mine.clone(), other.clone()]);
+        for n in [&gone, &mine, &other] {
+            netns::create(n).expect("create netns");
+        }
+        let removed = remove_stale_namespaces().expect("clean-up");
+        assert!(removed.contains(&gone), "{removed:?}");
+        assert!(!removed.contains(&mine) && !removed.contains(&other));
+        assert!(!netns::exists(&gone));
+        assert!(netns::exists(&mine) && netns::exists(&other));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_ends_the_bench_between_rounds_and_deletes_its_namespace() {
+        vmnet_testkit::require_root();
+        let k = 1999;
+        let ns = ns_name(std::process::id(), k);
+        let _cleanup = Cleanup(vec![ns.clone()]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let setter = {
+            let (stop, ns) = (Arc::clone(&stop), ns.clone());
+            std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                while !netns::exists(&ns) {
+                    assert!(std::time::Instant::now() < deadline, "{ns} never appeared");
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                stop.store(true, Ordering::Relaxed);
+                std::time::Instant::now()
+            })
+        };
+        let flag = Arc::clone(&stop);
+        let result = tokio::task::spawn_blocking(move || bench_one(k, 10_000, &flag))
+            .await
+            .expect("join");
+        let stopped_at = setter.join().expect("setter");
+        let e = result.expect_err("the bench must stop");
+        assert_eq!(e.code, vmnet_model::ErrorCode::Unavailable);
+        assert_eq!(e.message, "bench nft: stopped by SIGINT/SIGTERM");
+        assert!(
+            stopped_at.elapsed() < std::time::Duration::from_secs(5),
+            "stopped within a round"
+        );
+        assert!(!netns::exists(&ns), "{ns} is deleted");
+    }
 }
