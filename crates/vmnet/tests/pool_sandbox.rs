@@ -143,12 +143,33 @@ fn pool_sandbox_interrupted_leaves_nothing() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // While it is being built, `down` and another `up` of the name are refused.
+    for args in [
+        vec!["down", "--sandbox", "--name", &name, "--root", &root],
+        vec!["up", "--sandbox", spec, "--name", &name, "--root", &root],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {err}");
+        assert!(err.contains("being made by `vmnet up`"), "{args:?}: {err}");
+    }
+    // Into the checks (the agent runs, instances are being made or checked).
+    std::thread::sleep(std::time::Duration::from_secs(3));
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let signalled = std::time::Instant::now();
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(6), "UNAVAILABLE: {err}");
     assert!(err.contains("interrupted"), "{err}");
+    assert!(
+        signalled.elapsed() < std::time::Duration::from_secs(8),
+        "the interrupt took {:?} to act",
+        signalled.elapsed()
+    );
     assert!(
         vmnet_testkit::sandbox::owned(&name).is_empty(),
         "namespaces left: {:?}",
@@ -163,4 +184,53 @@ fn pool_sandbox_interrupted_leaves_nothing() {
         "an agent of the sandbox still runs: {}",
         String::from_utf8_lossy(&agents.stdout)
     );
+}
+
+/// SIGINT right after start (before anything could be built, and while it is): nothing left
+/// behind, in both modes.
+#[test]
+fn an_early_interrupt_leaves_nothing() {
+    vmnet_testkit::require_root();
+    for (spec, tag) in [("examples/pool.json", "pe"), ("examples/host.json", "ne")] {
+        for delay_ms in [5, 40, 60, 80, 300] {
+            let spec = format!("{}/../../{spec}", env!("CARGO_MANIFEST_DIR"));
+            let name = vmnet_testkit::sandbox::unique_prefix(tag);
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let root = tmp.path().display().to_string();
+            let child = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+                .args(["up", "--sandbox", &spec, "--name", &name, "--root", &root])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run vmnet");
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            // Exit 6 (UNAVAILABLE, "interrupted"), or killed by the signal before `up` installed
+            // its handlers — which it does before it builds anything.
+            let code = out.status.code();
+            assert!(
+                code == Some(6) || code.is_none(),
+                "{spec} at {delay_ms} ms: {:?}: {err}",
+                out.status
+            );
+            assert!(
+                vmnet_testkit::sandbox::owned(&name).is_empty(),
+                "{spec} at {delay_ms} ms: namespaces left: {:?}",
+                vmnet_testkit::sandbox::owned(&name)
+            );
+            assert!(
+                !tmp.path().join(&name).exists(),
+                "{spec} at {delay_ms} ms: state directory left"
+            );
+            let procs = Command::new("pgrep").args(["-af", &name]).output().unwrap();
+            assert!(
+                !procs.status.success(),
+                "{spec} at {delay_ms} ms: processes left: {}",
+                String::from_utf8_lossy(&procs.stdout)
+            );
+        }
+    }
 }

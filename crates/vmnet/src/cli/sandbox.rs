@@ -77,7 +77,7 @@ pub struct UpArgs {
     #[arg(long, default_value = DEFAULT_ROOT)]
     pub root: PathBuf,
     /// How long to wait for the agent and for the VMs to be applied, seconds.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub timeout_secs: u64,
 }
 
@@ -183,6 +183,8 @@ fn read_spec(path: &Path) -> Result<String, Error> {
 /// when building it fails (after removing what was built) or when any check fails (the sandbox
 /// then stays up for inspection).
 pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
+    // Caught from the start, so an interrupt never leaves a half-built sandbox behind.
+    let mut interrupts = state::Interrupts::install()?;
     need_root_and_flag(args.sandbox, "up")?;
     check_name(&args.name)?;
     let text = read_spec(&args.host_spec)?;
@@ -193,6 +195,7 @@ pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
             &args.name,
             &args.root,
             Duration::from_secs(args.timeout_secs),
+            interrupts,
         )
         .await;
     }
@@ -200,17 +203,18 @@ pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
     let paths = state::claim(&args.root, &args.name)?;
     // Ctrl-C or SIGTERM while building: the partial sandbox is removed like a failed one.
     let built = tokio::select! {
+        biased;
+        why = interrupts.wait() => Err(state::interrupted_error(why, &args.name)),
         r = bring_up(&args, &paths, &spec) => r,
-        why = state::interrupted() => Err(Error::internal(why?)),
     };
     let report = match built {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("vmnet up: {e}; removing the partial sandbox");
             let _ = teardown(&paths, &args.name);
             return Err(e);
         }
     };
+    state::done_building(&paths);
     match g.output {
         Output::Json => println!(
             "{}",
@@ -600,6 +604,12 @@ fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
 /// something could not be removed.
 pub async fn down(g: &Global, args: DownArgs) -> Result<(), Error> {
     need_root_and_flag(args.sandbox, "down")?;
+    if let Some(pid) = state::builder(&args.root.join(&args.name)) {
+        return Err(Error::conflict(format!(
+            "sandbox {} is still being made by `vmnet up` (pid {pid}): interrupt that run (Ctrl-C) instead, it removes what it built",
+            args.name
+        )));
+    }
     check_name(&args.name)?;
     let paths = Paths::new(&args.root, &args.name);
     if !paths.dir.exists() && sandbox::owned(&args.name).is_empty() {

@@ -90,7 +90,8 @@ pub struct PoolSpec {
 impl PoolSpec {
     /// Parses and checks a pool spec before anything is built: valid JSON object, `mode`
     /// `"pool"`, a bridge name usable in the sandbox host (an interface name, not `bc…`, not
-    /// `lo` or `uplink`), at least one instance, instance ids valid and distinct.
+    /// `lo` or `uplink`), a valid range not overlapping the sandbox's own networks, a valid
+    /// host, at least one instance, instance ids valid and distinct.
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the file and the field.
@@ -117,6 +118,34 @@ impl PoolSpec {
                 bridge.as_str(),
                 vmnet_model::nic::TAP_PREFIX
             )));
+        }
+        let range = spec.pool.validate().map_err(|e| bad(e.message))?;
+        let sandbox_nets: [(&str, ipnet::Ipv4Net); 2] = [
+            (
+                "the sandbox uplink",
+                ipnet::Ipv4Net::new(HOST_UPLINK_V4, vmnet_testkit::sandbox::UPLINK_V4_LEN)
+                    .map_err(|e| Error::internal(e.to_string()))?
+                    .trunc(),
+            ),
+            (
+                "the fake internet's echo network",
+                ipnet::Ipv4Net::new(vmnet_testkit::sandbox::ECHO_V4, 24)
+                    .map_err(|e| Error::internal(e.to_string()))?
+                    .trunc(),
+            ),
+        ];
+        for (what, net) in sandbox_nets {
+            if net.contains(&range.cidr.network()) || range.cidr.contains(&net.network()) {
+                return Err(bad(format!(
+                    "pool.cidr {} overlaps {what} {net}",
+                    range.cidr
+                )));
+            }
+        }
+        vmnet_model::pool::validate_id("host.host_id", &spec.host.host_id)
+            .map_err(|e| bad(e.message))?;
+        if spec.host.vcpus == 0 || spec.host.memory_mib == 0 {
+            return Err(bad("host: vcpus and memory_mib must be at least 1".into()));
         }
         if spec.instances.is_empty() {
             return Err(bad("instances: at least one is needed".into()));
@@ -192,6 +221,7 @@ pub async fn up_pool(
     name: &str,
     root: &Path,
     timeout: Duration,
+    mut interrupts: super::sandbox::state::Interrupts,
 ) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
@@ -205,11 +235,11 @@ pub async fn up_pool(
     let paths = super::sandbox::state::claim(root, name)?;
     // An interrupt (SIGINT, SIGTERM) drops the run: its guards stop the agent and delete the
     // namespaces before this returns.
+    // The checks look at `stopping()` and end early, so the interrupt is seen within a check.
     let result = tokio::select! {
+        biased;
+        why = interrupts.wait() => Err(super::sandbox::state::interrupted_error(why, name)),
         r = run(&spec, &bridge, name, &paths, timeout) => r,
-        why = super::sandbox::state::interrupted() => Err(Error::internal(format!(
-            "{}; pool sandbox {name} removed", why?
-        ))),
     };
     let _ = std::fs::remove_dir_all(&paths.dir);
     let report = result?;
@@ -486,7 +516,7 @@ fn render(r: &PoolReport) -> String {
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"{"mode": "pool", "pool": {"pool_id": "p1", "cidr": "10.0.0.0/29", "gateway": "10.0.0.1"},
+    const GOOD: &str = r#"{"mode": "pool", "pool": {"pool_id": "pool-1", "cidr": "10.0.0.0/29", "gateway": "10.0.0.1"},
         "host": {"host_id": "h1", "vcpus": 8, "memory_mib": 8192},
         "instances": [{"instance_id": "web-1"}, {"instance_id": "web-2", "policy": "private"}]}"#;
 
@@ -544,6 +574,26 @@ mod tests {
                 with(r#""web-1"}"#, r#""web-1", "colour": "red"}"#),
                 "unknown field",
             ),
+            (with("10.0.0.0/29", "10.0.0.5/29"), "pool pool-1"),
+            (
+                with(
+                    r#""10.0.0.0/29", "gateway": "10.0.0.1""#,
+                    r#""203.0.113.8/29", "gateway": "203.0.113.9""#,
+                ),
+                "overlaps the sandbox uplink",
+            ),
+            (
+                with(
+                    r#""10.0.0.0/29", "gateway": "10.0.0.1""#,
+                    r#""198.51.100.0/25", "gateway": "198.51.100.1""#,
+                ),
+                "overlaps the fake internet",
+            ),
+            (
+                with(r#""host_id": "h1""#, r#""host_id": "h 1""#),
+                "host.host_id",
+            ),
+            (with(r#""vcpus": 8"#, r#""vcpus": 0"#), "host: vcpus"),
         ];
         for (text, want) in cases {
             let e = PoolSpec::parse("f.json", &text).unwrap_err();

@@ -180,7 +180,7 @@ impl AgentProc {
     /// took, or `None` after `timeout`.
     pub async fn wait_repair(&self, before: u64, timeout: Duration) -> Option<Duration> {
         let start = Instant::now();
-        while start.elapsed() < timeout {
+        while start.elapsed() < timeout && !super::super::sandbox::state::stopping() {
             if self
                 .pool_status()
                 .await

@@ -62,6 +62,11 @@ pub fn check(
     }
 }
 
+/// Whether `up` was interrupted: the checks end early then.
+fn stop() -> bool {
+    super::super::sandbox::state::stopping()
+}
+
 fn passes(b: bool) -> &'static str {
     if b { "passes" } else { "dropped" }
 }
@@ -108,6 +113,9 @@ pub fn run(
     }
     let prefix = range.cidr.prefix_len();
     for g in guests {
+        if stop() {
+            return out;
+        }
         out.push(check(
             format!("seed of {} carries its lease", g.id),
             format!("{}/{prefix}", g.ip4),
@@ -116,6 +124,9 @@ pub fn run(
     }
     let gw = IpAddr::V4(range.gateway);
     for g in guests {
+        if stop() {
+            return out;
+        }
         let exp = g.policy != NetworkPolicy::None;
         out.push(check(
             format!("{} ({:?}) → gateway", g.id, g.policy).to_lowercase(),
@@ -142,6 +153,9 @@ pub fn run(
         passes(ping(&a.ns, IpAddr::V4(b.ip4))),
     ));
     for none in guests.iter().filter(|g| g.policy == NetworkPolicy::None) {
+        if stop() {
+            return out;
+        }
         out.push(check(
             format!("{} → {} (none)", a.id, none.id),
             "dropped",
@@ -224,6 +238,7 @@ pub fn host_reach(
     cases
         .iter()
         .enumerate()
+        .take_while(|_| !stop())
         .map(|(i, (name, arrives, build))| {
             let marker = format!("vmnet-sbx-host-{tag}-{i}").into_bytes();
             let seen = if send_frame(&a.ns, "eth0", &build(&marker)).is_err() {
@@ -270,6 +285,9 @@ pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
         return Vec::new();
     };
     let mut out = Vec::new();
+    if stop() {
+        return out;
+    }
     if let Err(e) = (host.hold_audit)() {
         out.push(check("gap: hold the audit off", "held", e));
         return out;
@@ -298,6 +316,7 @@ pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
         "dropped",
         passes(ping(&a.ns, IpAddr::V4(b.ip4))),
     ));
+    // Always let the audit run again (an interrupted run too: it then returns at once).
     let repaired = match (host.audit)() {
         Ok(true) => "repaired".to_owned(),
         Ok(false) => "no drift found".to_owned(),
@@ -392,6 +411,9 @@ fn spoofs(a: &GuestInfo, b: &GuestInfo, at: (&str, &str), label: &str) -> Vec<Ch
     ];
     let mut out = Vec::new();
     for (i, (name, arrives, build)) in cases.iter().enumerate() {
+        if stop() {
+            break;
+        }
         let marker = format!("vmnet-sbx-{tag}-{label}{i}").into_bytes();
         let sent = send_frame(&a.ns, "eth0", &build(&marker)).is_ok();
         let seen = if !sent {

@@ -140,6 +140,11 @@ impl Paths {
 /// `CONFLICT` naming what is in the way and how to remove it.
 pub fn check_free(root: &Path, name: &str) -> Result<(), Error> {
     let dir = root.join(name);
+    if let Some(pid) = builder(&dir) {
+        return Err(Error::conflict(format!(
+            "sandbox {name} is being made by `vmnet up` (pid {pid}); wait for it, or interrupt that run (Ctrl-C) to remove it"
+        )));
+    }
     let own = vmnet_testkit::sandbox::owned(name);
     if dir.exists() || !own.is_empty() {
         return Err(Error::conflict(format!(
@@ -182,7 +187,10 @@ pub fn claim(root: &Path, name: &str) -> Result<Paths, Error> {
         .map_err(|e| Error::internal(format!("sandbox root {}: {e}", root.display())))?;
     let paths = Paths::new(root, name);
     match std::fs::create_dir(&paths.dir) {
-        Ok(()) => Ok(paths),
+        Ok(()) => {
+            mark_building(&paths)?;
+            Ok(paths)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(Error::conflict(format!(
             "sandbox {name} is being made by another `vmnet up` (state {}): run `vmnet down --sandbox --name {name}` once it is done",
             paths.dir.display()
@@ -194,20 +202,92 @@ pub fn claim(root: &Path, name: &str) -> Result<Paths, Error> {
     }
 }
 
-/// Waits for SIGINT or SIGTERM (for `up` to remove what it built instead of dying half-way).
+/// 0 until SIGINT (1) or SIGTERM (2) arrived after [`Interrupts::install`]: blocking steps of
+/// `up` (readiness waits, the checks) look at it and stop early.
+static STOPPING: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether `up` was interrupted (see [`Interrupts`]).
+#[must_use]
+pub fn stopping() -> bool {
+    STOPPING.load(std::sync::atomic::Ordering::Relaxed) != 0
+}
+
+/// SIGINT and SIGTERM caught for `up`, so it removes what it built instead of dying half-way.
+/// Install it before anything is built: the handlers are in place from the call on.
+pub struct Interrupts(());
+
+impl Interrupts {
+    /// Installs the handlers and a task that records the first signal ([`stopping`]).
+    ///
+    /// # Errors
+    /// `INTERNAL` when the handlers cannot be installed.
+    pub fn install() -> Result<Self, Error> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let handler = |e: std::io::Error| Error::internal(format!("signal handler: {e}"));
+        let mut int = signal(SignalKind::interrupt()).map_err(handler)?;
+        let mut term = signal(SignalKind::terminate()).map_err(handler)?;
+        tokio::spawn(async move {
+            let why = tokio::select! {
+                _ = int.recv() => 1,
+                _ = term.recv() => 2,
+            };
+            STOPPING.store(why, std::sync::atomic::Ordering::Relaxed);
+        });
+        Ok(Self(()))
+    }
+
+    /// Resolves once a signal arrived: `"interrupted"` or `"terminated"`. It looks at the flag
+    /// every 50 ms (a timer, so it is polled again even while the other `select!` branch spends
+    /// its time in blocking steps that end early on the same flag).
+    pub async fn wait(&mut self) -> &'static str {
+        loop {
+            match STOPPING.load(std::sync::atomic::Ordering::Relaxed) {
+                0 => tokio::time::sleep(Duration::from_millis(50)).await,
+                2 => return "terminated",
+                _ => return "interrupted",
+            }
+        }
+    }
+}
+
+/// The error of an interrupted `up` (`UNAVAILABLE`, as `bench` stopped by a signal).
+#[must_use]
+pub fn interrupted_error(why: &str, name: &str) -> Error {
+    Error::unavailable(format!("{why}; sandbox {name} removed"))
+}
+
+/// Records this process as the `up` building `paths` (`up.pid`), so another `up` or a `down`
+/// can tell a sandbox still being built from a finished one.
 ///
 /// # Errors
-/// `INTERNAL` when the handlers cannot be installed.
-pub async fn interrupted() -> Result<&'static str, Error> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut int = signal(SignalKind::interrupt())
-        .map_err(|e| Error::internal(format!("signal handler: {e}")))?;
-    let mut term = signal(SignalKind::terminate())
-        .map_err(|e| Error::internal(format!("signal handler: {e}")))?;
-    Ok(tokio::select! {
-        _ = int.recv() => "interrupted",
-        _ = term.recv() => "terminated",
-    })
+/// `INTERNAL` when the file cannot be written.
+pub fn mark_building(paths: &Paths) -> Result<(), Error> {
+    let file = paths.dir.join("up.pid");
+    std::fs::write(&file, std::process::id().to_string())
+        .map_err(|e| Error::internal(format!("{}: {e}", file.display())))
+}
+
+/// Removes the `up.pid` mark (the sandbox is built, or gone).
+pub fn done_building(paths: &Paths) {
+    let _ = std::fs::remove_file(paths.dir.join("up.pid"));
+}
+
+/// The pid of the `vmnet up` still building the sandbox in `dir`, if one is running.
+#[must_use]
+pub fn builder(dir: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(dir.join("up.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    if pid == std::process::id() {
+        return None;
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    cmdline
+        .split(|b| *b == 0)
+        .any(|a| a == b"up")
+        .then_some(pid)
 }
 
 /// Starts `vmnet ARGS…` in the background (own process group, stdin closed, output appended to
@@ -264,6 +344,11 @@ pub fn wait_ready(
                 log_tail(log)
             )));
         }
+        if stopping() {
+            return Err(Error::unavailable(format!(
+                "interrupted while waiting for {what}"
+            )));
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -284,13 +369,24 @@ pub fn log_tail(log: &Path) -> String {
 /// Whether `pid` is a live process whose command line mentions `marker` (the sandbox dir).
 #[must_use]
 pub fn is_ours(pid: u32, marker: &str) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            String::from_utf8_lossy(&b)
-                .replace('\0', " ")
-                .contains(marker)
-        })
-        .unwrap_or(false)
+    // A process that is still inside execve(2) (just spawned) shows an empty cmdline for a
+    // moment: wait for it (up to 1 s) rather than take it for someone else's.
+    let start = Instant::now();
+    loop {
+        match std::fs::read(format!("/proc/{pid}/cmdline")) {
+            Ok(b)
+                if b.is_empty() && !is_zombie(pid) && start.elapsed() < Duration::from_secs(1) =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(b) => {
+                return String::from_utf8_lossy(&b)
+                    .replace('\0', " ")
+                    .contains(marker);
+            }
+            Err(_) => return false,
+        }
+    }
 }
 
 /// Stops `pid` if it is still ours: SIGTERM, then SIGKILL after 3 s. Returns whether it was

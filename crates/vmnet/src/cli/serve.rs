@@ -166,6 +166,8 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: logs written to files (sandboxes, services) stay plain.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let settings = args.settings()?;
     let tcp = match args.listen {
