@@ -112,6 +112,30 @@ impl PoolTaps for FakeTaps {
     }
 }
 
+/// Pool mode for host `h1` on `bridge`, seeds under the harness directory, with the fakes.
+async fn start_node(
+    h: &Harness,
+    bridge: &str,
+    nft: &SharedNft,
+    links: &FakeTaps,
+    audit_period: Duration,
+) -> Result<Arc<PoolNode>, Error> {
+    let cfg = PoolConfig {
+        host_id: "h1".into(),
+        bridge: bridge.parse().unwrap(),
+        seed_dir: h.dir.join("seeds"),
+        seed_images: false,
+    };
+    PoolNode::start(
+        cfg,
+        nft.clone(),
+        Arc::new(links.clone()),
+        h.agent.db(),
+        audit_period,
+    )
+    .await
+}
+
 struct Pool {
     h: Harness,
     nft: SharedNft,
@@ -129,21 +153,9 @@ async fn pool() -> Pool {
         l.addrs = vec!["203.0.113.2".parse().unwrap()];
     }
     let seeds = h.dir.join("seeds");
-    let cfg = PoolConfig {
-        host_id: "h1".into(),
-        bridge: "br0".parse().unwrap(),
-        seed_dir: seeds.clone(),
-        seed_images: false,
-    };
-    let node = PoolNode::start(
-        cfg,
-        nft.clone(),
-        Arc::new(links.clone()),
-        h.agent.db(),
-        Duration::from_millis(100),
-    )
-    .await
-    .unwrap();
+    let node = start_node(&h, "br0", &nft, &links, Duration::from_millis(100))
+        .await
+        .unwrap();
     h.agent.set_pool(node).unwrap();
     for (path, body) in [
         (
@@ -383,17 +395,11 @@ async fn a_tap_that_cannot_be_made_leaves_no_rules_and_is_reported() {
 #[tokio::test]
 async fn a_bc_bridge_is_refused() {
     let h = Harness::new().await;
-    let cfg = PoolConfig {
-        host_id: "h1".into(),
-        bridge: "bc0".parse().unwrap(),
-        seed_dir: h.dir.join("seeds"),
-        seed_images: false,
-    };
-    let e = PoolNode::start(
-        cfg,
-        SharedNft::default(),
-        Arc::new(FakeTaps::default()),
-        h.agent.db(),
+    let e = start_node(
+        &h,
+        "bc0",
+        &SharedNft::default(),
+        &FakeTaps::default(),
         Duration::from_secs(5),
     )
     .await
@@ -603,21 +609,9 @@ async fn a_restarted_agent_loads_the_placed_taps_first_and_drops_the_elements_of
         }
     }
     let nft = SharedNft::default();
-    let cfg = PoolConfig {
-        host_id: "h1".into(),
-        bridge: "br0".parse().unwrap(),
-        seed_dir: h.dir.join("seeds"),
-        seed_images: false,
-    };
-    let node = PoolNode::start(
-        cfg,
-        nft.clone(),
-        Arc::new(links.clone()),
-        h.agent.db(),
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
+    let node = start_node(&h, "br0", &nft, &links, Duration::from_secs(60))
+        .await
+        .unwrap();
 
     // The first load already holds the backstop and the placed instances' taps.
     let batches = nft.0.batches.lock().unwrap().clone();
