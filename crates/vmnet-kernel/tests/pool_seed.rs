@@ -111,19 +111,23 @@ fn range() -> IpRange {
     }
 }
 
-#[test]
-fn cloud_init_reads_the_static_seed() {
+/// A public instance on `br0` with lease `lease` from [`range`].
+fn leased(id: &str, alloc: &str, lease: &str) -> InstanceSpec {
     let br: IfName = "br0".parse().unwrap();
-    let r = range();
-    let inst = instance_spec(
-        "inst-1",
-        "alloc-1",
+    instance_spec(
+        id,
+        alloc,
         &br,
-        Some(("10.0.0.2".parse().unwrap(), &r)),
+        Some((lease.parse().unwrap(), &range())),
         NetworkPolicy::Public,
         false,
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn cloud_init_reads_the_static_seed() {
+    let inst = leased("inst-1", "alloc-1", "10.0.0.2");
     let v = parse_with_cloud_init(&seed(&inst, None).unwrap()).unwrap();
     assert_eq!(v["meta"]["instance-id"], "inst-1");
     let eth0 = &v["interfaces"][0];
@@ -157,17 +161,7 @@ fn cloud_init_reads_the_static_seed() {
 /// must be on-link, or the gateway is unreachable from the guest.
 #[test]
 fn cloud_init_reads_an_on_link_default_route_for_a_32_lease() {
-    let br: IfName = "br0".parse().unwrap();
-    let r = range();
-    let inst = instance_spec(
-        "inst-4",
-        "alloc-4",
-        &br,
-        Some(("10.0.1.2".parse().unwrap(), &r)),
-        NetworkPolicy::Public,
-        false,
-    )
-    .unwrap();
+    let inst = leased("inst-4", "alloc-4", "10.0.1.2");
     let v = parse_with_cloud_init(&seed(&inst, None).unwrap()).unwrap();
     let sub = &v["interfaces"][0]["subnets"][0];
     assert_eq!(sub["address"], "10.0.1.2");
@@ -188,15 +182,7 @@ fn cloud_init_reads_an_on_link_default_route_for_a_32_lease() {
     }
 
     // A lease inside its range: no on-link (the gateway is on the subnet).
-    let inside = instance_spec(
-        "inst-4",
-        "alloc-4",
-        &br,
-        Some(("10.0.0.2".parse().unwrap(), &r)),
-        NetworkPolicy::Public,
-        false,
-    )
-    .unwrap();
+    let inside = leased("inst-4", "alloc-4", "10.0.0.2");
     let v = parse_with_cloud_init(&seed(&inside, None).unwrap()).unwrap();
     assert_eq!(
         v["netplan"]["network"]["ethernets"]["eth0"]["routes"],
@@ -263,17 +249,7 @@ fn the_checker_rejects_a_yaml_seed_that_reads_a_mac_as_a_number() {
 
 #[test]
 fn seed_iso_has_the_cidata_label_and_the_files() {
-    let br: IfName = "br0".parse().unwrap();
-    let r = range();
-    let inst = instance_spec(
-        "inst-4",
-        "alloc-4",
-        &br,
-        Some(("10.0.0.5".parse().unwrap(), &r)),
-        NetworkPolicy::Public,
-        false,
-    )
-    .unwrap();
+    let inst = leased("inst-4", "alloc-4", "10.0.0.5");
     let s = seed(&inst, None).unwrap();
     let dir = TempDir::new("iso");
     let iso = dir.path().join("seed.iso");
