@@ -216,6 +216,12 @@ fn an_early_interrupt_leaves_nothing() {
                 "{spec} at {delay_ms} ms: {:?}: {err}",
                 out.status
             );
+            if code == Some(6) {
+                assert!(
+                    err.contains(&format!("interrupted; sandbox {name} removed")),
+                    "{spec} at {delay_ms} ms: {err}"
+                );
+            }
             assert!(
                 vmnet_testkit::sandbox::owned(&name).is_empty(),
                 "{spec} at {delay_ms} ms: namespaces left: {:?}",

@@ -211,7 +211,9 @@ pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
         Ok(r) => r,
         Err(e) => {
             let _ = teardown(&paths, &args.name);
-            return Err(e);
+            // A step that ended early on the signal reports the interrupt, as the others do.
+            return Err(state::Interrupts::reason()
+                .map_or(e, |why| state::interrupted_error(why, &args.name)));
         }
     };
     state::done_building(&paths);

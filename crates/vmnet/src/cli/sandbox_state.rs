@@ -236,6 +236,16 @@ impl Interrupts {
         Ok(Self(()))
     }
 
+    /// `"interrupted"` or `"terminated"` once a signal arrived, else `None`.
+    #[must_use]
+    pub fn reason() -> Option<&'static str> {
+        match STOPPING.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            2 => Some("terminated"),
+            _ => Some("interrupted"),
+        }
+    }
+
     /// Resolves once a signal arrived: `"interrupted"` or `"terminated"`. It looks at the flag
     /// every 50 ms (a timer, so it is polled again even while the other `select!` branch spends
     /// its time in blocking steps that end early on the same flag).
