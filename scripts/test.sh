@@ -13,5 +13,11 @@ fi
 scripts/install-deps.sh
 
 cargo fmt --all -- --check
+# Unused dependencies fail the run (cargo-machete, pinned; built once into ~/.cargo/bin).
+machete_version=0.9.2
+if [ "$(cargo machete --version 2>/dev/null)" != "$machete_version" ]; then
+  cargo install cargo-machete --version "$machete_version" --locked
+fi
+cargo machete
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked

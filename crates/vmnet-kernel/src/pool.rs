@@ -8,14 +8,10 @@
 //! - [`guard`]: the tap guard, BPF filters on each tap that hold when the nft tables are gone.
 //! - [`seed_image`]: the `cidata` ISO image of a NoCloud seed.
 //! - [`host`]: rules then taps on start, taps then rules on stop.
-//! - [`probe`], [`sim_guest`]: raw frame probes and seed-configured simulated guests, for
-//!   sandboxes and tests.
 
 pub mod firewall;
 pub mod guard;
 pub mod host;
 pub mod libnft;
-pub mod probe;
 pub mod seed_image;
-pub mod sim_guest;
 pub mod tap;

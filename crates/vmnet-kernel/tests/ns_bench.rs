@@ -1,14 +1,16 @@
 //! A small run of the benchmark hook (root required): N VMs applied and removed through
-//! `vmnet_kernel::ns::bench::apply_then_remove`, medians printed. `VMNET_BENCH_N` sets N
+//! `apply_then_remove` (below), medians printed. `VMNET_BENCH_N` sets N
 //! (default 30). The per-VM setup must stay within a generous bound here (the product target,
 //! 5 ms median, is measured by `vmnet bench vms` on a quiet machine).
 
 mod ns_support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ns_support::{Env, vm_json};
-use vmnet_kernel::ns::bench::apply_then_remove;
+
+use vmnet_kernel::ns::{NsDriver, NsError};
+use vmnet_plan::ns::VmPlan;
 
 fn median(v: &[Duration]) -> Duration {
     let mut s = v.to_vec();
@@ -74,4 +76,40 @@ async fn apply_and_remove_many_vms() {
         "everything removed"
     );
     assert!(setup < Duration::from_millis(100), "setup median {setup:?}");
+}
+
+/// Per-VM latencies of one benchmark run, in the order the plans were given.
+#[derive(Debug, Clone, Default)]
+pub struct BenchTimings {
+    /// Time of each `apply` (a fresh VM).
+    pub setup: Vec<Duration>,
+    /// Time of each `remove`.
+    pub teardown: Vec<Duration>,
+}
+
+/// Applies every plan in order, then removes them in order, timing each call.
+///
+/// # Errors
+/// The first failure; VMs applied so far are removed before returning it.
+pub async fn apply_then_remove(
+    driver: &dyn NsDriver,
+    plans: &[VmPlan],
+) -> Result<BenchTimings, NsError> {
+    let mut t = BenchTimings::default();
+    for (i, p) in plans.iter().enumerate() {
+        let start = Instant::now();
+        if let Err(e) = driver.apply(p).await {
+            for q in &plans[..=i] {
+                let _ = driver.remove(q.user_id).await;
+            }
+            return Err(e);
+        }
+        t.setup.push(start.elapsed());
+    }
+    for p in plans {
+        let start = Instant::now();
+        driver.remove(p.user_id).await?;
+        t.teardown.push(start.elapsed());
+    }
+    Ok(t)
 }

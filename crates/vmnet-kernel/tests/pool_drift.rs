@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pool_support::{Lab, marker, ping_ok};
-use vmnet_kernel::pool::probe::{Capture, send_frame, udp4_frame};
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
 use vmnet_testkit::netns as tk;
+use vmnet_testkit::probe::{Capture, send_frame, udp4_frame};
 
 const SHORT: Duration = Duration::from_millis(600);
 

@@ -12,10 +12,10 @@ use pool_support::{
     GATEWAY, Guest, Lab, check_spoofs, gateway_cases, marker, ping_ok, spoof_cases, unleased_cases,
 };
 use vmnet_kernel::pool::guard::{TapGuard, detach_from};
-use vmnet_kernel::pool::probe::{Capture, icmp6_frame, send_frame, udp4_frame};
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
 use vmnet_plan::pool::nft::tap_entries;
 use vmnet_testkit::netns as tk;
+use vmnet_testkit::probe::{Capture, icmp6_frame, send_frame, udp4_frame};
 use vmnet_testkit::sandbox::ECHO_V4;
 
 const SHORT: Duration = Duration::from_millis(600);

@@ -10,8 +10,8 @@ use std::time::Duration;
 use pool_support::{
     GATEWAY, Lab, check_spoofs, gateway_cases, marker, ping_ok, spoof_cases, unleased_cases,
 };
-use vmnet_kernel::pool::probe::{Capture, send_frame, udp4_frame};
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
+use vmnet_testkit::probe::{Capture, send_frame, udp4_frame};
 use vmnet_testkit::sandbox::{ECHO_V4, HOST_UPLINK_V4};
 
 const SHORT: Duration = Duration::from_millis(600);

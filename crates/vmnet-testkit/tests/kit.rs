@@ -63,7 +63,7 @@ fn sandbox_uplink_reaches_echo_service_and_cleans_up() {
         std::thread::sleep(Duration::from_millis(500));
     });
     assert!(
-        matches!(slow, Err(vmnet_testkit::TestkitError::Timeout { .. })),
+        matches!(slow, Err(vmnet_testkit::SandboxError::Timeout { .. })),
         "{slow:?}"
     );
     assert!(netns::run_in_timeout("no-such-netns-kt", T, || ()).is_err());

@@ -88,7 +88,7 @@ enum Command {
     Lease(cli::ipam::LeaseCmd),
     /// Benchmarks that print a table.
     #[command(subcommand)]
-    Bench(cli::bench::BenchCmd),
+    Bench(vmnet_bench::BenchCmd),
     /// Run the agent: HTTP API on a unix socket and the reconcile loop.
     Serve(cli::serve::ServeArgs),
     /// VM network configs held by the agent (namespace mode).
@@ -99,12 +99,12 @@ enum Command {
     /// Apply a host spec (pools, instances and VMs in one file) declaratively.
     Apply(cli::vm::ApplyArgs),
     /// Create a sandbox host and run the main job inside it.
-    Up(cli::sandbox::UpArgs),
+    Up(vmnet_sandbox::ns_job::UpArgs),
     /// Remove a sandbox made by `vmnet up --sandbox`.
-    Down(cli::sandbox::DownArgs),
+    Down(vmnet_sandbox::ns_job::DownArgs),
     /// Background processes of the sandbox (frame relay, echo service); internal.
     #[command(subcommand, hide = true, name = "sandbox-helper")]
-    SandboxHelper(cli::sandbox::HelperCmd),
+    SandboxHelper(vmnet_sandbox::helper::HelperCmd),
 }
 
 fn main() -> ExitCode {
@@ -138,14 +138,14 @@ async fn run(cli: Cli) -> Result<(), Error> {
         Command::Host(c) => cli::ipam::host(g, c).await,
         Command::Instance(c) => cli::ipam::instance(g, c).await,
         Command::Lease(c) => cli::ipam::lease(g, c).await,
-        Command::Bench(c) => cli::bench::run(g, c).await,
+        Command::Bench(c) => vmnet_bench::run(g.output == Output::Json, c).await,
         Command::Serve(a) => cli::serve::run(g, a).await,
         Command::Vm(c) => cli::vm::vm(g, c).await,
         Command::Status => cli::vm::status(g).await,
         Command::Apply(a) => cli::vm::apply(g, a).await,
-        Command::Up(a) => cli::sandbox::run(g, a).await,
-        Command::Down(a) => cli::sandbox::down(g, a).await,
-        Command::SandboxHelper(c) => cli::sandbox::helper(c),
+        Command::Up(a) => vmnet_sandbox::ns_job::run(g.output == Output::Json, a).await,
+        Command::Down(a) => vmnet_sandbox::ns_job::down(g.output == Output::Json, a).await,
+        Command::SandboxHelper(c) => vmnet_sandbox::helper::run(c),
     }
 }
 

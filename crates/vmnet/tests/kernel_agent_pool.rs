@@ -18,9 +18,9 @@ use agent_support::{VMNET, log, wait_ready};
 use serde_json::{Value, json};
 use vmnet_agent::api::types::{AgentStatus, InstanceNics, PoolStatus};
 use vmnet_agent::client::Client;
-use vmnet_kernel::pool::sim_guest;
 use vmnet_model::nic::{MacAddr, tap_name};
 use vmnet_testkit::relay::Relay;
+use vmnet_testkit::sim_guest;
 use vmnet_testkit::{Sandbox, netns, require_root, traffic};
 
 const T: Duration = Duration::from_secs(10);

@@ -48,7 +48,6 @@
 //!   rules linearly, so thousands of such VMs cost per-packet rule checks on the host.
 
 mod apply;
-pub mod bench;
 mod driver;
 mod host;
 mod inns;

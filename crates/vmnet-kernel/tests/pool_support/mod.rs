@@ -12,7 +12,6 @@ use vmnet_kernel::pool::firewall::PoolFirewall;
 use vmnet_kernel::pool::guard::TapGuard;
 use vmnet_kernel::pool::host::PoolHost;
 use vmnet_kernel::pool::libnft::LibNft;
-use vmnet_kernel::pool::sim_guest;
 use vmnet_kernel::pool::tap::{TapOwner, Taps};
 use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy};
 use vmnet_model::pool::IpRange;
@@ -23,6 +22,7 @@ use vmnet_testkit::Sandbox;
 use vmnet_testkit::netns as tk;
 use vmnet_testkit::relay::Relay;
 use vmnet_testkit::sandbox::{HOST_UPLINK_V4, HOST_UPLINK_V6};
+use vmnet_testkit::sim_guest;
 
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
@@ -276,7 +276,7 @@ impl Case {
 /// The spoof suite: each spoof next to the same frame sent honestly (which must arrive, so the
 /// capture is proven to work). Frames go from `a` to `b` (or broadcast/all-nodes).
 pub fn spoof_cases(a: &Guest, b: &Guest) -> Vec<Case> {
-    use vmnet_kernel::pool::probe::{
+    use vmnet_testkit::probe::{
         ALL_NODES_MAC, BROADCAST, arp_reply_frame, icmp4_frame, icmp6_frame, udp4_frame, udp6_frame,
     };
     let foreign_mac = MacAddr([0x02, 0xde, 0xad, 0xbe, 0xef, 0x01]);
@@ -367,7 +367,7 @@ pub fn spoof_cases(a: &Guest, b: &Guest) -> Vec<Case> {
 /// Frames from `u`, a guest without a lease, to guest `b`: it may use any IPv4 source except
 /// another tap's lease (`a`'s), the host's addresses and the gateway.
 pub fn unleased_cases(u: &Guest, a: &Guest, b: &Guest) -> Vec<Case> {
-    use vmnet_kernel::pool::probe::{arp_reply_frame, udp4_frame};
+    use vmnet_testkit::probe::{arp_reply_frame, udp4_frame};
     let ports = (4000, 4001);
     let unrelated = Ipv4Addr::new(10, 0, 0, 77);
     let mut out = Vec::new();
@@ -407,7 +407,7 @@ pub fn unleased_cases(u: &Guest, a: &Guest, b: &Guest) -> Vec<Case> {
 /// Frames from `a` to the gateway address the host owns (`br0`, MAC `br0_mac`): ICMP and DNS
 /// pass, any other port does not. Look for them on `br0` in the host namespace.
 pub fn gateway_cases(a: &Guest, br0_mac: MacAddr) -> Vec<Case> {
-    use vmnet_kernel::pool::probe::{icmp4_frame, udp4_frame};
+    use vmnet_testkit::probe::{icmp4_frame, udp4_frame};
     let mut out = Vec::new();
     let mut case = |name, arrives, build: &dyn Fn(&[u8]) -> Vec<u8>| {
         out.push(Case::new(name, arrives, build));
@@ -446,15 +446,10 @@ fn ipv4_header_checksum(h: &[u8]) -> u16 {
 
 /// Sends every case from guest `a` and asserts what `cap` saw (`layer` names what filters, for
 /// the messages).
-pub fn check_spoofs(
-    a: &Guest,
-    cases: &[Case],
-    cap: &vmnet_kernel::pool::probe::Capture,
-    layer: &str,
-) {
+pub fn check_spoofs(a: &Guest, cases: &[Case], cap: &vmnet_testkit::probe::Capture, layer: &str) {
     let wait = Duration::from_millis(600);
     for c in cases {
-        vmnet_kernel::pool::probe::send_frame(&a.ns, "eth0", &c.frame).unwrap();
+        vmnet_testkit::probe::send_frame(&a.ns, "eth0", &c.frame).unwrap();
         let seen = cap.saw(&c.marker, wait);
         assert_eq!(
             seen,

@@ -32,8 +32,7 @@ use vmnet_agent::api::types::{AgentStatus, VmView};
 use vmnet_agent::client::Client;
 use vmnet_model::Error;
 
-use super::bench_vms::{Stats, stats};
-use crate::Global;
+use crate::vms::{Stats, stats};
 
 /// Arguments of this command.
 #[derive(Debug, clap::Args)]
@@ -228,7 +227,7 @@ async fn settle(client: &Client, since_ms: i64, log: &Path) -> Result<(), Error>
 /// # Errors
 /// `INVALID_INPUT` when not root or for a bad count; `INTERNAL` when the sandbox or the agent
 /// fails, or an API error of a PUT.
-pub async fn run(_g: &Global, args: AgentBenchArgs) -> Result<(), Error> {
+pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
             "vmnet bench agent must run as root (it creates network namespaces)",
@@ -250,7 +249,7 @@ pub async fn run(_g: &Global, args: AgentBenchArgs) -> Result<(), Error> {
             vmnet_model::vm::MAX_USER_ID
         )));
     }
-    let sb = vmnet_testkit::Sandbox::new("ba")
+    let sb = vmnet_sandbox::Sandbox::new("ba")
         .map_err(|e| Error::internal(format!("bench sandbox: {e}")))?;
     let dir = StateDir::new()?;
     let log = dir.0.join("agent.log");
@@ -348,7 +347,7 @@ pub fn render(rows: &[AgentRow], again: Stats, after: &ProcUsage) -> String {
             ]
         })
         .collect();
-    let mut out = super::sandbox::checks::render_table(
+    let mut out = vmnet_sandbox::ns_job::checks::render_table(
         &[
             "VMS",
             "PUTS",

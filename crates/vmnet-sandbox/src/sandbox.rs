@@ -45,7 +45,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::TestkitError;
+use crate::SandboxError;
 use crate::echo::EchoService;
 use crate::netns;
 
@@ -108,7 +108,7 @@ impl Sandbox {
     ///
     /// # Panics
     /// On a bad tag (see [`unique_prefix`]).
-    pub fn new(tag: &str) -> Result<Self, TestkitError> {
+    pub fn new(tag: &str) -> Result<Self, SandboxError> {
         Self::with_prefix(&unique_prefix(tag))
     }
 
@@ -116,12 +116,12 @@ impl Sandbox {
     /// 10 bytes if an agent is to use it as its name prefix).
     ///
     /// # Errors
-    /// [`TestkitError::Unexpected`] when namespaces with this prefix exist already; otherwise as
+    /// [`SandboxError::Unexpected`] when namespaces with this prefix exist already; otherwise as
     /// [`Sandbox::new`].
-    pub fn with_prefix(prefix: &str) -> Result<Self, TestkitError> {
+    pub fn with_prefix(prefix: &str) -> Result<Self, SandboxError> {
         let existing = prefix_conflicts(prefix);
         if !existing.is_empty() {
-            return Err(TestkitError::Unexpected(format!(
+            return Err(SandboxError::Unexpected(format!(
                 "sandbox {prefix}: namespaces exist already: {}",
                 existing.join(", ")
             )));
@@ -146,7 +146,7 @@ impl Sandbox {
         }
     }
 
-    fn build(&self) -> Result<(), TestkitError> {
+    fn build(&self) -> Result<(), SandboxError> {
         let (host, inet) = (self.host(), self.inet());
         netns::create(&host)?;
         netns::create(&inet)?;
@@ -263,7 +263,7 @@ impl Sandbox {
     ///
     /// # Errors
     /// When it cannot be created.
-    pub fn add_netns(&self, name: &str) -> Result<String, TestkitError> {
+    pub fn add_netns(&self, name: &str) -> Result<String, SandboxError> {
         let full = format!("{}x-{name}", self.prefix);
         netns::create(&full)?;
         self.extra
@@ -280,7 +280,7 @@ impl Sandbox {
     ///
     /// # Errors
     /// When the listeners cannot be opened.
-    pub fn start_echo(&self) -> Result<EchoService, TestkitError> {
+    pub fn start_echo(&self) -> Result<EchoService, SandboxError> {
         EchoService::start(
             &self.inet(),
             &[
@@ -371,7 +371,7 @@ pub fn prefix_conflicts(prefix: &str) -> Vec<String> {
 ///
 /// # Errors
 /// The first namespace that could not be deleted.
-pub fn cleanup(prefix: &str) -> Result<(), TestkitError> {
+pub fn cleanup(prefix: &str) -> Result<(), SandboxError> {
     let mut first = None;
     for ns in owned(prefix) {
         if let Err(e) = netns::delete(&ns) {

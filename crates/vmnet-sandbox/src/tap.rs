@@ -10,7 +10,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 
-use crate::{TestkitError, netns};
+use crate::{SandboxError, netns};
 
 /// `struct ifreq` as `TUNSETIFF` reads it: the name, the flags, padding to 40 bytes.
 #[repr(C)]
@@ -61,7 +61,7 @@ fn tunsetiff(name: &str, multi_queue: bool) -> std::io::Result<File> {
 /// # Errors
 /// When the tap does not exist in `ns` or cannot be attached (e.g. another process holds its
 /// only queue: `EBUSY`).
-pub fn open_existing_tap(ns: &str, name: &str) -> Result<File, TestkitError> {
+pub fn open_existing_tap(ns: &str, name: &str) -> Result<File, SandboxError> {
     let what = format!("netns {ns}: attach to tap {name}");
     netns::run_in(ns, || {
         if nix::net::if_::if_nametoindex(name).is_err() {
@@ -75,7 +75,7 @@ pub fn open_existing_tap(ns: &str, name: &str) -> Result<File, TestkitError> {
             other => other,
         }
     })?
-    .map_err(|e| TestkitError::io(what, e))
+    .map_err(|e| SandboxError::io(what, e))
 }
 
 /// Creates a non-persistent tap `name` in namespace `ns` and returns its descriptor; the device
@@ -83,7 +83,7 @@ pub fn open_existing_tap(ns: &str, name: &str) -> Result<File, TestkitError> {
 ///
 /// # Errors
 /// When a device with that name exists or the tap cannot be created.
-pub fn create_tap(ns: &str, name: &str) -> Result<File, TestkitError> {
+pub fn create_tap(ns: &str, name: &str) -> Result<File, SandboxError> {
     let what = format!("netns {ns}: create tap {name}");
     netns::run_in(ns, || {
         if nix::net::if_::if_nametoindex(name).is_ok() {
@@ -94,5 +94,5 @@ pub fn create_tap(ns: &str, name: &str) -> Result<File, TestkitError> {
         }
         tunsetiff(name, false)
     })?
-    .map_err(|e| TestkitError::io(what, e))
+    .map_err(|e| SandboxError::io(what, e))
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
-use crate::{TestkitError, tap};
+use crate::{SandboxError, tap};
 
 /// Frame counters of a relay, one direction each.
 #[derive(Debug, Default)]
@@ -61,7 +61,7 @@ impl Relay {
         tap: &str,
         guest_ns: &str,
         guest_if: &str,
-    ) -> Result<Self, TestkitError> {
+    ) -> Result<Self, SandboxError> {
         let vm = tap::open_existing_tap(vm_ns, tap)?;
         let guest = tap::create_tap(guest_ns, guest_if)?;
         Self::between(vm, guest)
@@ -72,15 +72,15 @@ impl Relay {
     ///
     /// # Errors
     /// When a descriptor cannot be duplicated or a thread cannot be started.
-    pub fn between(vm: File, guest: File) -> Result<Self, TestkitError> {
+    pub fn between(vm: File, guest: File) -> Result<Self, SandboxError> {
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(RelayCounters::default());
         let vm2 = vm
             .try_clone()
-            .map_err(|e| TestkitError::io("relay: dup vm tap", e))?;
+            .map_err(|e| SandboxError::io("relay: dup vm tap", e))?;
         let guest2 = guest
             .try_clone()
-            .map_err(|e| TestkitError::io("relay: dup guest tap", e))?;
+            .map_err(|e| SandboxError::io("relay: dup guest tap", e))?;
         let mut threads = Vec::new();
         for (from, to, to_guest) in [(vm, guest2, true), (guest, vm2, false)] {
             let (stop, counters) = (Arc::clone(&stop), Arc::clone(&counters));
@@ -92,7 +92,7 @@ impl Relay {
             let h = std::thread::Builder::new()
                 .name(name.into())
                 .spawn(move || copy_frames(from, to, &stop, &counters, to_guest))
-                .map_err(|e| TestkitError::io("relay: spawn", e))?;
+                .map_err(|e| SandboxError::io("relay: spawn", e))?;
             threads.push(h);
         }
         Ok(Self {

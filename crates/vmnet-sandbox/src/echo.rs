@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::{TestkitError, netns};
+use crate::{SandboxError, netns};
 
 const POLL: Duration = Duration::from_millis(100);
 const MAX_MESSAGE: usize = 4096;
@@ -46,7 +46,7 @@ type SeenLog = Arc<Mutex<Vec<Seen>>>;
 pub struct EchoService {
     stop: Arc<AtomicBool>,
     seen: SeenLog,
-    threads: Vec<JoinHandle<Result<(), TestkitError>>>,
+    threads: Vec<JoinHandle<Result<(), SandboxError>>>,
     addrs: Vec<SocketAddr>,
 }
 
@@ -57,7 +57,7 @@ impl EchoService {
     /// # Errors
     /// When the namespace cannot be entered or a socket cannot be bound (the threads already
     /// started are stopped).
-    pub fn start(ns: &str, addrs: &[SocketAddr]) -> Result<Self, TestkitError> {
+    pub fn start(ns: &str, addrs: &[SocketAddr]) -> Result<Self, SandboxError> {
         let mut svc = Self {
             stop: Arc::new(AtomicBool::new(false)),
             seen: Arc::default(),
@@ -66,7 +66,7 @@ impl EchoService {
         };
         for &addr in addrs {
             for tcp in [true, false] {
-                let (tx, rx) = mpsc::channel::<Result<(), TestkitError>>();
+                let (tx, rx) = mpsc::channel::<Result<(), SandboxError>>();
                 let stop = Arc::clone(&svc.stop);
                 let seen = Arc::clone(&svc.seen);
                 let name = format!("echo-{}-{addr}", if tcp { "tcp" } else { "udp" });
@@ -86,10 +86,10 @@ impl EchoService {
                         let h = svc.threads.pop().expect("just pushed");
                         return Err(match h.join() {
                             Ok(Err(e)) => e,
-                            Ok(Ok(())) => TestkitError::Unexpected(format!(
+                            Ok(Ok(())) => SandboxError::Unexpected(format!(
                                 "echo {name}: stopped before listening"
                             )),
-                            _ => TestkitError::Unexpected(format!("echo {name}: did not start")),
+                            _ => SandboxError::Unexpected(format!("echo {name}: did not start")),
                         });
                     }
                 }
@@ -154,7 +154,7 @@ fn serve_tcp(
     addr: SocketAddr,
     stop: &AtomicBool,
     seen: &SeenLog,
-    ready: &mpsc::Sender<Result<(), TestkitError>>,
+    ready: &mpsc::Sender<Result<(), SandboxError>>,
 ) {
     let what = format!("echo tcp {addr}");
     let listener = match TcpListener::bind(addr).and_then(|l| {
@@ -162,12 +162,12 @@ fn serve_tcp(
     }) {
         Ok(l) => l,
         Err(e) => {
-            let _ = ready.send(Err(TestkitError::io(format!("{what}: bind"), e)));
+            let _ = ready.send(Err(SandboxError::io(format!("{what}: bind"), e)));
             return;
         }
     };
     if let Err(e) = listener.set_nonblocking(true) {
-        let _ = ready.send(Err(TestkitError::io(format!("{what}: nonblocking"), e)));
+        let _ = ready.send(Err(SandboxError::io(format!("{what}: nonblocking"), e)));
         return;
     }
     let _ = ready.send(Ok(()));
@@ -268,18 +268,18 @@ fn serve_udp(
     addr: SocketAddr,
     stop: &AtomicBool,
     seen: &SeenLog,
-    ready: &mpsc::Sender<Result<(), TestkitError>>,
+    ready: &mpsc::Sender<Result<(), SandboxError>>,
 ) {
     let what = format!("echo udp {addr}");
     let socket = match UdpSocket::bind(addr) {
         Ok(s) => s,
         Err(e) => {
-            let _ = ready.send(Err(TestkitError::io(format!("{what}: bind"), e)));
+            let _ = ready.send(Err(SandboxError::io(format!("{what}: bind"), e)));
             return;
         }
     };
     if let Err(e) = socket.set_read_timeout(Some(POLL)) {
-        let _ = ready.send(Err(TestkitError::io(format!("{what}: timeout"), e)));
+        let _ = ready.send(Err(SandboxError::io(format!("{what}: timeout"), e)));
         return;
     }
     let _ = ready.send(Ok(()));

@@ -24,7 +24,6 @@
 //! time: the driver shares one host netlink socket, and concurrent route dumps on it overflow
 //! its receive buffer (`ENOBUFS`); the agent serializes its operations the same way.
 
-#[path = "bench_vms_shell.rs"]
 mod shell;
 
 use std::fmt::Write as _;
@@ -37,8 +36,6 @@ use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
 use self::shell::run_cmds;
 pub use self::shell::{shell_setup, shell_teardown};
-
-use crate::Global;
 
 /// Arguments of this command.
 #[derive(Debug, clap::Args)]
@@ -132,7 +129,7 @@ fn ms(d: f64) -> String {
 /// # Errors
 /// `INVALID_INPUT` when not root or for a bad count; `INTERNAL` when the sandbox, the driver or
 /// a shell command fails.
-pub async fn run(_g: &Global, args: VmsBenchArgs) -> Result<(), Error> {
+pub async fn run(args: VmsBenchArgs) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
             "vmnet bench vms must run as root (it creates network namespaces)",
@@ -152,7 +149,7 @@ pub async fn run(_g: &Global, args: VmsBenchArgs) -> Result<(), Error> {
             vmnet_model::vm::MAX_USER_ID
         )));
     }
-    let sb = vmnet_testkit::Sandbox::new("bv")
+    let sb = vmnet_sandbox::Sandbox::new("bv")
         .map_err(|e| Error::internal(format!("bench sandbox: {e}")))?;
     let host = sb.host();
     let settings = NsSettings {
@@ -285,7 +282,7 @@ pub fn render(rows: &[Row]) -> String {
             ]
         })
         .collect();
-    out.push_str(&super::sandbox::checks::render_table(
+    out.push_str(&vmnet_sandbox::ns_job::checks::render_table(
         &[
             "N",
             "METHOD",
@@ -422,7 +419,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_methods_set_up_and_tear_down_for_real() {
         vmnet_testkit::require_root();
-        let sb = vmnet_testkit::Sandbox::new("bt").expect("sandbox");
+        let sb = vmnet_sandbox::Sandbox::new("bt").expect("sandbox");
         let settings = NsSettings {
             name_prefix: sb.agent_prefix(),
             ..NsSettings::default()
@@ -442,7 +439,7 @@ mod tests {
             .expect("shell");
         assert_eq!((row.setup.len(), row.teardown.len()), (3, 3));
         // Both methods removed what they made: only the sandbox's own namespaces remain.
-        let left = vmnet_testkit::netns::list(sb.prefix());
+        let left = vmnet_sandbox::netns::list(sb.prefix());
         assert_eq!(left, vec![sb.host(), sb.inet()], "{left:?}");
         let text = render(&[row]);
         assert!(text.contains("shell"), "{text}");

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// A test-kit failure, naming what was attempted.
 #[derive(Debug, thiserror::Error)]
-pub enum TestkitError {
+pub enum SandboxError {
     /// A system call or file operation failed.
     #[error("{what}")]
     Io {
@@ -40,8 +40,8 @@ pub enum TestkitError {
     Panicked(String),
 }
 
-impl TestkitError {
-    /// An [`TestkitError::Io`] from `what` and a nix errno.
+impl SandboxError {
+    /// An [`SandboxError::Io`] from `what` and a nix errno.
     pub(crate) fn errno(what: impl Into<String>, e: nix::Error) -> Self {
         Self::Io {
             what: what.into(),
@@ -49,7 +49,7 @@ impl TestkitError {
         }
     }
 
-    /// An [`TestkitError::Io`] from `what` and an I/O error.
+    /// An [`SandboxError::Io`] from `what` and an I/O error.
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             what: what.into(),

@@ -1,7 +1,7 @@
 //! `vmnet up --sandbox examples/pool.json`: pool mode end to end in throwaway namespaces, through
 //! the real agent.
 //!
-//! 1. A sandbox host namespace (uplink to a fake internet, [`vmnet_testkit::Sandbox`]) with the
+//! 1. A sandbox host namespace (uplink to a fake internet, [`crate::Sandbox`]) with the
 //!    bridge holding the range's gateway.
 //! 2. The agent (`vmnet serve --netns <host> --host-id <host> --bridge <bridge>`, this
 //!    executable) with its SQLite database, socket and state in a temporary directory: it starts
@@ -20,29 +20,26 @@
 //! The sandbox (agent, namespaces, taps, database) is removed before the command returns. Exit
 //! status non-zero when any check saw something other than expected.
 
-#[path = "sandbox_pool_agent.rs"]
 mod agent;
-#[path = "sandbox_pool_checks.rs"]
 mod checks;
 
 use std::path::Path;
 use std::time::Duration;
 
+use crate::netns as tk;
+use crate::relay::Relay;
+use crate::sandbox::{HOST_UPLINK_V4, Sandbox};
+use crate::sim_guest;
 use serde::{Deserialize, Serialize};
 use vmnet_agent::api::types::InstanceNics;
 use vmnet_agent::client::segment;
-use vmnet_kernel::pool::sim_guest;
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, MacAddr, NetworkPolicy};
 use vmnet_model::pool::SetIpPool;
-use vmnet_testkit::netns as tk;
-use vmnet_testkit::relay::Relay;
-use vmnet_testkit::sandbox::{HOST_UPLINK_V4, Sandbox};
 
 use self::agent::AgentProc;
 use self::checks::{Check, GuestInfo};
-use super::sandbox::state::{Paths, Proc, SandboxState};
-use crate::{Global, Output};
+use crate::state::{Paths, Proc, SandboxState};
 
 /// One instance of a pool spec.
 #[derive(Debug, Clone, Deserialize)]
@@ -123,13 +120,13 @@ impl PoolSpec {
         let sandbox_nets: [(&str, ipnet::Ipv4Net); 2] = [
             (
                 "the sandbox uplink",
-                ipnet::Ipv4Net::new(HOST_UPLINK_V4, vmnet_testkit::sandbox::UPLINK_V4_LEN)
+                ipnet::Ipv4Net::new(HOST_UPLINK_V4, crate::sandbox::UPLINK_V4_LEN)
                     .map_err(|e| Error::internal(e.to_string()))?
                     .trunc(),
             ),
             (
                 "the fake internet's echo network",
-                ipnet::Ipv4Net::new(vmnet_testkit::sandbox::ECHO_V4, 24)
+                ipnet::Ipv4Net::new(crate::sandbox::ECHO_V4, 24)
                     .map_err(|e| Error::internal(e.to_string()))?
                     .trunc(),
             ),
@@ -216,12 +213,12 @@ fn internal(what: &str) -> impl Fn(String) -> Error + '_ {
 /// or by its namespaces) exists or its name and `name` are prefixes of one another;
 /// `UNAVAILABLE`/`INTERNAL` when the sandbox cannot be built; `INTERNAL` when a check fails.
 pub async fn up_pool(
-    g: &Global,
+    json: bool,
     path: &Path,
     name: &str,
     root: &Path,
     timeout: Duration,
-    mut interrupts: super::sandbox::state::Interrupts,
+    mut interrupts: crate::state::Interrupts,
 ) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
@@ -232,26 +229,26 @@ pub async fn up_pool(
         .map_err(|e| Error::invalid(format!("pool spec {}: {e}", path.display())))?;
     let spec = PoolSpec::parse(&path.display().to_string(), &text)?;
     let bridge: IfName = spec.bridge.parse()?;
-    let paths = super::sandbox::state::claim(root, name)?;
+    let paths = crate::state::claim(root, name)?;
     // An interrupt (SIGINT, SIGTERM) drops the run: its guards stop the agent and delete the
     // namespaces before this returns.
     // The checks look at `stopping()` and end early, so the interrupt is seen within a check.
     let result = tokio::select! {
         biased;
-        why = interrupts.wait() => Err(super::sandbox::state::interrupted_error(why, name)),
+        why = interrupts.wait() => Err(crate::state::interrupted_error(why, name)),
         r = run(&spec, &bridge, name, &paths, timeout) => r,
     };
     let _ = std::fs::remove_dir_all(&paths.dir);
     let report = result?;
-    match g.output {
-        Output::Json => {
+    match json {
+        true => {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&report)
                     .map_err(|e| Error::internal(e.to_string()))?
             );
         }
-        Output::Table => print(&report),
+        false => print(&report),
     }
     let failed = report.checks.iter().filter(|c| !c.ok).count();
     if failed > 0 {
@@ -467,7 +464,7 @@ fn print(r: &PoolReport) {
 
 /// The two tables (instances, checks) in the namespace-mode layout, and the summary line.
 fn render(r: &PoolReport) -> String {
-    use super::sandbox::checks::render_table;
+    use crate::ns_job::checks::render_table;
     let rows: Vec<Vec<String>> = r
         .instances
         .iter()
@@ -607,9 +604,9 @@ mod tests {
     fn a_sandbox_name_is_claimed_once() {
         let root = tempfile::tempdir().unwrap();
         let name = format!("vc{:06x}", std::process::id() & 0xff_ffff);
-        let first = super::super::sandbox::state::claim(root.path(), &name).unwrap();
+        let first = crate::state::claim(root.path(), &name).unwrap();
         assert!(first.dir.is_dir());
-        let again = super::super::sandbox::state::claim(root.path(), &name).unwrap_err();
+        let again = crate::state::claim(root.path(), &name).unwrap_err();
         assert_eq!(again.code, vmnet_model::ErrorCode::Conflict);
     }
 

@@ -17,7 +17,7 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 
-use crate::{TestkitError, netns};
+use crate::{SandboxError, netns};
 
 /// What the echo service answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,10 +34,10 @@ pub struct EchoReply {
 /// Parses an answer of the echo protocol (see [`crate::echo`]).
 ///
 /// # Errors
-/// [`TestkitError::Unexpected`] when the header line is malformed.
-pub fn parse_reply(reply: &[u8]) -> Result<EchoReply, TestkitError> {
+/// [`SandboxError::Unexpected`] when the header line is malformed.
+pub fn parse_reply(reply: &[u8]) -> Result<EchoReply, SandboxError> {
     let bad = || {
-        TestkitError::Unexpected(format!(
+        SandboxError::Unexpected(format!(
             "malformed echo reply {:?}",
             String::from_utf8_lossy(reply)
         ))
@@ -65,13 +65,13 @@ pub fn parse_reply(reply: &[u8]) -> Result<EchoReply, TestkitError> {
 /// returns the answer.
 ///
 /// # Errors
-/// [`TestkitError::Io`] when the connection is refused or times out (unreachable), or on a
+/// [`SandboxError::Io`] when the connection is refused or times out (unreachable), or on a
 /// malformed answer.
 pub fn tcp_echo(
     ns: &str,
     target: SocketAddr,
     timeout: Duration,
-) -> Result<EchoReply, TestkitError> {
+) -> Result<EchoReply, SandboxError> {
     let what = format!("netns {ns}: tcp echo to {target}");
     let raw = netns::run_in(ns, || -> std::io::Result<Vec<u8>> {
         let mut s = TcpStream::connect_timeout(&target, timeout)?;
@@ -82,10 +82,10 @@ pub fn tcp_echo(
         s.read_to_end(&mut out)?;
         Ok(out)
     })?
-    .map_err(|e| TestkitError::io(what.clone(), e))?;
+    .map_err(|e| SandboxError::io(what.clone(), e))?;
     let reply = parse_reply(&raw)?;
     if reply.data != b"vmnet-testkit\n" {
-        return Err(TestkitError::Unexpected(format!(
+        return Err(SandboxError::Unexpected(format!(
             "{what}: echoed {:?}",
             String::from_utf8_lossy(&reply.data)
         )));
@@ -98,12 +98,12 @@ pub fn tcp_echo(
 /// resolution).
 ///
 /// # Errors
-/// [`TestkitError::Timeout`] when no answer came, or a socket error.
+/// [`SandboxError::Timeout`] when no answer came, or a socket error.
 pub fn udp_echo(
     ns: &str,
     target: SocketAddr,
     timeout: Duration,
-) -> Result<EchoReply, TestkitError> {
+) -> Result<EchoReply, SandboxError> {
     let what = format!("netns {ns}: udp echo to {target}");
     let raw = netns::run_in(ns, || -> std::io::Result<Option<Vec<u8>>> {
         let bind: SocketAddr = if target.is_ipv4() {
@@ -132,14 +132,14 @@ pub fn udp_echo(
         }
         Ok(None)
     })?
-    .map_err(|e| TestkitError::io(what.clone(), e))?;
-    let raw = raw.ok_or(TestkitError::Timeout {
+    .map_err(|e| SandboxError::io(what.clone(), e))?;
+    let raw = raw.ok_or(SandboxError::Timeout {
         what: what.clone(),
         timeout,
     })?;
     let reply = parse_reply(&raw)?;
     if reply.data != b"vmnet-testkit" {
-        return Err(TestkitError::Unexpected(format!(
+        return Err(SandboxError::Unexpected(format!(
             "{what}: echoed {:?}",
             String::from_utf8_lossy(&reply.data)
         )));
@@ -156,10 +156,10 @@ pub fn try_tcp_echo(
     ns: &str,
     target: SocketAddr,
     timeout: Duration,
-) -> Result<Option<EchoReply>, TestkitError> {
+) -> Result<Option<EchoReply>, SandboxError> {
     match tcp_echo(ns, target, timeout) {
         Ok(r) => Ok(Some(r)),
-        Err(TestkitError::Io { .. } | TestkitError::Timeout { .. }) => Ok(None),
+        Err(SandboxError::Io { .. } | SandboxError::Timeout { .. }) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -172,10 +172,10 @@ pub fn try_udp_echo(
     ns: &str,
     target: SocketAddr,
     timeout: Duration,
-) -> Result<Option<EchoReply>, TestkitError> {
+) -> Result<Option<EchoReply>, SandboxError> {
     match udp_echo(ns, target, timeout) {
         Ok(r) => Ok(Some(r)),
-        Err(TestkitError::Io { .. } | TestkitError::Timeout { .. }) => Ok(None),
+        Err(SandboxError::Io { .. } | SandboxError::Timeout { .. }) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -211,9 +211,9 @@ pub fn ping(
     target: IpAddr,
     count: u32,
     wait: Duration,
-) -> Result<PingResult, TestkitError> {
+) -> Result<PingResult, SandboxError> {
     let what = format!("netns {ns}: ping {target}");
-    netns::run_in(ns, || ping_here(target, count, wait))?.map_err(|e| TestkitError::errno(what, e))
+    netns::run_in(ns, || ping_here(target, count, wait))?.map_err(|e| SandboxError::errno(what, e))
 }
 
 fn ping_here(target: IpAddr, count: u32, wait: Duration) -> nix::Result<PingResult> {
@@ -299,13 +299,13 @@ fn ping_here(target: IpAddr, count: u32, wait: Duration) -> nix::Result<PingResu
 /// returns its output whatever its exit status.
 ///
 /// # Errors
-/// When it cannot start, or [`TestkitError::Timeout`] when it was killed at the limit.
+/// When it cannot start, or [`SandboxError::Timeout`] when it was killed at the limit.
 pub fn run(
     ns: &str,
     program: &str,
     args: &[&str],
     timeout: Duration,
-) -> Result<Output, TestkitError> {
+) -> Result<Output, SandboxError> {
     netns::exec(ns, program, args, timeout)
 }
 

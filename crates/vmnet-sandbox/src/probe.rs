@@ -208,8 +208,8 @@ fn packet_socket(ifname: &str) -> std::io::Result<OwnedFd> {
 /// # Errors
 /// When the namespace, the socket or the send fails.
 pub fn send_frame(ns: &str, ifname: &str, frame: &[u8]) -> std::io::Result<()> {
-    let fd =
-        crate::netns::run_in(ns, || packet_socket(ifname)).map_err(std::io::Error::other)??;
+    let fd = vmnet_kernel::netns::run_in(ns, || packet_socket(ifname))
+        .map_err(std::io::Error::other)??;
     // SAFETY: `frame` is a valid buffer of its length; `fd` is a bound packet socket.
     let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
     if n < 0 {
@@ -234,8 +234,8 @@ impl Capture {
     /// # Errors
     /// When the namespace or the socket fails.
     pub fn start(ns: &str, ifname: &str) -> std::io::Result<Self> {
-        let fd =
-            crate::netns::run_in(ns, || packet_socket(ifname)).map_err(std::io::Error::other)??;
+        let fd = vmnet_kernel::netns::run_in(ns, || packet_socket(ifname))
+            .map_err(std::io::Error::other)??;
         let tv = libc::timeval {
             tv_sec: 0,
             tv_usec: 50_000,

@@ -1,18 +1,18 @@
 //! `vmnet sandbox-helper …` (hidden): the sandbox's background processes.
 //!
 //! - `relay`: attaches to a VM's tap as a VMM does and joins it to a simulated guest's `eth0`
-//!   ([`vmnet_testkit::relay::Relay`]);
-//! - `echo`: the fake internet's TCP/UDP echo service ([`vmnet_testkit::echo::EchoService`]).
+//!   ([`crate::relay::Relay`]);
+//! - `echo`: the fake internet's TCP/UDP echo service ([`crate::echo::EchoService`]).
 //!
 //! Each writes its `--ready-file` once it is set up and then runs until it is signalled.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use crate::echo::EchoService;
+use crate::relay::Relay;
 use clap::Subcommand;
 use vmnet_model::Error;
-use vmnet_testkit::echo::EchoService;
-use vmnet_testkit::relay::Relay;
 
 /// `vmnet sandbox-helper …`
 #[derive(Debug, Subcommand)]

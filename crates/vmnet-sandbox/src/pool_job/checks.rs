@@ -7,15 +7,15 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use serde::Serialize;
-use vmnet_kernel::pool::probe::{
+use crate::probe::{
     ALL_NODES_MAC, BROADCAST, Capture, arp_reply_frame, icmp4_frame, icmp6_frame, send_frame,
     udp4_frame, udp6_frame,
 };
+use crate::sandbox::ECHO_V4;
+use serde::Serialize;
 use vmnet_model::ErrorCode;
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
 use vmnet_model::pool::IpRange;
-use vmnet_testkit::sandbox::ECHO_V4;
 
 /// A simulated guest of the sandbox.
 #[derive(Debug, Clone)]
@@ -64,7 +64,7 @@ pub fn check(
 
 /// Whether `up` was interrupted: the checks end early then.
 fn stop() -> bool {
-    super::super::sandbox::state::stopping()
+    crate::state::stopping()
 }
 
 fn passes(b: bool) -> &'static str {
@@ -72,8 +72,7 @@ fn passes(b: bool) -> &'static str {
 }
 
 fn ping(ns: &str, to: IpAddr) -> bool {
-    vmnet_testkit::traffic::ping(ns, to, 3, Duration::from_millis(400))
-        .is_ok_and(|r| r.received > 0)
+    crate::traffic::ping(ns, to, 3, Duration::from_millis(400)).is_ok_and(|r| r.received > 0)
 }
 
 /// The n-th leasable address of `range` (lowest first, gateway skipped).
@@ -181,7 +180,7 @@ pub fn host_reach(
     };
     let t = Duration::from_secs(10);
     let json = |args: &[&str]| {
-        vmnet_testkit::netns::exec(host_ns, "ip", args, t)
+        crate::netns::exec(host_ns, "ip", args, t)
             .ok()
             .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
     };
@@ -293,9 +292,9 @@ pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
         return out;
     }
     let t = Duration::from_secs(10);
-    let flushed = vmnet_testkit::netns::exec(host.ns, "nft", &["flush", "ruleset"], t)
+    let flushed = crate::netns::exec(host.ns, "nft", &["flush", "ruleset"], t)
         .is_ok_and(|o| o.status.success());
-    let tables = vmnet_testkit::netns::exec(host.ns, "nft", &["list", "tables"], t)
+    let tables = crate::netns::exec(host.ns, "nft", &["list", "tables"], t)
         .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
         .unwrap_or(usize::MAX);
     out.push(check(
@@ -307,7 +306,7 @@ pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
             "flush failed".to_owned()
         },
     ));
-    let promisc = vmnet_testkit::netns::ip(host.ns, &["link", "set", host.bridge, "promisc", "on"]);
+    let promisc = crate::netns::ip(host.ns, &["link", "set", host.bridge, "promisc", "on"]);
     if promisc.is_ok() {
         out.extend(spoofs(a, b, (host.ns, host.bridge), "gap, at the bridge: "));
     }
@@ -436,7 +435,7 @@ fn spoofs(a: &GuestInfo, b: &GuestInfo, at: (&str, &str), label: &str) -> Vec<Ch
 /// of the sets and maps of `bridge bcd_instances` left in the sandbox host (expected none).
 pub fn left_behind(host_ns: &str) -> Check {
     let t = Duration::from_secs(10);
-    let taps = vmnet_testkit::netns::exec(host_ns, "ip", &["-j", "link", "show"], t)
+    let taps = crate::netns::exec(host_ns, "ip", &["-j", "link", "show"], t)
         .ok()
         .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
         .and_then(|v| v.as_array().cloned())
@@ -446,7 +445,7 @@ pub fn left_behind(host_ns: &str) -> Check {
                 .filter(|l| l["ifname"].as_str().is_some_and(|n| n.starts_with("bc")))
                 .count()
         });
-    let elements = vmnet_testkit::netns::exec(host_ns, "nft", &["-j", "list", "ruleset"], t)
+    let elements = crate::netns::exec(host_ns, "nft", &["-j", "list", "ruleset"], t)
         .ok()
         .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
         .map(|v| {

@@ -145,7 +145,7 @@ pub fn check_free(root: &Path, name: &str) -> Result<(), Error> {
             "sandbox {name} is being made by `vmnet up` (pid {pid}); wait for it, or interrupt that run (Ctrl-C) to remove it"
         )));
     }
-    let own = vmnet_testkit::sandbox::owned(name);
+    let own = crate::sandbox::owned(name);
     if dir.exists() || !own.is_empty() {
         return Err(Error::conflict(format!(
             "sandbox {name} exists already (state {}, {} namespaces): run `vmnet down --sandbox --name {name}` first",
@@ -162,7 +162,7 @@ pub fn check_free(root: &Path, name: &str) -> Result<(), Error> {
         .map(|o| format!("sandbox {o} (state {})", root.join(&o).display()))
         .collect();
     others.extend(
-        vmnet_testkit::sandbox::prefix_conflicts(name)
+        crate::sandbox::prefix_conflicts(name)
             .into_iter()
             .map(|ns| format!("netns {ns}")),
     );

@@ -19,9 +19,7 @@ use std::time::{Duration, Instant};
 
 use vmnet_ipam::{Db, SetIpPool, Store};
 use vmnet_model::Error;
-use vmnet_testkit::postgres::{PgCluster, PgOptions};
-
-use crate::Global;
+use vmnet_sandbox::postgres::{PgCluster, PgOptions};
 
 /// Arguments of this command.
 #[derive(Debug, clap::Args)]
@@ -276,7 +274,7 @@ fn check_targets(rows: &[Row]) {
 ///
 /// # Errors
 /// `UNAVAILABLE` when a database cannot be opened or the PostgreSQL cluster cannot start.
-pub async fn run(_g: &Global, args: IpamBenchArgs) -> Result<(), Error> {
+pub async fn run(args: IpamBenchArgs) -> Result<(), Error> {
     let mut rows = Vec::new();
     println!(
         "durability: SQLite WAL + synchronous=FULL; PostgreSQL fsync=on, synchronous_commit=on"

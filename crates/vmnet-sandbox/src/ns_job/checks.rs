@@ -20,12 +20,12 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use crate::echo::EchoService;
+use crate::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4};
+use crate::{SandboxError, netns, traffic};
 use ipnet::IpNet;
 use serde::Serialize;
 use vmnet_model::vm::{Route, Via};
-use vmnet_testkit::echo::EchoService;
-use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4};
-use vmnet_testkit::{TestkitError, netns, traffic};
 
 /// The guest's IPv6 gateway: the link-local address on every tap.
 pub const GUEST_GW_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
@@ -240,7 +240,7 @@ pub fn plan_checks(vms: &[GuestInfo]) -> (Vec<CheckPlan>, Vec<(usize, Ipv6Addr)>
     (out, probes)
 }
 
-fn seen_reply(r: Result<Option<traffic::EchoReply>, TestkitError>) -> String {
+fn seen_reply(r: Result<Option<traffic::EchoReply>, SandboxError>) -> String {
     match r {
         Ok(Some(reply)) => from(reply.peer.ip()),
         Ok(None) => NO_REACH.into(),
@@ -252,7 +252,7 @@ fn run_mss(guest_ns: &str, target: SocketAddr, advmss: u16) -> String {
     let (dst, gw, fam) = match target.ip() {
         IpAddr::V4(a) => (
             format!("{a}/32"),
-            vmnet_testkit::guest::GATEWAY_V4.to_string(),
+            crate::guest::GATEWAY_V4.to_string(),
             "-4",
         ),
         IpAddr::V6(a) => (format!("{a}/128"), GUEST_GW_V6.to_string(), "-6"),
@@ -314,7 +314,7 @@ fn veth_mtu(k: &KernelNames) -> String {
 ///
 /// # Errors
 /// When a guest's echo service or probe address cannot be set up.
-pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, TestkitError> {
+pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, SandboxError> {
     let (plans, probes) = plan_checks(vms);
     let mut services: Vec<Option<EchoService>> = Vec::new();
     for (i, v) in vms.iter().enumerate() {

@@ -5,7 +5,7 @@
 //!
 //! 1. a sandbox host namespace `<name>host` with an uplink veth to a fake internet namespace
 //!    `<name>inet` (203.0.113.0/24, 2001:db8:0:1::/64) running a TCP/UDP echo service at
-//!    198.51.100.10 and 2001:db8:100::10, port 7 ([`vmnet_testkit::sandbox`]);
+//!    198.51.100.10 and 2001:db8:100::10, port 7 ([`crate::sandbox`]);
 //! 2. the agent (`vmnet serve --netns <name>host`, which enters the namespace on its main thread
 //!    before its runtime starts, staying in the host's mount namespace) with its own socket,
 //!    state directory and name prefix `<name>` (so every VM namespace it makes is `<name>n<uid>`);
@@ -27,31 +27,23 @@
 //! `<name>` or starts with it, is refused with `CONFLICT` (run `down` first); a failure while
 //! building it removes what was built.
 
-#[path = "sandbox_checks.rs"]
 pub mod checks;
-#[path = "sandbox_helper.rs"]
-mod helper;
-#[path = "sandbox_state.rs"]
-pub mod state;
 
 use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::guest::{GuestConfig, GuestRoute6};
+use crate::{netns, sandbox};
 use serde::Serialize;
 use vmnet_agent::api::types::{VmState, VmView};
 use vmnet_agent::client::{Client, segment};
 use vmnet_agent::hostspec::HostSpec;
 use vmnet_model::vm::Via;
 use vmnet_model::{Error, ErrorCode};
-use vmnet_testkit::guest::{GuestConfig, GuestRoute6};
-use vmnet_testkit::{netns, sandbox};
 
 use self::checks::{CheckResult, GUEST_GW_V6, GuestInfo};
-use self::state::{Paths, Proc, SandboxState};
-use crate::{Global, Output};
-
-pub use self::helper::{HelperCmd, run as helper};
+use crate::state::{self, Paths, Proc, SandboxState};
 
 /// The default sandbox name (and name prefix).
 pub const DEFAULT_NAME: &str = "vmsbx";
@@ -182,15 +174,15 @@ fn read_spec(path: &Path) -> Result<String, Error> {
 /// `INVALID_INPUT` for a bad flag or host spec, `CONFLICT` when the sandbox exists, `INTERNAL`
 /// when building it fails (after removing what was built) or when any check fails (the sandbox
 /// then stays up for inspection).
-pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
+pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
     // Caught from the start, so an interrupt never leaves a half-built sandbox behind.
     let mut interrupts = state::Interrupts::install()?;
     need_root_and_flag(args.sandbox, "up")?;
     check_name(&args.name)?;
     let text = read_spec(&args.host_spec)?;
-    if super::sandbox_pool::is_pool_spec(&text) {
-        return super::sandbox_pool::up_pool(
-            g,
+    if crate::pool_job::is_pool_spec(&text) {
+        return crate::pool_job::up_pool(
+            json,
             &args.host_spec,
             &args.name,
             &args.root,
@@ -217,12 +209,12 @@ pub async fn run(g: &Global, args: UpArgs) -> Result<(), Error> {
         }
     };
     state::done_building(&paths);
-    match g.output {
-        Output::Json => println!(
+    match json {
+        true => println!(
             "{}",
             serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?
         ),
-        Output::Table => print_report(&report, &paths),
+        false => print_report(&report, &paths),
     }
     let failed = report.checks.iter().filter(|c| !c.ok).count();
     if failed > 0 {
@@ -300,9 +292,8 @@ fn record(paths: &Paths, st: &mut SandboxState, role: &str, pid: u32) -> Result<
 
 async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpReport, Error> {
     let timeout = Duration::from_secs(args.timeout_secs);
-    let sb_err =
-        |e: vmnet_testkit::TestkitError| Error::internal(format!("sandbox {}: {e}", args.name));
-    let sb = vmnet_testkit::Sandbox::with_prefix(&args.name).map_err(sb_err)?;
+    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {}: {e}", args.name));
+    let sb = crate::Sandbox::with_prefix(&args.name).map_err(sb_err)?;
     let mut st = SandboxState {
         name: args.name.clone(),
         host_ns: sb.host(),
@@ -393,7 +384,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         record(paths, &mut st, &role, child.id())?;
         state::wait_ready(&mut child, &ready, &paths.log(&role), &role, timeout)?;
         let cfg = guest_config(v)?;
-        vmnet_testkit::guest::configure(&guest_ns, vmnet_testkit::guest::GUEST_IF, &cfg)
+        crate::guest::configure(&guest_ns, crate::guest::GUEST_IF, &cfg)
             .map_err(|e| Error::internal(format!("guest of vm {}: {e}", v.config.id)))?;
         guests.push(GuestInfo {
             vm: v.config.id.clone(),
@@ -604,7 +595,7 @@ fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
 /// # Errors
 /// `INVALID_INPUT` for a bad flag, `NOT_FOUND` when no such sandbox exists, `INTERNAL` when
 /// something could not be removed.
-pub async fn down(g: &Global, args: DownArgs) -> Result<(), Error> {
+pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
     need_root_and_flag(args.sandbox, "down")?;
     if let Some(pid) = state::builder(&args.root.join(&args.name)) {
         return Err(Error::conflict(format!(
@@ -625,12 +616,12 @@ pub async fn down(g: &Global, args: DownArgs) -> Result<(), Error> {
     let report = tokio::task::spawn_blocking(move || teardown(&paths, &args.name))
         .await
         .map_err(|e| Error::internal(format!("down: {e}")))??;
-    match g.output {
-        Output::Json => println!(
+    match json {
+        true => println!(
             "{}",
             serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?
         ),
-        Output::Table => {
+        false => {
             for p in &report.stopped {
                 println!("stopped {p}");
             }

@@ -6,7 +6,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::relay::Relay;
-use crate::{Sandbox, TestkitError, netns};
+use crate::{Sandbox, SandboxError, netns};
 
 /// The guest's IPv4 address in every VM.
 pub const GUEST_V4: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);
@@ -66,7 +66,7 @@ impl Default for GuestConfig {
 ///
 /// # Errors
 /// The first `ip` command or sysctl that fails.
-pub fn configure(ns: &str, ifname: &str, cfg: &GuestConfig) -> Result<(), TestkitError> {
+pub fn configure(ns: &str, ifname: &str, cfg: &GuestConfig) -> Result<(), SandboxError> {
     netns::sysctl(ns, "net/ipv6/conf/all/accept_dad", "0")?;
     netns::sysctl(ns, "net/ipv6/conf/default/accept_dad", "0")?;
     netns::sysctl(ns, &format!("net/ipv6/conf/{ifname}/accept_dad"), "0")?;
@@ -147,7 +147,7 @@ impl SimGuest {
         vm_ns: &str,
         tap: &str,
         cfg: &GuestConfig,
-    ) -> Result<Self, TestkitError> {
+    ) -> Result<Self, SandboxError> {
         let ns = sandbox.add_netns(&format!("g-{name}"))?;
         Self::attach_in(&ns, vm_ns, tap, cfg)
     }
@@ -162,7 +162,7 @@ impl SimGuest {
         vm_ns: &str,
         tap: &str,
         cfg: &GuestConfig,
-    ) -> Result<Self, TestkitError> {
+    ) -> Result<Self, SandboxError> {
         let relay = Relay::start(vm_ns, tap, guest_ns, GUEST_IF)?;
         configure(guest_ns, GUEST_IF, cfg)?;
         Ok(Self {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sched::{CloneFlags, setns};
 
-use crate::TestkitError;
+use crate::SandboxError;
 
 /// Where iproute2 mounts named namespaces.
 pub const NETNS_DIR: &str = "/run/netns";
@@ -36,7 +36,7 @@ pub fn exists(name: &str) -> bool {
 ///
 /// # Errors
 /// When `ip netns add` fails (e.g. the name exists).
-pub fn create(name: &str) -> Result<(), TestkitError> {
+pub fn create(name: &str) -> Result<(), SandboxError> {
     run_checked(Command::new("ip").args(["netns", "add", name]))?;
     ip(name, &["link", "set", "lo", "up"])?;
     Ok(())
@@ -46,7 +46,7 @@ pub fn create(name: &str) -> Result<(), TestkitError> {
 ///
 /// # Errors
 /// When `ip netns del` fails on an existing namespace.
-pub fn delete(name: &str) -> Result<(), TestkitError> {
+pub fn delete(name: &str) -> Result<(), SandboxError> {
     if !exists(name) {
         return Ok(());
     }
@@ -74,18 +74,18 @@ pub fn list(prefix: &str) -> Vec<String> {
 ///
 /// # Errors
 /// When the namespace does not exist or `setns` fails.
-pub fn enter(name: &str) -> Result<(), TestkitError> {
+pub fn enter(name: &str) -> Result<(), SandboxError> {
     let file =
-        File::open(path(name)).map_err(|e| TestkitError::io(format!("netns {name}: open"), e))?;
+        File::open(path(name)).map_err(|e| SandboxError::io(format!("netns {name}: open"), e))?;
     setns(file.as_fd(), CloneFlags::CLONE_NEWNET)
-        .map_err(|e| TestkitError::errno(format!("netns {name}: setns"), e))
+        .map_err(|e| SandboxError::errno(format!("netns {name}: setns"), e))
 }
 
 /// Runs `f` on a fresh thread inside the named namespace and returns its result.
 ///
 /// # Errors
 /// When the namespace cannot be entered or `f` panics.
-pub fn run_in<T, F>(name: &str, f: F) -> Result<T, TestkitError>
+pub fn run_in<T, F>(name: &str, f: F) -> Result<T, SandboxError>
 where
     T: Send,
     F: FnOnce() -> T + Send,
@@ -96,7 +96,7 @@ where
             Ok(f())
         })
         .join()
-        .unwrap_or_else(|_| Err(TestkitError::Panicked(format!("netns {name}"))))
+        .unwrap_or_else(|_| Err(SandboxError::Panicked(format!("netns {name}"))))
     })
 }
 
@@ -105,8 +105,8 @@ where
 /// should bound its own blocking calls too.
 ///
 /// # Errors
-/// [`TestkitError::Timeout`], or when the namespace cannot be entered or `f` panics.
-pub fn run_in_timeout<T, F>(name: &str, timeout: Duration, f: F) -> Result<T, TestkitError>
+/// [`SandboxError::Timeout`], or when the namespace cannot be entered or `f` panics.
+pub fn run_in_timeout<T, F>(name: &str, timeout: Duration, f: F) -> Result<T, SandboxError>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
@@ -117,13 +117,13 @@ where
     })?;
     match rx.recv_timeout(timeout) {
         Ok(v) => Ok(v),
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(TestkitError::Timeout {
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(SandboxError::Timeout {
             what: format!("netns {name}: closure"),
             timeout,
         }),
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
             Ok(Err(e)) => Err(e),
-            _ => Err(TestkitError::Panicked(format!("netns {name}"))),
+            _ => Err(SandboxError::Panicked(format!("netns {name}"))),
         },
     }
 }
@@ -137,7 +137,7 @@ pub fn spawn_in<T, F>(
     name: &str,
     thread_name: &str,
     f: F,
-) -> Result<std::thread::JoinHandle<Result<T, TestkitError>>, TestkitError>
+) -> Result<std::thread::JoinHandle<Result<T, SandboxError>>, SandboxError>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
@@ -149,14 +149,14 @@ where
             enter(&ns)?;
             Ok(f())
         })
-        .map_err(|e| TestkitError::io(format!("spawn thread {thread_name}"), e))
+        .map_err(|e| SandboxError::io(format!("spawn thread {thread_name}"), e))
 }
 
 /// Runs `ip -n NS ARGS…` and returns its stdout.
 ///
 /// # Errors
 /// When `ip` exits unsuccessfully; the error carries its stderr.
-pub fn ip(ns: &str, args: &[&str]) -> Result<String, TestkitError> {
+pub fn ip(ns: &str, args: &[&str]) -> Result<String, SandboxError> {
     let out = run_checked(Command::new("ip").arg("-n").arg(ns).args(args))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -165,20 +165,20 @@ pub fn ip(ns: &str, args: &[&str]) -> Result<String, TestkitError> {
 ///
 /// # Errors
 /// When the namespace cannot be entered or the file cannot be written.
-pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<(), TestkitError> {
+pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<(), SandboxError> {
     let file = Path::new("/proc/sys").join(key);
     run_in(ns, || std::fs::write(&file, value))?
-        .map_err(|e| TestkitError::io(format!("netns {ns}: sysctl {key}={value}"), e))
+        .map_err(|e| SandboxError::io(format!("netns {ns}: sysctl {key}={value}"), e))
 }
 
 /// Reads a sysctl inside the named namespace (trimmed).
 ///
 /// # Errors
 /// When the namespace cannot be entered or the file cannot be read.
-pub fn sysctl_get(ns: &str, key: &str) -> Result<String, TestkitError> {
+pub fn sysctl_get(ns: &str, key: &str) -> Result<String, SandboxError> {
     let file = Path::new("/proc/sys").join(key);
     let v = run_in(ns, || std::fs::read_to_string(&file))?
-        .map_err(|e| TestkitError::io(format!("netns {ns}: read sysctl {key}"), e))?;
+        .map_err(|e| SandboxError::io(format!("netns {ns}: read sysctl {key}"), e))?;
     Ok(v.trim().to_owned())
 }
 
@@ -186,13 +186,13 @@ pub fn sysctl_get(ns: &str, key: &str) -> Result<String, TestkitError> {
 /// its exit status. The child is killed when the limit passes.
 ///
 /// # Errors
-/// When it cannot be started, or [`TestkitError::Timeout`] when it had to be killed.
+/// When it cannot be started, or [`SandboxError::Timeout`] when it had to be killed.
 pub fn exec(
     ns: &str,
     program: &str,
     args: &[&str],
     timeout: Duration,
-) -> Result<Output, TestkitError> {
+) -> Result<Output, SandboxError> {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns, program]).args(args);
     run_with_timeout(&mut cmd, timeout)
@@ -201,15 +201,15 @@ pub fn exec(
 /// Runs `cmd` (stdin closed, output captured) and kills it when `timeout` passes.
 ///
 /// # Errors
-/// When it cannot be started, or [`TestkitError::Timeout`] when it had to be killed.
-pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Result<Output, TestkitError> {
+/// When it cannot be started, or [`SandboxError::Timeout`] when it had to be killed.
+pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Result<Output, SandboxError> {
     let line = describe(cmd);
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| TestkitError::io(format!("start `{line}`"), e))?;
+        .map_err(|e| SandboxError::io(format!("start `{line}`"), e))?;
     let start = Instant::now();
     loop {
         match child.try_wait() {
@@ -217,30 +217,30 @@ pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Result<Output, 
             Ok(None) if start.elapsed() >= timeout => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(TestkitError::Timeout {
+                return Err(SandboxError::Timeout {
                     what: line,
                     timeout,
                 });
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(TestkitError::io(format!("wait for `{line}`"), e)),
+            Err(e) => return Err(SandboxError::io(format!("wait for `{line}`"), e)),
         }
     }
     child
         .wait_with_output()
-        .map_err(|e| TestkitError::io(format!("collect `{line}`"), e))
+        .map_err(|e| SandboxError::io(format!("collect `{line}`"), e))
 }
 
 /// Runs `cmd` with a 30 s limit and fails unless it exits successfully.
 ///
 /// # Errors
-/// [`TestkitError::Command`] with its stderr, or a start/timeout error.
-pub fn run_checked(cmd: &mut Command) -> Result<Output, TestkitError> {
+/// [`SandboxError::Command`] with its stderr, or a start/timeout error.
+pub fn run_checked(cmd: &mut Command) -> Result<Output, SandboxError> {
     let out = run_with_timeout(cmd, Duration::from_secs(30))?;
     if out.status.success() {
         Ok(out)
     } else {
-        Err(TestkitError::Command {
+        Err(SandboxError::Command {
             command: describe(cmd),
             status: out.status.to_string(),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),

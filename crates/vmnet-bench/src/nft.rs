@@ -30,8 +30,6 @@ use vmnet_model::Error;
 use vmnet_model::nic::{InstanceSpec, MacAddr, NetworkPolicy, NicSpec, NodeSpec};
 use vmnet_plan::pool::nft::{HostAddrs, plan, render_full};
 
-use crate::{Global, Output};
-
 /// Arguments of this command.
 #[derive(Debug, clap::Args)]
 pub struct NftBenchArgs {
@@ -373,7 +371,7 @@ fn guard_costs(
 /// # Errors
 /// `UNAVAILABLE` when a namespace or libnftables cannot be used (needs root and
 /// `libnftables.so.1`), and `bench nft: stopped by SIGINT/SIGTERM` after a signal.
-pub async fn run(g: &Global, args: NftBenchArgs) -> Result<(), Error> {
+pub async fn run(json: bool, args: NftBenchArgs) -> Result<(), Error> {
     let reps = args.reps;
     let sizes = args.sizes.clone();
     for n in remove_stale_namespaces()? {
@@ -389,7 +387,7 @@ pub async fn run(g: &Global, args: NftBenchArgs) -> Result<(), Error> {
     .await;
     signals.abort();
     let rows = rows.map_err(|e| Error::internal(format!("bench task: {e}")))??;
-    if g.output == Output::Json {
+    if json {
         println!(
             "{}",
             serde_json::to_string_pretty(&rows).map_err(|e| Error::internal(e.to_string()))?

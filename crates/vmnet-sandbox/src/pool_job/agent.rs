@@ -94,7 +94,7 @@ impl AgentProc {
     /// The last lines of the agent's log.
     #[must_use]
     pub fn log_tail(&self) -> String {
-        super::super::sandbox::state::log_tail(&self.log)
+        crate::state::log_tail(&self.log)
     }
 
     /// The range and the host of `spec`, over the API.
@@ -180,7 +180,7 @@ impl AgentProc {
     /// took, or `None` after `timeout`.
     pub async fn wait_repair(&self, before: u64, timeout: Duration) -> Option<Duration> {
         let start = Instant::now();
-        while start.elapsed() < timeout && !super::super::sandbox::state::stopping() {
+        while start.elapsed() < timeout && !crate::state::stopping() {
             if self
                 .pool_status()
                 .await

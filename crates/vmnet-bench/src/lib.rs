@@ -1,0 +1,40 @@
+//! The benchmarks behind `vmnet bench …`; each prints a table (or JSON).
+//!
+//! - [`ipam`]: lease and release latency and throughput on SQLite and PostgreSQL;
+//! - [`vms`]: a namespace-mode VM's setup and teardown against the shell `ip`/`nft` baseline;
+//! - [`nft`]: pool mode's nftables full replace and per-instance add/remove;
+//! - [`agent`]: the agent process under N VMs put over its API.
+
+pub mod agent;
+pub mod ipam;
+pub mod nft;
+pub mod vms;
+
+use clap::Subcommand;
+use vmnet_model::Error;
+
+/// `vmnet bench …`
+#[derive(Debug, Subcommand)]
+pub enum BenchCmd {
+    /// IPAM lease/release latency and throughput.
+    Ipam(ipam::IpamBenchArgs),
+    /// Per-VM namespace-mode setup/teardown against the shell baseline.
+    Vms(vms::VmsBenchArgs),
+    /// Pool-mode nftables apply and per-instance add/remove.
+    Nft(nft::NftBenchArgs),
+    /// The agent process (`vmnet serve`) under N VMs put over its API: PUT latency, RSS, fds.
+    Agent(agent::AgentBenchArgs),
+}
+
+/// Runs `vmnet bench …`; `json` prints JSON instead of a table where the bench supports it.
+///
+/// # Errors
+/// Each bench's own (`UNAVAILABLE` when it cannot set up, `INVALID_INPUT` for bad arguments).
+pub async fn run(json: bool, c: BenchCmd) -> Result<(), Error> {
+    match c {
+        BenchCmd::Ipam(a) => ipam::run(a).await,
+        BenchCmd::Vms(a) => vms::run(a).await,
+        BenchCmd::Nft(a) => nft::run(json, a).await,
+        BenchCmd::Agent(a) => agent::run(a).await,
+    }
+}

@@ -1,0 +1,45 @@
+//! The main job's world, for `vmnet up --sandbox` and for the tests: throwaway namespaces that
+//! stand in for a hypervisor host, the internet and the guests, and the checks that send real
+//! packets through them.
+//!
+//! - [`sandbox::Sandbox`]: a sandbox host namespace and a fake internet namespace joined by an
+//!   uplink veth (documentation addresses), plus extra namespaces, all deleted on `Drop`.
+//! - [`echo::EchoService`]: TCP and UDP echo threads inside a namespace that report the peer
+//!   address they saw and the MSS of the TCP SYN.
+//! - [`relay::Relay`] and [`guest`]: a simulated guest joined to a VM's tap by a frame relay
+//!   that opens the tap the way a VMM does; [`sim_guest`]: a pool-mode guest configured from its
+//!   NoCloud seed; [`probe`]: raw frames sent and captured on a link.
+//! - [`traffic`]: TCP/UDP echo clients, ICMP ping and command runs inside a namespace, each with
+//!   a timeout.
+//! - [`postgres`]: a throwaway PostgreSQL cluster on a unix socket.
+//! - [`ns_job`] and [`pool_job`]: `vmnet up --sandbox` for a namespace-mode host spec and for a
+//!   pool-mode spec, with [`state`] (the sandbox's state directory, its processes and signals)
+//!   and [`helper`] (the relay and echo processes the sandbox runs in the background).
+//!
+//! # Design
+//! Namespaces are named (`/run/netns/<name>`) and made with `ip netns add`, so `ip -n` works on
+//! them. Code that must run inside one runs on a dedicated thread that called `setns(2)`; the
+//! calling thread never changes namespace.
+//!
+//! # Limitations
+//! Needs root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN` for `setns`).
+
+pub mod echo;
+pub mod guest;
+pub mod helper;
+pub mod netns;
+pub mod ns_job;
+pub mod pool_job;
+pub mod postgres;
+pub mod probe;
+pub mod relay;
+pub mod sandbox;
+pub mod sim_guest;
+pub mod state;
+pub mod tap;
+pub mod traffic;
+
+mod error;
+
+pub use error::SandboxError;
+pub use sandbox::Sandbox;
