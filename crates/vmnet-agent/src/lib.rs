@@ -16,3 +16,4 @@ pub mod hostspec;
 pub mod pool;
 pub mod reconcile;
 pub mod server;
+pub mod table;

@@ -347,7 +347,7 @@ pub fn render(rows: &[AgentRow], again: Stats, after: &ProcUsage) -> String {
             ]
         })
         .collect();
-    let mut out = vmnet_sandbox::ns_job::checks::render_table(
+    let mut out = vmnet_agent::table::render(
         &[
             "VMS",
             "PUTS",

@@ -217,24 +217,41 @@ async fn store_rows(
 }
 
 fn print_table(rows: &mut [Row]) {
-    println!(
-        "{:<24} {:>5} {:>11} {:>11} {:>13} {:>13} {:>9}",
-        "store", "full", "lease p50", "lease p99", "release p50", "release p99", "leases/s"
+    use vmnet_agent::table::{Align, render_aligned};
+    let cells: Vec<Vec<String>> = rows
+        .iter_mut()
+        .map(|r| {
+            r.lease.sort();
+            r.release.sort();
+            vec![
+                r.store.clone(),
+                format!("{}%", r.fill),
+                format!("{} ms", ms(pct(&r.lease, 0.5))),
+                format!("{} ms", ms(pct(&r.lease, 0.99))),
+                format!("{} ms", ms(pct(&r.release, 0.5))),
+                format!("{} ms", ms(pct(&r.release, 0.99))),
+                format!("{:.0}", r.leases_per_s),
+            ]
+        })
+        .collect();
+    let mut align = vec![Align::Left];
+    align.extend([Align::Right; 6]);
+    print!(
+        "{}",
+        render_aligned(
+            &[
+                "store",
+                "full",
+                "lease p50",
+                "lease p99",
+                "release p50",
+                "release p99",
+                "leases/s"
+            ],
+            &align,
+            &cells
+        )
     );
-    for r in rows.iter_mut() {
-        r.lease.sort();
-        r.release.sort();
-        println!(
-            "{:<24} {:>4}% {:>8} ms {:>8} ms {:>10} ms {:>10} ms {:>9.0}",
-            r.store,
-            r.fill,
-            ms(pct(&r.lease, 0.5)),
-            ms(pct(&r.lease, 0.99)),
-            ms(pct(&r.release, 0.5)),
-            ms(pct(&r.release, 0.99)),
-            r.leases_per_s
-        );
-    }
 }
 
 fn check_targets(rows: &[Row]) {

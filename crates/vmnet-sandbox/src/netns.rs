@@ -2,42 +2,40 @@
 //! other commands inside, each with a timeout.
 //!
 //! # Design
-//! Namespaces are made by `ip netns add` (the iproute2 layout under `/run/netns`), so `ip -n`
-//! and `ip netns exec` work on them. Code runs inside a namespace on a dedicated thread that
+//! Namespaces are made, listed and deleted by [`vmnet_kernel::netns`] (the one implementation;
+//! iproute2's layout under `/run/netns`), so `ip -n` and `ip netns exec` work on them. Code runs inside a namespace on a dedicated thread that
 //! called `setns(2)`; the caller's thread never changes namespace. Threads spawned from such a
 //! thread inherit its namespace.
 
-use std::fs::File;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sched::{CloneFlags, setns};
-
 use crate::SandboxError;
 
-/// Where iproute2 mounts named namespaces.
-pub const NETNS_DIR: &str = "/run/netns";
-
-/// The mount path of the namespace `name`.
+/// The mount path of the namespace `name` (`/run/netns/<name>`, iproute2's layout).
 #[must_use]
 pub fn path(name: &str) -> PathBuf {
-    Path::new(NETNS_DIR).join(name)
+    vmnet_kernel::netns::path(name)
 }
 
 /// Whether the named namespace exists.
 #[must_use]
 pub fn exists(name: &str) -> bool {
-    path(name).exists()
+    vmnet_kernel::netns::exists(name)
 }
 
-/// Creates the named namespace and brings its loopback up.
+fn kernel(what: String) -> impl FnOnce(vmnet_kernel::netns::NetnsError) -> SandboxError {
+    move |e| SandboxError::io(what, std::io::Error::other(e))
+}
+
+/// Creates the named namespace (through [`vmnet_kernel::netns`], no process started) and brings
+/// its loopback up.
 ///
 /// # Errors
-/// When `ip netns add` fails (e.g. the name exists).
+/// When the name exists or the namespace cannot be made.
 pub fn create(name: &str) -> Result<(), SandboxError> {
-    run_checked(Command::new("ip").args(["netns", "add", name]))?;
+    vmnet_kernel::netns::create(name).map_err(kernel(format!("netns {name}: create")))?;
     ip(name, &["link", "set", "lo", "up"])?;
     Ok(())
 }
@@ -45,28 +43,16 @@ pub fn create(name: &str) -> Result<(), SandboxError> {
 /// Deletes the named namespace; a missing one is not an error.
 ///
 /// # Errors
-/// When `ip netns del` fails on an existing namespace.
+/// When an existing namespace cannot be unmounted or removed.
 pub fn delete(name: &str) -> Result<(), SandboxError> {
-    if !exists(name) {
-        return Ok(());
-    }
-    run_checked(Command::new("ip").args(["netns", "del", name]))?;
-    Ok(())
+    vmnet_kernel::netns::delete(name).map_err(kernel(format!("netns {name}: delete")))
 }
 
-/// The named namespaces whose names start with `prefix`, sorted.
+/// The named namespaces whose names start with `prefix`, sorted (empty when `/run/netns`
+/// cannot be read).
 #[must_use]
 pub fn list(prefix: &str) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = entries
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(prefix))
-        .collect();
-    names.sort();
-    names
+    vmnet_kernel::netns::list(prefix).unwrap_or_default()
 }
 
 /// Moves the calling thread into the named namespace. Use only on a thread made for that
@@ -75,10 +61,7 @@ pub fn list(prefix: &str) -> Vec<String> {
 /// # Errors
 /// When the namespace does not exist or `setns` fails.
 pub fn enter(name: &str) -> Result<(), SandboxError> {
-    let file =
-        File::open(path(name)).map_err(|e| SandboxError::io(format!("netns {name}: open"), e))?;
-    setns(file.as_fd(), CloneFlags::CLONE_NEWNET)
-        .map_err(|e| SandboxError::errno(format!("netns {name}: setns"), e))
+    vmnet_kernel::netns::enter_current_thread(name).map_err(kernel(format!("netns {name}: setns")))
 }
 
 /// Runs `f` on a fresh thread inside the named namespace and returns its result.

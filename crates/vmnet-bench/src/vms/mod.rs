@@ -282,7 +282,7 @@ pub fn render(rows: &[Row]) -> String {
             ]
         })
         .collect();
-    out.push_str(&vmnet_sandbox::ns_job::checks::render_table(
+    out.push_str(&vmnet_agent::table::render(
         &[
             "N",
             "METHOD",

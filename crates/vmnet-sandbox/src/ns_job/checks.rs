@@ -16,7 +16,6 @@
 //!
 //! A VM without a mesh address has no veth pair, so every check of it expects `no reach`.
 
-use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use crate::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4};
 use crate::{SandboxError, netns, traffic};
 use ipnet::IpNet;
 use serde::Serialize;
+use vmnet_agent::table::render as render_table;
 use vmnet_model::vm::{Route, Via};
 
 /// The guest's IPv6 gateway: the link-local address on every tap.
@@ -373,59 +373,6 @@ pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, SandboxError> {
     Ok(results)
 }
 
-/// `s` with control characters escaped (`\u{1b}`), the rest as is.
-fn printable(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
-/// Renders rows as an aligned text table with a header.
-#[must_use]
-pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
-    // Cells come from user input (ids, error messages): control characters are shown escaped,
-    // never sent to the terminal.
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| r.iter().map(|c| printable(c)).collect())
-        .collect();
-    let rows = &rows;
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
-        let parts: Vec<String> = cells
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        let _ = writeln!(out, "{}", parts.join("  ").trim_end());
-    };
-    line(&mut out, &mut header.iter().copied());
-    line(
-        &mut out,
-        &mut widths
-            .iter()
-            .map(|w| "-".repeat(*w))
-            .collect::<Vec<_>>()
-            .iter()
-            .map(String::as_str),
-    );
-    for row in rows {
-        line(&mut out, &mut row.iter().map(String::as_str));
-    }
-    out
-}
-
 /// The checks table.
 #[must_use]
 pub fn render_checks(results: &[CheckResult]) -> String {
@@ -488,14 +435,6 @@ mod tests {
 
     fn find<'a>(plans: &'a [CheckPlan], vm: usize, name: &str) -> Option<&'a CheckPlan> {
         plans.iter().find(|p| p.vm == vm && p.name == name)
-    }
-
-    #[test]
-    fn tables_escape_control_characters() {
-        let t = render_table(&["ID"], &[vec!["\u{1b}[2J\u{1b}[31mweb-1\n".into()]]);
-        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
-        assert!(t.contains("\\u{1b}[2J"), "{t}");
-        assert_eq!(t.lines().count(), 3, "{t}");
     }
 
     #[test]

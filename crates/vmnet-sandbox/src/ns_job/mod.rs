@@ -253,7 +253,7 @@ fn print_report(report: &UpReport, paths: &Paths) {
     println!();
     print!(
         "{}",
-        checks::render_table(
+        vmnet_agent::table::render(
             &[
                 "VM",
                 "STATE",

@@ -464,7 +464,7 @@ fn print(r: &PoolReport) {
 
 /// The two tables (instances, checks) in the namespace-mode layout, and the summary line.
 fn render(r: &PoolReport) -> String {
-    use crate::ns_job::checks::render_table;
+    use vmnet_agent::table::render as render_table;
     let rows: Vec<Vec<String>> = r
         .instances
         .iter()

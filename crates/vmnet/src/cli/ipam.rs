@@ -7,10 +7,9 @@
 //! commits. Output is a human table, or JSON with `--output json`. Errors are returned to `main`,
 //! which prints `error: CODE: message` and exits with the code's documented status.
 
-use std::fmt::Write as _;
-
 use clap::Subcommand;
 use serde::Serialize;
+use vmnet_agent::table::render;
 use vmnet_ipam::{
     Db, Host, Instance, IpRange, Lease, NewInstance, Pool, ReportedInstance, SetIpPool,
     StatusReport, StatusReportOutcome, Store, Tx,
@@ -195,34 +194,6 @@ async fn finish<T: Serialize>(
         Output::Table => print!("{}", table(value)),
     }
     Ok(())
-}
-
-/// Renders rows as left-aligned columns separated by two spaces.
-fn render(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let mut out = String::new();
-    let mut line = |cells: Vec<&str>| {
-        let mut l = String::new();
-        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                l.push_str(c);
-            } else {
-                let _ = write!(l, "{c:<w$}  ");
-            }
-        }
-        out.push_str(l.trim_end());
-        out.push('\n');
-    };
-    line(header.to_vec());
-    for r in rows {
-        line(r.iter().map(String::as_str).collect());
-    }
-    out
 }
 
 fn opt<T: ToString>(v: Option<&T>) -> String {
@@ -608,7 +579,7 @@ pub async fn lease(g: &Global, c: LeaseCmd) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Deleted, HostCmd, instances_table, parse_report, render, report_table};
+    use super::{Deleted, HostCmd, instances_table, parse_report, report_table};
     use clap::Parser;
     use vmnet_ipam::{
         Instance, InstanceState, SkipReason, SkippedInstance, StatusReportOutcome, UpdatedInstance,
@@ -708,12 +679,6 @@ mod tests {
              vm1       updated                2001:db8::5/64  10.0.0.2/29,2001:db8::5/64\n\
              vm2       skipped (not_on_host)  -               instance vm2 is placed on host h2, not h1\n"
         );
-    }
-
-    #[test]
-    fn table_columns_align() {
-        let t = render(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]);
-        assert_eq!(t, "A    BB\nxyz  1\n");
     }
 
     #[test]

@@ -122,16 +122,10 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
             print_json(&views)
         };
     }
-    let mut rows = vec![vec![
-        "VM".to_owned(),
-        "USER".to_owned(),
-        "STATE".to_owned(),
-        "NETNS".to_owned(),
-        "VETH".to_owned(),
-        "TRANSIT".to_owned(),
-        "MESH".to_owned(),
-        "ROUTES".to_owned(),
-    ]];
+    let header = [
+        "VM", "USER", "STATE", "NETNS", "VETH", "TRANSIT", "MESH", "ROUTES",
+    ];
+    let mut rows = Vec::new();
     for v in views {
         let s = &v.status;
         let routes: Vec<String> = v
@@ -156,7 +150,7 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
             },
         ]);
     }
-    print_table(&rows);
+    print_table(&header, &rows);
     if detail {
         for v in views {
             let s = &v.status;
@@ -188,25 +182,8 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
     Ok(())
 }
 
-fn print_table(rows: &[Vec<String>]) {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, s)| format!("{s:<w$}", w = widths[i]))
-            .collect();
-        println!("{}", line.join("  ").trim_end());
-    }
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    print!("{}", vmnet_agent::table::render(header, rows));
 }
 
 /// How long ago `unix_ms` was, e.g. `3.2 s`.
@@ -262,7 +239,7 @@ pub async fn status(g: &Global) -> Result<(), Error> {
     if let Some(p) = &st.pool {
         rows.extend(pool_rows(p));
     }
-    print_table(&rows);
+    print_table(&["STATUS", "VALUE"], &rows);
     for e in &r.last_errors {
         println!("error: {e}");
     }
@@ -344,11 +321,8 @@ pub async fn apply(g: &Global, args: ApplyArgs) -> Result<(), Error> {
     if g.output == Output::Json {
         return print_json(&report);
     }
-    let mut rows = vec![vec![
-        "KIND".to_owned(),
-        "ID".to_owned(),
-        "RESULT".to_owned(),
-    ]];
+    let header = ["KIND", "ID", "RESULT"];
+    let mut rows = Vec::new();
     for item in &report.items {
         rows.push(vec![
             item.kind.clone(),
@@ -356,6 +330,6 @@ pub async fn apply(g: &Global, args: ApplyArgs) -> Result<(), Error> {
             item.result.clone(),
         ]);
     }
-    print_table(&rows);
+    print_table(&header, &rows);
     Ok(())
 }
