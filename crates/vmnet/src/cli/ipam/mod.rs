@@ -11,8 +11,7 @@ use clap::Subcommand;
 use serde::Serialize;
 use vmnet_agent::table::render;
 use vmnet_ipam::{
-    Db, Host, Instance, IpRange, Lease, NewInstance, Pool, ReportedInstance, SetIpPool,
-    StatusReport, StatusReportOutcome, Store, Tx,
+    Db, Instance, Lease, NewInstance, ReportedInstance, SetIpPool, StatusReport, Store, Tx,
 };
 use vmnet_model::Error;
 
@@ -196,130 +195,13 @@ async fn finish<T: Serialize>(
     Ok(())
 }
 
-fn opt<T: ToString>(v: Option<&T>) -> String {
-    v.map_or_else(|| "-".to_owned(), ToString::to_string)
-}
+mod tables;
+#[cfg(test)]
+mod tests;
 
-fn range_row(pool_id: &str, r: Option<&IpRange>, leases: Option<u64>) -> Vec<String> {
-    let mut row = vec![pool_id.to_owned()];
-    match r {
-        Some(r) => row.extend([
-            r.cidr.to_string(),
-            r.gateway.to_string(),
-            r.first_host.to_string(),
-            r.last_host.to_string(),
-            if r.dns.is_empty() {
-                "-".into()
-            } else {
-                r.dns
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            },
-        ]),
-        None => row.extend(["(no range)", "-", "-", "-", "-"].map(String::from)),
-    }
-    if let Some(n) = leases {
-        row.push(n.to_string());
-    }
-    row
-}
-
-const RANGE_HEADER: [&str; 6] = ["POOL", "CIDR", "GATEWAY", "FIRST", "LAST", "DNS"];
-const POOL_HEADER: [&str; 7] = ["POOL", "CIDR", "GATEWAY", "FIRST", "LAST", "DNS", "LEASES"];
-
-fn pools_table(pools: &[Pool]) -> String {
-    let rows: Vec<_> = pools
-        .iter()
-        .map(|p| range_row(&p.pool_id, p.range.as_ref(), Some(p.leases)))
-        .collect();
-    render(&POOL_HEADER, &rows)
-}
-
-fn hosts_table(hosts: &[Host]) -> String {
-    let rows: Vec<_> = hosts
-        .iter()
-        .map(|h| {
-            vec![
-                h.host_id.clone(),
-                format!("{:?}", h.state).to_lowercase(),
-                format!("{}/{}", h.used_vcpus, h.vcpus),
-                format!("{}/{}", h.used_memory_mib, h.memory_mib),
-            ]
-        })
-        .collect();
-    render(
-        &["HOST", "STATE", "VCPUS USED/TOTAL", "MEMORY MIB USED/TOTAL"],
-        &rows,
-    )
-}
-
-fn instances_table(instances: &[Instance]) -> String {
-    let rows: Vec<_> = instances
-        .iter()
-        .map(|i| {
-            let conditions: Vec<String> = i
-                .conditions
-                .iter()
-                .map(|c| format!("{}: {}", c.kind, c.message))
-                .collect();
-            vec![
-                i.instance_id.clone(),
-                i.pool_id.clone(),
-                opt(i.host_id.as_ref()),
-                i.state.to_string(),
-                opt(i.address.as_ref()),
-                if i.addresses.is_empty() {
-                    "-".into()
-                } else {
-                    i.addresses.join(",")
-                },
-                i.vcpus.to_string(),
-                i.memory_mib.to_string(),
-                i.recreate_on_host_loss.to_string(),
-                i.network_policy.to_string(),
-                i.sandbox.to_string(),
-                if i.allocation_id.is_empty() {
-                    "-".into()
-                } else {
-                    i.allocation_id.clone()
-                },
-                if conditions.is_empty() {
-                    "-".into()
-                } else {
-                    conditions.join("; ")
-                },
-            ]
-        })
-        .collect();
-    render(
-        &[
-            "INSTANCE",
-            "POOL",
-            "HOST",
-            "STATE",
-            "ADDRESS",
-            "ADDRESSES",
-            "VCPUS",
-            "MEMORY_MIB",
-            "RECREATE",
-            "POLICY",
-            "SANDBOX",
-            "ALLOCATION",
-            "CONDITIONS",
-        ],
-        &rows,
-    )
-}
-
-fn leases_table(leases: &[Lease]) -> String {
-    let rows: Vec<_> = leases
-        .iter()
-        .map(|l| vec![l.address.to_string(), l.instance_id.clone()])
-        .collect();
-    render(&["ADDRESS", "INSTANCE"], &rows)
-}
+use self::tables::{
+    RANGE_HEADER, hosts_table, instances_table, leases_table, pools_table, range_row, report_table,
+};
 
 /// Runs `vmnet pool …`.
 ///
@@ -443,42 +325,6 @@ fn parse_report(text: &str) -> Result<StatusReport, Error> {
     serde_json::from_str(text).map_err(|e| Error::invalid(format!("status report: {e}")))
 }
 
-/// The outcome of `host report`: one row per entry, applied ones first.
-fn report_table(out: &StatusReportOutcome) -> String {
-    let list = |v: &[String]| {
-        if v.is_empty() {
-            "-".to_owned()
-        } else {
-            v.join(",")
-        }
-    };
-    let mut rows: Vec<Vec<String>> = out
-        .updated
-        .iter()
-        .map(|u| {
-            vec![
-                u.instance_id.clone(),
-                "updated".into(),
-                list(&u.added),
-                list(&u.addresses),
-            ]
-        })
-        .collect();
-    rows.extend(out.skipped.iter().map(|s| {
-        let reason = serde_json::to_value(s.reason)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        vec![
-            s.instance_id.clone(),
-            format!("skipped ({reason})"),
-            "-".into(),
-            s.message.clone(),
-        ]
-    }));
-    render(&["INSTANCE", "RESULT", "ADDED", "ADDRESSES / WHY"], &rows)
-}
-
 /// Runs `vmnet instance …`.
 ///
 /// # Errors
@@ -574,157 +420,5 @@ pub async fn lease(g: &Global, c: LeaseCmd) -> Result<(), Error> {
             let leases = vmnet_ipam::list_leases(&mut tx, &pool).await?;
             finish(db, tx, g, &leases, |l| leases_table(l)).await
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{Deleted, HostCmd, instances_table, parse_report, report_table};
-    use clap::Parser;
-    use vmnet_ipam::{
-        Instance, InstanceState, SkipReason, SkippedInstance, StatusReportOutcome, UpdatedInstance,
-    };
-
-    #[derive(Debug, Parser)]
-    struct HostCli {
-        #[command(subcommand)]
-        cmd: HostCmd,
-    }
-
-    fn parse_host(args: &[&str]) -> Result<HostCmd, clap::Error> {
-        HostCli::try_parse_from(std::iter::once("host").chain(args.iter().copied())).map(|c| c.cmd)
-    }
-
-    #[test]
-    fn host_report_takes_an_instance_with_addresses_or_a_file() {
-        let c = parse_host(&[
-            "report",
-            "h1",
-            "--instance",
-            "vm1",
-            "--address",
-            "10.0.0.2/29",
-            "--address",
-            "2001:db8::5/64",
-        ])
-        .unwrap();
-        let HostCmd::Report {
-            host,
-            instance,
-            addresses,
-            file,
-        } = c
-        else {
-            panic!("{c:?}")
-        };
-        assert_eq!(host, "h1");
-        assert_eq!(instance.as_deref(), Some("vm1"));
-        assert_eq!(addresses, ["10.0.0.2/29", "2001:db8::5/64"]);
-        assert!(file.is_none());
-        let c = parse_host(&["report", "h1", "--file", "-"]).unwrap();
-        assert!(matches!(c, HostCmd::Report { file: Some(f), .. } if f.as_os_str() == "-"));
-        // Neither, both, addresses without an instance or an instance without addresses are
-        // usage errors.
-        for bad in [
-            &["report", "h1"][..],
-            &["report", "h1", "--instance", "vm1"],
-            &["report", "h1", "--instance", "vm1", "--file", "r.json"],
-            &[
-                "report",
-                "h1",
-                "--address",
-                "10.0.0.2/29",
-                "--file",
-                "r.json",
-            ],
-        ] {
-            assert!(parse_host(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn report_files_are_parsed_strictly() {
-        let r = parse_report(
-            r#"{"instances": [{"instance_id": "vm1", "addresses": ["10.0.0.2/29"]}]}"#,
-        )
-        .unwrap();
-        assert_eq!(r.instances[0].addresses, ["10.0.0.2/29"]);
-        let e = parse_report(r#"{"instances": [], "extra": true}"#).unwrap_err();
-        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
-        assert!(
-            e.message
-                .starts_with("status report: unknown field `extra`"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn report_outcome_table() {
-        let out = StatusReportOutcome {
-            host_id: "h1".into(),
-            updated: vec![UpdatedInstance {
-                instance_id: "vm1".into(),
-                added: vec!["2001:db8::5/64".into()],
-                addresses: vec!["10.0.0.2/29".into(), "2001:db8::5/64".into()],
-            }],
-            skipped: vec![SkippedInstance {
-                instance_id: "vm2".into(),
-                reason: SkipReason::NotOnHost,
-                message: "instance vm2 is placed on host h2, not h1".into(),
-            }],
-        };
-        assert_eq!(
-            report_table(&out),
-            "INSTANCE  RESULT                 ADDED           ADDRESSES / WHY\n\
-             vm1       updated                2001:db8::5/64  10.0.0.2/29,2001:db8::5/64\n\
-             vm2       skipped (not_on_host)  -               instance vm2 is placed on host h2, not h1\n"
-        );
-    }
-
-    #[test]
-    fn delete_says_what_was_released() {
-        let mut i = Instance {
-            instance_id: "vm3".into(),
-            pool_id: "p1".into(),
-            host_id: Some("h1".into()),
-            vcpus: 1,
-            memory_mib: 512,
-            recreate_on_host_loss: false,
-            state: InstanceState::Running,
-            conditions: vec![],
-            address: Some("10.0.0.4".parse().unwrap()),
-            network_policy: vmnet_ipam::NetworkPolicy::Private,
-            sandbox: true,
-            allocation_id: "alloc-1-vm3".into(),
-            addresses: vec!["10.0.0.4/29".into(), "2001:db8::5/64".into()],
-        };
-        let table = instances_table(std::slice::from_ref(&i));
-        let mut lines = table.lines();
-        let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
-        let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
-        let col = header.iter().position(|h| *h == "ADDRESSES").unwrap();
-        assert_eq!(row[col], "10.0.0.4/29,2001:db8::5/64");
-        let d = Deleted::of(i.clone());
-        assert_eq!(d.line(), "deleted instance vm3 (released 10.0.0.4)\n");
-        let v = serde_json::to_value(&d).unwrap();
-        assert_eq!(v["deleted"], true);
-        assert_eq!(v["instance"]["network_policy"], "private");
-        assert_eq!(v["instance"]["sandbox"], true);
-        assert_eq!(v["instance"]["allocation_id"], "alloc-1-vm3");
-        assert_eq!(
-            v["instance"]["addresses"],
-            serde_json::json!(["10.0.0.4/29", "2001:db8::5/64"])
-        );
-        assert_eq!(
-            v["released"],
-            serde_json::json!({"pool_id": "p1", "address": "10.0.0.4", "instance_id": "vm3"})
-        );
-        i.address = None;
-        let d = Deleted::of(i);
-        assert_eq!(d.line(), "deleted instance vm3 (it held no lease)\n");
-        assert_eq!(
-            serde_json::to_value(&d).unwrap()["released"],
-            serde_json::Value::Null
-        );
     }
 }

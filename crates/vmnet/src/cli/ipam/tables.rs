@@ -1,0 +1,166 @@
+//! The human tables of the IPAM commands: pools, hosts, instances, leases and `host report`.
+
+use vmnet_agent::table::render;
+use vmnet_ipam::{Host, Instance, IpRange, Lease, Pool, StatusReportOutcome};
+
+fn opt<T: ToString>(v: Option<&T>) -> String {
+    v.map_or_else(|| "-".to_owned(), ToString::to_string)
+}
+
+pub(super) fn range_row(pool_id: &str, r: Option<&IpRange>, leases: Option<u64>) -> Vec<String> {
+    let mut row = vec![pool_id.to_owned()];
+    match r {
+        Some(r) => row.extend([
+            r.cidr.to_string(),
+            r.gateway.to_string(),
+            r.first_host.to_string(),
+            r.last_host.to_string(),
+            if r.dns.is_empty() {
+                "-".into()
+            } else {
+                r.dns
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            },
+        ]),
+        None => row.extend(["(no range)", "-", "-", "-", "-"].map(String::from)),
+    }
+    if let Some(n) = leases {
+        row.push(n.to_string());
+    }
+    row
+}
+
+pub(super) const RANGE_HEADER: [&str; 6] = ["POOL", "CIDR", "GATEWAY", "FIRST", "LAST", "DNS"];
+pub(super) const POOL_HEADER: [&str; 7] =
+    ["POOL", "CIDR", "GATEWAY", "FIRST", "LAST", "DNS", "LEASES"];
+
+pub(super) fn pools_table(pools: &[Pool]) -> String {
+    let rows: Vec<_> = pools
+        .iter()
+        .map(|p| range_row(&p.pool_id, p.range.as_ref(), Some(p.leases)))
+        .collect();
+    render(&POOL_HEADER, &rows)
+}
+
+pub(super) fn hosts_table(hosts: &[Host]) -> String {
+    let rows: Vec<_> = hosts
+        .iter()
+        .map(|h| {
+            vec![
+                h.host_id.clone(),
+                format!("{:?}", h.state).to_lowercase(),
+                format!("{}/{}", h.used_vcpus, h.vcpus),
+                format!("{}/{}", h.used_memory_mib, h.memory_mib),
+            ]
+        })
+        .collect();
+    render(
+        &["HOST", "STATE", "VCPUS USED/TOTAL", "MEMORY MIB USED/TOTAL"],
+        &rows,
+    )
+}
+
+pub(super) fn instances_table(instances: &[Instance]) -> String {
+    let rows: Vec<_> = instances
+        .iter()
+        .map(|i| {
+            let conditions: Vec<String> = i
+                .conditions
+                .iter()
+                .map(|c| format!("{}: {}", c.kind, c.message))
+                .collect();
+            vec![
+                i.instance_id.clone(),
+                i.pool_id.clone(),
+                opt(i.host_id.as_ref()),
+                i.state.to_string(),
+                opt(i.address.as_ref()),
+                if i.addresses.is_empty() {
+                    "-".into()
+                } else {
+                    i.addresses.join(",")
+                },
+                i.vcpus.to_string(),
+                i.memory_mib.to_string(),
+                i.recreate_on_host_loss.to_string(),
+                i.network_policy.to_string(),
+                i.sandbox.to_string(),
+                if i.allocation_id.is_empty() {
+                    "-".into()
+                } else {
+                    i.allocation_id.clone()
+                },
+                if conditions.is_empty() {
+                    "-".into()
+                } else {
+                    conditions.join("; ")
+                },
+            ]
+        })
+        .collect();
+    render(
+        &[
+            "INSTANCE",
+            "POOL",
+            "HOST",
+            "STATE",
+            "ADDRESS",
+            "ADDRESSES",
+            "VCPUS",
+            "MEMORY_MIB",
+            "RECREATE",
+            "POLICY",
+            "SANDBOX",
+            "ALLOCATION",
+            "CONDITIONS",
+        ],
+        &rows,
+    )
+}
+
+pub(super) fn leases_table(leases: &[Lease]) -> String {
+    let rows: Vec<_> = leases
+        .iter()
+        .map(|l| vec![l.address.to_string(), l.instance_id.clone()])
+        .collect();
+    render(&["ADDRESS", "INSTANCE"], &rows)
+}
+
+/// The outcome of `host report`: one row per entry, applied ones first.
+pub(super) fn report_table(out: &StatusReportOutcome) -> String {
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "-".to_owned()
+        } else {
+            v.join(",")
+        }
+    };
+    let mut rows: Vec<Vec<String>> = out
+        .updated
+        .iter()
+        .map(|u| {
+            vec![
+                u.instance_id.clone(),
+                "updated".into(),
+                list(&u.added),
+                list(&u.addresses),
+            ]
+        })
+        .collect();
+    rows.extend(out.skipped.iter().map(|s| {
+        let reason = serde_json::to_value(s.reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        vec![
+            s.instance_id.clone(),
+            format!("skipped ({reason})"),
+            "-".into(),
+            s.message.clone(),
+        ]
+    }));
+    render(&["INSTANCE", "RESULT", "ADDED", "ADDRESSES / WHY"], &rows)
+}
