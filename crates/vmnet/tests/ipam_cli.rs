@@ -72,6 +72,7 @@ fn policy_and_sandbox(db: &[String]) {
     let table = ok(db, &["instance", "show", "vm7"]);
     let mut lines = table.lines();
     let head: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let _rule = lines.next();
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     let col = |name: &str| row[head.iter().position(|h| *h == name).unwrap()];
     assert_eq!(
@@ -96,7 +97,7 @@ fn walk_through(db: &[String]) {
     );
     assert_eq!(
         set,
-        "POOL  CIDR         GATEWAY   FIRST     LAST      DNS\np1    10.0.0.0/29  10.0.0.1  10.0.0.2  10.0.0.6  -\n"
+        "POOL  CIDR         GATEWAY   FIRST     LAST      DNS\n----  -----------  --------  --------  --------  ---\np1    10.0.0.0/29  10.0.0.1  10.0.0.2  10.0.0.6  -\n"
     );
     ok(
         db,
@@ -140,7 +141,7 @@ fn walk_through(db: &[String]) {
     let leases = ok(db, &["lease", "list", "p1"]);
     assert_eq!(
         leases,
-        "ADDRESS   INSTANCE\n10.0.0.2  vm1\n10.0.0.3  vm2\n10.0.0.4  vm6\n10.0.0.5  vm4\n10.0.0.6  vm5\n"
+        "ADDRESS   INSTANCE\n--------  --------\n10.0.0.2  vm1\n10.0.0.3  vm2\n10.0.0.4  vm6\n10.0.0.5  vm4\n10.0.0.6  vm5\n"
     );
     let json = ok(db, &["--output", "json", "pool", "show", "p1"]);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();

@@ -97,6 +97,7 @@ fn report_outcome_table() {
     assert_eq!(
         report_table(&out),
         "INSTANCE  RESULT                 ADDED           ADDRESSES / WHY\n\
+         --------  ---------------------  --------------  -----------------------------------------\n\
          vm1       updated                2001:db8::5/64  10.0.0.2/29,2001:db8::5/64\n\
          vm2       skipped (not_on_host)  -               instance vm2 is placed on host h2, not h1\n"
     );
@@ -122,6 +123,7 @@ fn delete_says_what_was_released() {
     let table = instances_table(std::slice::from_ref(&i));
     let mut lines = table.lines();
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let _rule = lines.next();
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     let col = header.iter().position(|h| *h == "ADDRESSES").unwrap();
     assert_eq!(row[col], "10.0.0.4/29,2001:db8::5/64");
