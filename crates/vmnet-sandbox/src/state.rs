@@ -50,6 +50,20 @@ pub struct SandboxState {
     pub procs: Vec<Proc>,
     /// The simulated guests' namespaces.
     pub guest_ns: Vec<String>,
+    /// A fleet sandbox's hosts and shared PostgreSQL cluster (`None` for one host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetState>,
+}
+
+/// What `down` needs beyond [`SandboxState`] to remove a fleet sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FleetState {
+    /// The hosts' agent prefixes.
+    pub hosts: Vec<String>,
+    /// The shared PostgreSQL cluster's directory, once made.
+    pub postgres_dir: Option<PathBuf>,
+    /// Its server's pid, once started (stopped by pid, its command line naming the directory).
+    pub postgres_pid: Option<u32>,
 }
 
 /// The paths of one sandbox.
@@ -403,6 +417,23 @@ pub fn is_ours(pid: u32, marker: &str) -> bool {
 /// running.
 #[must_use]
 pub fn stop(pid: u32, marker: &str) -> bool {
+    stop_with(
+        pid,
+        marker,
+        nix::sys::signal::Signal::SIGTERM,
+        Duration::from_secs(3),
+    )
+}
+
+/// Stops `pid` if it is still ours: `signal`, then SIGKILL after `grace`. Returns whether it
+/// was running.
+#[must_use]
+pub fn stop_with(
+    pid: u32,
+    marker: &str,
+    signal: nix::sys::signal::Signal,
+    grace: Duration,
+) -> bool {
     if !is_ours(pid, marker) {
         return false;
     }
@@ -410,10 +441,10 @@ pub fn stop(pid: u32, marker: &str) -> bool {
         return false;
     };
     let p = nix::unistd::Pid::from_raw(raw);
-    let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(p, signal);
     let start = Instant::now();
     while is_ours(pid, marker) && !is_zombie(pid) {
-        if start.elapsed() > Duration::from_secs(3) {
+        if start.elapsed() > grace {
             let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
             break;
         }
