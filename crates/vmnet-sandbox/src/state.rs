@@ -5,10 +5,11 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `sandbox.json` | [`SandboxState`]: prefix, namespaces, pids of the agent, echo service and relays |
+//! | `sandbox.json` | [`SandboxState`]: prefix, namespaces, pids of the agents, echo service and relays; for a fleet also its hosts and PostgreSQL server ([`FleetState`]) |
 //! | `vmnet.sock` | the sandbox agent's API socket |
 //! | `state/` | the agent's state directory (its SQLite store) |
-//! | `agent.log`, `echo.log`, `relay-<vm>.log` | the background processes' output |
+//! | `<host name>/vmnet.sock`, `<host name>/state/` | a fleet host's agent socket and state (its store is a database in the fleet's PostgreSQL cluster, `<temp dir>/vmnet-sandbox-<name>-pg`) |
+//! | `agent.log`, `agent-<host name>.log`, `echo.log`, `relay-<vm>.log` | the background processes' output |
 //! | `*.ready` | readiness markers written by the helpers |
 //!
 //! # Design
@@ -50,7 +51,8 @@ pub struct SandboxState {
     pub procs: Vec<Proc>,
     /// The simulated guests' namespaces.
     pub guest_ns: Vec<String>,
-    /// A fleet sandbox's hosts and shared PostgreSQL cluster (`None` for one host).
+    /// A fleet sandbox's hosts and shared PostgreSQL cluster (`None` for one host; a fleet
+    /// leaves `host_ns` empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetState>,
 }

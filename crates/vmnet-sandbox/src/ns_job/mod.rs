@@ -26,6 +26,10 @@
 //! `up` when the sandbox exists already, or when an existing sandbox's name is a prefix of
 //! `<name>` or starts with it, is refused with `CONFLICT` (run `down` first); a failure while
 //! building it removes what was built.
+//!
+//! A pool spec (`"mode": "pool"`) goes to [`crate::pool_job`], a fleet spec (`"mode": "fleet"`)
+//! to [`crate::fleet_job`]; `down` removes a fleet too (its state file says so, or its private
+//! network namespace exists).
 
 pub mod checks;
 pub(crate) mod steps;
@@ -55,11 +59,12 @@ pub struct UpArgs {
     #[arg(long)]
     pub sandbox: bool,
     /// The host spec to apply (the default falls back to the built-in copy of
-    /// `examples/host.json` when run outside the repository).
+    /// `examples/host.json` when run outside the repository); a file with `"mode": "pool"`
+    /// runs the pool sandbox, one with `"mode": "fleet"` the multi-host sandbox.
     #[arg(default_value = DEFAULT_HOST_SPEC)]
     pub host_spec: PathBuf,
     /// The sandbox name: the name prefix of every namespace and link in it (lowercase letters
-    /// and digits, a letter first, at most 10 bytes).
+    /// and digits, a letter first, at most 10 bytes; 9 for a fleet).
     #[arg(long, default_value = DEFAULT_NAME)]
     pub name: String,
     /// Where the sandbox's state directory is made.
