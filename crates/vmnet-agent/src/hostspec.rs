@@ -119,8 +119,9 @@ impl HostSpec {
     /// - `must be a JSON object` for any other top level (`[]`, a string, a number…), so an
     ///   empty array is never taken for an empty spec (which `apply --prune` would turn into
     ///   deleting every VM);
-    /// - for a `"mode"` key: a `"mode": "pool"` file is a pool sandbox spec, for
-    ///   `vmnet up --sandbox`, not a host spec; any other value: `mode must be "pool"`;
+    /// - for a `"mode"` key: a `"mode": "pool"` or `"fleet"` file is a sandbox spec, for
+    ///   `vmnet up --sandbox`, not a host spec; any other value: `mode must be "pool" or
+    ///   "fleet"`;
     /// - `unknown field` errors (with line and column) at every level;
     /// - the entry and the field at fault when an entry is invalid; also for two entries with
     ///   one id, two VMs with one user id, or two VMs with one mesh address
@@ -134,16 +135,15 @@ impl HostSpec {
             )));
         };
         if let Some(mode) = object.get("mode") {
-            return Err(Error::invalid(if mode.as_str() == Some("pool") {
-                format!(
-                    "host spec {what}: a \"mode\": \"pool\" file is a pool sandbox spec, for \
+            return Err(Error::invalid(match mode.as_str() {
+                Some(m @ ("pool" | "fleet")) => format!(
+                    "host spec {what}: a \"mode\": \"{m}\" file is a {m} sandbox spec, for \
                      `vmnet up --sandbox {what}`, not a host spec (a host spec has no \"mode\")"
-                )
-            } else {
-                format!(
-                    "host spec {what}: mode must be \"pool\" (a pool sandbox spec, for \
+                ),
+                _ => format!(
+                    "host spec {what}: mode must be \"pool\" or \"fleet\" (a sandbox spec, for \
                      `vmnet up --sandbox`); a host spec has no \"mode\" field"
-                )
+                ),
             }));
         }
         // Deserialized from the text again (not from `value`) so errors keep line and column.
@@ -337,11 +337,18 @@ mod tests {
                 && e.message.contains("vmnet up --sandbox"),
             "{e}"
         );
+        let e = HostSpec::parse("fleet.json", r#"{"mode": "fleet", "hosts": []}"#).unwrap_err();
+        assert!(
+            e.message.starts_with("host spec fleet.json: ")
+                && e.message.contains("fleet sandbox spec")
+                && e.message.contains("vmnet up --sandbox fleet.json"),
+            "{e}"
+        );
         let e = HostSpec::parse("h.json", r#"{"mode": "namespace"}"#).unwrap_err();
         assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
         assert!(
             e.message
-                .starts_with("host spec h.json: mode must be \"pool\""),
+                .starts_with("host spec h.json: mode must be \"pool\" or \"fleet\""),
             "{e}"
         );
     }

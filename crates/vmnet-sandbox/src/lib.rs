@@ -4,6 +4,8 @@
 //!
 //! - [`sandbox::Sandbox`]: a sandbox host namespace and a fake internet namespace joined by an
 //!   uplink veth (documentation addresses), plus extra namespaces, all deleted on `Drop`.
+//! - [`fleet::Fleet`]: 1-4 sandbox hosts sharing one fake internet (each with its own uplink
+//!   and public block) and one private network (a bridge), all deleted on `Drop`.
 //! - [`echo::EchoService`]: TCP and UDP echo threads inside a namespace that report the peer
 //!   address they saw and the MSS of the TCP SYN.
 //! - [`relay::Relay`] and [`guest`]: a simulated guest joined to a VM's tap by a frame relay
@@ -12,8 +14,8 @@
 //! - [`traffic`]: TCP/UDP echo clients, ICMP ping and command runs inside a namespace, each with
 //!   a timeout.
 //! - [`postgres`]: a throwaway PostgreSQL cluster on a unix socket.
-//! - [`ns_job`] and [`pool_job`]: `vmnet up --sandbox` for a namespace-mode host spec and for a
-//!   pool-mode spec, with [`state`] (the sandbox's state directory, its processes and signals)
+//! - [`ns_job`], [`pool_job`] and [`fleet_job`]: `vmnet up --sandbox` for a namespace-mode host
+//!   spec, a pool-mode spec and a fleet spec (several hosts), with [`state`] (the sandbox's state directory, its processes and signals)
 //!   and [`helper`] (the relay and echo processes the sandbox runs in the background).
 //!
 //! # Design
@@ -25,6 +27,8 @@
 //! Needs root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN` for `setns`).
 
 pub mod echo;
+pub mod fleet;
+pub mod fleet_job;
 pub mod guest;
 pub mod helper;
 pub mod netns;
@@ -42,4 +46,5 @@ pub mod traffic;
 mod error;
 
 pub use error::SandboxError;
+pub use fleet::Fleet;
 pub use sandbox::Sandbox;

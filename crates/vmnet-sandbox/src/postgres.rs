@@ -199,18 +199,7 @@ impl PgCluster {
     pub fn fresh_database(&self) -> Result<String> {
         let n = self.next_db.fetch_add(1, Ordering::Relaxed);
         let name = format!("vmnet_{}_{n}", std::process::id());
-        let out = Command::new(self.bin.join("createdb"))
-            .args(["-h"])
-            .arg(&self.dir)
-            .args(["-U", "postgres", &name])
-            .output()
-            .context("running createdb")?;
-        if !out.status.success() {
-            bail!(
-                "createdb {name} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        createdb(&self.bin, &self.dir, &name)?;
         Ok(name)
     }
 
@@ -242,6 +231,140 @@ impl PgCluster {
             bail!("psql failed: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+fn createdb(bin: &Path, dir: &Path, name: &str) -> Result<()> {
+    let out = Command::new(bin.join("createdb"))
+        .args(["-h"])
+        .arg(dir)
+        .args(["-U", "postgres", name])
+        .output()
+        .context("running createdb")?;
+    if !out.status.success() {
+        bail!(
+            "createdb {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// A cluster that outlives the process that started it, for a sandbox that stays up after
+/// `vmnet up` returns (the fleet's shared store). Same settings as [`PgCluster`] (unix socket
+/// only, `trust`, run as `postgres`, fast non-durable settings), but no watchdog: whoever
+/// removes the sandbox stops the server by [`DetachedPg::pid`] (`SIGINT`, fast shutdown) and
+/// then removes [`DetachedPg::dir`].
+#[derive(Debug, Clone)]
+pub struct DetachedPg {
+    /// The cluster's directory (data in `data/`, socket and logs beside it).
+    pub dir: PathBuf,
+    /// The server's (postmaster's) pid; its command line names `dir`.
+    pub pid: u32,
+    bin: PathBuf,
+}
+
+impl DetachedPg {
+    /// Starts a cluster in `dir`, a fresh empty directory (made accessible to the `postgres`
+    /// user when we are root), and waits until it accepts connections.
+    ///
+    /// # Errors
+    /// When the binaries are missing, `initdb` or `pg_ctl start` fail (their logs are in the
+    /// error), or the pid cannot be read.
+    pub fn start(dir: &Path) -> Result<DetachedPg> {
+        let bin = find_bin_dir()?;
+        let user = if nix::unistd::geteuid().is_root() {
+            let user = nix::unistd::User::from_name("postgres")
+                .context("looking up the postgres user")?
+                .context("no `postgres` OS user (install the Debian package `postgresql`)")?;
+            nix::unistd::chown(dir, Some(user.uid), Some(user.gid))
+                .context("chown of the cluster dir")?;
+            Some(user)
+        } else {
+            None
+        };
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .context("chmod of the cluster dir")?;
+        let as_postgres = |cmd: &mut Command| {
+            if let Some(user) = &user {
+                cmd.uid(user.uid.as_raw())
+                    .gid(user.gid.as_raw())
+                    .env("HOME", dir)
+                    .env("USER", "postgres");
+            }
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .current_dir(dir)
+                // Its own process group: a Ctrl-C meant for `vmnet up` does not reach it.
+                .process_group(0);
+        };
+        let d = dir.display().to_string();
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "-D",
+            ])
+            .arg(dir.join("data"));
+        as_postgres(&mut initdb);
+        let log = std::fs::File::create(dir.join("initdb.log")).context("initdb.log")?;
+        initdb
+            .stderr(log.try_clone().context("initdb.log")?)
+            .stdout(log);
+        let ok = initdb.status().context("running initdb")?.success();
+        if !ok {
+            bail!("initdb failed:\n{}", read_logs(dir));
+        }
+        let mut start = Command::new(bin.join("pg_ctl"));
+        start
+            .arg("-D")
+            .arg(dir.join("data"))
+            .arg("-l")
+            .arg(dir.join("server.log"))
+            .args(["-w", "-t", "60", "-o"])
+            .arg(format!(
+                "-c listen_addresses='' -c unix_socket_directories='{d}' -c fsync=off \
+                 -c synchronous_commit=off -c full_page_writes=off"
+            ))
+            .arg("start");
+        as_postgres(&mut start);
+        if !start.status().context("running pg_ctl start")?.success() {
+            bail!("PostgreSQL did not start:\n{}", read_logs(dir));
+        }
+        let pidfile = dir.join("data/postmaster.pid");
+        let pid = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
+            .with_context(|| format!("reading {}", pidfile.display()))?;
+        Ok(DetachedPg {
+            dir: dir.to_path_buf(),
+            pid,
+            bin,
+        })
+    }
+
+    /// The URL of database `db` as superuser `postgres` over the unix socket.
+    #[must_use]
+    pub fn url(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres@localhost/{db}?host={}",
+            self.dir.display()
+        )
+    }
+
+    /// Creates the empty database `name`.
+    ///
+    /// # Errors
+    /// When `createdb` fails.
+    pub fn create_database(&self, name: &str) -> Result<()> {
+        createdb(&self.bin, &self.dir, name)
     }
 }
 

@@ -5,10 +5,11 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `sandbox.json` | [`SandboxState`]: prefix, namespaces, pids of the agent, echo service and relays |
+//! | `sandbox.json` | [`SandboxState`]: prefix, namespaces, pids of the agents, echo service and relays; for a fleet also its hosts and PostgreSQL server ([`FleetState`]) |
 //! | `vmnet.sock` | the sandbox agent's API socket |
 //! | `state/` | the agent's state directory (its SQLite store) |
-//! | `agent.log`, `echo.log`, `relay-<vm>.log` | the background processes' output |
+//! | `<host name>/vmnet.sock`, `<host name>/state/` | a fleet host's agent socket and state (its store is a database in the fleet's PostgreSQL cluster, `<temp dir>/vmnet-sandbox-<name>-pg`) |
+//! | `agent.log`, `agent-<host name>.log`, `echo.log`, `relay-<vm>.log` | the background processes' output |
 //! | `*.ready` | readiness markers written by the helpers |
 //!
 //! # Design
@@ -50,6 +51,21 @@ pub struct SandboxState {
     pub procs: Vec<Proc>,
     /// The simulated guests' namespaces.
     pub guest_ns: Vec<String>,
+    /// A fleet sandbox's hosts and shared PostgreSQL cluster (`None` for one host; a fleet
+    /// leaves `host_ns` empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetState>,
+}
+
+/// What `down` needs beyond [`SandboxState`] to remove a fleet sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FleetState {
+    /// The hosts' agent prefixes.
+    pub hosts: Vec<String>,
+    /// The shared PostgreSQL cluster's directory, once made.
+    pub postgres_dir: Option<PathBuf>,
+    /// Its server's pid, once started (stopped by pid, its command line naming the directory).
+    pub postgres_pid: Option<u32>,
 }
 
 /// The paths of one sandbox.
@@ -403,6 +419,23 @@ pub fn is_ours(pid: u32, marker: &str) -> bool {
 /// running.
 #[must_use]
 pub fn stop(pid: u32, marker: &str) -> bool {
+    stop_with(
+        pid,
+        marker,
+        nix::sys::signal::Signal::SIGTERM,
+        Duration::from_secs(3),
+    )
+}
+
+/// Stops `pid` if it is still ours: `signal`, then SIGKILL after `grace`. Returns whether it
+/// was running.
+#[must_use]
+pub fn stop_with(
+    pid: u32,
+    marker: &str,
+    signal: nix::sys::signal::Signal,
+    grace: Duration,
+) -> bool {
     if !is_ours(pid, marker) {
         return false;
     }
@@ -410,10 +443,10 @@ pub fn stop(pid: u32, marker: &str) -> bool {
         return false;
     };
     let p = nix::unistd::Pid::from_raw(raw);
-    let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(p, signal);
     let start = Instant::now();
     while is_ours(pid, marker) && !is_zombie(pid) {
-        if start.elapsed() > Duration::from_secs(3) {
+        if start.elapsed() > grace {
             let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
             break;
         }

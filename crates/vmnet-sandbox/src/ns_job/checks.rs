@@ -5,7 +5,7 @@
 //!
 //! | check | expected |
 //! |---|---|
-//! | `ipv4 tcp echo` / `ipv4 udp echo` | `from 203.0.113.2` (NAT to the uplink) with an IPv4 route via `host`, else `no reach` |
+//! | `ipv4 tcp echo` / `ipv4 udp echo` | `from <uplink>` (NAT to the host's uplink address, 203.0.113.2 in a single-host sandbox) with an IPv4 route via `host`, else `no reach` |
 //! | `ipv4 mss clamp` | `syn mss 1340`: the guest advertises 1460 (a route with `advmss 1460`) and the VM namespace clamps it to the 1380 path |
 //! | `ipv6 tcp echo` | `from <mesh>` with an IPv6 route via `host`, `no reach` without any route; skipped when a gateway VM carries it |
 //! | `ipv6 mss clamp` | `syn mss 1320` (advertised 1440) with an IPv6 route via `host` |
@@ -16,11 +16,11 @@
 //!
 //! A VM without a mesh address has no veth pair, so every check of it expects `no reach`.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use crate::echo::EchoService;
-use crate::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4};
+use crate::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6};
 use crate::{SandboxError, netns, traffic};
 use ipnet::IpNet;
 use serde::Serialize;
@@ -47,6 +47,9 @@ pub struct GuestInfo {
     pub mesh: Option<Ipv6Addr>,
     /// The VM's routes.
     pub routes: Vec<Route>,
+    /// What the fake internet sees as the source of the guest's IPv4 after NAT: its host's
+    /// uplink address.
+    pub uplink_v4: Ipv4Addr,
     /// Kernel object names for the state checks (`nat rule`, `veth mtu`); `None` skips them.
     pub kernel: Option<KernelNames>,
 }
@@ -167,7 +170,7 @@ pub fn plan_checks(vms: &[GuestInfo]) -> (Vec<CheckPlan>, Vec<(usize, Ipv6Addr)>
             .filter(|_| connected);
         let reach4 = via4 == Some(&Via::Host);
         let exp4 = if reach4 {
-            from(HOST_UPLINK_V4)
+            from(v.uplink_v4)
         } else {
             NO_REACH.into()
         };
@@ -408,6 +411,7 @@ mod tests {
             guest_ns: format!("g-{id}"),
             mesh: mesh.map(|m| m.parse().expect("mesh")),
             routes,
+            uplink_v4: crate::sandbox::HOST_UPLINK_V4,
             kernel: Some(KernelNames {
                 host_ns: "h".into(),
                 vm_ns: format!("n-{id}"),

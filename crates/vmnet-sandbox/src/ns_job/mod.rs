@@ -26,24 +26,25 @@
 //! `up` when the sandbox exists already, or when an existing sandbox's name is a prefix of
 //! `<name>` or starts with it, is refused with `CONFLICT` (run `down` first); a failure while
 //! building it removes what was built.
+//!
+//! A pool spec (`"mode": "pool"`) goes to [`crate::pool_job`], a fleet spec (`"mode": "fleet"`)
+//! to [`crate::fleet_job`]; `down` removes a fleet too (its state file says so, or its private
+//! network namespace exists).
 
 pub mod checks;
+pub(crate) mod steps;
 
-use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::guest::{GuestConfig, GuestRoute6};
-use crate::{netns, sandbox};
+use crate::sandbox;
 use serde::Serialize;
-use vmnet_agent::api::types::{VmState, VmView};
-use vmnet_agent::client::{Client, segment};
 use vmnet_agent::hostspec::HostSpec;
-use vmnet_model::vm::Via;
-use vmnet_model::{Error, ErrorCode};
+use vmnet_model::Error;
 
-use self::checks::{CheckResult, GUEST_GW_V6, GuestInfo};
-use crate::state::{self, Paths, Proc, SandboxState};
+use self::checks::CheckResult;
+pub use self::steps::VmRow;
+use crate::state::{self, Paths, SandboxState};
 
 /// The default sandbox name (and name prefix).
 pub const DEFAULT_NAME: &str = "vmsbx";
@@ -58,11 +59,12 @@ pub struct UpArgs {
     #[arg(long)]
     pub sandbox: bool,
     /// The host spec to apply (the default falls back to the built-in copy of
-    /// `examples/host.json` when run outside the repository).
+    /// `examples/host.json` when run outside the repository); a file with `"mode": "pool"`
+    /// runs the pool sandbox, one with `"mode": "fleet"` the multi-host sandbox.
     #[arg(default_value = DEFAULT_HOST_SPEC)]
     pub host_spec: PathBuf,
     /// The sandbox name: the name prefix of every namespace and link in it (lowercase letters
-    /// and digits, a letter first, at most 10 bytes).
+    /// and digits, a letter first, at most 10 bytes; 9 for a fleet).
     #[arg(long, default_value = DEFAULT_NAME)]
     pub name: String,
     /// Where the sandbox's state directory is made.
@@ -85,33 +87,6 @@ pub struct DownArgs {
     /// Where the sandbox's state directory is.
     #[arg(long, default_value = DEFAULT_ROOT)]
     pub root: PathBuf,
-}
-
-/// One VM row of the `up` table.
-#[derive(Debug, Clone, Serialize)]
-pub struct VmRow {
-    /// VM id.
-    pub vm: String,
-    /// User id.
-    pub user_id: u32,
-    /// The agent's state for it.
-    pub state: String,
-    /// Its namespace.
-    pub netns: String,
-    /// `host/ns` veth names, or `-`.
-    pub veth: String,
-    /// The transit /30, or `-`.
-    pub transit: String,
-    /// The tap.
-    pub tap: String,
-    /// Guest address and MAC.
-    pub guest: String,
-    /// Mesh address, or `-`.
-    pub mesh: String,
-    /// Routes, `dst via x` joined by `, `.
-    pub routes: String,
-    /// The simulated guest's namespace.
-    pub guest_ns: String,
 }
 
 /// What `up` prints with `--output json`.
@@ -191,6 +166,9 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
         )
         .await;
     }
+    if crate::fleet_job::is_fleet_spec(&text) {
+        return crate::fleet_job::up(json, &args, &text, interrupts).await;
+    }
     let spec = HostSpec::parse(&args.host_spec.display().to_string(), &text)?;
     let paths = state::claim(&args.root, &args.name)?;
     // Ctrl-C or SIGTERM while building: the partial sandbox is removed like a failed one.
@@ -228,22 +206,7 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
 }
 
 fn print_report(report: &UpReport, paths: &Paths) {
-    let rows: Vec<Vec<String>> = report
-        .vms
-        .iter()
-        .map(|v| {
-            vec![
-                v.vm.clone(),
-                v.state.clone(),
-                v.netns.clone(),
-                v.veth.clone(),
-                v.transit.clone(),
-                v.guest.clone(),
-                v.mesh.clone(),
-                v.routes.clone(),
-            ]
-        })
-        .collect();
+    let rows: Vec<Vec<String>> = report.vms.iter().map(VmRow::cells).collect();
     println!("sandbox {} (state {})", report.sandbox, paths.dir.display());
     println!(
         "agent socket {}: {}",
@@ -251,22 +214,7 @@ fn print_report(report: &UpReport, paths: &Paths) {
         report.client_hint
     );
     println!();
-    print!(
-        "{}",
-        vmnet_agent::table::render(
-            &[
-                "VM",
-                "STATE",
-                "NETNS",
-                "VETH (HOST/NS)",
-                "TRANSIT",
-                "GUEST",
-                "MESH",
-                "ROUTES"
-            ],
-            &rows
-        )
-    );
+    print!("{}", vmnet_agent::table::render(&steps::VM_HEADER, &rows));
     println!();
     print!("{}", checks::render_checks(&report.checks));
     let ok = report.checks.iter().filter(|c| c.ok).count();
@@ -280,14 +228,6 @@ fn print_report(report: &UpReport, paths: &Paths) {
         "{ok}/{} checks ok; the sandbox stays up (`vmnet down --sandbox{name_flag}` removes it)",
         report.checks.len()
     );
-}
-
-fn record(paths: &Paths, st: &mut SandboxState, role: &str, pid: u32) -> Result<(), Error> {
-    st.procs.push(Proc {
-        role: role.to_owned(),
-        pid,
-    });
-    paths.save(st)
 }
 
 async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpReport, Error> {
@@ -304,101 +244,35 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     let _ = sb.keep();
     paths.save(&st)?;
 
-    // The echo service in the fake internet.
-    let ready = paths.ready("echo");
-    let echo_args: Vec<String> = [
-        "sandbox-helper",
-        "echo",
-        "--netns",
-        &st.inet_ns,
-        "--listen",
-        &format!("{}:7", sandbox::ECHO_V4),
-        "--listen",
-        &format!("[{}]:7", sandbox::ECHO_V6),
-        "--ready-file",
-        &ready.display().to_string(),
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let mut child = state::spawn_background(&echo_args, &paths.log("echo"))?;
-    record(paths, &mut st, "echo", child.id())?;
-    state::wait_ready(
-        &mut child,
-        &ready,
-        &paths.log("echo"),
-        "echo service",
-        timeout,
-    )?;
-
-    // The agent, inside the sandbox host.
-    let agent_args: Vec<String> = vec![
-        "--socket".into(),
-        paths.socket().display().to_string(),
-        "--state-dir".into(),
-        paths.agent_state().display().to_string(),
-        "serve".into(),
-        "--netns".into(),
-        st.host_ns.clone(),
-        "--name-prefix".into(),
-        args.name.clone(),
-    ];
-    std::fs::create_dir_all(paths.agent_state())
-        .map_err(|e| Error::internal(format!("{}: {e}", paths.agent_state().display())))?;
-    let mut agent = state::spawn_background(&agent_args, &paths.log("agent"))?;
-    record(paths, &mut st, "agent", agent.id())?;
-    let client = Client::new(paths.socket());
-    wait_agent(&client, &mut agent, &paths.log("agent"), timeout).await?;
+    let inet = st.inet_ns.clone();
+    steps::start_echo(paths, &mut st, &inet, timeout)?;
+    let host_ns = st.host_ns.clone();
+    let run = steps::AgentRun {
+        role: "agent",
+        host_ns: &host_ns,
+        prefix: &args.name,
+        socket: paths.socket(),
+        state_dir: paths.agent_state(),
+        database_url: None,
+    };
+    let client = steps::start_agent(paths, &mut st, &run, timeout).await?;
 
     let report = vmnet_agent::apply::apply_host_spec(&client, spec, false).await?;
     for item in &report.items {
         eprintln!("applied {} {}: {}", item.kind, item.id, item.result);
     }
-    let mut views = Vec::new();
-    for vm in &spec.vms {
-        views.push(wait_applied(&client, &vm.id, timeout).await?);
-    }
-
-    // Simulated guests.
     let mut guests = Vec::new();
     let mut rows = Vec::new();
-    for v in &views {
-        let guest_ns = format!("{}g{:04x}", args.name, v.config.user_id);
-        netns::create(&guest_ns).map_err(sb_err)?;
-        st.guest_ns.push(guest_ns.clone());
-        paths.save(&st)?;
-        let role = format!("relay-{}", v.config.id);
-        let ready = paths.ready(&role);
-        let relay_args: Vec<String> = vec![
-            "sandbox-helper".into(),
-            "relay".into(),
-            "--vm-netns".into(),
-            v.status.netns.clone(),
-            "--tap".into(),
-            v.status.tap.clone(),
-            "--guest-netns".into(),
-            guest_ns.clone(),
-            "--ready-file".into(),
-            ready.display().to_string(),
-        ];
-        let mut child = state::spawn_background(&relay_args, &paths.log(&role))?;
-        record(paths, &mut st, &role, child.id())?;
-        state::wait_ready(&mut child, &ready, &paths.log(&role), &role, timeout)?;
-        let cfg = guest_config(v)?;
-        crate::guest::configure(&guest_ns, crate::guest::GUEST_IF, &cfg)
-            .map_err(|e| Error::internal(format!("guest of vm {}: {e}", v.config.id)))?;
-        guests.push(GuestInfo {
-            vm: v.config.id.clone(),
-            guest_ns: guest_ns.clone(),
-            mesh: v.config.mesh_ipv6,
-            routes: v.config.network.routes.clone(),
-            kernel: Some(checks::KernelNames {
-                host_ns: st.host_ns.clone(),
-                vm_ns: v.status.netns.clone(),
-                veth_host: v.status.veth_host.clone(),
-                nft_table: args.name.clone(),
-            }),
-        });
-        rows.push(vm_row(v, &guest_ns));
+    for vm in &spec.vms {
+        let v = steps::wait_applied(&client, &vm.id, timeout).await?;
+        let host = (
+            args.name.as_str(),
+            host_ns.as_str(),
+            sandbox::HOST_UPLINK_V4,
+        );
+        let (guest, row) = steps::attach_guest(paths, &mut st, host, &v, timeout)?;
+        guests.push(guest);
+        rows.push(row);
     }
 
     let results = tokio::task::spawn_blocking(move || checks::run_checks(&guests))
@@ -408,175 +282,57 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
     Ok(UpReport {
         sandbox: args.name.clone(),
-        client_hint: format!(
-            "VMNET_SOCKET={} {} status",
-            socket.display(),
-            std::env::current_exe().map_or_else(|_| "vmnet".into(), |p| p.display().to_string())
-        ),
+        client_hint: client_hint(&socket),
         socket,
         vms: rows,
         checks: results,
     })
 }
 
-/// How the simulated guest of `v` configures itself: the status's MAC, address, gateway and MTU;
-/// its mesh /128; IPv6 routes via `fe80::1` for the mesh range and each IPv6 route destination.
-fn guest_config(v: &VmView) -> Result<GuestConfig, Error> {
-    let bad = |what: &str, val: &str| {
-        Error::internal(format!(
-            "vm {}: status {what} {val:?} is not an address",
-            v.config.id
-        ))
-    };
-    let ipv4 = v
-        .status
-        .guest_ipv4
-        .parse()
-        .map_err(|_| bad("guest_ipv4", &v.status.guest_ipv4))?;
-    let gw = v
-        .status
-        .gateway_ipv4
-        .parse()
-        .map_err(|_| bad("gateway_ipv4", &v.status.gateway_ipv4))?;
-    let mut routes_v6 = vec![GuestRoute6 {
-        destination: "fdaa::/16".into(),
-        via: Some(GUEST_GW_V6),
-    }];
-    for r in &v.config.network.routes {
-        if let ipnet::IpNet::V6(d) = r.destination {
-            routes_v6.push(GuestRoute6 {
-                destination: d.to_string(),
-                via: Some(GUEST_GW_V6),
-            });
-        }
-    }
-    Ok(GuestConfig {
-        mac: v.status.guest_mac.clone(),
-        ipv4,
-        gateway_v4: Some(gw),
-        mtu: v.status.mtu,
-        mesh_ipv6: v.config.mesh_ipv6,
-        routes_v6,
-    })
-}
-
-fn vm_row(v: &VmView, guest_ns: &str) -> VmRow {
-    let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
-    let veth = match (&v.status.veth_host, &v.status.veth_ns) {
-        (Some(h), Some(n)) => format!("{h}/{n}"),
-        _ => "-".into(),
-    };
-    let routes: Vec<String> = v
-        .config
-        .network
-        .routes
-        .iter()
-        .map(|r| match r.via {
-            Via::Host => format!("{} via host", r.destination),
-            Via::Mesh(m) => format!("{} via {m}", r.destination),
-        })
-        .collect();
-    VmRow {
-        vm: v.config.id.clone(),
-        user_id: v.config.user_id,
-        state: v.status.state.as_str().into(),
-        netns: v.status.netns.clone(),
-        veth,
-        transit: dash(&v.status.transit),
-        tap: v.status.tap.clone(),
-        guest: format!("{} {}", v.status.guest_ipv4, v.status.guest_mac),
-        mesh: v
-            .config
-            .mesh_ipv6
-            .map_or_else(|| "-".into(), |m: Ipv6Addr| m.to_string()),
-        routes: if routes.is_empty() {
-            "none".into()
-        } else {
-            routes.join(", ")
-        },
-        guest_ns: guest_ns.to_owned(),
-    }
-}
-
-async fn wait_agent(
-    client: &Client,
-    agent: &mut std::process::Child,
-    log: &Path,
-    timeout: Duration,
-) -> Result<(), Error> {
-    let start = Instant::now();
-    loop {
-        match client.get::<serde_json::Value>("/v1/status").await {
-            Ok(_) => return Ok(()),
-            Err(e) => {
-                if let Ok(Some(status)) = agent.try_wait() {
-                    return Err(Error::internal(format!(
-                        "the agent exited ({status}): {}",
-                        state::log_tail(log)
-                    )));
-                }
-                if start.elapsed() > timeout {
-                    return Err(Error::internal(format!(
-                        "the agent did not answer within {timeout:?}: {e}; {}",
-                        state::log_tail(log)
-                    )));
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn wait_applied(client: &Client, id: &str, timeout: Duration) -> Result<VmView, Error> {
-    let start = Instant::now();
-    let path = format!("/v1/vms/{}", segment(id));
-    loop {
-        let v: VmView = client.get(&path).await?;
-        match v.status.state {
-            VmState::Applied => return Ok(v),
-            VmState::Failed => {
-                return Err(Error::internal(format!(
-                    "vm {id}: apply failed: {}",
-                    v.status
-                        .last_error
-                        .as_deref()
-                        .unwrap_or("no error recorded")
-                )));
-            }
-            VmState::Pending if start.elapsed() > timeout => {
-                return Err(Error::new(
-                    ErrorCode::Unavailable,
-                    format!("vm {id}: not applied within {timeout:?}"),
-                ));
-            }
-            VmState::Pending => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
+/// `VMNET_SOCKET=<socket> <this executable> status`.
+pub(crate) fn client_hint(socket: &Path) -> String {
+    format!(
+        "VMNET_SOCKET={} {} status",
+        socket.display(),
+        std::env::current_exe().map_or_else(|_| "vmnet".into(), |p| p.display().to_string())
+    )
 }
 
 /// What `down` removed.
 #[derive(Debug, Default, Serialize)]
-struct DownReport {
-    stopped: Vec<String>,
-    namespaces: Vec<String>,
+pub(crate) struct DownReport {
+    /// The processes stopped, `role (pid N)`.
+    pub stopped: Vec<String>,
+    /// The namespaces deleted.
+    pub namespaces: Vec<String>,
 }
 
-/// Stops the recorded processes (relays, agent, echo: newest first), deletes the sandbox's
-/// namespaces ([`sandbox::owned`]: its exact prefix and a documented suffix, never a sandbox
-/// whose name merely starts with this one) and removes the state directory.
-fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
+/// Stops the recorded processes (relays, agents, echo: newest first), a fleet's PostgreSQL
+/// cluster, deletes the sandbox's namespaces ([`sandbox::owned`], for a fleet
+/// [`crate::fleet::owned`]: exact prefixes and a documented suffix, never a sandbox whose name
+/// merely starts with this one) and removes the state directory.
+pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
     let mut report = DownReport::default();
     // With the trailing slash, so a sandbox whose name starts with this one's never matches.
     let marker = format!("{}/", paths.dir.display());
-    if let Some(st) = paths.load()? {
-        for p in st.procs.iter().rev() {
-            if state::stop(p.pid, &marker) {
-                report.stopped.push(format!("{} (pid {})", p.role, p.pid));
-            }
+    let st = paths.load()?;
+    for p in st.iter().flat_map(|st| st.procs.iter().rev()) {
+        if state::stop(p.pid, &marker) {
+            report.stopped.push(format!("{} (pid {})", p.role, p.pid));
         }
     }
-    report.namespaces = sandbox::owned(name);
-    sandbox::cleanup(name).map_err(|e| Error::internal(format!("sandbox {name}: {e}")))?;
+    let fleet_state = st.and_then(|st| st.fleet);
+    let is_fleet = fleet_state.is_some() || crate::fleet::exists(name);
+    let pg = crate::fleet_job::remove_postgres(name, fleet_state.as_ref())?;
+    report.stopped.extend(pg);
+    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {name}: {e}"));
+    if is_fleet {
+        report.namespaces = crate::fleet::owned(name);
+        crate::fleet::cleanup(name).map_err(sb_err)?;
+    } else {
+        report.namespaces = sandbox::owned(name);
+        sandbox::cleanup(name).map_err(sb_err)?;
+    }
     match std::fs::remove_dir_all(&paths.dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -605,7 +361,10 @@ pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
     }
     check_name(&args.name)?;
     let paths = Paths::new(&args.root, &args.name);
-    if !paths.dir.exists() && sandbox::owned(&args.name).is_empty() {
+    if !paths.dir.exists()
+        && sandbox::owned(&args.name).is_empty()
+        && !crate::fleet_job::pg_dir(&args.name).exists()
+    {
         return Err(Error::not_found(format!(
             "no sandbox {} is up (no {} and no namespaces {}…)",
             args.name,

@@ -1,0 +1,457 @@
+//! `vmnet up --sandbox examples/fleet.json`: several sandbox hosts, each running its own agent,
+//! sharing a fake internet, a private network and one PostgreSQL cluster.
+//!
+//! `up` builds, as root and without touching the machine's own network:
+//!
+//! 1. the topology of [`crate::fleet`]: per host a namespace `<name><i>host` with an uplink to
+//!    the shared fake internet `<name>inet` (which routes the host's public block to it, or
+//!    treats the block as on-link, per the spec's `public_neighbors`) and a leg on the private
+//!    network `<name>x-priv` (a bridge; 10.10.0.<i>/24 and fd00:10::<i>/64, MTU 1500); the fake
+//!    internet routes each VM's mesh address to its host and runs the echo service;
+//! 2. a PostgreSQL cluster on a unix socket only, in `<temp dir>/vmnet-sandbox-<name>-pg`: the
+//!    fleet's shared store. Each host's agent gets its own database in it (named after its
+//!    prefix): namespace mode keeps VM configs in a table without a host column, and every
+//!    agent reconciles every row of it, so two agents on one database would each build the
+//!    other's VMs (and user ids are unique per database);
+//! 3. per host, the agent (`vmnet serve --netns <name><i>host --name-prefix <name><i>
+//!    --database-url …`, socket and state under `<state dir>/<host name>/`), its VMs applied
+//!    through its API, a simulated guest per VM (as the single-host job does) and the single-host
+//!    guest checks ([`crate::ns_job::checks`]) with the host's uplink address as the NAT source;
+//! 4. the checks across hosts ([`checks`]); then a table per host (VMs, guest checks) and the
+//!    fleet's checks.
+//!
+//! The exit status is non-zero when any check saw something other than expected; the sandbox
+//! stays up either way, its pids (agents, echo service, relays, PostgreSQL) in `sandbox.json`.
+//! `vmnet down --sandbox --name <name>` stops the processes by pid, the PostgreSQL server by its
+//! pid (fast shutdown), deletes the namespaces of the fleet prefix and of each host prefix
+//! ([`crate::fleet::owned`]) and removes the state and cluster directories. A failed or
+//! interrupted `up` does the same before it returns.
+
+pub mod checks;
+pub mod spec;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use vmnet_model::Error;
+
+use self::checks::FleetCheck;
+pub use self::spec::{FleetHostSpec, FleetSpec, is_fleet_spec};
+use crate::fleet::{self, Fleet, HostNet};
+use crate::ns_job::checks::{CheckResult, render_checks};
+use crate::ns_job::steps::{self, VM_HEADER, VmRow};
+use crate::ns_job::{DEFAULT_NAME, UpArgs, client_hint, teardown};
+use crate::postgres::DetachedPg;
+use crate::state::{self, FleetState, Paths, SandboxState};
+use vmnet_agent::table::render as render_table;
+
+/// One host of the fleet report.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostReport {
+    /// The host's name from the spec.
+    pub name: String,
+    /// Its namespace.
+    pub netns: String,
+    /// Its agent's name prefix.
+    pub agent_prefix: String,
+    /// Its agent's API socket.
+    pub socket: PathBuf,
+    /// `VMNET_SOCKET=<socket> vmnet status`.
+    pub client_hint: String,
+    /// Its agent's database in the shared cluster.
+    pub database: String,
+    /// Its network: uplink, public block and private addresses.
+    pub net: HostNet,
+    /// Its VMs.
+    pub vms: Vec<VmRow>,
+    /// The guest checks of its VMs.
+    pub checks: Vec<CheckResult>,
+}
+
+/// What `up` prints with `--output json` for a fleet spec.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetReport {
+    /// The sandbox name (the fleet prefix).
+    pub sandbox: String,
+    /// The shared PostgreSQL cluster's directory (its unix socket lives there).
+    pub postgres: PathBuf,
+    /// The hosts.
+    pub hosts: Vec<HostReport>,
+    /// The checks across hosts.
+    pub checks: Vec<FleetCheck>,
+}
+
+impl FleetReport {
+    /// How many checks ran in all, and how many of them failed.
+    #[must_use]
+    pub fn counts(&self) -> (usize, usize) {
+        let host = self
+            .hosts
+            .iter()
+            .flat_map(|h| h.checks.iter().map(|c| c.ok));
+        let all: Vec<bool> = host.chain(self.checks.iter().map(|c| c.ok)).collect();
+        (all.len(), all.iter().filter(|ok| !**ok).count())
+    }
+}
+
+/// The shared PostgreSQL cluster's directory of the fleet `name`.
+#[must_use]
+pub fn pg_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("vmnet-sandbox-{name}-pg"))
+}
+
+/// Stops the fleet's PostgreSQL server by pid (`SIGINT`, fast shutdown; `SIGKILL` after 10 s)
+/// when its command line still names the cluster directory, and removes the directory. The
+/// directory is the recorded one, else [`pg_dir`]; the pid the recorded one, else the one in
+/// `data/postmaster.pid`. Returns what was stopped.
+///
+/// # Errors
+/// `INTERNAL` when the directory cannot be removed.
+pub(crate) fn remove_postgres(
+    name: &str,
+    recorded: Option<&FleetState>,
+) -> Result<Vec<String>, Error> {
+    let dir = recorded
+        .and_then(|f| f.postgres_dir.clone())
+        .unwrap_or_else(|| pg_dir(name));
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let pid = recorded.and_then(|f| f.postgres_pid).or_else(|| {
+        std::fs::read_to_string(dir.join("data/postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
+    });
+    let mut stopped = Vec::new();
+    let marker = format!("{}/", dir.display());
+    let sigint = nix::sys::signal::Signal::SIGINT;
+    if let Some(pid) = pid
+        && state::stop_with(pid, &marker, sigint, Duration::from_secs(10))
+    {
+        stopped.push(format!("postgres (pid {pid})"));
+    }
+    std::fs::remove_dir_all(&dir)
+        .map_err(|e| Error::internal(format!("remove {}: {e}", dir.display())))?;
+    Ok(stopped)
+}
+
+/// Runs `vmnet up --sandbox` for a fleet spec (see the module docs).
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad spec or name, `CONFLICT` when the sandbox (or its cluster
+/// directory) exists, `INTERNAL` when building fails (after removing what was built) or a check
+/// fails (the sandbox then stays up), `UNAVAILABLE` when interrupted.
+pub async fn up(
+    json: bool,
+    args: &UpArgs,
+    text: &str,
+    mut interrupts: state::Interrupts,
+) -> Result<(), Error> {
+    fleet::check_prefix(&args.name).map_err(|m| Error::invalid(format!("sandbox --name: {m}")))?;
+    let spec = FleetSpec::parse(&args.host_spec.display().to_string(), text)?;
+    let pg = pg_dir(&args.name);
+    if pg.exists() {
+        return Err(Error::conflict(format!(
+            "sandbox {}: its PostgreSQL directory {} exists already: run `vmnet down --sandbox --name {}` first",
+            args.name,
+            pg.display(),
+            args.name
+        )));
+    }
+    let paths = state::claim(&args.root, &args.name)?;
+    let built = tokio::select! {
+        biased;
+        why = interrupts.wait() => Err(state::interrupted_error(why, &args.name)),
+        r = bring_up(args, &paths, &spec) => r,
+    };
+    let report = match built {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = teardown(&paths, &args.name);
+            return Err(state::Interrupts::reason()
+                .map_or(e, |why| state::interrupted_error(why, &args.name)));
+        }
+    };
+    state::done_building(&paths);
+    match json {
+        true => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?
+        ),
+        false => print!("{}", render(&report, &paths.dir)),
+    }
+    let (all, failed) = report.counts();
+    if failed > 0 {
+        return Err(Error::internal(format!(
+            "{failed} of {all} fleet sandbox checks failed; the sandbox stays up for inspection (`vmnet down --sandbox --name {}` removes it)",
+            args.name
+        )));
+    }
+    Ok(())
+}
+
+async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<FleetReport, Error> {
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let name = args.name.as_str();
+    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {name}: {e}"));
+    let modes: Vec<fleet::PublicNeighbors> =
+        spec.hosts.iter().map(|h| h.public_neighbors).collect();
+    let fl = Fleet::with_prefix(name, &modes).map_err(sb_err)?;
+    let inet = fl.inet();
+    let nets: Vec<HostNet> = fl.hosts().to_vec();
+    let pg_dir = pg_dir(name);
+    let mut st = SandboxState {
+        name: name.to_owned(),
+        inet_ns: inet.clone(),
+        fleet: Some(FleetState {
+            hosts: nets.iter().map(|h| h.prefix.clone()).collect(),
+            postgres_dir: Some(pg_dir.clone()),
+            postgres_pid: None,
+        }),
+        ..SandboxState::default()
+    };
+    // From here on `teardown` (via the state file and the prefixes) removes everything.
+    let _ = fl.keep();
+    paths.save(&st)?;
+    for (h, net) in spec.hosts.iter().zip(&nets) {
+        for mesh in h.vms.iter().filter_map(|v| v.mesh_ipv6) {
+            fleet::route_mesh(&inet, net, mesh).map_err(sb_err)?;
+        }
+    }
+    steps::start_echo(paths, &mut st, &inet, timeout)?;
+
+    // The shared store. Started on this thread: an interrupt is seen once it is up, and the
+    // teardown then stops it (no start left running behind the teardown's back).
+    std::fs::create_dir(&pg_dir)
+        .map_err(|e| Error::internal(format!("{}: {e}", pg_dir.display())))?;
+    let pg = tokio::task::block_in_place(|| DetachedPg::start(&pg_dir))
+        .map_err(|e| Error::internal(format!("PostgreSQL: {e:#}")))?;
+    if let Some(f) = st.fleet.as_mut() {
+        f.postgres_pid = Some(pg.pid);
+    }
+    paths.save(&st)?;
+
+    let mut hosts = Vec::new();
+    for (h, net) in spec.hosts.iter().zip(nets.iter().cloned()) {
+        hosts.push(bring_up_host(paths, &mut st, &pg, h, net, timeout).await?);
+    }
+    let pairs: Vec<(String, HostNet)> = hosts
+        .iter()
+        .map(|h| (h.name.clone(), h.net.clone()))
+        .collect();
+    let checks = tokio::task::spawn_blocking(move || checks::run(&inet, &pairs))
+        .await
+        .map_err(|e| Error::internal(format!("checks: {e}")))?
+        .map_err(|e| Error::internal(format!("checks: {e}")))?;
+    Ok(FleetReport {
+        sandbox: name.to_owned(),
+        postgres: pg_dir,
+        hosts,
+        checks,
+    })
+}
+
+/// One host: its database, its agent, its VMs with their guests, and its guest checks.
+async fn bring_up_host(
+    paths: &Paths,
+    st: &mut SandboxState,
+    pg: &DetachedPg,
+    h: &FleetHostSpec,
+    net: HostNet,
+    timeout: Duration,
+) -> Result<HostReport, Error> {
+    let database = net.prefix.clone();
+    pg.create_database(&database)
+        .map_err(|e| Error::internal(format!("host {}: PostgreSQL: {e:#}", h.name)))?;
+    let url = pg.url(&database);
+    let dir = paths.dir.join(&h.name);
+    let role = format!("agent-{}", h.name);
+    let run = steps::AgentRun {
+        role: &role,
+        host_ns: &net.ns,
+        prefix: &net.prefix,
+        socket: dir.join("vmnet.sock"),
+        state_dir: dir.join("state"),
+        database_url: Some(&url),
+    };
+    let client = steps::start_agent(paths, st, &run, timeout)
+        .await
+        .map_err(|e| Error::new(e.code, format!("host {}: {}", h.name, e.message)))?;
+    let applied = vmnet_agent::apply::apply_host_spec(&client, &h.host_spec(), false).await?;
+    for item in &applied.items {
+        eprintln!(
+            "host {}: applied {} {}: {}",
+            h.name, item.kind, item.id, item.result
+        );
+    }
+    let mut guests = Vec::new();
+    let mut vms = Vec::new();
+    for vm in &h.vms {
+        let v = steps::wait_applied(&client, &vm.id, timeout).await?;
+        let host = (net.prefix.as_str(), net.ns.as_str(), net.uplink_v4);
+        let (guest, row) = steps::attach_guest(paths, st, host, &v, timeout)?;
+        guests.push(guest);
+        vms.push(row);
+    }
+    let checks = tokio::task::spawn_blocking(move || crate::ns_job::checks::run_checks(&guests))
+        .await
+        .map_err(|e| Error::internal(format!("checks: {e}")))?
+        .map_err(|e| Error::internal(format!("host {}: checks: {e}", h.name)))?;
+    let socket = std::path::absolute(&run.socket).unwrap_or_else(|_| run.socket.clone());
+    Ok(HostReport {
+        name: h.name.clone(),
+        netns: net.ns.clone(),
+        agent_prefix: net.prefix.clone(),
+        client_hint: client_hint(&socket),
+        socket,
+        database,
+        net,
+        vms,
+        checks,
+    })
+}
+
+/// The report as text: a section per host (its addresses, agent, VM table and guest checks),
+/// the checks across hosts, and the summary line.
+#[must_use]
+pub fn render(r: &FleetReport, state_dir: &Path) -> String {
+    let mut out = format!(
+        "fleet sandbox {} (state {}, PostgreSQL {})\n",
+        r.sandbox,
+        state_dir.display(),
+        r.postgres.display()
+    );
+    for h in &r.hosts {
+        let n = &h.net;
+        let _ = writeln!(
+            out,
+            "\nhost {}: netns {}, agent prefix {}, database {}",
+            h.name, h.netns, h.agent_prefix, h.database
+        );
+        let _ = writeln!(
+            out,
+            "  uplink {} {}; public {} {} ({}); private {} {}",
+            n.uplink_v4,
+            n.uplink_v6,
+            n.public_v4,
+            n.public_v6,
+            n.public_neighbors.as_str(),
+            n.private_v4,
+            n.private_v6
+        );
+        let _ = writeln!(out, "  agent: {}\n", h.client_hint);
+        if h.vms.is_empty() {
+            out.push_str("no VMs\n");
+        } else {
+            let rows: Vec<Vec<String>> = h.vms.iter().map(VmRow::cells).collect();
+            out.push_str(&render_table(&VM_HEADER, &rows));
+            out.push('\n');
+            out.push_str(&render_checks(&h.checks));
+        }
+    }
+    out.push_str("\nchecks across hosts\n");
+    let rows: Vec<Vec<String>> = r
+        .checks
+        .iter()
+        .map(|c| {
+            vec![
+                c.host.clone(),
+                c.check.clone(),
+                c.expected.clone(),
+                c.seen.clone(),
+                if c.ok { "ok" } else { "FAIL" }.into(),
+            ]
+        })
+        .collect();
+    out.push_str(&render_table(
+        &["HOST", "CHECK", "EXPECTED", "SEEN", "RESULT"],
+        &rows,
+    ));
+    let (all, failed) = r.counts();
+    let name_flag = if r.sandbox == DEFAULT_NAME {
+        String::new()
+    } else {
+        format!(" --name {}", r.sandbox)
+    };
+    let _ = writeln!(
+        out,
+        "\n{}/{all} checks ok; the sandbox stays up (`vmnet down --sandbox{name_flag}` removes it)",
+        all - failed
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{PublicNeighbors, host_net};
+
+    fn check(host: &str, name: &str, ok: bool) -> FleetCheck {
+        FleetCheck {
+            host: host.into(),
+            check: name.into(),
+            expected: "from 10.10.0.1".into(),
+            seen: if ok { "from 10.10.0.1" } else { "no reach" }.into(),
+            ok,
+        }
+    }
+
+    #[test]
+    fn the_report_has_a_section_per_host_and_counts_every_check() {
+        let host = |name: &str, i: u8, pn| HostReport {
+            name: name.into(),
+            netns: format!("fq{i}host"),
+            agent_prefix: format!("fq{i}"),
+            socket: format!("/s/{name}/vmnet.sock").into(),
+            client_hint: format!("VMNET_SOCKET=/s/{name}/vmnet.sock vmnet status"),
+            database: format!("fq{i}"),
+            net: host_net("fq", i, pn),
+            vms: Vec::new(),
+            checks: vec![CheckResult {
+                vm: "vm-a".into(),
+                check: "nat rule".into(),
+                expected: "snat".into(),
+                seen: "snat".into(),
+                ok: true,
+            }],
+        };
+        let r = FleetReport {
+            sandbox: "fq".into(),
+            postgres: "/tmp/pg".into(),
+            hosts: vec![
+                host("host-1", 1, PublicNeighbors::Routed),
+                host("host-2", 2, PublicNeighbors::Proxy),
+            ],
+            checks: vec![
+                check("host-1", "private ipv4 -> host-2", true),
+                check("host-2", "private ipv4 -> host-1", false),
+            ],
+        };
+        assert_eq!(r.counts(), (4, 1));
+        let text = render(&r, Path::new("/s"));
+        assert!(
+            text.starts_with("fleet sandbox fq (state /s, PostgreSQL /tmp/pg)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nhost host-2: netns fq2host, agent prefix fq2, database fq2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  uplink 192.0.2.18 2001:db8:0:2::2; public 203.0.113.80/28 2001:db8:2::/48 (proxy); private 10.10.0.2 fd00:10::2\n"),
+            "{text}"
+        );
+        assert!(text.contains("HOST    CHECK"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("host-2  private ipv4 -> host-1") && l.ends_with("FAIL")),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\n3/4 checks ok; the sandbox stays up (`vmnet down --sandbox --name fq` removes it)\n"),
+            "{text}"
+        );
+    }
+}

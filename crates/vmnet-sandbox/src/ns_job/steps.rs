@@ -1,0 +1,363 @@
+//! The steps of bringing a namespace-mode sandbox host up, shared by the single-host job
+//! ([`super`]) and the fleet ([`crate::fleet_job`]): the fake internet's echo service, an agent
+//! inside a host namespace, waiting for the VMs to be applied, and a simulated guest per VM.
+//! Every background process is recorded in the sandbox state as soon as it runs, so `down`
+//! (or a failed `up`) stops it by pid.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vmnet_agent::api::types::{VmState, VmView};
+use vmnet_agent::client::{Client, segment};
+use vmnet_model::vm::Via;
+use vmnet_model::{Error, ErrorCode};
+
+use super::checks::{self, GUEST_GW_V6, GuestInfo};
+use crate::guest::{GuestConfig, GuestRoute6};
+use crate::state::{self, Paths, Proc, SandboxState};
+use crate::{netns, sandbox};
+
+/// One VM row of the `up` table.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmRow {
+    /// VM id.
+    pub vm: String,
+    /// User id.
+    pub user_id: u32,
+    /// The agent's state for it.
+    pub state: String,
+    /// Its namespace.
+    pub netns: String,
+    /// `host/ns` veth names, or `-`.
+    pub veth: String,
+    /// The transit /30, or `-`.
+    pub transit: String,
+    /// The tap.
+    pub tap: String,
+    /// Guest address and MAC.
+    pub guest: String,
+    /// Mesh address, or `-`.
+    pub mesh: String,
+    /// Routes, `dst via x` joined by `, `.
+    pub routes: String,
+    /// The simulated guest's namespace.
+    pub guest_ns: String,
+}
+
+/// The header of the VM table, matching [`VmRow::cells`].
+pub const VM_HEADER: [&str; 8] = [
+    "VM",
+    "STATE",
+    "NETNS",
+    "VETH (HOST/NS)",
+    "TRANSIT",
+    "GUEST",
+    "MESH",
+    "ROUTES",
+];
+
+impl VmRow {
+    /// The cells of the VM table ([`VM_HEADER`]).
+    #[must_use]
+    pub fn cells(&self) -> Vec<String> {
+        vec![
+            self.vm.clone(),
+            self.state.clone(),
+            self.netns.clone(),
+            self.veth.clone(),
+            self.transit.clone(),
+            self.guest.clone(),
+            self.mesh.clone(),
+            self.routes.clone(),
+        ]
+    }
+}
+
+/// Records a background process in the state file.
+pub(crate) fn record(
+    paths: &Paths,
+    st: &mut SandboxState,
+    role: &str,
+    pid: u32,
+) -> Result<(), Error> {
+    st.procs.push(Proc {
+        role: role.to_owned(),
+        pid,
+    });
+    paths.save(st)
+}
+
+/// Starts the echo service in the fake internet `inet_ns` as a background helper and waits
+/// until it listens.
+pub(crate) fn start_echo(
+    paths: &Paths,
+    st: &mut SandboxState,
+    inet_ns: &str,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let ready = paths.ready("echo");
+    let echo_args: Vec<String> = [
+        "sandbox-helper",
+        "echo",
+        "--netns",
+        inet_ns,
+        "--listen",
+        &format!("{}:7", sandbox::ECHO_V4),
+        "--listen",
+        &format!("[{}]:7", sandbox::ECHO_V6),
+        "--ready-file",
+        &ready.display().to_string(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let mut child = state::spawn_background(&echo_args, &paths.log("echo"))?;
+    record(paths, st, "echo", child.id())?;
+    state::wait_ready(
+        &mut child,
+        &ready,
+        &paths.log("echo"),
+        "echo service",
+        timeout,
+    )
+}
+
+/// How to run one agent.
+pub(crate) struct AgentRun<'a> {
+    /// Its role in the state file and the name of its log (`<role>.log`).
+    pub role: &'a str,
+    /// The namespace it runs in.
+    pub host_ns: &'a str,
+    /// Its name prefix.
+    pub prefix: &'a str,
+    /// Its API socket.
+    pub socket: PathBuf,
+    /// Its state directory.
+    pub state_dir: PathBuf,
+    /// Its database (default: SQLite in the state directory).
+    pub database_url: Option<&'a str>,
+}
+
+/// Starts `vmnet serve --netns …` (this executable) in the background and waits until its API
+/// answers; returns a client for it.
+pub(crate) async fn start_agent(
+    paths: &Paths,
+    st: &mut SandboxState,
+    run: &AgentRun<'_>,
+    timeout: Duration,
+) -> Result<Client, Error> {
+    let mut args: Vec<String> = Vec::new();
+    if let Some(url) = run.database_url {
+        args.extend(["--database-url".into(), url.to_owned()]);
+    }
+    args.extend([
+        "--socket".into(),
+        run.socket.display().to_string(),
+        "--state-dir".into(),
+        run.state_dir.display().to_string(),
+        "serve".into(),
+        "--netns".into(),
+        run.host_ns.to_owned(),
+        "--name-prefix".into(),
+        run.prefix.to_owned(),
+    ]);
+    std::fs::create_dir_all(&run.state_dir)
+        .map_err(|e| Error::internal(format!("{}: {e}", run.state_dir.display())))?;
+    let log = paths.log(run.role);
+    let mut agent = state::spawn_background(&args, &log)?;
+    record(paths, st, run.role, agent.id())?;
+    let client = Client::new(run.socket.clone());
+    wait_agent(&client, &mut agent, &log, timeout).await?;
+    Ok(client)
+}
+
+/// Starts a simulated guest for the applied VM `v` of the agent with `prefix` in `host_ns`:
+/// namespace `<prefix>g<uid>`, a relay helper joining its `eth0` to the VM's tap, the guest's
+/// addresses and routes. `uplink_v4` is what the internet sees of the host's NAT.
+pub(crate) fn attach_guest(
+    paths: &Paths,
+    st: &mut SandboxState,
+    (prefix, host_ns, uplink_v4): (&str, &str, Ipv4Addr),
+    v: &VmView,
+    timeout: Duration,
+) -> Result<(GuestInfo, VmRow), Error> {
+    let guest_ns = format!("{prefix}g{:04x}", v.config.user_id);
+    netns::create(&guest_ns).map_err(|e| Error::internal(format!("sandbox {prefix}: {e}")))?;
+    st.guest_ns.push(guest_ns.clone());
+    paths.save(st)?;
+    let role = format!("relay-{}", v.config.id);
+    let ready = paths.ready(&role);
+    let relay_args: Vec<String> = vec![
+        "sandbox-helper".into(),
+        "relay".into(),
+        "--vm-netns".into(),
+        v.status.netns.clone(),
+        "--tap".into(),
+        v.status.tap.clone(),
+        "--guest-netns".into(),
+        guest_ns.clone(),
+        "--ready-file".into(),
+        ready.display().to_string(),
+    ];
+    let mut child = state::spawn_background(&relay_args, &paths.log(&role))?;
+    record(paths, st, &role, child.id())?;
+    state::wait_ready(&mut child, &ready, &paths.log(&role), &role, timeout)?;
+    let cfg = guest_config(v)?;
+    crate::guest::configure(&guest_ns, crate::guest::GUEST_IF, &cfg)
+        .map_err(|e| Error::internal(format!("guest of vm {}: {e}", v.config.id)))?;
+    let info = GuestInfo {
+        vm: v.config.id.clone(),
+        guest_ns: guest_ns.clone(),
+        mesh: v.config.mesh_ipv6,
+        routes: v.config.network.routes.clone(),
+        uplink_v4,
+        kernel: Some(checks::KernelNames {
+            host_ns: host_ns.to_owned(),
+            vm_ns: v.status.netns.clone(),
+            veth_host: v.status.veth_host.clone(),
+            nft_table: prefix.to_owned(),
+        }),
+    };
+    Ok((info, vm_row(v, &guest_ns)))
+}
+
+/// How the simulated guest of `v` configures itself: the status's MAC, address, gateway and MTU;
+/// its mesh /128; IPv6 routes via `fe80::1` for the mesh range and each IPv6 route destination.
+fn guest_config(v: &VmView) -> Result<GuestConfig, Error> {
+    let bad = |what: &str, val: &str| {
+        Error::internal(format!(
+            "vm {}: status {what} {val:?} is not an address",
+            v.config.id
+        ))
+    };
+    let ipv4 = v
+        .status
+        .guest_ipv4
+        .parse()
+        .map_err(|_| bad("guest_ipv4", &v.status.guest_ipv4))?;
+    let gw = v
+        .status
+        .gateway_ipv4
+        .parse()
+        .map_err(|_| bad("gateway_ipv4", &v.status.gateway_ipv4))?;
+    let mut routes_v6 = vec![GuestRoute6 {
+        destination: "fdaa::/16".into(),
+        via: Some(GUEST_GW_V6),
+    }];
+    for r in &v.config.network.routes {
+        if let ipnet::IpNet::V6(d) = r.destination {
+            routes_v6.push(GuestRoute6 {
+                destination: d.to_string(),
+                via: Some(GUEST_GW_V6),
+            });
+        }
+    }
+    Ok(GuestConfig {
+        mac: v.status.guest_mac.clone(),
+        ipv4,
+        gateway_v4: Some(gw),
+        mtu: v.status.mtu,
+        mesh_ipv6: v.config.mesh_ipv6,
+        routes_v6,
+    })
+}
+
+fn vm_row(v: &VmView, guest_ns: &str) -> VmRow {
+    let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    let veth = match (&v.status.veth_host, &v.status.veth_ns) {
+        (Some(h), Some(n)) => format!("{h}/{n}"),
+        _ => "-".into(),
+    };
+    let routes: Vec<String> = v
+        .config
+        .network
+        .routes
+        .iter()
+        .map(|r| match r.via {
+            Via::Host => format!("{} via host", r.destination),
+            Via::Mesh(m) => format!("{} via {m}", r.destination),
+        })
+        .collect();
+    VmRow {
+        vm: v.config.id.clone(),
+        user_id: v.config.user_id,
+        state: v.status.state.as_str().into(),
+        netns: v.status.netns.clone(),
+        veth,
+        transit: dash(&v.status.transit),
+        tap: v.status.tap.clone(),
+        guest: format!("{} {}", v.status.guest_ipv4, v.status.guest_mac),
+        mesh: v
+            .config
+            .mesh_ipv6
+            .map_or_else(|| "-".into(), |m: Ipv6Addr| m.to_string()),
+        routes: if routes.is_empty() {
+            "none".into()
+        } else {
+            routes.join(", ")
+        },
+        guest_ns: guest_ns.to_owned(),
+    }
+}
+
+async fn wait_agent(
+    client: &Client,
+    agent: &mut std::process::Child,
+    log: &Path,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let start = Instant::now();
+    loop {
+        match client.get::<serde_json::Value>("/v1/status").await {
+            Ok(_) => return Ok(()),
+            Err(e) => {
+                if let Ok(Some(status)) = agent.try_wait() {
+                    return Err(Error::internal(format!(
+                        "the agent exited ({status}): {}",
+                        state::log_tail(log)
+                    )));
+                }
+                if start.elapsed() > timeout {
+                    return Err(Error::internal(format!(
+                        "the agent did not answer within {timeout:?}: {e}; {}",
+                        state::log_tail(log)
+                    )));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the agent reports VM `id` applied.
+pub(crate) async fn wait_applied(
+    client: &Client,
+    id: &str,
+    timeout: Duration,
+) -> Result<VmView, Error> {
+    let start = Instant::now();
+    let path = format!("/v1/vms/{}", segment(id));
+    loop {
+        let v: VmView = client.get(&path).await?;
+        match v.status.state {
+            VmState::Applied => return Ok(v),
+            VmState::Failed => {
+                return Err(Error::internal(format!(
+                    "vm {id}: apply failed: {}",
+                    v.status
+                        .last_error
+                        .as_deref()
+                        .unwrap_or("no error recorded")
+                )));
+            }
+            VmState::Pending if start.elapsed() > timeout => {
+                return Err(Error::new(
+                    ErrorCode::Unavailable,
+                    format!("vm {id}: not applied within {timeout:?}"),
+                ));
+            }
+            VmState::Pending => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
