@@ -26,6 +26,7 @@
 //! # Limitations
 //! Needs root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN` for `setns`).
 
+pub mod args;
 pub mod echo;
 pub mod fleet;
 pub mod fleet_job;
@@ -41,7 +42,9 @@ pub mod sandbox;
 pub mod sim_guest;
 pub mod state;
 pub mod tap;
+pub mod teardown;
 pub mod traffic;
+pub mod up;
 
 mod error;
 

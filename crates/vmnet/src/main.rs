@@ -99,9 +99,9 @@ enum Command {
     /// Apply a host spec (pools, instances and VMs in one file) declaratively.
     Apply(cli::vm::ApplyArgs),
     /// Create a sandbox host and run the main job inside it.
-    Up(vmnet_sandbox::ns_job::UpArgs),
+    Up(vmnet_sandbox::args::UpArgs),
     /// Remove a sandbox made by `vmnet up --sandbox`.
-    Down(vmnet_sandbox::ns_job::DownArgs),
+    Down(vmnet_sandbox::args::DownArgs),
     /// Background processes of the sandbox (frame relay, echo service); internal.
     #[command(subcommand, hide = true, name = "sandbox-helper")]
     SandboxHelper(vmnet_sandbox::helper::HelperCmd),
@@ -143,8 +143,8 @@ async fn run(cli: Cli) -> Result<(), Error> {
         Command::Vm(c) => cli::vm::vm(g, c).await,
         Command::Status => cli::vm::status(g).await,
         Command::Apply(a) => cli::vm::apply(g, a).await,
-        Command::Up(a) => vmnet_sandbox::ns_job::run(g.output == Output::Json, a).await,
-        Command::Down(a) => vmnet_sandbox::ns_job::down(g.output == Output::Json, a).await,
+        Command::Up(a) => vmnet_sandbox::up::run(g.output == Output::Json, a).await,
+        Command::Down(a) => vmnet_sandbox::up::down(g.output == Output::Json, a).await,
         Command::SandboxHelper(c) => vmnet_sandbox::helper::run(c),
     }
 }

@@ -39,12 +39,14 @@ use vmnet_model::Error;
 
 use self::checks::FleetCheck;
 pub use self::spec::{FleetHostSpec, FleetSpec, is_fleet_spec};
+use crate::args::{DEFAULT_NAME, UpArgs};
 use crate::fleet::{self, Fleet, HostNet};
 use crate::ns_job::checks::{CheckResult, render_checks};
+use crate::ns_job::client_hint;
 use crate::ns_job::steps::{self, VM_HEADER, VmRow};
-use crate::ns_job::{DEFAULT_NAME, UpArgs, client_hint, teardown};
 use crate::postgres::DetachedPg;
 use crate::state::{self, FleetState, Paths, SandboxState};
+use crate::teardown::{pg_dir, teardown};
 use vmnet_agent::table::render as render_table;
 
 /// One host of the fleet report.
@@ -94,47 +96,6 @@ impl FleetReport {
         let all: Vec<bool> = host.chain(self.checks.iter().map(|c| c.ok)).collect();
         (all.len(), all.iter().filter(|ok| !**ok).count())
     }
-}
-
-/// The shared PostgreSQL cluster's directory of the fleet `name`.
-#[must_use]
-pub fn pg_dir(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("vmnet-sandbox-{name}-pg"))
-}
-
-/// Stops the fleet's PostgreSQL server by pid (`SIGINT`, fast shutdown; `SIGKILL` after 10 s)
-/// when its command line still names the cluster directory, and removes the directory. The
-/// directory is the recorded one, else [`pg_dir`]; the pid the recorded one, else the one in
-/// `data/postmaster.pid`. Returns what was stopped.
-///
-/// # Errors
-/// `INTERNAL` when the directory cannot be removed.
-pub(crate) fn remove_postgres(
-    name: &str,
-    recorded: Option<&FleetState>,
-) -> Result<Vec<String>, Error> {
-    let dir = recorded
-        .and_then(|f| f.postgres_dir.clone())
-        .unwrap_or_else(|| pg_dir(name));
-    if !dir.exists() {
-        return Ok(Vec::new());
-    }
-    let pid = recorded.and_then(|f| f.postgres_pid).or_else(|| {
-        std::fs::read_to_string(dir.join("data/postmaster.pid"))
-            .ok()
-            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
-    });
-    let mut stopped = Vec::new();
-    let marker = format!("{}/", dir.display());
-    let sigint = nix::sys::signal::Signal::SIGINT;
-    if let Some(pid) = pid
-        && state::stop_with(pid, &marker, sigint, Duration::from_secs(10))
-    {
-        stopped.push(format!("postgres (pid {pid})"));
-    }
-    std::fs::remove_dir_all(&dir)
-        .map_err(|e| Error::internal(format!("remove {}: {e}", dir.display())))?;
-    Ok(stopped)
 }
 
 /// Runs `vmnet up --sandbox` for a fleet spec (see the module docs).

@@ -44,50 +44,9 @@ use vmnet_model::Error;
 
 use self::checks::CheckResult;
 pub use self::steps::VmRow;
+use crate::args::{DEFAULT_NAME, UpArgs};
 use crate::state::{self, Paths, SandboxState};
-
-/// The default sandbox name (and name prefix).
-pub const DEFAULT_NAME: &str = "vmsbx";
-/// Where sandbox state directories live.
-pub const DEFAULT_ROOT: &str = "/run/vmnet-sandbox";
-
-/// Arguments of `vmnet up`.
-#[derive(Debug, clap::Args)]
-pub struct UpArgs {
-    /// Run in a sandbox: throwaway namespaces, a fake internet, simulated guests (required; no
-    /// other mode exists).
-    #[arg(long)]
-    pub sandbox: bool,
-    /// The host spec to apply (the default falls back to the built-in copy of
-    /// `examples/host.json` when run outside the repository); a file with `"mode": "pool"`
-    /// runs the pool sandbox, one with `"mode": "fleet"` the multi-host sandbox.
-    #[arg(default_value = DEFAULT_HOST_SPEC)]
-    pub host_spec: PathBuf,
-    /// The sandbox name: the name prefix of every namespace and link in it (lowercase letters
-    /// and digits, a letter first, at most 10 bytes; 9 for a fleet).
-    #[arg(long, default_value = DEFAULT_NAME)]
-    pub name: String,
-    /// Where the sandbox's state directory is made.
-    #[arg(long, default_value = DEFAULT_ROOT)]
-    pub root: PathBuf,
-    /// How long to wait for the agent and for the VMs to be applied, seconds.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub timeout_secs: u64,
-}
-
-/// Arguments of `vmnet down`.
-#[derive(Debug, clap::Args)]
-pub struct DownArgs {
-    /// Remove the sandbox made by `vmnet up --sandbox` (required).
-    #[arg(long)]
-    pub sandbox: bool,
-    /// The sandbox name.
-    #[arg(long, default_value = DEFAULT_NAME)]
-    pub name: String,
-    /// Where the sandbox's state directory is.
-    #[arg(long, default_value = DEFAULT_ROOT)]
-    pub root: PathBuf,
-}
+use crate::teardown::teardown;
 
 /// What `up` prints with `--output json`.
 #[derive(Debug, Clone, Serialize)]
@@ -105,77 +64,25 @@ pub struct UpReport {
     pub checks: Vec<CheckResult>,
 }
 
-fn need_root_and_flag(sandbox: bool, cmd: &str) -> Result<(), Error> {
-    if !sandbox {
-        return Err(Error::invalid(format!(
-            "vmnet {cmd}: only the sandbox mode exists; pass --sandbox"
-        )));
-    }
-    if !nix::unistd::geteuid().is_root() {
-        return Err(Error::invalid(format!(
-            "vmnet {cmd} --sandbox must run as root (it creates network namespaces)"
-        )));
-    }
-    Ok(())
-}
-
-fn check_name(name: &str) -> Result<(), Error> {
-    vmnet_plan::ns::names::check_prefix(name)
-        .map_err(|m| Error::invalid(format!("sandbox --name: {m}")))
-}
-
-/// The default host spec, compiled in for when `vmnet up --sandbox` runs outside the repository.
-const EMBEDDED_HOST_SPEC: &str = include_str!("../../../../examples/host.json");
-/// The default host spec path.
-const DEFAULT_HOST_SPEC: &str = "examples/host.json";
-
-/// Reads the host spec; the default path falls back to the compiled-in `examples/host.json` when
-/// the file is not there (e.g. the binary runs from another directory).
-fn read_spec(path: &Path) -> Result<String, Error> {
-    match std::fs::read_to_string(path) {
-        Ok(t) => Ok(t),
-        Err(e)
-            if e.kind() == std::io::ErrorKind::NotFound && path == Path::new(DEFAULT_HOST_SPEC) =>
-        {
-            Ok(EMBEDDED_HOST_SPEC.to_owned())
-        }
-        Err(e) => Err(Error::invalid(format!("host spec {}: {e}", path.display()))),
-    }
-}
-
-/// Runs `vmnet up --sandbox`.
+/// Runs `vmnet up --sandbox` for a namespace-mode host spec `text` (see the module docs).
 ///
 /// # Errors
-/// `INVALID_INPUT` for a bad flag or host spec, `CONFLICT` when the sandbox exists, `INTERNAL`
-/// when building it fails (after removing what was built) or when any check fails (the sandbox
-/// then stays up for inspection).
-pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
-    // Caught from the start, so an interrupt never leaves a half-built sandbox behind.
-    let mut interrupts = state::Interrupts::install()?;
-    need_root_and_flag(args.sandbox, "up")?;
-    check_name(&args.name)?;
-    let text = read_spec(&args.host_spec)?;
-    if crate::pool_job::is_pool_spec(&text) {
-        return crate::pool_job::up_pool(
-            json,
-            &args.host_spec,
-            &args.name,
-            &args.root,
-            Duration::from_secs(args.timeout_secs),
-            interrupts,
-        )
-        .await;
-    }
-    if crate::fleet_job::is_fleet_spec(&text) {
-        return crate::fleet_job::up(json, &args, &text, interrupts).await;
-    }
-    let spec = HostSpec::parse(&args.host_spec.display().to_string(), &text)?;
+/// `INVALID_INPUT` for a bad host spec, `CONFLICT` when the sandbox exists, `INTERNAL` when
+/// building it fails (after removing what was built) or when any check fails (the sandbox then
+/// stays up for inspection).
+pub async fn up(
+    json: bool,
+    args: &UpArgs,
+    text: &str,
+    mut interrupts: state::Interrupts,
+) -> Result<(), Error> {
+    let spec = HostSpec::parse(&args.host_spec.display().to_string(), text)?;
     let paths = state::claim(&args.root, &args.name)?;
     // Ctrl-C or SIGTERM while building: the partial sandbox is removed like a failed one.
     let built = tokio::select! {
         biased;
         why = interrupts.wait() => Err(state::interrupted_error(why, &args.name)),
-        r = bring_up(&args, &paths, &spec) => r,
+        r = bring_up(args, &paths, &spec) => r,
     };
     let report = match built {
         Ok(r) => r,
@@ -296,100 +203,4 @@ pub(crate) fn client_hint(socket: &Path) -> String {
         socket.display(),
         std::env::current_exe().map_or_else(|_| "vmnet".into(), |p| p.display().to_string())
     )
-}
-
-/// What `down` removed.
-#[derive(Debug, Default, Serialize)]
-pub(crate) struct DownReport {
-    /// The processes stopped, `role (pid N)`.
-    pub stopped: Vec<String>,
-    /// The namespaces deleted.
-    pub namespaces: Vec<String>,
-}
-
-/// Stops the recorded processes (relays, agents, echo: newest first), a fleet's PostgreSQL
-/// cluster, deletes the sandbox's namespaces ([`sandbox::owned`], for a fleet
-/// [`crate::fleet::owned`]: exact prefixes and a documented suffix, never a sandbox whose name
-/// merely starts with this one) and removes the state directory.
-pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
-    let mut report = DownReport::default();
-    // With the trailing slash, so a sandbox whose name starts with this one's never matches.
-    let marker = format!("{}/", paths.dir.display());
-    let st = paths.load()?;
-    for p in st.iter().flat_map(|st| st.procs.iter().rev()) {
-        if state::stop(p.pid, &marker) {
-            report.stopped.push(format!("{} (pid {})", p.role, p.pid));
-        }
-    }
-    let fleet_state = st.and_then(|st| st.fleet);
-    let is_fleet = fleet_state.is_some() || crate::fleet::exists(name);
-    let pg = crate::fleet_job::remove_postgres(name, fleet_state.as_ref())?;
-    report.stopped.extend(pg);
-    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {name}: {e}"));
-    if is_fleet {
-        report.namespaces = crate::fleet::owned(name);
-        crate::fleet::cleanup(name).map_err(sb_err)?;
-    } else {
-        report.namespaces = sandbox::owned(name);
-        sandbox::cleanup(name).map_err(sb_err)?;
-    }
-    match std::fs::remove_dir_all(&paths.dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(Error::internal(format!(
-                "remove {}: {e}",
-                paths.dir.display()
-            )));
-        }
-    }
-    Ok(report)
-}
-
-/// Runs `vmnet down --sandbox`.
-///
-/// # Errors
-/// `INVALID_INPUT` for a bad flag, `NOT_FOUND` when no such sandbox exists, `INTERNAL` when
-/// something could not be removed.
-pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
-    need_root_and_flag(args.sandbox, "down")?;
-    if let Some(pid) = state::builder(&args.root.join(&args.name)) {
-        return Err(Error::conflict(format!(
-            "sandbox {} is still being made by `vmnet up` (pid {pid}): interrupt that run (Ctrl-C) instead, it removes what it built",
-            args.name
-        )));
-    }
-    check_name(&args.name)?;
-    let paths = Paths::new(&args.root, &args.name);
-    if !paths.dir.exists()
-        && sandbox::owned(&args.name).is_empty()
-        && !crate::fleet_job::pg_dir(&args.name).exists()
-    {
-        return Err(Error::not_found(format!(
-            "no sandbox {} is up (no {} and no namespaces {}…)",
-            args.name,
-            paths.dir.display(),
-            args.name
-        )));
-    }
-    let report = tokio::task::spawn_blocking(move || teardown(&paths, &args.name))
-        .await
-        .map_err(|e| Error::internal(format!("down: {e}")))??;
-    match json {
-        true => println!(
-            "{}",
-            serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?
-        ),
-        false => {
-            for p in &report.stopped {
-                println!("stopped {p}");
-            }
-            println!(
-                "deleted {} namespaces: {}",
-                report.namespaces.len(),
-                report.namespaces.join(" ")
-            );
-        }
-    }
-    Ok(())
 }

@@ -1,0 +1,51 @@
+//! The arguments of `vmnet up --sandbox` and `vmnet down --sandbox`, and their defaults.
+
+use std::path::PathBuf;
+
+/// The default sandbox name (and name prefix).
+pub const DEFAULT_NAME: &str = "vmsbx";
+/// Where sandbox state directories live.
+pub const DEFAULT_ROOT: &str = "/run/vmnet-sandbox";
+
+/// Arguments of `vmnet up`.
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Run in a sandbox: throwaway namespaces, a fake internet, simulated guests (required; no
+    /// other mode exists).
+    #[arg(long)]
+    pub sandbox: bool,
+    /// The host spec to apply (the default falls back to the built-in copy of
+    /// `examples/host.json` when run outside the repository); a file with `"mode": "pool"`
+    /// runs the pool sandbox, one with `"mode": "fleet"` the multi-host sandbox.
+    #[arg(default_value = DEFAULT_HOST_SPEC)]
+    pub host_spec: PathBuf,
+    /// The sandbox name: the name prefix of every namespace and link in it (lowercase letters
+    /// and digits, a letter first, at most 10 bytes; 9 for a fleet).
+    #[arg(long, default_value = DEFAULT_NAME)]
+    pub name: String,
+    /// Where the sandbox's state directory is made.
+    #[arg(long, default_value = DEFAULT_ROOT)]
+    pub root: PathBuf,
+    /// How long to wait for the agent and for the VMs to be applied, seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub timeout_secs: u64,
+}
+
+/// Arguments of `vmnet down`.
+#[derive(Debug, clap::Args)]
+pub struct DownArgs {
+    /// Remove the sandbox made by `vmnet up --sandbox` (required).
+    #[arg(long)]
+    pub sandbox: bool,
+    /// The sandbox name.
+    #[arg(long, default_value = DEFAULT_NAME)]
+    pub name: String,
+    /// Where the sandbox's state directory is.
+    #[arg(long, default_value = DEFAULT_ROOT)]
+    pub root: PathBuf,
+}
+
+/// The default host spec, compiled in for when `vmnet up --sandbox` runs outside the repository.
+pub(crate) const EMBEDDED_HOST_SPEC: &str = include_str!("../../../examples/host.json");
+/// The default host spec path.
+pub(crate) const DEFAULT_HOST_SPEC: &str = "examples/host.json";

@@ -1,0 +1,100 @@
+//! Removing a sandbox: its processes by pid, a fleet's PostgreSQL cluster, its namespaces by
+//! exact prefix, and its state directory.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+use vmnet_model::Error;
+
+use crate::sandbox;
+use crate::state::{self, FleetState, Paths};
+
+/// What `down` removed.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct DownReport {
+    /// The processes stopped, `role (pid N)`.
+    pub stopped: Vec<String>,
+    /// The namespaces deleted.
+    pub namespaces: Vec<String>,
+}
+
+/// Stops the recorded processes (relays, agents, echo: newest first), a fleet's PostgreSQL
+/// cluster, deletes the sandbox's namespaces ([`sandbox::owned`], for a fleet
+/// [`crate::fleet::owned`]: exact prefixes and a documented suffix, never a sandbox whose name
+/// merely starts with this one) and removes the state directory.
+pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
+    let mut report = DownReport::default();
+    // With the trailing slash, so a sandbox whose name starts with this one's never matches.
+    let marker = format!("{}/", paths.dir.display());
+    let st = paths.load()?;
+    for p in st.iter().flat_map(|st| st.procs.iter().rev()) {
+        if state::stop(p.pid, &marker) {
+            report.stopped.push(format!("{} (pid {})", p.role, p.pid));
+        }
+    }
+    let fleet_state = st.and_then(|st| st.fleet);
+    let is_fleet = fleet_state.is_some() || crate::fleet::exists(name);
+    let pg = remove_postgres(name, fleet_state.as_ref())?;
+    report.stopped.extend(pg);
+    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {name}: {e}"));
+    if is_fleet {
+        report.namespaces = crate::fleet::owned(name);
+        crate::fleet::cleanup(name).map_err(sb_err)?;
+    } else {
+        report.namespaces = sandbox::owned(name);
+        sandbox::cleanup(name).map_err(sb_err)?;
+    }
+    match std::fs::remove_dir_all(&paths.dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(Error::internal(format!(
+                "remove {}: {e}",
+                paths.dir.display()
+            )));
+        }
+    }
+    Ok(report)
+}
+
+/// The shared PostgreSQL cluster's directory of the fleet `name`.
+#[must_use]
+pub fn pg_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("vmnet-sandbox-{name}-pg"))
+}
+
+/// Stops the fleet's PostgreSQL server by pid (`SIGINT`, fast shutdown; `SIGKILL` after 10 s)
+/// when its command line still names the cluster directory, and removes the directory. The
+/// directory is the recorded one, else [`pg_dir`]; the pid the recorded one, else the one in
+/// `data/postmaster.pid`. Returns what was stopped.
+///
+/// # Errors
+/// `INTERNAL` when the directory cannot be removed.
+pub(crate) fn remove_postgres(
+    name: &str,
+    recorded: Option<&FleetState>,
+) -> Result<Vec<String>, Error> {
+    let dir = recorded
+        .and_then(|f| f.postgres_dir.clone())
+        .unwrap_or_else(|| pg_dir(name));
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let pid = recorded.and_then(|f| f.postgres_pid).or_else(|| {
+        std::fs::read_to_string(dir.join("data/postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
+    });
+    let mut stopped = Vec::new();
+    let marker = format!("{}/", dir.display());
+    let sigint = nix::sys::signal::Signal::SIGINT;
+    if let Some(pid) = pid
+        && state::stop_with(pid, &marker, sigint, Duration::from_secs(10))
+    {
+        stopped.push(format!("postgres (pid {pid})"));
+    }
+    std::fs::remove_dir_all(&dir)
+        .map_err(|e| Error::internal(format!("remove {}: {e}", dir.display())))?;
+    Ok(stopped)
+}

@@ -1,0 +1,122 @@
+//! `vmnet up --sandbox` and `vmnet down --sandbox`: the flags checked, the spec read and handed
+//! to its job — [`crate::pool_job`] for `"mode": "pool"`, [`crate::fleet_job`] for
+//! `"mode": "fleet"`, [`crate::ns_job`] for a namespace-mode host spec — and `down`'s removal
+//! ([`crate::teardown`]).
+
+use std::path::Path;
+use std::time::Duration;
+
+use vmnet_model::Error;
+
+use crate::args::{DEFAULT_HOST_SPEC, DownArgs, EMBEDDED_HOST_SPEC, UpArgs};
+use crate::sandbox;
+use crate::state::{self, Paths};
+use crate::teardown::{pg_dir, teardown};
+
+fn need_root_and_flag(sandbox: bool, cmd: &str) -> Result<(), Error> {
+    if !sandbox {
+        return Err(Error::invalid(format!(
+            "vmnet {cmd}: only the sandbox mode exists; pass --sandbox"
+        )));
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err(Error::invalid(format!(
+            "vmnet {cmd} --sandbox must run as root (it creates network namespaces)"
+        )));
+    }
+    Ok(())
+}
+
+fn check_name(name: &str) -> Result<(), Error> {
+    vmnet_plan::ns::names::check_prefix(name)
+        .map_err(|m| Error::invalid(format!("sandbox --name: {m}")))
+}
+
+/// Reads the host spec; the default path falls back to the compiled-in `examples/host.json` when
+/// the file is not there (e.g. the binary runs from another directory).
+fn read_spec(path: &Path) -> Result<String, Error> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound && path == Path::new(DEFAULT_HOST_SPEC) =>
+        {
+            Ok(EMBEDDED_HOST_SPEC.to_owned())
+        }
+        Err(e) => Err(Error::invalid(format!("host spec {}: {e}", path.display()))),
+    }
+}
+
+/// Runs `vmnet up --sandbox`.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad flag or host spec, `CONFLICT` when the sandbox exists, `INTERNAL`
+/// when building it fails (after removing what was built) or when any check fails (the sandbox
+/// then stays up for inspection).
+pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
+    // Caught from the start, so an interrupt never leaves a half-built sandbox behind.
+    let interrupts = state::Interrupts::install()?;
+    need_root_and_flag(args.sandbox, "up")?;
+    check_name(&args.name)?;
+    let text = read_spec(&args.host_spec)?;
+    if crate::pool_job::is_pool_spec(&text) {
+        return crate::pool_job::up_pool(
+            json,
+            &args.host_spec,
+            &args.name,
+            &args.root,
+            Duration::from_secs(args.timeout_secs),
+            interrupts,
+        )
+        .await;
+    }
+    if crate::fleet_job::is_fleet_spec(&text) {
+        return crate::fleet_job::up(json, &args, &text, interrupts).await;
+    }
+    crate::ns_job::up(json, &args, &text, interrupts).await
+}
+
+/// Runs `vmnet down --sandbox`.
+///
+/// # Errors
+/// `INVALID_INPUT` for a bad flag, `NOT_FOUND` when no such sandbox exists, `INTERNAL` when
+/// something could not be removed.
+pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
+    need_root_and_flag(args.sandbox, "down")?;
+    if let Some(pid) = state::builder(&args.root.join(&args.name)) {
+        return Err(Error::conflict(format!(
+            "sandbox {} is still being made by `vmnet up` (pid {pid}): interrupt that run (Ctrl-C) instead, it removes what it built",
+            args.name
+        )));
+    }
+    check_name(&args.name)?;
+    let paths = Paths::new(&args.root, &args.name);
+    if !paths.dir.exists() && sandbox::owned(&args.name).is_empty() && !pg_dir(&args.name).exists()
+    {
+        return Err(Error::not_found(format!(
+            "no sandbox {} is up (no {} and no namespaces {}…)",
+            args.name,
+            paths.dir.display(),
+            args.name
+        )));
+    }
+    let report = tokio::task::spawn_blocking(move || teardown(&paths, &args.name))
+        .await
+        .map_err(|e| Error::internal(format!("down: {e}")))??;
+    match json {
+        true => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?
+        ),
+        false => {
+            for p in &report.stopped {
+                println!("stopped {p}");
+            }
+            println!(
+                "deleted {} namespaces: {}",
+                report.namespaces.len(),
+                report.namespaces.join(" ")
+            );
+        }
+    }
+    Ok(())
+}
