@@ -27,9 +27,8 @@
 //! `<name>` or starts with it, is refused with `CONFLICT` (run `down` first); a failure while
 //! building it removes what was built.
 //!
-//! A pool spec (`"mode": "pool"`) goes to [`crate::pool_job`], a fleet spec (`"mode": "fleet"`)
-//! to [`crate::fleet_job`]; `down` removes a fleet too (its state file says so, or its private
-//! network namespace exists).
+//! [`crate::up`] hands a pool spec (`"mode": "pool"`) to [`crate::pool_job`] and a fleet spec
+//! (`"mode": "fleet"`) to [`crate::fleet_job`], everything else to [`up`] here.
 
 pub mod checks;
 pub(crate) mod steps;
