@@ -394,13 +394,13 @@ async fn wrong_method_on_a_served_path_is_405_with_allow() {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             v,
-            json!({"error": {"code": "INVALID_INPUT", "message": message}})
+            json!({"error": {"code": "METHOD_NOT_ALLOWED", "message": message}})
         );
         // The harness also checks the answer against openapi.json.
         assert_error(
             &h.call(method, path, None).await,
             405,
-            "INVALID_INPUT",
+            "METHOD_NOT_ALLOWED",
             &[message],
         );
     }

@@ -356,13 +356,13 @@ async fn unknown_routes_and_methods_answer_the_error_body() {
     assert_error(
         &h.call(Method::PATCH, "/v1/vms/x", None).await,
         405,
-        "INVALID_INPUT",
+        "METHOD_NOT_ALLOWED",
         &["method PATCH is not allowed on /v1/vms/{id}; allowed: GET, PUT, DELETE"],
     );
     assert_error(
         &h.call(Method::DELETE, "/v1/status", None).await,
         405,
-        "INVALID_INPUT",
+        "METHOD_NOT_ALLOWED",
         &["method DELETE is not allowed on /v1/status; allowed: GET"],
     );
 }

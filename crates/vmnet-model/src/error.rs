@@ -23,6 +23,9 @@ pub enum ErrorCode {
     CapacityUnavailable,
     /// A dependency (database, kernel) failed; the request may succeed later (HTTP 503, exit code 6).
     Unavailable,
+    /// The path exists but does not serve the request's method (HTTP 405 with an `Allow`
+    /// header, exit code 2): an API-only code, never made from a validation rule.
+    MethodNotAllowed,
     /// A bug or an unexpected state inside vmnet (HTTP 500, exit code 1).
     Internal,
 }
@@ -37,11 +40,12 @@ impl ErrorCode {
             Self::Conflict => "CONFLICT",
             Self::CapacityUnavailable => "CAPACITY_UNAVAILABLE",
             Self::Unavailable => "UNAVAILABLE",
+            Self::MethodNotAllowed => "METHOD_NOT_ALLOWED",
             Self::Internal => "INTERNAL",
         }
     }
 
-    /// The HTTP status the API answers with for this code (400, 404, 409, 503 or 500).
+    /// The HTTP status the API answers with for this code (400, 404, 405, 409, 503 or 500).
     #[must_use]
     pub const fn http_status(self) -> u16 {
         match self {
@@ -49,6 +53,7 @@ impl ErrorCode {
             Self::NotFound => 404,
             Self::Conflict => 409,
             Self::CapacityUnavailable | Self::Unavailable => 503,
+            Self::MethodNotAllowed => 405,
             Self::Internal => 500,
         }
     }
@@ -58,7 +63,7 @@ impl ErrorCode {
     pub const fn exit_code(self) -> i32 {
         match self {
             Self::Internal => 1,
-            Self::InvalidInput => 2,
+            Self::InvalidInput | Self::MethodNotAllowed => 2,
             Self::NotFound => 3,
             Self::Conflict => 4,
             Self::CapacityUnavailable => 5,
@@ -137,6 +142,11 @@ mod tests {
         assert_eq!(ErrorCode::NotFound.http_status(), 404);
         assert_eq!(ErrorCode::Conflict.http_status(), 409);
         assert_eq!(ErrorCode::CapacityUnavailable.http_status(), 503);
+        assert_eq!(ErrorCode::MethodNotAllowed.http_status(), 405);
+        assert_eq!(
+            serde_json::to_string(&ErrorCode::MethodNotAllowed).unwrap(),
+            "\"METHOD_NOT_ALLOWED\""
+        );
     }
 
     #[test]

@@ -214,7 +214,7 @@ where
 }
 
 /// The fallback for unknown routes: 404 `NOT_FOUND` naming the method and path; a method not
-/// served on an existing path is 405 with an `Allow` header and an `INVALID_INPUT` body, e.g.
+/// served on an existing path is 405 `METHOD_NOT_ALLOWED` with an `Allow` header, e.g.
 /// `method POST is not allowed on /v1/vms/{id}; allowed: GET, PUT, DELETE`.
 pub async fn no_route(req: Request) -> Response {
     let path = req.uri().path();
@@ -230,12 +230,14 @@ pub async fn no_route(req: Request) -> Response {
         .map(Method::as_str)
         .collect::<Vec<_>>()
         .join(", ");
-    let mut resp = ApiError(Error::invalid(format!(
-        "method {} is not allowed on {template}; allowed: {allowed}",
-        req.method()
-    )))
+    let mut resp = ApiError(Error::new(
+        ErrorCode::MethodNotAllowed,
+        format!(
+            "method {} is not allowed on {template}; allowed: {allowed}",
+            req.method()
+        ),
+    ))
     .into_response();
-    *resp.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     if let Ok(v) = HeaderValue::from_str(&allowed) {
         resp.headers_mut().insert(header::ALLOW, v);
     }
@@ -266,9 +268,11 @@ pub async fn ensure_error_body(req: Request, next: Next) -> Response {
         Err(_) => String::new(),
     };
     let err = match status {
-        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
-            Error::not_found(format!("no route {method} {path}"))
-        }
+        StatusCode::NOT_FOUND => Error::not_found(format!("no route {method} {path}")),
+        StatusCode::METHOD_NOT_ALLOWED => Error::new(
+            ErrorCode::MethodNotAllowed,
+            format!("method {method} is not allowed on {path}"),
+        ),
         StatusCode::PAYLOAD_TOO_LARGE => too_large(),
         s if s.is_client_error() => Error::invalid(if text.is_empty() {
             format!("request: {s}")

@@ -322,7 +322,7 @@ pub fn check_documented(method: &Method, path: &str, status: StatusCode, body: &
     if !status.is_success() {
         let code = body["error"]["code"].as_str().unwrap();
         let expected = match code {
-            "INVALID_INPUT" if op.is_none() => 405,
+            "METHOD_NOT_ALLOWED" => 405,
             "INVALID_INPUT" => 400,
             "NOT_FOUND" => 404,
             "CONFLICT" => 409,
