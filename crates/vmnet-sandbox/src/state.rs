@@ -463,3 +463,16 @@ fn is_zombie(pid: u32) -> bool {
         })
         .unwrap_or(true)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_sandbox_name_is_claimed_once() {
+        let root = tempfile::tempdir().unwrap();
+        let name = format!("vc{:06x}", std::process::id() & 0xff_ffff);
+        let first = crate::state::claim(root.path(), &name).unwrap();
+        assert!(first.dir.is_dir());
+        let again = crate::state::claim(root.path(), &name).unwrap_err();
+        assert_eq!(again.code, vmnet_model::ErrorCode::Conflict);
+    }
+}

@@ -1,0 +1,136 @@
+//! What the pool sandbox reports: a row per instance and the checks, as a table or JSON.
+
+use serde::Serialize;
+
+use super::checks::Check;
+
+/// One row of the instance table.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstanceRow {
+    /// Instance id.
+    pub instance: String,
+    /// Policy.
+    pub policy: String,
+    /// The lease, or the placement error.
+    pub lease: String,
+    /// The tap, or `-`.
+    pub tap: String,
+    /// The MAC, or `-`.
+    pub mac: String,
+    /// The address the guest configured from its seed.
+    pub seed_address: String,
+}
+
+/// What `up` prints with `--output json` for a pool spec.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolReport {
+    /// The sandbox name.
+    pub sandbox: String,
+    /// Instances.
+    pub instances: Vec<InstanceRow>,
+    /// Checks.
+    pub checks: Vec<Check>,
+}
+
+pub(super) fn print(r: &PoolReport) {
+    print!("{}", render(r));
+}
+
+/// The two tables (instances, checks) in the namespace-mode layout, and the summary line.
+fn render(r: &PoolReport) -> String {
+    use vmnet_agent::table::render as render_table;
+    let rows: Vec<Vec<String>> = r
+        .instances
+        .iter()
+        .map(|i| {
+            vec![
+                i.instance.clone(),
+                i.policy.clone(),
+                i.lease.clone(),
+                i.tap.clone(),
+                i.mac.clone(),
+                i.seed_address.clone(),
+            ]
+        })
+        .collect();
+    let mut out = format!("pool sandbox {}\n\n", r.sandbox);
+    out.push_str(&render_table(
+        &["INSTANCE", "POLICY", "LEASE", "TAP", "MAC", "SEED ADDRESS"],
+        &rows,
+    ));
+    let rows: Vec<Vec<String>> = r
+        .checks
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.expected.clone(),
+                c.seen.clone(),
+                if c.ok { "ok" } else { "FAIL" }.into(),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&render_table(
+        &["CHECK", "EXPECTED", "SEEN", "RESULT"],
+        &rows,
+    ));
+    let ok = r.checks.iter().filter(|c| c.ok).count();
+    out.push_str(&format!(
+        "\n{ok}/{} checks ok; sandbox removed\n",
+        r.checks.len()
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_use_the_namespace_mode_layout_and_summary() {
+        let r = PoolReport {
+            sandbox: "pw1".into(),
+            instances: vec![InstanceRow {
+                instance: "i-1".into(),
+                policy: "default".into(),
+                lease: "10.0.0.2".into(),
+                tap: "bc0".into(),
+                mac: "02:00:00:00:00:01".into(),
+                seed_address: "10.0.0.2/29".into(),
+            }],
+            checks: vec![
+                Check {
+                    name: "i-1 ping gateway".into(),
+                    expected: "reply".into(),
+                    seen: "reply".into(),
+                    ok: true,
+                },
+                Check {
+                    name: "i-1 forged ARP".into(),
+                    expected: "dropped".into(),
+                    seen: "seen".into(),
+                    ok: false,
+                },
+            ],
+        };
+        let text = render(&r);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "pool sandbox pw1");
+        assert!(lines[2].starts_with("INSTANCE  POLICY   LEASE"), "{text}");
+        assert!(lines[3].starts_with("--------  -------"), "{text}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("CHECK") && l.ends_with("SEEN   RESULT")),
+            "{text}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("i-1 forged ARP") && l.ends_with("seen   FAIL")),
+            "{text}"
+        );
+        assert_eq!(lines.last(), Some(&"1/2 checks ok; sandbox removed"));
+    }
+}
