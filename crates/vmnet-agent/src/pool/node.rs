@@ -56,7 +56,7 @@ use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec};
 use vmnet_model::pool::{Instance, InstanceState, IpRange};
-use vmnet_plan::pool::census::Census;
+use vmnet_plan::nftdiff::Tables;
 use vmnet_plan::pool::nft::{Firewall, HostAddrs, TapEntry, tap_entries};
 use vmnet_plan::pool::nic::instance_spec;
 
@@ -545,7 +545,7 @@ impl PoolNode {
         let listed = self.fw(|fw| fw.observe()).await;
         let (census, listing_error) = match listed {
             Ok(c) => (c, None),
-            Err(e) => (Census::default(), Some(e.message)),
+            Err(e) => (Tables::default(), Some(e.message)),
         };
         let fw = self.runtime.status();
         let audit = self.runtime.audit_record();

@@ -4,7 +4,7 @@
 //! applied from scratch, a full replace of all three with K present, and one instance added and
 //! removed as an element batch with K present (median and p90 of `--reps` rounds), all through
 //! one libnftables context held in the namespace, as the root helper holds it. Also the
-//! read-back (listing + census) the drift audit pays. Then the tap guard's share of an instance
+//! read-back (listing + content comparison) the drift audit pays. Then the tap guard's share of an instance
 //! add/remove with K guarded taps on a bridge in the same namespace: attaching it to a new tap
 //! (map writes, clsact qdisc, two `cls_bpf` filters) and forgetting it. Prints a table (or JSON
 //! with `--output json`).
@@ -163,7 +163,7 @@ pub struct NftBenchRow {
     pub remove_ms: f64,
     /// One instance removed, ms (p90).
     pub remove_p90_ms: f64,
-    /// Listing + census of the drift audit, ms (median).
+    /// Listing + content comparison of the drift audit, ms (median).
     pub audit_ms: f64,
     /// Tap guard attached to one new tap with K guarded taps present, ms (median).
     pub guard_add_ms: f64,
