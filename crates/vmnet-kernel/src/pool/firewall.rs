@@ -170,6 +170,16 @@ impl<E: NftExec> PoolFirewall<E> {
         &self.desired
     }
 
+    /// Whether elements are held for instance `instance_id` (what [`Self::remove_instance`]
+    /// would remove).
+    pub fn holds(&self, instance_id: &str) -> bool {
+        let prefix = format!("bc{}n", instance_hash10(instance_id));
+        self.desired
+            .taps
+            .iter()
+            .any(|t| t.tap.as_str().starts_with(&prefix))
+    }
+
     /// Counters for the status report.
     pub fn status(&self) -> FirewallStatus {
         FirewallStatus {
