@@ -56,14 +56,14 @@ pub struct Elements {
 }
 
 impl Elements {
-    fn add(&mut self, e: String) {
-        if let Some(items) = &mut self.items {
-            if !items.insert(e.clone()) {
-                return;
-            }
+    fn add(&mut self, e: &str) {
+        if let Some(items) = &mut self.items
+            && !items.insert(e.to_owned())
+        {
+            return;
         }
         self.count += 1;
-        self.digest = self.digest.wrapping_add(element_hash(&e));
+        self.digest = self.digest.wrapping_add(element_hash(e));
     }
 
     fn remove(&mut self, e: &str) {
@@ -369,7 +369,7 @@ impl Tables {
                         if gone && kind == "element" {
                             s.elements.remove(&e);
                         } else {
-                            s.elements.add(e);
+                            s.elements.add(&e);
                         }
                     }
                 }

@@ -107,11 +107,11 @@ where
             Ok(a) => done.push((&entry.tap, a)),
             Err(e) => {
                 for (tap, a) in &done {
-                    if *a == TapAction::Created {
-                        if let Err(d) = taps.delete(tap).await {
-                            tracing::warn!(instance = %inst.id, tap = %tap, error = %d.message,
-                                "failed start: the tap it created could not be deleted");
-                        }
+                    if *a == TapAction::Created
+                        && let Err(d) = taps.delete(tap).await
+                    {
+                        tracing::warn!(instance = %inst.id, tap = %tap, error = %d.message,
+                            "failed start: the tap it created could not be deleted");
                     }
                 }
                 let mut left = false;
@@ -119,11 +119,12 @@ where
                     // A tap that cannot be looked up counts as left: its rules stay.
                     left |= taps.exists(&entry.tap).await.unwrap_or(true);
                 }
-                if !held && !left {
-                    if let Err(r) = rules.remove(&inst.id).await {
-                        tracing::warn!(instance = %inst.id, error = %r.message,
-                            "failed start: its elements could not be removed");
-                    }
+                if !held
+                    && !left
+                    && let Err(r) = rules.remove(&inst.id).await
+                {
+                    tracing::warn!(instance = %inst.id, error = %r.message,
+                        "failed start: its elements could not be removed");
                 }
                 return Err(named(inst)(e));
             }
