@@ -4,7 +4,7 @@
 //! applied from scratch, a full replace of all three with K present, and one instance added and
 //! removed as an element batch with K present (median and p90 of `--reps` rounds), all through
 //! one libnftables context held in the namespace, as the root helper holds it. Also the
-//! read-back (listing + census) the drift audit pays. Then the tap guard's share of an instance
+//! read-back (listing + content comparison) the drift audit pays. Then the tap guard's share of an instance
 //! add/remove with K guarded taps on a bridge in the same namespace: attaching it to a new tap
 //! (map writes, clsact qdisc, two `cls_bpf` filters) and forgetting it. Prints a table (or JSON
 //! with `--output json`).
@@ -161,8 +161,11 @@ pub struct NftBenchRow {
     pub remove_ms: f64,
     /// One instance removed, ms (p90).
     pub remove_p90_ms: f64,
-    /// Listing + census of the drift audit, ms (median).
+    /// Listing + content comparison of the drift audit, ms (median).
     pub audit_ms: f64,
+    /// The listing alone (`list ruleset` and its JSON parsed), ms (median): the part of
+    /// `audit_ms` that nft costs; the rest is the comparison.
+    pub list_ms: f64,
     /// Tap guard attached to one new tap with K guarded taps present, ms (median).
     pub guard_add_ms: f64,
     /// Tap guard attached to one new tap, ms (p90).
@@ -266,8 +269,14 @@ fn bench_one(k: usize, reps: usize, stop: &AtomicBool) -> Result<NftBenchRow, Er
         remove.push(ms(t.elapsed()));
     }
     let mut audit = Vec::new();
+    let mut list = Vec::new();
     for _ in 0..5 {
         check(stop)?;
+        let t = Instant::now();
+        let listed = pf.exec().list().map_err(fail)?;
+        let _: serde_json::Value = serde_json::from_str(&listed)
+            .map_err(|e| Error::internal(format!("bench: listing is not JSON: {e}")))?;
+        list.push(ms(t.elapsed()));
         let t = Instant::now();
         let r = pf.audit().map_err(fail)?;
         audit.push(ms(t.elapsed()));
@@ -290,6 +299,7 @@ fn bench_one(k: usize, reps: usize, stop: &AtomicBool) -> Result<NftBenchRow, Er
         remove_ms: quantile(&mut remove.clone(), 0.5),
         remove_p90_ms: quantile(&mut remove, 0.9),
         audit_ms: quantile(&mut audit, 0.5),
+        list_ms: quantile(&mut list, 0.5),
         guard_add_ms: quantile(&mut guard_add.clone(), 0.5),
         guard_add_p90_ms: quantile(&mut guard_add, 0.9),
         guard_remove_ms: quantile(&mut guard_remove, 0.5),
@@ -395,7 +405,7 @@ pub async fn run(json: bool, args: NftBenchArgs) -> Result<(), Error> {
         return Ok(());
     }
     println!(
-        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10} {:>9} {:>12} {:>10} {:>12}",
+        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>9} {:>9} {:>10} {:>10} {:>9} {:>8} {:>12} {:>10} {:>12}",
         "NICs",
         "rules",
         "JSON",
@@ -406,13 +416,14 @@ pub async fn run(json: bool, args: NftBenchArgs) -> Result<(), Error> {
         "remove ms",
         "remove p90",
         "audit ms",
+        "list ms",
         "guard add ms",
         "guard p90",
         "guard rm ms"
     );
     for r in &rows {
         println!(
-            "{:>6} {:>6} {:>10} {:>11.2} {:>11.2} {:>9.3} {:>9.3} {:>10.3} {:>10.3} {:>9.2} {:>12.3} {:>10.3} {:>12.3}",
+            "{:>6} {:>6} {:>10} {:>11.2} {:>11.2} {:>9.3} {:>9.3} {:>10.3} {:>10.3} {:>9.2} {:>8.2} {:>12.3} {:>10.3} {:>12.3}",
             r.k,
             r.rules,
             r.full_bytes,
@@ -423,13 +434,14 @@ pub async fn run(json: bool, args: NftBenchArgs) -> Result<(), Error> {
             r.remove_ms,
             r.remove_p90_ms,
             r.audit_ms,
+            r.list_ms,
             r.guard_add_ms,
             r.guard_add_p90_ms,
             r.guard_remove_ms
         );
     }
     println!(
-        "(one libnftables context in a throwaway namespace; add/remove: one element batch each, {reps} rounds;\n guard: K guarded taps on a bridge, then a new tap's guard attach and forget, {reps} rounds)"
+        "(one libnftables context in a throwaway namespace; add/remove: one element batch each, {reps} rounds;\n audit: listing + content comparison, list: the listing alone;\n guard: K guarded taps on a bridge, then a new tap's guard attach and forget, {reps} rounds)"
     );
     Ok(())
 }

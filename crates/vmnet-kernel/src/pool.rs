@@ -7,7 +7,8 @@
 //! - [`tap`]: persistent taps on the host bridge.
 //! - [`guard`]: the tap guard, BPF filters on each tap that hold when the nft tables are gone.
 //! - [`seed_image`]: the `cidata` ISO image of a NoCloud seed.
-//! - [`host`]: rules then taps on start, taps then rules on stop.
+//! - [`host`]: rules then taps on start, taps then rules on stop; a failed start undoes only
+//!   what it made. The one orchestrator of an instance's steps, for the agent and the tests.
 
 pub mod firewall;
 pub mod guard;

@@ -233,8 +233,9 @@ async fn stop_leaves_no_tap_and_no_element_and_reboot_reuses_the_tap() {
         lab.link_exists(&tap_a),
         "the persistent tap outlives its opener"
     );
-    let again = lab.pool.start_instance(&inst_a).await;
-    assert!(again.is_err(), "starting twice is a conflict");
+    // Starting it again (a restarted agent) reuses the tap and changes no element.
+    let again = lab.pool.start_instance(&inst_a).await.unwrap();
+    assert_eq!(again, [vmnet_kernel::pool::tap::TapAction::Reused]);
     let reopened = vmnet_testkit::tap::open_existing_tap(&lab.host, &tap_a);
     assert!(reopened.is_ok(), "the same tap reopens after a reboot");
     drop(reopened);
@@ -247,7 +248,7 @@ async fn stop_leaves_no_tap_and_no_element_and_reboot_reuses_the_tap() {
         "no set element of a stopped instance"
     );
     assert!(listing.contains(&tap_b));
-    let guard = lab.pool.guard.clone().unwrap();
+    let guard = lab.pool.taps.guard.clone().unwrap();
     assert_eq!(
         guard
             .taps()

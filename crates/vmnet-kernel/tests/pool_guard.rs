@@ -77,7 +77,7 @@ async fn in_the_gap_the_guard_filters_everything() {
     run(&lab, "nft", &["flush", "ruleset"]);
     let listed = run(&lab, "nft", &["list", "ruleset"]);
     assert!(listed.trim().is_empty(), "the ruleset is empty: {listed}");
-    let before = lab.pool.guard.as_ref().unwrap().drops().unwrap();
+    let before = lab.pool.taps.guard.as_ref().unwrap().drops().unwrap();
 
     // The gap, guest → anywhere: what passed the tap's ingress shows on br0. Honest frames pass,
     // every spoof is dropped by the guard alone.
@@ -120,7 +120,7 @@ async fn in_the_gap_the_guard_filters_everything() {
         !ping_ok(&ga.ns, IpAddr::V4(gb.ip4)),
         "guest → guest gets nothing back in the gap"
     );
-    let after = lab.pool.guard.as_ref().unwrap().drops().unwrap();
+    let after = lab.pool.taps.guard.as_ref().unwrap().drops().unwrap();
     for reason in [
         "source_mac",
         "ipv4_source",
@@ -225,7 +225,7 @@ async fn the_guard_outlives_its_loader_and_is_replaced_in_place() {
     let entries_b = tap_entries(&gb.inst).unwrap();
 
     // The loader goes (an agent exiting): the filters and their maps stay in the kernel.
-    lab.pool.guard = None;
+    lab.pool.taps.guard = None;
     run(&lab, "nft", &["flush", "ruleset"]);
     let cap = bridge_capture(&lab);
     let spoof = marker("spoof-after-loader-exit");

@@ -4,7 +4,7 @@
 
 mod pool_support;
 
-use pool_support::{Lab, range};
+use pool_support::{Lab, ping_ok, range};
 use vmnet_kernel::pool::tap::TapOwner;
 use vmnet_model::nic::{IfName, NetworkPolicy};
 use vmnet_plan::pool::nic::instance_spec;
@@ -13,7 +13,7 @@ use vmnet_testkit::netns as tk;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tap_is_persistent_owned_and_locked_on_the_bridge() {
     let mut lab = Lab::new("pg").await;
-    lab.pool.owner = TapOwner {
+    lab.pool.taps.owner = TapOwner {
         uid: Some(4242),
         gid: Some(4343),
     };
@@ -71,7 +71,7 @@ async fn a_tap_that_cannot_be_attached_fails_the_instance() {
         false,
     )
     .unwrap();
-    let e = lab.pool.start_instance(&inst).await.unwrap_err().to_error();
+    let e = lab.pool.start_instance(&inst).await.unwrap_err();
     assert!(
         e.message.contains("instance inst-x") && e.message.contains("br9"),
         "{e}"
@@ -82,7 +82,7 @@ async fn a_tap_that_cannot_be_attached_fails_the_instance() {
     assert!(lab.pool.firewall.desired().taps.is_empty());
     assert!(lab.pool.firewall.audit().unwrap().drift.is_empty());
 
-    // A network that exists but is not a bridge: the tap is made, attaching fails, the tap goes.
+    // A network that exists but is not a bridge: refused before a tap is made.
     let veth: IfName = vmnet_testkit::sandbox::HOST_UPLINK_IF.parse().unwrap();
     let inst = instance_spec(
         "inst-y",
@@ -93,16 +93,85 @@ async fn a_tap_that_cannot_be_attached_fails_the_instance() {
         false,
     )
     .unwrap();
-    let e = lab.pool.start_instance(&inst).await.unwrap_err().to_error();
+    let e = lab.pool.start_instance(&inst).await.unwrap_err();
     assert!(
-        e.message.contains("instance inst-y") && e.message.contains("attach"),
+        e.message.contains("instance inst-y") && e.message.contains("is not a bridge"),
         "{e}"
     );
     let tap = inst.tap_names().unwrap()[0].to_string();
-    assert!(
-        !lab.link_exists(&tap),
-        "the tap made for it is deleted again"
-    );
+    assert!(!lab.link_exists(&tap), "no tap is left");
     assert!(!lab.nft_list().contains(&tap));
+    assert!(lab.pool.firewall.audit().unwrap().drift.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_never_removes_a_tap_that_existed_before() {
+    let mut lab = Lab::new("pp").await;
+    let a = lab
+        .add("inst-a", "10.0.0.2", NetworkPolicy::Public, false)
+        .await;
+    let b = lab
+        .add("inst-b", "10.0.0.3", NetworkPolicy::Public, false)
+        .await;
+    let (tap_a, ns_a) = (lab.guests[a].tap.clone(), lab.guests[a].ns.clone());
+    let ip_b = std::net::IpAddr::V4(lab.guests[b].ip4);
+    // The VMM (the relay) holds tap a open throughout.
+    let guard = lab.pool.taps.guard.clone().unwrap();
+    let intact = |lab: &Lab, what: &str| {
+        assert!(lab.link_exists(&tap_a), "{what}: the tap is still there");
+        assert!(lab.nft_list().contains(&tap_a), "{what}: its elements stay");
+        assert!(
+            guard.taps().iter().any(|t| t.as_str() == tap_a),
+            "{what}: its guard entry stays"
+        );
+        assert!(
+            ping_ok(&ns_a, ip_b),
+            "{what}: the guest still has its network"
+        );
+    };
+    // An agent restarted with a network that is not a bridge: ensuring the existing tap fails.
+    let mut wrong = lab.guests[a].inst.clone();
+    wrong.nics[0].network = Some(vmnet_testkit::sandbox::HOST_UPLINK_IF.parse().unwrap());
+    let e = lab.pool.start_instance(&wrong).await.unwrap_err();
+    assert!(e.message.contains("instance inst-a"), "{e}");
+    intact(&lab, "elements held before");
+    // The same with no elements held before the attempt (loaded by nobody yet).
+    lab.pool.firewall.remove_instance("inst-a").unwrap();
+    let e = lab.pool.start_instance(&wrong).await.unwrap_err();
+    assert!(e.message.contains("is not a bridge"), "{e}");
+    intact(&lab, "nothing held before");
+    assert!(lab.pool.firewall.audit().unwrap().drift.is_empty());
+
+    // A new two-NIC instance whose second tap fails: the first, made by this attempt, goes,
+    // and with it the elements it loaded.
+    let mut two = instance_spec(
+        "inst-t",
+        "alloc-t",
+        &"br0".parse().unwrap(),
+        Some(("10.0.0.4".parse().unwrap(), &range())),
+        NetworkPolicy::Public,
+        false,
+    )
+    .unwrap();
+    let mut second = two.nics[0].clone();
+    second.mac = vmnet_model::nic::MacAddr([0x02, 0, 0, 0, 0, 0x77]);
+    second.network = Some("br9".parse().unwrap());
+    second.addresses.clear();
+    second.gateway = None;
+    second.nameservers.clear();
+    two.nics.push(second);
+    let e = lab.pool.start_instance(&two).await.unwrap_err();
+    assert!(e.message.contains("br9"), "{e}");
+    for tap in two.tap_names().unwrap() {
+        assert!(
+            !lab.link_exists(tap.as_str()),
+            "{tap} made by the attempt is gone"
+        );
+        assert!(
+            !lab.nft_list().contains(tap.as_str()),
+            "{tap}: no elements left"
+        );
+    }
+    intact(&lab, "after another instance failed");
     assert!(lab.pool.firewall.audit().unwrap().drift.is_empty());
 }

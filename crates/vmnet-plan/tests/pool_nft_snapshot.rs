@@ -69,3 +69,25 @@ fn instance_add_snapshot() {
     .unwrap();
     check("add_instance.json", &render_instance(&e, Change::Add));
 }
+
+/// `full.listed.json` is what nft 1.0.6 listed (`nft -j list ruleset`) after applying
+/// `full.json` in an empty namespace: implied `ether type` matches left out, anonymous sets
+/// sorted, handles added. Read by content, it is the plan. Regenerate it with the snapshot:
+/// `nft -j -f full.json` in a throwaway namespace, then `nft -j list ruleset`.
+#[test]
+fn the_listing_of_the_full_replace_reads_as_the_plan() {
+    use vmnet_plan::nftdiff::{Tables, diff};
+    use vmnet_plan::pool::nft::OWNED_TABLES;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/pool_snapshots");
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap()
+    };
+    let planned = Tables::read(&read("full.json"), &OWNED_TABLES);
+    let listed = Tables::read(&read("full.listed.json"), &OWNED_TABLES);
+    assert_eq!(planned.tables.len(), 3);
+    assert_eq!(diff(&planned, &listed), []);
+    assert_eq!(
+        listed.rule_counts().values().sum::<usize>(),
+        planned.rule_counts().values().sum::<usize>()
+    );
+}

@@ -331,6 +331,19 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     );
     assert!(!elements(&rs, "taps").iter().any(|e| e.contains(&tap_b)));
     assert!(!seeds.join("i-b").exists() && seeds.join("i-c/network-config").is_file());
+    // Every collection is logged with the object and the reason.
+    let logged = log(&dir);
+    for (what, name) in [
+        ("pool: deleted a stray tap", tap_b.as_str()),
+        ("pool: removed a seed", "i-b"),
+    ] {
+        assert!(
+            logged
+                .lines()
+                .any(|l| l.contains(what) && l.contains(name) && l.contains("reason")),
+            "{what} {name} not logged: {logged}"
+        );
+    }
 
     // Real frames on the taps the agent made: simulated guests relayed to i-a's and i-c's taps
     // (opened as a VMM opens them), configured from their own seeds. Guest a reaches guest c;

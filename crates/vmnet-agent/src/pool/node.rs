@@ -12,8 +12,12 @@
 //!   firewall holds) and the taps the kernel lists: an instance gone is stopped (taps deleted,
 //!   then its elements), a new one is started (elements first, then taps), a tap missing under a
 //!   realised instance is made again, and any other link named like an instance tap
-//!   ([`is_instance_tap`]) is deleted as an orphan, then the elements of any tap no realised
-//!   instance has.
+//!   ([`is_instance_tap`]) whose instance is neither placed here nor realised is deleted as an
+//!   orphan, then the elements of such taps. Each start, update and stop goes through the one
+//!   orchestrator, [`vmnet_kernel::pool::host`]: a start that fails undoes only what it made,
+//!   so a tap that existed before (a VM running under an earlier agent) is never deleted by a
+//!   failed start, nor collected while its instance is placed here. Every collection (a tap, an
+//!   instance's NICs, elements, a seed) is logged with the object and the reason.
 //! - An instance whose spec changed (a new lease, gateway or nameservers after its range was
 //!   replaced) is updated in place when its taps stay the same (same NIC count, so the same tap
 //!   names, each NIC on the same bridge): its changed elements are swapped in one nft
@@ -50,13 +54,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::sync::Mutex;
 use vmnet_ipam::{Db, Store};
 use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
+use vmnet_kernel::pool::host::{self, InstanceRules};
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec};
 use vmnet_model::pool::{Instance, InstanceState, IpRange};
-use vmnet_plan::pool::census::Census;
+use vmnet_plan::nftdiff::Tables;
 use vmnet_plan::pool::nft::{Firewall, HostAddrs, TapEntry, tap_entries};
 use vmnet_plan::pool::nic::instance_spec;
 
@@ -117,6 +123,25 @@ pub struct PoolNode {
 impl std::fmt::Debug for PoolNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PoolNode").field("cfg", &self.cfg).finish()
+    }
+}
+
+/// [`InstanceRules`] over a node's firewall (each call on a blocking thread).
+struct NodeRules<'a>(&'a PoolNode);
+
+impl InstanceRules for NodeRules<'_> {
+    fn set<'a>(&'a mut self, inst: &'a InstanceSpec) -> BoxFuture<'a, Result<bool, Error>> {
+        let s = inst.clone();
+        Box::pin(self.0.fw(move |fw| {
+            let held = fw.holds(&s.id);
+            fw.replace_instance(&s)?;
+            Ok(held)
+        }))
+    }
+
+    fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        let id = instance_id.to_owned();
+        Box::pin(self.0.fw(move |fw| fw.remove_instance(&id)))
     }
 }
 
@@ -192,6 +217,18 @@ fn same_taps(old: &InstanceSpec, new: &InstanceSpec) -> bool {
             .iter()
             .zip(&new.nics)
             .all(|(a, b)| a.network == b.network)
+}
+
+/// Length of [`tap_prefix`]: `bc`, 10 hex digits, `n`.
+const TAP_PREFIX_LEN: usize = 13;
+
+/// The name every tap of instance `id` starts with, `bc<10 hex digits>n`.
+fn tap_prefix(id: &str) -> String {
+    format!(
+        "{}{}n",
+        vmnet_model::nic::TAP_PREFIX,
+        vmnet_model::nic::instance_hash10(id)
+    )
 }
 
 /// Whether `name` has the exact shape of an instance tap, `bc<10 lower-case hex digits>n<1-2
@@ -306,69 +343,29 @@ impl PoolNode {
         .map_err(|e| Error::internal(format!("pool firewall task: {e}")))?
     }
 
-    /// Rules first, then one tap per NIC; on a tap failure the taps made and the rules go again.
+    /// The rule side of [`vmnet_kernel::pool::host`]'s steps: this node's firewall.
+    fn rules(&self) -> NodeRules<'_> {
+        NodeRules(self)
+    }
+
+    /// Starts an instance: [`host::start_instance`] (its elements, then its taps; a failure
+    /// undoes only what it made).
     async fn start_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
-        let s = spec.clone();
-        // The elements may be there already: loaded at start for an instance placed here, or
-        // left by an earlier failed start whose cleanup failed too. Set them to this spec in one
-        // transaction (nothing applied when they match), so a tap an earlier agent left never
-        // loses its rules or the backstop.
-        self.fw(move |fw| fw.replace_instance(&s)).await?;
-        let names = spec.tap_names()?;
-        let entries = tap_entries(spec)?;
-        for (i, (nic, entry)) in spec.nics.iter().zip(&entries).enumerate() {
-            let Some(bridge) = &nic.network else { continue };
-            if let Err(e) = self.taps.ensure(entry, bridge).await {
-                for t in &names[..=i] {
-                    let _ = self.taps.delete(t).await;
-                }
-                let id = spec.id.clone();
-                let _ = self.fw(move |fw| fw.remove_instance(&id)).await;
-                return Err(Error::new(
-                    e.code,
-                    format!("instance {}: {}", spec.id, e.message),
-                ));
-            }
-        }
-        Ok(())
+        host::start_instance(&mut self.rules(), &*self.taps, spec)
+            .await
+            .map(drop)
     }
 
-    /// A realised instance's new spec under the same taps ([`same_taps`]): its changed elements
-    /// swapped in one transaction, then each tap ensured again with its new entry (the tap is
-    /// reused; its guard and bridge port follow the entry). Nothing is deleted; on a failure the
-    /// caller keeps the old spec, so the next pass tries again.
+    /// A realised instance's new spec under the same taps ([`same_taps`]):
+    /// [`host::update_instance`]. On a failure the caller keeps the old spec, so the next pass
+    /// tries again.
     async fn update_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
-        let s = spec.clone();
-        self.fw(move |fw| fw.replace_instance(&s)).await?;
-        let entries = tap_entries(spec)?;
-        for (nic, entry) in spec.nics.iter().zip(&entries) {
-            let Some(bridge) = &nic.network else { continue };
-            self.taps
-                .ensure(entry, bridge)
-                .await
-                .map_err(|e| Error::new(e.code, format!("instance {}: {}", spec.id, e.message)))?;
-        }
-        Ok(())
+        host::update_instance(&mut self.rules(), &*self.taps, spec).await
     }
 
-    /// Taps first, then the rules; goes on past failures and returns the first.
+    /// Stops an instance: [`host::stop_instance`] (its taps, then its elements).
     async fn stop_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
-        let mut first = None;
-        for tap in spec.tap_names().unwrap_or_default() {
-            if let Err(e) = self.taps.delete(&tap).await {
-                first.get_or_insert(e);
-            }
-        }
-        let id = spec.id.clone();
-        if let Err(e) = self.fw(move |fw| fw.remove_instance(&id)).await {
-            first.get_or_insert(e);
-        }
-        first.map_or(Ok(()), |e| {
-            Err(Error::new(
-                e.code,
-                format!("instance {}: {}", spec.id, e.message),
-            ))
-        })
+        host::stop_instance(&mut self.rules(), &*self.taps, spec).await
     }
 
     /// Converges this host to the store (see the module docs) and records the pass.
@@ -442,8 +439,13 @@ impl PoolNode {
             }
         }
         for spec in stale {
+            let placed = want.contains_key(&spec.id);
             match self.stop_instance(&spec).await {
                 Ok(()) => {
+                    tracing::info!(instance = %spec.id, taps = ?spec.tap_names().unwrap_or_default(),
+                        reason = if placed { "its taps changed (NIC count or bridge)" }
+                            else { "no longer running on this host" },
+                        "pool: stopped an instance: taps and elements removed");
                     realised.remove(&spec.id);
                     out.stopped.push(spec.id.clone());
                 }
@@ -472,51 +474,77 @@ impl PoolNode {
                 Err(e) => out.errors.push(e.message),
             }
         }
+        // Every instance placed or realised here owns its taps and their elements, whether it
+        // started or not: a start that failed leaves a tap that existed before (a VM running
+        // under an earlier agent) in place, and it is never collected here.
+        let owners: BTreeSet<String> = want
+            .keys()
+            .chain(&unplanned)
+            .chain(realised.keys())
+            .map(|id| tap_prefix(id))
+            .collect();
+        let owned = |tap: &str| {
+            tap.get(..TAP_PREFIX_LEN)
+                .is_some_and(|p| owners.contains(p))
+        };
         // Taps: make missing ones again, delete orphans.
         match self.taps.list().await {
             Ok(present) => {
                 let present: BTreeSet<String> = present.into_iter().collect();
-                let mut ours = BTreeSet::new();
                 for spec in realised.values() {
                     let entries = tap_entries(spec).unwrap_or_default();
                     for (nic, entry) in spec.nics.iter().zip(&entries) {
                         let tap = &entry.tap;
-                        ours.insert(tap.to_string());
                         let Some(bridge) = &nic.network else { continue };
                         if !present.contains(tap.as_str()) {
                             match self.taps.ensure(entry, bridge).await {
-                                Ok(()) => out.taps_repaired.push(tap.to_string()),
+                                Ok(_) => {
+                                    tracing::warn!(instance = %spec.id, tap = %tap,
+                                        "pool: made a missing tap again");
+                                    out.taps_repaired.push(tap.to_string());
+                                }
                                 Err(e) => out.errors.push(e.message),
                             }
                         }
                     }
                 }
-                for name in present.difference(&ours).filter(|n| is_instance_tap(n)) {
+                for name in present.iter().filter(|n| is_instance_tap(n) && !owned(n)) {
                     let Ok(tap) = name.parse::<IfName>() else {
                         continue;
                     };
                     match self.taps.delete(&tap).await {
-                        Ok(_) => out.orphans_deleted.push(name.clone()),
+                        Ok(_) => {
+                            tracing::warn!(tap = %name,
+                                reason = "no instance placed on or realised by this host owns it",
+                                "pool: deleted a stray tap");
+                            out.orphans_deleted.push(name.clone());
+                        }
                         Err(e) => out.errors.push(e.message),
                     }
                 }
             }
             Err(e) => out.errors.push(e.message),
         }
-        // Elements of taps no realised instance has (loaded at start for an instance that is
-        // gone or no longer plans, or left by a start whose cleanup failed), after their taps.
-        let ours: BTreeSet<IfName> = realised
-            .values()
-            .flat_map(|s| s.tap_names().unwrap_or_default())
-            .collect();
+        // Elements of taps no instance here owns (loaded at start for an instance that is gone,
+        // or left by a start whose clean-up failed), after their taps.
+        let keep: BTreeSet<String> = owners.clone();
         match self
-            .fw(move |fw| fw.retain_taps(|t| ours.contains(t)))
+            .fw(move |fw| {
+                fw.retain_taps(|t| {
+                    t.as_str()
+                        .get(..TAP_PREFIX_LEN)
+                        .is_some_and(|p| keep.contains(p))
+                })
+            })
             .await
         {
-            Ok(gone) if !gone.is_empty() => {
-                tracing::info!(taps = ?gone, "pool: removed the elements of taps not realised here");
+            Ok(gone) => {
+                for tap in gone {
+                    tracing::info!(tap = %tap,
+                        reason = "no instance placed on or realised by this host owns it",
+                        "pool: removed the elements of a tap");
+                }
             }
-            Ok(_) => {}
             Err(e) => out
                 .errors
                 .push(format!("stale tap elements: {}", e.message)),
@@ -528,8 +556,15 @@ impl PoolNode {
                 out.errors.push(e.message);
             }
         }
-        if let Err(e) = seeds::prune(&self.cfg.seed_dir, &keep) {
-            out.errors.push(e.message);
+        match seeds::prune(&self.cfg.seed_dir, &keep) {
+            Ok(gone) => {
+                for id in gone {
+                    tracing::info!(instance = %id, dir = %self.cfg.seed_dir.join(&id).display(),
+                        reason = "the instance is not realised on this host",
+                        "pool: removed a seed");
+                }
+            }
+            Err(e) => out.errors.push(e.message),
         }
         Ok(out)
     }
@@ -545,7 +580,7 @@ impl PoolNode {
         let listed = self.fw(|fw| fw.observe()).await;
         let (census, listing_error) = match listed {
             Ok(c) => (c, None),
-            Err(e) => (Census::default(), Some(e.message)),
+            Err(e) => (Tables::default(), Some(e.message)),
         };
         let fw = self.runtime.status();
         let audit = self.runtime.audit_record();
@@ -581,48 +616,5 @@ impl PoolNode {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_instance_tap_names_are_orphans() {
-        let t = vmnet_model::nic::tap_name("inst-1", 0).unwrap();
-        assert!(is_instance_tap(t.as_str()));
-        assert!(is_instance_tap("bc0123456789n99"));
-        for other in [
-            "bcm0",
-            "bc0123456789",
-            "bc0123456789n",
-            "bc0123456789n100",
-            "bc0123456789x0",
-            "bcABCDEF0123n0",
-            "br0",
-        ] {
-            assert!(!is_instance_tap(other), "{other}");
-        }
-    }
-
-    #[test]
-    fn the_nic_carries_the_stored_policy_sandbox_flag_and_allocation() {
-        let inst = Instance {
-            instance_id: "inst-1".into(),
-            pool_id: "p1".into(),
-            host_id: Some("h1".into()),
-            vcpus: 1,
-            memory_mib: 512,
-            recreate_on_host_loss: false,
-            state: vmnet_model::pool::InstanceState::Running,
-            conditions: Vec::new(),
-            address: None,
-            network_policy: vmnet_model::nic::NetworkPolicy::Private,
-            sandbox: true,
-            allocation_id: "alloc-7-inst-1".into(),
-            addresses: Vec::new(),
-        };
-        let bridge: IfName = "br0".parse().unwrap();
-        let spec = spec_of(&inst, None, &bridge).unwrap();
-        assert_eq!(spec.allocation_id, "alloc-7-inst-1");
-        assert_eq!(spec.policy, vmnet_model::nic::NetworkPolicy::Private);
-        assert!(spec.sandbox);
-    }
-}
+#[path = "node_tests.rs"]
+mod tests;

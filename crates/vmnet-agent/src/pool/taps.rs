@@ -1,7 +1,7 @@
 //! The link side of pool mode as the agent needs it: instance taps on the bridge with their tap
 //! guard, the host's own addresses, and (for sandboxes) the bridge itself. [`PoolTaps`] is the
-//! seam; [`KernelTaps`] is the real implementation over rtnetlink, tap ioctls
-//! ([`vmnet_kernel::pool::tap`]) and the BPF tap guard ([`vmnet_kernel::pool::guard`]); fakes
+//! seam; [`KernelTaps`] is the real implementation: taps and their BPF guard through
+//! [`GuardedTaps`] (the same code the kernel tests drive), addresses over rtnetlink; fakes
 //! implement it in tests.
 
 use std::net::IpAddr;
@@ -11,27 +11,19 @@ use futures::TryStreamExt;
 use futures::future::BoxFuture;
 use netlink_packet_route::address::AddressAttribute;
 use rtnetlink::{Handle, LinkBridge};
-use vmnet_kernel::pool::guard::{TapGuard, detach_from};
-use vmnet_kernel::pool::tap::{TapOwner, Taps};
+use vmnet_kernel::pool::guard::TapGuard;
+use vmnet_kernel::pool::host::{GuardedTaps, InstanceTaps};
+use vmnet_kernel::pool::tap::{TapAction, TapOwner, Taps};
 use vmnet_model::Error;
 use vmnet_model::nic::IfName;
 use vmnet_plan::pool::nft::{HostAddrs, TapEntry};
 
 use crate::api::types::GuardStatus;
 
-/// Taps and host addresses of one host namespace.
-pub trait PoolTaps: Send + Sync {
-    /// Makes tap `entry.tap` exist, persistent, on `bridge` as a locked port for `entry.mac`,
-    /// guarded (when the guard is on) and up (an existing tap is reused, its guard replaced).
-    ///
-    /// # Errors
-    /// `UNAVAILABLE` naming the tap (a missing bridge included).
-    fn ensure<'a>(
-        &'a self,
-        entry: &'a TapEntry,
-        bridge: &'a IfName,
-    ) -> BoxFuture<'a, Result<(), Error>>;
-
+/// Taps and host addresses of one host namespace: the tap side of an instance
+/// ([`InstanceTaps`], which the one orchestrator [`vmnet_kernel::pool::host`] drives) and what
+/// the agent's passes need besides.
+pub trait PoolTaps: InstanceTaps {
     /// Tells the guard the host's own addresses (guests may reach only the gateways among
     /// them). A no-op without a guard.
     ///
@@ -46,12 +38,6 @@ pub trait PoolTaps: Send + Sync {
     fn guard_status(&self) -> Option<GuardStatus> {
         None
     }
-
-    /// Deletes tap `tap` (and forgets its guard entry); `false` when it did not exist.
-    ///
-    /// # Errors
-    /// `UNAVAILABLE` naming the tap.
-    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>>;
 
     /// Names of every link starting with `bc` (instance taps).
     ///
@@ -87,14 +73,12 @@ fn unavailable(what: impl std::fmt::Display, e: &dyn std::error::Error) -> Error
     Error::unavailable(format!("{what}: {}", ErrorChain(e)))
 }
 
-/// The real [`PoolTaps`]: taps through [`Taps`], addresses through rtnetlink, the guard through
-/// [`TapGuard`].
+/// The real [`PoolTaps`]: taps and their guard through [`GuardedTaps`], addresses through
+/// rtnetlink.
 #[derive(Debug, Clone)]
 pub struct KernelTaps {
-    taps: Taps,
+    taps: GuardedTaps,
     handle: Handle,
-    owner: TapOwner,
-    guard: Option<Arc<TapGuard>>,
 }
 
 /// Runs a blocking guard call off the async runtime, mapping its error to `UNAVAILABLE`.
@@ -129,10 +113,13 @@ impl KernelTaps {
             }
         };
         Ok(Self {
-            taps,
+            taps: GuardedTaps {
+                taps,
+                netns: netns.map(str::to_owned),
+                owner,
+                guard: None,
+            },
             handle,
-            owner,
-            guard: None,
         })
     }
 
@@ -142,7 +129,7 @@ impl KernelTaps {
     /// `UNAVAILABLE` when the BPF programs cannot be loaded (no BPF support or privileges).
     pub fn with_guard(mut self, netns: Option<&str>) -> Result<Self, Error> {
         let g = TapGuard::load(netns).map_err(|e| unavailable("tap guard", &e))?;
-        self.guard = Some(Arc::new(g));
+        self.taps.guard = Some(Arc::new(g));
         Ok(self)
     }
 
@@ -153,6 +140,7 @@ impl KernelTaps {
     /// `UNAVAILABLE` when netlink fails.
     pub async fn ensure_bridge(&self, bridge: &IfName) -> Result<bool, Error> {
         if self
+            .taps
             .taps
             .link(bridge)
             .await
@@ -171,35 +159,28 @@ impl KernelTaps {
     }
 }
 
-impl PoolTaps for KernelTaps {
+impl InstanceTaps for KernelTaps {
     fn ensure<'a>(
         &'a self,
         entry: &'a TapEntry,
         bridge: &'a IfName,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(async move {
-            self.taps
-                .ensure(&entry.tap, bridge, entry.mac, self.owner)
-                .await
-                .map_err(|e| unavailable("pool", &e))?;
-            let what = format!("tap {}", entry.tap);
-            if let Some(g) = &self.guard {
-                let (g, e) = (Arc::clone(g), entry.clone());
-                guard_call(what, move || g.attach(&e)).await?;
-            } else {
-                // Without the guard (--no-tap-guard), filters a guarded agent left go.
-                let tap = entry.tap.to_string();
-                if guard_call(what, move || detach_from(None, &tap)).await? {
-                    tracing::info!(tap = %entry.tap, "removed the tap guard a previous agent left");
-                }
-            }
-            Ok(())
-        })
+    ) -> BoxFuture<'a, Result<TapAction, Error>> {
+        self.taps.ensure(entry, bridge)
     }
 
+    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+        self.taps.delete(tap)
+    }
+
+    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+        self.taps.exists(tap)
+    }
+}
+
+impl PoolTaps for KernelTaps {
     fn set_host<'a>(&'a self, host: &'a HostAddrs) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            if let Some(g) = &self.guard {
+            if let Some(g) = &self.taps.guard {
                 let (g, h) = (Arc::clone(g), host.clone());
                 guard_call("tap guard host addresses".into(), move || g.set_host(&h)).await?;
             }
@@ -208,7 +189,7 @@ impl PoolTaps for KernelTaps {
     }
 
     fn guard_status(&self) -> Option<GuardStatus> {
-        let g = self.guard.as_ref()?;
+        let g = self.taps.guard.as_ref()?;
         let (drops, error) = match g.drops() {
             Ok(d) => (
                 d.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
@@ -223,24 +204,10 @@ impl PoolTaps for KernelTaps {
         })
     }
 
-    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(async move {
-            let gone = self
-                .taps
-                .delete(tap)
-                .await
-                .map_err(|e| unavailable("pool", &e))?;
-            if let Some(g) = &self.guard {
-                let (g, t) = (Arc::clone(g), tap.clone());
-                guard_call(format!("tap {tap}"), move || g.forget(&t)).await?;
-            }
-            Ok(gone)
-        })
-    }
-
     fn list(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
         Box::pin(async move {
             self.taps
+                .taps
                 .list_taps()
                 .await
                 .map_err(|e| unavailable("pool", &e))

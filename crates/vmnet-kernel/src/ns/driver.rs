@@ -220,17 +220,40 @@ impl NetlinkNsDriver {
             .filter(|u| !want.contains(u))
             .collect();
         // A bounded number at a time: teardown waits on the kernel, not on us.
-        let results: Vec<_> =
-            futures::stream::iter(orphans.clone().into_iter().map(|u| self.remove_uid(u)))
-                .buffer_unordered(16)
-                .collect()
-                .await;
-        let errors: Vec<NsError> = results.into_iter().filter_map(Result::err).collect();
+        let results: Vec<_> = futures::stream::iter(
+            orphans
+                .clone()
+                .into_iter()
+                .map(|u| async move { (u, self.remove_uid(u).await) }),
+        )
+        .buffer_unordered(16)
+        .collect()
+        .await;
+        let mut errors: Vec<NsError> = Vec::new();
+        for (uid, r) in results {
+            let netns = self.name(NameKind::Netns, uid);
+            match r {
+                Ok(changes) => tracing::info!(
+                    user_id = uid, netns = %netns,
+                    removed = ?changes.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    reason = "no stored VM plans to this user id",
+                    "namespace mode: collected an orphaned VM"),
+                Err(e) => {
+                    tracing::warn!(user_id = uid, netns = %netns, error = %e,
+                        "namespace mode: collecting an orphaned VM failed");
+                    errors.push(e);
+                }
+            }
+        }
         if want.is_empty()
             && let Some(p) = &self.host_plan
         {
             let mut ready = self.host_ready.lock().await;
             host::remove_host(&self.host_ns, &p.nft_table)?;
+            if *ready {
+                tracing::info!(table = %p.nft_table, reason = "no VM is left on this host",
+                    "namespace mode: removed the host masquerade table");
+            }
             *ready = false;
         } else if !want.is_empty() {
             let mut ready = self.host_ready.lock().await;

@@ -2,19 +2,25 @@
 //! small element batch, and the drift audit (spec: "bcd's nftables tables").
 //!
 //! # Design
-//! [`PoolFirewall`] holds the desired [`Firewall`] (plain data from `vmnet-plan`), the census the
-//! plan expects (elements per set) and the census read back right after the last full replace
-//! (the rules as the kernel lists them). Every change is one nft transaction through an
+//! [`PoolFirewall`] holds the desired [`Firewall`] (plain data from `vmnet-plan`) and the content
+//! the plan gives the three tables, read by [`vmnet_plan::nftdiff`]: chains with their hook,
+//! priority and policy, the rules, the set declarations, and per set the count and digest of
+//! its elements (not the elements). Every change is one nft transaction through an
 //! [`NftExec`] — libnftables in-process ([`LibNft`]) or the agent's root helper. The first tap
 //! on a host and the last one going away are full replaces (the backstop tables appear and go);
 //! everything else is element adds/deletes whose size does not depend on how many taps exist.
 //! An instance whose spec changes under the same taps ([`PoolFirewall::replace_instance`]) has
 //! its changed elements swapped in one batch, so its taps are never without rules.
 //!
-//! [`PoolFirewall::audit`] lists the ruleset, compares rules and element counts of the three
-//! tables with what was loaded and, on any difference (a flushed ruleset, an edited rule, a
-//! missing table, a missing element), re-applies the whole desired state atomically, logs the
-//! difference and counts it.
+//! Element batches update the planned digests as they go, so keeping the plan costs nothing
+//! per NIC. [`PoolFirewall::audit`] lists the ruleset once, reads it the same way and compares
+//! content: a flushed ruleset, a missing table or chain, a base chain whose policy, hook or
+//! priority changed, a rule deleted, added or changed, a set element deleted, added or swapped
+//! for another (the count alone would not show a swap: the digest does). On any difference it
+//! re-applies the whole desired state atomically, logs the differences (naming the elements, by
+//! reading the full plan only then) and counts the repair. A full replace reads the tables back
+//! and fails unless they hold what was planned, so an unchanged ruleset is never re-applied
+//! (listing details never count, see [`vmnet_plan::nftdiff`]).
 //!
 //! # The drift gap
 //! Between someone else's `nft flush ruleset` and the next audit (at most one audit period, 5 s
@@ -34,9 +40,9 @@
 use serde_json::Value;
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec, instance_hash10};
-use vmnet_plan::pool::census::{Census, drift};
+use vmnet_plan::nftdiff::{Tables, diff, has_element_digest_only};
 use vmnet_plan::pool::nft::{
-    Change, Firewall, needs_full_replace, render_full, render_instance, tap_entries,
+    Change, Firewall, OWNED_TABLES, needs_full_replace, render_full, render_instance, tap_entries,
 };
 
 use super::libnft::{LibNft, LibNftError};
@@ -136,8 +142,8 @@ pub struct FirewallStatus {
 pub struct PoolFirewall<E: NftExec> {
     exec: E,
     desired: Firewall,
-    planned: Census,
-    reference: Census,
+    /// The plan's content of the three tables, element digests only.
+    planned: Tables,
     loaded: bool,
     status: FirewallStatus,
 }
@@ -148,8 +154,7 @@ impl<E: NftExec> PoolFirewall<E> {
         Self {
             exec,
             desired: Firewall::default(),
-            planned: Census::default(),
-            reference: Census::default(),
+            planned: Tables::default(),
             loaded: false,
             status: FirewallStatus::default(),
         }
@@ -165,6 +170,16 @@ impl<E: NftExec> PoolFirewall<E> {
         &self.desired
     }
 
+    /// Whether elements are held for instance `instance_id` (what [`Self::remove_instance`]
+    /// would remove).
+    pub fn holds(&self, instance_id: &str) -> bool {
+        let prefix = format!("bc{}n", instance_hash10(instance_id));
+        self.desired
+            .taps
+            .iter()
+            .any(|t| t.tap.as_str().starts_with(&prefix))
+    }
+
     /// Counters for the status report.
     pub fn status(&self) -> FirewallStatus {
         FirewallStatus {
@@ -177,11 +192,15 @@ impl<E: NftExec> PoolFirewall<E> {
     ///
     /// # Errors
     /// When nft cannot list or its output is not JSON.
-    pub fn observe(&self) -> Result<Census, FirewallError> {
+    pub fn observe(&self) -> Result<Tables, FirewallError> {
+        Ok(Tables::read_summary(&self.listing()?, &OWNED_TABLES))
+    }
+
+    /// The ruleset as nft lists it.
+    fn listing(&self) -> Result<Value, FirewallError> {
         let out = self.exec.list()?;
-        let v: Value = serde_json::from_str(&out)
-            .map_err(|e| FirewallError::ReadBack(format!("listing is not JSON: {e}")))?;
-        Ok(Census::of(&v))
+        serde_json::from_str(&out)
+            .map_err(|e| FirewallError::ReadBack(format!("listing is not JSON: {e}")))
     }
 
     /// Replaces all three tables with `fw` in one transaction, then reads them back. On failure
@@ -189,25 +208,23 @@ impl<E: NftExec> PoolFirewall<E> {
     ///
     /// # Errors
     /// [`FirewallError::Nft`] when nft refuses the batch; [`FirewallError::ReadBack`] when the
-    /// listing does not show the rules just loaded.
+    /// listing does not hold, by content, what was just loaded (naming the differences).
     pub fn replace(&mut self, fw: Firewall) -> Result<(), FirewallError> {
         let doc = render_full(&fw);
         self.exec.apply(&doc.to_string())?;
-        let planned = Census::of(&doc);
-        let observed = self.observe()?;
+        let planned = Tables::read(&doc, &OWNED_TABLES);
+        let listed = Tables::read(&self.listing()?, &OWNED_TABLES);
         self.desired = fw;
-        self.planned = planned;
         self.loaded = true;
-        if observed.rule_counts() != self.planned.rule_counts() {
-            let msg = format!(
-                "loaded {:?} rules, listed {:?}",
-                self.planned.rule_counts(),
-                observed.rule_counts()
-            );
-            self.reference = Census::default();
-            return Err(FirewallError::ReadBack(msg));
+        let found = diff(&planned, &listed);
+        self.planned = planned.without_items();
+        if !found.is_empty() {
+            let found: Vec<String> = found.iter().map(ToString::to_string).collect();
+            return Err(FirewallError::ReadBack(format!(
+                "the tables do not hold what was loaded: {}",
+                found.join("; ")
+            )));
         }
-        self.reference = observed;
         Ok(())
     }
 
@@ -296,7 +313,7 @@ impl<E: NftExec> PoolFirewall<E> {
         );
         if !doc["nftables"].as_array().is_some_and(Vec::is_empty) {
             self.exec.apply(&doc.to_string())?;
-            self.planned.apply(&doc);
+            self.planned.apply(&doc, &OWNED_TABLES);
         }
         self.desired = next;
         Ok(())
@@ -340,12 +357,13 @@ impl<E: NftExec> PoolFirewall<E> {
         }
         let doc = render_instance(entries, change);
         self.exec.apply(&doc.to_string())?;
-        self.planned.apply(&doc);
+        self.planned.apply(&doc, &OWNED_TABLES);
         self.desired = next;
         Ok(())
     }
 
-    /// Compares the kernel with what was loaded and re-applies on any difference.
+    /// Compares the kernel's tables with the plan by content (see the module docs) and
+    /// re-applies on any difference.
     ///
     /// # Errors
     /// When the listing fails, or the repair fails (the next audit tries again).
@@ -353,11 +371,26 @@ impl<E: NftExec> PoolFirewall<E> {
         if !self.loaded {
             return Ok(AuditReport::default());
         }
-        let observed = self.observe()?;
-        let found = drift(&self.reference, &self.planned, &observed);
+        let listing = self.listing()?;
+        let mut found = diff(
+            &self.planned,
+            &Tables::read_summary(&listing, &OWNED_TABLES),
+        );
         if found.is_empty() {
             return Ok(AuditReport::default());
         }
+        if has_element_digest_only(&found) {
+            // Name the elements: the full plan and the listing with their elements, read only
+            // now that a digest differs.
+            let named = diff(
+                &Tables::read(&render_full(&self.desired), &OWNED_TABLES),
+                &Tables::read(&listing, &OWNED_TABLES),
+            );
+            if !named.is_empty() {
+                found = named;
+            }
+        }
+        let found: Vec<String> = found.iter().map(ToString::to_string).collect();
         tracing::warn!(drift = ?found, "pool firewall drifted; re-applying the bcd tables");
         self.status.drift_repairs += 1;
         self.status.last_drift.clone_from(&found);

@@ -1,5 +1,5 @@
 //! The firewall's decisions without a kernel: a fake executor that keeps every applied batch and
-//! lists them back as one document (the census reads deletes as the kernel would).
+//! lists them back as one document (read by content, deletes applied as the kernel would).
 
 use std::sync::Mutex;
 
@@ -210,7 +210,7 @@ fn replace_instance_swaps_only_the_changed_elements_in_one_batch() {
         vec!["10.0.0.5".parse::<std::net::Ipv4Addr>().unwrap()]
     );
     assert_eq!(fw.desired().taps.len(), 2);
-    // The census followed: no drift, and the elements are those of the new spec.
+    // The planned content followed: no drift, and the elements are those of the new spec.
     assert!(fw.audit().unwrap().drift.is_empty());
     let elements = fw.observe().unwrap().element_counts();
     assert_eq!(elements["bridge bcd_instances tap_ip4"], 2, "{elements:?}");
@@ -295,4 +295,44 @@ fn retain_taps_removes_the_others_in_one_batch_and_the_last_with_the_backstop() 
     assert!(batches[4].contains("bcd_taps") && batches[4].contains("\"delete\""));
     assert!(fw.desired().taps.is_empty());
     assert!(fw.audit().unwrap().drift.is_empty());
+}
+
+#[test]
+fn a_swapped_element_is_drift_named_repaired_and_an_unchanged_ruleset_is_never_reapplied() {
+    let mut fw = loaded();
+    fw.add_instance(&inst("i-1", "10.0.0.2")).unwrap();
+    fw.add_instance(&inst("i-2", "10.0.0.3")).unwrap();
+    let n = fw.exec().batches.lock().unwrap().len();
+    for _ in 0..5 {
+        assert_eq!(fw.audit().unwrap(), AuditReport::default());
+    }
+    assert_eq!(
+        fw.exec().batches.lock().unwrap().len(),
+        n,
+        "nothing applied"
+    );
+    assert_eq!(fw.status().drift_repairs, 0);
+
+    // i-1's address swapped for an attacker's: the count stays the same.
+    let tap = inst("i-1", "10.0.0.2").tap_names().unwrap()[0].to_string();
+    let elem = |ip: &str| {
+        serde_json::json!({"family": "bridge", "table": "bcd_instances", "name": "tap_ip4",
+            "elem": [{"concat": [tap, ip]}]})
+    };
+    fw.exec().applied.lock().unwrap().extend([
+        serde_json::json!({"delete": {"element": elem("10.0.0.2")}}),
+        serde_json::json!({"add": {"element": elem("10.0.0.66")}}),
+    ]);
+    let r = fw.audit().unwrap();
+    assert!(r.repaired, "{r:?}");
+    assert_eq!(
+        r.drift,
+        [format!(
+            "table bridge bcd_instances: set tap_ip4 has 2 elements, 2 planned; missing {tap} . \
+             10.0.0.2; unexpected {tap} . 10.0.0.66"
+        )]
+    );
+    assert_eq!(fw.status().drift_repairs, 1);
+    assert!(fw.audit().unwrap().drift.is_empty());
+    assert_eq!(fw.status().drift_repairs, 1);
 }

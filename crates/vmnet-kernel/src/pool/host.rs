@@ -1,175 +1,324 @@
-//! One host in pool mode: an instance's rules, then its taps, on start; its taps, then its
-//! rules, on stop (spec: "bcd's nftables rules for the NIC exist before the tap does").
-
-use vmnet_model::Error;
-use vmnet_model::nic::InstanceSpec;
+//! Starting, updating and stopping one instance's networking in pool mode: its rules, then its
+//! taps, on start; its taps, then its rules, on stop (spec: "bcd's nftables rules for the NIC
+//! exist before the tap does"). This is the one place that orders those steps and undoes a
+//! failed start; the agent ([`start_instance`] and the others, over its root helper and its
+//! link layer) and the kernel tests ([`PoolHost`]) both go through it.
+//!
+//! # Design
+//! The two sides are traits, so the same steps run over libnftables or the agent's root helper,
+//! and over real taps ([`GuardedTaps`]) or a test's fakes:
+//!
+//! - [`InstanceRules`]: set an instance's set elements to those of its spec (in one
+//!   transaction, nothing applied when they match), saying whether it held any before; remove
+//!   them.
+//! - [`InstanceTaps`]: ensure a tap (created or reused, attached, guarded, up), saying which;
+//!   delete one; say whether one exists.
+//!
+//! A start that fails undoes only what it did itself: the taps *it created* are deleted again,
+//! and the instance's elements go only when it held none before the attempt and no tap of the
+//! instance is left. A tap that existed before (a VM running under an agent that restarted)
+//! keeps its elements, its guard and its bridge port, whatever failed; so do the elements loaded
+//! for it before the attempt.
+//!
+//! # Limitations
+//! A failed start does not restore elements it changed (an instance whose lease changed keeps
+//! the new ones); the caller retries the start on its next pass.
 
 use std::sync::Arc;
 
-use vmnet_plan::pool::nft::tap_entries;
+use futures::future::BoxFuture;
+use vmnet_model::Error;
+use vmnet_model::nic::{IfName, InstanceSpec};
+use vmnet_plan::pool::nft::{TapEntry, tap_entries};
 
-use super::firewall::{FirewallError, NftExec, PoolFirewall};
-use super::guard::{GuardError, TapGuard};
-use super::tap::{TapAction, TapError, TapOwner, Taps};
+use super::firewall::{NftExec, PoolFirewall};
+use super::guard::{GuardError, TapGuard, detach_from};
+use super::tap::{TapAction, TapOwner, Taps};
 
-/// Errors of starting or stopping an instance.
-#[derive(Debug, thiserror::Error)]
-pub enum PoolHostError {
-    /// The firewall change failed (nothing of it applied).
-    #[error("instance {instance}: firewall")]
-    Firewall {
-        /// The instance.
-        instance: String,
-        /// Cause.
-        #[source]
-        source: FirewallError,
-    },
-    /// A tap could not be made, attached or deleted.
-    #[error("instance {instance}: tap")]
-    Tap {
-        /// The instance.
-        instance: String,
-        /// Cause.
-        #[source]
-        source: TapError,
-    },
-    /// The tap guard could not be attached or updated.
-    #[error("instance {instance}: tap guard")]
-    Guard {
-        /// The instance.
-        instance: String,
-        /// Cause.
-        #[source]
-        source: GuardError,
-    },
+/// The rule side of an instance (see the module docs).
+pub trait InstanceRules: Send {
+    /// Sets the elements of `inst`'s taps to those of its spec, in one transaction (nothing
+    /// applied when they match); `true` when it held elements for the instance before.
+    ///
+    /// # Errors
+    /// The documented error (`INVALID_INPUT` for a bad spec, `UNAVAILABLE` when nft or the
+    /// helper fails); the previous elements stay then.
+    fn set<'a>(&'a mut self, inst: &'a InstanceSpec) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// Removes the elements of instance `instance_id`'s taps (nothing held: nothing done).
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when nft or the helper fails.
+    fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), Error>>;
 }
 
-impl PoolHostError {
-    /// The documented error: plan errors keep their code (`INVALID_INPUT`, `CONFLICT`), kernel
-    /// failures are `UNAVAILABLE`.
-    #[must_use]
-    pub fn to_error(&self) -> Error {
-        match self {
-            Self::Firewall { instance, source } => {
-                let e = source.to_error();
-                Error::new(e.code, format!("instance {instance}: {}", e.message))
+/// The link side of an instance (see the module docs).
+pub trait InstanceTaps: Send + Sync {
+    /// Makes tap `entry.tap` exist, persistent, on `bridge` as a locked port for `entry.mac`,
+    /// guarded (when the guard is on) and up; an existing tap is reused (its guard and port
+    /// updated). On an error, a tap this call created is deleted again; one that existed stays.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` naming the tap (a missing bridge included).
+    fn ensure<'a>(
+        &'a self,
+        entry: &'a TapEntry,
+        bridge: &'a IfName,
+    ) -> BoxFuture<'a, Result<TapAction, Error>>;
+
+    /// Deletes tap `tap` and forgets its guard entry; `false` when it did not exist.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` naming the tap.
+    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// Whether tap `tap` exists.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the links cannot be read.
+    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>>;
+}
+
+fn named(inst: &InstanceSpec) -> impl Fn(Error) -> Error + '_ {
+    move |e| Error::new(e.code, format!("instance {}: {}", inst.id, e.message))
+}
+
+/// Starts an instance's networking: its elements first ([`InstanceRules::set`]), then one tap
+/// per NIC on its bridge. Returns what happened to each tap. When a tap fails, only what this
+/// call made goes again (see the module docs).
+///
+/// # Errors
+/// The first failure, naming the instance.
+pub async fn start_instance<R, T>(
+    rules: &mut R,
+    taps: &T,
+    inst: &InstanceSpec,
+) -> Result<Vec<TapAction>, Error>
+where
+    R: InstanceRules + ?Sized,
+    T: InstanceTaps + ?Sized,
+{
+    let entries = tap_entries(inst).map_err(named(inst))?;
+    let held = rules.set(inst).await.map_err(named(inst))?;
+    let mut done: Vec<(&IfName, TapAction)> = Vec::new();
+    for (nic, entry) in inst.nics.iter().zip(&entries) {
+        let Some(bridge) = &nic.network else { continue };
+        match taps.ensure(entry, bridge).await {
+            Ok(a) => done.push((&entry.tap, a)),
+            Err(e) => {
+                for (tap, a) in &done {
+                    if *a == TapAction::Created
+                        && let Err(d) = taps.delete(tap).await
+                    {
+                        tracing::warn!(instance = %inst.id, tap = %tap, error = %d.message,
+                            "failed start: the tap it created could not be deleted");
+                    }
+                }
+                let mut left = false;
+                for entry in &entries {
+                    // A tap that cannot be looked up counts as left: its rules stay.
+                    left |= taps.exists(&entry.tap).await.unwrap_or(true);
+                }
+                if !held
+                    && !left
+                    && let Err(r) = rules.remove(&inst.id).await
+                {
+                    tracing::warn!(instance = %inst.id, error = %r.message,
+                        "failed start: its elements could not be removed");
+                }
+                return Err(named(inst)(e));
             }
-            Self::Tap { instance, source } => unavailable(instance, source),
-            Self::Guard { instance, source } => unavailable(instance, source),
         }
     }
+    Ok(done.into_iter().map(|(_, a)| a).collect())
 }
 
-fn unavailable(instance: &str, source: &dyn std::error::Error) -> Error {
-    let mut msg = format!("instance {instance}: {source}");
-    let mut cur = source.source();
+/// An instance's new spec under the same taps: its elements set to the new spec's, then each
+/// tap ensured again with its new entry (reused: the VMM's fd on it stays; its guard and bridge
+/// port follow the entry). Nothing is deleted; on a failure the caller keeps the old spec and
+/// tries again.
+///
+/// # Errors
+/// The first failure, naming the instance.
+pub async fn update_instance<R, T>(
+    rules: &mut R,
+    taps: &T,
+    inst: &InstanceSpec,
+) -> Result<(), Error>
+where
+    R: InstanceRules + ?Sized,
+    T: InstanceTaps + ?Sized,
+{
+    let entries = tap_entries(inst).map_err(named(inst))?;
+    rules.set(inst).await.map_err(named(inst))?;
+    for (nic, entry) in inst.nics.iter().zip(&entries) {
+        let Some(bridge) = &nic.network else { continue };
+        taps.ensure(entry, bridge).await.map_err(named(inst))?;
+    }
+    Ok(())
+}
+
+/// Stops an instance's networking: deletes its taps, then its elements. Goes on past failures
+/// and returns the first.
+///
+/// # Errors
+/// The first failure, naming the instance.
+pub async fn stop_instance<R, T>(rules: &mut R, taps: &T, inst: &InstanceSpec) -> Result<(), Error>
+where
+    R: InstanceRules + ?Sized,
+    T: InstanceTaps + ?Sized,
+{
+    let mut first = None;
+    for tap in inst.tap_names().unwrap_or_default() {
+        if let Err(e) = taps.delete(&tap).await {
+            first.get_or_insert(e);
+        }
+    }
+    if let Err(e) = rules.remove(&inst.id).await {
+        first.get_or_insert(e);
+    }
+    first.map_or(Ok(()), |e| Err(named(inst)(e)))
+}
+
+impl<E: NftExec> InstanceRules for PoolFirewall<E> {
+    fn set<'a>(&'a mut self, inst: &'a InstanceSpec) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let held = self.holds(&inst.id);
+            self.replace_instance(inst).map_err(|e| e.to_error())?;
+            Ok(held)
+        })
+    }
+
+    fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move { self.remove_instance(instance_id).map_err(|e| e.to_error()) })
+    }
+}
+
+/// An error and its sources, `: `-separated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
     while let Some(c) = cur {
-        msg.push_str(&format!(": {c}"));
+        s.push_str(": ");
+        s.push_str(&c.to_string());
         cur = c.source();
     }
-    Error::unavailable(msg)
+    s
 }
 
-/// The pool-mode kernel state of one host: the bcd tables and the taps.
+/// The real [`InstanceTaps`]: persistent taps ([`Taps`]) with the tap guard on each
+/// ([`TapGuard`]) when it is on.
+#[derive(Debug, Clone)]
+pub struct GuardedTaps {
+    /// The taps.
+    pub taps: Taps,
+    /// The namespace the taps live in (`None`: the caller's own).
+    pub netns: Option<String>,
+    /// Owner given to new taps.
+    pub owner: TapOwner,
+    /// The tap guard, when on. Without it, filters a guarded agent left on a tap are removed
+    /// when the tap is ensured.
+    pub guard: Option<Arc<TapGuard>>,
+}
+
+impl GuardedTaps {
+    /// Runs a blocking guard call off the async runtime.
+    async fn guard_call<V: Send + 'static>(
+        tap: &IfName,
+        f: impl FnOnce() -> Result<V, GuardError> + Send + 'static,
+    ) -> Result<V, Error> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| Error::internal(format!("tap {tap}: guard task: {e}")))?
+            .map_err(|e| Error::unavailable(format!("tap {tap}: {}", chain(&e))))
+    }
+
+    async fn guard(&self, entry: &TapEntry) -> Result<(), Error> {
+        if let Some(g) = &self.guard {
+            let (g, e) = (Arc::clone(g), entry.clone());
+            return Self::guard_call(&entry.tap, move || g.attach(&e)).await;
+        }
+        let (ns, tap) = (self.netns.clone(), entry.tap.to_string());
+        if Self::guard_call(&entry.tap, move || detach_from(ns.as_deref(), &tap)).await? {
+            tracing::info!(tap = %entry.tap, "removed the tap guard a previous agent left");
+        }
+        Ok(())
+    }
+}
+
+impl InstanceTaps for GuardedTaps {
+    fn ensure<'a>(
+        &'a self,
+        entry: &'a TapEntry,
+        bridge: &'a IfName,
+    ) -> BoxFuture<'a, Result<TapAction, Error>> {
+        Box::pin(async move {
+            let action = self
+                .taps
+                .ensure(&entry.tap, bridge, entry.mac, self.owner)
+                .await
+                .map_err(|e| Error::unavailable(chain(&e)))?;
+            if let Err(e) = self.guard(entry).await {
+                if action == TapAction::Created {
+                    let _ = self.delete(&entry.tap).await;
+                }
+                return Err(e);
+            }
+            Ok(action)
+        })
+    }
+
+    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let gone = self
+                .taps
+                .delete(tap)
+                .await
+                .map_err(|e| Error::unavailable(chain(&e)))?;
+            if let Some(g) = &self.guard {
+                let (g, t) = (Arc::clone(g), tap.clone());
+                Self::guard_call(tap, move || g.forget(&t)).await?;
+            }
+            Ok(gone)
+        })
+    }
+
+    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            self.taps
+                .link(tap)
+                .await
+                .map(|l| l.is_some())
+                .map_err(|e| Error::unavailable(chain(&e)))
+        })
+    }
+}
+
+/// The pool-mode kernel state of one host driven in-process: the bcd tables through `E` and
+/// the taps ([`GuardedTaps`]). For sandboxes and tests; the agent drives the same steps over its
+/// root helper.
 #[derive(Debug)]
 pub struct PoolHost<E: NftExec> {
     /// The three tables.
     pub firewall: PoolFirewall<E>,
-    /// The taps.
-    pub taps: Taps,
-    /// Owner given to new taps.
-    pub owner: TapOwner,
-    /// The tap guard (BPF filters on each tap), when enabled.
-    pub guard: Option<Arc<TapGuard>>,
+    /// The taps and their guard.
+    pub taps: GuardedTaps,
 }
 
 impl<E: NftExec> PoolHost<E> {
-    /// Starts an instance's networking: rules first, then one persistent tap per NIC on its
-    /// bridge. When a tap fails, the taps made here and the rules are removed again.
+    /// [`start_instance`] on this host.
     ///
     /// # Errors
-    /// [`PoolHostError`] naming the instance.
-    pub async fn start_instance(
-        &mut self,
-        inst: &InstanceSpec,
-    ) -> Result<Vec<TapAction>, PoolHostError> {
-        let fw = |source| PoolHostError::Firewall {
-            instance: inst.id.clone(),
-            source,
-        };
-        let taps = inst.tap_names().map_err(|e| fw(FirewallError::Plan(e)))?;
-        let entries = tap_entries(inst).map_err(|e| fw(FirewallError::Plan(e)))?;
-        self.firewall.add_instance(inst).map_err(fw)?;
-        let mut done = Vec::new();
-        for ((nic, tap), entry) in inst.nics.iter().zip(&taps).zip(&entries) {
-            let Some(bridge) = &nic.network else { continue };
-            let made = match self.taps.ensure(tap, bridge, nic.mac, self.owner).await {
-                Ok(a) => {
-                    done.push(a);
-                    match &self.guard {
-                        Some(g) => g.attach(entry).map_err(|source| PoolHostError::Guard {
-                            instance: inst.id.clone(),
-                            source,
-                        }),
-                        None => Ok(()),
-                    }
-                }
-                Err(source) => Err(PoolHostError::Tap {
-                    instance: inst.id.clone(),
-                    source,
-                }),
-            };
-            match made {
-                Ok(()) => {}
-                Err(e) => {
-                    for (t, a) in taps.iter().zip(&done) {
-                        if *a == TapAction::Created {
-                            let _ = self.taps.delete(t).await;
-                        }
-                    }
-                    if let Some(g) = &self.guard {
-                        for t in &taps {
-                            let _ = g.forget(t);
-                        }
-                    }
-                    let _ = self.firewall.remove_instance(&inst.id);
-                    return Err(e);
-                }
-            }
-        }
-        Ok(done)
+    /// As [`start_instance`].
+    pub async fn start_instance(&mut self, inst: &InstanceSpec) -> Result<Vec<TapAction>, Error> {
+        start_instance(&mut self.firewall, &self.taps, inst).await
     }
 
-    /// Stops an instance's networking: deletes its taps, then its rules. Goes on past failures
-    /// and returns the first.
+    /// [`stop_instance`] on this host.
     ///
     /// # Errors
-    /// [`PoolHostError`] naming the instance.
-    pub async fn stop_instance(&mut self, inst: &InstanceSpec) -> Result<(), PoolHostError> {
-        let mut first = None;
-        let taps = inst.tap_names().unwrap_or_default();
-        for tap in &taps {
-            if let Err(source) = self.taps.delete(tap).await {
-                first.get_or_insert(PoolHostError::Tap {
-                    instance: inst.id.clone(),
-                    source,
-                });
-            }
-            if let Some(g) = &self.guard
-                && let Err(source) = g.forget(tap)
-            {
-                first.get_or_insert(PoolHostError::Guard {
-                    instance: inst.id.clone(),
-                    source,
-                });
-            }
-        }
-        if let Err(source) = self.firewall.remove_instance(&inst.id) {
-            first.get_or_insert(PoolHostError::Firewall {
-                instance: inst.id.clone(),
-                source,
-            });
-        }
-        first.map_or(Ok(()), Err)
+    /// As [`stop_instance`].
+    pub async fn stop_instance(&mut self, inst: &InstanceSpec) -> Result<(), Error> {
+        stop_instance(&mut self.firewall, &self.taps, inst).await
     }
 }

@@ -18,7 +18,7 @@
 //! tap); IFF_VNET_HDR is chosen by the VMM when it opens the tap.
 
 use futures::TryStreamExt;
-use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
 use netlink_packet_route::neighbour::{NeighbourFlags, NeighbourState};
 use rtnetlink::{Handle, LinkBridgePort, LinkUnspec};
 use vmnet_model::nic::{IfName, MacAddr};
@@ -50,6 +50,14 @@ pub enum TapError {
         /// The tap.
         tap: String,
         /// The bridge.
+        bridge: String,
+    },
+    /// The network named as the bridge is another kind of link.
+    #[error("tap {tap}: network {bridge} is not a bridge")]
+    NotBridge {
+        /// The tap.
+        tap: String,
+        /// The link.
         bridge: String,
     },
     /// A netlink request failed.
@@ -189,11 +197,14 @@ impl Taps {
     }
 
     /// Makes the tap exist, persistent, on `bridge` as a locked port (learning off, a static FDB
-    /// entry for `mac`) and up. An existing tap is reused. When attaching fails, a tap created
-    /// here is deleted again.
+    /// entry for `mac`) and up. An existing tap is reused. A `bridge` that is missing or not a
+    /// bridge fails before any tap is touched (moving an existing tap to a link that cannot take
+    /// it would take it off its bridge). When attaching fails, a tap created here is deleted
+    /// again.
     ///
     /// # Errors
-    /// [`TapError::NoBridge`] when the bridge is missing; creation or netlink errors otherwise.
+    /// [`TapError::NoBridge`] when the bridge is missing, [`TapError::NotBridge`] when it is
+    /// another kind of link; creation or netlink errors otherwise.
     pub async fn ensure(
         &self,
         tap: &IfName,
@@ -207,6 +218,16 @@ impl Taps {
                 bridge: bridge.to_string(),
             });
         };
+        let is_bridge = br.attributes.iter().any(|a| {
+            matches!(a, LinkAttribute::LinkInfo(infos)
+                if infos.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Bridge))))
+        });
+        if !is_bridge {
+            return Err(TapError::NotBridge {
+                tap: tap.to_string(),
+                bridge: bridge.to_string(),
+            });
+        }
         let action = if self.link(tap).await?.is_some() {
             TapAction::Reused
         } else {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use vmnet_kernel::pool::firewall::PoolFirewall;
 use vmnet_kernel::pool::guard::TapGuard;
-use vmnet_kernel::pool::host::PoolHost;
+use vmnet_kernel::pool::host::{GuardedTaps, PoolHost};
 use vmnet_kernel::pool::libnft::LibNft;
 use vmnet_kernel::pool::tap::{TapOwner, Taps};
 use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy};
@@ -111,9 +111,12 @@ impl Lab {
         });
         let pool = PoolHost {
             firewall,
-            taps: Taps::new(&host, handle),
-            owner: TapOwner::default(),
-            guard,
+            taps: GuardedTaps {
+                taps: Taps::new(&host, handle),
+                netns: Some(host.clone()),
+                owner: TapOwner::default(),
+                guard,
+            },
         };
         Self {
             pool,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::pool::census::{Census, drift};
+use crate::nftdiff::{Tables, diff};
 use vmnet_model::nic::NicSpec;
 
 pub(crate) fn instance(id: &str, ip: &str, policy: NetworkPolicy, sandbox: bool) -> InstanceSpec {
@@ -75,7 +75,7 @@ fn full_replace_has_add_delete_add_for_every_table() {
             "add arp bcd_taps",
         ]
     );
-    let c = Census::of(&doc);
+    let c = Tables::read(&doc, &OWNED_TABLES);
     assert_eq!(c.tables.len(), 3);
     assert_eq!(c.rule_counts()["inet bcd_taps"], 4);
     assert_eq!(c.rule_counts()["arp bcd_taps"], 2);
@@ -91,7 +91,7 @@ fn full_replace_has_add_delete_add_for_every_table() {
 #[test]
 fn no_nic_deletes_backstop_tables() {
     let fw = plan(&NodeSpec::default(), &host()).unwrap();
-    let c = Census::of(&render_full(&fw));
+    let c = Tables::read(&render_full(&fw), &OWNED_TABLES);
     assert_eq!(
         c.tables.keys().collect::<Vec<_>>(),
         ["bridge bcd_instances"]
@@ -100,8 +100,16 @@ fn no_nic_deletes_backstop_tables() {
 
 #[test]
 fn rule_count_is_fixed_in_k() {
-    let r10 = Census::of(&render_full(&plan(&node(10), &host()).unwrap())).rule_counts();
-    let r1000 = Census::of(&render_full(&plan(&node(1000), &host()).unwrap())).rule_counts();
+    let r10 = Tables::read(
+        &render_full(&plan(&node(10), &host()).unwrap()),
+        &OWNED_TABLES,
+    )
+    .rule_counts();
+    let r1000 = Tables::read(
+        &render_full(&plan(&node(1000), &host()).unwrap()),
+        &OWNED_TABLES,
+    )
+    .rule_counts();
     assert_eq!(r10, r1000);
 }
 
@@ -113,12 +121,15 @@ fn one_instance_delta_is_small_and_reverses() {
     let s = add.to_string();
     assert!(s.len() < 1500, "{s}");
     assert!(s.contains(r#"{"concat":["bcb2e29df7d3n0","10.0.9.9"]}"#) || s.contains("10.0.9.9"));
-    // Applying add then remove to a census lands back where it started.
+    // Applying add then remove to the content lands back where it started.
     let fw = plan(&node(3), &host()).unwrap();
-    let base = Census::of(&render_full(&fw));
+    let base = Tables::read(&render_full(&fw), &OWNED_TABLES);
     let mut items = render_full(&fw)["nftables"].as_array().unwrap().clone();
     items.extend(add["nftables"].as_array().unwrap().iter().cloned());
-    let with = Census::of(&serde_json::json!({ "nftables": items.clone() }));
+    let with = Tables::read(
+        &serde_json::json!({ "nftables": items.clone() }),
+        &OWNED_TABLES,
+    );
     assert_eq!(with.element_counts()["bridge bcd_instances taps"], 4);
     assert_eq!(with.element_counts()["bridge bcd_instances in_policy"], 1);
     assert_eq!(
@@ -132,34 +143,49 @@ fn one_instance_delta_is_small_and_reverses() {
             .iter()
             .cloned(),
     );
-    let back = Census::of(&serde_json::json!({ "nftables": items }));
+    let back = Tables::read(&serde_json::json!({ "nftables": items }), &OWNED_TABLES);
     assert_eq!(back.element_counts(), base.element_counts());
-    assert!(drift(&base, &base, &back).is_empty());
+    assert!(diff(&base, &back).is_empty());
+    assert!(diff(&base.without_items(), &back).is_empty());
 }
 
 #[test]
-fn drift_reports_flush_and_edits() {
+fn drift_reports_flush_edits_and_swaps() {
     let fw = plan(&node(2), &host()).unwrap();
-    let c = Census::of(&render_full(&fw));
-    let empty = Census::default();
-    let d = drift(&c, &c, &empty);
+    let doc = render_full(&fw);
+    let c = Tables::read(&doc, &OWNED_TABLES).without_items();
+    let d = diff(&c, &Tables::default());
     assert!(
         d.iter()
-            .any(|m| m.contains("table bridge bcd_instances is missing")),
+            .any(|m| m.to_string() == "table bridge bcd_instances is missing"),
         "{d:?}"
     );
-    let mut edited = c.clone();
-    edited.tables.get_mut("inet bcd_taps").unwrap().rules.pop();
-    assert!(!drift(&c, &c, &edited).is_empty());
-    let mut fewer = c.clone();
-    *fewer
+    let mut edited = Tables::read(&doc, &OWNED_TABLES);
+    edited
         .tables
-        .get_mut("bridge bcd_instances")
+        .get_mut("inet bcd_taps")
         .unwrap()
-        .elements
-        .get_mut("tap_mac")
-        .unwrap() -= 1;
-    assert!(!drift(&c, &c, &fewer).is_empty());
+        .rules
+        .get_mut("forward")
+        .unwrap()
+        .pop();
+    assert!(!diff(&c, &edited).is_empty());
+    // One tap's MAC swapped for another: the count stays, the digest does not.
+    let mut items = doc["nftables"].as_array().unwrap().clone();
+    let tap = fw.taps[0].tap.as_str();
+    items.push(
+        serde_json::json!({"delete": {"element": {"family": "bridge",
+        "table": "bcd_instances", "name": "tap_mac",
+        "elem": [{"concat": [tap, fw.taps[0].mac.to_string()]}]}}}),
+    );
+    items.push(serde_json::json!({"add": {"element": {"family": "bridge",
+        "table": "bcd_instances", "name": "tap_mac",
+        "elem": [{"concat": [tap, "02:de:ad:be:ef:01"]}]}}}));
+    let swapped = Tables::read(&serde_json::json!({ "nftables": items }), &OWNED_TABLES);
+    assert_eq!(swapped.element_counts(), c.element_counts());
+    let d = diff(&c, &swapped);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(d[0].to_string().contains("set tap_mac"), "{d:?}");
 }
 
 #[test]
@@ -180,19 +206,23 @@ fn bc_bridge_fails_the_plan() {
 }
 
 #[test]
-fn census_tracks_chains_and_sets() {
+fn the_content_holds_chains_and_sets() {
     let fw = plan(&node(1), &host()).unwrap();
-    let c = Census::of(&render_full(&fw));
+    let c = Tables::read(&render_full(&fw), &OWNED_TABLES);
     let t = &c.tables["bridge bcd_instances"];
-    assert!(t.objects.contains("chain from_tap") && t.objects.contains("map in_policy"));
-    assert!(t.objects.contains("set tap_mac"));
+    assert!(t.chains.contains_key("from_tap") && t.sets["in_policy"].decl.starts_with("map "));
+    assert_eq!(
+        t.chains["prerouting"],
+        "type filter hook prerouting prio -200 policy accept"
+    );
+    assert!(t.sets.contains_key("tap_mac"));
     let mut extra = c.clone();
     extra
         .tables
         .get_mut("inet bcd_taps")
         .unwrap()
-        .objects
-        .insert("chain sneaky".into());
-    let d = drift(&c, &c, &extra);
-    assert!(d.iter().any(|m| m.contains("sneaky")), "{d:?}");
+        .chains
+        .insert("sneaky".into(), "regular".into());
+    let d = diff(&c, &extra);
+    assert!(d.iter().any(|m| m.to_string().contains("sneaky")), "{d:?}");
 }

@@ -1,0 +1,111 @@
+//! A restarted agent whose tap ensure fails keeps the taps running VMs hold: a failed start
+//! undoes only what it made, and a tap whose instance is placed here is never collected as a
+//! stray, whatever its start did. Fakes for nft and the links (`pool_fakes`).
+
+mod common;
+mod pool_fakes;
+
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use common::Harness;
+use pool_fakes::{FakeTaps, SharedNft, start_node, tap_of};
+use serde_json::json;
+use vmnet_model::nic::MacAddr;
+
+/// Taps the fake nft holds elements for (its `taps` set), sorted.
+fn held(node: &vmnet_agent::pool::node::PoolNode) -> Vec<String> {
+    let fw = node.runtime().firewall();
+    let fw = fw.lock().unwrap();
+    fw.desired()
+        .taps
+        .iter()
+        .map(|t| t.tap.to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_ensure_after_a_restart_keeps_the_taps_running_vms_hold() {
+    // The store and the links as an earlier agent left them: two instances here, their taps.
+    let h = Harness::new().await;
+    for (path, body) in [
+        (
+            "/v1/pools/p1/range",
+            json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1"}),
+        ),
+        ("/v1/hosts/h1", json!({"vcpus": 8, "memory_mib": 8192})),
+    ] {
+        let (st, v) = h.call(Method::PUT, path, Some(body)).await;
+        assert_eq!(st, StatusCode::OK, "{path}: {v}");
+    }
+    for id in ["inst-a", "inst-b"] {
+        let (st, v) = h
+            .call(
+                Method::POST,
+                "/v1/instances",
+                Some(json!({"instance_id": id, "pool_id": "p1", "host_id": "h1", "vcpus": 1, "memory_mib": 256})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+    }
+    let (tap_a, tap_b) = (tap_of("inst-a"), tap_of("inst-b"));
+    let links = FakeTaps::default();
+    {
+        let mut l = links.0.lock().unwrap();
+        l.bridges.push("br0".into());
+        l.addrs = vec!["203.0.113.2".parse().unwrap()];
+        for id in ["inst-a", "inst-b"] {
+            l.taps
+                .insert(tap_of(id), ("br0".into(), MacAddr::for_instance(id)));
+        }
+        // inst-a's tap cannot be ensured again (e.g. its guard cannot be attached).
+        l.failing.push(tap_a.clone());
+    }
+    let nft = SharedNft::default();
+    let node = start_node(&h, "br0", &nft, &links, Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    let out = node.converge(h.agent.db()).await.unwrap();
+    assert_eq!(out.started, ["inst-b"], "{out:?}");
+    assert!(
+        out.errors.len() == 1
+            && out.errors[0].contains("instance inst-a")
+            && out.errors[0].contains("guard cannot be attached"),
+        "{out:?}"
+    );
+    assert!(out.orphans_deleted.is_empty(), "{out:?}");
+    assert!(
+        links.0.lock().unwrap().deleted.is_empty(),
+        "no tap deleted: {:?}",
+        links.0.lock().unwrap().deleted
+    );
+    assert!(links.0.lock().unwrap().taps.contains_key(&tap_a));
+    let mut both = vec![tap_a.clone(), tap_b.clone()];
+    both.sort();
+    assert_eq!(held(&node), both, "inst-a's tap keeps its elements");
+    assert!(!node.is_realised("inst-a").await);
+
+    // The next pass, with the fault gone, starts inst-a on the tap it already has.
+    links.0.lock().unwrap().failing.clear();
+    let out = node.converge(h.agent.db()).await.unwrap();
+    assert_eq!(out.started, ["inst-a"], "{out:?}");
+    assert!(out.errors.is_empty(), "{out:?}");
+    assert!(links.0.lock().unwrap().deleted.is_empty());
+    drop(node);
+
+    // An agent restarted on a bridge that does not exist: every start fails, nothing goes.
+    let node = start_node(&h, "br9", &nft, &links, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let out = node.converge(h.agent.db()).await.unwrap();
+    assert_eq!(out.errors.len(), 2, "{out:?}");
+    assert!(
+        out.errors.iter().all(|e| e.contains("bridge br9")),
+        "{out:?}"
+    );
+    assert!(out.orphans_deleted.is_empty() && out.stopped.is_empty());
+    assert!(links.0.lock().unwrap().deleted.is_empty());
+    assert_eq!(links.0.lock().unwrap().taps.len(), 2);
+    assert_eq!(held(&node), both);
+}
