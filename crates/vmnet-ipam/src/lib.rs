@@ -16,6 +16,10 @@
 //!   concurrency "lowest" is the lowest among addresses not being taken by a concurrent placer. The lease insert runs in a savepoint; a unique violation (an address taken behind the
 //!   index's back) is undone and retried on the next free address, up to 8 times. SQLite
 //!   serializes writers (`BEGIN IMMEDIATE`).
+//! * Ranges of different pools never overlap: `set_ip_pool` checks the new range against every
+//!   other pool's ([`IpRange::clash`]) in its own transaction, with the `ip_pools` table locked
+//!   against other range writes on PostgreSQL (`SHARE ROW EXCLUSIVE`, which placements' row
+//!   share locks do not wait for); SQLite serializes writers anyway.
 //! * Every function takes the caller's [`Tx`], so a placement's host claim and its lease commit or
 //!   roll back together. Composite operations (instance create/delete, host loss) run inside a
 //!   savepoint and undo their own writes on error, so a failed call leaves the transaction as it was.

@@ -447,3 +447,43 @@ fn dns_servers_must_be_unicast_once_and_few() {
         "the gateway, IPv6 and a loopback resolver are fine"
     );
 }
+
+#[test]
+fn ranges_clash_on_overlap_or_a_leased_gateway() {
+    let r = |pool: &str, cidr: &str, gw: &str, first: Option<&str>| {
+        let mut q = req(cidr, gw);
+        q.pool_id = pool.into();
+        q.first_host = first.map(Into::into);
+        q.validate().unwrap()
+    };
+    let a = r("a", "10.0.0.0/24", "10.0.0.1", None);
+    assert_eq!(
+        r("b", "10.0.0.0/16", "10.0.9.1", None).clash(&a).as_deref(),
+        Some("cidr 10.0.0.0/16 overlaps cidr 10.0.0.0/24 of pool a")
+    );
+    assert_eq!(
+        r("b", "10.0.0.200/29", "10.0.0.201", None)
+            .clash(&a)
+            .as_deref(),
+        Some("cidr 10.0.0.200/29 overlaps cidr 10.0.0.0/24 of pool a")
+    );
+    assert_eq!(
+        r("b", "10.0.1.0/24", "10.0.0.7", Some("10.0.1.1"))
+            .clash(&a)
+            .as_deref(),
+        Some("gateway 10.0.0.7 is a leasable address of pool a (10.0.0.2 to 10.0.0.254)")
+    );
+    assert_eq!(
+        a.clash(&r("b", "10.0.1.5/32", "10.0.0.7", Some("10.0.1.5")))
+            .as_deref(),
+        Some(
+            "the gateway 10.0.0.7 of pool b would be leased by this range (10.0.0.2 to 10.0.0.254)"
+        )
+    );
+    // Neighbours, a shared gateway that neither leases, routed /32s: no clash.
+    assert_eq!(r("b", "10.0.1.0/24", "10.0.1.1", None).clash(&a), None);
+    assert_eq!(
+        r("b", "10.0.1.5/32", "10.0.0.1", Some("10.0.1.5")).clash(&a),
+        None
+    );
+}
