@@ -1,5 +1,7 @@
 //! In-process API tests of store rules, on SQLite and on PostgreSQL: overlapping pool ranges are
-//! `409 CONFLICT` naming the other pool. Every response is checked against openapi.json.
+//! `409 CONFLICT` naming the other pool; a repeated identical instance create answers the
+//! existing instance with `200` (a different one stays `409`); `PUT /v1/vms/{id}` is an upsert.
+//! Every response is checked against openapi.json.
 
 mod common;
 
@@ -45,6 +47,86 @@ async fn overlapping_range_is_409_naming_the_other_pool(h: &Harness) {
     assert_error(&got, 400, "INVALID_INPUT", &["pool p2: cidr 0.0.0.0/0"]);
 }
 
+async fn repeated_identical_create_is_200_with_the_instance(h: &Harness) {
+    let (st, r) = h
+        .call(
+            Method::PUT,
+            "/v1/pools/p1/range",
+            Some(json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{r}");
+    let (st, r) = h
+        .call(
+            Method::PUT,
+            "/v1/hosts/h1",
+            Some(json!({"vcpus": 4, "memory_mib": 4096})),
+        )
+        .await;
+    assert_eq!(st, 200, "{r}");
+    let body = json!({"instance_id": "vm1", "pool_id": "p1", "vcpus": 1, "memory_mib": 512});
+    let (st, first) = h
+        .call(Method::POST, "/v1/instances", Some(body.clone()))
+        .await;
+    assert_eq!(st, 201, "{first}");
+    // The reply was lost; the client sends the same request again (POST or PUT).
+    for m in [Method::POST, Method::PUT] {
+        let (st, again) = h.call(m.clone(), "/v1/instances", Some(body.clone())).await;
+        assert_eq!(st, 200, "{m}: {again}");
+        assert_eq!(again, first, "{m}: the existing instance as it is");
+    }
+    // Defaults spelled out or left out are the same request.
+    let (st, _) = h
+        .call(
+            Method::POST,
+            "/v1/instances",
+            Some(json!({"instance_id": "vm1", "pool_id": "p1"})),
+        )
+        .await;
+    assert_eq!(st, 200);
+    let (_, host) = h.call(Method::GET, "/v1/hosts/h1", None).await;
+    assert_eq!(host["used_vcpus"], 1, "claimed once: {host}");
+    let (_, leases) = h.call(Method::GET, "/v1/pools/p1/leases", None).await;
+    assert_eq!(leases.as_array().unwrap().len(), 1, "leased once: {leases}");
+    let mut other = body.clone();
+    other["memory_mib"] = json!(1024);
+    assert_error(
+        &h.call(Method::POST, "/v1/instances", Some(other)).await,
+        409,
+        "CONFLICT",
+        &["instance vm1 already exists with memory_mib 512 (this request: 1024)"],
+    );
+}
+
+/// `PUT /v1/vms/{id}` is an upsert: the same body again answers the same VM and changes nothing
+/// in the kernel; a different body replaces the config (no `409` for the VM's own id).
+async fn repeated_vm_put_is_an_upsert(h: &Harness) {
+    let vm = json!({"id": "vm-1", "user_id": 7, "tenant": 1, "mesh_ipv6": "fdaa:1::7",
+                    "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}});
+    let (st, first) = h.put_vm(&vm).await;
+    assert_eq!(st, 200, "{first}");
+    let applied = h.driver.applied(7).unwrap();
+    let (st, again) = h.put_vm(&vm).await;
+    assert_eq!(st, 200, "{again}");
+    assert_eq!(again["config"], first["config"]);
+    assert_eq!(again["status"]["state"], "applied");
+    assert_eq!(
+        h.driver.applied(7).unwrap(),
+        applied,
+        "the kernel holds the same plan"
+    );
+    let (_, list) = h.call(Method::GET, "/v1/vms", None).await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    let mut other = vm.clone();
+    other["network"]["routes"] = json!([{"destination": "192.0.2.0/24", "via": "host"}]);
+    let (st, replaced) = h.put_vm(&other).await;
+    assert_eq!(st, 200, "{replaced}");
+    assert_eq!(
+        replaced["config"]["network"]["routes"],
+        other["network"]["routes"]
+    );
+}
+
 macro_rules! both {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -66,4 +148,8 @@ macro_rules! both {
     };
 }
 
-both!(overlapping_range_is_409_naming_the_other_pool);
+both!(
+    overlapping_range_is_409_naming_the_other_pool,
+    repeated_identical_create_is_200_with_the_instance,
+    repeated_vm_put_is_an_upsert,
+);

@@ -50,8 +50,8 @@ pub mod vm_store;
 pub use db::{Backend, Db, POSTGRES_MIGRATOR, PgStore, SQLITE_MIGRATOR, SqliteStore, Store, Tx};
 pub use leases::{LEASE_ATTEMPTS, bulk_insert_leases, lease, lease_of, list_leases, release};
 pub use placement::{
-    HostLoss, add_host, create_instance, delete_instance, get_host, get_instance, list_hosts,
-    list_instances, lose_host,
+    Ensured, HostLoss, add_host, create_instance, delete_instance, ensure_instance, get_host,
+    get_instance, list_hosts, list_instances, lose_host,
 };
 pub use ranges::{create_pool, get_ip_pool, get_pool, list_pools, set_ip_pool};
 pub use reports::report_host_status;

@@ -245,16 +245,38 @@ pub async fn list_instances(tx: &mut Tx) -> Result<Vec<Instance>, Error> {
 /// host by id with room) and takes its lease, all in the caller's transaction. On any error
 /// nothing is left written.
 ///
+/// Idempotent: when the instance exists and the request describes it
+/// ([`NewInstance::mismatch`]), as a retried create whose first reply was lost does, the
+/// existing instance is returned as it is and nothing is written (no second claim or lease).
+///
 /// # Errors
 /// `INVALID_INPUT` naming the field; `NOT_FOUND` for an unknown pool or host; `CONFLICT` for an
-/// existing instance; `CAPACITY_UNAVAILABLE` when no host has room or
-/// `Pool <id> has no free IP address`; `UNAVAILABLE` on a database failure.
+/// existing instance the request does not describe, naming the first differing field
+/// (`instance vm1 already exists with vcpus 1 (this request: 2)`); `CAPACITY_UNAVAILABLE` when
+/// no host has room or `Pool <id> has no free IP address`; `UNAVAILABLE` on a database failure.
 pub async fn create_instance(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error> {
+    ensure_instance(tx, req).await.map(|o| o.instance)
+}
+
+/// What [`ensure_instance`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ensured {
+    /// The instance, as created or as it already was.
+    pub instance: Instance,
+    /// Whether this call created it.
+    pub created: bool,
+}
+
+/// Like [`create_instance`], and says whether the instance was created.
+///
+/// # Errors
+/// As [`create_instance`].
+pub async fn ensure_instance(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, Error> {
     req.validate()?;
     atomically!(tx, "vmnet_create", create_inner(tx, req).await)
 }
 
-async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error> {
+async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, Error> {
     require_pool(tx, &req.pool_id).await?;
     if let Some(h) = &req.host_id {
         get_host(tx, h).await?;
@@ -275,10 +297,20 @@ async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error>
         .map_err(db_err)?
         .rows_affected());
     if n == 0 {
-        return Err(Error::conflict(format!(
-            "instance {} already exists",
-            req.instance_id
-        )));
+        // The id exists (on PostgreSQL the insert waited for a concurrent creator to commit).
+        // The same request again (a retry whose first reply was lost) gets the instance as it
+        // is; any other request with this id conflicts with it.
+        let instance = get_instance(tx, &req.instance_id).await?;
+        return match req.mismatch(&instance) {
+            None => Ok(Ensured {
+                instance,
+                created: false,
+            }),
+            Some(why) => Err(Error::conflict(format!(
+                "instance {} already exists with {why}",
+                req.instance_id
+            ))),
+        };
     }
     let want = Want {
         instance_id: &req.instance_id,
@@ -287,7 +319,10 @@ async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error>
         memory_mib: req.memory_mib,
     };
     place(tx, &want, req.host_id.as_deref()).await?;
-    get_instance(tx, &req.instance_id).await
+    Ok(Ensured {
+        instance: get_instance(tx, &req.instance_id).await?,
+        created: true,
+    })
 }
 
 /// What a placement needs to know about the instance.

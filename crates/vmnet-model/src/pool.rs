@@ -456,6 +456,46 @@ impl NewInstance {
         }
     }
 
+    /// Why this request does not describe the existing instance `inst` (the first field that
+    /// differs, as `vcpus 1 (this request: 2)`), or `None` when it does: repeating the request
+    /// that created `inst` must not conflict with it. Compared: `pool_id`, `vcpus`,
+    /// `memory_mib`, `recreate_on_host_loss`, `network_policy`, `sandbox`, and `host_id` when
+    /// the request names a host (against the host the instance is on now; `none` when it is on
+    /// none).
+    #[must_use]
+    pub fn mismatch(&self, inst: &Instance) -> Option<String> {
+        let field = |name: &str, have: &dyn fmt::Display, want: &dyn fmt::Display| {
+            Some(format!("{name} {have} (this request: {want})"))
+        };
+        if self.pool_id != inst.pool_id {
+            return field("pool_id", &inst.pool_id, &self.pool_id);
+        }
+        if self.vcpus != inst.vcpus {
+            return field("vcpus", &inst.vcpus, &self.vcpus);
+        }
+        if self.memory_mib != inst.memory_mib {
+            return field("memory_mib", &inst.memory_mib, &self.memory_mib);
+        }
+        if self.recreate_on_host_loss != inst.recreate_on_host_loss {
+            return field(
+                "recreate_on_host_loss",
+                &inst.recreate_on_host_loss,
+                &self.recreate_on_host_loss,
+            );
+        }
+        if self.network_policy != inst.network_policy {
+            return field("network_policy", &inst.network_policy, &self.network_policy);
+        }
+        if self.sandbox != inst.sandbox {
+            return field("sandbox", &inst.sandbox, &self.sandbox);
+        }
+        match (&self.host_id, &inst.host_id) {
+            (Some(want), Some(have)) if want != have => field("host_id", have, want),
+            (Some(want), None) => field("host_id", &"none", want),
+            _ => None,
+        }
+    }
+
     /// Checks the ids and the resource request.
     ///
     /// # Errors

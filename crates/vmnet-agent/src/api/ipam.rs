@@ -164,16 +164,24 @@ pub async fn report_host_status(
     Ok(Json(out?))
 }
 
-/// `POST /v1/instances` (also `PUT`): place an instance and take its lease, in one transaction.
+/// `POST /v1/instances` (also `PUT`): place an instance and take its lease, in one transaction;
+/// `201 Created`. Idempotent: the same request for an existing instance (a retry whose reply
+/// was lost) answers the instance as it is with `200 OK` and changes nothing; a different
+/// request with that id is `409 CONFLICT` naming the differing field.
 pub async fn create_instance(
     State(a): State<Arc<Agent>>,
     ApiJson(body): ApiJson<NewInstance>,
 ) -> Result<(StatusCode, Json<Instance>), ApiError> {
-    let inst: Result<Instance, Error> =
-        in_tx!(db(&a), tx => vmnet_ipam::create_instance(tx, &body).await);
-    let inst = inst?;
+    let out: Result<vmnet_ipam::Ensured, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::ensure_instance(tx, &body).await);
+    let out = out?;
     a.converge_pool().await;
-    Ok((StatusCode::CREATED, Json(inst)))
+    let status = if out.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(out.instance)))
 }
 
 /// `GET /v1/instances`: every instance.
