@@ -64,7 +64,8 @@ mod idempotent {
         base.host_id = Some("h1".into());
         create(db, &base).await.unwrap();
         let before = snapshot(db).await;
-        let cases: Vec<(Box<dyn Fn(&mut vmnet_ipam::NewInstance)>, &str)> = vec![
+        type Change = Box<dyn Fn(&mut vmnet_ipam::NewInstance)>;
+        let cases: Vec<(Change, &str)> = vec![
             (
                 Box::new(|r| r.pool_id = "p2".into()),
                 "pool_id p1 (this request: p2)",
