@@ -20,7 +20,7 @@ use vmnet_model::Error;
 use crate::{Global, Output};
 
 /// `vmnet pool …`
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum PoolCmd {
     /// Set (or replace) a pool's IPv4 range; creates the pool if needed. Existing leases stay.
     Set {
@@ -57,7 +57,7 @@ pub enum PoolCmd {
 }
 
 /// `vmnet host …`
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum HostCmd {
     /// Add a host with its capacity.
     Add {
@@ -117,7 +117,7 @@ pub enum HostCmd {
 }
 
 /// `vmnet instance …`
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum InstanceCmd {
     /// Create an instance: claim capacity on a host and take the lowest free address, in one
     /// transaction.
@@ -162,7 +162,7 @@ pub enum InstanceCmd {
 }
 
 /// `vmnet lease …`
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum LeaseCmd {
     /// List a pool's leases in address order.
     List {
