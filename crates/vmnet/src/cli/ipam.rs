@@ -23,10 +23,12 @@ use crate::{Global, Output};
 #[derive(Debug, Clone, Subcommand)]
 pub enum PoolCmd {
     /// Set (or replace) a pool's IPv4 range; creates the pool if needed. Existing leases stay.
+    /// A range overlapping another pool's is refused (CONFLICT).
     Set {
         /// The pool id.
         pool: String,
-        /// The IPv4 network, e.g. 10.0.0.0/24.
+        /// The IPv4 network, e.g. 10.0.0.0/24; prefix /16 to /32, not in 0/8, 127/8,
+        /// 169.254/16, 224/4 or 240/4.
         #[arg(long)]
         cidr: String,
         /// The gateway; never leased.
@@ -38,7 +40,8 @@ pub enum PoolCmd {
         /// The last address to lease (default: the address before the broadcast address).
         #[arg(long)]
         last_host: Option<String>,
-        /// DNS servers for the guests, comma-separated IPv4/IPv6 addresses.
+        /// DNS servers for the guests, comma-separated IPv4/IPv6 unicast addresses (at most 8,
+        /// each once).
         #[arg(long, value_delimiter = ',')]
         dns: Vec<String>,
     },
