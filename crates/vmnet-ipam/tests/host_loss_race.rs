@@ -1,8 +1,10 @@
 //! Host loss racing placements (issue 8, item 9): a host is lost while 40 creates and deletes
-//! run on their own connections, repeated 50 times. Every operation must succeed: the store takes
-//! its locks in one order (hosts, instances, ranges, free intervals), so none of them deadlocks,
-//! and a transaction PostgreSQL still fails with a deadlock or serialization error is retried.
-//! PostgreSQL is where this can go wrong; SQLite runs the same rounds (its writers are serialized).
+//! run on their own connections, repeated 50 times. Every operation must succeed. Each runs in
+//! one plain transaction, without the retry loop of `transaction!`, so this proves the lock
+//! order alone (hosts, instances, range, free intervals): before it, PostgreSQL failed the host
+//! loss with "deadlock detected" in the first round. SQLite runs the same rounds (its writers
+//! are serialized). The retry itself is proved in `retry.rs`, the API's answers in the agent's
+//! `api_store.rs`.
 #![allow(missing_docs)]
 
 mod common;
