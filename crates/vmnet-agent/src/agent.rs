@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{Mutex, Notify};
+use vmnet_ipam::Db;
 use vmnet_ipam::vm_store::{self, VmRow};
-use vmnet_ipam::{Db, Store};
 use vmnet_kernel::ns::NsDriver;
 use vmnet_model::Error;
 use vmnet_model::vm::{VmConfig, parse_vm_config};
@@ -79,22 +79,12 @@ impl std::fmt::Debug for Agent {
     }
 }
 
-/// Runs `$body` (using `$tx: &mut Tx`) in a store transaction; commits on `Ok`.
+/// Runs `$body` (using `$tx: &mut Tx`) in a store transaction; commits on `Ok`, and runs it
+/// again when it failed on a deadlock or serialization conflict ([`vmnet_ipam::transaction!`]).
 macro_rules! store_tx {
-    ($db:expr, $tx:ident => $body:expr) => {{
-        let mut owned = $db.begin().await?;
-        let $tx = &mut owned;
-        match $body {
-            Ok(v) => {
-                owned.commit().await?;
-                Ok::<_, Error>(v)
-            }
-            Err(e) => {
-                let _ = owned.rollback().await;
-                Err(e)
-            }
-        }
-    }};
+    ($db:expr, $tx:ident => $body:expr) => {
+        vmnet_ipam::transaction!($db, $tx => $body)
+    };
 }
 pub(crate) use store_tx;
 

@@ -27,7 +27,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vmnet_ipam::Store;
 use vmnet_ipam::vm_store::{self, VmRow};
 use vmnet_kernel::ns::ObservedVm;
 use vmnet_model::Error;

@@ -101,11 +101,13 @@ async fn duplicate_instance_is_409_and_unknowns_are_404() {
             .0,
         201
     );
+    let mut bigger = inst("a");
+    bigger["vcpus"] = json!(2);
     assert_error(
-        &h.call(Method::POST, "/v1/instances", Some(inst("a"))).await,
+        &h.call(Method::POST, "/v1/instances", Some(bigger)).await,
         409,
         "CONFLICT",
-        &["a"],
+        &["instance a already exists with vcpus 1 (this request: 2)"],
     );
     let mut other = inst("b");
     other["pool_id"] = json!("nope");

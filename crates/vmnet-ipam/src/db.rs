@@ -17,6 +17,7 @@
 use std::future::Future;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
@@ -25,17 +26,166 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Postgres, Sqlite, Transaction};
-use vmnet_model::Error;
+use vmnet_model::{Error, ErrorCode};
 
 /// The SQLite migrations (embedded from `migrations/sqlite`).
 pub static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 /// The PostgreSQL migrations (embedded from `migrations/postgres`).
 pub static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
-/// Maps a database failure to `UNAVAILABLE` (the request may succeed later).
+/// The message of a transaction that failed on a deadlock (SQLSTATE `40P01`) or a serialization
+/// conflict (`40001`): [`transaction!`](crate::transaction) and [`retry`] run it again; the caller
+/// sees this (as `UNAVAILABLE`) only when every attempt failed so.
+pub const BUSY: &str = "the store is busy with concurrent changes; try again";
+
+/// Whether PostgreSQL failed the statement on a deadlock or a serialization conflict.
+fn is_conflict(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("40P01" | "40001")))
+}
+
+/// Maps a database failure to `UNAVAILABLE` (the request may succeed later) without the
+/// database's own words: its message names internals (PostgreSQL's source lines, constraint and
+/// table names), so it goes to the log (`warn`) and the caller gets a sentence of ours, e.g.
+/// `the database refused the request (SQLSTATE 23514); the details are logged`. A deadlock or
+/// serialization conflict is [`BUSY`], which the retry loops recognise ([`is_busy`]).
 #[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(db_err)` works
 pub(crate) fn db_err(e: sqlx::Error) -> Error {
-    Error::unavailable(format!("database: {e}"))
+    if is_conflict(&e) {
+        tracing::debug!(error = %e, "database conflict; the transaction will be retried");
+        return Error::unavailable(BUSY);
+    }
+    tracing::warn!(error = %e, "database request failed");
+    let what = match &e {
+        sqlx::Error::Database(d) => format!(
+            "the database refused the request (SQLSTATE {}); the details are logged",
+            d.code().as_deref().unwrap_or("unknown")
+        ),
+        sqlx::Error::PoolTimedOut => "no database connection became free in time; try again".into(),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => "the database is unreachable; try again".into(),
+        _ => "the database request failed; the details are logged".into(),
+    };
+    Error::unavailable(what)
+}
+
+/// Maps a failure to connect to (or migrate) the database at start: the operator who gave the
+/// URL needs the database's own words here (`connection refused`, a bad password).
+#[allow(clippy::needless_pass_by_value)]
+fn connect_err(e: sqlx::Error) -> Error {
+    Error::unavailable(format!("cannot connect to the database: {e}"))
+}
+
+/// Whether `e` is the [`BUSY`] error of a deadlock or serialization conflict (worth running the
+/// whole transaction again).
+#[must_use]
+pub fn is_busy(e: &Error) -> bool {
+    e.code == ErrorCode::Unavailable && e.message == BUSY
+}
+
+static RETRIED: AtomicU64 = AtomicU64::new(0);
+
+/// How many transactions were run again after a [`BUSY`] failure since the process started.
+#[must_use]
+pub fn retried_transactions() -> u64 {
+    RETRIED.load(Ordering::Relaxed)
+}
+
+/// The retry policy of a transaction that failed [`BUSY`]: at most [`Retry::ATTEMPTS`] attempts in
+/// all, each retry after a random pause between half and all of a doubling base (2 ms, 4 ms, …,
+/// capped at 128 ms; under 0.3 s in all), so transactions that deadlocked on each other do not
+/// meet again in lockstep.
+#[derive(Debug, Default)]
+pub struct Retry {
+    attempt: u32,
+}
+
+impl Retry {
+    /// Attempts in all, the first included.
+    pub const ATTEMPTS: u32 = 8;
+
+    /// A fresh policy (nothing tried yet).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// After a failed attempt: when `e` is [`BUSY`] and attempts are left, waits the jittered
+    /// pause and returns true (run the transaction again); else returns false at once.
+    pub async fn again(&mut self, e: &Error) -> bool {
+        if !is_busy(e) {
+            return false;
+        }
+        self.attempt += 1;
+        if self.attempt >= Self::ATTEMPTS {
+            tracing::warn!(
+                attempts = self.attempt,
+                "a transaction stayed busy; giving up"
+            );
+            return false;
+        }
+        RETRIED.fetch_add(1, Ordering::Relaxed);
+        let base_ms = 1u64 << self.attempt.min(7);
+        let pause = fastrand::u64(base_ms * 500..=base_ms * 1000);
+        tokio::time::sleep(Duration::from_micros(pause)).await;
+        true
+    }
+}
+
+/// Runs `attempt` (which opens, runs and commits its own transaction) until it succeeds, fails
+/// with anything but [`BUSY`], or the [`Retry`] policy gives up.
+///
+/// # Errors
+/// The last attempt's error.
+pub async fn retry<T, F, Fut>(mut attempt: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let mut policy = Retry::new();
+    loop {
+        match attempt().await {
+            Err(e) if policy.again(&e).await => {}
+            other => return other,
+        }
+    }
+}
+
+/// Runs `$body` (an expression using `$tx: &mut Tx`) in a transaction of `$store` (a
+/// [`Store`](crate::Store)), commits on `Ok` and rolls back on `Err`; a [`BUSY`] failure (of the
+/// body or of the commit) runs the whole transaction again under the [`Retry`] policy. `$body` is
+/// evaluated once per attempt, so it must not move out of its captures. The value is
+/// `Result<T, vmnet_model::Error>`.
+#[macro_export]
+macro_rules! transaction {
+    ($store:expr, $tx:ident => $body:expr) => {{
+        let mut policy = $crate::Retry::new();
+        loop {
+            let begun = {
+                use $crate::Store as _;
+                $store.begin().await
+            };
+            let result = match begun {
+                Err(e) => Err(e),
+                Ok(mut owned) => {
+                    let $tx = &mut owned;
+                    match $body {
+                        Ok(v) => owned.commit().await.map(|()| v),
+                        Err(e) => {
+                            let _ = owned.rollback().await;
+                            Err(e)
+                        }
+                    }
+                }
+            };
+            match result {
+                Err(e) if policy.again(&e).await => {}
+                other => break other,
+            }
+        }
+    }};
 }
 
 /// Which database a store or transaction talks to.
@@ -202,7 +352,7 @@ impl Db {
                 .max_connections(max_connections.unwrap_or(4))
                 .connect_with(opts)
                 .await
-                .map_err(db_err)?;
+                .map_err(connect_err)?;
             SQLITE_MIGRATOR
                 .run(&pool)
                 .await
@@ -216,7 +366,7 @@ impl Db {
                 .acquire_timeout(Duration::from_secs(30))
                 .connect_with(opts)
                 .await
-                .map_err(db_err)?;
+                .map_err(connect_err)?;
             POSTGRES_MIGRATOR
                 .run(&pool)
                 .await
@@ -304,3 +454,83 @@ macro_rules! atomically {
     }};
 }
 pub(crate) use atomically;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn database_errors_keep_their_words_out_of_the_message() {
+        let pool = SqlitePoolOptions::new()
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (n INTEGER CHECK (n > 0))")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let e = sqlx::query("INSERT INTO t (n) VALUES (-1)")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("CHECK constraint failed"), "{e}");
+        let mapped = db_err(e);
+        assert_eq!(mapped.code, ErrorCode::Unavailable);
+        assert_eq!(
+            mapped.message,
+            "the database refused the request (SQLSTATE 275); the details are logged"
+        );
+        assert!(!is_busy(&mapped));
+        let mapped = db_err(sqlx::Error::PoolTimedOut);
+        assert_eq!(
+            mapped.message,
+            "no database connection became free in time; try again"
+        );
+        let io = std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset by peer at x.c:12",
+        );
+        assert_eq!(
+            db_err(sqlx::Error::Io(io)).message,
+            "the database is unreachable; try again"
+        );
+    }
+
+    #[tokio::test]
+    async fn retry_gives_up_on_other_errors_at_once_and_on_busy_after_the_attempts() {
+        let mut calls = 0;
+        let r: Result<(), Error> = retry(|| {
+            calls += 1;
+            async { Err(Error::conflict("no")) }
+        })
+        .await;
+        assert_eq!((r.unwrap_err().code, calls), (ErrorCode::Conflict, 1));
+        let mut calls = 0;
+        let started = std::time::Instant::now();
+        let r: Result<(), Error> = retry(|| {
+            calls += 1;
+            async { Err(Error::unavailable(BUSY)) }
+        })
+        .await;
+        assert!(is_busy(&r.unwrap_err()));
+        assert_eq!(calls, Retry::ATTEMPTS);
+        assert!(
+            started.elapsed() < Duration::from_millis(400),
+            "bounded pauses"
+        );
+        let mut calls = 0;
+        let r = retry(|| {
+            calls += 1;
+            let n = calls;
+            async move {
+                if n < 3 {
+                    Err(Error::unavailable(BUSY))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(r.unwrap(), 3);
+    }
+}

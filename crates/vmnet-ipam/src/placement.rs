@@ -5,12 +5,7 @@
 //!   (no host with room, range exhausted) everything it wrote is undone and the caller gets the
 //!   error (`CAPACITY_UNAVAILABLE`), host claims included.
 //! * `delete_instance` returns the lease and the claim.
-//! * `lose_host` marks the host lost and returns each affected instance's lease with its claim.
-//!   Instances with `recreate_on_host_loss` are placed on another ready host with a new
-//!   lowest-free lease; when that fails they move to `error` with an `Unschedulable` condition.
-//!   The others move to `lost` with a `HostLost` condition. Either way the addresses host status
-//!   reports added to the instance are cleared (they came from the lost machine; see
-//!   [`crate::reports`]).
+//! * `lose_host` ([`crate::loss`]) marks the host lost and re-places or loses its instances.
 //! * Every placement (creation, re-placement after a host loss) gives the instance a new
 //!   `allocation_id` ([`Instance::allocation_id`]); the network policy and the sandbox flag are
 //!   the instance's own and survive re-placement unchanged.
@@ -20,27 +15,15 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use serde::{Deserialize, Serialize};
 use sqlx::Row;
-use vmnet_model::pool::{
-    Condition, Host, HostState, Instance, InstanceState, NewInstance, validate_id,
-};
-use vmnet_model::{Error, ErrorCode};
+use vmnet_model::Error;
+use vmnet_model::pool::{Host, HostState, Instance, NewInstance, validate_id};
 
-use crate::db::{Tx, atomically, db_err, on_tx, release_savepoint, rollback_to, savepoint};
+use crate::db::{Tx, atomically, db_err, on_tx};
 use crate::leases::{lease, release};
+use crate::locks::lock_placed_instance;
 use crate::ranges::{parse_stored, require_pool};
-use crate::reports::{append_stored, clear_reported, reported};
-
-/// What a host loss did: the affected instances as they are afterwards (ordered by id).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostLoss {
-    /// The lost host.
-    pub host_id: String,
-    /// Every instance that was on it, after recreation (`running` elsewhere), `error`
-    /// (`Unschedulable`) or `lost`.
-    pub instances: Vec<Instance>,
-}
+use crate::reports::{append_stored, reported};
 
 fn to_u32(field: &str, v: i64) -> Result<u32, Error> {
     u32::try_from(v).map_err(|_| Error::internal(format!("stored {field} {v} is out of range")))
@@ -133,7 +116,7 @@ pub async fn list_hosts(tx: &mut Tx) -> Result<Vec<Host>, Error> {
     on_tx!(tx, t => sqlx::query(sql).fetch_all(&mut **t).await.map_err(db_err)?.iter().map(host_row).collect())
 }
 
-fn instance_sql(tx: &Tx, filter: &str) -> sqlx::AssertSqlSafe<String> {
+pub(crate) fn instance_sql(tx: &Tx, filter: &str) -> sqlx::AssertSqlSafe<String> {
     let (address, cidr) = match tx {
         Tx::Sqlite(_) => ("l.address", "p.cidr"),
         Tx::Postgres(_) => ("host(l.address)", "text(p.cidr)"),
@@ -147,7 +130,7 @@ fn instance_sql(tx: &Tx, filter: &str) -> sqlx::AssertSqlSafe<String> {
     ))
 }
 
-fn instance_row<R: Row>(r: &R) -> Result<Instance, Error>
+pub(crate) fn instance_row<R: Row>(r: &R) -> Result<Instance, Error>
 where
     for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
@@ -245,16 +228,38 @@ pub async fn list_instances(tx: &mut Tx) -> Result<Vec<Instance>, Error> {
 /// host by id with room) and takes its lease, all in the caller's transaction. On any error
 /// nothing is left written.
 ///
+/// Idempotent: when the instance exists and the request describes it
+/// ([`NewInstance::mismatch`]), as a retried create whose first reply was lost does, the
+/// existing instance is returned as it is and nothing is written (no second claim or lease).
+///
 /// # Errors
 /// `INVALID_INPUT` naming the field; `NOT_FOUND` for an unknown pool or host; `CONFLICT` for an
-/// existing instance; `CAPACITY_UNAVAILABLE` when no host has room or
-/// `Pool <id> has no free IP address`; `UNAVAILABLE` on a database failure.
+/// existing instance the request does not describe, naming the first differing field
+/// (`instance vm1 already exists with vcpus 1 (this request: 2)`); `CAPACITY_UNAVAILABLE` when
+/// no host has room or `Pool <id> has no free IP address`; `UNAVAILABLE` on a database failure.
 pub async fn create_instance(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error> {
+    ensure_instance(tx, req).await.map(|o| o.instance)
+}
+
+/// What [`ensure_instance`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ensured {
+    /// The instance, as created or as it already was.
+    pub instance: Instance,
+    /// Whether this call created it.
+    pub created: bool,
+}
+
+/// Like [`create_instance`], and says whether the instance was created.
+///
+/// # Errors
+/// As [`create_instance`].
+pub async fn ensure_instance(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, Error> {
     req.validate()?;
     atomically!(tx, "vmnet_create", create_inner(tx, req).await)
 }
 
-async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error> {
+async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, Error> {
     require_pool(tx, &req.pool_id).await?;
     if let Some(h) = &req.host_id {
         get_host(tx, h).await?;
@@ -275,10 +280,20 @@ async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error>
         .map_err(db_err)?
         .rows_affected());
     if n == 0 {
-        return Err(Error::conflict(format!(
-            "instance {} already exists",
-            req.instance_id
-        )));
+        // The id exists (on PostgreSQL the insert waited for a concurrent creator to commit).
+        // The same request again (a retry whose first reply was lost) gets the instance as it
+        // is; any other request with this id conflicts with it.
+        let instance = get_instance(tx, &req.instance_id).await?;
+        return match req.mismatch(&instance) {
+            None => Ok(Ensured {
+                instance,
+                created: false,
+            }),
+            Some(why) => Err(Error::conflict(format!(
+                "instance {} already exists with {why}",
+                req.instance_id
+            ))),
+        };
     }
     let want = Want {
         instance_id: &req.instance_id,
@@ -287,15 +302,18 @@ async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error>
         memory_mib: req.memory_mib,
     };
     place(tx, &want, req.host_id.as_deref()).await?;
-    get_instance(tx, &req.instance_id).await
+    Ok(Ensured {
+        instance: get_instance(tx, &req.instance_id).await?,
+        created: true,
+    })
 }
 
 /// What a placement needs to know about the instance.
-struct Want<'a> {
-    instance_id: &'a str,
-    pool_id: &'a str,
-    vcpus: u32,
-    memory_mib: u32,
+pub(crate) struct Want<'a> {
+    pub(crate) instance_id: &'a str,
+    pub(crate) pool_id: &'a str,
+    pub(crate) vcpus: u32,
+    pub(crate) memory_mib: u32,
 }
 
 impl Want<'_> {
@@ -309,7 +327,7 @@ impl Want<'_> {
 
 /// Claims capacity (on `host` or the first ready host with room) and takes the lease; marks the
 /// instance running there. Callers undo on error (savepoint).
-async fn place(tx: &mut Tx, want: &Want<'_>, host: Option<&str>) -> Result<(), Error> {
+pub(crate) async fn place(tx: &mut Tx, want: &Want<'_>, host: Option<&str>) -> Result<(), Error> {
     let host_id = match host {
         Some(h) => {
             if !claim(tx, h, want).await? {
@@ -412,6 +430,8 @@ async fn unclaim(tx: &mut Tx, inst: &Instance) -> Result<(), Error> {
 }
 
 /// Deletes an instance, returning its lease and its claim. Returns the instance as it was.
+/// Locks its host, then the instance (see [`crate::locks`] for the order every transaction
+/// follows).
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown instance; `UNAVAILABLE` on a database failure.
@@ -421,103 +441,15 @@ pub async fn delete_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance,
 }
 
 async fn delete_inner(tx: &mut Tx, instance_id: &str) -> Result<Instance, Error> {
+    // Lock order (crate::locks): the host, the instance, then the claim before the lease.
+    lock_placed_instance(tx, instance_id).await?;
     let inst = get_instance(tx, instance_id).await?;
-    release(tx, instance_id).await?;
     unclaim(tx, &inst).await?;
+    release(tx, instance_id).await?;
     on_tx!(tx, t => sqlx::query("DELETE FROM instances WHERE instance_id = $1")
         .bind(instance_id)
         .execute(&mut **t)
         .await
         .map_err(db_err)?.rows_affected());
     Ok(inst)
-}
-
-/// Marks a host lost: every instance on it returns its lease with its claim; those with
-/// `recreate_on_host_loss` are placed again on another host with a new lowest-free lease (or move
-/// to `error` with an `Unschedulable` condition), the others move to `lost`.
-///
-/// # Errors
-/// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown host; `UNAVAILABLE` on a database
-/// failure (then nothing was changed).
-pub async fn lose_host(tx: &mut Tx, host_id: &str) -> Result<HostLoss, Error> {
-    validate_id("host_id", host_id)?;
-    atomically!(tx, "vmnet_lose", lose_inner(tx, host_id).await)
-}
-
-async fn set_state(
-    tx: &mut Tx,
-    instance_id: &str,
-    state: InstanceState,
-    cond: &[Condition],
-) -> Result<(), Error> {
-    let cond = serde_json::to_string(cond).map_err(|e| Error::internal(e.to_string()))?;
-    on_tx!(tx, t => sqlx::query("UPDATE instances SET host_id = NULL, state = $2, conditions = $3 WHERE instance_id = $1")
-        .bind(instance_id)
-        .bind(state.as_str())
-        .bind(&cond)
-        .execute(&mut **t)
-        .await
-        .map_err(db_err)?.rows_affected());
-    Ok(())
-}
-
-async fn lose_inner(tx: &mut Tx, host_id: &str) -> Result<HostLoss, Error> {
-    get_host(tx, host_id).await?;
-    on_tx!(tx, t => sqlx::query("UPDATE hosts SET state = 'lost', used_vcpus = 0, used_memory_mib = 0 WHERE host_id = $1")
-        .bind(host_id)
-        .execute(&mut **t)
-        .await
-        .map_err(db_err)?.rows_affected());
-    let sql = instance_sql(tx, "WHERE i.host_id = $1 ORDER BY i.instance_id");
-    let affected: Vec<Instance> = on_tx!(tx, t => sqlx::query(sql)
-        .bind(host_id)
-        .fetch_all(&mut **t)
-        .await
-        .map_err(db_err)?
-        .iter()
-        .map(instance_row)
-        .collect::<Result<_, _>>()?);
-    let lost = [Condition {
-        kind: "HostLost".into(),
-        message: format!("host {host_id} was lost"),
-    }];
-    for inst in &affected {
-        release(tx, &inst.instance_id).await?;
-        set_state(tx, &inst.instance_id, InstanceState::Lost, &lost).await?;
-        // After the row update, which (on PostgreSQL) waits for a concurrent status report
-        // holding the row, so that report's addresses are cleared too.
-        clear_reported(tx, &inst.instance_id).await?;
-    }
-    let mut out = Vec::with_capacity(affected.len());
-    for inst in affected {
-        if inst.recreate_on_host_loss {
-            let want = Want {
-                instance_id: &inst.instance_id,
-                pool_id: &inst.pool_id,
-                vcpus: inst.vcpus,
-                memory_mib: inst.memory_mib,
-            };
-            savepoint(tx, "vmnet_replace").await?;
-            match place(tx, &want, None).await {
-                Ok(()) => release_savepoint(tx, "vmnet_replace").await?,
-                Err(e) if e.code == ErrorCode::CapacityUnavailable => {
-                    rollback_to(tx, "vmnet_replace").await?;
-                    let c = [Condition {
-                        kind: "Unschedulable".into(),
-                        message: e.message,
-                    }];
-                    set_state(tx, &inst.instance_id, InstanceState::Error, &c).await?;
-                }
-                Err(e) => {
-                    rollback_to(tx, "vmnet_replace").await?;
-                    return Err(e);
-                }
-            }
-        }
-        out.push(get_instance(tx, &inst.instance_id).await?);
-    }
-    Ok(HostLoss {
-        host_id: host_id.to_owned(),
-        instances: out,
-    })
 }

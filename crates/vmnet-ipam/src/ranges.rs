@@ -31,11 +31,26 @@ pub(crate) fn parse_stored<T: FromStr>(what: &str, s: &str) -> Result<T, Error> 
 /// Creates the pool if it does not exist. Existing leases are kept, even outside the new range;
 /// the free-address index is rebuilt as the new range minus the gateway minus those leases.
 ///
+/// The range must not clash with another pool's ([`IpRange::clash`]: overlapping `cidr`s, or a
+/// gateway that the other pool leases). The check runs in the caller's transaction with every
+/// other range write shut out until it ends: on PostgreSQL the `ip_pools` table is locked in
+/// `SHARE ROW EXCLUSIVE` mode (which conflicts with itself and with row writes, but not with the
+/// row share locks placements take), on SQLite writers are serialized anyway. So two concurrent
+/// calls cannot both pass the check with clashing ranges.
+///
 /// # Errors
-/// `INVALID_INPUT` naming the pool and the field (see [`SetIpPool::validate`]); `UNAVAILABLE` on a
+/// `INVALID_INPUT` naming the pool and the field (see [`SetIpPool::validate`]); `CONFLICT`
+/// naming the other pool when the range clashes with its range, e.g.
+/// `pool p2: cidr 10.0.0.0/16 overlaps cidr 10.0.0.0/24 of pool p1`; `UNAVAILABLE` on a
 /// database failure. On error nothing was written.
 pub async fn set_ip_pool(tx: &mut Tx, req: SetIpPool) -> Result<IpRange, Error> {
     let range = req.validate()?;
+    lock_ranges(tx).await?;
+    for other in other_ranges(tx, &range.pool_id).await? {
+        if let Some(why) = range.clash(&other) {
+            return Err(Error::conflict(format!("pool {}: {why}", range.pool_id)));
+        }
+    }
     ensure_pool(tx, &range.pool_id).await?;
     let dns: Vec<String> = range.dns.iter().map(ToString::to_string).collect();
     match tx {
@@ -82,6 +97,48 @@ pub async fn set_ip_pool(tx: &mut Tx, req: SetIpPool) -> Result<IpRange, Error> 
     }
     free::rebuild(tx, &range).await?;
     Ok(range)
+}
+
+/// Shuts out every other range write until the transaction ends (PostgreSQL; SQLite writers are
+/// serialized by `BEGIN IMMEDIATE`).
+async fn lock_ranges(tx: &mut Tx) -> Result<(), Error> {
+    if let Tx::Postgres(t) = tx {
+        sqlx::query("LOCK TABLE ip_pools IN SHARE ROW EXCLUSIVE MODE")
+            .execute(&mut **t)
+            .await
+            .map_err(db_err)?;
+    }
+    Ok(())
+}
+
+/// The ranges of every pool but `pool_id`, without their DNS servers.
+async fn other_ranges(tx: &mut Tx, pool_id: &str) -> Result<Vec<IpRange>, Error> {
+    let sql = match tx {
+        Tx::Sqlite(_) => {
+            "SELECT pool_id, cidr, gateway, first_host, last_host FROM ip_pools WHERE pool_id <> $1"
+        }
+        Tx::Postgres(_) => {
+            "SELECT pool_id, cidr::text, host(gateway), host(first_host), host(last_host) \
+             FROM ip_pools WHERE pool_id <> $1"
+        }
+    };
+    let rows: Vec<(String, String, String, String, String)> = on_tx!(tx, t => sqlx::query_as(sql)
+        .bind(pool_id)
+        .fetch_all(&mut **t)
+        .await
+        .map_err(db_err)?);
+    rows.into_iter()
+        .map(|(pool_id, cidr, gateway, first, last)| {
+            Ok(IpRange {
+                pool_id,
+                cidr: parse_stored("cidr", &cidr)?,
+                gateway: parse_stored("gateway", &gateway)?,
+                first_host: parse_stored("first_host", &first)?,
+                last_host: parse_stored("last_host", &last)?,
+                dns: Vec::new(),
+            })
+        })
+        .collect()
 }
 
 /// Creates the pool `pool_id` without a range if it does not exist (a pool without a range leases

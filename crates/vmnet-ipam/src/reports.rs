@@ -31,15 +31,16 @@ use vmnet_model::pool::{
 };
 
 use crate::db::{Tx, atomically, db_err, on_tx};
+use crate::locks::share_instances;
 use crate::placement::{get_host, get_instance};
 use crate::ranges::parse_stored;
 
 /// Applies a host status report (spec: "Addresses on an instance", hosted pools): for each
 /// reported instance placed on `host_id`, appends the reported addresses it does not list yet,
 /// in report order. Entries for unknown instances and for instances not placed on `host_id` are
-/// skipped and listed in the outcome. On PostgreSQL each applied instance's row is share-locked
-/// for the rest of the transaction, so a concurrent host loss cannot move it between the check
-/// and the append.
+/// skipped and listed in the outcome. On PostgreSQL every reported instance's row is
+/// share-locked (in id order, see [`crate::locks`]) for the rest of the transaction, so a
+/// concurrent host loss cannot move it between the check and the append.
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad host id or a malformed report (see [`StatusReport::validate`]; then
@@ -61,6 +62,9 @@ async fn report_inner(
     parsed: Vec<(String, Vec<IpNet>)>,
 ) -> Result<StatusReportOutcome, Error> {
     get_host(tx, host_id).await?;
+    // Lock order (crate::locks): every reported instance in id order, before looking at any.
+    let ids: Vec<&str> = parsed.iter().map(|(id, _)| id.as_str()).collect();
+    share_instances(tx, &ids).await?;
     let mut out = StatusReportOutcome {
         host_id: host_id.to_owned(),
         updated: Vec::new(),

@@ -12,13 +12,7 @@
 
 use vmnet_model::Error;
 
-use crate::db::{Tx, on_tx};
-
-/// Maps a database failure to `UNAVAILABLE` (the request may succeed later).
-#[allow(clippy::needless_pass_by_value)] // used as `map_err(db_err)`
-fn db_err(e: sqlx::Error) -> Error {
-    Error::unavailable(format!("database: {e}"))
-}
+use crate::db::{Tx, db_err, on_tx};
 
 /// One stored VM.
 #[derive(Debug, Clone, PartialEq, Eq)]

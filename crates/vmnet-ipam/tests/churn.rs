@@ -58,16 +58,28 @@ mod cases {
             let found = vmnet_ipam::get_instance(&mut tx, &id).await.ok();
             tx.commit().await.unwrap();
             let exists = found.is_some();
-            let running = found.is_some_and(|i| i.state == vmnet_ipam::InstanceState::Running);
+            let running = found
+                .as_ref()
+                .is_some_and(|i| i.state == vmnet_ipam::InstanceState::Running);
             if exists && (!running || rng.below(3) == 0) {
                 delete(db, &id).await.unwrap();
                 deleted += 1;
-            } else if exists {
+            } else if let Some(found) = found {
+                // The same request again gets the instance as it is; another one conflicts.
+                // Either way nothing changes.
                 let before = snapshot(db).await;
-                let e = create(db, &inst(&id, "pool_01jz")).await.unwrap_err();
-                assert_eq!(e.code, ErrorCode::Conflict);
+                let mut req = inst(&id, "pool_01jz");
+                req.recreate_on_host_loss = found.recreate_on_host_loss;
+                req.vcpus = found.vcpus;
+                if rng.below(2) == 0 {
+                    assert_eq!(create(db, &req).await.unwrap(), found);
+                } else {
+                    req.vcpus += 1;
+                    let e = create(db, &req).await.unwrap_err();
+                    assert_eq!(e.code, ErrorCode::Conflict);
+                    conflicts += 1;
+                }
                 assert_eq!(snapshot(db).await, before);
-                conflicts += 1;
             } else {
                 let mut req = inst(&id, "pool_01jz");
                 req.recreate_on_host_loss = rng.below(2) == 0;

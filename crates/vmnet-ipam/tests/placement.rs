@@ -176,10 +176,12 @@ mod cases {
             ErrorCode::NotFound,
             "pool nope not found",
         );
+        let mut bigger = inst("vm1", "p1");
+        bigger.vcpus = 2;
         assert_err(
-            create(db, &inst("vm1", "p1")).await,
+            create(db, &bigger).await,
             ErrorCode::Conflict,
-            "instance vm1 already exists",
+            "instance vm1 already exists with vcpus 1 (this request: 2)",
         );
         let mut on = inst("vm3", "p1");
         on.host_id = Some("hx".into());

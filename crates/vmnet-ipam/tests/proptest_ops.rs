@@ -90,7 +90,18 @@ async fn run(db: &Db, ops: Vec<Op>) {
                 req.host_id = host.map(|h| format!("h{h}"));
                 req.recreate_on_host_loss = *recreate;
                 req.vcpus = *vcpus;
+                let mut tx = db.begin().await.unwrap();
+                let existing = vmnet_ipam::get_instance(&mut tx, &req.instance_id)
+                    .await
+                    .ok();
+                tx.commit().await.unwrap();
                 match create(db, &req).await {
+                    Ok(i) if existing.is_some() => {
+                        // The same request for an existing instance: answered as it is.
+                        assert_eq!(Some(i), existing, "{op:?} answered the existing instance");
+                        assert_eq!(snapshot(db).await, before, "{op:?} changed nothing");
+                        None
+                    }
                     Ok(i) => {
                         assert_eq!(i.address, lowest, "{op:?} got the lowest free address");
                         None

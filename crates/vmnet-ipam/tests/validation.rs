@@ -159,9 +159,120 @@ mod validation {
         )
         .await;
     }
+    async fn refused_dns(db: &Db, dns: &[&str], message: &str) {
+        let mut req = range("p1", "10.0.0.0/24", "10.0.0.1");
+        req.dns = dns.iter().map(|s| (*s).to_owned()).collect();
+        let before = snapshot(db).await;
+        assert_err(set_pool(db, req).await, ErrorCode::InvalidInput, message);
+        assert_eq!(snapshot(db).await, before);
+    }
+    pub async fn whole_internet_refused(db: &Db) {
+        refused(
+            db,
+            "0.0.0.0/0",
+            "10.0.0.1",
+            None,
+            None,
+            "pool p1: cidr 0.0.0.0/0 has prefix length 0; it must be between /16 and /32",
+        )
+        .await;
+    }
+    pub async fn cidr_larger_than_slash16_refused(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/12",
+            "10.0.0.1",
+            None,
+            None,
+            "pool p1: cidr 10.0.0.0/12 has prefix length 12; it must be between /16 and /32",
+        )
+        .await;
+    }
+    pub async fn loopback_cidr_refused(db: &Db) {
+        refused(
+            db,
+            "127.0.0.0/24",
+            "127.0.0.1",
+            None,
+            None,
+            "pool p1: cidr 127.0.0.0/24 lies in 127.0.0.0/8 (loopback), which cannot hold guest addresses",
+        )
+        .await;
+    }
+    pub async fn link_local_cidr_refused(db: &Db) {
+        refused(
+            db,
+            "169.254.0.0/24",
+            "169.254.0.1",
+            None,
+            None,
+            "pool p1: cidr 169.254.0.0/24 lies in 169.254.0.0/16 (link-local), which cannot hold guest addresses",
+        )
+        .await;
+    }
+    pub async fn multicast_gateway_refused(db: &Db) {
+        refused(
+            db,
+            "10.0.0.0/24",
+            "224.0.0.1",
+            Some("10.0.0.2"),
+            None,
+            "pool p1: gateway 224.0.0.1 lies in 224.0.0.0/4 (multicast), which cannot be a gateway",
+        )
+        .await;
+    }
+    pub async fn dns_unspecified_refused(db: &Db) {
+        refused_dns(db, &["::"], "pool p1: dns[0] :: is the unspecified address").await;
+    }
+    pub async fn dns_broadcast_refused(db: &Db) {
+        refused_dns(
+            db,
+            &["10.0.0.1", "255.255.255.255"],
+            "pool p1: dns[1] 255.255.255.255 is the broadcast address",
+        )
+        .await;
+    }
+    pub async fn dns_ipv4_mapped_refused(db: &Db) {
+        refused_dns(
+            db,
+            &["::ffff:192.0.2.53"],
+            "pool p1: dns[0] ::ffff:192.0.2.53 is an IPv4-mapped IPv6 address; give the IPv4 address 192.0.2.53",
+        )
+        .await;
+    }
+    pub async fn dns_repeat_refused(db: &Db) {
+        refused_dns(
+            db,
+            &["192.0.2.53", "192.0.2.53"],
+            "pool p1: dns[1] 192.0.2.53 repeats dns[0]",
+        )
+        .await;
+    }
+    pub async fn dns_too_many_refused(db: &Db) {
+        let many: Vec<String> = (1..=1000)
+            .map(|i| format!("10.1.{}.{}", i / 200, i % 200 + 1))
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        refused_dns(
+            db,
+            &many,
+            "pool p1: dns has 1000 entries; at most 8 are allowed",
+        )
+        .await;
+    }
 }
 
 conformance!(validation:
+    whole_internet_refused,
+    cidr_larger_than_slash16_refused,
+    loopback_cidr_refused,
+    link_local_cidr_refused,
+    multicast_gateway_refused,
+    dns_unspecified_refused,
+    dns_broadcast_refused,
+    dns_ipv4_mapped_refused,
+    dns_repeat_refused,
+    dns_too_many_refused,
     ipv6_range_refused,
     malformed_cidr,
     cidr_without_prefix,

@@ -2,41 +2,25 @@
 //! range", "How leases work").
 //!
 //! Everything here is pure: [`SetIpPool::validate`] turns the caller's strings into an [`IpRange`]
-//! with the defaults filled in, or an `INVALID_INPUT` [`Error`] naming the pool and the field.
-//! The store (`vmnet-ipam`) persists the result and hands out leases.
-//!
-//! # Ranges
-//! * IPv4 only; an IPv6 `cidr` is refused.
-//! * Addresses and CIDRs are parsed strictly: no surrounding whitespace, no leading zeros
-//!   (`010.5.0.0/24` and `" 10.5.0.0/24"` are refused, never read as `10.5.0.0/24`).
-//! * `cidr` must be canonical (no host bits set).
-//! * `first_host` defaults to the address after the gateway, `last_host` to the address before the
-//!   broadcast address. Both must be *usable host addresses* of `cidr` (see below), with
-//!   `first_host <= last_host`.
-//! * The gateway may lie anywhere (inside or outside the range, even outside `cidr`) except on
-//!   the network or broadcast address of `cidr` (prefixes up to /30); it is never leased.
-//!
-//! # Usable addresses, /31 and /32
-//! * Prefix length 0 to 30: the network address and the broadcast address are never usable, so
-//!   they can never be `first_host`/`last_host` and are never leased.
-//! * `/31` follows RFC 3021 (point-to-point): there is no network or broadcast address, both
-//!   addresses are usable, and the default `last_host` is the upper address.
-//! * `/32`: the one address is usable and is the default `last_host`. A gateway inside the /32
-//!   leaves nothing to lease: with the default `first_host` (the address after the gateway, outside
-//!   the /32) the range is refused with `INVALID_INPUT`; with `first_host` set explicitly it is
-//!   accepted but leases nothing (every lease is `CAPACITY_UNAVAILABLE`). With a gateway outside
-//!   it (a routed /32), set `first_host` explicitly to the address (the default is refused with
-//!   that hint).
+//! with the defaults filled in, or an `INVALID_INPUT` [`Error`] naming the pool and the field (the
+//! range rules are in `pool_range.rs`, re-exported here). The store (`vmnet-ipam`) persists the
+//! result and hands out leases.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::str::FromStr;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
 pub use crate::nic::NetworkPolicy;
+
+#[path = "pool_range.rs"]
+mod range;
+pub use range::{
+    IpRange, MAX_DNS, MAX_PREFIX_LEN, MIN_PREFIX_LEN, RESERVED, SetIpPool, usable_hosts,
+};
 
 /// The longest id accepted for pools, hosts and instances, in bytes.
 pub const MAX_ID_LEN: usize = 64;
@@ -68,197 +52,6 @@ pub fn validate_id(field: &str, value: &str) -> Result<(), Error> {
         )));
     }
     Ok(())
-}
-
-/// The request of `set_ip_pool`: strings as the caller gave them, validated by
-/// [`SetIpPool::validate`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SetIpPool {
-    /// The hosted pool (an id, see [`validate_id`]).
-    pub pool_id: String,
-    /// The IPv4 network, e.g. `10.0.0.0/24`.
-    pub cidr: String,
-    /// The gateway address; never leased.
-    pub gateway: String,
-    /// The first address to lease. Default: the address after the gateway.
-    #[serde(default)]
-    pub first_host: Option<String>,
-    /// The last address to lease. Default: the address before the broadcast address.
-    #[serde(default)]
-    pub last_host: Option<String>,
-    /// DNS servers for the guests (IPv4 or IPv6). Default: empty.
-    #[serde(default)]
-    pub dns: Vec<String>,
-}
-
-/// A pool's stored range with its defaults filled in.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IpRange {
-    /// The hosted pool.
-    pub pool_id: String,
-    /// The IPv4 network (canonical).
-    pub cidr: Ipv4Net,
-    /// The gateway; never leased.
-    pub gateway: Ipv4Addr,
-    /// The first address leased.
-    pub first_host: Ipv4Addr,
-    /// The last address leased.
-    pub last_host: Ipv4Addr,
-    /// DNS servers for the guests, possibly empty.
-    pub dns: Vec<IpAddr>,
-}
-
-impl IpRange {
-    /// Whether `addr` is leasable: inside `first_host..=last_host` and not the gateway.
-    #[must_use]
-    pub fn is_leasable(&self, addr: Ipv4Addr) -> bool {
-        self.first_host <= addr && addr <= self.last_host && addr != self.gateway
-    }
-
-    /// The number of leasable addresses (the range minus the gateway if inside it).
-    #[must_use]
-    pub fn size(&self) -> u64 {
-        let n = u64::from(u32::from(self.last_host)) - u64::from(u32::from(self.first_host)) + 1;
-        if (self.first_host..=self.last_host).contains(&self.gateway) {
-            n - 1
-        } else {
-            n
-        }
-    }
-}
-
-/// The usable host addresses of `net` as `(lowest, highest)`: without the network and broadcast
-/// addresses for prefixes up to /30, both addresses of a /31 (RFC 3021), the address of a /32.
-#[must_use]
-pub fn usable_hosts(net: Ipv4Net) -> (Ipv4Addr, Ipv4Addr) {
-    let lo = u32::from(net.network());
-    let hi = u32::from(net.broadcast());
-    if net.prefix_len() >= 31 {
-        (lo.into(), hi.into())
-    } else {
-        ((lo + 1).into(), (hi - 1).into())
-    }
-}
-
-impl SetIpPool {
-    /// Validates the request and fills in the defaults.
-    ///
-    /// # Errors
-    /// `INVALID_INPUT` naming the pool and the field, e.g.
-    /// `pool p1: cidr 10.0.0.1/24 has host bits set (the network is 10.0.0.0/24)`,
-    /// `pool p1: first_host 10.0.1.2 is outside cidr 10.0.0.0/24`,
-    /// `pool p1: first_host 10.0.0.9 is after last_host 10.0.0.6`.
-    pub fn validate(&self) -> Result<IpRange, Error> {
-        validate_id("pool_id", &self.pool_id)?;
-        let p = &self.pool_id;
-        let bad = |field: &str, what: String| Error::invalid(format!("pool {p}: {field} {what}"));
-        let cidr = parse_cidr(&self.cidr).map_err(|what| bad("cidr", what))?;
-        let gateway = parse_v4(&self.gateway).map_err(|what| bad("gateway", what))?;
-        if cidr.prefix_len() <= 30 {
-            if gateway == cidr.network() {
-                return Err(bad(
-                    "gateway",
-                    format!("{gateway} is the network address of {cidr}"),
-                ));
-            }
-            if gateway == cidr.broadcast() {
-                return Err(bad(
-                    "gateway",
-                    format!("{gateway} is the broadcast address of {cidr}"),
-                ));
-            }
-        }
-        let (lo, hi) = usable_hosts(cidr);
-        let first_host = match &self.first_host {
-            Some(s) => parse_v4(s).map_err(|what| bad("first_host", what))?,
-            None => {
-                let next = u32::from(gateway).checked_add(1).ok_or_else(|| {
-                    bad(
-                        "first_host",
-                        format!("has no default: gateway {gateway} is the last IPv4 address"),
-                    )
-                })?;
-                Ipv4Addr::from(next)
-            }
-        };
-        let last_host = match &self.last_host {
-            Some(s) => parse_v4(s).map_err(|what| bad("last_host", what))?,
-            None => hi,
-        };
-        let default_hint = |field: &str| {
-            if field == "first_host" && self.first_host.is_none() {
-                " (the default is the address after the gateway; set first_host explicitly)"
-            } else {
-                ""
-            }
-        };
-        for (field, addr) in [("first_host", first_host), ("last_host", last_host)] {
-            if !cidr.contains(&addr) {
-                let hint = default_hint(field);
-                return Err(bad(field, format!("{addr} is outside cidr {cidr}{hint}")));
-            }
-            if addr < lo {
-                return Err(bad(
-                    field,
-                    format!("{addr} is the network address of {cidr}"),
-                ));
-            }
-            if addr > hi {
-                let hint = default_hint(field);
-                return Err(bad(
-                    field,
-                    format!("{addr} is the broadcast address of {cidr}{hint}"),
-                ));
-            }
-        }
-        if first_host > last_host {
-            return Err(bad(
-                "first_host",
-                format!("{first_host} is after last_host {last_host}"),
-            ));
-        }
-        let mut dns = Vec::with_capacity(self.dns.len());
-        for (i, s) in self.dns.iter().enumerate() {
-            let ip = IpAddr::from_str(s)
-                .map_err(|_| bad(&format!("dns[{i}]"), format!("{s:?} is not an IP address")))?;
-            dns.push(ip);
-        }
-        Ok(IpRange {
-            pool_id: p.clone(),
-            cidr,
-            gateway,
-            first_host,
-            last_host,
-            dns,
-        })
-    }
-}
-
-fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
-    let net = match crate::vm::parse_net(s) {
-        Some(IpNet::V4(net)) => net,
-        Some(IpNet::V6(net)) => {
-            return Err(format!("{net} is IPv6; only IPv4 ranges are supported"));
-        }
-        None => return Err(format!("{s:?} is not an IPv4 CIDR such as 10.0.0.0/24")),
-    };
-    if net.network() != net.addr() {
-        return Err(format!(
-            "{net} has host bits set (the network is {})",
-            net.trunc()
-        ));
-    }
-    Ok(net)
-}
-
-/// Parses an IPv4 address strictly (std's parser: no whitespace, no leading zeros).
-fn parse_v4(s: &str) -> Result<Ipv4Addr, String> {
-    match IpAddr::from_str(s) {
-        Ok(IpAddr::V4(a)) => Ok(a),
-        Ok(IpAddr::V6(a)) => Err(format!("{a} is IPv6; only IPv4 is supported")),
-        Err(_) => Err(format!("{s:?} is not an IPv4 address")),
-    }
 }
 
 /// One lease: `(pool_id, address)` is unique, and so is `instance_id`.
@@ -660,6 +453,46 @@ impl NewInstance {
             recreate_on_host_loss: false,
             network_policy: NetworkPolicy::Public,
             sandbox: false,
+        }
+    }
+
+    /// Why this request does not describe the existing instance `inst` (the first field that
+    /// differs, as `vcpus 1 (this request: 2)`), or `None` when it does: repeating the request
+    /// that created `inst` must not conflict with it. Compared: `pool_id`, `vcpus`,
+    /// `memory_mib`, `recreate_on_host_loss`, `network_policy`, `sandbox`, and `host_id` when
+    /// the request names a host (against the host the instance is on now; `none` when it is on
+    /// none).
+    #[must_use]
+    pub fn mismatch(&self, inst: &Instance) -> Option<String> {
+        let field = |name: &str, have: &dyn fmt::Display, want: &dyn fmt::Display| {
+            Some(format!("{name} {have} (this request: {want})"))
+        };
+        if self.pool_id != inst.pool_id {
+            return field("pool_id", &inst.pool_id, &self.pool_id);
+        }
+        if self.vcpus != inst.vcpus {
+            return field("vcpus", &inst.vcpus, &self.vcpus);
+        }
+        if self.memory_mib != inst.memory_mib {
+            return field("memory_mib", &inst.memory_mib, &self.memory_mib);
+        }
+        if self.recreate_on_host_loss != inst.recreate_on_host_loss {
+            return field(
+                "recreate_on_host_loss",
+                &inst.recreate_on_host_loss,
+                &self.recreate_on_host_loss,
+            );
+        }
+        if self.network_policy != inst.network_policy {
+            return field("network_policy", &inst.network_policy, &self.network_policy);
+        }
+        if self.sandbox != inst.sandbox {
+            return field("sandbox", &inst.sandbox, &self.sandbox);
+        }
+        match (&self.host_id, &inst.host_id) {
+            (Some(want), Some(have)) if want != have => field("host_id", have, want),
+            (Some(want), None) => field("host_id", &"none", want),
+            _ => None,
         }
     }
 

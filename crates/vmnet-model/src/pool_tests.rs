@@ -288,3 +288,202 @@ fn instance_addresses_default_to_empty() {
     .unwrap();
     assert!(i.addresses.is_empty());
 }
+
+#[test]
+fn ranges_that_cannot_hold_guests_are_refused() {
+    for (cidr, gw, message) in [
+        (
+            "127.0.0.0/24",
+            "127.0.0.1",
+            "pool p1: cidr 127.0.0.0/24 lies in 127.0.0.0/8 (loopback), which cannot hold guest addresses",
+        ),
+        (
+            "224.1.0.0/24",
+            "224.1.0.1",
+            "pool p1: cidr 224.1.0.0/24 lies in 224.0.0.0/4 (multicast), which cannot hold guest addresses",
+        ),
+        (
+            "240.0.0.0/16",
+            "240.0.0.1",
+            "pool p1: cidr 240.0.0.0/16 lies in 240.0.0.0/4 (reserved), which cannot hold guest addresses",
+        ),
+        (
+            "255.255.255.255/32",
+            "10.0.0.1",
+            "pool p1: cidr 255.255.255.255/32 lies in 240.0.0.0/4 (reserved), which cannot hold guest addresses",
+        ),
+        (
+            "0.0.0.0/24",
+            "0.0.0.1",
+            "pool p1: cidr 0.0.0.0/24 lies in 0.0.0.0/8 (\"this network\"), which cannot hold guest addresses",
+        ),
+        (
+            "169.254.0.0/16",
+            "169.254.0.1",
+            "pool p1: cidr 169.254.0.0/16 lies in 169.254.0.0/16 (link-local), which cannot hold guest addresses",
+        ),
+        (
+            "0.0.0.0/0",
+            "10.0.0.1",
+            "pool p1: cidr 0.0.0.0/0 has prefix length 0; it must be between /16 and /32",
+        ),
+        (
+            "10.0.0.0/8",
+            "10.0.0.1",
+            "pool p1: cidr 10.0.0.0/8 has prefix length 8; it must be between /16 and /32",
+        ),
+        (
+            "172.16.0.0/15",
+            "172.16.0.1",
+            "pool p1: cidr 172.16.0.0/15 has prefix length 15; it must be between /16 and /32",
+        ),
+    ] {
+        assert_eq!(invalid(&req(cidr, gw)), message, "{cidr}");
+    }
+    // The limits themselves are accepted.
+    let r = req("10.20.0.0/16", "10.20.0.1").validate().unwrap();
+    assert_eq!(r.size(), 65_533);
+    let mut q = req("203.0.113.7/32", "169.254.1.1");
+    q.first_host = Some("203.0.113.7".into());
+    assert_eq!(
+        q.validate().unwrap().size(),
+        1,
+        "a link-local gateway for a routed /32"
+    );
+}
+
+#[test]
+fn gateways_that_cannot_route_are_refused() {
+    for (gw, message) in [
+        (
+            "127.0.0.1",
+            "pool p1: gateway 127.0.0.1 lies in 127.0.0.0/8 (loopback), which cannot be a gateway",
+        ),
+        (
+            "0.0.0.0",
+            "pool p1: gateway 0.0.0.0 lies in 0.0.0.0/8 (\"this network\"), which cannot be a gateway",
+        ),
+        (
+            "255.255.255.255",
+            "pool p1: gateway 255.255.255.255 lies in 240.0.0.0/4 (reserved), which cannot be a gateway",
+        ),
+        (
+            "224.0.0.1",
+            "pool p1: gateway 224.0.0.1 lies in 224.0.0.0/4 (multicast), which cannot be a gateway",
+        ),
+    ] {
+        let mut q = req("10.5.0.0/24", gw);
+        q.first_host = Some("10.5.0.2".into());
+        assert_eq!(invalid(&q), message, "{gw}");
+    }
+}
+
+fn with_dns(dns: &[&str]) -> SetIpPool {
+    let mut q = req("10.5.0.0/24", "10.5.0.1");
+    q.dns = dns.iter().map(|s| (*s).to_owned()).collect();
+    q
+}
+
+#[test]
+fn dns_servers_must_be_unicast_once_and_few() {
+    for (dns, message) in [
+        (
+            &["0.0.0.0"][..],
+            "pool p1: dns[0] 0.0.0.0 is the unspecified address",
+        ),
+        (
+            &["10.5.0.1", "::"][..],
+            "pool p1: dns[1] :: is the unspecified address",
+        ),
+        (
+            &["255.255.255.255"][..],
+            "pool p1: dns[0] 255.255.255.255 is the broadcast address",
+        ),
+        (
+            &["::ffff:10.5.0.1"][..],
+            "pool p1: dns[0] ::ffff:10.5.0.1 is an IPv4-mapped IPv6 address; give the IPv4 address 10.5.0.1",
+        ),
+        (
+            &["10.5.0.53", "2001:db8::53", "10.5.0.53"][..],
+            "pool p1: dns[2] 10.5.0.53 repeats dns[0]",
+        ),
+        (
+            &["2001:db8::53", "2001:DB8:0::53"][..],
+            "pool p1: dns[1] 2001:db8::53 repeats dns[0]",
+        ),
+        (
+            &["224.0.0.251"][..],
+            "pool p1: dns[0] 224.0.0.251 is a multicast address",
+        ),
+        (
+            &["ff02::fb"][..],
+            "pool p1: dns[0] ff02::fb is a multicast address",
+        ),
+    ] {
+        assert_eq!(invalid(&with_dns(dns)), message, "{dns:?}");
+    }
+    let many: Vec<String> = (1..=9).map(|i| format!("10.5.0.{i}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    assert_eq!(
+        invalid(&with_dns(&many)),
+        "pool p1: dns has 9 entries; at most 8 are allowed"
+    );
+    let thousand: Vec<String> = (0..1000)
+        .map(|i| format!("10.6.{}.{}", i / 250, i % 250 + 1))
+        .collect();
+    let thousand: Vec<&str> = thousand.iter().map(String::as_str).collect();
+    assert_eq!(
+        invalid(&with_dns(&thousand)),
+        "pool p1: dns has 1000 entries; at most 8 are allowed"
+    );
+    let r = with_dns(&many[..8]).validate().unwrap();
+    assert_eq!(r.dns.len(), 8);
+    let r = with_dns(&["10.5.0.1", "2001:db8::53", "127.0.0.53"])
+        .validate()
+        .unwrap();
+    assert_eq!(
+        r.dns.len(),
+        3,
+        "the gateway, IPv6 and a loopback resolver are fine"
+    );
+}
+
+#[test]
+fn ranges_clash_on_overlap_or_a_leased_gateway() {
+    let r = |pool: &str, cidr: &str, gw: &str, first: Option<&str>| {
+        let mut q = req(cidr, gw);
+        q.pool_id = pool.into();
+        q.first_host = first.map(Into::into);
+        q.validate().unwrap()
+    };
+    let a = r("a", "10.0.0.0/24", "10.0.0.1", None);
+    assert_eq!(
+        r("b", "10.0.0.0/16", "10.0.9.1", None).clash(&a).as_deref(),
+        Some("cidr 10.0.0.0/16 overlaps cidr 10.0.0.0/24 of pool a")
+    );
+    assert_eq!(
+        r("b", "10.0.0.200/29", "10.0.0.201", None)
+            .clash(&a)
+            .as_deref(),
+        Some("cidr 10.0.0.200/29 overlaps cidr 10.0.0.0/24 of pool a")
+    );
+    assert_eq!(
+        r("b", "10.0.1.0/24", "10.0.0.7", Some("10.0.1.1"))
+            .clash(&a)
+            .as_deref(),
+        Some("gateway 10.0.0.7 is a leasable address of pool a (10.0.0.2 to 10.0.0.254)")
+    );
+    assert_eq!(
+        a.clash(&r("b", "10.0.1.5/32", "10.0.0.7", Some("10.0.1.5")))
+            .as_deref(),
+        Some(
+            "the gateway 10.0.0.7 of pool b would be leased by this range (10.0.0.2 to 10.0.0.254)"
+        )
+    );
+    // Neighbours, a shared gateway that neither leases, routed /32s: no clash.
+    assert_eq!(r("b", "10.0.1.0/24", "10.0.1.1", None).clash(&a), None);
+    assert_eq!(
+        r("b", "10.0.1.5/32", "10.0.0.1", Some("10.0.1.5")).clash(&a),
+        None
+    );
+}

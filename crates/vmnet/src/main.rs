@@ -134,10 +134,12 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Error> {
     let g = &cli.global;
     match cli.command {
-        Command::Pool(c) => cli::ipam::pool(g, c).await,
-        Command::Host(c) => cli::ipam::host(g, c).await,
-        Command::Instance(c) => cli::ipam::instance(g, c).await,
-        Command::Lease(c) => cli::ipam::lease(g, c).await,
+        // Each attempt is one transaction; one that failed on a deadlock or serialization
+        // conflict with a concurrent writer (the agent) runs again.
+        Command::Pool(c) => vmnet_ipam::retry(|| cli::ipam::pool(g, c.clone())).await,
+        Command::Host(c) => vmnet_ipam::retry(|| cli::ipam::host(g, c.clone())).await,
+        Command::Instance(c) => vmnet_ipam::retry(|| cli::ipam::instance(g, c.clone())).await,
+        Command::Lease(c) => vmnet_ipam::retry(|| cli::ipam::lease(g, c.clone())).await,
         Command::Bench(c) => vmnet_bench::run(g.output == Output::Json, c).await,
         Command::Serve(a) => cli::serve::run(g, a).await,
         Command::Vm(c) => cli::vm::vm(g, c).await,

@@ -138,6 +138,17 @@ fn walk_through(db: &[String]) {
     );
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["address"], "10.0.0.4");
+    // The same create again (a retry) answers the instance; the pool is full, nothing is leased.
+    let again = ok(
+        db,
+        &[
+            "--output", "json", "instance", "create", "vm6", "--pool", "p1",
+        ],
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&again).unwrap(),
+        v
+    );
     let leases = ok(db, &["lease", "list", "p1"]);
     assert_eq!(
         leases,
@@ -169,9 +180,9 @@ fn walk_through(db: &[String]) {
     );
     fails(
         db,
-        &["instance", "create", "vm1", "--pool", "p1"],
+        &["instance", "create", "vm1", "--pool", "p1", "--vcpus", "2"],
         4,
-        "error: CONFLICT: instance vm1 already exists\n",
+        "error: CONFLICT: instance vm1 already exists with vcpus 1 (this request: 2)\n",
     );
     fails(
         db,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use vmnet_ipam::{Db, Store, Tx};
+use vmnet_ipam::{Db, Tx};
 use vmnet_model::Error;
 use vmnet_model::pool::{
     Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool, StatusReport, StatusReportOutcome,
@@ -20,22 +20,12 @@ use super::types::{HostCapacity, PoolRange};
 use crate::agent::Agent;
 
 /// Runs `$body` (an expression using `$tx: &mut Tx`) in a transaction on `$db`; commits on `Ok`,
-/// rolls back on `Err`.
+/// rolls back on `Err`, and runs it again when it failed on a deadlock or serialization conflict
+/// ([`vmnet_ipam::transaction!`]; the caller never sees the database's own message).
 macro_rules! in_tx {
-    ($db:expr, $tx:ident => $body:expr) => {{
-        let mut owned: Tx = $db.begin().await?;
-        let $tx = &mut owned;
-        match $body {
-            Ok(v) => {
-                owned.commit().await?;
-                Ok(v)
-            }
-            Err(e) => {
-                let _ = owned.rollback().await;
-                Err(e)
-            }
-        }
-    }};
+    ($db:expr, $tx:ident => $body:expr) => {
+        vmnet_ipam::transaction!($db, $tx => $body)
+    };
 }
 
 fn db(a: &Agent) -> &Db {
@@ -72,7 +62,7 @@ pub async fn set_range(
         dns: body.dns.unwrap_or_default(),
     };
     let range: Result<IpRange, Error> =
-        in_tx!(db(&a), tx => vmnet_ipam::set_ip_pool(tx, req).await);
+        in_tx!(db(&a), tx => vmnet_ipam::set_ip_pool(tx, req.clone()).await);
     let range = range?;
     a.converge_pool().await;
     Ok(Json(range))
@@ -111,11 +101,11 @@ pub async fn put_host(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<HostCapacity>,
 ) -> Result<Json<Host>, ApiError> {
-    let host: Result<Host, Error> = in_tx!(db(&a), tx => put_host_tx(tx, &id, body).await);
+    let host: Result<Host, Error> = in_tx!(db(&a), tx => put_host_tx(tx, &id, &body).await);
     Ok(Json(host?))
 }
 
-async fn put_host_tx(tx: &mut Tx, id: &str, body: HostCapacity) -> Result<Host, Error> {
+async fn put_host_tx(tx: &mut Tx, id: &str, body: &HostCapacity) -> Result<Host, Error> {
     match vmnet_ipam::get_host(tx, id).await {
         Ok(h) if h.vcpus == body.vcpus && h.memory_mib == body.memory_mib => Ok(h),
         Ok(h) => Err(Error::conflict(format!(
@@ -164,16 +154,24 @@ pub async fn report_host_status(
     Ok(Json(out?))
 }
 
-/// `POST /v1/instances` (also `PUT`): place an instance and take its lease, in one transaction.
+/// `POST /v1/instances` (also `PUT`): place an instance and take its lease, in one transaction;
+/// `201 Created`. Idempotent: the same request for an existing instance (a retry whose reply
+/// was lost) answers the instance as it is with `200 OK` and changes nothing; a different
+/// request with that id is `409 CONFLICT` naming the differing field.
 pub async fn create_instance(
     State(a): State<Arc<Agent>>,
     ApiJson(body): ApiJson<NewInstance>,
 ) -> Result<(StatusCode, Json<Instance>), ApiError> {
-    let inst: Result<Instance, Error> =
-        in_tx!(db(&a), tx => vmnet_ipam::create_instance(tx, &body).await);
-    let inst = inst?;
+    let out: Result<vmnet_ipam::Ensured, Error> =
+        in_tx!(db(&a), tx => vmnet_ipam::ensure_instance(tx, &body).await);
+    let out = out?;
     a.converge_pool().await;
-    Ok((StatusCode::CREATED, Json(inst)))
+    let status = if out.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(out.instance)))
 }
 
 /// `GET /v1/instances`: every instance.

@@ -183,9 +183,31 @@ impl Harness {
         h
     }
 
+    /// An agent over a fresh database of the test kit's shared PostgreSQL cluster.
+    pub async fn postgres() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let url = vmnet_testkit::postgres::PgCluster::shared()
+            .fresh_database_url()
+            .unwrap();
+        let mut h = Self::open_url(tmp.path(), &url, FakeDriver::default(), settings()).await;
+        h._tmp = Some(tmp);
+        h
+    }
+
     /// An agent over the database in `dir` (created if missing).
     pub async fn open(dir: &Path, driver: FakeDriver, settings: NsSettings) -> Self {
         let db_url = format!("sqlite://{}", dir.join("vmnet.db").display());
+        Self::open_url(dir, &db_url, driver, settings).await
+    }
+
+    /// An agent over the database at `db_url`; `dir` is kept as the harness directory.
+    pub async fn open_url(
+        dir: &Path,
+        db_url: &str,
+        driver: FakeDriver,
+        settings: NsSettings,
+    ) -> Self {
+        let db_url = db_url.to_owned();
         let db = Db::connect(&db_url).await.unwrap();
         let agent = Agent::new(
             db,

@@ -1,6 +1,7 @@
 //! The cloud-init NoCloud seed of an instance (spec: "The guest's network configuration").
 //!
-//! Three files: `meta-data` (instance-id, local-hostname), `user-data` (`#cloud-config` and a
+//! Three files: `meta-data` (`instance-id`, the instance id as it is, and `local-hostname`, a
+//! valid hostname derived from it by [`local_hostname`]), `user-data` (`#cloud-config` and a
 //! JSON object) and, when at least one NIC has static configuration, `network-config`
 //! (version 2).
 //!
@@ -23,6 +24,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
 use vmnet_model::Error;
 use vmnet_model::nic::{InstanceSpec, NicSpec};
 
@@ -115,13 +117,76 @@ pub fn network_config(inst: &InstanceSpec) -> Option<Value> {
     Some(json!({ "version": 2, "ethernets": eths }))
 }
 
+/// The longest hostname label (RFC 1123), in bytes.
+pub const MAX_HOSTNAME_LEN: usize = 63;
+
+/// How many hex digits of the SHA-256 of the instance id a derived hostname ends with.
+pub const HOSTNAME_HASH_DIGITS: usize = 10;
+
+/// Whether `h` ends with `-` and [`HOSTNAME_HASH_DIGITS`] lowercase hex digits (the shape of a
+/// derived hostname).
+fn ends_like_derived(h: &str) -> bool {
+    let n = HOSTNAME_HASH_DIGITS;
+    h.len() > n
+        && h.as_bytes()[h.len() - n - 1] == b'-'
+        && h[h.len() - n..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The `local-hostname` of instance `id` in its NoCloud `meta-data`: always one valid hostname
+/// label (RFC 1123: 1 to 63 bytes of `a-z`, `0-9` and `-`, neither first nor last a `-`).
+///
+/// * An id that is already such a label is used as it is (`web-01` → `web-01`), unless it ends
+///   like a derived name (`-` and 10 lowercase hex digits), which goes through the next rule.
+/// * Any other id (upper case, `_`, `.`, 64 bytes) is mapped: lower-cased, every character
+///   other than `a-z 0-9` replaced by `-`, runs of `-` squeezed to one, `-` trimmed from both
+///   ends, cut to 52 bytes (and trimmed again); then `-` and the first 10 hex digits of the
+///   SHA-256 of the original id are appended: `Web_01` → `web-01-929397059b`. At most
+///   63 bytes.
+///
+/// Deterministic (the same id gives the same name on every host and every run). Two ids never
+/// get one name: a mapped name carries the hash of its own id, and an id that merely looks
+/// mapped is mapped too, so a clash needs two ids whose SHA-256 agree in the first 40 bits.
+#[must_use]
+pub fn local_hostname(id: &str) -> String {
+    let is_label = (1..=MAX_HOSTNAME_LEN).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+        && !id.ends_with('-');
+    if is_label && !ends_like_derived(id) {
+        return id.to_owned();
+    }
+    let mut base = String::with_capacity(id.len());
+    for c in id.chars() {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            base.push(c);
+        } else if !base.is_empty() && !base.ends_with('-') {
+            base.push('-');
+        }
+    }
+    // ASCII only from here on, so any byte length is a character boundary.
+    base.truncate(MAX_HOSTNAME_LEN - 1 - HOSTNAME_HASH_DIGITS);
+    let base = base.trim_end_matches('-');
+    let digest = hex::encode(Sha256::digest(id.as_bytes()));
+    let hash = &digest[..HOSTNAME_HASH_DIGITS];
+    if base.is_empty() {
+        hash.to_owned()
+    } else {
+        format!("{base}-{hash}")
+    }
+}
+
 /// The seed of `inst`. `user_config` is merged into user-data (an object; the caller's keys).
 ///
 /// # Errors
 /// `INVALID_INPUT` when the instance does not validate ([`InstanceSpec::validate`]).
 pub fn seed(inst: &InstanceSpec, user_config: Option<&Map<String, Value>>) -> Result<Seed, Error> {
     inst.validate()?;
-    let meta = json!({ "instance-id": inst.id, "local-hostname": inst.id });
+    let meta = json!({ "instance-id": inst.id, "local-hostname": local_hostname(&inst.id) });
     let user = Value::Object(user_config.cloned().unwrap_or_default());
     let to_s = |v: &Value| {
         serde_json::to_string_pretty(v)
@@ -242,6 +307,92 @@ mod tests {
         let s = seed(&inst(vec![n]), None).unwrap();
         assert!(s.network_config.is_none());
         assert_eq!(s.files().len(), 2);
+    }
+
+    /// RFC 1123 label: 1 to 63 bytes of `a-z 0-9 -`, not starting or ending with `-`.
+    fn is_label(h: &str) -> bool {
+        (1..=63).contains(&h.len())
+            && h.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !h.starts_with('-')
+            && !h.ends_with('-')
+    }
+
+    #[test]
+    fn local_hostname_is_the_id_when_it_is_already_a_hostname() {
+        for id in ["inst-1", "web01", "0a", "x", &"a".repeat(63)] {
+            assert_eq!(local_hostname(id), id);
+        }
+        let mut i = inst(vec![static_nic()]);
+        i.id = "web01".into();
+        let meta: Value = serde_json::from_str(&seed(&i, None).unwrap().meta_data).unwrap();
+        assert_eq!(
+            meta,
+            json!({"instance-id": "web01", "local-hostname": "web01"})
+        );
+    }
+
+    #[test]
+    fn local_hostname_of_other_ids_is_a_label_with_a_hash() {
+        let h = local_hostname("Web_01");
+        assert_eq!(
+            h,
+            format!("web-01-{}", &hex::encode(Sha256::digest(b"Web_01"))[..10])
+        );
+        let cases = [
+            "Web_01".to_owned(),
+            "web_01".to_owned(),
+            "web.01".to_owned(),
+            "web-01-".to_owned(),
+            "WEB-01".to_owned(),
+            "a".repeat(64),
+            format!("{}b", "a".repeat(63)),
+            format!("{}_", "A".repeat(63)),
+            "9_".to_owned(),
+            "x..y".to_owned(),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for id in &cases {
+            let h = local_hostname(id);
+            assert!(is_label(&h), "{id:?} -> {h:?}");
+            assert_ne!(&h, id, "{id:?} is not a hostname as it is");
+            assert_eq!(h, local_hostname(id), "deterministic");
+            assert!(seen.insert(h.clone()), "{id:?} -> {h:?} collides");
+        }
+        assert!(
+            !seen.contains("web-01"),
+            "a lossy mapping never gives a plain id"
+        );
+        // An id shaped like a mapped name is mapped too, so it cannot take another id's name.
+        let lookalike = local_hostname("Web_01");
+        let h2 = local_hostname(&lookalike);
+        assert!(is_label(&h2) && h2 != lookalike, "{h2}");
+        assert_eq!(
+            local_hostname("web-01-92939705"),
+            "web-01-92939705",
+            "8 digits: a plain id"
+        );
+        // The instance's seed carries it.
+        let mut i = inst(vec![static_nic()]);
+        i.id = "Web_01".into();
+        let meta: Value = serde_json::from_str(&seed(&i, None).unwrap().meta_data).unwrap();
+        assert_eq!(meta["instance-id"], "Web_01");
+        assert_eq!(meta["local-hostname"], h);
+    }
+
+    proptest::proptest! {
+        /// Every valid instance id gives a label; two different ids give two names.
+        #[test]
+        fn local_hostname_is_always_a_label_and_injective(
+            a in "[A-Za-z0-9][A-Za-z0-9._-]{0,63}",
+            b in "[A-Za-z0-9][A-Za-z0-9._-]{0,63}",
+        ) {
+            let (ha, hb) = (local_hostname(&a), local_hostname(&b));
+            proptest::prop_assert!(is_label(&ha), "{} -> {}", a, ha);
+            proptest::prop_assert_eq!(a == b, ha == hb, "{} -> {}, {} -> {}", a, ha, b, hb);
+            let lower = a.to_ascii_lowercase();
+            proptest::prop_assert_eq!(local_hostname(&lower) == ha, lower == a);
+        }
     }
 
     #[test]

@@ -18,13 +18,15 @@ use vmnet_model::Error;
 use crate::{Global, Output};
 
 /// `vmnet pool …`
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum PoolCmd {
     /// Set (or replace) a pool's IPv4 range; creates the pool if needed. Existing leases stay.
+    /// A range overlapping another pool's is refused (CONFLICT).
     Set {
         /// The pool id.
         pool: String,
-        /// The IPv4 network, e.g. 10.0.0.0/24.
+        /// The IPv4 network, e.g. 10.0.0.0/24; prefix /16 to /32, not in 0/8, 127/8,
+        /// 169.254/16, 224/4 or 240/4.
         #[arg(long)]
         cidr: String,
         /// The gateway; never leased.
@@ -36,7 +38,8 @@ pub enum PoolCmd {
         /// The last address to lease (default: the address before the broadcast address).
         #[arg(long)]
         last_host: Option<String>,
-        /// DNS servers for the guests, comma-separated IPv4/IPv6 addresses.
+        /// DNS servers for the guests, comma-separated IPv4/IPv6 unicast addresses (at most 8,
+        /// each once).
         #[arg(long, value_delimiter = ',')]
         dns: Vec<String>,
     },
@@ -55,7 +58,7 @@ pub enum PoolCmd {
 }
 
 /// `vmnet host …`
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum HostCmd {
     /// Add a host with its capacity.
     Add {
@@ -115,7 +118,7 @@ pub enum HostCmd {
 }
 
 /// `vmnet instance …`
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum InstanceCmd {
     /// Create an instance: claim capacity on a host and take the lowest free address, in one
     /// transaction.
@@ -160,7 +163,7 @@ pub enum InstanceCmd {
 }
 
 /// `vmnet lease …`
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum LeaseCmd {
     /// List a pool's leases in address order.
     List {
