@@ -4,6 +4,7 @@
 
 use serde_json::{Value, json};
 
+use super::norm::norm;
 use super::*;
 use crate::ns::nft::{FINGERPRINT_PREFIX, host_ruleset, vm_ruleset};
 
