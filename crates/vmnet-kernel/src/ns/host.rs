@@ -1,8 +1,9 @@
 //! The host side of the driver: which namespace is "the host", running synchronous work there,
 //! and the host-wide state ([`vmnet_plan::ns::HostPlan`]).
 
-use vmnet_plan::ns::{FINGERPRINT_PREFIX, HostPlan};
+use vmnet_plan::ns::HostPlan;
 
+use super::nftcheck::{self, ListingMemo};
 use super::{NsError, inns};
 use crate::netns;
 
@@ -54,19 +55,41 @@ impl HostNs {
     }
 }
 
-/// Applies the host-wide plan: sysctls, then the masquerade table (one nft transaction).
-pub(super) fn apply_host(host: &HostNs, plan: &HostPlan) -> Result<(), NsError> {
+/// The memo key of the host table.
+fn host_key(plan: &HostPlan) -> String {
+    nftcheck::key("host", "ip", &plan.nft_table)
+}
+
+/// Applies the host-wide plan: sysctls, then the masquerade table (one nft transaction), read
+/// back once for the listing memo.
+pub(super) fn apply_host(
+    host: &HostNs,
+    plan: &HostPlan,
+    memo: &ListingMemo,
+) -> Result<(), NsError> {
     let label = host.label().to_owned();
     host.run(|| {
         inns::write_sysctls(&label, &plan.sysctls)?;
-        inns::run_nft(&label, &plan.nft)
+        inns::run_nft(&label, &plan.nft)?;
+        let listing = nftcheck::or_empty(inns::list_table(&label, "ip", &plan.nft_table)?);
+        memo.after_apply(
+            &label,
+            &host_key(plan),
+            &plan.nft_fingerprint,
+            &plan.nft,
+            &listing,
+        )
     })?
 }
 
 /// What of the host-wide state is not as planned (`None` when all is): sysctls, and the
-/// masquerade table's content, compared by the fingerprint on its rule (so a flushed table or a
-/// replaced rule counts, not only a missing table).
-pub(super) fn host_drift(host: &HostNs, plan: &HostPlan) -> Result<Option<String>, NsError> {
+/// masquerade table compared with the plan by content (chains, hooks, priorities, policies,
+/// rules), so a deleted rule or chain or a flipped policy counts, not only a missing table.
+pub(super) fn host_drift(
+    host: &HostNs,
+    plan: &HostPlan,
+    memo: &ListingMemo,
+) -> Result<Option<String>, NsError> {
     let label = host.label().to_owned();
     host.run(|| {
         let mut bad = Vec::new();
@@ -74,13 +97,14 @@ pub(super) fn host_drift(host: &HostNs, plan: &HostPlan) -> Result<Option<String
         if !sysctls.is_empty() {
             bad.push(format!("sysctls {}", sysctls.join(", ")));
         }
-        match inns::nft_table_comment(&label, "ip", &plan.nft_table, FINGERPRINT_PREFIX)? {
-            None => bad.push(format!("nft table ip {} missing", plan.nft_table)),
-            Some(fp) if fp != plan.nft_fingerprint => {
-                bad.push(format!("nft table ip {} changed", plan.nft_table));
-            }
-            Some(_) => {}
-        }
+        let listing = nftcheck::or_empty(inns::list_table(&label, "ip", &plan.nft_table)?);
+        bad.extend(memo.drift(
+            &label,
+            &host_key(plan),
+            &plan.nft_fingerprint,
+            &plan.nft,
+            &listing,
+        )?);
         Ok((!bad.is_empty()).then(|| format!("{label}: {}", bad.join("; "))))
     })?
 }
