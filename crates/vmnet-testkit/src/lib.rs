@@ -11,6 +11,8 @@
 //!   that opens the tap the way a VMM does.
 //! - [`traffic`]: TCP/UDP echo clients, ICMP ping and command runs inside a namespace, each with
 //!   a timeout.
+//! - [`nft::Target`]: hand edits of an nft table (rule deleted, added, changed; chain deleted;
+//!   policy flipped; table deleted) for drift tests.
 //!
 //! # Design
 //! Namespaces are named (`/run/netns/<name>`) and made with `ip netns add`, so `ip -n` works on
@@ -25,6 +27,7 @@
 pub mod echo;
 pub mod guest;
 pub mod netns;
+pub mod nft;
 pub mod postgres;
 pub mod relay;
 pub mod sandbox;
