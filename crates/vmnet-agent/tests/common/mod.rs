@@ -185,15 +185,18 @@ impl Harness {
 
     /// An agent over the database in `dir` (created if missing).
     pub async fn open(dir: &Path, driver: FakeDriver, settings: NsSettings) -> Self {
+        let mut h = Self::open_with(dir, Arc::new(driver.clone()), settings).await;
+        h.driver = driver;
+        h
+    }
+
+    /// An agent over the database in `dir` applying through `kernel` (e.g. the real namespace
+    /// driver in a sandbox); [`Harness::driver`] is then an unused fake.
+    pub async fn open_with(dir: &Path, kernel: Arc<dyn NsDriver>, settings: NsSettings) -> Self {
+        let driver = FakeDriver::default();
         let db_url = format!("sqlite://{}", dir.join("vmnet.db").display());
         let db = Db::connect(&db_url).await.unwrap();
-        let agent = Agent::new(
-            db,
-            Arc::new(driver.clone()),
-            settings,
-            Duration::from_secs(3600),
-        )
-        .unwrap();
+        let agent = Agent::new(db, kernel, settings, Duration::from_secs(3600)).unwrap();
         let router = vmnet_agent::api::router(Arc::clone(&agent));
         Self {
             dir: dir.to_owned(),
