@@ -11,6 +11,7 @@
 //!   that opens the tap the way a VMM does.
 //! - [`traffic`]: TCP/UDP echo clients, ICMP ping and command runs inside a namespace, each with
 //!   a timeout.
+//! - [`ra::RouterAdvertiser`]: a router sending IPv6 router advertisements (SLAAC) on a link.
 //! - [`nft::Target`]: hand edits of an nft table (rule deleted, added, changed; chain deleted;
 //!   policy flipped; table deleted) for drift tests.
 //!
@@ -29,6 +30,7 @@ pub mod guest;
 pub mod netns;
 pub mod nft;
 pub mod postgres;
+pub mod ra;
 pub mod relay;
 pub mod sandbox;
 pub mod tap;

@@ -25,6 +25,8 @@ pub struct NetlinkNsDriver {
     host_plan: Option<HostPlan>,
     host_ready: tokio::sync::Mutex<bool>,
     pub(super) nft_memo: ListingMemo,
+    /// The uplinks found so far (see `host::ra_uplinks`).
+    uplinks_seen: std::sync::Mutex<BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for NetlinkNsDriver {
@@ -57,6 +59,7 @@ impl NetlinkNsDriver {
             host,
             host_ready: tokio::sync::Mutex::new(false),
             nft_memo: ListingMemo::default(),
+            uplinks_seen: std::sync::Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -75,12 +78,15 @@ impl NetlinkNsDriver {
             return Ok(None);
         }
         let mut repaired = None;
-        if let Some(p) = &self.host_plan
-            && let Some(what) = host::host_drift(&self.host_ns, p, &self.nft_memo)?
-        {
-            tracing::warn!(drift = %what, "host-wide state not as planned; re-applying it");
-            host::apply_host(&self.host_ns, p, &self.nft_memo)?;
-            repaired = Some(what);
+        if let Some(p) = &self.host_plan {
+            let uplinks =
+                host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen)
+                    .await?;
+            if let Some(what) = host::host_drift(&self.host_ns, p, &self.nft_memo, &uplinks)? {
+                tracing::warn!(drift = %what, "host-wide state not as planned; re-applying it");
+                host::apply_host(&self.host_ns, p, &self.nft_memo, &uplinks)?;
+                repaired = Some(what);
+            }
         }
         *ready = true;
         Ok(repaired)
@@ -92,7 +98,9 @@ impl NetlinkNsDriver {
         let Some(p) = &self.host_plan else {
             return Ok(None);
         };
-        let drift = host::host_drift(&self.host_ns, p, &self.nft_memo)?;
+        let uplinks =
+            host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen).await?;
+        let drift = host::host_drift(&self.host_ns, p, &self.nft_memo, &uplinks)?;
         if drift.is_some() {
             *self.host_ready.lock().await = false;
         }

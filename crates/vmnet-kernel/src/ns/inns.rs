@@ -224,6 +224,23 @@ pub(super) fn sysctls_differ(sysctls: &[(String, String)]) -> Vec<String> {
         .collect()
 }
 
+/// The value of each sysctl path (under `/proc/sys`) in the calling thread's namespace, `None`
+/// where it cannot be read (e.g. the link is gone).
+pub(super) fn read_sysctls(paths: &[String]) -> Vec<Option<String>> {
+    let Ok(files) = open_sysctls(paths.iter().map(String::as_str), OFlag::O_RDONLY) else {
+        return vec![None; paths.len()];
+    };
+    files
+        .into_iter()
+        .map(|(_, file)| {
+            let mut s = String::new();
+            file.ok()
+                .and_then(|mut f| f.read_to_string(&mut s).ok())
+                .map(|_| s.trim().to_owned())
+        })
+        .collect()
+}
+
 /// Runs one nft JSON transaction in the calling thread's namespace: in process through
 /// libnftables when the library is present (no process start, see [`crate::pool::libnft`]),
 /// else through `nft -j -f -`.
