@@ -18,12 +18,13 @@
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nix::sys::socket::{
-    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn6, sendto, socket,
+    AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn6, sendto, setsockopt,
+    socket, sockopt,
 };
 
 use crate::{TestkitError, netns};
@@ -46,6 +47,7 @@ pub struct Advert {
 pub struct RouterAdvertiser {
     stop: Arc<AtomicBool>,
     sent: Arc<AtomicU64>,
+    last_errno: Arc<AtomicI32>,
     thread: Option<JoinHandle<Result<Result<(), TestkitError>, TestkitError>>>,
 }
 
@@ -71,8 +73,10 @@ impl RouterAdvertiser {
         netns::sysctl(ns, &format!("net/ipv6/conf/{ifname}/forwarding"), "1")?;
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
+        let last_errno = Arc::new(AtomicI32::new(0));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (st, se, link) = (Arc::clone(&stop), Arc::clone(&sent), ifname.to_owned());
+        let le = Arc::clone(&last_errno);
         let thread = netns::spawn_in(ns, "router-adverts", move || {
             let setup = || -> Result<(OwnedFd, SockaddrIn6), TestkitError> {
                 let index = nix::net::if_::if_nametoindex(link.as_str())
@@ -84,24 +88,8 @@ impl RouterAdvertiser {
                     SockProtocol::IcmpV6,
                 )
                 .map_err(|e| TestkitError::errno("raw ICMPv6 socket", e))?;
-                let hops: libc::c_int = 255;
-                // SAFETY: setsockopt with a valid descriptor and a pointer to a c_int of the
-                // size given.
-                let rc = unsafe {
-                    libc::setsockopt(
-                        fd.as_raw_fd(),
-                        libc::IPPROTO_IPV6,
-                        libc::IPV6_MULTICAST_HOPS,
-                        (&raw const hops).cast(),
-                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                    )
-                };
-                if rc != 0 {
-                    return Err(TestkitError::io(
-                        "IPV6_MULTICAST_HOPS",
-                        std::io::Error::last_os_error(),
-                    ));
-                }
+                setsockopt(&fd, sockopt::Ipv6MulticastHops, &255)
+                    .map_err(|e| TestkitError::errno("IPV6_MULTICAST_HOPS", e))?;
                 let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
                 Ok((
                     fd,
@@ -120,8 +108,11 @@ impl RouterAdvertiser {
             };
             let msg = message(&advert);
             while !st.load(Ordering::Relaxed) {
-                if sendto(fd.as_raw_fd(), &msg, &to, MsgFlags::empty()).is_ok() {
-                    se.fetch_add(1, Ordering::Relaxed);
+                match sendto(fd.as_raw_fd(), &msg, &to, MsgFlags::empty()) {
+                    Ok(_) => {
+                        se.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => le.store(e as i32, Ordering::Relaxed),
                 }
                 let mut slept = Duration::ZERO;
                 while slept < advert.interval && !st.load(Ordering::Relaxed) {
@@ -135,6 +126,7 @@ impl RouterAdvertiser {
             Ok(Ok(())) => Ok(Self {
                 stop,
                 sent,
+                last_errno,
                 thread: Some(thread),
             }),
             Ok(Err(m)) => Err(TestkitError::Unexpected(format!(
@@ -150,6 +142,15 @@ impl RouterAdvertiser {
     #[must_use]
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
+    }
+
+    /// The error of the last send that failed, if any did.
+    #[must_use]
+    pub fn last_error(&self) -> Option<nix::errno::Errno> {
+        match self.last_errno.load(Ordering::Relaxed) {
+            0 => None,
+            e => Some(nix::errno::Errno::from_raw(e)),
+        }
     }
 }
 
