@@ -9,9 +9,13 @@
 //!   applies a config older than the store's. Garbage collection reads the desired set afresh
 //!   under the lock. When a stored VM no longer plans (e.g. the agent restarted with a smaller
 //!   transit range), collection is skipped and reported: nothing a stored VM may own is removed.
-//! - A full pass applies every desired VM with its *desired* config (the driver is idempotent:
-//!   an applied VM costs a per-VM observe and no change), which is also the drift audit: a link,
-//!   route, rule or nft table changed behind our back is repaired.
+//! - A full pass first checks and repairs the host-wide state (forwarding, router
+//!   advertisements on the uplink, the host nft table), then applies every desired VM with its
+//!   *desired* config (the driver is idempotent: an applied VM costs a per-VM observe and no
+//!   change), which is also the drift audit: a link, address, route, rule or nft table (compared
+//!   by content) changed behind our back is repaired in place within the pass. Each repair is
+//!   logged with what differed and counted (`drift_repairs_total`): a change made to a VM whose
+//!   stored config was applied without error is drift, a change to any other VM is not.
 //! - A change pass observes the host once (namespaces, host veths) and applies only the VMs
 //!   that are not known good: not applied yet, failed, or with their netns or host veth missing.
 //!   The API already applied the VM it changed, so a burst of PUTs does not cost a full pass each.
@@ -49,6 +53,9 @@ pub struct PassOutcome {
     pub collected: Vec<u32>,
     /// VMs (by user id) the kernel showed with our prefix before the pass.
     pub observed: u64,
+    /// Drift repaired by the pass, one line per repair: `host: …` for the host-wide state,
+    /// `vm <id>: <changes>` for a VM.
+    pub repaired: Vec<String>,
 }
 
 impl Agent {
@@ -102,6 +109,7 @@ impl Agent {
                     r.last_ok = Some(o.errors.is_empty());
                     r.last_errors.clone_from(&o.errors);
                     r.orphans_removed_total += o.collected.len() as u64;
+                    r.drift_repairs_total += o.repaired.len() as u64;
                 }
                 Err(e) => {
                     r.last_ok = Some(false);
@@ -118,6 +126,15 @@ impl Agent {
             rows.into_iter().map(|r| r.id).collect()
         };
         let mut out = PassOutcome::default();
+        if full {
+            let _kernel = self.kernel_lock.lock().await;
+            match self.driver().repair_host().await {
+                Ok(changes) => out
+                    .repaired
+                    .extend(changes.iter().map(|c| format!("host: {c}"))),
+                Err(e) => out.errors.push(format!("host: {e}")),
+            }
+        }
         let observed = {
             let _kernel = self.kernel_lock.lock().await;
             self.driver().observe().await
@@ -144,7 +161,10 @@ impl Agent {
                 continue;
             }
             match self.converge(&row).await {
-                Ok(()) => out.applied += 1,
+                Ok(repaired) => {
+                    out.applied += 1;
+                    out.repaired.extend(repaired);
+                }
                 Err(e) => out.errors.push(e.message),
             }
         }
@@ -211,7 +231,9 @@ impl Agent {
     }
 
     /// Applies one stored VM's desired config; on failure re-applies its last good config.
-    async fn converge(&self, row: &VmRow) -> Result<(), Error> {
+    /// Returns the drift repaired: the changes made to a VM whose config was already applied
+    /// without error (one line, logged), else nothing.
+    async fn converge(&self, row: &VmRow) -> Result<Option<String>, Error> {
         let desired = parse_vm_config(row.config.as_bytes()).map_err(|e| {
             Error::internal(format!(
                 "vm {}: stored config does not parse: {}",
@@ -224,8 +246,16 @@ impl Agent {
             .and_then(|a| parse_vm_config(a.as_bytes()).ok());
         let plan = self.plan(&desired)?;
         let good_plan = good.as_ref().and_then(|g| self.plan(g).ok());
+        let in_sync =
+            row.last_error.is_none() && row.applied.as_deref() == Some(row.config.as_str());
+        let mut repaired = None;
         let (applied, error) = match self.driver().apply(&plan).await {
-            Ok(_) => {
+            Ok(changes) => {
+                if in_sync && !changes.is_empty() {
+                    let lines: Vec<String> = changes.iter().map(ToString::to_string).collect();
+                    tracing::warn!(vm = %row.id, changes = ?lines, "kernel state changed behind the agent's back; repaired");
+                    repaired = Some(format!("vm {}: {}", row.id, lines.join("; ")));
+                }
                 if let Some(g) = good_plan.as_ref().filter(|g| g.user_id != plan.user_id) {
                     let _ = self.driver().remove(g.user_id).await;
                 }
@@ -252,7 +282,7 @@ impl Agent {
         }
         match error {
             Some(m) => Err(Error::unavailable(m)),
-            None => Ok(()),
+            None => Ok(repaired),
         }
     }
 

@@ -51,6 +51,12 @@ async fn restart_converges_from_the_store_and_collects_orphans() {
     assert_eq!(st["reconcile"]["passes"], 1);
     assert_eq!(st["reconcile"]["last_ok"], true);
     assert_eq!(st["reconcile"]["orphans_removed_total"], 1);
+    // Both VMs were applied before the restart and the kernel lost them: that is drift.
+    assert_eq!(st["reconcile"]["drift_repairs_total"], 2);
+    assert_eq!(out.repaired.len(), 2, "{:?}", out.repaired);
+    // A second pass finds nothing to repair.
+    let again = h.agent.reconcile().await.unwrap();
+    assert!(again.repaired.is_empty(), "{:?}", again.repaired);
     assert_eq!(st["name_prefix"], "tst");
 }
 

@@ -516,14 +516,28 @@ async fn drift_is_reported_and_repaired() {
     assert!(env.driver.drift(&plan).await.unwrap().is_empty());
     assert_eq!(link_info(&plan.netns, &plan.tap.name).unwrap().0, 1380);
 
-    // The host veth deleted by hand: the VM is rebuilt.
+    // The host veth deleted by hand (its peer goes with it): the pair is made again in place,
+    // the netns and its tap stay.
     let v = plan.veth.clone().unwrap();
+    let tap_index = link_info(&plan.netns, &plan.tap.name).unwrap().1;
     env.host_ip(&["link", "del", &v.host_name]);
-    let rebuilt = env.driver.apply(&plan).await.unwrap();
+    let drift = env.driver.drift(&plan).await.unwrap();
     assert!(
-        matches!(rebuilt.first(), Some(Change::Repair { .. })),
-        "{rebuilt:?}"
+        matches!(drift.as_slice(), [Change::AddVeth { .. }]),
+        "{drift:?}"
     );
+    let repaired = env.driver.apply(&plan).await.unwrap();
+    assert!(
+        matches!(repaired.first(), Some(Change::AddVeth { .. })),
+        "{repaired:?}"
+    );
+    assert!(
+        !repaired
+            .iter()
+            .any(|c| matches!(c, Change::CreateVm { .. } | Change::RemoveVm { .. })),
+        "{repaired:?}"
+    );
+    assert_eq!(link_info(&plan.netns, &plan.tap.name).unwrap().1, tap_index);
     assert!(env.driver.drift(&plan).await.unwrap().is_empty());
 }
 

@@ -42,7 +42,7 @@ pub enum SandboxError {
 
 impl SandboxError {
     /// An [`SandboxError::Io`] from `what` and a nix errno.
-    pub(crate) fn errno(what: impl Into<String>, e: nix::Error) -> Self {
+    pub fn errno(what: impl Into<String>, e: nix::Error) -> Self {
         Self::Io {
             what: what.into(),
             source: std::io::Error::from_raw_os_error(e as i32),
@@ -50,7 +50,7 @@ impl SandboxError {
     }
 
     /// An [`SandboxError::Io`] from `what` and an I/O error.
-    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             what: what.into(),
             source,

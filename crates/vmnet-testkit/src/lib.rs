@@ -3,12 +3,17 @@
 //!
 //! The namespaces, guests, echo services and traffic checks are the sandbox's own
 //! ([`vmnet_sandbox`]); this crate re-exports them under the paths the tests use and adds what
-//! only tests need: [`require_root`].
+//! only tests need: [`require_root`], [`ra::RouterAdvertiser`] (a router sending IPv6 router
+//! advertisements for SLAAC on a link) and [`nft::Target`] (hand edits of an nft table for drift
+//! tests).
 
 pub use vmnet_sandbox::{
     Fleet, Sandbox, SandboxError, echo, fleet, guest, netns, postgres, probe, relay, sandbox,
     sim_guest, tap, traffic,
 };
+
+pub mod nft;
+pub mod ra;
 
 /// Panics with a clear message unless the process runs as root. Privileged tests call this
 /// first, so they fail (never silently pass) when they cannot run.

@@ -136,6 +136,11 @@ pub struct ReconcileStatus {
     pub last_errors: Vec<String>,
     /// Orphaned kernel objects removed since the agent started.
     pub orphans_removed_total: u64,
+    /// Repairs of kernel state changed behind the agent's back since it started: one per VM a
+    /// pass found different from its applied config (a link, address, route, rule or nft
+    /// table) and put back, one per pass that put back the host-wide state.
+    #[serde(default)]
+    pub drift_repairs_total: u64,
 }
 
 /// Body of `GET /v1/status`.

@@ -196,8 +196,16 @@ impl Harness {
 
     /// An agent over the database in `dir` (created if missing).
     pub async fn open(dir: &Path, driver: FakeDriver, settings: NsSettings) -> Self {
+        let mut h = Self::open_with(dir, Arc::new(driver.clone()), settings).await;
+        h.driver = driver;
+        h
+    }
+
+    /// An agent over the database in `dir` applying through `kernel` (e.g. the real namespace
+    /// driver in a sandbox); [`Harness::driver`] is then an unused fake.
+    pub async fn open_with(dir: &Path, kernel: Arc<dyn NsDriver>, settings: NsSettings) -> Self {
         let db_url = format!("sqlite://{}", dir.join("vmnet.db").display());
-        Self::open_url(dir, &db_url, driver, settings).await
+        Self::open_url_with(dir, &db_url, kernel, FakeDriver::default(), settings).await
     }
 
     /// An agent over the database at `db_url`; `dir` is kept as the harness directory.
@@ -207,15 +215,22 @@ impl Harness {
         driver: FakeDriver,
         settings: NsSettings,
     ) -> Self {
+        let kernel: Arc<dyn NsDriver> = Arc::new(driver.clone());
+        Self::open_url_with(dir, db_url, kernel, driver, settings).await
+    }
+
+    /// An agent over the database at `db_url` applying through `kernel`; `driver` is kept as
+    /// [`Harness::driver`].
+    async fn open_url_with(
+        dir: &Path,
+        db_url: &str,
+        kernel: Arc<dyn NsDriver>,
+        driver: FakeDriver,
+        settings: NsSettings,
+    ) -> Self {
         let db_url = db_url.to_owned();
         let db = Db::connect(&db_url).await.unwrap();
-        let agent = Agent::new(
-            db,
-            Arc::new(driver.clone()),
-            settings,
-            Duration::from_secs(3600),
-        )
-        .unwrap();
+        let agent = Agent::new(db, kernel, settings, Duration::from_secs(3600)).unwrap();
         let router = vmnet_agent::api::router(Arc::clone(&agent));
         Self {
             dir: dir.to_owned(),

@@ -1,18 +1,19 @@
-//! Applying one VM plan: create in one pass, or observe → diff → ordered changes, with rollback.
+//! Applying one VM plan: create in one pass, or observe → diff → ordered changes made in place
+//! (links, fixed parts, routes and rules, nft), with rollback of routes and rules.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 
 use futures::future::try_join_all;
-use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
-use netlink_packet_route::link::{InfoData, InfoVeth};
-use rtnetlink::{Handle, LinkUnspec, LinkVeth};
-use vmnet_plan::ns::VmPlan;
+use rtnetlink::Handle;
+use vmnet_plan::ns::{VmPlan, names};
 
+use super::create::create;
 use super::driver::NetlinkNsDriver;
-use super::observe::{self, Desired, KAddr, VmState};
-use super::routes::{self, KLink, KRoute, KRule, nl};
+use super::links::{configure_fixed, fixed_drift, link_fixes, repair_links};
+use super::nftcheck;
+use super::observe::{self, Desired, VmState};
+use super::routes::{self, KRoute, KRule};
 use super::{Change, NsError, Side, inns};
 use crate::netns;
 
@@ -36,17 +37,9 @@ pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
             return Ok(changes);
         }
     };
-    let before = observe::observe_vm(plan, &ns, &d.host).await?;
-    if needs_rebuild(plan, &before) {
-        let mut changes = vec![Change::Repair {
-            what: format!("{}: missing links, rebuilding", plan.netns),
-        }];
-        d.remove_uid(plan.user_id).await?;
-        changes.extend(create(d, plan).await?);
-        return Ok(changes);
-    }
+    let before = observe::observe_vm(plan, &ns, &d.host, &d.nft_memo).await?;
     let mut changes = Vec::new();
-    if let Err(e) = converge(d, plan, &ns, &before, &mut changes).await {
+    if let Err(e) = repair_and_converge(d, plan, &ns, &before, &mut changes).await {
         tracing::warn!(vm = %plan.vm_id, error = %e, "apply failed; restoring the previous routes and rules");
         if let Err(r) = restore(d, plan, &ns, &before).await {
             tracing::error!(vm = %plan.vm_id, error = %r, "restoring the previous state failed");
@@ -54,6 +47,24 @@ pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
         return Err(e);
     }
     Ok(changes)
+}
+
+/// Repairs the links in place (observing again when any was made or deleted: routes through a
+/// re-made link are gone), then converges the rest.
+async fn repair_and_converge(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+    ns: &Handle,
+    before: &VmState,
+    changes: &mut Vec<Change>,
+) -> Result<(), NsError> {
+    let fixed = repair_links(d, plan, ns, before).await?;
+    if fixed.is_empty() {
+        return converge(d, plan, ns, before, changes).await;
+    }
+    changes.extend(fixed);
+    let now = observe::observe_vm(plan, ns, &d.host, &d.nft_memo).await?;
+    converge(d, plan, ns, &now, changes).await
 }
 
 /// The changes [`apply`] would make, without making them.
@@ -69,24 +80,26 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
             what: format!("{}: unusable netns", plan.netns),
         }]);
     };
-    let st = observe::observe_vm(plan, &ns, &d.host).await?;
-    if needs_rebuild(plan, &st) {
-        return Ok(vec![Change::Repair {
-            what: format!("{}: missing links, rebuilding", plan.netns),
-        }]);
-    }
+    let st = observe::observe_vm(plan, &ns, &d.host, &d.nft_memo).await?;
     let mut changes = Vec::new();
     if let Some(what) = d.host_drift().await? {
         changes.push(Change::Repair { what });
+    }
+    let fixes = link_fixes(plan, &st);
+    if !fixes.is_empty() {
+        // The routes depend on the links: what else differs shows once they are made.
+        changes.extend(fixes.into_iter().map(|f| f.change(plan)));
+        return Ok(changes);
     }
     if let Some(what) = fixed_drift(plan, &st) {
         changes.push(Change::Repair { what });
     }
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
     route_changes(&want, &st, &mut changes);
-    if st.nft_fp.as_deref() != Some(plan.nft_fingerprint.as_str()) {
+    if !st.nft_drift.is_empty() {
         changes.push(Change::ReplaceNft {
             fingerprint: plan.nft_fingerprint.clone(),
+            differences: st.nft_drift.clone(),
         });
     }
     Ok(changes)
@@ -100,354 +113,6 @@ fn check_prefix(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), NsError> {
         )));
     }
     Ok(())
-}
-
-fn needs_rebuild(plan: &VmPlan, st: &VmState) -> bool {
-    let tap = st.ns_links.contains_key(&plan.tap.name);
-    let veth_ok = match &plan.veth {
-        Some(v) => st.host_link.is_some() && st.ns_links.contains_key(&v.peer_name),
-        None => st.host_link.is_none(),
-    };
-    !tap || !veth_ok
-}
-
-/// The fixed per-VM state that is wrong (MTU, up, addresses, sysctls), if any.
-fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
-    let mut bad = Vec::new();
-    let mut check = |links: &HashMap<String, KLink>,
-                     addrs: &HashSet<KAddr>,
-                     name: &str,
-                     mtu: u32,
-                     want: &[(IpAddr, u8)]| {
-        match links.get(name) {
-            Some(l) if l.mtu == mtu && l.up => {
-                if want
-                    .iter()
-                    .any(|(a, p)| !addrs.contains(&(l.index, *a, *p)))
-                {
-                    bad.push(format!("{name} addresses"));
-                }
-            }
-            _ => bad.push(format!("{name} mtu/up")),
-        }
-    };
-    let tap_addrs = [
-        (IpAddr::V4(plan.tap.ipv4.addr()), plan.tap.ipv4.prefix_len()),
-        (
-            IpAddr::V6(plan.tap.ipv6_link_local.addr()),
-            plan.tap.ipv6_link_local.prefix_len(),
-        ),
-    ];
-    check(
-        &st.ns_links,
-        &st.ns_addrs,
-        &plan.tap.name,
-        plan.tap.mtu,
-        &tap_addrs,
-    );
-    if let Some(v) = &plan.veth {
-        let peer = [
-            (IpAddr::V4(v.peer_ipv4.addr()), v.peer_ipv4.prefix_len()),
-            (
-                IpAddr::V6(v.peer_ipv6_link_local.addr()),
-                v.peer_ipv6_link_local.prefix_len(),
-            ),
-        ];
-        check(&st.ns_links, &st.ns_addrs, &v.peer_name, v.mtu, &peer);
-        let host = [
-            (IpAddr::V4(v.host_ipv4.addr()), v.host_ipv4.prefix_len()),
-            (
-                IpAddr::V6(v.host_ipv6_link_local.addr()),
-                v.host_ipv6_link_local.prefix_len(),
-            ),
-        ];
-        let hl: HashMap<String, KLink> = st
-            .host_link
-            .iter()
-            .map(|l| (l.name.clone(), l.clone()))
-            .collect();
-        check(&hl, &st.host_addrs, &v.host_name, v.mtu, &host);
-    }
-    if !st.ns_links.get("lo").is_some_and(|l| l.up) {
-        bad.push("lo up".into());
-    }
-    if !st.sysctls_bad.is_empty() {
-        bad.push(format!("sysctls {}", st.sysctls_bad.join(", ")));
-    }
-    (!bad.is_empty()).then(|| format!("{}: {}", plan.netns, bad.join("; ")))
-}
-
-/// The ifindex both veth ends are created with (`IFINDEX_BASE + uid`, on the host and in the VM
-/// netns), so configuring them needs no lookup; if the host has that index in use already the
-/// kernel picks one and the driver looks it up.
-const IFINDEX_BASE: u32 = 0x3000_0000;
-
-/// Creates the VM in one pass; on failure removes whatever was made.
-async fn create(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
-    match create_inner(d, plan).await {
-        Ok(c) => Ok(c),
-        Err(e) => {
-            if let Err(r) = d.remove_uid(plan.user_id).await {
-                tracing::error!(vm = %plan.vm_id, error = %r, "rolling back a failed create failed");
-            }
-            Err(e)
-        }
-    }
-}
-
-async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
-    let rt = tokio::runtime::Handle::current();
-    // One thread creates the netns and, inside it, the tap, sysctls, nft table and a netlink
-    // socket. As soon as the namespace is mounted, the veth pair is created from the host side
-    // concurrently with the rest of that thread's work.
-    let (mounted_tx, mounted_rx) = tokio::sync::oneshot::channel::<()>();
-    let p = plan.clone();
-    let work = tokio::task::spawn_blocking(move || {
-        netns::create_and_run(&p.netns, || -> Result<(Handle, u32), NsError> {
-            let _ = mounted_tx.send(());
-            in_new_netns(&p, &rt)
-        })
-    });
-    let veth = async {
-        let Some(v) = &plan.veth else { return Ok(None) };
-        if mounted_rx.await.is_err() {
-            return Ok(None); // the thread failed before mounting; its error is reported below
-        }
-        let fd = netns::open(&plan.netns)?;
-        let index = IFINDEX_BASE + plan.user_id;
-        let add = |with_index: bool| {
-            let mut peer = LinkUnspec::new_with_name(&v.peer_name)
-                .mtu(v.mtu)
-                .setns_by_fd(fd.as_raw_fd());
-            let mut host = LinkVeth::new(&v.host_name, &v.peer_name).mtu(v.mtu).up();
-            if with_index {
-                peer = peer.index(index);
-                host = host.index(index);
-            }
-            let msg = host
-                .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
-                .build();
-            d.host.link().add(msg).execute()
-        };
-        let what = || format!("host: add veth {}/{}", v.host_name, v.peer_name);
-        match add(true).await {
-            Ok(()) => Ok(Some(index)),
-            // The derived ifindex may be taken on the host: let the kernel pick one (a taken
-            // name fails again and is reported).
-            Err(e) if matches!(routes::errno(&e), Some(libc::EBUSY | libc::EEXIST)) => {
-                add(false).await.map(|()| None).map_err(nl(what()))
-            }
-            Err(e) => Err(nl(what())(e)),
-        }
-    };
-    let (veth, work) = tokio::join!(veth, work);
-    let (ns, tap_index) =
-        work.map_err(|_| NsError::Netns(netns::NetnsError::ThreadPanicked(plan.netns.clone())))???;
-    let veth_index = veth?;
-    // What was just made, so configuring it needs no read-back.
-    let mut st = VmState::default();
-    let known = |name: &str, index, mtu| KLink {
-        index,
-        name: name.to_owned(),
-        mtu,
-        up: true,
-    };
-    st.ns_links.insert("lo".into(), known("lo", 1, 65536));
-    st.ns_links.insert(
-        plan.tap.name.clone(),
-        known(&plan.tap.name, tap_index, plan.tap.mtu),
-    );
-    if let (Some(v), Some(index)) = (&plan.veth, veth_index) {
-        st.host_link = Some(known(&v.host_name, index, v.mtu));
-        let peer = KLink {
-            up: false,
-            ..known(&v.peer_name, index, v.mtu)
-        };
-        st.ns_links.insert(v.peer_name.clone(), peer);
-    }
-    let (links, host_link) = configure_fixed(d, plan, &ns, &st).await?;
-    let want = observe::resolve(plan, &links, host_link.as_ref(), &d.host).await?;
-    let mut ignored = Vec::new();
-    sync_routes(d, plan, &ns, &want, &st, &mut ignored).await?;
-    Ok(vec![Change::CreateVm {
-        netns: plan.netns.clone(),
-    }])
-}
-
-/// The work on the thread that just created the VM's netns: tap (persistent, owner, MTU, up),
-/// lo up, sysctls, the nft table (one transaction) and a netlink socket bound to the netns.
-/// Returns the socket's handle and the tap's ifindex.
-fn in_new_netns(plan: &VmPlan, rt: &tokio::runtime::Handle) -> Result<(Handle, u32), NsError> {
-    let tap_err = |op| {
-        let name = plan.tap.name.clone();
-        move |source| NsError::Tap { name, op, source }
-    };
-    inns::create_tap(&plan.tap)?;
-    let tap_index =
-        inns::link_up(&plan.tap.name, Some(plan.tap.mtu)).map_err(tap_err("set mtu/up"))?;
-    inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
-    inns::write_sysctls(&plan.netns, &plan.ns_sysctls)?;
-    // A fresh netns has no table yet: skip the replace prologue (a delete makes closing the nft
-    // socket slow), keep the rest of the one transaction.
-    inns::run_nft(&plan.netns, &without_replace_prologue(&plan.nft))?;
-    let _guard = rt.enter();
-    let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
-        NsError::Netns(netns::NetnsError::Io {
-            name: plan.netns.clone(),
-            op: "open rtnetlink socket",
-            source,
-        })
-    })?;
-    rt.spawn(conn);
-    Ok((h, tap_index))
-}
-
-/// The transaction without its leading `add table` + `delete table` pair.
-fn without_replace_prologue(nft: &serde_json::Value) -> serde_json::Value {
-    let mut v = nft.clone();
-    if let Some(cmds) = v["nftables"].as_array_mut()
-        && cmds.len() > 2
-        && cmds[1].get("delete").is_some()
-    {
-        cmds.drain(..2);
-    }
-    v
-}
-
-/// Brings lo, the tap and the veth ends to the planned MTU, up and addresses (idempotent).
-/// The three links are configured concurrently (independent netlink requests). Returns the
-/// netns links by name.
-async fn configure_fixed(
-    d: &NetlinkNsDriver,
-    plan: &VmPlan,
-    ns: &Handle,
-    st: &VmState,
-) -> Result<(HashMap<String, KLink>, Option<KLink>), NsError> {
-    let w = plan.netns.as_str();
-    let lo = async {
-        if st.ns_links.get("lo").is_some_and(|l| l.up) {
-            return Ok(());
-        }
-        ns.link()
-            .set(LinkUnspec::new_with_index(1).up().build())
-            .execute()
-            .await
-            .map_err(nl(format!("{w}: set lo up")))
-    };
-    let tap_addrs = [
-        (IpAddr::V4(plan.tap.ipv4.addr()), plan.tap.ipv4.prefix_len()),
-        (IpAddr::V6(plan.tap.ipv6_link_local.addr()), 64),
-    ];
-    let tap = ensure_link(
-        ns,
-        &plan.tap.name,
-        st.ns_links.get(&plan.tap.name),
-        plan.tap.mtu,
-        &st.ns_addrs,
-        tap_addrs,
-        w,
-    );
-    let veth = async {
-        let Some(v) = &plan.veth else {
-            return Ok(None);
-        };
-        let peer_addrs = [
-            (IpAddr::V4(v.peer_ipv4.addr()), 30),
-            (IpAddr::V6(v.peer_ipv6_link_local.addr()), 64),
-        ];
-        let host_addrs = [
-            (IpAddr::V4(v.host_ipv4.addr()), 30),
-            (IpAddr::V6(v.host_ipv6_link_local.addr()), 64),
-        ];
-        let (peer, host) = futures::try_join!(
-            ensure_link(
-                ns,
-                &v.peer_name,
-                st.ns_links.get(&v.peer_name),
-                v.mtu,
-                &st.ns_addrs,
-                peer_addrs,
-                w
-            ),
-            ensure_link(
-                &d.host,
-                &v.host_name,
-                st.host_link.as_ref(),
-                v.mtu,
-                &st.host_addrs,
-                host_addrs,
-                "host"
-            ),
-        )?;
-        Ok(Some((peer, host)))
-    };
-    let ((), tap, peer) = futures::try_join!(lo, tap, veth)?;
-    let mut links = HashMap::from([(tap.name.clone(), tap)]);
-    let host = peer.map(|(p, h)| {
-        links.insert(p.name.clone(), p);
-        h
-    });
-    Ok((links, host))
-}
-
-/// Makes link `name` have `mtu`, be up and carry `addrs`; returns it.
-async fn ensure_link(
-    h: &Handle,
-    name: &str,
-    known: Option<&KLink>,
-    mtu: u32,
-    have: &HashSet<KAddr>,
-    addrs: [(IpAddr, u8); 2],
-    w: &str,
-) -> Result<KLink, NsError> {
-    let mut l = match known {
-        Some(l) => l.clone(),
-        None => routes::link_by_name(h, name)
-            .await?
-            .ok_or_else(|| NsError::Missing(format!("{w}: link {name} is missing")))?,
-    };
-    if l.mtu != mtu || !l.up {
-        h.link()
-            .set(LinkUnspec::new_with_index(l.index).mtu(mtu).up().build())
-            .execute()
-            .await
-            .map_err(nl(format!("{w}: set {name} mtu/up")))?;
-        l.mtu = mtu;
-        l.up = true;
-    }
-    let [(a1, p1), (a2, p2)] = addrs;
-    futures::try_join!(
-        add_addr(h, have, l.index, a1, p1, w),
-        add_addr(h, have, l.index, a2, p2, w),
-    )?;
-    Ok(l)
-}
-
-/// Adds an address unless `have` lists it (IPv6 without duplicate address detection, so it is
-/// usable at once).
-async fn add_addr(
-    h: &Handle,
-    have: &HashSet<KAddr>,
-    index: u32,
-    ip: IpAddr,
-    plen: u8,
-    w: &str,
-) -> Result<(), NsError> {
-    if have.contains(&(index, ip, plen)) {
-        return Ok(());
-    }
-    let mut req = h.address().add(index, ip, plen).replace();
-    if ip.is_ipv6() {
-        let m = req.message_mut();
-        m.header.flags = AddressHeaderFlags::Nodad;
-        m.attributes
-            .retain(|a| !matches!(a, AddressAttribute::Flags(_)));
-        m.attributes
-            .push(AddressAttribute::Flags(AddressFlags::Nodad));
-    }
-    req.execute()
-        .await
-        .map_err(nl(format!("{w}: add address {ip}/{plen} on #{index}")))
 }
 
 /// Converges an existing VM: fixed parts, routes and rules, then nft.
@@ -467,12 +132,20 @@ async fn converge(
     }
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
     sync_routes(d, plan, ns, &want, st, changes).await?;
-    if st.nft_fp.as_deref() != Some(plan.nft_fingerprint.as_str()) {
-        let nft = plan.nft.clone();
+    if !st.nft_drift.is_empty() {
+        tracing::warn!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table not as planned; replacing it");
+        let table = names::vm_nft_table(&plan.name_prefix);
+        let key = nftcheck::key(&plan.netns, "inet", &table);
         let name = plan.netns.clone();
-        netns::run_in(&plan.netns, move || inns::run_nft(&name, &nft))??;
+        let memo = &d.nft_memo;
+        netns::run_in(&plan.netns, || -> Result<(), NsError> {
+            inns::run_nft(&name, &plan.nft)?;
+            let listing = nftcheck::or_empty(inns::list_table(&name, "inet", &table)?);
+            memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
+        })??;
         changes.push(Change::ReplaceNft {
             fingerprint: plan.nft_fingerprint.clone(),
+            differences: st.nft_drift.clone(),
         });
     }
     Ok(())
@@ -485,7 +158,7 @@ async fn restore(
     ns: &Handle,
     before: &VmState,
 ) -> Result<(), NsError> {
-    let now = observe::observe_vm(plan, ns, &d.host).await?;
+    let now = observe::observe_vm(plan, ns, &d.host, &d.nft_memo).await?;
     let want = Desired {
         ns_routes: before
             .ns_routes
@@ -554,7 +227,7 @@ type RuleSide<'a> = (
 
 /// Makes routes and rules on both sides equal to `want`: stale ones deleted first (so a changed
 /// destination never has two routes), then missing ones added, rules last.
-async fn sync_routes(
+pub(super) async fn sync_routes(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     ns: &Handle,
@@ -642,7 +315,3 @@ fn link_names(st: &VmState) -> [HashMap<u32, String>; 2] {
         .collect();
     [host, ns]
 }
-
-#[cfg(test)]
-#[path = "apply_tests.rs"]
-mod tests;

@@ -7,6 +7,7 @@ use rtnetlink::{Handle, IpVersion};
 use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_host};
 
 use super::host::{self, HostNs};
+use super::nftcheck::ListingMemo;
 use super::routes;
 use super::{BoxFuture, Change, NsDriver, NsError, ObservedVm, apply};
 use crate::netns;
@@ -23,6 +24,9 @@ pub struct NetlinkNsDriver {
     pub(super) host: Handle,
     host_plan: Option<HostPlan>,
     host_ready: tokio::sync::Mutex<bool>,
+    pub(super) nft_memo: ListingMemo,
+    /// The uplinks found so far (see `host::ra_uplinks`).
+    uplinks_seen: std::sync::Mutex<BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for NetlinkNsDriver {
@@ -54,6 +58,8 @@ impl NetlinkNsDriver {
             host_ns,
             host,
             host_ready: tokio::sync::Mutex::new(false),
+            nft_memo: ListingMemo::default(),
+            uplinks_seen: std::sync::Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -64,21 +70,26 @@ impl NetlinkNsDriver {
     }
 
     /// Checks the host-wide state against the plan and re-applies it on any difference, once per
-    /// driver and again after every gc (so every reconcile pass repairs it) or a drift report
-    /// that found it wrong.
-    pub(super) async fn ensure_host(&self) -> Result<(), NsError> {
+    /// driver and again after every gc and [`NsDriver::repair_host`] (so every reconcile pass
+    /// repairs it) or a drift report that found it wrong. Returns what was repaired.
+    pub(super) async fn ensure_host(&self) -> Result<Option<String>, NsError> {
         let mut ready = self.host_ready.lock().await;
         if *ready {
-            return Ok(());
+            return Ok(None);
         }
-        if let Some(p) = &self.host_plan
-            && let Some(what) = host::host_drift(&self.host_ns, p)?
-        {
-            tracing::info!(drift = %what, "host-wide state not as planned; re-applying it");
-            host::apply_host(&self.host_ns, p)?;
+        let mut repaired = None;
+        if let Some(p) = &self.host_plan {
+            let uplinks =
+                host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen)
+                    .await?;
+            if let Some(what) = host::host_drift(&self.host_ns, p, &self.nft_memo, &uplinks)? {
+                tracing::warn!(drift = %what, "host-wide state not as planned; re-applying it");
+                host::apply_host(&self.host_ns, p, &self.nft_memo, &uplinks)?;
+                repaired = Some(what);
+            }
         }
         *ready = true;
-        Ok(())
+        Ok(repaired)
     }
 
     /// The host-wide drift (`None` when in sync, or when the driver does not manage the host).
@@ -87,7 +98,9 @@ impl NetlinkNsDriver {
         let Some(p) = &self.host_plan else {
             return Ok(None);
         };
-        let drift = host::host_drift(&self.host_ns, p)?;
+        let uplinks =
+            host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen).await?;
+        let drift = host::host_drift(&self.host_ns, p, &self.nft_memo, &uplinks)?;
         if drift.is_some() {
             *self.host_ready.lock().await = false;
         }
@@ -142,6 +155,7 @@ impl NetlinkNsDriver {
             Err(e) => errors.push(e),
         }
         let ns = self.name(NameKind::Netns, uid);
+        self.nft_memo.forget_netns(&ns);
         if netns::exists(&ns) {
             found = true;
             if let Err(e) = netns::delete(&ns) {
@@ -287,5 +301,17 @@ impl NsDriver for NetlinkNsDriver {
 
     fn gc<'a>(&'a self, keep: &'a [u32]) -> BoxFuture<'a, Result<Vec<u32>, NsError>> {
         Box::pin(self.gc_inner(keep))
+    }
+
+    fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
+        Box::pin(async {
+            *self.host_ready.lock().await = false;
+            Ok(self
+                .ensure_host()
+                .await?
+                .map(|what| Change::Repair { what })
+                .into_iter()
+                .collect())
+        })
     }
 }

@@ -1,9 +1,26 @@
 //! The host side of the driver: which namespace is "the host", running synchronous work there,
 //! and the host-wide state ([`vmnet_plan::ns::HostPlan`]).
+//!
+//! # Router advertisements on the uplink
+//! Turning IPv6 forwarding on makes the kernel ignore router advertisements on every link with
+//! `accept_ra=1` (the default), and each write of `forwarding=1` purges the default routes it
+//! learned from them: a host whose uplink gets its default IPv6 route by SLAAC loses it at once
+//! and for good. Before forwarding is written, every uplink still at `accept_ra=1` gets
+//! `accept_ra=2` (process advertisements even when forwarding), which the purge also spares. An
+//! uplink is a link of the host namespace, other than loopback and our own links, that carries
+//! a route learned from an advertisement (`proto ra`) or a global IPv6 address with a finite
+//! lifetime (formed by SLAAC or leased by DHCPv6), or that was found so before. Links with
+//! `accept_ra=0` are left alone (the administrator turned advertisements off), and so is every
+//! other link: a bridge or veth towards guests must not start trusting their advertisements. An
+//! uplink back at `accept_ra=1` is host-wide drift, repaired like the rest.
 
-use vmnet_plan::ns::{FINGERPRINT_PREFIX, HostPlan};
+use std::collections::BTreeSet;
 
-use super::{NsError, inns};
+use rtnetlink::Handle;
+use vmnet_plan::ns::{HostPlan, NameKind, parse_uid};
+
+use super::nftcheck::{self, ListingMemo};
+use super::{NsError, inns, routes};
 use crate::netns;
 
 /// The namespace the driver treats as the host: the calling process's own, or a named one (a
@@ -54,19 +71,111 @@ impl HostNs {
     }
 }
 
-/// Applies the host-wide plan: sysctls, then the masquerade table (one nft transaction).
-pub(super) fn apply_host(host: &HostNs, plan: &HostPlan) -> Result<(), NsError> {
+/// The uplinks whose router advertisements the host uses (see the module docs), by name: links
+/// carrying a route learned from an advertisement or a global IPv6 address with a finite
+/// lifetime (SLAAC, DHCPv6: the default route of such a link comes from advertisements too),
+/// and the ones found before (`seen`, updated), so an uplink whose learned route already
+/// expired is still found.
+pub(super) async fn ra_uplinks(
+    h: &Handle,
+    prefix: &str,
+    seen: &std::sync::Mutex<BTreeSet<String>>,
+) -> Result<Vec<String>, NsError> {
+    let ours = |name: &str| {
+        [NameKind::HostVeth, NameKind::PeerVeth, NameKind::Tap]
+            .into_iter()
+            .any(|k| parse_uid(prefix, k, name).is_some())
+    };
+    let mut indexes = routes::ra_route_links(h).await?;
+    indexes.extend(routes::dynamic_v6_links(h).await?);
+    indexes.sort_unstable();
+    indexes.dedup();
+    let mut found = BTreeSet::new();
+    for index in indexes {
+        if let Some(l) = routes::link_by_index(h, index).await?
+            && l.name != "lo"
+            && !ours(&l.name)
+        {
+            found.insert(l.name);
+        }
+    }
+    let mut seen = seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    seen.extend(found);
+    Ok(seen.iter().cloned().collect())
+}
+
+fn accept_ra(link: &str) -> String {
+    format!("net/ipv6/conf/{link}/accept_ra")
+}
+
+/// The uplinks still at `accept_ra=1` while the plan turns IPv6 forwarding on (read in the
+/// calling thread's namespace).
+fn uplinks_ignoring_ra(plan: &HostPlan, uplinks: &[String]) -> Vec<String> {
+    let forwarding = plan
+        .sysctls
+        .iter()
+        .any(|(p, v)| p == "net/ipv6/conf/all/forwarding" && v == "1");
+    if !forwarding {
+        return Vec::new();
+    }
+    let paths: Vec<String> = uplinks.iter().map(|u| accept_ra(u)).collect();
+    inns::read_sysctls(&paths)
+        .into_iter()
+        .zip(uplinks)
+        .filter(|(v, _)| v.as_deref() == Some("1"))
+        .map(|(_, u)| u.clone())
+        .collect()
+}
+
+/// The memo key of the host table.
+fn host_key(plan: &HostPlan) -> String {
+    nftcheck::key("host", "ip", &plan.nft_table)
+}
+
+/// Applies the host-wide plan: `accept_ra=2` on the `uplinks` that need it (before forwarding,
+/// see the module docs), sysctls, then the masquerade table (one nft transaction), read back
+/// once for the listing memo.
+pub(super) fn apply_host(
+    host: &HostNs,
+    plan: &HostPlan,
+    memo: &ListingMemo,
+    uplinks: &[String],
+) -> Result<(), NsError> {
     let label = host.label().to_owned();
     host.run(|| {
+        let keep: Vec<(String, String)> = uplinks_ignoring_ra(plan, uplinks)
+            .iter()
+            .map(|u| (accept_ra(u), "2".to_owned()))
+            .collect();
+        if !keep.is_empty() {
+            tracing::info!(netns = %label, uplinks = ?keep, "keeping router advertisements on the uplinks with forwarding on");
+            inns::write_sysctls(&label, &keep)?;
+        }
         inns::write_sysctls(&label, &plan.sysctls)?;
-        inns::run_nft(&label, &plan.nft)
+        inns::run_nft(&label, &plan.nft)?;
+        let listing = nftcheck::or_empty(inns::list_table(&label, "ip", &plan.nft_table)?);
+        memo.after_apply(
+            &label,
+            &host_key(plan),
+            &plan.nft_fingerprint,
+            &plan.nft,
+            &listing,
+        )
     })?
 }
 
-/// What of the host-wide state is not as planned (`None` when all is): sysctls, and the
-/// masquerade table's content, compared by the fingerprint on its rule (so a flushed table or a
-/// replaced rule counts, not only a missing table).
-pub(super) fn host_drift(host: &HostNs, plan: &HostPlan) -> Result<Option<String>, NsError> {
+/// What of the host-wide state is not as planned (`None` when all is): sysctls, uplinks that
+/// ignore router advertisements, and the masquerade table compared with the plan by content
+/// (chains, hooks, priorities, policies, rules), so a deleted rule or chain or a flipped policy
+/// counts, not only a missing table.
+pub(super) fn host_drift(
+    host: &HostNs,
+    plan: &HostPlan,
+    memo: &ListingMemo,
+    uplinks: &[String],
+) -> Result<Option<String>, NsError> {
     let label = host.label().to_owned();
     host.run(|| {
         let mut bad = Vec::new();
@@ -74,13 +183,21 @@ pub(super) fn host_drift(host: &HostNs, plan: &HostPlan) -> Result<Option<String
         if !sysctls.is_empty() {
             bad.push(format!("sysctls {}", sysctls.join(", ")));
         }
-        match inns::nft_table_comment(&label, "ip", &plan.nft_table, FINGERPRINT_PREFIX)? {
-            None => bad.push(format!("nft table ip {} missing", plan.nft_table)),
-            Some(fp) if fp != plan.nft_fingerprint => {
-                bad.push(format!("nft table ip {} changed", plan.nft_table));
-            }
-            Some(_) => {}
+        let ignoring = uplinks_ignoring_ra(plan, uplinks);
+        if !ignoring.is_empty() {
+            bad.push(format!(
+                "uplinks {} ignore router advertisements (accept_ra 1 with forwarding on)",
+                ignoring.join(", ")
+            ));
         }
+        let listing = nftcheck::or_empty(inns::list_table(&label, "ip", &plan.nft_table)?);
+        bad.extend(memo.drift(
+            &label,
+            &host_key(plan),
+            &plan.nft_fingerprint,
+            &plan.nft,
+            &listing,
+        )?);
         Ok((!bad.is_empty()).then(|| format!("{label}: {}", bad.join("; "))))
     })?
 }

@@ -224,6 +224,23 @@ pub(super) fn sysctls_differ(sysctls: &[(String, String)]) -> Vec<String> {
         .collect()
 }
 
+/// The value of each sysctl path (under `/proc/sys`) in the calling thread's namespace, `None`
+/// where it cannot be read (e.g. the link is gone).
+pub(super) fn read_sysctls(paths: &[String]) -> Vec<Option<String>> {
+    let Ok(files) = open_sysctls(paths.iter().map(String::as_str), OFlag::O_RDONLY) else {
+        return vec![None; paths.len()];
+    };
+    files
+        .into_iter()
+        .map(|(_, file)| {
+            let mut s = String::new();
+            file.ok()
+                .and_then(|mut f| f.read_to_string(&mut s).ok())
+                .map(|_| s.trim().to_owned())
+        })
+        .collect()
+}
+
 /// Runs one nft JSON transaction in the calling thread's namespace: in process through
 /// libnftables when the library is present (no process start, see [`crate::pool::libnft`]),
 /// else through `nft -j -f -`.
@@ -270,7 +287,7 @@ fn run_nft_process(netns: &str, body: &str) -> Result<(), NsError> {
 
 /// The nft JSON listing of table `family name` in the calling thread's namespace, `None` when
 /// it does not exist.
-fn list_table(
+pub(super) fn list_table(
     netns: &str,
     family: &str,
     table: &str,
@@ -304,28 +321,6 @@ fn list_table(
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| bad(format!("unreadable nft output: {e}")))
-}
-
-/// Reads table `family name` in the calling thread's namespace and returns the comment of its
-/// first rule carrying `marker` (our fingerprint, without the marker; empty when no rule has
-/// one), `Ok(None)` when the table does not exist.
-pub(super) fn nft_table_comment(
-    netns: &str,
-    family: &str,
-    table: &str,
-    marker: &str,
-) -> Result<Option<String>, NsError> {
-    let Some(v) = list_table(netns, family, table)? else {
-        return Ok(None);
-    };
-    let comment = v["nftables"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|o| o["rule"]["comment"].as_str())
-        .find(|c| c.starts_with(marker))
-        .map(|c| c[marker.len()..].to_owned());
-    Ok(Some(comment.unwrap_or_default()))
 }
 
 /// Deletes table `family name` in the calling thread's namespace if it exists.

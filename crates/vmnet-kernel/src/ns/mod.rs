@@ -10,17 +10,25 @@
 //! - [`NsDriver::apply`] converges one VM: a VM whose netns does not exist yet is created in one
 //!   pass (netns, veth pair with the peer created directly inside the netns, tap, sysctls,
 //!   addresses, routes, rules, nft); an existing VM is observed, diffed against the plan and only
-//!   the differences are applied. A failure while creating removes everything of that VM; a
-//!   failure while converging restores the routes and rules observed before (the previous good
-//!   state) and reports the error.
+//!   the differences are applied, in place: a missing tap is made again in the netns, a veth
+//!   pair missing or missing one end is made again (a mesh address added adds it, one removed
+//!   deletes it), MTU and addresses are set and stale addresses removed — the netns and an
+//!   existing tap are never deleted to repair something, so a VMM holding the tap keeps it. Only
+//!   a netns path that is not a namespace at all (a create interrupted by a crash) is removed and
+//!   created again. A failure while creating removes everything of that VM; a failure while
+//!   converging restores the routes and rules observed before (the previous good state) and
+//!   reports the error.
 //! - Everything the driver touches carries a derived name from `vmnet_plan::ns::names`, so
 //!   [`NsDriver::observe`] and [`NsDriver::gc`] find objects by prefix and user id only.
 //! - Namespaces are entered on short-lived dedicated threads; netlink sockets opened there stay
 //!   bound to the namespace (see [`crate::netns`]). A create does all in-netns synchronous work
 //!   (unshare + mount, tap ioctls, sysctls, the nft transaction, opening the netlink socket) on
 //!   the one thread that made the namespace; the rest are concurrent netlink requests.
-//! - The nft table of a VM carries the plan's fingerprint as the comment of its first rule, so
-//!   read-back compares one string; any difference replaces the table in one transaction.
+//! - The nft tables (each VM's netns table, the host table) are read back and compared with the
+//!   plan by content (`vmnet_plan::ns::nft_compare`: chains with hook, priority and policy,
+//!   rules in order, sets, elements; listing details normalized away); any difference replaces
+//!   the table in one transaction. The plan's fingerprint is still the comment of the first rule,
+//!   for people reading the ruleset.
 //! - A mesh-via route (`2000::/3 via fdaa:1::56`) is resolved when applied: the host's FIB entry
 //!   for the gateway's mesh address (only an entry inside `fdaa::/16`, never the default route)
 //!   gives next hop and device. Next to it sits an `unreachable` route of the same destination
@@ -33,8 +41,9 @@
 //! - The veth peer cannot be created already up in the target namespace (the kernel answers
 //!   `ENOTCONN`); it is brought up with a second request.
 //! - Teardown is kernel-bound: deleting a veth pair waits for the kernel (≈ 30–40 ms).
-//! - nft drift is detected by the fingerprint comment; a hand edit that keeps that rule and its
-//!   comment is not seen.
+//! - A listing shape the nft comparison does not normalize (another nft version) costs one
+//!   re-apply of that table per plan and driver, then that listing is remembered as the plan's
+//!   form (logged, see `nftcheck`).
 //! - Gateway resolution happens on apply; the agent's periodic reconcile re-resolves.
 //! - Per-VM work is kept independent of the number of VMs where the driver controls it:
 //!   sysctls go through a private detached procfs instance (a lookup of `/proc/sys/net` walks
@@ -48,9 +57,12 @@
 //!   rules linearly, so thousands of such VMs cost per-packet rule checks on the host.
 
 mod apply;
+mod create;
 mod driver;
 mod host;
 mod inns;
+mod links;
+mod nftcheck;
 mod observe;
 mod routes;
 
@@ -84,6 +96,13 @@ pub trait NsDriver: Send + Sync {
 
     /// What exists on the host with our prefix, by user id.
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>>;
+
+    /// Checks the host-wide state (forwarding and router-advertisement sysctls, the host nft
+    /// table) and repairs what differs; returns the repairs (empty when in sync, and always for
+    /// a driver that does not manage the host).
+    fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 
     /// Removes every VM object with our prefix whose user id is not in `keep` (the user ids of
     /// the desired VMs); with none kept also the host-wide objects. Returns the user ids removed.
@@ -133,10 +152,23 @@ pub enum Change {
         /// The netns name.
         netns: String,
     },
-    /// A fixed part was missing or wrong and was recreated (e.g. the veth pair deleted by hand).
+    /// A fixed part was missing or wrong and was repaired in place (e.g. the tap deleted by
+    /// hand, one end of the veth pair gone, an MTU or address changed, the host table edited).
     Repair {
         /// What was repaired.
         what: String,
+    },
+    /// Added the veth pair to an existing netns (a mesh address added, or the pair deleted).
+    AddVeth {
+        /// The host end.
+        host: String,
+        /// The netns end.
+        peer: String,
+    },
+    /// Deleted the veth pair of a VM that has no mesh address any more.
+    DelVeth {
+        /// The host end.
+        host: String,
     },
     /// Added (or replaced) a route, described as `dst table T kind`.
     AddRoute(Side, String),
@@ -150,6 +182,8 @@ pub enum Change {
     ReplaceNft {
         /// The fingerprint applied.
         fingerprint: String,
+        /// How the table differed from the plan, one line each.
+        differences: Vec<String>,
     },
     /// Removed the VM's objects.
     RemoveVm {
@@ -163,11 +197,20 @@ impl fmt::Display for Change {
         match self {
             Self::CreateVm { netns } => write!(f, "create vm netns {netns}"),
             Self::Repair { what } => write!(f, "repair {what}"),
+            Self::AddVeth { host, peer } => write!(f, "host: add veth {host}/{peer}"),
+            Self::DelVeth { host } => write!(f, "host: delete veth {host}"),
             Self::AddRoute(s, r) => write!(f, "{s}: add route {r}"),
             Self::DelRoute(s, r) => write!(f, "{s}: delete route {r}"),
             Self::AddRule(s, r) => write!(f, "{s}: add rule {r}"),
             Self::DelRule(s, r) => write!(f, "{s}: delete rule {r}"),
-            Self::ReplaceNft { fingerprint } => write!(f, "vm: replace nft table ({fingerprint})"),
+            Self::ReplaceNft {
+                fingerprint,
+                differences,
+            } => write!(
+                f,
+                "vm: replace nft table ({fingerprint}): {}",
+                differences.join("; ")
+            ),
             Self::RemoveVm { user_id } => write!(f, "remove vm user id {user_id}"),
         }
     }

@@ -11,6 +11,7 @@ use rtnetlink::{Handle, IpVersion};
 use vmnet_model::vm::MESH_RANGE;
 use vmnet_plan::ns::{MAIN_TABLE, PlannedRoute, RouteKind, VmPlan, names};
 
+use super::nftcheck::{self, ListingMemo};
 use super::routes::{self, KKind, KLink, KRoute, KRule, nl};
 use super::{NsError, inns};
 use crate::netns;
@@ -27,8 +28,8 @@ pub(super) struct VmState {
     pub ns_routes: BTreeSet<KRoute>,
     pub ns_rules: BTreeSet<KRule>,
     pub sysctls_bad: Vec<String>,
-    /// `None`: the table is missing; `Some(fp)`: the fingerprint found (empty if none).
-    pub nft_fp: Option<String>,
+    /// How the netns nft table differs from the plan (one line each; empty when in sync).
+    pub nft_drift: Vec<String>,
     pub host_link: Option<KLink>,
     pub host_addrs: HashSet<KAddr>,
     pub host_routes: BTreeSet<KRoute>,
@@ -92,12 +93,14 @@ pub(super) async fn link_addrs(h: &Handle, index: u32) -> Result<HashSet<KAddr>,
         .collect())
 }
 
-/// Reads the VM's state: netns links, addresses, routes, rules, sysctls and nft fingerprint
-/// through `ns`; its host veth, host routes and rules through `host`.
+/// Reads the VM's state: netns links, addresses, routes, rules, sysctls and nft table (compared
+/// with the plan by content, see [`super::nftcheck`]) through `ns`; its host veth, host routes
+/// and rules through `host`.
 pub(super) async fn observe_vm(
     plan: &VmPlan,
     ns: &Handle,
     host: &Handle,
+    memo: &ListingMemo,
 ) -> Result<VmState, NsError> {
     let mut st = VmState::default();
     for l in routes::dump_links(ns).await? {
@@ -118,18 +121,19 @@ pub(super) async fn observe_vm(
     let table = names::vm_nft_table(&plan.name_prefix);
     let netns_name = plan.netns.clone();
     let sysctls = plan.ns_sysctls.clone();
-    let (bad, fp) = netns::run_in(&plan.netns, move || {
+    let (bad, listing) = netns::run_in(&plan.netns, move || {
         let bad = inns::sysctls_differ(&sysctls);
-        let fp = inns::nft_table_comment(
-            &netns_name,
-            "inet",
-            &table,
-            vmnet_plan::ns::FINGERPRINT_PREFIX,
-        );
-        (bad, fp)
+        (bad, inns::list_table(&netns_name, "inet", &table))
     })?;
     st.sysctls_bad = bad;
-    st.nft_fp = fp?;
+    let key = nftcheck::key(&plan.netns, "inet", &names::vm_nft_table(&plan.name_prefix));
+    st.nft_drift = memo.drift(
+        &plan.netns,
+        &key,
+        &plan.nft_fingerprint,
+        &plan.nft,
+        &nftcheck::or_empty(listing?),
+    )?;
     let host_name =
         vmnet_plan::ns::name(&plan.name_prefix, names::NameKind::HostVeth, plan.user_id);
     st.host_link = routes::link_by_name(host, &host_name).await?;

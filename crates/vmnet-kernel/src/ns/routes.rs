@@ -7,6 +7,9 @@ use std::net::{IpAddr, Ipv6Addr};
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::AddressFamily;
+use netlink_packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope,
+};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
@@ -413,6 +416,76 @@ pub(super) async fn link_by_name(h: &Handle, name: &str) -> Result<Option<KLink>
         Err(e) if matches!(errno(&e), Some(libc::ENODEV | libc::ENOENT)) => Ok(None),
         Err(e) => Err(nl(format!("get link {name}"))(e)),
     }
+}
+
+/// The link with ifindex `index`, or `None`.
+pub(super) async fn link_by_index(h: &Handle, index: u32) -> Result<Option<KLink>, NsError> {
+    let res: Result<Vec<LinkMessage>, _> = h
+        .link()
+        .get()
+        .match_index(index)
+        .execute()
+        .try_collect()
+        .await;
+    match res {
+        Ok(v) => Ok(v.first().map(klink)),
+        Err(e) if matches!(errno(&e), Some(libc::ENODEV | libc::ENOENT)) => Ok(None),
+        Err(e) => Err(nl(format!("get link #{index}"))(e)),
+    }
+}
+
+/// The output interfaces of the IPv6 routes the kernel learned from router advertisements
+/// (`proto ra`: default routes, prefix routes), each once.
+pub(super) async fn ra_route_links(h: &Handle) -> Result<Vec<u32>, NsError> {
+    let mut m = RouteMessage::default();
+    m.header.address_family = AddressFamily::Inet6;
+    m.header.protocol = RouteProtocol::Ra;
+    let mut oifs: Vec<u32> = h
+        .route()
+        .get(m)
+        .execute()
+        .try_filter_map(|msg| {
+            let oif = (msg.header.protocol == RouteProtocol::Ra)
+                .then(|| {
+                    msg.attributes.iter().find_map(|a| match a {
+                        RouteAttribute::Oif(o) => Some(*o),
+                        _ => None,
+                    })
+                })
+                .flatten();
+            std::future::ready(Ok(oif))
+        })
+        .try_collect()
+        .await
+        .map_err(nl("dump router-advertisement routes"))?;
+    oifs.sort_unstable();
+    oifs.dedup();
+    Ok(oifs)
+}
+
+/// The links carrying a global IPv6 address with a finite lifetime (not `IFA_F_PERMANENT`: an
+/// address formed by SLAAC, or leased by DHCPv6), each once.
+pub(super) async fn dynamic_v6_links(h: &Handle) -> Result<Vec<u32>, NsError> {
+    let mut req = h.address().get();
+    req.message_mut().header.family = AddressFamily::Inet6;
+    let mut links: Vec<u32> = req
+        .execute()
+        .try_filter_map(|m| {
+            let permanent = m.header.flags.contains(AddressHeaderFlags::Permanent)
+                || m.attributes.iter().any(
+                    |a| matches!(a, AddressAttribute::Flags(f) if f.contains(AddressFlags::Permanent)),
+                );
+            let dynamic = m.header.family == AddressFamily::Inet6
+                && m.header.scope == AddressScope::Universe
+                && !permanent;
+            std::future::ready(Ok(dynamic.then_some(m.header.index)))
+        })
+        .try_collect()
+        .await
+        .map_err(nl("dump IPv6 addresses"))?;
+    links.sort_unstable();
+    links.dedup();
+    Ok(links)
 }
 
 /// All links.

@@ -38,6 +38,7 @@
 
 pub mod names;
 mod nft;
+pub mod nft_compare;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

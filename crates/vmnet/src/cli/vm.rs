@@ -235,6 +235,10 @@ pub async fn status(g: &Global) -> Result<(), Error> {
             "orphans removed".to_owned(),
             r.orphans_removed_total.to_string(),
         ],
+        vec![
+            "drift repaired".to_owned(),
+            r.drift_repairs_total.to_string(),
+        ],
     ];
     if let Some(p) = &st.pool {
         rows.extend(pool_rows(p));

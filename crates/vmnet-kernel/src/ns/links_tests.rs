@@ -1,8 +1,9 @@
-//! Unit tests of the pure parts of [`super`].
+//! Unit tests of the pure parts of [`super`] and of the create path.
 
 use vmnet_model::vm::parse_vm_config;
 use vmnet_plan::ns::{NsSettings, plan_vm};
 
+use super::super::create::without_replace_prologue;
 use super::*;
 
 fn plan(mesh: bool) -> VmPlan {
@@ -53,24 +54,53 @@ fn a_good_state_has_no_fixed_drift() {
     for mesh in [true, false] {
         let p = plan(mesh);
         let st = good_state(&p);
-        assert!(!needs_rebuild(&p, &st));
+        assert_eq!(link_fixes(&p, &st), []);
         assert_eq!(fixed_drift(&p, &st), None);
     }
 }
 
 #[test]
-fn missing_links_need_a_rebuild() {
+fn missing_links_are_fixed_one_by_one_never_by_a_rebuild() {
     let p = plan(true);
+    let peer = p.veth.as_ref().unwrap().peer_name.clone();
     let mut st = good_state(&p);
     st.host_link = None;
-    assert!(needs_rebuild(&p, &st));
+    assert_eq!(
+        link_fixes(&p, &st),
+        [LinkFix::HalfVeth { host_left: false }]
+    );
+    st.ns_links.remove(&peer);
+    assert_eq!(link_fixes(&p, &st), [LinkFix::AddVeth]);
+    let mut st = good_state(&p);
+    st.ns_links.remove(&peer);
+    assert_eq!(link_fixes(&p, &st), [LinkFix::HalfVeth { host_left: true }]);
     let mut st = good_state(&p);
     st.ns_links.remove(&p.tap.name);
-    assert!(needs_rebuild(&p, &st));
-    // A VM that lost its mesh address must lose its veth pair too.
+    assert_eq!(link_fixes(&p, &st), [LinkFix::Tap]);
+    // A mesh address added: the pair is added; removed: the pair is deleted.
     let q = plan(false);
-    let st = good_state(&p);
-    assert!(needs_rebuild(&q, &st));
+    assert_eq!(link_fixes(&p, &good_state(&q)), [LinkFix::AddVeth]);
+    assert_eq!(link_fixes(&q, &good_state(&p)), [LinkFix::DelVeth]);
+    assert!(matches!(
+        LinkFix::DelVeth.change(&q),
+        Change::DelVeth { host } if host == "vmnh0007"
+    ));
+}
+
+#[test]
+fn stale_addresses_are_drift_but_kernel_link_locals_are_not() {
+    let p = plan(true);
+    let mut st = good_state(&p);
+    st.ns_addrs
+        .insert((2, "fe80::4:ff:fe00:1".parse().unwrap(), 64));
+    assert_eq!(fixed_drift(&p, &st), None);
+    st.ns_addrs.insert((2, "172.16.0.5".parse().unwrap(), 30));
+    st.host_addrs
+        .insert((10, "2001:db8::9".parse().unwrap(), 64));
+    assert_eq!(
+        fixed_drift(&p, &st).unwrap(),
+        "vmnn0007: vmnt0007 stale addresses 172.16.0.5/30; vmnh0007 stale addresses 2001:db8::9/64"
+    );
 }
 
 #[test]

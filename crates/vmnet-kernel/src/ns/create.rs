@@ -1,0 +1,164 @@
+//! Creating a VM in one pass (netns, tap, sysctls, nft, veth pair, addresses, routes), and the
+//! veth pair alone for a VM whose netns exists.
+
+use std::os::fd::AsRawFd;
+
+use netlink_packet_route::link::{InfoData, InfoVeth};
+use rtnetlink::{Handle, LinkUnspec, LinkVeth};
+use vmnet_plan::ns::{VethPlan, VmPlan};
+
+use super::apply::sync_routes;
+use super::driver::NetlinkNsDriver;
+use super::links::configure_fixed;
+use super::observe::{self, VmState};
+use super::routes::{self, KLink, nl};
+use super::{Change, NsError, inns};
+use crate::netns;
+
+/// The ifindex both veth ends are created with (`IFINDEX_BASE + uid`, on the host and in the VM
+/// netns), so configuring them needs no lookup; if the host has that index in use already the
+/// kernel picks one and the driver looks it up.
+const IFINDEX_BASE: u32 = 0x3000_0000;
+
+/// Creates the veth pair of `plan` (the host end up, the peer made directly inside the VM's
+/// existing netns) with the derived ifindex; returns that index, or `None` when the host had it
+/// in use and the kernel picked the indexes (the caller then looks the ends up by name).
+pub(super) async fn add_veth(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+    v: &VethPlan,
+) -> Result<Option<u32>, NsError> {
+    let fd = netns::open(&plan.netns)?;
+    let index = IFINDEX_BASE + plan.user_id;
+    let add = |with_index: bool| {
+        let mut peer = LinkUnspec::new_with_name(&v.peer_name)
+            .mtu(v.mtu)
+            .setns_by_fd(fd.as_raw_fd());
+        let mut host = LinkVeth::new(&v.host_name, &v.peer_name).mtu(v.mtu).up();
+        if with_index {
+            peer = peer.index(index);
+            host = host.index(index);
+        }
+        let msg = host
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
+            .build();
+        d.host.link().add(msg).execute()
+    };
+    let what = || format!("host: add veth {}/{}", v.host_name, v.peer_name);
+    match add(true).await {
+        Ok(()) => Ok(Some(index)),
+        // The derived ifindex may be taken on the host: let the kernel pick one (a taken
+        // name fails again and is reported).
+        Err(e) if matches!(routes::errno(&e), Some(libc::EBUSY | libc::EEXIST)) => {
+            add(false).await.map(|()| None).map_err(nl(what()))
+        }
+        Err(e) => Err(nl(what())(e)),
+    }
+}
+
+/// Creates the VM in one pass; on failure removes whatever was made.
+pub(super) async fn create(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
+    match create_inner(d, plan).await {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            if let Err(r) = d.remove_uid(plan.user_id).await {
+                tracing::error!(vm = %plan.vm_id, error = %r, "rolling back a failed create failed");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
+    let rt = tokio::runtime::Handle::current();
+    // One thread creates the netns and, inside it, the tap, sysctls, nft table and a netlink
+    // socket. As soon as the namespace is mounted, the veth pair is created from the host side
+    // concurrently with the rest of that thread's work.
+    let (mounted_tx, mounted_rx) = tokio::sync::oneshot::channel::<()>();
+    let p = plan.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        netns::create_and_run(&p.netns, || -> Result<(Handle, u32), NsError> {
+            let _ = mounted_tx.send(());
+            in_new_netns(&p, &rt)
+        })
+    });
+    let veth = async {
+        let Some(v) = &plan.veth else { return Ok(None) };
+        if mounted_rx.await.is_err() {
+            return Ok(None); // the thread failed before mounting; its error is reported below
+        }
+        add_veth(d, plan, v).await
+    };
+    let (veth, work) = tokio::join!(veth, work);
+    let (ns, tap_index) =
+        work.map_err(|_| NsError::Netns(netns::NetnsError::ThreadPanicked(plan.netns.clone())))???;
+    let veth_index = veth?;
+    // What was just made, so configuring it needs no read-back.
+    let mut st = VmState::default();
+    let known = |name: &str, index, mtu| KLink {
+        index,
+        name: name.to_owned(),
+        mtu,
+        up: true,
+    };
+    st.ns_links.insert("lo".into(), known("lo", 1, 65536));
+    st.ns_links.insert(
+        plan.tap.name.clone(),
+        known(&plan.tap.name, tap_index, plan.tap.mtu),
+    );
+    if let (Some(v), Some(index)) = (&plan.veth, veth_index) {
+        st.host_link = Some(known(&v.host_name, index, v.mtu));
+        let peer = KLink {
+            up: false,
+            ..known(&v.peer_name, index, v.mtu)
+        };
+        st.ns_links.insert(v.peer_name.clone(), peer);
+    }
+    let (links, host_link) = configure_fixed(d, plan, &ns, &st).await?;
+    let want = observe::resolve(plan, &links, host_link.as_ref(), &d.host).await?;
+    let mut ignored = Vec::new();
+    sync_routes(d, plan, &ns, &want, &st, &mut ignored).await?;
+    Ok(vec![Change::CreateVm {
+        netns: plan.netns.clone(),
+    }])
+}
+
+/// The work on the thread that just created the VM's netns: tap (persistent, owner, MTU, up),
+/// lo up, sysctls, the nft table (one transaction) and a netlink socket bound to the netns.
+/// Returns the socket's handle and the tap's ifindex.
+fn in_new_netns(plan: &VmPlan, rt: &tokio::runtime::Handle) -> Result<(Handle, u32), NsError> {
+    let tap_err = |op| {
+        let name = plan.tap.name.clone();
+        move |source| NsError::Tap { name, op, source }
+    };
+    inns::create_tap(&plan.tap)?;
+    let tap_index =
+        inns::link_up(&plan.tap.name, Some(plan.tap.mtu)).map_err(tap_err("set mtu/up"))?;
+    inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
+    inns::write_sysctls(&plan.netns, &plan.ns_sysctls)?;
+    // A fresh netns has no table yet: skip the replace prologue (a delete makes closing the nft
+    // socket slow), keep the rest of the one transaction.
+    inns::run_nft(&plan.netns, &without_replace_prologue(&plan.nft))?;
+    let _guard = rt.enter();
+    let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
+        NsError::Netns(netns::NetnsError::Io {
+            name: plan.netns.clone(),
+            op: "open rtnetlink socket",
+            source,
+        })
+    })?;
+    rt.spawn(conn);
+    Ok((h, tap_index))
+}
+
+/// The transaction without its leading `add table` + `delete table` pair.
+pub(super) fn without_replace_prologue(nft: &serde_json::Value) -> serde_json::Value {
+    let mut v = nft.clone();
+    if let Some(cmds) = v["nftables"].as_array_mut()
+        && cmds.len() > 2
+        && cmds[1].get("delete").is_some()
+    {
+        cmds.drain(..2);
+    }
+    v
+}

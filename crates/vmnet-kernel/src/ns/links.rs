@@ -1,0 +1,413 @@
+//! The VM's links, repaired in place: a missing tap is made again inside the existing netns, a
+//! veth pair missing (or missing one end) is made again between the host and the existing netns,
+//! a veth pair the plan no longer has is deleted, and MTU, up state and addresses are brought to
+//! the plan (stale addresses removed). Nothing here deletes the netns or a tap that exists, so a
+//! VMM holding the tap keeps it across every repair.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
+use rtnetlink::{Handle, LinkUnspec};
+use vmnet_plan::ns::{NameKind, VmPlan};
+
+use super::create::add_veth;
+use super::driver::NetlinkNsDriver;
+use super::observe::{KAddr, VmState};
+use super::routes::{self, KLink, nl};
+use super::{Change, NsError, Side, inns};
+use crate::netns;
+
+/// A link of the VM that is missing, half there, or not planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LinkFix {
+    /// The tap is missing: make it again in the netns.
+    Tap,
+    /// The planned veth pair is missing: make it.
+    AddVeth,
+    /// One end of the planned pair is missing: delete the other, make the pair again.
+    HalfVeth {
+        /// Whether the end left is the host end (else the netns end).
+        host_left: bool,
+    },
+    /// The plan has no veth pair (no mesh address) but the kernel has one end or both.
+    DelVeth,
+}
+
+/// The link fixes `st` needs to match `plan`, in the order they are made.
+pub(super) fn link_fixes(plan: &VmPlan, st: &VmState) -> Vec<LinkFix> {
+    let mut out = Vec::new();
+    if !st.ns_links.contains_key(&plan.tap.name) {
+        out.push(LinkFix::Tap);
+    }
+    let peer = vmnet_plan::ns::name(&plan.name_prefix, NameKind::PeerVeth, plan.user_id);
+    let (host, peer) = (st.host_link.is_some(), st.ns_links.contains_key(&peer));
+    match (plan.veth.is_some(), host, peer) {
+        (true, true, true) | (false, false, false) => {}
+        (true, false, false) => out.push(LinkFix::AddVeth),
+        (true, host_left, _) => out.push(LinkFix::HalfVeth { host_left }),
+        (false, ..) => out.push(LinkFix::DelVeth),
+    }
+    out
+}
+
+impl LinkFix {
+    /// The change this fix makes, as reported by apply and drift.
+    pub(super) fn change(self, plan: &VmPlan) -> Change {
+        let p = &plan.name_prefix;
+        let host = vmnet_plan::ns::name(p, NameKind::HostVeth, plan.user_id);
+        let peer = vmnet_plan::ns::name(p, NameKind::PeerVeth, plan.user_id);
+        match self {
+            Self::Tap => Change::Repair {
+                what: format!("{}: tap {} missing, made again", plan.netns, plan.tap.name),
+            },
+            Self::AddVeth => Change::AddVeth { host, peer },
+            Self::HalfVeth { host_left } => Change::Repair {
+                what: format!(
+                    "{}: veth {host}/{peer} lost its {} end, made again",
+                    plan.netns,
+                    if host_left { "netns" } else { "host" }
+                ),
+            },
+            Self::DelVeth => Change::DelVeth { host },
+        }
+    }
+}
+
+/// Deletes link `index` through `h`; a link already gone is fine.
+async fn del_link(h: &Handle, index: u32, what: String) -> Result<(), NsError> {
+    match h.link().del(index).execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if routes::errno(&e) == Some(libc::ENODEV) => Ok(()),
+        Err(e) => Err(nl(what)(e)),
+    }
+}
+
+/// Makes the link fixes `st` needs, in place; returns the changes (empty when the links were
+/// all there). The caller observes again afterwards: routes through a re-made link are gone.
+pub(super) async fn repair_links(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+    ns: &Handle,
+    st: &VmState,
+) -> Result<Vec<Change>, NsError> {
+    let mut changes = Vec::new();
+    let w = plan.netns.as_str();
+    let peer = vmnet_plan::ns::name(&plan.name_prefix, NameKind::PeerVeth, plan.user_id);
+    let del_host = || async {
+        match &st.host_link {
+            Some(l) => del_link(&d.host, l.index, format!("host: delete link {}", l.name)).await,
+            None => Ok(()),
+        }
+    };
+    let del_peer = || async {
+        match st.ns_links.get(&peer) {
+            Some(l) => del_link(ns, l.index, format!("{w}: delete link {peer}")).await,
+            None => Ok(()),
+        }
+    };
+    for fix in link_fixes(plan, st) {
+        tracing::warn!(vm = %plan.vm_id, change = %fix.change(plan), "repairing links in place");
+        match (fix, &plan.veth) {
+            (LinkFix::Tap, _) => {
+                let tap = plan.tap.clone();
+                netns::run_in(&plan.netns, move || -> Result<u32, NsError> {
+                    inns::create_tap(&tap)?;
+                    inns::link_up(&tap.name, Some(tap.mtu)).map_err(|source| NsError::Tap {
+                        name: tap.name.clone(),
+                        op: "set mtu/up",
+                        source,
+                    })
+                })??;
+            }
+            (LinkFix::AddVeth, Some(v)) => {
+                add_veth(d, plan, v).await?;
+            }
+            (LinkFix::HalfVeth { host_left }, Some(v)) => {
+                if host_left {
+                    del_host().await?;
+                } else {
+                    del_peer().await?;
+                }
+                add_veth(d, plan, v).await?;
+            }
+            (LinkFix::DelVeth, _) => {
+                // Deleting one end deletes its peer; delete both in case they are not a pair.
+                del_host().await?;
+                del_peer().await?;
+            }
+            (LinkFix::AddVeth | LinkFix::HalfVeth { .. }, None) => {
+                return Err(NsError::Invalid(format!(
+                    "vm {}: a veth fix for a plan without a veth pair",
+                    plan.vm_id
+                )));
+            }
+        }
+        changes.push(fix.change(plan));
+    }
+    Ok(changes)
+}
+
+/// One link of the VM as planned: where, its name, MTU and the two addresses it carries.
+struct LinkSpec<'a> {
+    side: Side,
+    name: &'a str,
+    mtu: u32,
+    addrs: [(IpAddr, u8); 2],
+}
+
+fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
+    let mut out = vec![LinkSpec {
+        side: Side::Vm,
+        name: &plan.tap.name,
+        mtu: plan.tap.mtu,
+        addrs: [
+            (IpAddr::V4(plan.tap.ipv4.addr()), plan.tap.ipv4.prefix_len()),
+            (
+                IpAddr::V6(plan.tap.ipv6_link_local.addr()),
+                plan.tap.ipv6_link_local.prefix_len(),
+            ),
+        ],
+    }];
+    if let Some(v) = &plan.veth {
+        out.push(LinkSpec {
+            side: Side::Vm,
+            name: &v.peer_name,
+            mtu: v.mtu,
+            addrs: [
+                (IpAddr::V4(v.peer_ipv4.addr()), v.peer_ipv4.prefix_len()),
+                (
+                    IpAddr::V6(v.peer_ipv6_link_local.addr()),
+                    v.peer_ipv6_link_local.prefix_len(),
+                ),
+            ],
+        });
+        out.push(LinkSpec {
+            side: Side::Host,
+            name: &v.host_name,
+            mtu: v.mtu,
+            addrs: [
+                (IpAddr::V4(v.host_ipv4.addr()), v.host_ipv4.prefix_len()),
+                (
+                    IpAddr::V6(v.host_ipv6_link_local.addr()),
+                    v.host_ipv6_link_local.prefix_len(),
+                ),
+            ],
+        });
+    }
+    out
+}
+
+/// The link `spec` names in `st`, and the addresses seen on its side.
+fn find<'a>(st: &'a VmState, spec: &LinkSpec<'_>) -> (Option<&'a KLink>, &'a HashSet<KAddr>) {
+    match spec.side {
+        Side::Vm => (st.ns_links.get(spec.name), &st.ns_addrs),
+        Side::Host => (
+            st.host_link.as_ref().filter(|l| l.name == spec.name),
+            &st.host_addrs,
+        ),
+    }
+}
+
+/// Addresses on link `index` that the plan does not put there: every IPv4 address, and IPv6
+/// addresses outside the link-local range (the kernel adds link-locals of its own).
+fn stale(have: &HashSet<KAddr>, index: u32, want: &[(IpAddr, u8); 2]) -> Vec<(IpAddr, u8)> {
+    let mut out: Vec<(IpAddr, u8)> = have
+        .iter()
+        .filter(|(i, a, p)| {
+            *i == index
+                && !want.contains(&(*a, *p))
+                && match a {
+                    IpAddr::V4(_) => true,
+                    IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+                }
+        })
+        .map(|(_, a, p)| (*a, *p))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// The fixed per-VM state that is wrong (MTU, up, addresses missing or stale, lo, sysctls), if
+/// any.
+pub(super) fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
+    let mut bad = Vec::new();
+    for spec in link_specs(plan) {
+        let name = spec.name;
+        match find(st, &spec) {
+            (Some(l), addrs) if l.mtu == spec.mtu && l.up => {
+                if spec
+                    .addrs
+                    .iter()
+                    .any(|(a, p)| !addrs.contains(&(l.index, *a, *p)))
+                {
+                    bad.push(format!("{name} addresses"));
+                }
+                let old = stale(addrs, l.index, &spec.addrs);
+                if !old.is_empty() {
+                    let list: Vec<String> = old.iter().map(|(a, p)| format!("{a}/{p}")).collect();
+                    bad.push(format!("{name} stale addresses {}", list.join(" ")));
+                }
+            }
+            _ => bad.push(format!("{name} mtu/up")),
+        }
+    }
+    if !st.ns_links.get("lo").is_some_and(|l| l.up) {
+        bad.push("lo up".into());
+    }
+    if !st.sysctls_bad.is_empty() {
+        bad.push(format!("sysctls {}", st.sysctls_bad.join(", ")));
+    }
+    (!bad.is_empty()).then(|| format!("{}: {}", plan.netns, bad.join("; ")))
+}
+
+/// Brings lo, the tap and the veth ends to the planned MTU, up and addresses (idempotent; stale
+/// addresses are removed first). The links are configured concurrently (independent netlink
+/// requests). Returns the netns links by name and the host veth.
+pub(super) async fn configure_fixed(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+    ns: &Handle,
+    st: &VmState,
+) -> Result<(std::collections::HashMap<String, KLink>, Option<KLink>), NsError> {
+    let w = plan.netns.as_str();
+    let lo = async {
+        if st.ns_links.get("lo").is_some_and(|l| l.up) {
+            return Ok(());
+        }
+        ns.link()
+            .set(LinkUnspec::new_with_index(1).up().build())
+            .execute()
+            .await
+            .map_err(nl(format!("{w}: set lo up")))
+    };
+    let specs = link_specs(plan);
+    let ensure = specs.iter().map(|spec| {
+        let (known, have) = find(st, spec);
+        let (h, label) = match spec.side {
+            Side::Vm => (ns, w),
+            Side::Host => (&d.host, "host"),
+        };
+        ensure_link(h, spec, known, have, label)
+    });
+    let ((), links) = futures::try_join!(lo, futures::future::try_join_all(ensure))?;
+    let mut ns_links = std::collections::HashMap::new();
+    let mut host = None;
+    for (spec, l) in specs.iter().zip(links) {
+        match spec.side {
+            Side::Vm => {
+                ns_links.insert(l.name.clone(), l);
+            }
+            Side::Host => host = Some(l),
+        }
+    }
+    Ok((ns_links, host))
+}
+
+/// Makes link `spec.name` have its MTU, be up and carry exactly its planned addresses (of the
+/// kinds [`stale`] considers); returns it.
+async fn ensure_link(
+    h: &Handle,
+    spec: &LinkSpec<'_>,
+    known: Option<&KLink>,
+    have: &HashSet<KAddr>,
+    w: &str,
+) -> Result<KLink, NsError> {
+    let name = spec.name;
+    let mut l = match known {
+        Some(l) => l.clone(),
+        None => routes::link_by_name(h, name)
+            .await?
+            .ok_or_else(|| NsError::Missing(format!("{w}: link {name} is missing")))?,
+    };
+    let old = stale(have, l.index, &spec.addrs);
+    if !old.is_empty() {
+        del_addrs(h, l.index, &old, w).await?;
+    }
+    if l.mtu != spec.mtu || !l.up {
+        h.link()
+            .set(
+                LinkUnspec::new_with_index(l.index)
+                    .mtu(spec.mtu)
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(nl(format!("{w}: set {name} mtu/up")))?;
+        l.mtu = spec.mtu;
+        l.up = true;
+    }
+    let [(a1, p1), (a2, p2)] = spec.addrs;
+    futures::try_join!(
+        add_addr(h, have, l.index, a1, p1, w),
+        add_addr(h, have, l.index, a2, p2, w),
+    )?;
+    Ok(l)
+}
+
+/// Deletes the addresses `gone` from link `index` (as the kernel lists them).
+async fn del_addrs(h: &Handle, index: u32, gone: &[(IpAddr, u8)], w: &str) -> Result<(), NsError> {
+    let msgs: Vec<_> = h
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl(format!("{w}: dump addresses of #{index}")))?;
+    for m in msgs.into_iter().filter(|m| m.header.index == index) {
+        let Some(ip) = m.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let plen = m.header.prefix_len;
+        if !gone.contains(&(ip, plen)) {
+            continue;
+        }
+        match h.address().del(m).execute().await {
+            Ok(()) => {}
+            Err(e) if matches!(routes::errno(&e), Some(libc::EADDRNOTAVAIL | libc::ENODEV)) => {}
+            Err(e) => {
+                return Err(nl(format!("{w}: delete address {ip}/{plen} on #{index}"))(
+                    e,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds an address unless `have` lists it (IPv6 without duplicate address detection, so it is
+/// usable at once).
+async fn add_addr(
+    h: &Handle,
+    have: &HashSet<KAddr>,
+    index: u32,
+    ip: IpAddr,
+    plen: u8,
+    w: &str,
+) -> Result<(), NsError> {
+    if have.contains(&(index, ip, plen)) {
+        return Ok(());
+    }
+    let mut req = h.address().add(index, ip, plen).replace();
+    if ip.is_ipv6() {
+        let m = req.message_mut();
+        m.header.flags = AddressHeaderFlags::Nodad;
+        m.attributes
+            .retain(|a| !matches!(a, AddressAttribute::Flags(_)));
+        m.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+    }
+    req.execute()
+        .await
+        .map_err(nl(format!("{w}: add address {ip}/{plen} on #{index}")))
+}
+
+#[cfg(test)]
+#[path = "links_tests.rs"]
+mod tests;

@@ -1,0 +1,255 @@
+//! Namespace mode repairs in place (root required): with a process holding the VM's tap open
+//! (the testkit's frame relay, as a VMM does), adding a mesh address, losing the veth pair or
+//! one end of it, changing the mesh address, the MTU, the tap's address or the transit range
+//! each keep the netns (same inode) and the tap (same ifindex), and the guest keeps exchanging
+//! frames through the held tap after each repair.
+
+mod ns_support;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+use ns_support::{Env, T, link_info, vm_json};
+use vmnet_kernel::ns::{Change, NetlinkNsDriver, NsDriver};
+use vmnet_model::vm::parse_vm_config;
+use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
+use vmnet_testkit::echo::EchoService;
+use vmnet_testkit::guest::SimGuest;
+use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_V4};
+use vmnet_testkit::{netns, traffic};
+
+/// What must stay the same across every repair, and the traffic that must keep passing.
+struct Held {
+    netns: String,
+    tap: String,
+    tap_index: u32,
+    inode: u64,
+    guest: SimGuest,
+}
+
+fn inode(ns: &str) -> u64 {
+    std::fs::metadata(netns::path(ns)).expect("netns").ino()
+}
+
+impl Held {
+    /// Applies `plan` through `driver`; asserts it was a repair in place (no create, no remove,
+    /// same netns inode and tap ifindex) whose changes match `expect`, that a second apply
+    /// changes nothing, and that the guest still reaches the fake internet through the held
+    /// tap (NAT to the sandbox uplink) with frames copied by the relay.
+    async fn repair(
+        &self,
+        driver: &dyn NsDriver,
+        plan: &VmPlan,
+        step: &str,
+        expect: impl Fn(&Change) -> bool,
+    ) {
+        let before = self.guest.relay().stats();
+        let changes = driver.apply(plan).await.expect(step);
+        assert!(changes.iter().any(&expect), "{step}: {changes:?}");
+        assert!(
+            !changes
+                .iter()
+                .any(|c| matches!(c, Change::CreateVm { .. } | Change::RemoveVm { .. })),
+            "{step}: rebuilt: {changes:?}"
+        );
+        assert_eq!(inode(&self.netns), self.inode, "{step}: same netns");
+        assert_eq!(
+            link_info(&self.netns, &self.tap).map(|l| l.1),
+            Some(self.tap_index),
+            "{step}: same tap"
+        );
+        assert!(
+            driver.apply(plan).await.unwrap().is_empty(),
+            "{step}: converged"
+        );
+        assert!(driver.drift(plan).await.unwrap().is_empty(), "{step}");
+        let echo = SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT);
+        let r = traffic::udp_echo(self.guest.netns(), echo, T)
+            .unwrap_or_else(|e| panic!("{step}: guest → internet after the repair: {e}"));
+        assert_eq!(r.peer.ip(), IpAddr::V4(HOST_UPLINK_V4), "{step}");
+        // The relay counts a frame after writing it: the echo may be done before both counts.
+        let deadline = std::time::Instant::now() + T;
+        let mut after = self.guest.relay().stats();
+        while (after.to_guest == before.to_guest || after.from_guest == before.from_guest)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            after = self.guest.relay().stats();
+        }
+        assert!(
+            after.to_guest > before.to_guest && after.from_guest > before.from_guest,
+            "{step}: frames through the held tap: {before:?} → {after:?}"
+        );
+    }
+}
+
+fn plan_with(settings: &NsSettings, json: &str) -> VmPlan {
+    plan_vm(&parse_vm_config(json.as_bytes()).unwrap(), settings).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repairs_keep_the_netns_and_the_tap_a_vmm_holds() {
+    let env = Env::new();
+    let _echo = env.sb.start_echo().expect("echo");
+    let uid = 0x2a;
+    // Routes need a mesh address (no veth pair without one).
+    let json = |mesh: Option<&str>| {
+        let routes: &[(&str, &str)] = if mesh.is_some() {
+            &[("0.0.0.0/0", "host")]
+        } else {
+            &[]
+        };
+        vm_json("held", uid, mesh, routes)
+    };
+
+    // A VM without a mesh address: a tap, no veth pair. The guest attaches to the tap.
+    let bare = env.plan(&json(None));
+    env.driver.apply(&bare).await.expect("create");
+    let guest = env.guest("held", &bare, &[], 1380);
+    let local = EchoService::start(
+        &bare.netns,
+        &[SocketAddr::new(IpAddr::V4(Ipv4Addr::new(172, 16, 0, 1)), 7)],
+    )
+    .unwrap();
+    traffic::udp_echo(
+        guest.netns(),
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(172, 16, 0, 1)), 7),
+        T,
+    )
+    .expect("guest ↔ tap before any repair");
+    drop(local);
+    let held = Held {
+        netns: bare.netns.clone(),
+        tap: bare.tap.name.clone(),
+        tap_index: link_info(&bare.netns, &bare.tap.name).unwrap().1,
+        inode: inode(&bare.netns),
+        guest,
+    };
+    let d = env.driver.as_ref();
+    let is_add_veth = |c: &Change| c.to_string().starts_with("host: add veth");
+    let is_repair = |c: &Change| matches!(c, Change::Repair { .. });
+
+    // 1. A mesh address added: the veth pair joins the existing netns.
+    let plan = env.plan(&json(Some("fdaa:9::2a")));
+    held.repair(d, &plan, "mesh address added", is_add_veth)
+        .await;
+    let v = plan.veth.clone().unwrap();
+
+    // 2. The veth pair deleted (deleting the host end takes the peer along).
+    env.host_ip(&["link", "del", &v.host_name]);
+    held.repair(d, &plan, "veth pair deleted", is_add_veth)
+        .await;
+
+    // 3. The netns end moved away: the host end is left without its peer.
+    let stray = env.sb.add_netns("stray").unwrap();
+    netns::ip(&plan.netns, &["link", "set", &v.peer_name, "netns", &stray]).unwrap();
+    held.repair(d, &plan, "netns end gone", is_repair).await;
+
+    // 4. The host end moved away: the netns end is left without its peer.
+    env.host_ip(&["link", "set", &v.host_name, "netns", &stray]);
+    held.repair(d, &plan, "host end gone", is_repair).await;
+
+    // 5. The mesh address changed.
+    let plan = env.plan(&json(Some("fdaa:9::99")));
+    held.repair(d, &plan, "mesh address changed", |c| {
+        matches!(c, Change::AddRoute(..))
+    })
+    .await;
+
+    // 6. The tap's address changed by hand: the planned one comes back, the stray one goes.
+    netns::ip(
+        &plan.netns,
+        &["addr", "del", "172.16.0.1/30", "dev", &plan.tap.name],
+    )
+    .unwrap();
+    netns::ip(
+        &plan.netns,
+        &["addr", "add", "172.16.0.5/30", "dev", &plan.tap.name],
+    )
+    .unwrap();
+    held.repair(d, &plan, "tap address changed", is_repair)
+        .await;
+    let addrs = netns::ip(&plan.netns, &["-4", "addr", "show", "dev", &plan.tap.name]).unwrap();
+    assert!(
+        addrs.contains("172.16.0.1/30") && !addrs.contains("172.16.0.5"),
+        "{addrs}"
+    );
+
+    // 7. The MTU changed (the agent restarted with another --mtu).
+    let mut mtu = env.settings.clone();
+    mtu.mtu = 1400;
+    let plan = plan_with(&mtu, &json(Some("fdaa:9::99")));
+    held.repair(d, &plan, "mtu changed", is_repair).await;
+    assert_eq!(link_info(&plan.netns, &plan.tap.name).unwrap().0, 1400);
+    assert_eq!(link_info(&env.sb.host(), &v.host_name).unwrap().0, 1400);
+
+    // 8. The transit range changed (another agent configuration on the same host): the veth
+    // addresses are replaced in place and the host masquerades the new range.
+    let mut transit = mtu.clone();
+    transit.transit_ipv4 = "10.210.0.0/16".parse().unwrap();
+    let other: Arc<dyn NsDriver> =
+        Arc::new(NetlinkNsDriver::new(transit.clone(), Some(env.sb.host())).unwrap());
+    let plan = plan_with(&transit, &json(Some("fdaa:9::99")));
+    held.repair(other.as_ref(), &plan, "transit changed", is_repair)
+        .await;
+    let host4 = env.host_ip(&["-4", "addr", "show", "dev", &v.host_name]);
+    assert!(
+        host4.contains("10.210.0.169/30") && !host4.contains("10.200."),
+        "{host4}"
+    );
+
+    // 9. The mesh address removed: the veth pair goes, the tap stays.
+    let gone = plan_with(&transit, &json(None));
+    let changes = other.apply(&gone).await.unwrap();
+    assert!(
+        changes
+            .iter()
+            .any(|c| c.to_string().starts_with("host: delete veth")),
+        "{changes:?}"
+    );
+    assert!(link_info(&env.sb.host(), &v.host_name).is_none());
+    assert_eq!(inode(&held.netns), held.inode);
+    assert_eq!(link_info(&held.netns, &held.tap).unwrap().1, held.tap_index);
+    assert!(other.drift(&gone).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_tap_is_made_again_inside_the_same_netns() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json(
+        "t",
+        0x2b,
+        Some("fdaa:9::2b"),
+        &[("0.0.0.0/0", "host")],
+    ));
+    env.driver.apply(&plan).await.unwrap();
+    let ino = inode(&plan.netns);
+    let v = plan.veth.clone().unwrap();
+    let host_index = link_info(&env.sb.host(), &v.host_name).unwrap().1;
+    netns::ip(&plan.netns, &["link", "del", &plan.tap.name]).unwrap();
+    let drift = env.driver.drift(&plan).await.unwrap();
+    assert!(
+        drift.iter().any(|c| c.to_string().contains("tap")),
+        "{drift:?}"
+    );
+    env.driver.apply(&plan).await.unwrap();
+    assert_eq!(inode(&plan.netns), ino, "same netns");
+    assert_eq!(
+        link_info(&env.sb.host(), &v.host_name).unwrap().1,
+        host_index,
+        "veth kept"
+    );
+    assert!(link_info(&plan.netns, &plan.tap.name).is_some());
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+    // The re-made tap carries traffic.
+    let _echo = env.sb.start_echo().unwrap();
+    let guest = env.guest("t", &plan, &[], 1380);
+    let r = traffic::udp_echo(
+        guest.netns(),
+        SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT),
+        T,
+    )
+    .expect("through the re-made tap");
+    assert_eq!(r.peer.ip(), IpAddr::V4(HOST_UPLINK_V4));
+}
