@@ -6,8 +6,8 @@
 //! only tests need: [`require_root`].
 
 pub use vmnet_sandbox::{
-    Fleet, Sandbox, SandboxError, echo, fleet, guest, netns, postgres, probe, relay, sandbox,
-    sim_guest, tap, traffic,
+    Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, netns, postgres, probe, relay,
+    sandbox, sim_guest, tap, traffic,
 };
 
 /// Panics with a clear message unless the process runs as root. Privileged tests call this
