@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
-use common::{Harness, assert_error};
-use pool_fakes::{FakeTaps, Pool, SharedNft, pool, start_node, tap_of};
+use common::{Harness, assert_error, instance, range};
+use pool_fakes::{FakeTaps, Pool, SharedNft, host_links, placed, pool, start_node, tap_of};
 use serde_json::{Value, json};
 use vmnet_model::nic::MacAddr;
 
@@ -223,26 +223,10 @@ async fn without_pool_mode_status_has_no_pool_and_nics_are_not_realised() {
     let h = Harness::new().await;
     let (_, st) = h.call(Method::GET, "/v1/status", None).await;
     assert_eq!(st["pool"], Value::Null);
-    h.call(
-        Method::PUT,
-        "/v1/hosts/h1",
-        Some(json!({"vcpus": 1, "memory_mib": 512})),
-    )
-    .await;
-    h.call(
-        Method::PUT,
-        "/v1/pools/p9/range",
-        Some(json!({"cidr": "192.168.9.0/24", "gateway": "192.168.9.1"})),
-    )
-    .await;
-    let (s, v) = h
-        .call(
-            Method::POST,
-            "/v1/instances",
-            Some(json!({"instance_id": "i1", "pool_id": "p9", "vcpus": 1, "memory_mib": 256})),
-        )
+    h.with_host("h1", 1, 512).await;
+    h.with_range("p9", range("192.168.9.0/24", "192.168.9.1"))
         .await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
+    h.with_instance(instance("i1", "p9")).await;
     let (s, v) = h.call(Method::GET, "/v1/instances/i1/nics", None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["realised"], false);
@@ -382,42 +366,17 @@ async fn a_range_change_updates_running_instances_in_place_without_new_taps() {
 async fn a_restarted_agent_loads_the_placed_taps_first_and_drops_the_elements_of_the_gone() {
     // The store as an earlier agent left it: three instances here, one elsewhere, their taps.
     let h = Harness::new().await;
-    for (path, body) in [
-        (
-            "/v1/pools/p1/range",
-            json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1"}),
-        ),
-        ("/v1/hosts/h1", json!({"vcpus": 8, "memory_mib": 8192})),
-        ("/v1/hosts/h2", json!({"vcpus": 8, "memory_mib": 8192})),
-    ] {
-        let (st, v) = h.call(Method::PUT, path, Some(body)).await;
-        assert_eq!(st, StatusCode::OK, "{path}: {v}");
-    }
-    for (id, host) in [
-        ("inst-a", "h1"),
-        ("inst-b", "h1"),
-        ("inst-c", "h1"),
-        ("inst-x", "h2"),
-    ] {
-        let (st, v) = h
-            .call(
-                Method::POST,
-                "/v1/instances",
-                Some(json!({"instance_id": id, "pool_id": "p1", "host_id": host, "vcpus": 1, "memory_mib": 256})),
-            )
-            .await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-    }
-    let links = FakeTaps::default();
-    {
-        let mut l = links.0.lock().unwrap();
-        l.bridges.push("br0".into());
-        l.addrs = vec!["203.0.113.2".parse().unwrap()];
-        for id in ["inst-a", "inst-b", "inst-c", "inst-gone"] {
-            l.taps
-                .insert(tap_of(id), ("br0".into(), MacAddr::for_instance(id)));
-        }
-    }
+    placed(
+        &h,
+        &[
+            ("inst-a", "h1"),
+            ("inst-b", "h1"),
+            ("inst-c", "h1"),
+            ("inst-x", "h2"),
+        ],
+    )
+    .await;
+    let links = host_links(&["inst-a", "inst-b", "inst-c", "inst-gone"]);
     let nft = SharedNft::default();
     let node = start_node(&h, "br0", &nft, &links, Duration::from_secs(60))
         .await

@@ -6,24 +6,13 @@
 mod common;
 
 use axum::http::Method;
-use common::{Harness, assert_error};
+use common::{Harness, assert_error, instance, range, vm};
 use serde_json::json;
 
 async fn overlapping_range_is_409_naming_the_other_pool(h: &Harness) {
-    let (st, r) = h
-        .call(
-            Method::PUT,
-            "/v1/pools/p1/range",
-            Some(json!({"cidr": "10.20.0.0/24", "gateway": "10.20.0.1"})),
-        )
-        .await;
-    assert_eq!(st, 200, "{r}");
+    h.with_range("p1", range("10.20.0.0/24", "10.20.0.1")).await;
     let got = h
-        .call(
-            Method::PUT,
-            "/v1/pools/p2/range",
-            Some(json!({"cidr": "10.20.0.0/16", "gateway": "10.20.128.1"})),
-        )
+        .put_range("p2", range("10.20.0.0/16", "10.20.128.1"))
         .await;
     assert_error(
         &got,
@@ -31,44 +20,21 @@ async fn overlapping_range_is_409_naming_the_other_pool(h: &Harness) {
         "CONFLICT",
         &["pool p2: cidr 10.20.0.0/16 overlaps cidr 10.20.0.0/24 of pool p1"],
     );
-    let (_, pools) = h.call(Method::GET, "/v1/pools", None).await;
+    let (_, pools) = h.get("/v1/pools").await;
     assert_eq!(
         pools.as_array().unwrap().len(),
         1,
         "the refused range created no pool: {pools}"
     );
-    let got = h
-        .call(
-            Method::PUT,
-            "/v1/pools/p2/range",
-            Some(json!({"cidr": "0.0.0.0/0", "gateway": "10.20.0.1"})),
-        )
-        .await;
+    let got = h.put_range("p2", range("0.0.0.0/0", "10.20.0.1")).await;
     assert_error(&got, 400, "INVALID_INPUT", &["pool p2: cidr 0.0.0.0/0"]);
 }
 
 async fn repeated_identical_create_is_200_with_the_instance(h: &Harness) {
-    let (st, r) = h
-        .call(
-            Method::PUT,
-            "/v1/pools/p1/range",
-            Some(json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1"})),
-        )
-        .await;
-    assert_eq!(st, 200, "{r}");
-    let (st, r) = h
-        .call(
-            Method::PUT,
-            "/v1/hosts/h1",
-            Some(json!({"vcpus": 4, "memory_mib": 4096})),
-        )
-        .await;
-    assert_eq!(st, 200, "{r}");
-    let body = json!({"instance_id": "vm1", "pool_id": "p1", "vcpus": 1, "memory_mib": 512});
-    let (st, first) = h
-        .call(Method::POST, "/v1/instances", Some(body.clone()))
-        .await;
-    assert_eq!(st, 201, "{first}");
+    h.with_range("p1", range("10.0.0.0/29", "10.0.0.1")).await;
+    h.with_host("h1", 4, 4096).await;
+    let body = instance("vm1", "p1");
+    let first = h.with_instance(body.clone()).await;
     // The reply was lost; the client sends the same request again (POST or PUT).
     for m in [Method::POST, Method::PUT] {
         let (st, again) = h.call(m.clone(), "/v1/instances", Some(body.clone())).await;
@@ -77,21 +43,20 @@ async fn repeated_identical_create_is_200_with_the_instance(h: &Harness) {
     }
     // Defaults spelled out or left out are the same request.
     let (st, _) = h
-        .call(
-            Method::POST,
+        .post(
             "/v1/instances",
-            Some(json!({"instance_id": "vm1", "pool_id": "p1"})),
+            json!({"instance_id": "vm1", "pool_id": "p1"}),
         )
         .await;
     assert_eq!(st, 200);
-    let (_, host) = h.call(Method::GET, "/v1/hosts/h1", None).await;
+    let (_, host) = h.get("/v1/hosts/h1").await;
     assert_eq!(host["used_vcpus"], 1, "claimed once: {host}");
-    let (_, leases) = h.call(Method::GET, "/v1/pools/p1/leases", None).await;
+    let (_, leases) = h.get("/v1/pools/p1/leases").await;
     assert_eq!(leases.as_array().unwrap().len(), 1, "leased once: {leases}");
     let mut other = body.clone();
     other["memory_mib"] = json!(1024);
     assert_error(
-        &h.call(Method::POST, "/v1/instances", Some(other)).await,
+        &h.post("/v1/instances", other).await,
         409,
         "CONFLICT",
         &["instance vm1 already exists with memory_mib 512 (this request: 1024)"],
@@ -101,8 +66,7 @@ async fn repeated_identical_create_is_200_with_the_instance(h: &Harness) {
 /// `PUT /v1/vms/{id}` is an upsert: the same body again answers the same VM and changes nothing
 /// in the kernel; a different body replaces the config (no `409` for the VM's own id).
 async fn repeated_vm_put_is_an_upsert(h: &Harness) {
-    let vm = json!({"id": "vm-1", "user_id": 7, "tenant": 1, "mesh_ipv6": "fdaa:1::7",
-                    "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}});
+    let vm = vm("vm-1", 7);
     let (st, first) = h.put_vm(&vm).await;
     assert_eq!(st, 200, "{first}");
     let applied = h.driver.applied(7).unwrap();
@@ -115,7 +79,7 @@ async fn repeated_vm_put_is_an_upsert(h: &Harness) {
         applied,
         "the kernel holds the same plan"
     );
-    let (_, list) = h.call(Method::GET, "/v1/vms", None).await;
+    let (_, list) = h.get("/v1/vms").await;
     assert_eq!(list.as_array().unwrap().len(), 1);
     let mut other = vm.clone();
     other["network"]["routes"] = json!([{"destination": "192.0.2.0/24", "via": "host"}]);
@@ -131,50 +95,23 @@ async fn repeated_vm_put_is_an_upsert(h: &Harness) {
 /// request succeeds (on PostgreSQL the store's lock order keeps them from deadlocking, and a
 /// transaction that still fails so is retried; no answer carries the database's message).
 async fn host_loss_amid_creates_and_deletes_always_answers(h: &Harness) {
-    let (st, r) = h
-        .call(
-            Method::PUT,
-            "/v1/pools/p1/range",
-            Some(json!({"cidr": "10.60.0.0/20", "gateway": "10.60.0.1"})),
-        )
-        .await;
-    assert_eq!(st, 200, "{r}");
+    h.with_range("p1", range("10.60.0.0/20", "10.60.0.1")).await;
     for host in ["h0", "h1"] {
-        let (st, _) = h
-            .call(
-                Method::PUT,
-                &format!("/v1/hosts/{host}"),
-                Some(json!({"vcpus": 10_000, "memory_mib": 10_000_000})),
-            )
-            .await;
-        assert_eq!(st, 200);
+        h.with_host(host, 10_000, 10_000_000).await;
     }
     let mut live: Vec<String> = Vec::new();
     for r in 0..5 {
         let lost = format!("lost{r}");
-        let (st, _) = h
-            .call(
-                Method::PUT,
-                &format!("/v1/hosts/{lost}"),
-                Some(json!({"vcpus": 100, "memory_mib": 100_000})),
-            )
-            .await;
-        assert_eq!(st, 200);
+        h.with_host(&lost, 100, 100_000).await;
         for i in 0..10 {
             let body = json!({"instance_id": format!("r{r}-on-{i}"), "pool_id": "p1",
                               "host_id": lost, "recreate_on_host_loss": i % 2 == 0});
-            assert_eq!(
-                h.call(Method::POST, "/v1/instances", Some(body)).await.0,
-                201
-            );
+            h.with_instance(body).await;
         }
         while live.len() < 20 {
             let id = format!("r{r}-pre-{}", live.len());
-            let body = json!({"instance_id": id, "pool_id": "p1"});
-            assert_eq!(
-                h.call(Method::POST, "/v1/instances", Some(body)).await.0,
-                201
-            );
+            h.with_instance(json!({"instance_id": id, "pool_id": "p1"}))
+                .await;
             live.push(id);
         }
         let mut calls = Vec::new();

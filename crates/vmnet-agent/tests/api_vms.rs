@@ -4,13 +4,8 @@
 mod common;
 
 use axum::http::Method;
-use common::{FakeDriver, Harness, assert_error, settings};
+use common::{FakeDriver, Harness, assert_error, settings, vm};
 use serde_json::{Value, json};
-
-fn vm(id: &str, uid: u32) -> Value {
-    json!({"id": id, "user_id": uid, "tenant": 1, "mesh_ipv6": format!("fdaa:1::{uid:x}"),
-           "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}})
-}
 
 #[tokio::test]
 async fn put_get_list_delete() {

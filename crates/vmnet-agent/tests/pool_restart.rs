@@ -7,11 +7,8 @@ mod pool_fakes;
 
 use std::time::Duration;
 
-use axum::http::{Method, StatusCode};
 use common::Harness;
-use pool_fakes::{FakeTaps, SharedNft, start_node, tap_of};
-use serde_json::json;
-use vmnet_model::nic::MacAddr;
+use pool_fakes::{SharedNft, host_links, placed, start_node, tap_of};
 
 /// Taps the fake nft holds elements for (its `taps` set), sorted.
 fn held(node: &vmnet_agent::pool::node::PoolNode) -> Vec<String> {
@@ -28,39 +25,11 @@ fn held(node: &vmnet_agent::pool::node::PoolNode) -> Vec<String> {
 async fn a_failing_ensure_after_a_restart_keeps_the_taps_running_vms_hold() {
     // The store and the links as an earlier agent left them: two instances here, their taps.
     let h = Harness::new().await;
-    for (path, body) in [
-        (
-            "/v1/pools/p1/range",
-            json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1"}),
-        ),
-        ("/v1/hosts/h1", json!({"vcpus": 8, "memory_mib": 8192})),
-    ] {
-        let (st, v) = h.call(Method::PUT, path, Some(body)).await;
-        assert_eq!(st, StatusCode::OK, "{path}: {v}");
-    }
-    for id in ["inst-a", "inst-b"] {
-        let (st, v) = h
-            .call(
-                Method::POST,
-                "/v1/instances",
-                Some(json!({"instance_id": id, "pool_id": "p1", "host_id": "h1", "vcpus": 1, "memory_mib": 256})),
-            )
-            .await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-    }
+    placed(&h, &[("inst-a", "h1"), ("inst-b", "h1")]).await;
     let (tap_a, tap_b) = (tap_of("inst-a"), tap_of("inst-b"));
-    let links = FakeTaps::default();
-    {
-        let mut l = links.0.lock().unwrap();
-        l.bridges.push("br0".into());
-        l.addrs = vec!["203.0.113.2".parse().unwrap()];
-        for id in ["inst-a", "inst-b"] {
-            l.taps
-                .insert(tap_of(id), ("br0".into(), MacAddr::for_instance(id)));
-        }
-        // inst-a's tap cannot be ensured again (e.g. its guard cannot be attached).
-        l.failing.push(tap_a.clone());
-    }
+    let links = host_links(&["inst-a", "inst-b"]);
+    // inst-a's tap cannot be ensured again (e.g. its guard cannot be attached).
+    links.0.lock().unwrap().failing.push(tap_a.clone());
     let nft = SharedNft::default();
     let node = start_node(&h, "br0", &nft, &links, Duration::from_secs(60))
         .await

@@ -6,13 +6,8 @@
 mod common;
 
 use axum::http::Method;
-use common::{FakeDriver, Harness, settings};
+use common::{FakeDriver, Harness, settings, vm};
 use serde_json::{Value, json};
-
-fn vm(id: &str, uid: u32) -> Value {
-    json!({"id": id, "user_id": uid, "tenant": 1, "mesh_ipv6": format!("fdaa:1::{uid:x}"),
-           "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}})
-}
 
 #[tokio::test]
 async fn restart_converges_from_the_store_and_collects_orphans() {

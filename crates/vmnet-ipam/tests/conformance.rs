@@ -14,9 +14,7 @@ mod cases {
     /// The spec's example: /29, gateway .1 → .2 to .6 in order, a sixth fails until one is
     /// deleted, then it gets the freed address.
     pub async fn spec_example_slash29(db: &Db) {
-        let r = set_pool(db, range("p1", "10.0.0.0/29", "10.0.0.1"))
-            .await
-            .unwrap();
+        let r = with_pool(db, "p1", "10.0.0.0/29", "10.0.0.1").await;
         assert_eq!(
             (r.first_host, r.last_host),
             (ip("10.0.0.2"), ip("10.0.0.6"))
@@ -86,9 +84,7 @@ mod cases {
 
     /// Calling set_ip_pool again replaces the range; leases outside the new range stay.
     pub async fn replacement_keeps_leases_outside_the_new_range(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-            .await
-            .unwrap();
+        with_pool(db, "p1", "10.0.0.0/24", "10.0.0.1").await;
         for i in 0..4 {
             lease(db, "p1", &format!("vm{i}")).await.unwrap();
         }
@@ -118,9 +114,7 @@ mod cases {
         );
         // Widening the range again makes the free out-of-range addresses leasable; the held ones
         // stay held.
-        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-            .await
-            .unwrap();
+        with_pool(db, "p1", "10.0.0.0/24", "10.0.0.1").await;
         assert_eq!(lease(db, "p1", "n3").await.unwrap(), Some(ip("10.0.0.3")));
         assert_eq!(lease(db, "p1", "n4").await.unwrap(), Some(ip("10.0.0.6")));
     }
@@ -177,9 +171,7 @@ mod cases {
 
     /// /31 (RFC 3021): both addresses usable; /32: the one address.
     pub async fn slash31_and_slash32(db: &Db) {
-        let r = set_pool(db, range("p31", "10.0.0.0/31", "10.0.0.0"))
-            .await
-            .unwrap();
+        let r = with_pool(db, "p31", "10.0.0.0/31", "10.0.0.0").await;
         assert_eq!(
             (r.first_host, r.last_host),
             (ip("10.0.0.1"), ip("10.0.0.1"))
@@ -230,12 +222,8 @@ mod cases {
     /// An instance holds at most one lease; placing it again returns the same address; a
     /// release gives the address back and the next lease takes it (lowest free).
     pub async fn one_lease_per_instance_and_release(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-            .await
-            .unwrap();
-        set_pool(db, range("p2", "10.1.0.0/24", "10.1.0.1"))
-            .await
-            .unwrap();
+        with_pool(db, "p1", "10.0.0.0/24", "10.0.0.1").await;
+        with_pool(db, "p2", "10.1.0.0/24", "10.1.0.1").await;
         assert_eq!(lease(db, "p1", "a").await.unwrap(), Some(ip("10.0.0.2")));
         assert_eq!(lease(db, "p1", "b").await.unwrap(), Some(ip("10.0.0.3")));
         assert_eq!(lease(db, "p1", "a").await.unwrap(), Some(ip("10.0.0.2")));
@@ -269,9 +257,7 @@ mod cases {
 
     /// Leases are listed in address order (.10 after .9), on both stores.
     pub async fn leases_listed_in_address_order(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-            .await
-            .unwrap();
+        with_pool(db, "p1", "10.0.0.0/24", "10.0.0.1").await;
         for i in 0..12 {
             lease(db, "p1", &format!("vm{i:02}")).await.unwrap();
         }
@@ -315,9 +301,7 @@ mod cases {
     /// A lease whose insert hits an address taken behind the index's back (as a racing writer
     /// would) is retried on the next free address, and the caller's transaction stays usable.
     pub async fn conflicting_insert_retries_on_next_address(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-            .await
-            .unwrap();
+        with_pool(db, "p1", "10.0.0.0/24", "10.0.0.1").await;
         // Occupy .2 .. .4 without touching the free index.
         let mut tx = db.begin().await.unwrap();
         let sql = match &tx {

@@ -42,9 +42,7 @@ async fn run(db: &Db, op: &Op) -> Result<String, Error> {
 
 async fn rounds(db: &Db) {
     let started = Instant::now();
-    set_pool(db, range("p1", "10.50.0.0/20", "10.50.0.1"))
-        .await
-        .unwrap();
+    with_pool(db, "p1", "10.50.0.0/20", "10.50.0.1").await;
     for h in ["h0", "h1"] {
         add_host(db, h, 100_000, 100_000_000).await;
     }

@@ -15,14 +15,9 @@ mod idempotent {
     use crate::common::*;
 
     async fn setup(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-            .await
-            .unwrap();
-        set_pool(db, range("p2", "10.0.1.0/24", "10.0.1.1"))
-            .await
-            .unwrap();
-        add_host(db, "h1", 8, 8192).await;
-        add_host(db, "h2", 8, 8192).await;
+        with_pool(db, "p1", "10.0.0.0/24", "10.0.0.1").await;
+        with_pool(db, "p2", "10.0.1.0/24", "10.0.1.1").await;
+        with_hosts(db, &["h1", "h2"]).await;
     }
 
     pub async fn identical_create_returns_the_existing_instance(db: &Db) {
@@ -51,17 +46,15 @@ mod idempotent {
         tx.commit().await.unwrap();
         assert!(out.created);
         // With the host named, the same again.
-        let mut on = inst("vm3", "p1");
-        on.host_id = Some("h2".into());
-        let placed = create(db, &on).await.unwrap();
-        assert_eq!(create(db, &on).await.unwrap(), placed);
+        let on_h2 = on("vm3", "p1", "h2");
+        let placed = create(db, &on_h2).await.unwrap();
+        assert_eq!(create(db, &on_h2).await.unwrap(), placed);
         check_invariants(db).await;
     }
 
     pub async fn different_request_with_the_same_id_is_conflict(db: &Db) {
         setup(db).await;
-        let mut base = inst("vm1", "p1");
-        base.host_id = Some("h1".into());
+        let base = on("vm1", "p1", "h1");
         create(db, &base).await.unwrap();
         let before = snapshot(db).await;
         type Change = Box<dyn Fn(&mut vmnet_ipam::NewInstance)>;

@@ -2,7 +2,9 @@
 //! they read as policy `public`, sandbox off, allocation id = instance id, on both stores.
 #![allow(missing_docs)]
 
-use vmnet_testkit::postgres::PgCluster;
+mod common;
+
+use common::{postgres_after, sqlite_after};
 
 /// Instances stored before migration 0102.
 const OLD_ROWS: &str = "INSERT INTO pools (pool_id) VALUES ('p1');
@@ -16,17 +18,12 @@ const WANT: [&str; 2] = ["vm1|public|false|vm1", "vm2|public|false|vm2"];
 
 #[tokio::test]
 async fn migration_0102_defaults_old_instances_on_sqlite() {
-    use sqlx::Connection;
-    let tmp = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}?mode=rwc", tmp.path().join("m.db").display());
-    let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
-    for sql in [
+    let (_tmp, mut c) = sqlite_after(&[
         include_str!("../migrations/sqlite/0001_ipam.sql"),
         OLD_ROWS,
         include_str!("../migrations/sqlite/0102_instance_policy.sql"),
-    ] {
-        sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
-    }
+    ])
+    .await;
     let got: Vec<(String, String, String, String)> =
         sqlx::query_as(READ).fetch_all(&mut c).await.unwrap();
     let got: Vec<String> = got
@@ -42,15 +39,11 @@ async fn migration_0102_defaults_old_instances_on_sqlite() {
 
 #[tokio::test]
 async fn migration_0102_defaults_old_instances_on_postgres() {
-    let pg = PgCluster::shared();
-    let db = pg.fresh_database().unwrap();
-    for sql in [
+    let (pg, db) = postgres_after(&[
         include_str!("../migrations/postgres/0001_ipam.sql"),
         OLD_ROWS,
         include_str!("../migrations/postgres/0102_instance_policy.sql"),
-    ] {
-        pg.psql(&db, sql).unwrap();
-    }
+    ]);
     let got = pg.psql(&db, READ).unwrap();
     assert_eq!(got.lines().collect::<Vec<_>>(), WANT);
     assert!(

@@ -25,9 +25,7 @@ mod overlap {
     }
 
     pub async fn overlapping_cidrs_are_refused(db: &Db) {
-        set_pool(db, range("p1", "10.20.0.0/24", "10.20.0.1"))
-            .await
-            .unwrap();
+        with_pool(db, "p1", "10.20.0.0/24", "10.20.0.1").await;
         conflict(
             db,
             range("p2", "10.20.0.0/24", "10.20.0.1"),
@@ -56,12 +54,8 @@ mod overlap {
         )
         .await;
         // Neighbours are fine, and a pool may replace its own range with an overlapping one.
-        set_pool(db, range("p2", "10.20.1.0/24", "10.20.1.1"))
-            .await
-            .unwrap();
-        set_pool(db, range("p1", "10.20.0.0/25", "10.20.0.1"))
-            .await
-            .unwrap();
+        with_pool(db, "p2", "10.20.1.0/24", "10.20.1.1").await;
+        with_pool(db, "p1", "10.20.0.0/25", "10.20.0.1").await;
         conflict(
             db,
             range("p1", "10.20.0.0/23", "10.20.0.1"),

@@ -13,9 +13,7 @@ mod cases {
     /// instances.create claims capacity and takes the lease in one transaction; without room the
     /// whole create rolls back; delete returns both.
     pub async fn placement_claims_and_rolls_back(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/29", "10.0.0.1"))
-            .await
-            .unwrap();
+        with_pool(db, "p1", "10.0.0.0/29", "10.0.0.1").await;
         add_host(db, "h1", 2, 2048).await;
         add_host(db, "h2", 1, 1024).await;
         let mut big = inst("big", "p1");
@@ -30,8 +28,7 @@ mod cases {
             ErrorCode::CapacityUnavailable,
             "no host has room for instance nope (1 vCPUs, 512 MiB)",
         );
-        let mut on_h1 = inst("nope", "p1");
-        on_h1.host_id = Some("h1".into());
+        let on_h1 = on("nope", "p1", "h1");
         assert_err(
             create(db, &on_h1).await,
             ErrorCode::CapacityUnavailable,
@@ -52,19 +49,15 @@ mod cases {
     /// A host loss returns leases and claims; recreate_on_host_loss places on another host with
     /// the lowest free address; without room the instance moves to error/Unschedulable.
     pub async fn host_loss_recreates_or_marks_unschedulable(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/29", "10.0.0.1"))
-            .await
-            .unwrap();
-        add_host(db, "h1", 8, 8192).await;
-        add_host(db, "h2", 8, 8192).await;
+        with_pool(db, "p1", "10.0.0.0/29", "10.0.0.1").await;
+        with_hosts(db, &["h1", "h2"]).await;
         for (id, host, recreate) in [
             ("a", "h1", true),
             ("b", "h2", false),
             ("c", "h1", false),
             ("d", "h2", true),
         ] {
-            let mut r = inst(id, "p1");
-            r.host_id = Some(host.into());
+            let mut r = on(id, "p1", host);
             r.recreate_on_host_loss = recreate;
             create(db, &r).await.unwrap();
         }
@@ -119,11 +112,9 @@ mod cases {
         let mut r = range("q", "10.9.0.0/29", "10.9.0.1");
         r.last_host = Some("10.9.0.3".into());
         set_pool(db, r.clone()).await.unwrap();
-        add_host(db, "h4", 8, 8192).await;
-        add_host(db, "h5", 8, 8192).await;
+        with_hosts(db, &["h4", "h5"]).await;
         for id in ["x1", "x2"] {
-            let mut x = inst(id, "q");
-            x.host_id = Some("h4".into());
+            let mut x = on(id, "q", "h4");
             x.recreate_on_host_loss = true;
             create(db, &x).await.unwrap();
         }
@@ -148,8 +139,7 @@ mod cases {
             h5.used_vcpus, 1,
             "the failed placement's claim was rolled back"
         );
-        let mut on_lost = inst("z", "q");
-        on_lost.host_id = Some("h4".into());
+        let on_lost = on("z", "q", "h4");
         assert_err(
             create(db, &on_lost).await,
             ErrorCode::CapacityUnavailable,
@@ -160,10 +150,8 @@ mod cases {
 
     /// Errors for unknown objects and duplicates, with the database unchanged.
     pub async fn not_found_and_conflict(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-            .await
-            .unwrap();
-        add_host(db, "h1", 8, 8192).await;
+        with_pool(db, "p1", "10.0.0.0/24", "10.0.0.1").await;
+        with_hosts(db, &["h1"]).await;
         create(db, &inst("vm1", "p1")).await.unwrap();
         let before = snapshot(db).await;
         assert_err(
@@ -183,10 +171,9 @@ mod cases {
             ErrorCode::Conflict,
             "instance vm1 already exists with vcpus 1 (this request: 2)",
         );
-        let mut on = inst("vm3", "p1");
-        on.host_id = Some("hx".into());
+        let elsewhere = on("vm3", "p1", "hx");
         assert_err(
-            create(db, &on).await,
+            create(db, &elsewhere).await,
             ErrorCode::NotFound,
             "host hx not found",
         );
@@ -229,10 +216,8 @@ mod cases {
     /// Bad ids (empty, oversized, SQL and shell metacharacters) and bad ranges are refused with
     /// INVALID_INPUT naming the field, and the database is unchanged even if the caller commits.
     pub async fn bad_input_leaves_database_unchanged(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-            .await
-            .unwrap();
-        add_host(db, "h1", 8, 8192).await;
+        with_pool(db, "p1", "10.0.0.0/24", "10.0.0.1").await;
+        with_hosts(db, &["h1"]).await;
         create(db, &inst("vm1", "p1")).await.unwrap();
         let before = snapshot(db).await;
         let long = "a".repeat(65);
@@ -322,18 +307,14 @@ mod cases {
     /// new, valid allocation id; re-placement after a host loss keeps policy and sandbox.
     pub async fn policy_sandbox_and_allocation_ids(db: &Db) {
         use vmnet_ipam::NetworkPolicy;
-        set_pool(db, range("p1", "10.0.0.0/29", "10.0.0.1"))
-            .await
-            .unwrap();
-        add_host(db, "h1", 8, 8192).await;
-        add_host(db, "h2", 8, 8192).await;
+        with_pool(db, "p1", "10.0.0.0/29", "10.0.0.1").await;
+        with_hosts(db, &["h1", "h2"]).await;
         let plain = create(db, &inst("plain", "p1")).await.unwrap();
         assert_eq!(
             (plain.network_policy, plain.sandbox),
             (NetworkPolicy::Public, false)
         );
-        let mut r = inst("boxed", "p1");
-        r.host_id = Some("h1".into());
+        let mut r = on("boxed", "p1", "h1");
         r.network_policy = NetworkPolicy::Private;
         r.sandbox = true;
         r.recreate_on_host_loss = true;

@@ -35,9 +35,7 @@ async fn operator_queries_run_exactly_as_written() {
     let c = PgCluster::shared();
     let name = c.fresh_database().unwrap();
     let db = Db::connect(&c.url(&name)).await.unwrap();
-    set_pool(&db, range("pool_01jz", "10.0.0.0/24", "10.0.0.1"))
-        .await
-        .unwrap();
+    with_pool(&db, "pool_01jz", "10.0.0.0/24", "10.0.0.1").await;
     for i in 0..12 {
         lease(&db, "pool_01jz", &format!("vm{i:02}")).await.unwrap();
     }
@@ -110,9 +108,7 @@ async fn race(db: &Db, ids: Vec<String>, create: bool) -> Vec<std::net::Ipv4Addr
 async fn sixteen_concurrent_placers_get_distinct_lowest_addresses() {
     let t = postgres_with(Some(20)).await;
     let db = &t.db;
-    set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-        .await
-        .unwrap();
+    with_pool(db, "p1", "10.0.0.0/24", "10.0.0.1").await;
     // Round 1: bare leases.
     let got = race(db, (0..16).map(|i| format!("l{i}")).collect(), false).await;
     let set: BTreeSet<_> = got.iter().copied().collect();

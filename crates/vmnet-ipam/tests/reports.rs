@@ -48,24 +48,15 @@ mod cases {
     }
 
     async fn setup(db: &Db) {
-        set_pool(db, range("p1", "10.0.0.0/29", "10.0.0.1"))
-            .await
-            .unwrap();
-        add_host(db, "h1", 8, 8192).await;
-        add_host(db, "h2", 8, 8192).await;
-    }
-
-    fn on(id: &str, host: &str) -> vmnet_ipam::NewInstance {
-        let mut r = inst(id, "p1");
-        r.host_id = Some(host.into());
-        r
+        with_pool(db, "p1", "10.0.0.0/29", "10.0.0.1").await;
+        with_hosts(db, &["h1", "h2"]).await;
     }
 
     /// The lease comes first (CIDR form, the range's prefix length); a report appends new
     /// addresses in its order; a second, overlapping report appends only the new ones.
     pub async fn lease_first_then_reports_append_in_order(db: &Db) {
         setup(db).await;
-        let created = create(db, &on("vm1", "h1")).await.unwrap();
+        let created = create(db, &on("vm1", "p1", "h1")).await.unwrap();
         assert_eq!(created.addresses, strs(&["10.0.0.2/29"]));
         assert_eq!(addresses(db, "vm1").await, strs(&["10.0.0.2/29"]));
 
@@ -126,7 +117,7 @@ mod cases {
     /// another prefix length, leaves the lease first; the `address` field stays the lease.
     pub async fn reports_never_replace_the_lease(db: &Db) {
         setup(db).await;
-        create(db, &on("vm1", "h1")).await.unwrap();
+        create(db, &on("vm1", "p1", "h1")).await.unwrap();
         let out = report(db, "h1", r#"{"instances": [{"instance_id": "vm1"}]}"#)
             .await
             .unwrap();
@@ -160,7 +151,7 @@ mod cases {
         let mut tx = db.begin().await.unwrap();
         vmnet_ipam::create_pool(&mut tx, "p0").await.unwrap();
         tx.commit().await.unwrap();
-        add_host(db, "h1", 8, 8192).await;
+        with_hosts(db, &["h1"]).await;
         let created = create(db, &inst("vm1", "p0")).await.unwrap();
         assert!(created.addresses.is_empty());
         report(
@@ -177,8 +168,8 @@ mod cases {
     /// listed; the others are applied.
     pub async fn other_hosts_and_unknown_instances_are_skipped(db: &Db) {
         setup(db).await;
-        create(db, &on("vm1", "h1")).await.unwrap();
-        create(db, &on("vm2", "h2")).await.unwrap();
+        create(db, &on("vm1", "p1", "h1")).await.unwrap();
+        create(db, &on("vm2", "p1", "h2")).await.unwrap();
         let out = report(
             db,
             "h1",
@@ -228,8 +219,8 @@ mod cases {
     /// not even its valid entries.
     pub async fn bad_cidr_is_invalid_and_writes_nothing(db: &Db) {
         setup(db).await;
-        create(db, &on("vm1", "h1")).await.unwrap();
-        create(db, &on("vm2", "h1")).await.unwrap();
+        create(db, &on("vm1", "p1", "h1")).await.unwrap();
+        create(db, &on("vm2", "p1", "h1")).await.unwrap();
         let before = snapshot(db).await;
         assert_err(
             report(
@@ -281,8 +272,8 @@ mod cases {
     /// lease.
     pub async fn deletion_cascades(db: &Db) {
         setup(db).await;
-        create(db, &on("vm1", "h1")).await.unwrap();
-        create(db, &on("vm2", "h1")).await.unwrap();
+        create(db, &on("vm1", "p1", "h1")).await.unwrap();
+        create(db, &on("vm2", "p1", "h1")).await.unwrap();
         report(
             db,
             "h1",
@@ -299,7 +290,7 @@ mod cases {
             "the deleted instance as it was"
         );
         assert_eq!(stored_rows(db).await, 1);
-        let again = create(db, &on("vm1", "h1")).await.unwrap();
+        let again = create(db, &on("vm1", "p1", "h1")).await.unwrap();
         assert_eq!(again.addresses, strs(&["10.0.0.2/29"]));
         assert_eq!(
             addresses(db, "vm2").await,
@@ -313,11 +304,11 @@ mod cases {
     /// the old host's reports are skipped afterwards, the new host's are applied.
     pub async fn host_loss_clears_reported_addresses(db: &Db) {
         setup(db).await;
-        let mut keep = on("vm1", "h1");
+        let mut keep = on("vm1", "p1", "h1");
         keep.recreate_on_host_loss = true;
         create(db, &keep).await.unwrap();
-        create(db, &on("vm2", "h1")).await.unwrap();
-        create(db, &on("vm3", "h2")).await.unwrap();
+        create(db, &on("vm2", "p1", "h1")).await.unwrap();
+        create(db, &on("vm3", "p1", "h2")).await.unwrap();
         report(
             db,
             "h1",
@@ -396,10 +387,8 @@ mod cases {
     /// A lease outside the pool's current range (after a range replacement) shows as /32.
     pub async fn lease_outside_the_replaced_range_is_slash32(db: &Db) {
         setup(db).await;
-        create(db, &on("vm1", "h1")).await.unwrap();
-        set_pool(db, range("p1", "10.5.0.0/24", "10.5.0.1"))
-            .await
-            .unwrap();
+        create(db, &on("vm1", "p1", "h1")).await.unwrap();
+        with_pool(db, "p1", "10.5.0.0/24", "10.5.0.1").await;
         assert_eq!(addresses(db, "vm1").await, strs(&["10.0.0.2/32"]));
     }
 }
@@ -428,13 +417,9 @@ mod postgres_races {
 
     async fn setup() -> TestDb {
         let t = postgres().await;
-        set_pool(&t.db, range("p1", "10.0.0.0/29", "10.0.0.1"))
-            .await
-            .unwrap();
-        add_host(&t.db, "h1", 8, 8192).await;
-        add_host(&t.db, "h2", 8, 8192).await;
-        let mut r = inst("vm1", "p1");
-        r.host_id = Some("h1".into());
+        with_pool(&t.db, "p1", "10.0.0.0/29", "10.0.0.1").await;
+        with_hosts(&t.db, &["h1", "h2"]).await;
+        let mut r = on("vm1", "p1", "h1");
         r.recreate_on_host_loss = true;
         create(&t.db, &r).await.unwrap();
         t

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::*;
 use tokio::sync::Barrier;
-use vmnet_ipam::{BUSY, Db, NewInstance, Tx};
+use vmnet_ipam::{BUSY, Db, Tx};
 use vmnet_model::{Error, ErrorCode};
 
 async fn lock_host_by_hand(tx: &mut Tx, host: &str) {
@@ -29,18 +29,9 @@ async fn lock_host_by_hand(tx: &mut Tx, host: &str) {
 
 async fn setup() -> TestDb {
     let t = postgres_with(Some(8)).await;
-    set_pool(&t.db, range("p1", "10.0.0.0/24", "10.0.0.1"))
-        .await
-        .unwrap();
-    add_host(&t.db, "a", 8, 8192).await;
-    add_host(&t.db, "b", 8, 8192).await;
+    with_pool(&t.db, "p1", "10.0.0.0/24", "10.0.0.1").await;
+    with_hosts(&t.db, &["a", "b"]).await;
     t
-}
-
-fn on(id: &str, host: &str) -> NewInstance {
-    let mut req = inst(id, "p1");
-    req.host_id = Some(host.into());
-    req
 }
 
 /// One side of the forced deadlock, in one transaction: hold `mine`, wait until the other side
@@ -57,7 +48,7 @@ async fn side(
         if !met.swap(true, Ordering::SeqCst) {
             meet.wait().await;
         }
-        vmnet_ipam::create_instance(tx, &on(&format!("on-{theirs}"), theirs)).await
+        vmnet_ipam::create_instance(tx, &on(&format!("on-{theirs}"), "p1", theirs)).await
     }.await)
     .map(|_| ())
 }
@@ -99,7 +90,8 @@ async fn without_a_retry_the_caller_sees_our_words_not_postgres() {
             lock_host_by_hand(&mut tx, mine).await;
             meet.wait().await;
             let r =
-                vmnet_ipam::create_instance(&mut tx, &on(&format!("on-{theirs}"), theirs)).await;
+                vmnet_ipam::create_instance(&mut tx, &on(&format!("on-{theirs}"), "p1", theirs))
+                    .await;
             match r {
                 Ok(_) => tx.commit().await,
                 Err(e) => {

@@ -1,10 +1,12 @@
 //! `vm_store` (the agent's desired VM configs) on both stores: put/get/list, the unique user id,
 //! outcomes, restore after a failed change, delete; a failed transaction leaves nothing.
 
+mod common;
+
+use common::{postgres_after, sqlite_after};
 use vmnet_ipam::vm_store::{self, VmRow};
 use vmnet_ipam::{Db, Store};
 use vmnet_model::ErrorCode;
-use vmnet_testkit::postgres::PgCluster;
 
 async fn exercise(db: &Db) {
     let mut tx = db.begin().await.unwrap();
@@ -137,18 +139,12 @@ async fn exercise(db: &Db) {
 
 #[tokio::test]
 async fn sqlite() {
-    let tmp = tempfile::tempdir().unwrap();
-    let db = Db::connect(&format!("sqlite://{}", tmp.path().join("v.db").display()))
-        .await
-        .unwrap();
-    exercise(&db).await;
+    exercise(&common::sqlite().await.db).await;
 }
 
 #[tokio::test]
 async fn postgres() {
-    let url = PgCluster::shared().fresh_database_url().unwrap();
-    let db = Db::connect(&url).await.unwrap();
-    exercise(&db).await;
+    exercise(&common::postgres().await.db).await;
 }
 
 /// Rows stored before migration 0101, two of them sharing a mesh address.
@@ -168,17 +164,12 @@ const WANT: [(&str, &str); 4] = [
 
 #[tokio::test]
 async fn migration_0101_backfills_mesh_on_sqlite() {
-    use sqlx::Connection;
-    let tmp = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}?mode=rwc", tmp.path().join("m.db").display());
-    let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
-    for sql in [
+    let (_tmp, mut c) = sqlite_after(&[
         include_str!("../migrations/sqlite/0100_vm_configs.sql"),
         OLD_ROWS,
         include_str!("../migrations/sqlite/0101_vm_mesh_unique.sql"),
-    ] {
-        sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
-    }
+    ])
+    .await;
     let got: Vec<(String, String)> = sqlx::query_as(BACKFILLED).fetch_all(&mut c).await.unwrap();
     let got: Vec<(&str, &str)> = got.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
     assert_eq!(got, WANT);
@@ -186,15 +177,11 @@ async fn migration_0101_backfills_mesh_on_sqlite() {
 
 #[tokio::test]
 async fn migration_0101_backfills_mesh_on_postgres() {
-    let pg = PgCluster::shared();
-    let db = pg.fresh_database().unwrap();
-    for sql in [
+    let (pg, db) = postgres_after(&[
         include_str!("../migrations/postgres/0100_vm_configs.sql"),
         OLD_ROWS,
         include_str!("../migrations/postgres/0101_vm_mesh_unique.sql"),
-    ] {
-        pg.psql(&db, sql).unwrap();
-    }
+    ]);
     let got = pg.psql(&db, BACKFILLED).unwrap();
     let want: Vec<String> = WANT.iter().map(|(a, b)| format!("{a}|{b}")).collect();
     assert_eq!(got.lines().collect::<Vec<_>>(), want);

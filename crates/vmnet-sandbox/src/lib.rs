@@ -14,6 +14,9 @@
 //! - [`traffic`]: TCP/UDP echo clients, ICMP ping and command runs inside a namespace, each with
 //!   a timeout.
 //! - [`postgres`]: a throwaway PostgreSQL cluster on a unix socket.
+//! - [`agent`]: the agent (`vmnet serve --netns …`) as a child process, ready when its API
+//!   answers, stopped by its pid on drop; the one start-up routine of the jobs, benchmarks and
+//!   root tests.
 //! - [`ns_job`], [`pool_job`] and [`fleet_job`]: `vmnet up --sandbox` for a namespace-mode host
 //!   spec, a pool-mode spec and a fleet spec (several hosts), with [`state`] (the sandbox's state directory, its processes and signals)
 //!   and [`helper`] (the relay and echo processes the sandbox runs in the background).
@@ -26,6 +29,7 @@
 //! # Limitations
 //! Needs root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN` for `setns`).
 
+pub mod agent;
 pub mod args;
 pub mod echo;
 pub mod fleet;

@@ -9,11 +9,10 @@ mod agent_support;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use agent_support::{Agent, links, vm, wait_ready};
+use agent_support::{links, options, start, vm};
 use hyper::Method;
 use serde_json::json;
 use vmnet_agent::api::types::{VmState, VmView};
-use vmnet_agent::client::Client;
 use vmnet_testkit::guest::{GuestConfig, GuestRoute6, SimGuest};
 use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_V4};
 use vmnet_testkit::{Sandbox, netns, require_root, traffic};
@@ -35,9 +34,8 @@ async fn bad_input_keeps_the_good_state_reachable() {
     let _echo = sb.start_echo().expect("echo");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_owned();
-    let client = Client::new(dir.join("vmnet.sock"));
-    let mut agent = Agent::start(&sb, &dir);
-    wait_ready(&client, &dir).await;
+    let mut agent = start(&options(&sb, &dir, 1)).await;
+    let client = agent.client().clone();
 
     let good = vm("b", 1);
     let view: VmView = client.put("/v1/vms/b1", &good).await.expect("put good");
@@ -158,5 +156,5 @@ async fn bad_input_keeps_the_good_state_reachable() {
     let _: VmView = client.delete("/v1/vms/b1").await.expect("delete");
     assert!(!netns::exists(&s.netns), "netns removed");
     assert!(!links(&sb.host()).contains(&veth), "host veth removed");
-    assert!(agent.sigterm().success());
+    assert!(agent.sigterm().expect("SIGTERM the agent").success());
 }

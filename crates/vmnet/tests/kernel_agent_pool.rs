@@ -11,14 +11,15 @@ mod agent_support;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agent_support::{VMNET, log, wait_ready};
+use agent_support::{VMNET, sigkill, start};
 use serde_json::{Value, json};
 use vmnet_agent::api::types::{AgentStatus, InstanceNics, PoolStatus};
 use vmnet_agent::client::Client;
 use vmnet_model::nic::{MacAddr, tap_name};
+use vmnet_testkit::agent::AgentOptions;
 use vmnet_testkit::relay::Relay;
 use vmnet_testkit::sim_guest;
 use vmnet_testkit::{Sandbox, netns, require_root, traffic};
@@ -41,30 +42,16 @@ fn lone_vmnet() -> (tempfile::TempDir, PathBuf) {
     (d, exe)
 }
 
-fn start_agent(vmnet: &Path, sb: &Sandbox, dir: &Path) -> agent_support::Agent {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("agent.log"))
-        .unwrap();
-    let child = Command::new(vmnet)
-        .arg("--database-url")
-        .arg(format!("sqlite://{}", dir.join("vmnet.db").display()))
-        .arg("--socket")
-        .arg(dir.join("vmnet.sock"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .args(["serve", "--netns", &sb.host(), "--name-prefix"])
-        .arg(sb.agent_prefix())
-        .args(["--reconcile-interval-secs", "2"])
-        .args(["--host-id", "h1", "--bridge", "br0", "--create-bridge"])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn vmnet serve");
-    agent_support::Agent { child }
+/// The pool agent of these tests: host h1 on bridge `br0` (created by the agent), reconcile
+/// every 2 s, run from `vmnet` (the lone copy).
+fn pool_agent(vmnet: &Path, sb: &Sandbox, dir: &Path) -> AgentOptions {
+    agent_support::options(sb, dir, 2).exe(vmnet).args([
+        "--host-id",
+        "h1",
+        "--bridge",
+        "br0",
+        "--create-bridge",
+    ])
 }
 
 /// `nft -j list ruleset` inside the sandbox host.
@@ -157,17 +144,16 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     let host = sb.host();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_owned();
-    let client = Client::new(dir.join("vmnet.sock"));
     let (_lone, vmnet) = lone_vmnet();
-    let mut agent = start_agent(&vmnet, &sb, &dir);
-    wait_ready(&client, &dir).await;
+    let mut agent = start(&pool_agent(&vmnet, &sb, &dir)).await;
+    let client = agent.client().clone();
 
     // Started: the bridge exists, the root helper is a child process, the instances table is
     // loaded and the backstop is not (no NIC yet).
     let br = link(&host, "br0").expect("bridge br0 created in the sandbox");
     assert_eq!(br["linkinfo"]["info_kind"], "bridge", "{br}");
     assert!(
-        has_child(agent.child.id(), "--pool-helper-serve"),
+        has_child(agent.pid(), "--pool-helper-serve"),
         "root helper runs"
     );
     assert_eq!(tables(&ruleset(&host)), ["bridge bcd_instances"]);
@@ -208,7 +194,8 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
         let tap = tap_name(id, 0).unwrap().to_string();
         let mac = MacAddr::for_instance(id).to_string();
         // The tap, on the bridge, with the instance's MAC in its static FDB entry and up.
-        let l = link(&host, &tap).unwrap_or_else(|| panic!("tap {tap} missing; {}", log(&dir)));
+        let l =
+            link(&host, &tap).unwrap_or_else(|| panic!("tap {tap} missing; {}", agent.log_text()));
         assert_eq!(l["master"], "br0", "{l}");
         assert!(
             l["flags"].as_array().unwrap().iter().any(|f| f == "UP"),
@@ -282,7 +269,7 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     let tap_b = tap_name("i-b", 0).unwrap().to_string();
     let tap_c = tap_name("i-c", 0).unwrap().to_string();
     let ifindex_a = link(&host, &tap_a).unwrap()["ifindex"].clone();
-    agent.sigkill();
+    sigkill(&mut agent);
     let db = format!("sqlite://{}", dir.join("vmnet.db").display());
     for args in [
         vec!["instance", "delete", "i-b"],
@@ -299,8 +286,7 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let mut agent = start_agent(&vmnet, &sb, &dir);
-    wait_ready(&client, &dir).await;
+    let mut agent = start(&pool_agent(&vmnet, &sb, &dir)).await;
     let t = Instant::now();
     let st = loop {
         let st = pool_status(&client).await;
@@ -310,7 +296,7 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
         assert!(
             t.elapsed() < T,
             "no pass after restart: {st:?}; {}",
-            log(&dir)
+            agent.log_text()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -332,7 +318,7 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     assert!(!elements(&rs, "taps").iter().any(|e| e.contains(&tap_b)));
     assert!(!seeds.join("i-b").exists() && seeds.join("i-c/network-config").is_file());
     // Every collection is logged with the object and the reason.
-    let logged = log(&dir);
+    let logged = agent.log_text();
     for (what, name) in [
         ("pool: deleted a stray tap", tap_b.as_str()),
         ("pool: removed a seed", "i-b"),
@@ -449,7 +435,7 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
         assert!(
             t.elapsed() < Duration::from_millis(6500),
             "flush not repaired in time; {}",
-            log(&dir)
+            agent.log_text()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -476,7 +462,11 @@ async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     assert!(elements(&rs, "taps").is_empty());
     assert_eq!(pool_status(&client).await.instances, 0);
 
-    let status = agent.sigterm();
-    assert!(status.success(), "agent exit {status:?}; {}", log(&dir));
+    let status = agent.sigterm().expect("SIGTERM the agent");
+    assert!(
+        status.success(),
+        "agent exit {status:?}; {}",
+        agent.log_text()
+    );
     drop(sb);
 }

@@ -9,10 +9,9 @@ mod agent_support;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use agent_support::{Agent, links, log, run_cli, vm, wait_ready};
+use agent_support::{links, options, run_cli, sigkill, start, vm};
 use serde_json::json;
 use vmnet_agent::api::types::{AgentStatus, VmState, VmView};
-use vmnet_agent::client::Client;
 use vmnet_testkit::{Sandbox, netns, require_root};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,10 +21,8 @@ async fn sigkill_during_apply_converges_after_restart() {
     let p = sb.agent_prefix();
     let tmp = tempfile::tempdir().unwrap();
     let dir: PathBuf = tmp.path().to_owned();
-    let client = Client::new(dir.join("vmnet.sock"));
-
-    let mut agent = Agent::start(&sb, &dir);
-    wait_ready(&client, &dir).await;
+    let mut agent = start(&options(&sb, &dir, 1)).await;
+    let client = agent.client().clone();
 
     // Put 8 VMs at once (the agent applies them one at a time) and SIGKILL it as soon as the
     // first VM's netns exists: the kill lands while the others are queued or half applied.
@@ -44,11 +41,11 @@ async fn sigkill_during_apply_converges_after_restart() {
         assert!(
             Instant::now() < deadline,
             "no VM netns appeared; log:\n{}",
-            log(&dir)
+            agent.log_text()
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    agent.sigkill();
+    sigkill(&mut agent);
     let mut answered = 0;
     for t in puts {
         if t.await.unwrap().is_ok() {
@@ -86,8 +83,7 @@ async fn sigkill_during_apply_converges_after_restart() {
     .unwrap();
 
     // Restart over the same store: the start pass must converge.
-    let mut agent2 = Agent::start(&sb, &dir);
-    wait_ready(&client, &dir).await;
+    let mut agent2 = start(&options(&sb, &dir, 1)).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let stored: Vec<VmView> = loop {
         let st: AgentStatus = client.get("/v1/status").await.unwrap();
@@ -101,7 +97,7 @@ async fn sigkill_during_apply_converges_after_restart() {
         assert!(
             Instant::now() < deadline,
             "no convergence: {st:?}\nlog:\n{}",
-            log(&dir)
+            agent2.log_text()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -187,8 +183,12 @@ async fn sigkill_during_apply_converges_after_restart() {
     assert_eq!(left, [format!("{p}n0001"), format!("{p}n0003")]);
 
     // SIGTERM stops the agent cleanly and removes its socket; the VMs stay applied.
-    let status = agent2.sigterm();
-    assert!(status.success(), "graceful stop: {status:?}\n{}", log(&dir));
+    let status = agent2.sigterm().expect("SIGTERM the agent");
+    assert!(
+        status.success(),
+        "graceful stop: {status:?}\n{}",
+        agent2.log_text()
+    );
     assert!(
         !dir.join("vmnet.sock").exists(),
         "socket removed on shutdown"

@@ -292,6 +292,99 @@ impl Harness {
         self.call(Method::PUT, &format!("/v1/vms/{id}"), Some(cfg.clone()))
             .await
     }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, path, None).await
+    }
+
+    /// `PUT path` with a JSON body.
+    pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
+    /// `POST path` with a JSON body.
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    /// `DELETE path`.
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.call(Method::DELETE, path, None).await
+    }
+
+    /// `PUT /v1/pools/{pool}/range` with `body` (see [`range`]).
+    pub async fn put_range(&self, pool: &str, body: Value) -> (StatusCode, Value) {
+        self.put(&format!("/v1/pools/{pool}/range"), body).await
+    }
+
+    /// `PUT /v1/hosts/{id}` with this capacity.
+    pub async fn put_host(&self, id: &str, vcpus: i64, memory_mib: i64) -> (StatusCode, Value) {
+        let body = serde_json::json!({"vcpus": vcpus, "memory_mib": memory_mib});
+        self.put(&format!("/v1/hosts/{id}"), body).await
+    }
+
+    /// A fixture: pool `pool` gets the range `body` (see [`range`]); asserts 200 and returns
+    /// the range as answered.
+    pub async fn with_range(&self, pool: &str, body: Value) -> Value {
+        let (st, r) = self.put_range(pool, body).await;
+        assert_eq!(st, StatusCode::OK, "range of pool {pool}: {r}");
+        r
+    }
+
+    /// A fixture: host `id` with this capacity; asserts 200 and returns the host as answered.
+    pub async fn with_host(&self, id: &str, vcpus: i64, memory_mib: i64) -> Value {
+        let (st, h) = self.put_host(id, vcpus, memory_mib).await;
+        assert_eq!(st, StatusCode::OK, "host {id}: {h}");
+        h
+    }
+
+    /// A fixture: creates `body` (see [`instance`]); asserts 201 and returns the instance.
+    pub async fn with_instance(&self, body: Value) -> Value {
+        let (st, v) = self.post("/v1/instances", body).await;
+        assert_eq!(st, StatusCode::CREATED, "create instance: {v}");
+        v
+    }
+
+    /// The IPAM fixture most API tests start from: pool `p1` with range 10.0.0.0/29 (gateway
+    /// .1, leases .2 to .6) and host `h1` with 64 vCPUs and 64 GiB.
+    pub async fn with_pool_and_host(&self) {
+        self.with_range("p1", range("10.0.0.0/29", "10.0.0.1"))
+            .await;
+        self.with_host("h1", 64, 65536).await;
+    }
+}
+
+/// Asserts `400 INVALID_INPUT` with exactly `message`.
+pub fn assert_invalid(got: &(StatusCode, Value), message: &str) {
+    assert_eq!(got.0.as_u16(), 400, "{}", got.1);
+    assert_eq!(
+        got.1,
+        serde_json::json!({"error": {"code": "INVALID_INPUT", "message": message}})
+    );
+}
+
+/// The body of a range: `cidr` and `gateway`, the rest left to the defaults.
+pub fn range(cidr: &str, gateway: &str) -> Value {
+    serde_json::json!({"cidr": cidr, "gateway": gateway})
+}
+
+/// The body of an instance `id` in pool `pool` (1 vCPU, 512 MiB, placed by the store).
+pub fn instance(id: &str, pool: &str) -> Value {
+    serde_json::json!({"instance_id": id, "pool_id": pool, "vcpus": 1, "memory_mib": 512})
+}
+
+/// The body of instance `id` in `pool` placed on host `host`.
+pub fn instance_on(id: &str, pool: &str, host: &str) -> Value {
+    let mut v = instance(id, pool);
+    v["host_id"] = host.into();
+    v
+}
+
+/// A VM config: mesh address `fdaa:1::<uid hex>`, IPv4 default route via the host.
+pub fn vm(id: &str, uid: u32) -> Value {
+    serde_json::json!({"id": id, "user_id": uid, "tenant": 1, "mesh_ipv6": format!("fdaa:1::{uid:x}"),
+           "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}})
 }
 
 /// The OpenAPI document.

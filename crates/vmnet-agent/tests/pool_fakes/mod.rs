@@ -22,7 +22,7 @@ use vmnet_model::Error;
 use vmnet_model::nic::{IfName, MacAddr};
 use vmnet_plan::pool::nft::TapEntry;
 
-use crate::common::Harness;
+use crate::common::{Harness, instance_on, range};
 
 #[derive(Default)]
 pub struct FakeNft {
@@ -166,28 +166,19 @@ pub struct Pool {
 pub async fn pool() -> Pool {
     let h = Harness::new().await;
     let nft = SharedNft::default();
-    let links = FakeTaps::default();
-    {
-        let mut l = links.0.lock().unwrap();
-        l.bridges.push("br0".into());
-        l.addrs = vec!["203.0.113.2".parse().unwrap()];
-    }
+    let links = host_links(&[]);
     let seeds = h.dir.join("seeds");
     let node = start_node(&h, "br0", &nft, &links, Duration::from_millis(100))
         .await
         .unwrap();
     h.agent.set_pool(node).unwrap();
-    for (path, body) in [
-        (
-            "/v1/pools/p1/range",
-            json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1", "dns": ["10.0.0.1", "2001:db8::53"]}),
-        ),
-        ("/v1/hosts/h1", json!({"vcpus": 8, "memory_mib": 8192})),
-        ("/v1/hosts/h2", json!({"vcpus": 8, "memory_mib": 8192})),
-    ] {
-        let (st, v) = h.call(Method::PUT, path, Some(body)).await;
-        assert_eq!(st, StatusCode::OK, "{path}: {v}");
-    }
+    h.with_range(
+        "p1",
+        json!({"cidr": "10.0.0.0/29", "gateway": "10.0.0.1", "dns": ["10.0.0.1", "2001:db8::53"]}),
+    )
+    .await;
+    h.with_host("h1", 8, 8192).await;
+    h.with_host("h2", 8, 8192).await;
     Pool {
         h,
         nft,
@@ -198,16 +189,7 @@ pub async fn pool() -> Pool {
 
 impl Pool {
     pub async fn create(&self, id: &str, host: &str) -> Value {
-        let (st, v) = self
-            .h
-            .call(
-                Method::POST,
-                "/v1/instances",
-                Some(json!({"instance_id": id, "pool_id": "p1", "host_id": host, "vcpus": 1, "memory_mib": 256})),
-            )
-            .await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-        v
+        self.h.with_instance(instance_on(id, "p1", host)).await
     }
 
     pub async fn status(&self) -> Value {
@@ -218,6 +200,33 @@ impl Pool {
 
     pub fn taps(&self) -> BTreeMap<String, (String, MacAddr)> {
         self.links.0.lock().unwrap().taps.clone()
+    }
+}
+
+/// Fake links as a host holds them: bridge `br0`, host address 203.0.113.2, and a tap on
+/// `br0` with the instance's MAC for each of `instances`.
+pub fn host_links(instances: &[&str]) -> FakeTaps {
+    let links = FakeTaps::default();
+    {
+        let mut l = links.0.lock().unwrap();
+        l.bridges.push("br0".into());
+        l.addrs = vec!["203.0.113.2".parse().unwrap()];
+        for id in instances {
+            l.taps
+                .insert(tap_of(id), ("br0".into(), MacAddr::for_instance(id)));
+        }
+    }
+    links
+}
+
+/// The store as an earlier agent left it: pool `p1` with range 10.0.0.0/29, hosts `h1` and
+/// `h2` (8 vCPUs, 8 GiB each) and each `(instance, host)` placed.
+pub async fn placed(h: &Harness, instances: &[(&str, &str)]) {
+    h.with_range("p1", range("10.0.0.0/29", "10.0.0.1")).await;
+    h.with_host("h1", 8, 8192).await;
+    h.with_host("h2", 8, 8192).await;
+    for (id, host) in instances {
+        h.with_instance(instance_on(id, "p1", host)).await;
     }
 }
 

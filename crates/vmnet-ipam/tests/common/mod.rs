@@ -52,6 +52,51 @@ pub fn inst(id: &str, pool: &str) -> NewInstance {
     NewInstance::new(id, pool)
 }
 
+/// Instance `id` in `pool` placed on `host` by its caller.
+pub fn on(id: &str, pool: &str, host: &str) -> NewInstance {
+    let mut r = inst(id, pool);
+    r.host_id = Some(host.into());
+    r
+}
+
+/// A fixture: pool `pool` with range `cidr` and gateway `gw` (the rest defaulted); the range.
+pub async fn with_pool(db: &Db, pool: &str, cidr: &str, gw: &str) -> vmnet_ipam::IpRange {
+    set_pool(db, range(pool, cidr, gw))
+        .await
+        .unwrap_or_else(|e| panic!("range {cidr} of pool {pool}: {e}"))
+}
+
+/// A fixture: `hosts`, 8 vCPUs and 8 GiB each.
+pub async fn with_hosts(db: &Db, hosts: &[&str]) {
+    for h in hosts {
+        add_host(db, h, 8, 8192).await;
+    }
+}
+
+/// A SQLite file (in the returned directory) after running `scripts` in order: a store as an
+/// older version left it, for migration tests.
+pub async fn sqlite_after(scripts: &[&'static str]) -> (tempfile::TempDir, sqlx::SqliteConnection) {
+    use sqlx::Connection;
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", tmp.path().join("m.db").display());
+    let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    for sql in scripts {
+        sqlx::raw_sql(*sql).execute(&mut c).await.unwrap();
+    }
+    (tmp, c)
+}
+
+/// A fresh database of the shared PostgreSQL cluster after running `scripts` in order (see
+/// [`sqlite_after`]); the cluster and the database's name.
+pub fn postgres_after(scripts: &[&str]) -> (&'static vmnet_testkit::postgres::PgCluster, String) {
+    let pg = vmnet_testkit::postgres::PgCluster::shared();
+    let db = pg.fresh_database().unwrap();
+    for sql in scripts {
+        pg.psql(&db, sql).unwrap();
+    }
+    (pg, db)
+}
+
 /// Runs one operation in its own transaction and commits it only on success.
 pub async fn set_pool(db: &Db, req: SetIpPool) -> Result<vmnet_ipam::IpRange, Error> {
     let mut tx = db.begin().await?;

@@ -39,6 +39,7 @@ use vmnet_model::Error;
 
 use self::checks::FleetCheck;
 pub use self::spec::{FleetHostSpec, FleetSpec, is_fleet_spec};
+use crate::agent::AgentOptions;
 use crate::args::{DEFAULT_NAME, UpArgs};
 use crate::fleet::{self, Fleet, HostNet};
 use crate::ns_job::checks::{CheckResult, render_checks};
@@ -229,15 +230,10 @@ async fn bring_up_host(
     let url = pg.url(&database);
     let dir = paths.dir.join(&h.name);
     let role = format!("agent-{}", h.name);
-    let run = steps::AgentRun {
-        role: &role,
-        host_ns: &net.ns,
-        prefix: &net.prefix,
-        socket: dir.join("vmnet.sock"),
-        state_dir: dir.join("state"),
-        database_url: Some(&url),
-    };
-    let client = steps::start_agent(paths, st, &run, timeout)
+    let agent = AgentOptions::new(&net.ns, &net.prefix, &dir)
+        .database_url(url)
+        .log(paths.log(&role));
+    let client = steps::start_agent(paths, st, &role, agent, timeout)
         .await
         .map_err(|e| Error::new(e.code, format!("host {}: {}", h.name, e.message)))?;
     let applied = vmnet_agent::apply::apply_host_spec(&client, &h.host_spec(), false).await?;
@@ -260,7 +256,8 @@ async fn bring_up_host(
         .await
         .map_err(|e| Error::internal(format!("checks: {e}")))?
         .map_err(|e| Error::internal(format!("host {}: checks: {e}", h.name)))?;
-    let socket = std::path::absolute(&run.socket).unwrap_or_else(|_| run.socket.clone());
+    let socket =
+        std::path::absolute(client.socket()).unwrap_or_else(|_| client.socket().to_owned());
     Ok(HostReport {
         name: h.name.clone(),
         netns: net.ns.clone(),

@@ -43,6 +43,7 @@ use vmnet_model::Error;
 
 use self::checks::CheckResult;
 pub use self::steps::VmRow;
+use crate::agent::AgentOptions;
 use crate::args::{DEFAULT_NAME, UpArgs};
 use crate::state::{self, Paths, SandboxState};
 use crate::teardown::teardown;
@@ -153,15 +154,12 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     let inet = st.inet_ns.clone();
     steps::start_echo(paths, &mut st, &inet, timeout)?;
     let host_ns = st.host_ns.clone();
-    let run = steps::AgentRun {
-        role: "agent",
-        host_ns: &host_ns,
-        prefix: &args.name,
-        socket: paths.socket(),
-        state_dir: paths.agent_state(),
-        database_url: None,
-    };
-    let client = steps::start_agent(paths, &mut st, &run, timeout).await?;
+    let agent = AgentOptions::new(&host_ns, &args.name, &paths.dir)
+        .socket(paths.socket())
+        .state_dir(paths.agent_state())
+        .default_database()
+        .log(paths.log("agent"));
+    let client = steps::start_agent(paths, &mut st, "agent", agent, timeout).await?;
 
     let report = vmnet_agent::apply::apply_host_spec(&client, spec, false).await?;
     for item in &report.items {

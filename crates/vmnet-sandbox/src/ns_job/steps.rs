@@ -5,7 +5,6 @@
 //! (or a failed `up`) stops it by pid.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -15,6 +14,7 @@ use vmnet_model::vm::Via;
 use vmnet_model::{Error, ErrorCode};
 
 use super::checks::{self, GUEST_GW_V6, GuestInfo};
+use crate::agent::AgentOptions;
 use crate::guest::{GuestConfig, GuestRoute6};
 use crate::state::{self, Paths, Proc, SandboxState};
 use crate::{netns, sandbox};
@@ -123,52 +123,21 @@ pub(crate) fn start_echo(
     )
 }
 
-/// How to run one agent.
-pub(crate) struct AgentRun<'a> {
-    /// Its role in the state file and the name of its log (`<role>.log`).
-    pub role: &'a str,
-    /// The namespace it runs in.
-    pub host_ns: &'a str,
-    /// Its name prefix.
-    pub prefix: &'a str,
-    /// Its API socket.
-    pub socket: PathBuf,
-    /// Its state directory.
-    pub state_dir: PathBuf,
-    /// Its database (default: SQLite in the state directory).
-    pub database_url: Option<&'a str>,
-}
-
-/// Starts `vmnet serve --netns …` (this executable) in the background and waits until its API
-/// answers; returns a client for it.
+/// Starts `agent` (this executable, `vmnet serve --netns …`) in a process group of its own,
+/// records it in the state file as `role`, waits until its API answers and leaves it running
+/// (`down` stops it by pid); returns a client for it.
 pub(crate) async fn start_agent(
     paths: &Paths,
     st: &mut SandboxState,
-    run: &AgentRun<'_>,
+    role: &str,
+    agent: AgentOptions,
     timeout: Duration,
 ) -> Result<Client, Error> {
-    let mut args: Vec<String> = Vec::new();
-    if let Some(url) = run.database_url {
-        args.extend(["--database-url".into(), url.to_owned()]);
-    }
-    args.extend([
-        "--socket".into(),
-        run.socket.display().to_string(),
-        "--state-dir".into(),
-        run.state_dir.display().to_string(),
-        "serve".into(),
-        "--netns".into(),
-        run.host_ns.to_owned(),
-        "--name-prefix".into(),
-        run.prefix.to_owned(),
-    ]);
-    std::fs::create_dir_all(&run.state_dir)
-        .map_err(|e| Error::internal(format!("{}: {e}", run.state_dir.display())))?;
-    let log = paths.log(run.role);
-    let mut agent = state::spawn_background(&args, &log)?;
-    record(paths, st, run.role, agent.id())?;
-    let client = Client::new(run.socket.clone());
-    wait_agent(&client, &mut agent, &log, timeout).await?;
+    let mut agent = agent.own_process_group().spawn()?;
+    record(paths, st, role, agent.pid())?;
+    agent.wait_ready(timeout).await?;
+    let client = agent.client().clone();
+    let _ = agent.detach();
     Ok(client)
 }
 
@@ -298,35 +267,6 @@ fn vm_row(v: &VmView, guest_ns: &str) -> VmRow {
             routes.join(", ")
         },
         guest_ns: guest_ns.to_owned(),
-    }
-}
-
-async fn wait_agent(
-    client: &Client,
-    agent: &mut std::process::Child,
-    log: &Path,
-    timeout: Duration,
-) -> Result<(), Error> {
-    let start = Instant::now();
-    loop {
-        match client.get::<serde_json::Value>("/v1/status").await {
-            Ok(_) => return Ok(()),
-            Err(e) => {
-                if let Ok(Some(status)) = agent.try_wait() {
-                    return Err(Error::internal(format!(
-                        "the agent exited ({status}): {}",
-                        state::log_tail(log)
-                    )));
-                }
-                if start.elapsed() > timeout {
-                    return Err(Error::internal(format!(
-                        "the agent did not answer within {timeout:?}: {e}; {}",
-                        state::log_tail(log)
-                    )));
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

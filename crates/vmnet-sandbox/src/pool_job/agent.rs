@@ -1,9 +1,8 @@
 //! The agent side of the pool sandbox: `vmnet serve --host-id` started inside the sandbox host,
 //! driven over its API as an operator would, and stopped again (SIGTERM by pid, SIGKILL after
-//! 10 s) when the sandbox goes.
+//! 10 s; [`crate::agent`]) when the sandbox goes.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -12,18 +11,18 @@ use vmnet_agent::client::{Client, segment};
 use vmnet_model::Error;
 
 use super::PoolSpec;
+use crate::agent::{AgentOptions, AgentProc};
 
-/// A running agent this process started; stopped on drop.
-pub struct AgentProc {
-    child: Child,
-    log: PathBuf,
+/// The pool sandbox's agent: the process (stopped on drop) and what the job asks of it.
+pub struct PoolAgent {
+    proc: AgentProc,
     /// Its API.
     pub client: Client,
     /// Its seed directory (`<state dir>/pool/seeds`).
     pub seeds: PathBuf,
 }
 
-impl AgentProc {
+impl PoolAgent {
     /// Starts `vmnet serve` (this executable) in namespace `host_ns` for `spec`'s host and
     /// bridge, its database, socket and state under `dir`, and waits until it answers.
     ///
@@ -36,65 +35,27 @@ impl AgentProc {
         dir: &Path,
         timeout: Duration,
     ) -> Result<Self, Error> {
-        let exe =
-            std::env::current_exe().map_err(|e| Error::internal(format!("own executable: {e}")))?;
-        let log = dir.join("agent.log");
-        let stderr = std::fs::File::create(&log)
-            .map_err(|e| Error::internal(format!("{}: {e}", log.display())))?;
-        let child = Command::new(exe)
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", dir.join("vmnet.db").display()))
-            .arg("--socket")
-            .arg(dir.join("vmnet.sock"))
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .args(["serve", "--netns", host_ns, "--name-prefix", prefix])
+        let proc = AgentOptions::new(host_ns, prefix, dir)
             .args(["--host-id", &spec.host.host_id, "--bridge", &spec.bridge])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .map_err(|e| Error::internal(format!("start vmnet serve: {e}")))?;
-        let mut agent = Self {
-            child,
-            log,
-            client: Client::new(dir.join("vmnet.sock")),
+            .start(timeout)
+            .await?;
+        Ok(Self {
+            client: proc.client().clone(),
             seeds: dir.join("state/pool/seeds"),
-        };
-        let start = Instant::now();
-        loop {
-            match agent.client.get::<Value>("/v1/status").await {
-                Ok(_) => return Ok(agent),
-                Err(e) => {
-                    if let Ok(Some(status)) = agent.child.try_wait() {
-                        return Err(Error::internal(format!(
-                            "the agent exited ({status}): {}",
-                            agent.log_tail()
-                        )));
-                    }
-                    if start.elapsed() > timeout {
-                        return Err(Error::internal(format!(
-                            "the agent did not answer within {timeout:?}: {e}; {}",
-                            agent.log_tail()
-                        )));
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            proc,
+        })
     }
 
     /// The agent's process id.
     #[must_use]
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.proc.pid()
     }
 
     /// The last lines of the agent's log.
     #[must_use]
     pub fn log_tail(&self) -> String {
-        crate::state::log_tail(&self.log)
+        self.proc.log_tail()
     }
 
     /// The range and the host of `spec`, over the API.
@@ -171,9 +132,7 @@ impl AgentProc {
     /// # Errors
     /// The system error, as a message.
     pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<(), String> {
-        let pid =
-            nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).map_err(|e| e.to_string())?);
-        nix::sys::signal::kill(pid, sig).map_err(|e| format!("{sig} to the agent: {e}"))
+        self.proc.signal(sig).map_err(|e| e.message)
     }
 
     /// Waits until the audit has repaired drift once more than `before` repairs; the time it
@@ -191,22 +150,5 @@ impl AgentProc {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         None
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or(0));
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

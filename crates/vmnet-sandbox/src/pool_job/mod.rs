@@ -37,7 +37,7 @@ use vmnet_agent::client::segment;
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, MacAddr};
 
-use self::agent::AgentProc;
+use self::agent::PoolAgent;
 use self::checks::GuestInfo;
 use self::report::{InstanceRow, PoolReport, print};
 pub use self::spec::{PoolSpec, PoolSpecHost, PoolSpecInstance, is_pool_spec};
@@ -145,7 +145,7 @@ async fn run(
     )
     .map_err(|e| ipf(e.to_string()))?;
 
-    let agent = AgentProc::start(spec, &host, name, dir, timeout).await?;
+    let agent = PoolAgent::start(spec, &host, name, dir, timeout).await?;
     // Recorded so `vmnet down --sandbox` can stop it should this process die without cleaning up.
     st.procs.push(Proc {
         role: "agent".into(),

@@ -1,102 +1,47 @@
 //! Shared helpers of the agent's root tests: `vmnet serve --netns <sandbox host>` as a child
-//! process with its own store and socket, readiness, logs, and running the CLI against it.
+//! process with its own store and socket ([`vmnet_testkit::agent`]), and running the CLI
+//! against it.
 
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::{Value, json};
-use vmnet_agent::api::types::AgentStatus;
-use vmnet_agent::client::Client;
+use vmnet_testkit::agent::{AgentOptions, AgentProc};
 use vmnet_testkit::{Sandbox, netns};
 
 pub const VMNET: &str = env!("CARGO_BIN_EXE_vmnet");
 
-/// A running `vmnet serve`, killed (SIGKILL, by pid) and reaped on drop.
-pub struct Agent {
-    pub child: Child,
+/// How long an agent may take to answer after its start.
+pub const READY: Duration = Duration::from_secs(20);
+
+/// The tests' agent: this package's `vmnet` in the sandbox host under the sandbox's agent
+/// prefix, socket, state, database and log under `dir`, a reconcile pass every
+/// `interval_secs`.
+pub fn options(sb: &Sandbox, dir: &Path, interval_secs: u64) -> AgentOptions {
+    AgentOptions::new(sb.host(), sb.agent_prefix(), dir)
+        .exe(VMNET)
+        .args([
+            "--reconcile-interval-secs".to_owned(),
+            interval_secs.to_string(),
+        ])
 }
 
-impl Agent {
-    pub fn start(sb: &Sandbox, dir: &Path) -> Self {
-        Self::start_with(sb, dir, 1)
-    }
-
-    /// Starts the agent with a reconcile interval of `interval_secs`.
-    pub fn start_with(sb: &Sandbox, dir: &Path, interval_secs: u64) -> Self {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("agent.log"))
-            .unwrap();
-        let child = Command::new(VMNET)
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", dir.join("vmnet.db").display()))
-            .arg("--socket")
-            .arg(dir.join("vmnet.sock"))
-            .args([
-                "serve",
-                "--netns",
-                &sb.host(),
-                "--name-prefix",
-                &sb.agent_prefix(),
-            ])
-            .args(["--reconcile-interval-secs", &interval_secs.to_string()])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn vmnet serve");
-        Self { child }
-    }
-
-    pub fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).unwrap())
-    }
-
-    pub fn sigterm(&mut self) -> std::process::ExitStatus {
-        kill(self.pid(), Signal::SIGTERM).expect("SIGTERM the agent");
-        self.child.wait().unwrap()
-    }
-
-    pub fn sigkill(&mut self) {
-        kill(self.pid(), Signal::SIGKILL).expect("SIGKILL the agent");
-        let status = self.child.wait().unwrap();
-        assert!(!status.success(), "the agent was killed: {status:?}");
-    }
+/// Starts the agent and waits until it answers (panics with its log otherwise); it is stopped
+/// when the returned guard drops.
+pub async fn start(options: &AgentOptions) -> AgentProc {
+    options
+        .start(READY)
+        .await
+        .unwrap_or_else(|e| panic!("vmnet serve: {e}"))
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = kill(self.pid(), Signal::SIGKILL);
-            let _ = self.child.wait();
-        }
-    }
-}
-
-pub async fn wait_ready(client: &Client, dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if client.get::<AgentStatus>("/v1/status").await.is_ok() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "agent not ready; log:\n{}",
-            log(dir)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-pub fn log(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+/// SIGKILLs the agent and asserts it died of it.
+pub fn sigkill(agent: &mut AgentProc) {
+    let status = agent.sigkill().expect("SIGKILL the agent");
+    assert!(!status.success(), "the agent was killed: {status:?}");
 }
 
 pub fn vm(prefix_id: &str, uid: u32) -> Value {

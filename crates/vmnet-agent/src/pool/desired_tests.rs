@@ -1,4 +1,4 @@
-//! Tap names that are orphans, and the stored instance's NIC.
+//! Tap names that are orphans, tap ownership by prefix, and the stored instance's NIC.
 
 use super::*;
 
