@@ -4,7 +4,8 @@
 use std::net::Ipv4Addr;
 
 use vmnet_model::Error;
-use vmnet_model::pool::{Lease, validate_id};
+use vmnet_model::ids::validate_id;
+use vmnet_model::pool::Lease;
 
 use crate::db::{Tx, db_err, on_tx, release_savepoint, rollback_to, savepoint};
 use crate::free;

@@ -11,7 +11,8 @@
 //! host while holding a free interval, which is what deadlocked it against concurrent creates.
 
 use serde::{Deserialize, Serialize};
-use vmnet_model::pool::{Condition, Instance, InstanceState, validate_id};
+use vmnet_model::ids::validate_id;
+use vmnet_model::pool::{Condition, Instance, InstanceState};
 use vmnet_model::{Error, ErrorCode};
 
 use crate::db::{Tx, atomically, db_err, on_tx, release_savepoint, rollback_to, savepoint};

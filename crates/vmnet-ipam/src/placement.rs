@@ -17,7 +17,8 @@ use ipnet::Ipv4Net;
 
 use sqlx::Row;
 use vmnet_model::Error;
-use vmnet_model::pool::{Host, HostState, Instance, NewInstance, validate_id};
+use vmnet_model::ids::validate_id;
+use vmnet_model::pool::{Host, HostState, Instance, NewInstance};
 
 use crate::db::{Tx, atomically, db_err, on_tx};
 use crate::leases::{lease, release};

@@ -6,7 +6,8 @@ use std::str::FromStr;
 use ipnet::Ipv4Net;
 use sqlx::Row;
 use vmnet_model::Error;
-use vmnet_model::pool::{IpRange, Pool, SetIpPool, validate_id};
+use vmnet_model::ids::validate_id;
+use vmnet_model::pool::{IpRange, Pool, SetIpPool};
 
 use crate::db::{Tx, db_err, on_tx};
 use crate::free;

@@ -26,8 +26,9 @@
 
 use ipnet::IpNet;
 use vmnet_model::Error;
+use vmnet_model::ids::validate_id;
 use vmnet_model::pool::{
-    SkipReason, SkippedInstance, StatusReport, StatusReportOutcome, UpdatedInstance, validate_id,
+    SkipReason, SkippedInstance, StatusReport, StatusReportOutcome, UpdatedInstance,
 };
 
 use crate::db::{Tx, atomically, db_err, on_tx};

@@ -295,7 +295,7 @@ impl PoolNode {
                 vmnet_model::nic::TAP_PREFIX
             )));
         }
-        vmnet_model::pool::validate_id("--host-id", &cfg.host_id)?;
+        vmnet_model::ids::validate_id("--host-id", &cfg.host_id)?;
         let (want, gateways, _) = desired(db, &cfg).await?;
         let own = taps.host_addresses().await?;
         let host = HostAddrs { own, gateways };

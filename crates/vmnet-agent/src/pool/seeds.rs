@@ -4,7 +4,7 @@
 //! Layout: `<dir>/<instance id>/meta-data`, `user-data`, `network-config` (only with a static
 //! NIC) and, when images are enabled, `seed.iso` (the `cidata` image,
 //! [`vmnet_kernel::pool::seed_image::write_iso`]). Instance ids are validated
-//! ([`vmnet_model::pool::validate_id`]: `[A-Za-z0-9._-]`, starting with a letter or digit), so an
+//! ([`vmnet_model::ids::validate_id`]: `[A-Za-z0-9._-]`, starting with a letter or digit), so an
 //! id is one safe path component.
 //!
 //! # Design
