@@ -69,8 +69,7 @@ use vmnet_plan::pool::nic::instance_spec;
 use super::runtime::{AgentFirewall, PoolRuntime};
 use super::seeds;
 use super::taps::PoolTaps;
-use crate::agent::now_ms;
-use crate::api::types::PoolStatus;
+use crate::status::{PoolStatus, now_ms};
 
 /// How the agent runs pool mode.
 #[derive(Debug, Clone, PartialEq, Eq)]

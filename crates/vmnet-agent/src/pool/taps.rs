@@ -18,7 +18,7 @@ use vmnet_model::Error;
 use vmnet_model::nic::IfName;
 use vmnet_plan::pool::nft::{HostAddrs, TapEntry};
 
-use crate::api::types::GuardStatus;
+use crate::status::GuardStatus;
 
 /// Taps and host addresses of one host namespace: the tap side of an instance
 /// ([`InstanceTaps`], which the one orchestrator [`vmnet_kernel::pool::host`] drives) and what
