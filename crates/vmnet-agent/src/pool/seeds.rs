@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 use vmnet_model::nic::InstanceSpec;
 use vmnet_plan::pool::seed::seed;
 
@@ -67,7 +68,7 @@ pub fn write(dir: &Path, inst: &InstanceSpec, image: bool) -> Result<bool, Error
     let iso = d.join(IMAGE_NAME);
     if image && (changed || !iso.exists()) {
         vmnet_kernel::pool::seed_image::write_iso(&s, &iso)
-            .map_err(|e| Error::unavailable(format!("instance {}: {e}", inst.id)))?;
+            .map_err(|e| Error::unavailable(format!("instance {}: {}", inst.id, chain(&e))))?;
         changed = true;
     }
     Ok(changed)
