@@ -29,7 +29,7 @@
 //! Objects made under another `--name-prefix` are neither observed nor collected.
 
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::{Mutex, Notify};
 use vmnet_ipam::Db;
@@ -39,20 +39,14 @@ use vmnet_model::Error;
 use vmnet_model::vm::{VmConfig, parse_vm_config};
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
-use crate::api::types::{AgentStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView};
 use crate::pool::node::PoolNode;
+use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView};
+
+// The clock lives in `status`; re-exported for `vmnet-bench`, which calls it by this path.
+pub use crate::status::now_ms;
 
 /// Default seconds between periodic reconcile passes.
 pub const DEFAULT_RECONCILE_INTERVAL_SECS: u64 = 10;
-
-/// Milliseconds since the Unix epoch, now.
-#[must_use]
-pub fn now_ms() -> i64 {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 /// The agent: store, driver, settings, and the reconcile bookkeeping.
 pub struct Agent {

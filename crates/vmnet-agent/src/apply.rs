@@ -4,9 +4,10 @@
 use vmnet_model::pool::{Host, Instance, IpRange};
 use vmnet_model::{Error, ErrorCode};
 
-use crate::api::types::{ApplyItem, ApplyReport, VmState, VmView};
+use crate::api::types::{ApplyItem, ApplyReport};
 use crate::client::{Client, segment};
 use crate::hostspec::{HostSpec, pool_range};
+use crate::status::{VmState, VmView};
 
 fn item(kind: &str, id: &str, result: impl Into<String>) -> ApplyItem {
     ApplyItem {

@@ -154,7 +154,7 @@ impl HostSpec {
             p.validate().map_err(bad)?;
         }
         for h in &spec.hosts {
-            vmnet_model::pool::validate_id("host_id", &h.host_id).map_err(bad)?;
+            vmnet_model::ids::validate_id("host_id", &h.host_id).map_err(bad)?;
         }
         for i in &spec.instances {
             i.validate().map_err(bad)?;

@@ -1,6 +1,10 @@
 //! The vmnet agent: the reconcile loop of namespace mode, the HTTP API (unix socket, optional
 //! loopback TCP) over the store, the client the CLI uses, and the host spec format.
 //!
+//! The modules, leaves first (no module uses one listed after it):
+//! * [`status`] — the status and VM bodies the agent reports, and the clock of their times.
+//! * [`table`] — the text table renderer.
+//! * [`pool`] — pool mode on this host: NICs, seeds and the bcd tables.
 //! * [`agent`] — the agent's state and the VM operations (store + driver, serialized).
 //! * [`reconcile`] — the full pass and the background loop.
 //! * [`api`] — routes, error mapping, request/response types; `openapi.json` documents it.
@@ -16,4 +20,5 @@ pub mod hostspec;
 pub mod pool;
 pub mod reconcile;
 pub mod server;
+pub mod status;
 pub mod table;

@@ -36,7 +36,8 @@ use vmnet_kernel::ns::ObservedVm;
 use vmnet_model::Error;
 use vmnet_model::vm::parse_vm_config;
 
-use crate::agent::{Agent, now_ms, store_tx};
+use crate::agent::{Agent, store_tx};
+use crate::status::now_ms;
 
 /// How long the loop waits after a wake-up before its pass, so a burst of API changes costs one
 /// pass.

@@ -10,7 +10,7 @@ use vmnet_model::Error;
 use vmnet_model::pool::IpRange;
 
 use crate::db::{Tx, db_err, on_tx};
-use crate::ranges::num;
+use crate::stored::num;
 
 /// Rows per multi-row INSERT when rebuilding.
 const CHUNK: usize = 1000;

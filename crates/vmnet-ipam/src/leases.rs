@@ -4,11 +4,13 @@
 use std::net::Ipv4Addr;
 
 use vmnet_model::Error;
-use vmnet_model::pool::{Lease, validate_id};
+use vmnet_model::ids::validate_id;
+use vmnet_model::pool::Lease;
 
 use crate::db::{Tx, db_err, on_tx, release_savepoint, rollback_to, savepoint};
 use crate::free;
-use crate::ranges::{addr, bounds_of, num, parse_stored, range_of, require_pool};
+use crate::ranges::{bounds_of, range_of, require_pool};
+use crate::stored::{addr, num, parse_stored};
 
 /// How many times a placement retries on the next free address after its insert hit an address
 /// another transaction took (spec: "retry, up to 8 times").

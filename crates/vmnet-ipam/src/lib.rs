@@ -44,6 +44,7 @@
 //!   placements and deletes wait for it.
 //! * SQLite serializes all transactions (`BEGIN IMMEDIATE`), readers included.
 
+mod addresses;
 pub mod db;
 mod free;
 pub mod leases;
@@ -52,6 +53,7 @@ pub mod loss;
 pub mod placement;
 pub mod ranges;
 pub mod reports;
+mod stored;
 pub mod vm_store;
 
 pub use db::{

@@ -11,14 +11,15 @@
 //! host while holding a free interval, which is what deadlocked it against concurrent creates.
 
 use serde::{Deserialize, Serialize};
-use vmnet_model::pool::{Condition, Instance, InstanceState, validate_id};
+use vmnet_model::ids::validate_id;
+use vmnet_model::pool::{Condition, Instance, InstanceState};
 use vmnet_model::{Error, ErrorCode};
 
+use crate::addresses::clear_reported;
 use crate::db::{Tx, atomically, db_err, on_tx, release_savepoint, rollback_to, savepoint};
 use crate::leases::release;
 use crate::locks::{lock_hosts_for_loss, lock_instances_on};
 use crate::placement::{Want, get_host, get_instance, instance_row, instance_sql, place};
-use crate::reports::clear_reported;
 
 /// What a host loss did: the affected instances as they are afterwards (ordered by id).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,13 +17,15 @@ use ipnet::Ipv4Net;
 
 use sqlx::Row;
 use vmnet_model::Error;
-use vmnet_model::pool::{Host, HostState, Instance, NewInstance, validate_id};
+use vmnet_model::ids::validate_id;
+use vmnet_model::pool::{Host, HostState, Instance, NewInstance};
 
+use crate::addresses::{append_stored, reported};
 use crate::db::{Tx, atomically, db_err, on_tx};
 use crate::leases::{lease, release};
 use crate::locks::lock_placed_instance;
-use crate::ranges::{parse_stored, require_pool};
-use crate::reports::{append_stored, reported};
+use crate::ranges::require_pool;
+use crate::stored::parse_stored;
 
 fn to_u32(field: &str, v: i64) -> Result<u32, Error> {
     u32::try_from(v).map_err(|_| Error::internal(format!("stored {field} {v} is out of range")))

@@ -1,31 +1,16 @@
 //! Pool ranges: `set_ip_pool`, reading and listing them (spec: "Give a hosted pool a range").
 
-use std::net::{IpAddr, Ipv4Addr};
-use std::str::FromStr;
+use std::net::IpAddr;
 
 use ipnet::Ipv4Net;
 use sqlx::Row;
 use vmnet_model::Error;
-use vmnet_model::pool::{IpRange, Pool, SetIpPool, validate_id};
+use vmnet_model::ids::validate_id;
+use vmnet_model::pool::{IpRange, Pool, SetIpPool};
 
 use crate::db::{Tx, db_err, on_tx};
 use crate::free;
-
-/// An address as the integer stored in `ip_free` and `ip_leases.address_num`.
-pub(crate) fn num(a: Ipv4Addr) -> i64 {
-    i64::from(u32::from(a))
-}
-
-/// The address of a stored integer.
-pub(crate) fn addr(n: i64) -> Result<Ipv4Addr, Error> {
-    u32::try_from(n)
-        .map(Ipv4Addr::from)
-        .map_err(|_| Error::internal(format!("stored address {n} is out of range")))
-}
-
-pub(crate) fn parse_stored<T: FromStr>(what: &str, s: &str) -> Result<T, Error> {
-    T::from_str(s).map_err(|_| Error::internal(format!("stored {what} {s:?} does not parse")))
-}
+use crate::stored::{num, parse_stored};
 
 /// Sets (or replaces) the range of `req.pool_id` and returns it with the defaults filled in.
 /// Creates the pool if it does not exist. Existing leases are kept, even outside the new range;

@@ -328,7 +328,7 @@ mod cases {
         let dark = create(db, &r).await.unwrap();
         assert_eq!(dark.network_policy, NetworkPolicy::None);
         for i in [&plain, &boxed, &dark] {
-            vmnet_model::pool::validate_id("allocation_id", &i.allocation_id).unwrap();
+            vmnet_model::ids::validate_id("allocation_id", &i.allocation_id).unwrap();
             assert!(
                 i.allocation_id.starts_with("alloc-")
                     && i.allocation_id.ends_with(&format!("-{}", i.instance_id)),
@@ -373,7 +373,7 @@ mod cases {
         let long = "l".repeat(64);
         let l = create(db, &inst(&long, "p1")).await.unwrap();
         assert_eq!(l.allocation_id.len(), 64);
-        vmnet_model::pool::validate_id("allocation_id", &l.allocation_id).unwrap();
+        vmnet_model::ids::validate_id("allocation_id", &l.allocation_id).unwrap();
         check_invariants(db).await;
     }
 }

@@ -130,9 +130,64 @@ impl Error {
     }
 }
 
+/// An error and each of its sources, `: `-separated, outermost first: the one way vmnet prints an
+/// error chain (e.g. `tap bc1: create: Operation not permitted (os error 1)`).
+///
+/// Typed errors (thiserror, `#[source]`) keep their cause out of their own message; this is
+/// where the causes are written out, once, when the error is turned into a message for a
+/// caller or a log.
+#[must_use]
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A test error with an optional cause.
+    #[derive(Debug, thiserror::Error)]
+    #[error("{what}")]
+    struct Step {
+        what: &'static str,
+        #[source]
+        cause: Option<Box<Step>>,
+    }
+
+    fn step(what: &'static str, cause: Option<Step>) -> Step {
+        Step {
+            what,
+            cause: cause.map(Box::new),
+        }
+    }
+
+    #[test]
+    fn chain_of_one_is_its_message() {
+        assert_eq!(chain(&step("tap bc1", None)), "tap bc1");
+    }
+
+    #[test]
+    fn chain_lists_every_source_outermost_first() {
+        let e = step(
+            "pool firewall",
+            Some(step("nft", Some(step("EPERM", None)))),
+        );
+        assert_eq!(e.to_string(), "pool firewall");
+        assert_eq!(chain(&e), "pool firewall: nft: EPERM");
+        let io = std::io::Error::from_raw_os_error(1);
+        let boxed: Box<dyn std::error::Error> = Box::new(io);
+        assert_eq!(
+            chain(boxed.as_ref()),
+            "Operation not permitted (os error 1)"
+        );
+    }
 
     #[test]
     fn codes_serialize_as_documented() {

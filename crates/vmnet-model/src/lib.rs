@@ -5,6 +5,7 @@
 //! returns [`Error`] with a documented [`ErrorCode`]. No I/O.
 
 pub mod error;
+pub mod ids;
 pub mod nic;
 pub mod pool;
 pub mod vm;

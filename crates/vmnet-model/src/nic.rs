@@ -25,7 +25,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
 use crate::Error;
-use crate::pool::validate_id;
+use crate::ids::validate_id;
 
 /// Linux interface names are at most this many bytes (IFNAMSIZ - 1).
 pub const IFNAME_MAX: usize = 15;
@@ -262,7 +262,7 @@ impl NicSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InstanceSpec {
-    /// The instance id ([`crate::pool::validate_id`]).
+    /// The instance id ([`crate::ids::validate_id`]).
     pub id: String,
     /// The allocation the host names when it fetches the user data. On the wire `allocationId`
     /// (the spec's name); `allocation_id` is still accepted when parsing.

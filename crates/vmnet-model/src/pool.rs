@@ -14,6 +14,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
+use crate::ids::{MAX_ID_LEN, validate_id};
 pub use crate::nic::NetworkPolicy;
 
 #[path = "pool_range.rs"]
@@ -21,38 +22,6 @@ mod range;
 pub use range::{
     IpRange, MAX_DNS, MAX_PREFIX_LEN, MIN_PREFIX_LEN, RESERVED, SetIpPool, usable_hosts,
 };
-
-/// The longest id accepted for pools, hosts and instances, in bytes.
-pub const MAX_ID_LEN: usize = 64;
-
-/// Checks an object id: 1 to [`MAX_ID_LEN`] bytes of `[A-Za-z0-9._-]`, starting with a letter or
-/// digit. `field` names the field in the error (e.g. `instance_id`).
-///
-/// # Errors
-/// `INVALID_INPUT` naming `field`: `instance_id must not be empty`,
-/// `instance_id is 70 bytes long; at most 64 are allowed`,
-/// `instance_id "a;b" may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit`.
-pub fn validate_id(field: &str, value: &str) -> Result<(), Error> {
-    if value.is_empty() {
-        return Err(Error::invalid(format!("{field} must not be empty")));
-    }
-    if value.len() > MAX_ID_LEN {
-        return Err(Error::invalid(format!(
-            "{field} is {} bytes long; at most {MAX_ID_LEN} are allowed",
-            value.len()
-        )));
-    }
-    let ok_start = value.as_bytes()[0].is_ascii_alphanumeric();
-    let ok_chars = value
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if !ok_start || !ok_chars {
-        return Err(Error::invalid(format!(
-            "{field} {value:?} may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit"
-        )));
-    }
-    Ok(())
-}
 
 /// One lease: `(pool_id, address)` is unique, and so is `instance_id`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -52,7 +52,7 @@ use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::pool::validate_id;
+use crate::ids::validate_id;
 
 /// The shortest prefix length a pool's `cidr` may have: `/16`.
 pub const MIN_PREFIX_LEN: u8 = 16;

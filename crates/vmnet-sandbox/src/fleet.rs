@@ -41,6 +41,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
+use vmnet_model::error::chain;
 
 use crate::echo::EchoService;
 use crate::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_IF};
@@ -386,7 +387,7 @@ impl Drop for Fleet {
         if self.armed
             && let Err(e) = cleanup(&self.prefix)
         {
-            eprintln!("fleet {}: cleanup failed: {e}", self.prefix);
+            eprintln!("fleet {}: cleanup failed: {}", self.prefix, chain(&e));
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::echo::EchoService;
 use crate::relay::Relay;
 use clap::Subcommand;
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 
 /// `vmnet sandbox-helper …`
 #[derive(Debug, Subcommand)]
@@ -69,7 +70,8 @@ pub fn run(c: HelperCmd) -> Result<(), Error> {
         } => {
             let relay = Relay::start(&vm_netns, &tap, &guest_netns, &guest_if).map_err(|e| {
                 Error::internal(format!(
-                    "relay {vm_netns}/{tap} -> {guest_netns}/{guest_if}: {e}"
+                    "relay {vm_netns}/{tap} -> {guest_netns}/{guest_if}: {}",
+                    chain(&e)
                 ))
             })?;
             ready(&ready_file)?;
@@ -81,7 +83,7 @@ pub fn run(c: HelperCmd) -> Result<(), Error> {
             ready_file,
         } => {
             let svc = EchoService::start(&netns, &listen)
-                .map_err(|e| Error::internal(format!("echo in {netns}: {e}")))?;
+                .map_err(|e| Error::internal(format!("echo in {netns}: {}", chain(&e))))?;
             ready(&ready_file)?;
             svc.wait();
         }

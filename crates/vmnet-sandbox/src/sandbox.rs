@@ -45,6 +45,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use vmnet_model::error::chain;
+
 use crate::SandboxError;
 use crate::echo::EchoService;
 use crate::netns;
@@ -311,7 +313,7 @@ impl Drop for Sandbox {
             return;
         }
         if let Err(e) = cleanup(&self.prefix) {
-            eprintln!("sandbox {}: cleanup failed: {e}", self.prefix);
+            eprintln!("sandbox {}: cleanup failed: {}", self.prefix, chain(&e));
         }
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 
 use crate::sandbox;
 use crate::state::{self, FleetState, Paths};
@@ -37,7 +38,7 @@ pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
     let is_fleet = fleet_state.is_some() || crate::fleet::exists(name);
     let pg = remove_postgres(name, fleet_state.as_ref())?;
     report.stopped.extend(pg);
-    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {name}: {e}"));
+    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {name}: {}", chain(&e)));
     if is_fleet {
         report.namespaces = crate::fleet::owned(name);
         crate::fleet::cleanup(name).map_err(sb_err)?;

@@ -6,8 +6,8 @@ use axum::Json;
 use axum::extract::{Path, State};
 
 use super::error::{ApiError, JsonBytes};
-use super::types::{AgentStatus, VmView};
 use crate::agent::Agent;
+use crate::status::{AgentStatus, VmView};
 
 /// `PUT /v1/vms/{id}`: create or replace the VM's config and apply it.
 pub async fn put_vm(

@@ -62,7 +62,7 @@ pub fn spawn<E: NftExec + 'static>(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             r.audits += 1;
-            r.last_audit_at_unix_ms = Some(crate::agent::now_ms());
+            r.last_audit_at_unix_ms = Some(crate::status::now_ms());
             r.last_error = error;
         }
     })

@@ -25,6 +25,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use vmnet_kernel::pool::firewall::{FirewallError, LIST_RULESET, NftExec};
 use vmnet_kernel::pool::libnft::LibNft;
+use vmnet_model::error::chain;
 
 use vmnet_plan::pool::validate::validate;
 
@@ -100,10 +101,10 @@ pub fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
 pub fn handle(nft: &LibNft, req: &Request) -> Reply {
     let result = match req {
         Request::Apply { ruleset } => match validate(ruleset) {
-            Ok(()) => nft.run(ruleset).map_err(|e| e.to_string()),
+            Ok(()) => nft.run(ruleset).map_err(|e| chain(&e)),
             Err(refusal) => Err(refusal.to_string()),
         },
-        Request::List => nft.run(LIST_RULESET).map_err(|e| e.to_string()),
+        Request::List => nft.run(LIST_RULESET).map_err(|e| chain(&e)),
     };
     match result {
         Ok(output) => Reply {
@@ -128,9 +129,9 @@ pub fn handle(nft: &LibNft, req: &Request) -> Reply {
 pub fn serve(sock: &UnixStream, netns: Option<&str>) -> Result<(), String> {
     if let Some(ns) = netns {
         vmnet_kernel::netns::enter_current_thread(ns)
-            .map_err(|e| format!("enter netns {ns}: {e}"))?;
+            .map_err(|e| format!("enter netns {ns}: {}", chain(&e)))?;
     }
-    let nft = LibNft::here().map_err(|e| e.to_string())?;
+    let nft = LibNft::here().map_err(|e| chain(&e))?;
     let mut r = sock;
     let mut w = sock;
     while let Some(body) = read_frame(&mut r).map_err(|e| format!("read: {e}"))? {

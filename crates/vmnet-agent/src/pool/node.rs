@@ -68,8 +68,7 @@ pub use super::desired::{is_instance_tap, spec_of};
 use super::runtime::{AgentFirewall, PoolRuntime};
 use super::seeds;
 use super::taps::PoolTaps;
-use crate::agent::now_ms;
-use crate::api::types::PoolStatus;
+use crate::status::{PoolStatus, now_ms};
 
 /// How the agent runs pool mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,7 +171,7 @@ impl PoolNode {
                 vmnet_model::nic::TAP_PREFIX
             )));
         }
-        vmnet_model::pool::validate_id("--host-id", &cfg.host_id)?;
+        vmnet_model::ids::validate_id("--host-id", &cfg.host_id)?;
         let (want, gateways, _) = desired(db, &cfg.host_id, &cfg.bridge).await?;
         let own = taps.host_addresses().await?;
         let host = HostAddrs { own, gateways };

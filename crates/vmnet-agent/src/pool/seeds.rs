@@ -4,7 +4,7 @@
 //! Layout: `<dir>/<instance id>/meta-data`, `user-data`, `network-config` (only with a static
 //! NIC) and, when images are enabled, `seed.iso` (the `cidata` image,
 //! [`vmnet_kernel::pool::seed_image::write_iso`]). Instance ids are validated
-//! ([`vmnet_model::pool::validate_id`]: `[A-Za-z0-9._-]`, starting with a letter or digit), so an
+//! ([`vmnet_model::ids::validate_id`]: `[A-Za-z0-9._-]`, starting with a letter or digit), so an
 //! id is one safe path component.
 //!
 //! # Design
@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 use vmnet_model::nic::InstanceSpec;
 use vmnet_plan::pool::seed::seed;
 
@@ -67,7 +68,7 @@ pub fn write(dir: &Path, inst: &InstanceSpec, image: bool) -> Result<bool, Error
     let iso = d.join(IMAGE_NAME);
     if image && (changed || !iso.exists()) {
         vmnet_kernel::pool::seed_image::write_iso(&s, &iso)
-            .map_err(|e| Error::unavailable(format!("instance {}: {e}", inst.id)))?;
+            .map_err(|e| Error::unavailable(format!("instance {}: {}", inst.id, chain(&e))))?;
         changed = true;
     }
     Ok(changed)

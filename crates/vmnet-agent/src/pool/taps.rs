@@ -15,10 +15,11 @@ use vmnet_kernel::pool::guard::TapGuard;
 use vmnet_kernel::pool::host::{GuardedTaps, InstanceTaps};
 use vmnet_kernel::pool::tap::{TapAction, TapOwner, Taps};
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 use vmnet_model::nic::IfName;
 use vmnet_plan::pool::nft::{HostAddrs, TapEntry};
 
-use crate::api::types::GuardStatus;
+use crate::status::GuardStatus;
 
 /// Taps and host addresses of one host namespace: the tap side of an instance
 /// ([`InstanceTaps`], which the one orchestrator [`vmnet_kernel::pool::host`] drives) and what
@@ -54,23 +55,8 @@ pub trait PoolTaps: InstanceTaps {
     fn host_addresses(&self) -> BoxFuture<'_, Result<Vec<IpAddr>, Error>>;
 }
 
-/// An error and its sources, `: `-separated.
-struct ErrorChain<'a>(&'a dyn std::error::Error);
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut cur = self.0.source();
-        while let Some(c) = cur {
-            write!(f, ": {c}")?;
-            cur = c.source();
-        }
-        Ok(())
-    }
-}
-
 fn unavailable(what: impl std::fmt::Display, e: &dyn std::error::Error) -> Error {
-    Error::unavailable(format!("{what}: {}", ErrorChain(e)))
+    Error::unavailable(format!("{what}: {}", chain(e)))
 }
 
 /// The real [`PoolTaps`]: taps and their guard through [`GuardedTaps`], addresses through
@@ -195,7 +181,7 @@ impl PoolTaps for KernelTaps {
                 d.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
                 None,
             ),
-            Err(e) => (Default::default(), Some(format!("{}", ErrorChain(&e)))),
+            Err(e) => (Default::default(), Some(chain(&e))),
         };
         Some(GuardStatus {
             taps: g.taps().len() as u64,

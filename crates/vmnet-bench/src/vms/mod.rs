@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use vmnet_kernel::ns::{NetlinkNsDriver, NsDriver};
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
 use self::shell::run_cmds;
@@ -150,7 +151,7 @@ pub async fn run(args: VmsBenchArgs) -> Result<(), Error> {
         )));
     }
     let sb = vmnet_sandbox::Sandbox::new("bv")
-        .map_err(|e| Error::internal(format!("bench sandbox: {e}")))?;
+        .map_err(|e| Error::internal(format!("bench sandbox: {}", chain(&e))))?;
     let host = sb.host();
     let settings = NsSettings {
         name_prefix: sb.agent_prefix(),

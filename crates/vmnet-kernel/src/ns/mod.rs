@@ -277,13 +277,7 @@ pub enum NsError {
 
 impl From<NsError> for vmnet_model::Error {
     fn from(e: NsError) -> Self {
-        let mut msg = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            msg.push_str(": ");
-            msg.push_str(&s.to_string());
-            src = s.source();
-        }
+        let msg = vmnet_model::error::chain(&e);
         match e {
             NsError::Invalid(_) => vmnet_model::Error::invalid(msg),
             _ => vmnet_model::Error::unavailable(msg),

@@ -39,6 +39,7 @@
 
 use serde_json::Value;
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 use vmnet_model::nic::{IfName, InstanceSpec, instance_hash10};
 use vmnet_plan::nftdiff::{Tables, diff, has_element_digest_only};
 use vmnet_plan::pool::nft::{
@@ -104,17 +105,6 @@ impl FirewallError {
             other => Error::unavailable(format!("pool firewall: {}", chain(other))),
         }
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// What one audit found.

@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 use vmnet_model::nic::{IfName, InstanceSpec};
 use vmnet_plan::pool::nft::{TapEntry, tap_entries};
 
@@ -192,18 +193,6 @@ impl<E: NftExec> InstanceRules for PoolFirewall<E> {
     fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move { self.remove_instance(instance_id).map_err(|e| e.to_error()) })
     }
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The real [`InstanceTaps`]: persistent taps ([`Taps`]) with the tap guard on each

@@ -15,6 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use serde::Serialize;
+use vmnet_model::error::chain;
 
 use crate::echo::EchoService;
 use crate::fleet::{HostNet, PRIVATE_IF, PRIVATE_MTU, PublicNeighbors};
@@ -144,7 +145,7 @@ fn seen_tcp(ns: &str, target: SocketAddr) -> String {
     match traffic::try_tcp_echo(ns, target, TIMEOUT) {
         Ok(Some(r)) => from(r.peer.ip()),
         Ok(None) => "no reach".into(),
-        Err(e) => format!("error: {e}"),
+        Err(e) => format!("error: {}", chain(&e)),
     }
 }
 
@@ -152,7 +153,7 @@ fn seen_route(inet: &str, dst: &str) -> String {
     let family = if dst.contains(':') { "-6" } else { "-4" };
     match netns::ip(inet, &[family, "route", "show", dst]) {
         Ok(text) => route_seen(&text),
-        Err(e) => format!("error: {e}"),
+        Err(e) => format!("error: {}", chain(&e)),
     }
 }
 
@@ -163,7 +164,7 @@ fn seen_mtu(ns: &str) -> String {
             .skip_while(|w| *w != "mtu")
             .nth(1)
             .map_or_else(|| "no mtu".into(), str::to_owned),
-        Err(e) => format!("error: {e}"),
+        Err(e) => format!("error: {}", chain(&e)),
     }
 }
 

@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 
 use self::checks::FleetCheck;
 pub use self::spec::{FleetHostSpec, FleetSpec, is_fleet_spec};
@@ -157,7 +158,7 @@ pub async fn up(
 async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<FleetReport, Error> {
     let timeout = Duration::from_secs(args.timeout_secs);
     let name = args.name.as_str();
-    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {name}: {e}"));
+    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {name}: {}", chain(&e)));
     let modes: Vec<fleet::PublicNeighbors> =
         spec.hosts.iter().map(|h| h.public_neighbors).collect();
     let fl = Fleet::with_prefix(name, &modes).map_err(sb_err)?;
@@ -206,7 +207,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
     let checks = tokio::task::spawn_blocking(move || checks::run(&inet, &pairs))
         .await
         .map_err(|e| Error::internal(format!("checks: {e}")))?
-        .map_err(|e| Error::internal(format!("checks: {e}")))?;
+        .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
     Ok(FleetReport {
         sandbox: name.to_owned(),
         postgres: pg_dir,
@@ -255,7 +256,7 @@ async fn bring_up_host(
     let checks = tokio::task::spawn_blocking(move || crate::ns_job::checks::run_checks(&guests))
         .await
         .map_err(|e| Error::internal(format!("checks: {e}")))?
-        .map_err(|e| Error::internal(format!("host {}: checks: {e}", h.name)))?;
+        .map_err(|e| Error::internal(format!("host {}: checks: {}", h.name, chain(&e))))?;
     let socket =
         std::path::absolute(client.socket()).unwrap_or_else(|_| client.socket().to_owned());
     Ok(HostReport {

@@ -25,6 +25,7 @@ use crate::{SandboxError, netns, traffic};
 use ipnet::IpNet;
 use serde::Serialize;
 use vmnet_agent::table::render as render_table;
+use vmnet_model::error::chain;
 use vmnet_model::vm::{Route, Via};
 
 /// The guest's IPv6 gateway: the link-local address on every tap.
@@ -247,7 +248,7 @@ fn seen_reply(r: Result<Option<traffic::EchoReply>, SandboxError>) -> String {
     match r {
         Ok(Some(reply)) => from(reply.peer.ip()),
         Ok(None) => NO_REACH.into(),
-        Err(e) => format!("error: {e}"),
+        Err(e) => format!("error: {}", chain(&e)),
     }
 }
 
@@ -265,14 +266,14 @@ fn run_mss(guest_ns: &str, target: SocketAddr, advmss: u16) -> String {
         "route", "add", &dst, "via", &gw, "dev", "eth0", "advmss", &adv,
     ];
     if let Err(e) = netns::ip(guest_ns, &[&[fam][..], &add[..]].concat()) {
-        return format!("error: {e}");
+        return format!("error: {}", chain(&e));
     }
     let seen = match traffic::try_tcp_echo(guest_ns, target, TIMEOUT) {
         Ok(Some(r)) => r
             .syn_mss
             .map_or_else(|| "no mss option".into(), |m| format!("syn mss {m}")),
         Ok(None) => NO_REACH.into(),
-        Err(e) => format!("error: {e}"),
+        Err(e) => format!("error: {}", chain(&e)),
     };
     let _ = netns::ip(guest_ns, &[fam, "route", "del", &dst]);
     seen
@@ -294,7 +295,7 @@ fn nat_rule(k: &KernelNames) -> String {
             }
         }
         Ok(out) => format!("error: {}", String::from_utf8_lossy(&out.stderr).trim()),
-        Err(e) => format!("error: {e}"),
+        Err(e) => format!("error: {}", chain(&e)),
     }
 }
 
@@ -308,7 +309,7 @@ fn veth_mtu(k: &KernelNames) -> String {
             .skip_while(|w| *w != "mtu")
             .nth(1)
             .map_or_else(|| "no mtu".into(), str::to_owned),
-        Err(e) => format!("error: {e}"),
+        Err(e) => format!("error: {}", chain(&e)),
     }
 }
 

@@ -40,6 +40,7 @@ use crate::sandbox;
 use serde::Serialize;
 use vmnet_agent::hostspec::HostSpec;
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 
 use self::checks::CheckResult;
 pub use self::steps::VmRow;
@@ -139,7 +140,8 @@ fn print_report(report: &UpReport, paths: &Paths) {
 
 async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpReport, Error> {
     let timeout = Duration::from_secs(args.timeout_secs);
-    let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {}: {e}", args.name));
+    let sb_err =
+        |e: crate::SandboxError| Error::internal(format!("sandbox {}: {}", args.name, chain(&e)));
     let sb = crate::Sandbox::with_prefix(&args.name).map_err(sb_err)?;
     let mut st = SandboxState {
         name: args.name.clone(),
@@ -182,7 +184,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     let results = tokio::task::spawn_blocking(move || checks::run_checks(&guests))
         .await
         .map_err(|e| Error::internal(format!("checks: {e}")))?
-        .map_err(|e| Error::internal(format!("checks: {e}")))?;
+        .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
     let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
     Ok(UpReport {
         sandbox: args.name.clone(),

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use vmnet_agent::api::types::{VmState, VmView};
 use vmnet_agent::client::{Client, segment};
+use vmnet_model::error::chain;
 use vmnet_model::vm::Via;
 use vmnet_model::{Error, ErrorCode};
 
@@ -152,7 +153,8 @@ pub(crate) fn attach_guest(
     timeout: Duration,
 ) -> Result<(GuestInfo, VmRow), Error> {
     let guest_ns = format!("{prefix}g{:04x}", v.config.user_id);
-    netns::create(&guest_ns).map_err(|e| Error::internal(format!("sandbox {prefix}: {e}")))?;
+    netns::create(&guest_ns)
+        .map_err(|e| Error::internal(format!("sandbox {prefix}: {}", chain(&e))))?;
     st.guest_ns.push(guest_ns.clone());
     paths.save(st)?;
     let role = format!("relay-{}", v.config.id);
@@ -174,7 +176,7 @@ pub(crate) fn attach_guest(
     state::wait_ready(&mut child, &ready, &paths.log(&role), &role, timeout)?;
     let cfg = guest_config(v)?;
     crate::guest::configure(&guest_ns, crate::guest::GUEST_IF, &cfg)
-        .map_err(|e| Error::internal(format!("guest of vm {}: {e}", v.config.id)))?;
+        .map_err(|e| Error::internal(format!("guest of vm {}: {}", v.config.id, chain(&e))))?;
     let info = GuestInfo {
         vm: v.config.id.clone(),
         guest_ns: guest_ns.clone(),

@@ -35,6 +35,7 @@ use crate::sim_guest;
 use vmnet_agent::api::types::InstanceNics;
 use vmnet_agent::client::segment;
 use vmnet_model::Error;
+use vmnet_model::error::chain;
 use vmnet_model::nic::{IfName, MacAddr};
 
 use self::agent::PoolAgent;
@@ -116,7 +117,8 @@ async fn run(
         .map_err(|e| Error::invalid(format!("pool {}: cidr: {e}", spec.pool.pool_id)))?;
     let sb = Sandbox::with_prefix(name).map_err(|e| {
         Error::conflict(format!(
-            "{e}: run `vmnet down --sandbox --name {name}` first"
+            "{}: run `vmnet down --sandbox --name {name}` first",
+            chain(&e)
         ))
     })?;
     let host = sb.host();
@@ -130,9 +132,9 @@ async fn run(
     let gw_cidr = format!("{}/{}", spec.pool.gateway, range_net.prefix_len());
     let br = bridge.as_str();
     let ipf = internal("sandbox bridge");
-    tk::ip(&host, &["link", "add", br, "type", "bridge"]).map_err(|e| ipf(e.to_string()))?;
-    tk::ip(&host, &["addr", "add", &gw_cidr, "dev", br]).map_err(|e| ipf(e.to_string()))?;
-    tk::ip(&host, &["link", "set", br, "up"]).map_err(|e| ipf(e.to_string()))?;
+    tk::ip(&host, &["link", "add", br, "type", "bridge"]).map_err(|e| ipf(chain(&e)))?;
+    tk::ip(&host, &["addr", "add", &gw_cidr, "dev", br]).map_err(|e| ipf(chain(&e)))?;
+    tk::ip(&host, &["link", "set", br, "up"]).map_err(|e| ipf(chain(&e)))?;
     tk::ip(
         &sb.inet(),
         &[
@@ -143,7 +145,7 @@ async fn run(
             &HOST_UPLINK_V4.to_string(),
         ],
     )
-    .map_err(|e| ipf(e.to_string()))?;
+    .map_err(|e| ipf(chain(&e)))?;
 
     let agent = PoolAgent::start(spec, &host, name, dir, timeout).await?;
     // Recorded so `vmnet down --sandbox` can stop it should this process die without cleaning up.
@@ -202,14 +204,14 @@ async fn run(
             let mac: MacAddr = nic.mac.parse()?;
             let ns = sb
                 .add_netns(&format!("g{}", guests.len()))
-                .map_err(|e| Error::unavailable(e.to_string()))?;
+                .map_err(|e| Error::unavailable(chain(&e)))?;
             for k in ["all", "default"] {
                 tk::sysctl(&ns, &format!("net/ipv6/conf/{k}/accept_dad"), "0")
-                    .map_err(|e| Error::unavailable(e.to_string()))?;
+                    .map_err(|e| Error::unavailable(chain(&e)))?;
             }
             relays.push(
                 Relay::start(&host, &nic.tap, &ns, "eth0")
-                    .map_err(|e| Error::unavailable(e.to_string()))?,
+                    .map_err(|e| Error::unavailable(chain(&e)))?,
             );
             let net = sim_guest::configure(&ns, "eth0", mac, Some(&network_config))
                 .map_err(internal("simulated guest"))?;

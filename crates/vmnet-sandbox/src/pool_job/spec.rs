@@ -106,7 +106,7 @@ impl PoolSpec {
                 )));
             }
         }
-        vmnet_model::pool::validate_id("host.host_id", &spec.host.host_id)
+        vmnet_model::ids::validate_id("host.host_id", &spec.host.host_id)
             .map_err(|e| bad(e.message))?;
         if spec.host.vcpus == 0 || spec.host.memory_mib == 0 {
             return Err(bad("host: vcpus and memory_mib must be at least 1".into()));
@@ -116,7 +116,7 @@ impl PoolSpec {
         }
         let mut seen = std::collections::BTreeSet::new();
         for (n, i) in spec.instances.iter().enumerate() {
-            vmnet_model::pool::validate_id(&format!("instances[{n}].instance_id"), &i.instance_id)
+            vmnet_model::ids::validate_id(&format!("instances[{n}].instance_id"), &i.instance_id)
                 .map_err(|e| bad(e.message))?;
             if !seen.insert(i.instance_id.as_str()) {
                 return Err(bad(format!(

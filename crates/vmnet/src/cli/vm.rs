@@ -188,7 +188,7 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
 
 /// How long ago `unix_ms` was, e.g. `3.2 s`.
 fn ago(unix_ms: i64) -> String {
-    let now = vmnet_agent::agent::now_ms();
+    let now = vmnet_agent::status::now_ms();
     let ms = now.saturating_sub(unix_ms).max(0);
     let secs = ms / 1000;
     let tenths = (ms % 1000) / 100;

@@ -1,0 +1,201 @@
+//! What the agent reports about itself and its VMs: the status bodies of `GET /v1/status` and the
+//! VM views of `/v1/vms`, and the clock their `*_unix_ms` times come from. A leaf module: the
+//! agent, pool mode and the API all build on it (the API re-exports these types in
+//! [`crate::api::types`]).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds since the Unix epoch, now.
+#[must_use]
+pub fn now_ms() -> i64 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Where a VM stands, as `GET /v1/vms/{id}` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmState {
+    /// The desired config is applied.
+    Applied,
+    /// Not applied yet (stored, waiting for the reconcile pass).
+    Pending,
+    /// The last apply of the desired config failed (see `last_error`); the previous good
+    /// config, if any, stays applied.
+    Failed,
+}
+
+impl VmState {
+    /// `applied`, `pending` or `failed`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Pending => "pending",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// A VM's status: the derived kernel names and addresses, what is applied, the last error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmStatus {
+    /// Applied, pending or failed.
+    pub state: VmState,
+    /// The VM's network namespace (a named netns under `/run/netns`).
+    pub netns: String,
+    /// The host end of the veth pair; `null` for a VM without a mesh address (no veth pair).
+    pub veth_host: Option<String>,
+    /// The namespace end of the veth pair; `null` without a mesh address.
+    pub veth_ns: Option<String>,
+    /// The transit /30 derived from the user id, e.g. `100.64.0.28/30`; `null` without a mesh
+    /// address.
+    pub transit: Option<String>,
+    /// The veth MTU in bytes (1380).
+    pub mtu: u32,
+    /// The persistent tap inside the namespace that the VMM opens.
+    pub tap: String,
+    /// The tap's owner uid, if one is configured (`--tap-owner`).
+    pub tap_owner: Option<u32>,
+    /// The guest's IPv4 address (`172.16.0.2`).
+    pub guest_ipv4: String,
+    /// The guest's gateway, the tap's address (`172.16.0.1`).
+    pub gateway_ipv4: String,
+    /// The guest's MAC address (`06:00:ac:10:00:02`).
+    pub guest_mac: String,
+    /// The mesh address routed host → veth → namespace → tap → guest; `null` without one.
+    pub mesh_ipv6: Option<String>,
+    /// The routes of the config that is applied now (empty when nothing is applied).
+    pub applied_routes: Vec<vmnet_model::vm::Route>,
+    /// The last apply error; `null` after a success.
+    pub last_error: Option<String>,
+    /// When the stored VM last changed, milliseconds since the Unix epoch.
+    pub updated_at_unix_ms: i64,
+}
+
+/// A VM as the API returns it: the desired config and its status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmView {
+    /// The desired config, as stored.
+    pub config: vmnet_model::vm::VmConfig,
+    /// The status.
+    pub status: VmStatus,
+}
+
+/// VM counts in [`AgentStatus`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmCounts {
+    /// VMs in the store.
+    pub desired: u64,
+    /// VMs whose desired config is applied.
+    pub applied: u64,
+    /// VMs whose last apply failed.
+    pub failed: u64,
+}
+
+/// The reconcile loop's record in [`AgentStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileStatus {
+    /// Full passes completed since the agent started.
+    pub passes: u64,
+    /// When the last full pass started, ms since the Unix epoch; `null` before the first.
+    pub last_started_at_unix_ms: Option<i64>,
+    /// When the last full pass finished, ms since the Unix epoch; `null` before the first.
+    pub last_finished_at_unix_ms: Option<i64>,
+    /// How long the last full pass took, ms.
+    pub last_duration_ms: Option<u64>,
+    /// Whether the last full pass applied every VM and collected every orphan.
+    pub last_ok: Option<bool>,
+    /// The errors of the last full pass (one line each, naming the VM or object).
+    pub last_errors: Vec<String>,
+    /// Orphaned kernel objects removed since the agent started.
+    pub orphans_removed_total: u64,
+    /// Repairs of kernel state changed behind the agent's back since it started: one per VM a
+    /// pass found different from its applied config (a link, address, route, rule or nft
+    /// table) and put back, one per pass that put back the host-wide state.
+    #[serde(default)]
+    pub drift_repairs_total: u64,
+}
+
+/// Body of `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentStatus {
+    /// The agent's version.
+    pub version: String,
+    /// The prefix of every kernel object name the agent owns.
+    pub name_prefix: String,
+    /// Seconds between periodic reconcile passes.
+    pub reconcile_interval_secs: u64,
+    /// VM counts.
+    pub vms: VmCounts,
+    /// The reconcile loop.
+    pub reconcile: ReconcileStatus,
+    /// Pool mode on this host; `null` when the agent runs without `--host-id`.
+    #[serde(default)]
+    pub pool: Option<PoolStatus>,
+}
+
+/// Pool mode in [`AgentStatus`]: the three bcd tables as the kernel lists them now, the drift
+/// audit and the last convergence pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolStatus {
+    /// This host's id (`--host-id`).
+    pub host_id: String,
+    /// The bridge instance taps join (`--bridge`).
+    pub bridge: String,
+    /// Where the instances' NoCloud seeds are written.
+    pub seed_dir: String,
+    /// The owned tables present in the kernel now, as `family name` (e.g.
+    /// `bridge bcd_instances`); the backstop tables exist only while an instance NIC does.
+    pub tables: Vec<String>,
+    /// Rules per present table.
+    pub rules: std::collections::BTreeMap<String, u64>,
+    /// Elements per non-empty set or map, keyed `family table set`.
+    pub elements: std::collections::BTreeMap<String, u64>,
+    /// Why the tables could not be listed; `null` when they were.
+    pub listing_error: Option<String>,
+    /// Instances realised on this host (NIC, rules, seed).
+    pub instances: u64,
+    /// Taps with rules.
+    pub taps: u64,
+    /// Audits that found drift and re-applied the tables, since the agent started.
+    pub drift_repairs: u64,
+    /// The differences the last repair found.
+    pub last_drift: Vec<String>,
+    /// Audits run since the agent started (one every 5 seconds).
+    pub audits: u64,
+    /// When the last audit finished, ms since the Unix epoch; `null` before the first.
+    pub last_audit_at_unix_ms: Option<i64>,
+    /// The last audit's error; `null` after a good audit.
+    pub last_audit_error: Option<String>,
+    /// Convergence passes run since the agent started.
+    pub passes: u64,
+    /// When the last pass finished, ms since the Unix epoch; `null` before the first.
+    pub last_pass_at_unix_ms: Option<i64>,
+    /// The errors of the last pass, one line each naming the instance or object.
+    pub last_errors: Vec<String>,
+    /// The tap guard; `null` when it is off (`--no-tap-guard`).
+    pub guard: Option<GuardStatus>,
+}
+
+/// The tap guard in `GET /v1/status` (see `vmnet_kernel::pool::guard`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardStatus {
+    /// Taps the guard is attached to.
+    pub taps: u64,
+    /// Frames dropped since the agent started, by reason (`vmnet_kernel::pool::guard::DROP_REASONS`).
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Why the counters could not be read; `null` when they were.
+    pub error: Option<String>,
+}
