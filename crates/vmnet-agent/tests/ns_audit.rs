@@ -21,6 +21,7 @@ async fn repairs_total(h: &Harness) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn each_hand_edit_of_an_owned_table_is_repaired_in_one_pass_and_counted() {
     vmnet_testkit::require_root();
     let sb = Sandbox::new("au").unwrap();

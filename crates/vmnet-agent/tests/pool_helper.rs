@@ -23,6 +23,7 @@ fn list(ns: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 fn helper_applies_bcd_tables_and_refuses_anything_else() {
     vmnet_testkit::require_root();
     let sb = vmnet_testkit::Sandbox::new("ph").unwrap();
@@ -89,6 +90,7 @@ fn helper_applies_bcd_tables_and_refuses_anything_else() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn runtime_audit_repairs_a_flush_through_the_helper() {
     vmnet_testkit::require_root();
     let sb = vmnet_testkit::Sandbox::new("pi").unwrap();

@@ -522,6 +522,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
     fn stale_namespaces_of_dead_benches_are_removed_and_no_others() {
         vmnet_testkit::require_root();
         let mut child = std::process::Command::new("true")
@@ -547,6 +548,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
     async fn a_stop_ends_the_bench_between_rounds_and_deletes_its_namespace() {
         vmnet_testkit::require_root();
         let k = 1999;

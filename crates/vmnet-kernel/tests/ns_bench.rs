@@ -31,6 +31,7 @@ fn p99(v: &[Duration]) -> Duration {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn apply_and_remove_many_vms() {
     let env = Env::new();
     let n: u32 = std::env::var("VMNET_BENCH_N")

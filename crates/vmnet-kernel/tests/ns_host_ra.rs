@@ -41,6 +41,7 @@ fn sysctl(ns: &str, key: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn the_uplink_keeps_its_slaac_default_route_after_forwarding_is_enabled() {
     // Env makes the driver at once; it touches the host only at its first apply.
     let env = Env::new();

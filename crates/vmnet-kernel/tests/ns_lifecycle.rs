@@ -13,6 +13,7 @@ use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4};
 use vmnet_testkit::{netns, traffic};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn apply_twice_is_a_noop_and_a_route_change_keeps_the_veth() {
     let env = Env::new();
     let plan = env.plan(&vm_json("a", 0x21, Some("fdaa::21"), &[("::/0", "host")]));
@@ -141,6 +142,7 @@ async fn apply_twice_is_a_noop_and_a_route_change_keeps_the_veth() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn a_mesh_address_change_converges_in_place() {
     let env = Env::new();
     let peer = env.plan(&vm_json("mp", 0x41, Some("fdaa:4::41"), &[]));
@@ -250,6 +252,7 @@ async fn a_mesh_address_change_converges_in_place() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn delete_removes_exactly_everything() {
     let env = Env::new();
     let keep = env.plan(&vm_json(
@@ -312,6 +315,7 @@ async fn delete_removes_exactly_everything() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn gc_collects_orphans_and_keeps_desired_vms() {
     let env = Env::new();
     let plans: Vec<_> = (0x41..0x44)
@@ -376,6 +380,7 @@ async fn gc_collects_orphans_and_keeps_desired_vms() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn failed_apply_keeps_the_previous_good_state() {
     let env = Env::new();
     let good = env.plan(&vm_json(
@@ -418,6 +423,7 @@ async fn failed_apply_keeps_the_previous_good_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn vm_without_mesh_has_tap_but_no_veth_and_its_own_sysctls() {
     let env = Env::with(|s| {
         s.tap_owner_uid = Some(4242);
@@ -469,6 +475,7 @@ async fn vm_without_mesh_has_tap_but_no_veth_and_its_own_sysctls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn drift_is_reported_and_repaired() {
     let env = Env::new();
     let plan = env.plan(&vm_json(
@@ -542,6 +549,7 @@ async fn drift_is_reported_and_repaired() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn concurrent_applies_of_different_vms() {
     let env = Env::new();
     let plans: Vec<_> = (0x81..0x8b)
@@ -571,6 +579,7 @@ async fn concurrent_applies_of_different_vms() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn a_taken_ifindex_falls_back_to_a_kernel_chosen_one() {
     let env = Env::new();
     let plan = env.plan(&vm_json(

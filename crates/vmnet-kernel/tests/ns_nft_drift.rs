@@ -42,6 +42,7 @@ fn cut_off(guest: &SimGuest) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn every_hand_edit_of_a_vm_table_is_seen_and_repaired_by_one_apply() {
     let env = Env::new();
     let plan = nat_vm(&env, 0x33);
@@ -86,6 +87,7 @@ async fn every_hand_edit_of_a_vm_table_is_seen_and_repaired_by_one_apply() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn every_hand_edit_of_the_host_table_is_seen_and_repaired_by_one_host_repair() {
     let env = Env::new();
     let plan = nat_vm(&env, 0x34);

@@ -89,6 +89,7 @@ fn plan_with(settings: &NsSettings, json: &str) -> VmPlan {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn repairs_keep_the_netns_and_the_tap_a_vmm_holds() {
     let env = Env::new();
     let _echo = env.sb.start_echo().expect("echo");
@@ -215,6 +216,7 @@ async fn repairs_keep_the_netns_and_the_tap_a_vmm_holds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn a_deleted_tap_is_made_again_inside_the_same_netns() {
     let env = Env::new();
     let plan = env.plan(&vm_json(

@@ -15,6 +15,7 @@ use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4};
 use vmnet_testkit::{netns, traffic};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn guest_reaches_internet_through_nat_with_clamped_mss() {
     let env = Env::new();
     let plan = env.plan(&vm_json(
@@ -103,6 +104,7 @@ async fn guest_reaches_internet_through_nat_with_clamped_mss() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn without_an_ipv4_route_via_host_there_is_no_ipv4_reach_and_no_nat() {
     let env = Env::new();
     let plan = env.plan(&vm_json("quiet", 2, Some("fdaa:1::2"), &[]));
@@ -150,6 +152,7 @@ async fn without_an_ipv4_route_via_host_there_is_no_ipv4_reach_and_no_nat() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn an_ipv4_route_reaches_only_its_destination() {
     let env = Env::new();
     let plan = env.plan(&vm_json(
@@ -188,6 +191,7 @@ async fn an_ipv4_route_reaches_only_its_destination() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn mesh_between_guests_and_gateway_vm_route() {
     let env = Env::new();
     // gw routes everything IPv6 via host; client sends 2000::/3 to gw's mesh address; lonely has no routes.
@@ -273,6 +277,7 @@ async fn mesh_between_guests_and_gateway_vm_route() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn host_masquerade_flushed_behind_our_back_is_reported_and_repaired() {
     let env = Env::new();
     let plan = env.plan(&vm_json(

@@ -26,6 +26,7 @@ fn nft(lab: &Lab, args: &[&str]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn flush_is_repaired_and_the_gap_stays_filtered() {
     let mut lab = Lab::new("pd").await;
     let (a, b) = lab.add_public_pair().await;
@@ -181,6 +182,7 @@ async fn flush_is_repaired_and_the_gap_stays_filtered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn tap_off_its_bridge_is_dropped_by_the_backstop() {
     let mut lab = Lab::nft_only("pe").await;
     let b = lab
@@ -214,6 +216,7 @@ async fn tap_off_its_bridge_is_dropped_by_the_backstop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn stop_leaves_no_tap_and_no_element_and_reboot_reuses_the_tap() {
     let mut lab = Lab::new("pf").await;
     let a = lab

@@ -65,6 +65,7 @@ fn repaired(lab: &mut Lab, what: &str, want: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn every_kind_of_hand_edit_is_repaired_and_counted() {
     let mut lab = Lab::nft_only("pm").await;
     let (a, b) = lab.add_public_pair().await;
@@ -225,6 +226,7 @@ async fn every_kind_of_hand_edit_is_repaired_and_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn edits_that_keep_every_count_are_repaired_with_packets_as_proof() {
     let mut lab = Lab::nft_only("pn").await;
     let (a, b) = lab.add_public_pair().await;
@@ -295,6 +297,7 @@ async fn edits_that_keep_every_count_are_repaired_with_packets_as_proof() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn an_unchanged_ruleset_is_never_reapplied() {
     let mut lab = Lab::new("po").await;
     let a = lab

@@ -57,6 +57,7 @@ fn host_frame_arrives(lab: &Lab, g: &Guest, tag: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn in_the_gap_the_guard_filters_everything() {
     let mut lab = Lab::new("pi").await;
     let (a, b) = lab.add_public_pair().await;
@@ -151,6 +152,7 @@ async fn in_the_gap_the_guard_filters_everything() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn in_the_gap_unleased_nics_gateway_services_and_neighbour_advertisements() {
     let mut lab = Lab::new("pl").await;
     let (a, b) = lab.add_public_pair().await;
@@ -210,6 +212,7 @@ fn bpf_filters(lab: &Lab, tap: &str, dir: &str) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn the_guard_outlives_its_loader_and_is_replaced_in_place() {
     let mut lab = Lab::new("pj").await;
     let (a, b) = lab.add_public_pair().await;

@@ -11,6 +11,7 @@ use vmnet_plan::pool::nic::instance_spec;
 use vmnet_testkit::netns as tk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn tap_is_persistent_owned_and_locked_on_the_bridge() {
     let mut lab = Lab::new("pg").await;
     lab.pool.taps.owner = TapOwner {
@@ -58,6 +59,7 @@ async fn tap_is_persistent_owned_and_locked_on_the_bridge() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn a_tap_that_cannot_be_attached_fails_the_instance() {
     let mut lab = Lab::new("ph").await;
     let missing: IfName = "br9".parse().unwrap();
@@ -105,6 +107,7 @@ async fn a_tap_that_cannot_be_attached_fails_the_instance() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn a_failed_start_never_removes_a_tap_that_existed_before() {
     let mut lab = Lab::new("pp").await;
     let a = lab

@@ -17,6 +17,7 @@ use vmnet_testkit::sandbox::{ECHO_V4, HOST_UPLINK_V4};
 const SHORT: Duration = Duration::from_millis(600);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn guests_pass_and_spoofs_are_dropped() {
     let mut lab = Lab::nft_only("pa").await;
     let (a, b) = lab.add_public_pair().await;
@@ -42,6 +43,7 @@ async fn guests_pass_and_spoofs_are_dropped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn unleased_nics_and_the_gateway_address() {
     let mut lab = Lab::nft_only("pk").await;
     let (a, b) = lab.add_public_pair().await;
@@ -56,6 +58,7 @@ async fn unleased_nics_and_the_gateway_address() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn policies_none_and_private() {
     let mut lab = Lab::nft_only("pb").await;
     let p = lab
@@ -110,6 +113,7 @@ async fn policies_none_and_private() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn sandbox_ssh_only_from_the_host() {
     let mut lab = Lab::nft_only("pc").await;
     let s = lab

@@ -15,6 +15,7 @@ use vmnet_testkit::{Fleet, netns, require_root, sandbox, traffic};
 const T: Duration = Duration::from_secs(3);
 
 #[test]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 fn hosts_reach_the_internet_and_each_other_and_drop_removes_every_namespace() {
     require_root();
     let fl = Fleet::new(3).expect("fleet");
@@ -83,6 +84,7 @@ fn hosts_reach_the_internet_and_each_other_and_drop_removes_every_namespace() {
 }
 
 #[test]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 fn public_blocks_are_routed_to_the_uplink_or_resolved_on_it() {
     require_root();
     let fl = Fleet::with_prefix(

@@ -11,6 +11,7 @@ use vmnet_testkit::{Sandbox, netns, require_root, sandbox, traffic};
 const T: Duration = Duration::from_secs(3);
 
 #[test]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 fn sandbox_uplink_reaches_echo_service_and_cleans_up() {
     require_root();
     let sb = Sandbox::new("kt").expect("sandbox");
@@ -83,6 +84,7 @@ fn sandbox_uplink_reaches_echo_service_and_cleans_up() {
 }
 
 #[test]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 fn relay_joins_a_persistent_tap_to_a_guest() {
     require_root();
     let sb = Sandbox::new("kt").expect("sandbox");
@@ -150,6 +152,7 @@ fn relay_joins_a_persistent_tap_to_a_guest() {
 }
 
 #[test]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 fn attaching_to_a_missing_tap_fails_without_creating_one() {
     require_root();
     let sb = Sandbox::new("kt").expect("sandbox");
@@ -160,6 +163,7 @@ fn attaching_to_a_missing_tap_fails_without_creating_one() {
 }
 
 #[test]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 fn sandbox_is_removed_when_a_test_panics() {
     require_root();
     let prefix = std::sync::Mutex::new(String::new());
@@ -191,6 +195,7 @@ fn generated_prefixes_are_prefix_free() {
 }
 
 #[test]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 fn kept_sandbox_survives_until_cleanup() {
     require_root();
     let sb = Sandbox::new("kt").expect("sandbox");
@@ -202,6 +207,7 @@ fn kept_sandbox_survives_until_cleanup() {
 }
 
 #[test]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 fn cleanup_never_touches_a_sandbox_whose_prefix_only_starts_with_ours() {
     require_root();
     let short = sandbox::unique_prefix("kp");

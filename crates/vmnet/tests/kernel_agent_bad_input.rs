@@ -28,6 +28,7 @@ fn ifindex(ns: &str, link: &str) -> u32 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn bad_input_keeps_the_good_state_reachable() {
     require_root();
     let sb = Sandbox::new("ab").expect("sandbox");

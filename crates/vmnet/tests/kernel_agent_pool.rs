@@ -138,6 +138,7 @@ fn has_child(parent: u32, needle: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn agent_realises_pool_instances_repairs_drift_and_cleans_up() {
     require_root();
     let sb = Sandbox::new("kp").expect("sandbox");

@@ -418,6 +418,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
     async fn both_methods_set_up_and_tear_down_for_real() {
         vmnet_testkit::require_root();
         let sb = vmnet_sandbox::Sandbox::new("bt").expect("sandbox");
