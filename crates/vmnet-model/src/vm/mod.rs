@@ -470,5 +470,4 @@ pub fn is_ipv4(d: &IpNet) -> bool {
 }
 
 #[cfg(test)]
-#[path = "vm_tests.rs"]
 mod tests;

@@ -17,7 +17,6 @@ use crate::Error;
 use crate::ids::{MAX_ID_LEN, validate_id};
 pub use crate::nic::NetworkPolicy;
 
-#[path = "pool_range.rs"]
 mod range;
 pub use range::{
     IpRange, MAX_DNS, MAX_PREFIX_LEN, MIN_PREFIX_LEN, RESERVED, SetIpPool, usable_hosts,
@@ -492,5 +491,4 @@ impl NewInstance {
 }
 
 #[cfg(test)]
-#[path = "pool_tests.rs"]
 mod tests;

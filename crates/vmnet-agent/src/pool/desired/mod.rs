@@ -138,5 +138,4 @@ pub fn spec_of(
 }
 
 #[cfg(test)]
-#[path = "desired_tests.rs"]
 mod tests;

@@ -435,5 +435,4 @@ pub fn provider_addresses(reported: &[IpNet], drop_loopback_and_link_local: bool
 }
 
 #[cfg(test)]
-#[path = "nic_tests.rs"]
 mod tests;
