@@ -25,7 +25,7 @@
 //!   (unshare + mount, tap ioctls, sysctls, the nft transaction, opening the netlink socket) on
 //!   the one thread that made the namespace; the rest are concurrent netlink requests.
 //! - The nft tables (each VM's netns table, the host table) are read back and compared with the
-//!   plan by content (`vmnet_plan::ns::nft_compare`: chains with hook, priority and policy,
+//!   plan by content (`vmnet_plan::nftdiff::diff_plan`: chains with hook, priority and policy,
 //!   rules in order, sets, elements; listing details normalized away); any difference replaces
 //!   the table in one transaction. The plan's fingerprint is still the comment of the first rule,
 //!   for people reading the ruleset.

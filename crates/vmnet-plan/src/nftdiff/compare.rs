@@ -50,6 +50,11 @@ pub enum Difference {
         listed: usize,
         /// The first position (from 0) where they differ.
         first: usize,
+        /// Planned rules not listed (each as in [`super::Table::rules`]); with `unexpected`
+        /// empty too, the same rules are listed in another order.
+        missing: Vec<String>,
+        /// Listed rules not planned.
+        unexpected: Vec<String>,
     },
     /// A set's or map's elements differ.
     Elements {
@@ -114,6 +119,7 @@ impl fmt::Display for Difference {
                 planned,
                 listed,
                 first,
+                ..
             } => write!(
                 f,
                 "table {table}: chain {chain} has {listed} rules, {planned} planned, the first \
@@ -210,6 +216,8 @@ fn diff_table(k: &str, p: &Table, l: &Table, out: &mut Vec<Difference>) {
                         planned: pr.len(),
                         listed: lr.len(),
                         first,
+                        missing: minus(pr, lr),
+                        unexpected: minus(lr, pr),
                     });
                 }
             }
@@ -266,6 +274,21 @@ fn diff_table(k: &str, p: &Table, l: &Table, out: &mut Vec<Difference>) {
             _ => {}
         }
     }
+}
+
+/// `a` without one occurrence of each member of `b` (multiset difference, order of `a` kept).
+fn minus(a: &[String], b: &[String]) -> Vec<String> {
+    let mut left: Vec<&String> = b.iter().collect();
+    a.iter()
+        .filter(|x| match left.iter().position(|y| y == x) {
+            Some(i) => {
+                left.swap_remove(i);
+                false
+            }
+            None => true,
+        })
+        .cloned()
+        .collect()
 }
 
 /// Whether any difference is about elements only (a repair may then name the elements by

@@ -37,8 +37,7 @@
 //! The guest's IPv6 gateway is the link-local `fe80::1` on the tap; the guest image must use it.
 
 pub mod names;
-mod nft;
-pub mod nft_compare;
+pub(crate) mod nft;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

@@ -1,10 +1,10 @@
-//! Unit tests of the nft content comparison, against listings nft 1.0.6 printed for our own
+//! Unit tests of the strict plan comparison ([`diff_plan`]), against listings nft 1.0.6 printed for our own
 //! rulesets (`testdata/nft-1.0.6-*.json`, captured in a throwaway namespace) and hand edits of
 //! them.
 
 use serde_json::{Value, json};
 
-use super::norm::norm;
+use super::normalize::norm;
 use super::*;
 use crate::ns::nft::{FINGERPRINT_PREFIX, host_ruleset, vm_ruleset};
 
@@ -59,20 +59,20 @@ fn one(d: &[Difference]) -> &Difference {
 #[test]
 fn our_rulesets_equal_what_nft_lists_for_them() {
     let (plan, listing) = vm_nat();
-    assert_eq!(diff(&plan, &listing).unwrap(), []);
+    assert_eq!(diff_plan(&plan, &listing).unwrap(), []);
     let (plan, fp) = vm_ruleset("vmn", 1380, None);
     assert_eq!(
-        diff(&plan, &listing_with_fp("nft-1.0.6-vm.json", &fp)).unwrap(),
+        diff_plan(&plan, &listing_with_fp("nft-1.0.6-vm.json", &fp)).unwrap(),
         []
     );
     let (plan, fp) = host_ruleset("vmn_host", "10.200.0.0/14".parse().unwrap());
     assert_eq!(
-        diff(&plan, &listing_with_fp("nft-1.0.6-host.json", &fp)).unwrap(),
+        diff_plan(&plan, &listing_with_fp("nft-1.0.6-host.json", &fp)).unwrap(),
         []
     );
     // Sets, maps, a named counter, anonymous sets and counters, elements listed in another order.
     assert_eq!(
-        diff(&fixture("plan-fw.json"), &fixture("nft-1.0.6-fw.json")).unwrap(),
+        diff_plan(&fixture("plan-fw.json"), &fixture("nft-1.0.6-fw.json")).unwrap(),
         []
     );
 }
@@ -82,14 +82,19 @@ fn a_deleted_rule_is_missing() {
     let (plan, mut l) = vm_nat();
     let i = find(&l, "rule", |r| r["chain"] == "postrouting");
     items_mut(&mut l).remove(i);
-    let d = diff(&plan, &l).unwrap();
+    let d = diff_plan(&plan, &l).unwrap();
     let d = one(&d);
-    assert_eq!(d.kind, DiffKind::Missing);
     assert!(
-        matches!(&d.object, NftObject::Rule { chain, rule } if chain == "postrouting" && rule.contains("snat")),
+        matches!(d, Difference::Rules { chain, missing, unexpected, .. }
+            if chain == "postrouting" && missing.len() == 1 && missing[0].contains("snat")
+                && unexpected.is_empty()),
+        "{d:?}"
+    );
+    assert!(
+        d.to_string()
+            .starts_with("table inet vmn: chain postrouting "),
         "{d}"
     );
-    assert!(d.to_string().starts_with("inet vmn: rule "), "{d}");
 }
 
 #[test]
@@ -99,8 +104,12 @@ fn an_added_rule_is_unexpected() {
         json!({"rule": {"family": "inet", "table": "vmn", "chain": "postrouting",
         "handle": 99, "expr": [{"accept": null}]}}),
     );
-    let d = diff(&plan, &l).unwrap();
-    assert_eq!(one(&d).kind, DiffKind::Unexpected);
+    let d = diff_plan(&plan, &l).unwrap();
+    assert!(
+        matches!(one(&d), Difference::Rules { missing, unexpected, .. }
+            if missing.is_empty() && unexpected == &[r#"[{"accept":null}]"#]),
+        "{d:?}"
+    );
 }
 
 #[test]
@@ -108,14 +117,17 @@ fn a_changed_rule_is_one_missing_and_one_unexpected() {
     let (plan, mut l) = vm_nat();
     let i = find(&l, "rule", |r| r["chain"] == "postrouting");
     l["nftables"][i]["rule"]["expr"][2]["snat"]["addr"] = json!("10.200.0.10");
-    let d = diff(&plan, &l).unwrap();
-    let kinds: Vec<_> = d.iter().map(|x| x.kind.clone()).collect();
-    assert_eq!(kinds, [DiffKind::Missing, DiffKind::Unexpected], "{d:#?}");
+    let d = diff_plan(&plan, &l).unwrap();
+    let one_each = |d: &Difference| {
+        matches!(d, Difference::Rules { missing, unexpected, .. }
+            if missing.len() == 1 && unexpected.len() == 1)
+    };
+    assert!(one_each(one(&d)), "{d:#?}");
     // A changed comment (the fingerprint) is a changed rule too.
     let (plan, mut l) = vm_nat();
     let i = find(&l, "rule", |r| r.get("comment").is_some());
     l["nftables"][i]["rule"]["comment"] = json!("vmnet:0000");
-    assert_eq!(diff(&plan, &l).unwrap().len(), 2);
+    assert!(one_each(one(&diff_plan(&plan, &l).unwrap())));
 }
 
 #[test]
@@ -123,8 +135,12 @@ fn reordered_rules_are_a_difference() {
     let (plan, mut l) = vm_nat();
     let a = find(&l, "rule", |r| r["chain"] == "mss");
     items_mut(&mut l).swap(a, a + 1);
-    let d = diff(&plan, &l).unwrap();
-    assert_eq!(one(&d).object, NftObject::RuleOrder("mss".into()));
+    let d = diff_plan(&plan, &l).unwrap();
+    assert!(
+        matches!(one(&d), Difference::Rules { chain, missing, unexpected, .. }
+            if chain == "mss" && missing.is_empty() && unexpected.is_empty()),
+        "{d:?}"
+    );
 }
 
 #[test]
@@ -134,16 +150,13 @@ fn a_deleted_chain_is_missing() {
         i.pointer("/chain/name") != Some(&json!("postrouting"))
             && i.pointer("/rule/chain") != Some(&json!("postrouting"))
     });
-    let d = diff(&plan, &l).unwrap();
+    let d = diff_plan(&plan, &l).unwrap();
     assert_eq!(
         one(&d),
-        &Difference {
-            table: TableId {
-                family: "inet".into(),
-                name: "vmn".into()
-            },
-            object: NftObject::Chain("postrouting".into()),
-            kind: DiffKind::Missing,
+        &Difference::Object {
+            table: "inet vmn".into(),
+            object: "chain postrouting".into(),
+            missing: true,
         }
     );
 }
@@ -159,16 +172,23 @@ fn a_flipped_policy_or_moved_hook_is_a_changed_chain() {
         let (plan, mut l) = vm_nat();
         let i = find(&l, "chain", |c| c["name"] == "mss");
         l["nftables"][i]["chain"][key] = value.clone();
-        let d = diff(&plan, &l).unwrap();
-        let d = one(&d);
-        assert_eq!(d.object, NftObject::Chain("mss".into()), "{key}");
-        match &d.kind {
-            DiffKind::Changed { planned, listed } => {
-                let attr = format!("\"{key}\":{value}");
+        let d = diff_plan(&plan, &l).unwrap();
+        match one(&d) {
+            Difference::Declaration {
+                object,
+                planned,
+                listed,
+                ..
+            } => {
+                assert_eq!(object, "chain mss", "{key}");
+                let attr = format!(
+                    "{key} {}",
+                    value.as_str().map_or(value.to_string(), str::to_owned)
+                );
                 assert!(listed.contains(&attr), "{key}: {listed}");
                 assert!(!planned.contains(&attr), "{key}: {planned}");
             }
-            k => panic!("{key}: {k:?}"),
+            d => panic!("{key}: {d:?}"),
         }
     }
 }
@@ -180,29 +200,39 @@ fn an_extra_chain_is_unexpected_and_a_deleted_table_missing() {
         json!({"chain": {"family": "inet", "table": "vmn", "name": "sneaky",
         "handle": 40, "type": "filter", "hook": "input", "prio": 0, "policy": "drop"}}),
     );
-    let d = diff(&plan, &l).unwrap();
-    assert_eq!(one(&d).object, NftObject::Chain("sneaky".into()));
-    assert_eq!(one(&d).kind, DiffKind::Unexpected);
+    let d = diff_plan(&plan, &l).unwrap();
+    assert_eq!(
+        one(&d),
+        &Difference::Object {
+            table: "inet vmn".into(),
+            object: "chain sneaky".into(),
+            missing: false
+        }
+    );
 
     let none = json!({"nftables": [{"metainfo": {"version": "1.0.6"}}]});
-    let d = diff(&plan, &none).unwrap();
-    assert_eq!(one(&d).object, NftObject::Table);
-    assert_eq!(one(&d).kind, DiffKind::Missing);
-    assert_eq!(one(&d).to_string(), "inet vmn: table missing");
+    let d = diff_plan(&plan, &none).unwrap();
+    let missing = Difference::TableMissing {
+        table: "inet vmn".into(),
+    };
+    assert_eq!(one(&d), &missing);
+    assert_eq!(one(&d).to_string(), "table inet vmn is missing");
     // Another table of the same name in another family is not ours.
     let other = json!({"nftables": [{"table": {"family": "ip", "name": "vmn", "handle": 1}}]});
-    assert_eq!(one(&diff(&plan, &other).unwrap()).kind, DiffKind::Missing);
+    assert_eq!(one(&diff_plan(&plan, &other).unwrap()), &missing);
 }
 
 #[test]
 fn a_table_the_plan_deletes_must_be_absent() {
     let t = json!({"table": {"family": "ip", "name": "old"}});
     let plan = json!({"nftables": [{"add": t.clone()}, {"delete": t}]});
-    assert_eq!(diff(&plan, &json!({"nftables": []})).unwrap(), []);
+    assert_eq!(diff_plan(&plan, &json!({"nftables": []})).unwrap(), []);
     let listed = json!({"nftables": [{"table": {"family": "ip", "name": "old", "handle": 7}}]});
     assert_eq!(
-        one(&diff(&plan, &listed).unwrap()).kind,
-        DiffKind::Unexpected
+        one(&diff_plan(&plan, &listed).unwrap()),
+        &Difference::TableUnexpected {
+            table: "ip old".into()
+        }
     );
 }
 
@@ -217,48 +247,47 @@ fn set_elements_swapped_added_or_removed_are_differences() {
     // Swapped one for one: the count is the same, the content is not.
     let mut l = base.clone();
     elems_at(&mut l, peers)[0] = json!("192.0.2.66");
-    let d = diff(&plan, &l).unwrap();
-    assert_eq!(d.len(), 2, "{d:#?}");
-    assert!(d.iter().any(|x| x.kind == DiffKind::Missing
-        && x.object
-            == NftObject::Element {
-                set: "peers".into(),
-                element: "\"192.0.2.9\"".into()
-            }));
-    assert!(d.iter().any(|x| x.kind == DiffKind::Unexpected
-        && x.object
-            == NftObject::Element {
-                set: "peers".into(),
-                element: "\"192.0.2.66\"".into()
-            }));
+    let elements = |l: &Value| match one(&diff_plan(&plan, l).unwrap()) {
+        Difference::Elements {
+            set,
+            missing,
+            unexpected,
+            ..
+        } => (set.clone(), missing.clone(), unexpected.clone()),
+        d => panic!("{d:?}"),
+    };
+    let (set, missing, unexpected) = elements(&l);
+    assert_eq!(set, "peers");
+    assert_eq!(
+        (missing, unexpected),
+        (vec!["192.0.2.9".to_owned()], vec!["192.0.2.66".to_owned()])
+    );
     // Added, removed.
     let mut l = base.clone();
     elems_at(&mut l, peers).push(json!("192.0.2.77"));
-    assert_eq!(one(&diff(&plan, &l).unwrap()).kind, DiffKind::Unexpected);
+    let (_, missing, unexpected) = elements(&l);
+    assert!(missing.is_empty() && unexpected == ["192.0.2.77"]);
     let mut l = base.clone();
     elems_at(&mut l, peers).pop();
-    assert_eq!(one(&diff(&plan, &l).unwrap()).kind, DiffKind::Missing);
+    let (_, missing, unexpected) = elements(&l);
+    assert!(missing.len() == 1 && unexpected.is_empty());
     // A map's verdict changed.
     let mut l = base.clone();
     let m = find(&l, "map", |s| s["name"] == "byport");
     l["nftables"][m]["map"]["elem"][1] = json!([80, {"drop": null}]);
-    assert_eq!(diff(&plan, &l).unwrap().len(), 2);
+    let (set, missing, unexpected) = elements(&l);
+    assert!(set == "byport" && missing.len() == 1 && unexpected.len() == 1);
     // A set's type changed; a named counter deleted.
     let mut l = base.clone();
     l["nftables"][peers]["set"]["flags"] = json!([]);
-    assert_eq!(
-        one(&diff(&plan, &l).unwrap()).object,
-        NftObject::Set("peers".into())
+    assert!(
+        matches!(one(&diff_plan(&plan, &l).unwrap()), Difference::Declaration { object, .. } if object == "set peers")
     );
     let mut l = base;
     let c = find(&l, "counter", |c| c["name"] == "seen");
     items_mut(&mut l).remove(c);
-    assert_eq!(
-        one(&diff(&plan, &l).unwrap()).object,
-        NftObject::Stateful {
-            kind: "counter".into(),
-            name: "seen".into()
-        }
+    assert!(
+        matches!(one(&diff_plan(&plan, &l).unwrap()), Difference::Object { object, missing: true, .. } if object == "counter seen")
     );
 }
 
@@ -302,7 +331,7 @@ fn listing_details_are_never_differences() {
     });
     l["nftables"][r]["rule"]["expr"][0]["match"]["right"] =
         json!({"set": ["related", "established"]});
-    assert_eq!(diff(&plan, &l).unwrap(), [], "{l}");
+    assert_eq!(diff_plan(&plan, &l).unwrap(), [], "{l}");
 }
 
 #[test]
@@ -321,14 +350,14 @@ fn version_shape_variants_are_normalized() {
     expr[0]["match"].as_object_mut().unwrap().remove("op");
     expr[1]["match"]["right"] = json!({"set": [{"prefix": {"addr": "172.16.0.0", "len": 30}}]});
     expr[2]["snat"] = json!({"addr": "10.200.0.6"});
-    assert_eq!(diff(&plan, &l).unwrap(), []);
+    assert_eq!(diff_plan(&plan, &l).unwrap(), []);
 
     let (plan, fp) = host_ruleset("vmn_host", "10.200.0.0/14".parse().unwrap());
     let mut l = listing_with_fp("nft-1.0.6-host.json", &fp);
     let r = find(&l, "rule", |_| true);
     l["nftables"][r]["rule"]["expr"][2] = json!({"masquerade": {}});
     l["nftables"][r]["rule"]["expr"][0]["match"]["right"] = json!("10.200.0.0/14");
-    assert_eq!(diff(&plan, &l).unwrap(), []);
+    assert_eq!(diff_plan(&plan, &l).unwrap(), []);
     // A /32 prefix and the bare address are the same match; IPv6 compressed or not.
     let a = norm(&json!({"prefix": {"addr": "2001:db8:0:0::1", "len": 128}}));
     assert_eq!(a, json!("2001:db8::1"));
@@ -356,7 +385,7 @@ fn canonical_listings_ignore_details_and_see_content() {
 #[test]
 fn plans_and_listings_the_model_cannot_read_are_errors() {
     assert!(matches!(
-        diff(&json!({}), &json!({"nftables": []})),
+        diff_plan(&json!({}), &json!({"nftables": []})),
         Err(NftCompareError::Shape(_))
     ));
     let t = json!({"family": "inet", "name": "t"});
@@ -364,13 +393,13 @@ fn plans_and_listings_the_model_cannot_read_are_errors() {
         {"add": {"chain": {"family": "inet", "table": "t", "name": "c"}}},
         {"add": {"rule": {"family": "inet", "table": "t", "chain": "c", "index": 0, "expr": []}}}]});
     assert_eq!(
-        diff(&positioned, &json!({"nftables": []})).unwrap_err(),
+        diff_plan(&positioned, &json!({"nftables": []})).unwrap_err(),
         NftCompareError::Unsupported("add rule".into())
     );
     let orphan =
         json!({"nftables": [{"add": {"chain": {"family": "inet", "table": "t", "name": "c"}}}]});
     assert!(matches!(
-        diff(&orphan, &json!({"nftables": []})),
+        diff_plan(&orphan, &json!({"nftables": []})),
         Err(NftCompareError::Shape(m)) if m.contains("did not add")
     ));
 }
@@ -395,5 +424,5 @@ fn the_plan_is_replayed_in_order() {
         {"rule": {"family": "inet", "table": "t", "chain": "a", "handle": 4, "expr": [{"drop": null}]}},
         {"rule": {"family": "inet", "table": "t", "chain": "a", "handle": 5, "expr": [{"accept": null}]}}
     ]});
-    assert_eq!(diff(&plan, &listed).unwrap(), []);
+    assert_eq!(diff_plan(&plan, &listed).unwrap(), []);
 }
