@@ -316,7 +316,8 @@ fn guard_costs(
     stop: &AtomicBool,
 ) -> Result<(Vec<f64>, Vec<f64>), Error> {
     use vmnet_kernel::pool::guard::TapGuard;
-    use vmnet_kernel::pool::tap::{TapOwner, Taps};
+    use vmnet_kernel::pool::tap::Taps;
+    use vmnet_kernel::tap::TapOwner;
     let unavailable = |what: &str, e: &dyn std::fmt::Display| {
         Error::unavailable(format!("bench guard: {what}: {e}"))
     };

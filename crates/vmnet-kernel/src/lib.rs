@@ -4,5 +4,6 @@
 
 pub mod netns;
 pub mod ns;
+pub mod tap;
 
 pub mod pool;

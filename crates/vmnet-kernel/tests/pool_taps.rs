@@ -5,7 +5,7 @@
 mod pool_support;
 
 use pool_support::{Lab, ping_ok, range};
-use vmnet_kernel::pool::tap::TapOwner;
+use vmnet_kernel::tap::TapOwner;
 use vmnet_model::nic::{IfName, NetworkPolicy};
 use vmnet_plan::pool::nic::instance_spec;
 use vmnet_testkit::netns as tk;

@@ -1,4 +1,4 @@
-//! Synchronous work done on a thread inside a namespace: the persistent tap (ioctls), sysctls and
+//! Synchronous work done on a thread inside a namespace: the persistent tap, sysctls and
 //! the `nft` transaction. Call these only from a thread that entered the target namespace
 //! ([`crate::netns::run_in`] / [`crate::netns::create_and_run`]): `/dev/net/tun` creates the tap in
 //! the caller's namespace, `/proc/sys/net` opened from a thread shows that thread's namespace,
@@ -15,57 +15,23 @@ use nix::sys::stat::Mode;
 use vmnet_plan::ns::TapPlan;
 
 use crate::pool::libnft::{LibNft, LibNftError};
+use crate::tap::TapOwner;
 
 use super::NsError;
 
-/// Creates the persistent tap `plan.name` in the calling thread's namespace (`IFF_TAP |
-/// IFF_NO_PI`), sets its owner and group, and closes it. An existing tap of that name is
-/// attached and updated instead (idempotent).
+/// Creates the persistent tap `plan.name` in the calling thread's namespace with its owner and
+/// group ([`crate::tap::create_persistent`]); an existing tap of that name is attached and
+/// updated instead (idempotent).
 pub(super) fn create_tap(plan: &TapPlan) -> Result<(), NsError> {
-    let err = |op: &'static str| {
-        let name = plan.name.clone();
-        move |source| NsError::Tap { name, op, source }
+    let owner = TapOwner {
+        uid: plan.owner_uid,
+        gid: plan.owner_gid,
     };
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/net/tun")
-        .map_err(err("open /dev/net/tun"))?;
-    // SAFETY: `ifreq` is plain old data; all-zero bytes are a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req
-        .ifr_name
-        .iter_mut()
-        .zip(plan.name.bytes().take(libc::IFNAMSIZ - 1))
-    {
-        *dst = src.cast_signed();
-    }
-    #[allow(clippy::cast_possible_truncation)]
-    let flags = (libc::IFF_TAP | libc::IFF_NO_PI) as c_short;
-    req.ifr_ifru.ifru_flags = flags;
-    let fd = file.as_raw_fd();
-    // SAFETY: `fd` is an open /dev/net/tun descriptor and `req` a valid ifreq that outlives the call.
-    if unsafe { libc::ioctl(fd, libc::TUNSETIFF, &raw mut req) } < 0 {
-        return Err(err("TUNSETIFF")(std::io::Error::last_os_error()));
-    }
-    if let Some(uid) = plan.owner_uid {
-        // SAFETY: TUNSETOWNER takes the uid by value on an attached tun descriptor.
-        if unsafe { libc::ioctl(fd, libc::TUNSETOWNER, libc::c_ulong::from(uid)) } < 0 {
-            return Err(err("TUNSETOWNER")(std::io::Error::last_os_error()));
-        }
-    }
-    if let Some(gid) = plan.owner_gid {
-        // SAFETY: TUNSETGROUP takes the gid by value on an attached tun descriptor.
-        if unsafe { libc::ioctl(fd, libc::TUNSETGROUP, libc::c_ulong::from(gid)) } < 0 {
-            return Err(err("TUNSETGROUP")(std::io::Error::last_os_error()));
-        }
-    }
-    // SAFETY: TUNSETPERSIST takes a flag by value on an attached tun descriptor.
-    if unsafe { libc::ioctl(fd, libc::TUNSETPERSIST, 1 as libc::c_ulong) } < 0 {
-        return Err(err("TUNSETPERSIST")(std::io::Error::last_os_error()));
-    }
-    drop(file);
-    Ok(())
+    crate::tap::create_persistent(&plan.name, owner).map_err(|e| NsError::Tap {
+        name: plan.name.clone(),
+        op: e.op,
+        source: e.source,
+    })
 }
 
 /// Sets link `name` up (and its MTU when given) in the calling thread's namespace with ioctls

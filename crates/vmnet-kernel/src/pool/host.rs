@@ -34,7 +34,8 @@ use vmnet_plan::pool::nft::{TapEntry, tap_entries};
 
 use super::firewall::{NftExec, PoolFirewall};
 use super::guard::{GuardError, TapGuard, detach_from};
-use super::tap::{TapAction, TapOwner, Taps};
+use super::tap::{TapAction, Taps};
+use crate::tap::TapOwner;
 
 /// The rule side of an instance (see the module docs).
 pub trait InstanceRules: Send {

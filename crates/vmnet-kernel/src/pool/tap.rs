@@ -8,7 +8,8 @@
 //! or is destroyed.
 //!
 //! # Design
-//! The tap ioctls run on a thread inside the target namespace ([`crate::netns::run_in`]); links
+//! The tap ioctls ([`crate::tap`]) run on a thread inside the target namespace
+//! ([`crate::netns::run_in`]); links
 //! are changed through an rtnetlink handle opened in that namespace. The locked port is a second
 //! line against MAC spoofing that does not depend on nftables: a flushed ruleset leaves it in
 //! place.
@@ -22,6 +23,8 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage}
 use netlink_packet_route::neighbour::{NeighbourFlags, NeighbourState};
 use rtnetlink::{Handle, LinkBridgePort, LinkUnspec};
 use vmnet_model::nic::{IfName, MacAddr};
+
+use crate::tap::TapOwner;
 
 /// Errors of tap handling; each names the tap.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +45,7 @@ pub enum TapError {
         tap: String,
         /// Cause.
         #[source]
-        source: tun::Error,
+        source: crate::tap::TapIoError,
     },
     /// The bridge does not exist.
     #[error("tap {tap}: bridge {bridge} does not exist")]
@@ -71,15 +74,6 @@ pub enum TapError {
         #[source]
         source: rtnetlink::Error,
     },
-}
-
-/// Who may open the tap besides root (the VMM's user and group).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TapOwner {
-    /// TUNSETOWNER.
-    pub uid: Option<u32>,
-    /// TUNSETGROUP.
-    pub gid: Option<u32>,
 }
 
 /// Whether [`Taps::ensure`] made the tap or found it.
@@ -162,24 +156,8 @@ impl Taps {
     }
 
     fn create_persistent(&self, tap: &IfName, owner: TapOwner) -> Result<(), TapError> {
-        let name = tap.as_str().to_owned();
-        let make = move || -> Result<(), tun::Error> {
-            let mut cfg = tun::Configuration::default();
-            cfg.tun_name(&name)
-                .layer(tun::Layer::L2)
-                .platform_config(|p| {
-                    p.ensure_root_privileges(false);
-                });
-            let mut dev = tun::create(&cfg)?;
-            dev.persist()?;
-            if let Some(uid) = owner.uid {
-                dev.user(i32::try_from(uid).unwrap_or(-1))?;
-            }
-            if let Some(gid) = owner.gid {
-                dev.group(i32::try_from(gid).unwrap_or(-1))?;
-            }
-            Ok(())
-        };
+        let name = tap.as_str();
+        let make = || crate::tap::create_persistent(name, owner);
         // An empty namespace name is the calling thread's own namespace (see `Taps::here`).
         let made = if self.ns.is_empty() {
             Ok(make())

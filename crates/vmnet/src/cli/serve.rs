@@ -38,7 +38,7 @@ use vmnet_agent::pool::taps::KernelTaps;
 use vmnet_agent::server;
 use vmnet_ipam::Db;
 use vmnet_kernel::ns::NetlinkNsDriver;
-use vmnet_kernel::pool::tap::TapOwner;
+use vmnet_kernel::tap::TapOwner;
 use vmnet_model::Error;
 use vmnet_model::nic::IfName;
 use vmnet_plan::ns::NsSettings;
