@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 cargo build --release --locked -p vmnet
-bin=target/release/vmnet
+bin="${CARGO_TARGET_DIR:-target}/release/vmnet"
 
 name="${NAME:-vmsbx}"
 status=0

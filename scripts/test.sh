@@ -25,6 +25,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # every one of them runs; a run that still ignored any test fails.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --all-targets --locked -- --include-ignored 2>&1 | tee "$log"
+status=0
+cargo test --workspace --all-targets --locked --no-fail-fast -- --include-ignored 2>&1 | tee "$log" ||
+  status=$?
 awk '/^test result:/ { p += $4; f += $6; i += $8 }
-     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i; exit (f > 0 || i > 0) }' "$log"
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i; exit (f > 0 || i > 0) }' "$log" ||
+  status=1
+exit "$status"

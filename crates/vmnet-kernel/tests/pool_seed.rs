@@ -17,7 +17,14 @@ use vmnet_model::pool::IpRange;
 use vmnet_plan::pool::nic::instance_spec;
 use vmnet_plan::pool::seed::{Seed, seed};
 
+/// The unpacked cloud-init, fetched once per test binary: the tests run in parallel and would
+/// otherwise download and unpack into the same directory at once.
 fn cloud_init_root() -> PathBuf {
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(fetch_cloud_init_root).clone()
+}
+
+fn fetch_cloud_init_root() -> PathBuf {
     if let Some(p) = std::env::var_os("VMNET_CLOUD_INIT_ROOT") {
         return PathBuf::from(p);
     }
@@ -126,7 +133,7 @@ fn leased(id: &str, alloc: &str, lease: &str) -> InstanceSpec {
 }
 
 #[test]
-#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+#[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
 fn cloud_init_reads_the_static_seed() {
     let inst = leased("inst-1", "alloc-1", "10.0.0.2");
     let v = parse_with_cloud_init(&seed(&inst, None).unwrap()).unwrap();
@@ -161,7 +168,7 @@ fn cloud_init_reads_the_static_seed() {
 /// A lease outside its (replaced) range is a `/32` with the range's gateway: the default route
 /// must be on-link, or the gateway is unreachable from the guest.
 #[test]
-#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+#[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
 fn cloud_init_reads_an_on_link_default_route_for_a_32_lease() {
     let inst = leased("inst-4", "alloc-4", "10.0.1.2");
     let v = parse_with_cloud_init(&seed(&inst, None).unwrap()).unwrap();
@@ -193,7 +200,7 @@ fn cloud_init_reads_an_on_link_default_route_for_a_32_lease() {
 }
 
 #[test]
-#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+#[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
 fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
     let inst = InstanceSpec {
         id: "inst-2".into(),
@@ -226,7 +233,7 @@ fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
 }
 
 #[test]
-#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+#[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
 fn no_static_nic_writes_no_network_config() {
     let br: IfName = "br0".parse().unwrap();
     let inst = instance_spec("inst-3", "alloc-3", &br, None, NetworkPolicy::Public, false).unwrap();
@@ -237,7 +244,7 @@ fn no_static_nic_writes_no_network_config() {
 }
 
 #[test]
-#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+#[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
 fn the_checker_rejects_a_yaml_seed_that_reads_a_mac_as_a_number() {
     // Control: the checker is strict enough to fail a broken seed (a YAML emitter's unquoted
     // MAC, as serde_yaml writes it), so the passes above mean something.
@@ -253,7 +260,7 @@ fn the_checker_rejects_a_yaml_seed_that_reads_a_mac_as_a_number() {
 }
 
 #[test]
-#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+#[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
 fn seed_iso_has_the_cidata_label_and_the_files() {
     let inst = leased("inst-4", "alloc-4", "10.0.0.5");
     let s = seed(&inst, None).unwrap();

@@ -32,6 +32,25 @@ fn check_name(name: &str) -> Result<(), Error> {
         .map_err(|m| Error::invalid(format!("sandbox --name: {m}")))
 }
 
+/// The fleet that `name` is a host of: a fleet `f` names its hosts `f1` to `f4` (their
+/// namespaces start with those), so `up` or `down` of such a name would take that host's
+/// namespaces for its own. `None` when no such fleet is up.
+fn fleet_of_host(name: &str) -> Option<&str> {
+    let (fleet, last) = name.split_at(name.len().checked_sub(1)?);
+    (matches!(last, "1" | "2" | "3" | "4") && !fleet.is_empty() && crate::fleet::exists(fleet))
+        .then_some(fleet)
+}
+
+/// `CONFLICT` when `name` is a host of a running fleet (see [`fleet_of_host`]).
+fn refuse_fleet_host(name: &str) -> Result<(), Error> {
+    match fleet_of_host(name) {
+        Some(fleet) => Err(Error::conflict(format!(
+            "sandbox {name} is a host of the fleet sandbox {fleet}: its namespaces are that fleet's (`vmnet down --sandbox --name {fleet}` removes the whole fleet)"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Reads the host spec; the default path falls back to the compiled-in `examples/host.json` when
 /// the file is not there (e.g. the binary runs from another directory).
 fn read_spec(path: &Path) -> Result<String, Error> {
@@ -57,6 +76,7 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
     let interrupts = state::Interrupts::install()?;
     need_root_and_flag(args.sandbox, "up")?;
     check_name(&args.name)?;
+    refuse_fleet_host(&args.name)?;
     let text = read_spec(&args.host_spec)?;
     if crate::pool_job::is_pool_spec(&text) {
         return crate::pool_job::up_pool(
@@ -89,6 +109,7 @@ pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
         )));
     }
     check_name(&args.name)?;
+    refuse_fleet_host(&args.name)?;
     let paths = Paths::new(&args.root, &args.name);
     if !paths.dir.exists() && sandbox::owned(&args.name).is_empty() && !pg_dir(&args.name).exists()
     {

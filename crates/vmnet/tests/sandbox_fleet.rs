@@ -181,6 +181,27 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
         String::from_utf8_lossy(&again.stderr)
     );
 
+    // A host of the fleet is no sandbox of its own: `down` and `up` of its name are refused and
+    // leave its namespaces alone.
+    let host1 = format!("{name}1");
+    for args in [
+        vec!["down", "--sandbox", "--name", &host1, "--root", &root_s],
+        vec!["up", "--sandbox", "--name", &host1, "--root", &root_s],
+    ] {
+        let out = vmnet(&args);
+        assert_eq!(out.status.code(), Some(4), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("is a host of the fleet sandbox"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        fleet::owned(&name),
+        spaces,
+        "the fleet's namespaces are untouched"
+    );
+
     let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
     assert!(
         down.status.success(),
