@@ -409,5 +409,4 @@ async fn add_addr(
 }
 
 #[cfg(test)]
-#[path = "links_tests.rs"]
 mod tests;

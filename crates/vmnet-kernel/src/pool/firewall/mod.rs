@@ -437,5 +437,4 @@ fn element_swap(remove: &Value, add: &Value) -> Value {
 }
 
 #[cfg(test)]
-#[path = "firewall_tests.rs"]
 mod tests;
