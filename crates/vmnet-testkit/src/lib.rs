@@ -23,6 +23,6 @@ pub mod ra;
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
-        "this test needs root (it creates network namespaces): run it as root, e.g. sudo -E cargo test"
+        "this test needs root (it creates network namespaces): run it as root with `cargo test -- --include-ignored`, as scripts/test.sh does"
     );
 }
