@@ -316,7 +316,7 @@ async fn host_masquerade_flushed_behind_our_back_is_reported_and_repaired() {
     let drift = env.driver.drift(&plan).await.unwrap();
     assert!(
         drift.iter().any(
-            |c| matches!(c, Change::Repair { what } if what.contains(&table) && what.contains("masquerade") && what.contains("missing"))
+            |c| matches!(c, Change::Repair { what } if what.contains(&table) && what.contains("postrouting"))
         ),
         "{drift:?}"
     );

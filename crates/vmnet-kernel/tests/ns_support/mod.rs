@@ -13,8 +13,9 @@ use vmnet_plan::ns::{HOST_LINK_LOCAL, NsSettings, VmPlan, plan_vm};
 use vmnet_testkit::guest::{GuestConfig, GuestRoute6, SimGuest};
 use vmnet_testkit::{Sandbox, netns};
 
-/// How long one traffic check may take.
-pub const T: Duration = Duration::from_secs(3);
+/// How long one traffic check may take: long enough for two TCP SYN retransmits (1 s, 3 s), as
+/// a first SYN can be lost on a loaded machine while the new links settle.
+pub const T: Duration = Duration::from_secs(5);
 
 /// A sandbox and a driver managing VMs inside it.
 pub struct Env {
