@@ -29,14 +29,20 @@ fn kernel(what: String) -> impl FnOnce(vmnet_kernel::netns::NetnsError) -> Sandb
     move |e| SandboxError::io(what, std::io::Error::other(e))
 }
 
-/// Creates the named namespace (through [`vmnet_kernel::netns`], no process started) and brings
-/// its loopback up.
+/// Creates the named namespace (through [`vmnet_kernel::netns`], no process started), brings
+/// its loopback up and turns IPv6 duplicate address detection off for links made in it later.
 ///
 /// # Errors
 /// When the name exists or the namespace cannot be made.
 pub fn create(name: &str) -> Result<(), SandboxError> {
     vmnet_kernel::netns::create(name).map_err(kernel(format!("netns {name}: create")))?;
     ip(name, &["link", "set", "lo", "up"])?;
+    // No duplicate address detection on the links made here later: on a machine busy with
+    // other namespaces the kernel's address work queue can leave a new link's addresses
+    // tentative for seconds, and no address here can be a duplicate.
+    for key in ["all", "default"] {
+        sysctl(name, &format!("net/ipv6/conf/{key}/accept_dad"), "0")?;
+    }
     Ok(())
 }
 
