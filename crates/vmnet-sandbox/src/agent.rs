@@ -404,16 +404,24 @@ impl Drop for AgentProc {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::ExitStatusExt;
 
     use super::*;
 
     /// An executable shell script standing in for `vmnet` (it ignores the arguments).
+    ///
+    /// A short-lived `sh` writes it, not this process: a test thread that forks while this
+    /// process holds the file open for writing would hand that descriptor to its child, and
+    /// exec'ing the script would then fail with ETXTBSY until the child execs.
     fn script(dir: &Path, body: &str) -> PathBuf {
         let p = dir.join("fake-vmnet");
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let status = std::process::Command::new("sh")
+            .args(["-c", r#"printf '%s\n' "$1" > "$2" && chmod 755 "$2""#, "sh"])
+            .arg(format!("#!/bin/sh\n{body}"))
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(status.success(), "writing {}: {status}", p.display());
         p
     }
 
