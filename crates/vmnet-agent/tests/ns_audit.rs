@@ -33,6 +33,11 @@ async fn each_hand_edit_of_an_owned_table_is_repaired_in_one_pass_and_counted() 
         Arc::new(NetlinkNsDriver::new(settings.clone(), Some(sb.host())).unwrap());
     let tmp = tempfile::tempdir().unwrap();
     let h = Harness::open_with(tmp.path(), Arc::clone(&driver), settings.clone()).await;
+    // A fresh agent's first pass sets the host-wide state up: that is not a repair.
+    let out = h.agent.reconcile().await.unwrap();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.repaired, Vec::<String>::new(), "the set-up is no drift");
+    assert_eq!(repairs_total(&h).await, 0);
     let vm = json!({"id": "web", "user_id": 0x35, "tenant": 1, "mesh_ipv6": "fdaa:3::35",
         "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]}});
     let (status, _) = h.put_vm(&vm).await;

@@ -23,10 +23,23 @@ pub struct NetlinkNsDriver {
     pub(super) host_ns: HostNs,
     pub(super) host: Handle,
     host_plan: Option<HostPlan>,
-    host_ready: tokio::sync::Mutex<bool>,
+    host_ready: tokio::sync::Mutex<HostState>,
     pub(super) nft_memo: ListingMemo,
     /// The uplinks found so far (see `host::ra_uplinks`).
     uplinks_seen: std::sync::Mutex<BTreeSet<String>>,
+}
+
+/// Where the driver stands with the host-wide state (forwarding, router advertisements, the host
+/// nft table).
+#[derive(Debug, Default, Clone, Copy)]
+struct HostState {
+    /// Checked (and made as planned) since the last reason to doubt it.
+    ready: bool,
+    /// This driver has set the host-wide state up at least once since it started (or since it
+    /// removed it with the last VM): a difference found after that is drift and counted as a
+    /// repair. Before that, a difference is drift only when the host table exists (an earlier
+    /// agent made it); making it on a host without one is the set-up, not a repair.
+    established: bool,
 }
 
 impl std::fmt::Debug for NetlinkNsDriver {
@@ -57,7 +70,7 @@ impl NetlinkNsDriver {
             settings,
             host_ns,
             host,
-            host_ready: tokio::sync::Mutex::new(false),
+            host_ready: tokio::sync::Mutex::new(HostState::default()),
             nft_memo: ListingMemo::default(),
             uplinks_seen: std::sync::Mutex::new(BTreeSet::new()),
         })
@@ -73,8 +86,8 @@ impl NetlinkNsDriver {
     /// driver and again after every gc and [`NsDriver::repair_host`] (so every reconcile pass
     /// repairs it) or a drift report that found it wrong. Returns what was repaired.
     pub(super) async fn ensure_host(&self) -> Result<Option<String>, NsError> {
-        let mut ready = self.host_ready.lock().await;
-        if *ready {
+        let mut state = self.host_ready.lock().await;
+        if state.ready {
             return Ok(None);
         }
         let mut repaired = None;
@@ -82,13 +95,20 @@ impl NetlinkNsDriver {
             let uplinks =
                 host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen)
                     .await?;
-            if let Some(what) = host::host_drift(&self.host_ns, p, &self.nft_memo, &uplinks)? {
-                tracing::warn!(drift = %what, "host-wide state not as planned; re-applying it");
+            if let Some(d) = host::host_drift(&self.host_ns, p, &self.nft_memo, &uplinks)? {
                 host::apply_host(&self.host_ns, p, &self.nft_memo, &uplinks)?;
-                repaired = Some(what);
+                if state.established || d.table_present {
+                    tracing::warn!(drift = %d.what, "host-wide state not as planned; re-applied it");
+                    repaired = Some(d.what);
+                } else {
+                    tracing::info!(changes = %d.what, "namespace mode: set up the host-wide state");
+                }
             }
         }
-        *ready = true;
+        *state = HostState {
+            ready: true,
+            established: true,
+        };
         Ok(repaired)
     }
 
@@ -102,9 +122,9 @@ impl NetlinkNsDriver {
             host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen).await?;
         let drift = host::host_drift(&self.host_ns, p, &self.nft_memo, &uplinks)?;
         if drift.is_some() {
-            *self.host_ready.lock().await = false;
+            self.host_ready.lock().await.ready = false;
         }
-        Ok(drift)
+        Ok(drift.map(|d| d.what))
     }
 
     fn name(&self, kind: NameKind, uid: u32) -> String {
@@ -262,17 +282,15 @@ impl NetlinkNsDriver {
         if want.is_empty()
             && let Some(p) = &self.host_plan
         {
-            let mut ready = self.host_ready.lock().await;
+            let mut state = self.host_ready.lock().await;
             host::remove_host(&self.host_ns, &p.nft_table)?;
-            if *ready {
+            if state.ready {
                 tracing::info!(table = %p.nft_table, reason = "no VM is left on this host",
                     "namespace mode: removed the host masquerade table");
             }
-            *ready = false;
+            *state = HostState::default();
         } else if !want.is_empty() {
-            let mut ready = self.host_ready.lock().await;
-            *ready = false;
-            drop(ready);
+            self.host_ready.lock().await.ready = false;
             self.ensure_host().await?;
         }
         if !errors.is_empty() {
@@ -305,7 +323,7 @@ impl NsDriver for NetlinkNsDriver {
 
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
         Box::pin(async {
-            *self.host_ready.lock().await = false;
+            self.host_ready.lock().await.ready = false;
             Ok(self
                 .ensure_host()
                 .await?

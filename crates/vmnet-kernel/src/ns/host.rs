@@ -170,12 +170,19 @@ pub(super) fn apply_host(
 /// ignore router advertisements, and the masquerade table compared with the plan by content
 /// (chains, hooks, priorities, policies, rules), so a deleted rule or chain or a flipped policy
 /// counts, not only a missing table.
+/// What [`host_drift`] found: the differences, one sentence, and whether the host nft table
+/// existed at all (a host where it is missing was never set up, or was cleared).
+pub(super) struct HostDrift {
+    pub(super) what: String,
+    pub(super) table_present: bool,
+}
+
 pub(super) fn host_drift(
     host: &HostNs,
     plan: &HostPlan,
     memo: &ListingMemo,
     uplinks: &[String],
-) -> Result<Option<String>, NsError> {
+) -> Result<Option<HostDrift>, NsError> {
     let label = host.label().to_owned();
     host.run(|| {
         let mut bad = Vec::new();
@@ -190,7 +197,9 @@ pub(super) fn host_drift(
                 ignoring.join(", ")
             ));
         }
-        let listing = nftcheck::or_empty(inns::list_table(&label, "ip", &plan.nft_table)?);
+        let listing = inns::list_table(&label, "ip", &plan.nft_table)?;
+        let table_present = listing.is_some();
+        let listing = nftcheck::or_empty(listing);
         bad.extend(memo.drift(
             &label,
             &host_key(plan),
@@ -198,7 +207,10 @@ pub(super) fn host_drift(
             &plan.nft,
             &listing,
         )?);
-        Ok((!bad.is_empty()).then(|| format!("{label}: {}", bad.join("; "))))
+        Ok((!bad.is_empty()).then(|| HostDrift {
+            what: format!("{label}: {}", bad.join("; ")),
+            table_present,
+        }))
     })?
 }
 
