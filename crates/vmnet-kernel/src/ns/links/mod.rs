@@ -339,10 +339,17 @@ async fn ensure_link(
         l.mtu = spec.mtu;
         l.up = true;
     }
+    // No `fe80::/64` prefix route per host veth: the host's routes through it name their
+    // link-local gateway with the device, and thousands of same-prefix routes would make every
+    // IPv6 route insert and link event on the host walk them all.
+    let v6_flags = match spec.side {
+        Side::Host => AddressFlags::Nodad | AddressFlags::Noprefixroute,
+        Side::Vm => AddressFlags::Nodad,
+    };
     let [(a1, p1), (a2, p2)] = spec.addrs;
     futures::try_join!(
-        add_addr(h, have, l.index, a1, p1, w),
-        add_addr(h, have, l.index, a2, p2, w),
+        add_addr(h, have, l.index, (a1, p1), v6_flags, w),
+        add_addr(h, have, l.index, (a2, p2), v6_flags, w),
     )?;
     Ok(l)
 }
@@ -381,14 +388,14 @@ async fn del_addrs(h: &Handle, index: u32, gone: &[(IpAddr, u8)], w: &str) -> Re
     Ok(())
 }
 
-/// Adds an address unless `have` lists it (IPv6 without duplicate address detection, so it is
-/// usable at once).
+/// Adds an address unless `have` lists it; IPv6 with `v6_flags`, always without duplicate
+/// address detection, so it is usable at once.
 async fn add_addr(
     h: &Handle,
     have: &HashSet<KAddr>,
     index: u32,
-    ip: IpAddr,
-    plen: u8,
+    (ip, plen): (IpAddr, u8),
+    v6_flags: AddressFlags,
     w: &str,
 ) -> Result<(), NsError> {
     if have.contains(&(index, ip, plen)) {
@@ -401,7 +408,7 @@ async fn add_addr(
         m.attributes
             .retain(|a| !matches!(a, AddressAttribute::Flags(_)));
         m.attributes
-            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+            .push(AddressAttribute::Flags(v6_flags | AddressFlags::Nodad));
     }
     req.execute()
         .await
