@@ -7,20 +7,31 @@
 //! - Every kernel change (a PUT, a DELETE, one VM of a reconcile pass) runs under one async
 //!   mutex, so driver calls never overlap and a PUT's answer reflects its own apply; reconcile
 //!   passes are serialized by a second mutex (see [`crate::reconcile`]).
-//! - A PUT is transactional from the caller's view: the new config is stored *before* it is
-//!   applied (so an agent killed mid-apply converges to it on restart), then applied. When the
-//!   apply fails, the driver rolls back the VM's partial apply, the agent re-applies the last
-//!   good config (if any), puts the store row back as it was with the error in `last_error`,
-//!   and answers the error. A VM that had no good config is removed again.
+//! - A PUT is transactional from the caller's view and costs one durable store write: it checks
+//!   (reading) that no other VM holds the user id or mesh address, applies, and only then stores
+//!   the config as desired *and* applied in one statement ([`vm_store::save`]). An unchanged
+//!   re-PUT writes nothing. When the apply fails, the driver rolls back the VM's partial apply,
+//!   the agent re-applies the last good config (if any) or removes the VM, records the error in
+//!   the row's `last_error` (one write; a new VM is not stored at all) and answers the error.
+//!   When the write itself fails, the kernel is taken back the same way.
 //! - A DELETE removes the kernel objects first and the row only when that succeeded, so a failed
-//!   delete can be retried and never leaves an unrecorded VM behind.
+//!   delete can be retried and never leaves an unrecorded VM behind. The driver answers once the
+//!   VM's namespace is gone; the kernel may finish destroying its devices afterwards
+//!   ([`vmnet_kernel::ns::NsDriver::remove_deferred`]).
+//! - A PUT or DELETE does not wake a reconcile pass: it made its change itself, and a pass per
+//!   burst of changes costs an observe of the whole host and a read of every VM, which at
+//!   1000 VMs slowed the changes themselves. Failed VMs are retried, and leftovers collected,
+//!   by the periodic full pass.
 //!
 //! # Crashes
-//! The agent may die at any instant; on restart the full pass converges the kernel to the store:
-//! - killed during a PUT's apply: the new config is stored, so it is applied on restart;
-//! - killed after a failed apply, before the row was put back: the new config stays desired, the
-//!   pass fails on it again, re-applies the last good config and records the error (state
-//!   `failed`), so the VM keeps working and the caller sees why;
+//! The agent may die at any instant; on restart the full pass converges the kernel to the store
+//! (every stored VM applied with its desired config, the objects of every other user id
+//! collected):
+//! - killed during a PUT's apply, before its write: the store still holds what it held before —
+//!   a new VM is not stored and its partial objects are collected; a changed VM is re-applied
+//!   with its previous config (objects of a new user id it was moving to are collected). The
+//!   caller got no answer and retries;
+//! - killed after a failed apply, before the error was recorded: the same, without the error;
 //! - killed during a DELETE after the kernel objects were removed: the VM is still stored and is
 //!   re-created on restart; delete it again.
 //!
@@ -186,16 +197,34 @@ impl Agent {
     /// `INTERNAL` when the stored config no longer parses.
     pub fn view(&self, row: &VmRow) -> Result<VmView, Error> {
         let config = decode(row, &row.config, "desired")?;
-        let applied = row
-            .applied
-            .as_deref()
-            .map(|a| decode(row, a, "applied"))
-            .transpose()?;
         // A stored VM may no longer plan (the agent restarted with a smaller transit range):
         // show it with its derived names and the reason instead of failing the whole listing.
         let (p, plan_error) = match self.plan(&config) {
             Ok(plan) => (plan.status(), None),
             Err(e) => (self.unplanned_status(&config), Some(e.message)),
+        };
+        self.view_of(row, config, p, plan_error)
+    }
+
+    /// [`Agent::view`] of a row whose desired config `config` was just planned as `plan`.
+    fn view_planned(&self, row: &VmRow, config: VmConfig, plan: &VmPlan) -> Result<VmView, Error> {
+        self.view_of(row, config, plan.status(), None)
+    }
+
+    fn view_of(
+        &self,
+        row: &VmRow,
+        config: VmConfig,
+        p: vmnet_plan::ns::VmStatus,
+        plan_error: Option<String>,
+    ) -> Result<VmView, Error> {
+        let applied = if row.applied.as_deref() == Some(row.config.as_str()) {
+            Some(config.clone())
+        } else {
+            row.applied
+                .as_deref()
+                .map(|a| decode(row, a, "applied"))
+                .transpose()?
         };
         let state = if row.last_error.is_some() || plan_error.is_some() {
             VmState::Failed
@@ -271,8 +300,9 @@ impl Agent {
         rows.iter().map(|r| self.view(r)).collect()
     }
 
-    /// `PUT /v1/vms/{id}`: validate `body`, store it, apply it, and answer the VM with its status
-    /// after the apply. See the module docs for what a failed apply leaves.
+    /// `PUT /v1/vms/{id}`: validate `body`, check that its user id and mesh address are free,
+    /// apply it, store it with its outcome in one write, and answer the VM with its status after
+    /// the apply. See the module docs for what a failed apply leaves.
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the field (also when the body's id differs from `path_id`);
@@ -290,7 +320,9 @@ impl Agent {
         let json = encode(&cfg)?;
         let _guard = self.kernel_lock.lock().await;
         let mesh = cfg.mesh_ipv6.map(|m| m.to_string());
-        let before = store_tx!(self.db, tx => vm_store::put(tx, &cfg.id, cfg.user_id, mesh.as_deref(), &json, now_ms()).await)?;
+        // Reads only. The conflict check comes before the apply: applying a user id another VM
+        // holds would take over that VM's kernel objects.
+        let before = store_tx!(self.db, tx => vm_store::get_if_free(tx, &cfg.id, cfg.user_id, mesh.as_deref()).await)?;
         let prev_good = match &before {
             Some(b) => b
                 .applied
@@ -299,38 +331,73 @@ impl Agent {
                 .transpose()?,
             None => None,
         };
-        match self.driver.apply(&plan).await {
-            Ok(_) => {
-                // A changed user id leaves the old names behind: remove them now.
-                if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
-                    && let Err(e) = self.driver.remove(old.user_id).await
-                {
-                    tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
-                }
-                let row = store_tx!(self.db, tx => async {
-                    vm_store::set_result(tx, &cfg.id, Some(&json), None, now_ms()).await?;
-                    vm_store::get(tx, &cfg.id).await
-                }.await)?;
-                let row = row.ok_or_else(|| {
-                    Error::internal(format!("vm {} vanished from the store", cfg.id))
-                })?;
-                self.wake.notify_one();
-                self.view(&row)
+        if let Err(e) = self.driver.apply(&plan).await {
+            return Err(self
+                .put_failed(&cfg, before, prev_good.as_ref(), e.into())
+                .await);
+        }
+        // A changed user id leaves the old names behind: remove them now.
+        if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
+            && let Err(e) = self.driver.remove_deferred(old.user_id).await
+        {
+            tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
+        }
+        let row = VmRow {
+            id: cfg.id.clone(),
+            user_id: cfg.user_id,
+            mesh,
+            config: json.clone(),
+            applied: Some(json),
+            last_error: None,
+            updated_at: now_ms(),
+        };
+        // The one write of the change (none when the row already says exactly this).
+        let row = match before {
+            Some(b)
+                if VmRow {
+                    updated_at: b.updated_at,
+                    ..row.clone()
+                } == b =>
+            {
+                b
             }
-            Err(e) => {
-                let err = Error::from(e);
-                let restored = self.restore_after_failure(&cfg, prev_good.as_ref()).await;
-                let message = format!("vm {}: apply failed: {}{restored}", cfg.id, err.message);
-                store_tx!(self.db, tx => async {
-                    vm_store::restore(tx, &cfg.id, before.as_ref()).await?;
-                    if let Some(b) = &before {
-                        vm_store::set_result(tx, &cfg.id, b.applied.as_deref(), Some(&message), now_ms()).await?;
-                    }
-                    Ok::<_, Error>(())
-                }.await)?;
-                Err(Error::new(err.code, message))
+            _ => {
+                if let Err(e) = store_tx!(self.db, tx => vm_store::save(tx, &row).await) {
+                    // The store keeps the previous state: take the kernel back to it.
+                    let restored = self.restore_after_failure(&cfg, prev_good.as_ref()).await;
+                    return Err(Error::new(e.code, format!("{}{restored}", e.message)));
+                }
+                row
+            }
+        };
+        self.view_planned(&row, cfg, &plan)
+    }
+
+    /// After a failed apply of `cfg`: re-applies the previous good config (or removes the VM
+    /// when it had none) and records the error on the stored VM, if there is one (one write;
+    /// its desired config stays the previous one). Returns the error to answer.
+    async fn put_failed(
+        &self,
+        cfg: &VmConfig,
+        before: Option<VmRow>,
+        prev_good: Option<&VmConfig>,
+        err: Error,
+    ) -> Error {
+        let restored = self.restore_after_failure(cfg, prev_good).await;
+        let message = format!("vm {}: apply failed: {}{restored}", cfg.id, err.message);
+        if let Some(b) = before {
+            let row = VmRow {
+                last_error: Some(message.clone()),
+                updated_at: now_ms(),
+                ..b
+            };
+            let saved: Result<(), Error> =
+                async { store_tx!(self.db, tx => vm_store::save(tx, &row).await) }.await;
+            if let Err(e) = saved {
+                tracing::warn!(vm = %cfg.id, "recording the failed apply failed: {e}");
             }
         }
+        Error::new(err.code, message)
     }
 
     /// After a failed apply of `cfg`: re-apply the previous good config, or remove the VM when
@@ -375,7 +442,9 @@ impl Agent {
             }
         }
         for uid in uids {
-            if let Err(e) = self.driver.remove(uid).await {
+            // The kernel may finish destroying the devices after the answer; an immediate
+            // re-create works, and collection deletes whatever it leaves (see the driver).
+            if let Err(e) = self.driver.remove_deferred(uid).await {
                 let err = Error::from(e);
                 return Err(Error::new(
                     err.code,
@@ -387,7 +456,6 @@ impl Agent {
             }
         }
         store_tx!(self.db, tx => vm_store::delete(tx, id).await)?;
-        self.wake.notify_one();
         Ok(view)
     }
 
