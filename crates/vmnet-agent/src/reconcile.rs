@@ -1,6 +1,6 @@
 //! The reconcile pass: read the store, observe the kernel, apply the desired VMs, collect
-//! orphans. A *full* pass runs at start and every interval; a *change* pass runs after every
-//! change made through the API (woken by it, debounced).
+//! orphans. A *full* pass runs at start and every interval; a *change* pass runs when woken
+//! ([`Agent::wake`], debounced). API changes do not wake it: they apply their VM themselves.
 //!
 //! # Design
 //! - Passes run one at a time (the pass lock). Every driver call holds the kernel lock, taken
