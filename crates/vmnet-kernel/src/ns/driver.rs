@@ -323,7 +323,7 @@ impl NetlinkNsDriver {
             .into_iter()
             .filter(|o| {
                 !want.contains(&o.user_id)
-                    && !(o.netns.is_none() && self.teardown_pending(o.user_id))
+                    && (o.netns.is_some() || !self.teardown_pending(o.user_id))
             })
             .map(|o| o.user_id)
             .collect();
