@@ -8,12 +8,14 @@
 //!   mutex, so driver calls never overlap and a PUT's answer reflects its own apply; reconcile
 //!   passes are serialized by a second mutex (see [`crate::reconcile`]).
 //! - A PUT is transactional from the caller's view and costs one durable store write: it checks
-//!   (reading) that no other VM holds the user id or mesh address, applies, and only then stores
-//!   the config as desired *and* applied in one statement ([`vm_store::save`]). An unchanged
-//!   re-PUT writes nothing. When the apply fails, the driver rolls back the VM's partial apply,
-//!   the agent re-applies the last good config (if any) or removes the VM, records the error in
-//!   the row's `last_error` (one write; a new VM is not stored at all) and answers the error.
-//!   When the write itself fails, the kernel is taken back the same way.
+//!   (reading) that no other VM holds the user id or mesh address, then applies the config and,
+//!   at the same time, stores it as desired *and* applied in one statement ([`vm_store::save`]);
+//!   it answers once both are done. An unchanged re-PUT writes nothing. When the apply fails,
+//!   the driver rolls back the VM's partial apply, the agent re-applies the last good config (if
+//!   any) or removes the VM, puts the row back as it was with the error in `last_error` (a new
+//!   VM is deleted from the store again) and answers the error. When the write itself fails,
+//!   the kernel is taken back the same way. A reader (`GET`) may see the new config as applied
+//!   a few milliseconds before the PUT is answered.
 //! - A DELETE removes the kernel objects first and the row only when that succeeded, so a failed
 //!   delete can be retried and never leaves an unrecorded VM behind. The driver answers once the
 //!   VM's namespace is gone; the kernel may finish destroying its devices afterwards
@@ -21,17 +23,22 @@
 //! - A PUT or DELETE does not wake a reconcile pass: it made its change itself, and a pass per
 //!   burst of changes costs an observe of the whole host and a read of every VM, which at
 //!   1000 VMs slowed the changes themselves. Failed VMs are retried, and leftovers collected,
-//!   by the periodic full pass.
+//!   by the periodic full pass, which yields to a burst of API changes (see
+//!   [`crate::reconcile`]).
 //!
 //! # Crashes
 //! The agent may die at any instant; on restart the full pass converges the kernel to the store
 //! (every stored VM applied with its desired config, the objects of every other user id
 //! collected):
-//! - killed during a PUT's apply, before its write: the store still holds what it held before —
-//!   a new VM is not stored and its partial objects are collected; a changed VM is re-applied
-//!   with its previous config (objects of a new user id it was moving to are collected). The
-//!   caller got no answer and retries;
-//! - killed after a failed apply, before the error was recorded: the same, without the error;
+//! - killed during a PUT, before its write committed: the store still holds what it held
+//!   before — a new VM is not stored and its partial objects are collected; a changed VM is
+//!   re-applied with its previous config (objects of a new user id it was moving to are
+//!   collected). The caller got no answer and retries;
+//! - killed during a PUT after its write committed: the new config is stored, so it is applied
+//!   on restart;
+//! - killed after a failed apply, before the row was put back: the new config is stored as
+//!   applied; the pass fails on it again and records the error (state `failed`), and the
+//!   previous config is not re-applied (the store no longer names it): PUT it again.
 //! - killed during a DELETE after the kernel objects were removed: the VM is still stored and is
 //!   re-created on restart; delete it again.
 //!
@@ -71,6 +78,9 @@ pub struct Agent {
     pub(crate) pass_lock: Mutex<()>,
     pub(crate) record: StdMutex<ReconcileStatus>,
     pub(crate) wake: Notify,
+    /// When the last VM change through the API (PUT or DELETE) started or ended: a reconcile
+    /// pass yields to a burst of them (see [`crate::reconcile::API_QUIET`]).
+    pub(crate) last_api_change: StdMutex<Option<tokio::time::Instant>>,
     /// Pool mode on this host, when the agent runs it (`vmnet serve --host-id`).
     pool: OnceLock<Arc<PoolNode>>,
 }
@@ -92,6 +102,23 @@ macro_rules! store_tx {
     };
 }
 pub(crate) use store_tx;
+
+/// Marks a VM change through the API in progress: records the time when made and again when
+/// dropped (the change answered), so a reconcile pass sees the API busy for its whole length.
+struct ApiChange<'a>(&'a Agent);
+
+impl<'a> ApiChange<'a> {
+    fn new(agent: &'a Agent) -> Self {
+        agent.mark_api_change();
+        Self(agent)
+    }
+}
+
+impl Drop for ApiChange<'_> {
+    fn drop(&mut self) {
+        self.0.mark_api_change();
+    }
+}
 
 fn decode(row: &VmRow, json: &str, what: &str) -> Result<VmConfig, Error> {
     parse_vm_config(json.as_bytes()).map_err(|e| {
@@ -128,6 +155,7 @@ impl Agent {
             pass_lock: Mutex::new(()),
             record: StdMutex::new(ReconcileStatus::default()),
             wake: Notify::new(),
+            last_api_change: StdMutex::new(None),
             pool: OnceLock::new(),
         }))
     }
@@ -184,6 +212,12 @@ impl Agent {
     #[must_use]
     pub fn interval(&self) -> Duration {
         self.interval
+    }
+
+    fn mark_api_change(&self) {
+        if let Ok(mut t) = self.last_api_change.lock() {
+            *t = Some(tokio::time::Instant::now());
+        }
     }
 
     pub(crate) fn plan(&self, cfg: &VmConfig) -> Result<VmPlan, Error> {
@@ -318,6 +352,7 @@ impl Agent {
         }
         let plan = self.plan(&cfg)?;
         let json = encode(&cfg)?;
+        let _api = ApiChange::new(self);
         let _guard = self.kernel_lock.lock().await;
         let mesh = cfg.mesh_ipv6.map(|m| m.to_string());
         // Reads only. The conflict check comes before the apply: applying a user id another VM
@@ -331,17 +366,6 @@ impl Agent {
                 .transpose()?,
             None => None,
         };
-        if let Err(e) = self.driver.apply(&plan).await {
-            return Err(self
-                .put_failed(&cfg, before, prev_good.as_ref(), e.into())
-                .await);
-        }
-        // A changed user id leaves the old names behind: remove them now.
-        if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
-            && let Err(e) = self.driver.remove_deferred(old.user_id).await
-        {
-            tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
-        }
         let row = VmRow {
             id: cfg.id.clone(),
             user_id: cfg.user_id,
@@ -351,51 +375,80 @@ impl Agent {
             last_error: None,
             updated_at: now_ms(),
         };
-        // The one write of the change (none when the row already says exactly this).
+        // The one write of the change (none when the row already says exactly this), made while
+        // the kernel applies it: the answer waits for both, and a failed apply puts the row back.
+        let unchanged = before.as_ref().is_some_and(|b| {
+            *b == VmRow {
+                updated_at: b.updated_at,
+                ..row.clone()
+            }
+        });
+        let write = async {
+            if unchanged {
+                return Ok(false);
+            }
+            store_tx!(self.db, tx => vm_store::save(tx, &row).await).map(|()| true)
+        };
+        let (applied, written) = tokio::join!(self.driver.apply(&plan), write);
+        match (applied, written) {
+            (Ok(_), Ok(_)) => {}
+            (Err(e), written) => {
+                let written = written.unwrap_or(false);
+                return Err(self
+                    .put_failed(&cfg, before, prev_good.as_ref(), e.into(), written)
+                    .await);
+            }
+            (Ok(_), Err(e)) => {
+                // The store keeps the previous state: take the kernel back to it.
+                let restored = self.restore_after_failure(&cfg, prev_good.as_ref()).await;
+                return Err(Error::new(e.code, format!("{}{restored}", e.message)));
+            }
+        }
+        // A changed user id leaves the old names behind: remove them now.
+        if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
+            && let Err(e) = self.driver.remove_deferred(old.user_id).await
+        {
+            tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
+        }
         let row = match before {
-            Some(b)
-                if VmRow {
-                    updated_at: b.updated_at,
-                    ..row.clone()
-                } == b =>
-            {
-                b
-            }
-            _ => {
-                if let Err(e) = store_tx!(self.db, tx => vm_store::save(tx, &row).await) {
-                    // The store keeps the previous state: take the kernel back to it.
-                    let restored = self.restore_after_failure(&cfg, prev_good.as_ref()).await;
-                    return Err(Error::new(e.code, format!("{}{restored}", e.message)));
-                }
-                row
-            }
+            Some(b) if unchanged => b,
+            _ => row,
         };
         self.view_planned(&row, cfg, &plan)
     }
 
     /// After a failed apply of `cfg`: re-applies the previous good config (or removes the VM
-    /// when it had none) and records the error on the stored VM, if there is one (one write;
-    /// its desired config stays the previous one). Returns the error to answer.
+    /// when it had none) and puts the stored row back as it was `before`, with the error
+    /// recorded (a VM not stored before is deleted again when `written`, the new row having
+    /// been saved during the apply). One write. Returns the error to answer.
     async fn put_failed(
         &self,
         cfg: &VmConfig,
         before: Option<VmRow>,
         prev_good: Option<&VmConfig>,
         err: Error,
+        written: bool,
     ) -> Error {
         let restored = self.restore_after_failure(cfg, prev_good).await;
         let message = format!("vm {}: apply failed: {}{restored}", cfg.id, err.message);
-        if let Some(b) = before {
-            let row = VmRow {
-                last_error: Some(message.clone()),
-                updated_at: now_ms(),
-                ..b
-            };
-            let saved: Result<(), Error> =
-                async { store_tx!(self.db, tx => vm_store::save(tx, &row).await) }.await;
-            if let Err(e) = saved {
-                tracing::warn!(vm = %cfg.id, "recording the failed apply failed: {e}");
+        let put_back: Result<(), Error> = match before {
+            Some(b) => {
+                let row = VmRow {
+                    last_error: Some(message.clone()),
+                    updated_at: now_ms(),
+                    ..b
+                };
+                async { store_tx!(self.db, tx => vm_store::save(tx, &row).await) }.await
             }
+            None if written => {
+                async { store_tx!(self.db, tx => vm_store::delete(tx, &cfg.id).await) }
+                    .await
+                    .map(|_| ())
+            }
+            None => Ok(()),
+        };
+        if let Err(e) = put_back {
+            tracing::warn!(vm = %cfg.id, "putting the stored VM back after the failed apply failed: {e}");
         }
         Error::new(err.code, message)
     }
@@ -430,6 +483,7 @@ impl Agent {
     /// `NOT_FOUND` for an unknown VM; `UNAVAILABLE` when the removal failed (the VM stays in the
     /// store, so the delete can be retried).
     pub async fn delete_vm(&self, id: &str) -> Result<VmView, Error> {
+        let _api = ApiChange::new(self);
         let _guard = self.kernel_lock.lock().await;
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
         let row = row.ok_or_else(|| Error::not_found(format!("vm {id} not found")))?;

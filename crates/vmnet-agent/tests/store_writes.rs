@@ -2,9 +2,11 @@
 //! leaves: in-process over a temporary SQLite file and a fresh PostgreSQL database (triggers
 //! log every row write of `vm_configs`) and the fake driver.
 //!
-//! A PUT checks (reading) that the user id and mesh address are free, applies, then stores the
-//! config as desired and applied in one write; an agent killed between its apply and that write
-//! left the store as it was, and a full pass converges the kernel back to it.
+//! A PUT checks (reading) that the user id and mesh address are free, then applies and stores
+//! the config as desired and applied in one write, made while the kernel applies it (a failed
+//! apply puts the row back: a second write on that path only). An agent killed after its apply
+//! and before that write committed left the store as it was, and a full pass converges the
+//! kernel back to it.
 
 mod common;
 
@@ -113,17 +115,21 @@ async fn every_change_is_one_store_write(h: &Harness) {
     assert_eq!(v["status"]["applied_routes"], changed["network"]["routes"]);
     assert_eq!(writes(&pool).await, ["update"]);
 
-    // A failed change: the error recorded in one write, the good config kept.
+    // A failed change: the write made during the apply, then the row put back with the error
+    // recorded; the good config kept.
     h.driver.fail_changes(1, true);
     assert_eq!(h.put_vm(&vm("vm-1", 1)).await.0, 503);
-    assert_eq!(writes(&pool).await, ["update"]);
+    assert_eq!(writes(&pool).await, ["update", "update"]);
     let (_, v) = h.call(Method::GET, "/v1/vms/vm-1", None).await;
     assert_eq!(v["config"], changed);
     assert_eq!(v["status"]["state"], "failed");
 
-    // A failed new VM and a conflicting one write nothing.
+    // A failed new VM is not kept (its row, written during the apply, is deleted again); a
+    // conflicting one writes nothing.
     h.driver.fail(2, true);
     assert_eq!(h.put_vm(&vm("vm-2", 2)).await.0, 503);
+    assert_eq!(writes(&pool).await, ["insert", "delete"]);
+    assert_eq!(h.call(Method::GET, "/v1/vms/vm-2", None).await.0, 404);
     assert_eq!(h.put_vm(&vm("vm-3", 1)).await.0, 409);
     assert!(writes(&pool).await.is_empty());
 
