@@ -1,7 +1,8 @@
 //! Namespace mode (root required): what a VM adds to the host's IPv6 state stays minimal, since
 //! the kernel walks every host IPv6 route on each link event and every same-prefix route on each
 //! insert. The host veth end carries only its planned link-local (no automatic one, so no
-//! duplicate address detection work) and no `fe80::/64` route of its own; IPv6 through it still
+//! duplicate address detection work) as a /128 (no subnet-router anycast `fe80::` joined) and no
+//! `fe80::/64` route of its own; IPv6 through it still
 //! works (the mesh route's link-local gateway is named with the device). A pair made again in
 //! place (repair) is made the same way, and the read-back still matches the plan.
 
@@ -48,8 +49,8 @@ async fn the_host_veth_carries_only_its_planned_link_local() {
     .expect("tcp v6 through the host veth");
 }
 
-/// The host end `host` of VM 7 carries one IPv6 address, its planned link-local without a prefix
-/// route, and the host has no `fe80::/64` route through it.
+/// The host end `host` of VM 7 carries one IPv6 address, its planned link-local `/128` without a
+/// prefix route, and the host has no `fe80::/64` route and no `fe80::` anycast through it.
 async fn check_host_ipv6(env: &Env, host: &str) {
     // The kernel handles the carrier event of the new pair within a second (link watch).
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -57,13 +58,13 @@ async fn check_host_ipv6(env: &Env, host: &str) {
     let lines: Vec<&str> = addrs.lines().collect();
     assert_eq!(lines.len(), 1, "one IPv6 address: {addrs}");
     assert!(
-        lines[0].contains("fe80::1:7/64") && lines[0].contains("noprefixroute"),
+        lines[0].contains("fe80::1:7/128") && lines[0].contains("noprefixroute"),
         "{addrs}"
     );
     let routes = env.host_ip(&["-6", "route", "show", "table", "all", "dev", host]);
     assert!(
-        !routes.contains("fe80::/64"),
-        "no fe80::/64 per VM: {routes}"
+        !routes.contains("fe80::/64") && !routes.contains("anycast fe80::"),
+        "no fe80::/64 route and no subnet-router anycast per VM: {routes}"
     );
     assert!(routes.contains("fdaa:1::7 via fe80::2"), "{routes}");
 }

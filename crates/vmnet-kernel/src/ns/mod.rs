@@ -58,9 +58,13 @@
 //!   That work grows with the host's IPv6 routes, so the host veth end is created down, gets no
 //!   automatic link-local (`addrgenmode none`, set while it is still down: no duplicate address
 //!   detection, no extra local route) and its planned link-local no `fe80::/64` prefix route
-//!   (`noprefixroute`; the host's routes through it name the gateway with the device); it comes
-//!   up with its MTU when configured. Addresses are compared by value, not by flags, so a host
-//!   end made before this keeps its prefix route and is still in sync.
+//!   (`noprefixroute`; the host's routes through it name the gateway with the device), and that
+//!   link-local is a `/128`, so the kernel joins no subnet-router anycast `fe80::` on the link;
+//!   it comes up with its MTU when configured. What is left per VM are three host IPv6 routes
+//!   (its mesh /128, its link-local, and the kernel's `ff00::/8` multicast route per link, all
+//!   of the latter on one prefix, so each insert still walks them). Addresses are compared by
+//!   value and prefix length, not by flags: a host end made with a `/64` link-local is brought
+//!   to the `/128` in place (delete, add), one with a prefix route keeps it.
 //! - Each VM with a mesh-via route adds one host rule (`iif <host veth>`); the kernel walks
 //!   rules linearly, so thousands of such VMs cost per-packet rule checks on the host.
 

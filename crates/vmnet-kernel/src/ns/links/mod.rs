@@ -210,8 +210,10 @@ fn find<'a>(st: &'a VmState, spec: &LinkSpec<'_>) -> (Option<&'a KLink>, &'a Has
     }
 }
 
-/// Addresses on link `index` that the plan does not put there: every IPv4 address, and IPv6
-/// addresses outside the link-local range (the kernel adds link-locals of its own).
+/// Addresses on link `index` that the plan does not put there: every IPv4 address, IPv6
+/// addresses outside the link-local range (the kernel adds link-locals of its own), and a
+/// planned link-local with another prefix length (e.g. a host end's `/64` from before its plan
+/// became `/128`; the kernel does not change the prefix length of an existing address).
 fn stale(have: &HashSet<KAddr>, index: u32, want: &[(IpAddr, u8); 2]) -> Vec<(IpAddr, u8)> {
     let mut out: Vec<(IpAddr, u8)> = have
         .iter()
@@ -220,7 +222,9 @@ fn stale(have: &HashSet<KAddr>, index: u32, want: &[(IpAddr, u8); 2]) -> Vec<(Ip
                 && !want.contains(&(*a, *p))
                 && match a {
                     IpAddr::V4(_) => true,
-                    IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+                    IpAddr::V6(v6) => {
+                        !v6.is_unicast_link_local() || want.iter().any(|(w, _)| w == a)
+                    }
                 }
         })
         .map(|(_, a, p)| (*a, *p))
