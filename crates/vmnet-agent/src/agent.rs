@@ -7,20 +7,38 @@
 //! - Every kernel change (a PUT, a DELETE, one VM of a reconcile pass) runs under one async
 //!   mutex, so driver calls never overlap and a PUT's answer reflects its own apply; reconcile
 //!   passes are serialized by a second mutex (see [`crate::reconcile`]).
-//! - A PUT is transactional from the caller's view: the new config is stored *before* it is
-//!   applied (so an agent killed mid-apply converges to it on restart), then applied. When the
-//!   apply fails, the driver rolls back the VM's partial apply, the agent re-applies the last
-//!   good config (if any), puts the store row back as it was with the error in `last_error`,
-//!   and answers the error. A VM that had no good config is removed again.
+//! - A PUT is transactional from the caller's view and costs one durable store write: it checks
+//!   (reading) that no other VM holds the user id or mesh address, then applies the config and,
+//!   at the same time, stores it as desired *and* applied in one statement ([`vm_store::save`]);
+//!   it answers once both are done. An unchanged re-PUT writes nothing. When the apply fails,
+//!   the driver rolls back the VM's partial apply, the agent re-applies the last good config (if
+//!   any) or removes the VM, puts the row back as it was with the error in `last_error` (a new
+//!   VM is deleted from the store again) and answers the error. When the write itself fails,
+//!   the kernel is taken back the same way. A reader (`GET`) may see the new config as applied
+//!   a few milliseconds before the PUT is answered.
 //! - A DELETE removes the kernel objects first and the row only when that succeeded, so a failed
-//!   delete can be retried and never leaves an unrecorded VM behind.
+//!   delete can be retried and never leaves an unrecorded VM behind. The driver answers once the
+//!   VM's namespace is gone; the kernel may finish destroying its devices afterwards
+//!   ([`vmnet_kernel::ns::NsDriver::remove_deferred`]).
+//! - A PUT or DELETE does not wake a reconcile pass: it made its change itself, and a pass per
+//!   burst of changes costs an observe of the whole host and a read of every VM, which at
+//!   1000 VMs slowed the changes themselves. Failed VMs are retried, and leftovers collected,
+//!   by the periodic full pass, which yields to a burst of API changes (see
+//!   [`crate::reconcile`]).
 //!
 //! # Crashes
-//! The agent may die at any instant; on restart the full pass converges the kernel to the store:
-//! - killed during a PUT's apply: the new config is stored, so it is applied on restart;
-//! - killed after a failed apply, before the row was put back: the new config stays desired, the
-//!   pass fails on it again, re-applies the last good config and records the error (state
-//!   `failed`), so the VM keeps working and the caller sees why;
+//! The agent may die at any instant; on restart the full pass converges the kernel to the store
+//! (every stored VM applied with its desired config, the objects of every other user id
+//! collected):
+//! - killed during a PUT, before its write committed: the store still holds what it held
+//!   before — a new VM is not stored and its partial objects are collected; a changed VM is
+//!   re-applied with its previous config (objects of a new user id it was moving to are
+//!   collected). The caller got no answer and retries;
+//! - killed during a PUT after its write committed: the new config is stored, so it is applied
+//!   on restart;
+//! - killed after a failed apply, before the row was put back: the new config is stored as
+//!   applied; the pass fails on it again and records the error (state `failed`), and the
+//!   previous config is not re-applied (the store no longer names it): PUT it again.
 //! - killed during a DELETE after the kernel objects were removed: the VM is still stored and is
 //!   re-created on restart; delete it again.
 //!
@@ -60,6 +78,9 @@ pub struct Agent {
     pub(crate) pass_lock: Mutex<()>,
     pub(crate) record: StdMutex<ReconcileStatus>,
     pub(crate) wake: Notify,
+    /// When the last VM change through the API (PUT or DELETE) started or ended: a reconcile
+    /// pass yields to a burst of them (see [`crate::reconcile::API_QUIET`]).
+    pub(crate) last_api_change: StdMutex<Option<tokio::time::Instant>>,
     /// Pool mode on this host, when the agent runs it (`vmnet serve --host-id`).
     pool: OnceLock<Arc<PoolNode>>,
 }
@@ -81,6 +102,23 @@ macro_rules! store_tx {
     };
 }
 pub(crate) use store_tx;
+
+/// Marks a VM change through the API in progress: records the time when made and again when
+/// dropped (the change answered), so a reconcile pass sees the API busy for its whole length.
+struct ApiChange<'a>(&'a Agent);
+
+impl<'a> ApiChange<'a> {
+    fn new(agent: &'a Agent) -> Self {
+        agent.mark_api_change();
+        Self(agent)
+    }
+}
+
+impl Drop for ApiChange<'_> {
+    fn drop(&mut self) {
+        self.0.mark_api_change();
+    }
+}
 
 fn decode(row: &VmRow, json: &str, what: &str) -> Result<VmConfig, Error> {
     parse_vm_config(json.as_bytes()).map_err(|e| {
@@ -117,6 +155,7 @@ impl Agent {
             pass_lock: Mutex::new(()),
             record: StdMutex::new(ReconcileStatus::default()),
             wake: Notify::new(),
+            last_api_change: StdMutex::new(None),
             pool: OnceLock::new(),
         }))
     }
@@ -175,6 +214,12 @@ impl Agent {
         self.interval
     }
 
+    fn mark_api_change(&self) {
+        if let Ok(mut t) = self.last_api_change.lock() {
+            *t = Some(tokio::time::Instant::now());
+        }
+    }
+
     pub(crate) fn plan(&self, cfg: &VmConfig) -> Result<VmPlan, Error> {
         plan_vm(cfg, &self.settings)
     }
@@ -186,16 +231,34 @@ impl Agent {
     /// `INTERNAL` when the stored config no longer parses.
     pub fn view(&self, row: &VmRow) -> Result<VmView, Error> {
         let config = decode(row, &row.config, "desired")?;
-        let applied = row
-            .applied
-            .as_deref()
-            .map(|a| decode(row, a, "applied"))
-            .transpose()?;
         // A stored VM may no longer plan (the agent restarted with a smaller transit range):
         // show it with its derived names and the reason instead of failing the whole listing.
         let (p, plan_error) = match self.plan(&config) {
             Ok(plan) => (plan.status(), None),
             Err(e) => (self.unplanned_status(&config), Some(e.message)),
+        };
+        self.view_of(row, config, p, plan_error)
+    }
+
+    /// [`Agent::view`] of a row whose desired config `config` was just planned as `plan`.
+    fn view_planned(&self, row: &VmRow, config: VmConfig, plan: &VmPlan) -> Result<VmView, Error> {
+        self.view_of(row, config, plan.status(), None)
+    }
+
+    fn view_of(
+        &self,
+        row: &VmRow,
+        config: VmConfig,
+        p: vmnet_plan::ns::VmStatus,
+        plan_error: Option<String>,
+    ) -> Result<VmView, Error> {
+        let applied = if row.applied.as_deref() == Some(row.config.as_str()) {
+            Some(config.clone())
+        } else {
+            row.applied
+                .as_deref()
+                .map(|a| decode(row, a, "applied"))
+                .transpose()?
         };
         let state = if row.last_error.is_some() || plan_error.is_some() {
             VmState::Failed
@@ -271,8 +334,9 @@ impl Agent {
         rows.iter().map(|r| self.view(r)).collect()
     }
 
-    /// `PUT /v1/vms/{id}`: validate `body`, store it, apply it, and answer the VM with its status
-    /// after the apply. See the module docs for what a failed apply leaves.
+    /// `PUT /v1/vms/{id}`: validate `body`, check that its user id and mesh address are free,
+    /// apply it, store it with its outcome in one write, and answer the VM with its status after
+    /// the apply. See the module docs for what a failed apply leaves.
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the field (also when the body's id differs from `path_id`);
@@ -288,9 +352,12 @@ impl Agent {
         }
         let plan = self.plan(&cfg)?;
         let json = encode(&cfg)?;
+        let _api = ApiChange::new(self);
         let _guard = self.kernel_lock.lock().await;
         let mesh = cfg.mesh_ipv6.map(|m| m.to_string());
-        let before = store_tx!(self.db, tx => vm_store::put(tx, &cfg.id, cfg.user_id, mesh.as_deref(), &json, now_ms()).await)?;
+        // Reads only. The conflict check comes before the apply: applying a user id another VM
+        // holds would take over that VM's kernel objects.
+        let before = store_tx!(self.db, tx => vm_store::get_if_free(tx, &cfg.id, cfg.user_id, mesh.as_deref()).await)?;
         let prev_good = match &before {
             Some(b) => b
                 .applied
@@ -299,38 +366,91 @@ impl Agent {
                 .transpose()?,
             None => None,
         };
-        match self.driver.apply(&plan).await {
-            Ok(_) => {
-                // A changed user id leaves the old names behind: remove them now.
-                if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
-                    && let Err(e) = self.driver.remove(old.user_id).await
-                {
-                    tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
-                }
-                let row = store_tx!(self.db, tx => async {
-                    vm_store::set_result(tx, &cfg.id, Some(&json), None, now_ms()).await?;
-                    vm_store::get(tx, &cfg.id).await
-                }.await)?;
-                let row = row.ok_or_else(|| {
-                    Error::internal(format!("vm {} vanished from the store", cfg.id))
-                })?;
-                self.wake.notify_one();
-                self.view(&row)
+        let row = VmRow {
+            id: cfg.id.clone(),
+            user_id: cfg.user_id,
+            mesh,
+            config: json.clone(),
+            applied: Some(json),
+            last_error: None,
+            updated_at: now_ms(),
+        };
+        // The one write of the change (none when the row already says exactly this), made while
+        // the kernel applies it: the answer waits for both, and a failed apply puts the row back.
+        let unchanged = before.as_ref().is_some_and(|b| {
+            *b == VmRow {
+                updated_at: b.updated_at,
+                ..row.clone()
             }
-            Err(e) => {
-                let err = Error::from(e);
+        });
+        let write = async {
+            if unchanged {
+                return Ok(false);
+            }
+            store_tx!(self.db, tx => vm_store::save(tx, &row).await).map(|()| true)
+        };
+        let (applied, written) = tokio::join!(self.driver.apply(&plan), write);
+        match (applied, written) {
+            (Ok(_), Ok(_)) => {}
+            (Err(e), written) => {
+                let written = written.unwrap_or(false);
+                return Err(self
+                    .put_failed(&cfg, before, prev_good.as_ref(), e.into(), written)
+                    .await);
+            }
+            (Ok(_), Err(e)) => {
+                // The store keeps the previous state: take the kernel back to it.
                 let restored = self.restore_after_failure(&cfg, prev_good.as_ref()).await;
-                let message = format!("vm {}: apply failed: {}{restored}", cfg.id, err.message);
-                store_tx!(self.db, tx => async {
-                    vm_store::restore(tx, &cfg.id, before.as_ref()).await?;
-                    if let Some(b) = &before {
-                        vm_store::set_result(tx, &cfg.id, b.applied.as_deref(), Some(&message), now_ms()).await?;
-                    }
-                    Ok::<_, Error>(())
-                }.await)?;
-                Err(Error::new(err.code, message))
+                return Err(Error::new(e.code, format!("{}{restored}", e.message)));
             }
         }
+        // A changed user id leaves the old names behind: remove them now.
+        if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
+            && let Err(e) = self.driver.remove_deferred(old.user_id).await
+        {
+            tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
+        }
+        let row = match before {
+            Some(b) if unchanged => b,
+            _ => row,
+        };
+        self.view_planned(&row, cfg, &plan)
+    }
+
+    /// After a failed apply of `cfg`: re-applies the previous good config (or removes the VM
+    /// when it had none) and puts the stored row back as it was `before`, with the error
+    /// recorded (a VM not stored before is deleted again when `written`, the new row having
+    /// been saved during the apply). One write. Returns the error to answer.
+    async fn put_failed(
+        &self,
+        cfg: &VmConfig,
+        before: Option<VmRow>,
+        prev_good: Option<&VmConfig>,
+        err: Error,
+        written: bool,
+    ) -> Error {
+        let restored = self.restore_after_failure(cfg, prev_good).await;
+        let message = format!("vm {}: apply failed: {}{restored}", cfg.id, err.message);
+        let put_back: Result<(), Error> = match before {
+            Some(b) => {
+                let row = VmRow {
+                    last_error: Some(message.clone()),
+                    updated_at: now_ms(),
+                    ..b
+                };
+                async { store_tx!(self.db, tx => vm_store::save(tx, &row).await) }.await
+            }
+            None if written => {
+                async { store_tx!(self.db, tx => vm_store::delete(tx, &cfg.id).await) }
+                    .await
+                    .map(|_| ())
+            }
+            None => Ok(()),
+        };
+        if let Err(e) = put_back {
+            tracing::warn!(vm = %cfg.id, "putting the stored VM back after the failed apply failed: {e}");
+        }
+        Error::new(err.code, message)
     }
 
     /// After a failed apply of `cfg`: re-apply the previous good config, or remove the VM when
@@ -363,6 +483,7 @@ impl Agent {
     /// `NOT_FOUND` for an unknown VM; `UNAVAILABLE` when the removal failed (the VM stays in the
     /// store, so the delete can be retried).
     pub async fn delete_vm(&self, id: &str) -> Result<VmView, Error> {
+        let _api = ApiChange::new(self);
         let _guard = self.kernel_lock.lock().await;
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
         let row = row.ok_or_else(|| Error::not_found(format!("vm {id} not found")))?;
@@ -375,7 +496,9 @@ impl Agent {
             }
         }
         for uid in uids {
-            if let Err(e) = self.driver.remove(uid).await {
+            // The kernel may finish destroying the devices after the answer; an immediate
+            // re-create works, and collection deletes whatever it leaves (see the driver).
+            if let Err(e) = self.driver.remove_deferred(uid).await {
                 let err = Error::from(e);
                 return Err(Error::new(
                     err.code,
@@ -387,7 +510,6 @@ impl Agent {
             }
         }
         store_tx!(self.db, tx => vm_store::delete(tx, id).await)?;
-        self.wake.notify_one();
         Ok(view)
     }
 

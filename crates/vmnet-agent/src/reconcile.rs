@@ -1,12 +1,16 @@
 //! The reconcile pass: read the store, observe the kernel, apply the desired VMs, collect
-//! orphans. A *full* pass runs at start and every interval; a *change* pass runs after every
-//! change made through the API (woken by it, debounced).
+//! orphans. A *full* pass runs at start and every interval; a *change* pass runs when woken
+//! ([`Agent::wake`], debounced). API changes do not wake it: they apply their VM themselves.
 //!
 //! # Design
 //! - Passes run one at a time (the pass lock). Every driver call holds the kernel lock, taken
 //!   per VM: API changes interleave between the VMs of a pass (a pass at 1000 VMs does not stall
 //!   the API for seconds), and the pass re-reads each VM's row under the lock, so it never
-//!   applies a config older than the store's. Garbage collection reads the desired set afresh
+//!   applies a config older than the store's. Before each step a pass yields to API changes:
+//!   it waits until none was seen for [`API_QUIET`] (at most [`API_YIELD_MAX`] per step), so a
+//!   burst of PUTs or DELETEs runs without a pass competing for the kernel lock, the CPU and
+//!   the kernel's own locks; under endless API changes a pass still applies one VM per
+//!   [`API_YIELD_MAX`]. Garbage collection reads the desired set afresh
 //!   under the lock. When a stored VM no longer plans (e.g. the agent restarted with a smaller
 //!   transit range), collection is skipped and reported: nothing a stored VM may own is removed.
 //! - A full pass first checks and repairs the host-wide state (forwarding, router
@@ -29,7 +33,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vmnet_ipam::vm_store::{self, VmRow};
 use vmnet_kernel::ns::ObservedVm;
@@ -42,6 +46,15 @@ use crate::status::now_ms;
 /// How long the loop waits after a wake-up before its pass, so a burst of API changes costs one
 /// pass.
 pub const WAKE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A pass takes the kernel lock for its next step only once no VM change through the API has
+/// been seen for this long (or after [`API_YIELD_MAX`]): a burst of PUTs or DELETEs, one right
+/// after the other, is not slowed by a pass observing and applying other VMs in between.
+pub const API_QUIET: Duration = Duration::from_millis(20);
+
+/// The longest a pass waits for [`API_QUIET`] before one step: under endless API changes it
+/// still makes progress, one VM per this interval.
+pub const API_YIELD_MAX: Duration = Duration::from_millis(100);
 
 /// What one pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,6 +134,23 @@ impl Agent {
         result
     }
 
+    /// Waits until no VM change through the API was seen for [`API_QUIET`], at most
+    /// [`API_YIELD_MAX`].
+    async fn yield_to_api(&self) {
+        let start = tokio::time::Instant::now();
+        loop {
+            let last = self.last_api_change.lock().ok().and_then(|t| *t);
+            let Some(last) = last else { return };
+            let now = tokio::time::Instant::now();
+            let quiet_at = last + API_QUIET;
+            let give_up = start + API_YIELD_MAX;
+            if now >= quiet_at || now >= give_up {
+                return;
+            }
+            tokio::time::sleep_until(quiet_at.min(give_up)).await;
+        }
+    }
+
     async fn pass(&self, full: bool) -> Result<PassOutcome, Error> {
         let ids: Vec<String> = {
             let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
@@ -128,6 +158,7 @@ impl Agent {
         };
         let mut out = PassOutcome::default();
         if full {
+            self.yield_to_api().await;
             let _kernel = self.kernel_lock.lock().await;
             match self.driver().repair_host().await {
                 Ok(changes) => out
@@ -137,6 +168,7 @@ impl Agent {
             }
         }
         let observed = {
+            self.yield_to_api().await;
             let _kernel = self.kernel_lock.lock().await;
             self.driver().observe().await
         };
@@ -153,6 +185,7 @@ impl Agent {
         // One VM at a time under the kernel lock, re-reading its row, so API changes interleave
         // between VMs and a pass never applies a config older than the store's.
         for id in &ids {
+            self.yield_to_api().await;
             let _kernel = self.kernel_lock.lock().await;
             let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, id).await)? else {
                 continue;
@@ -171,6 +204,7 @@ impl Agent {
         }
         // Collect orphans against the store as it is now: every plan a stored VM may be using
         // (its desired config's and, while they differ, its applied config's).
+        self.yield_to_api().await;
         let _kernel = self.kernel_lock.lock().await;
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
         // Only the user ids are kept: each plan is dropped as soon as it proved the config plans

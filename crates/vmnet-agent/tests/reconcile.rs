@@ -1,7 +1,8 @@
 //! In-process tests of the reconcile loop over a temporary SQLite file and the fake driver: a
 //! restart converges from the store and collects orphans, periodic failures are recorded and
 //! retried, passes are serialized, change passes apply only what is not known good, and a stored
-//! VM that no longer plans never gets its objects collected.
+//! VM that no longer plans never gets its objects collected; a pass yields to a burst of API
+//! changes.
 
 mod common;
 
@@ -159,5 +160,44 @@ async fn a_stored_vm_that_no_longer_plans_is_shown_failed() {
     assert!(
         h.driver.kernel().gcs.is_empty(),
         "nothing is collected while a stored VM does not plan"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_yields_to_a_burst_of_api_changes() {
+    let h = Harness::new().await;
+    for i in 1..=20 {
+        h.put_vm(&vm(&format!("vm-{i}"), i)).await;
+    }
+    let before = h.driver.kernel().applies.len();
+    let burst_until = std::time::Instant::now() + std::time::Duration::from_millis(400);
+    // PUTs one right after the other (VM 100, unchanged after the first) for 400 ms, and a full
+    // pass started at the same time.
+    let burst = async {
+        let mut puts = 0;
+        while std::time::Instant::now() < burst_until {
+            assert_eq!(h.put_vm(&vm("vm-100", 100)).await.0, 200);
+            puts += 1;
+        }
+        let k = h.driver.kernel();
+        let by_pass = k.applies[before..]
+            .iter()
+            .filter(|(u, _)| *u != 100)
+            .count();
+        (puts, by_pass)
+    };
+    let (pass, (puts, by_pass)) = tokio::join!(h.agent.reconcile(), burst);
+    let pass = pass.unwrap();
+    assert!(pass.errors.is_empty(), "{:?}", pass.errors);
+    // Without yielding, the pass would interleave one VM per PUT and finish within the burst.
+    // At most one step per API_YIELD_MAX (100 ms) while the API is busy.
+    assert!(puts > 20, "a real burst: {puts} PUTs");
+    assert!(
+        by_pass <= 6,
+        "the pass applied {by_pass} of 20 VMs during a burst of {puts} PUTs"
+    );
+    assert!(
+        pass.applied >= 20,
+        "the pass still applies every VM: {pass:?}"
     );
 }

@@ -1,16 +1,23 @@
 //! `vmnet bench agent`: the real agent process (`vmnet serve`) under N VMs put over its API,
-//! in a throwaway sandbox: PUT latency and the agent's memory and descriptors.
+//! in a throwaway sandbox: PUT and DELETE latency and the agent's memory and descriptors.
 //!
 //! It creates a sandbox, starts this executable as `vmnet serve --netns <sandbox host>` with its
 //! own SQLite store and unix socket in a fresh directory, and PUTs VMs with user ids 1, 2, …
 //! (a mesh address, `0.0.0.0/0` and `::/0` via host; the same configs as `vmnet bench vms`), one
 //! after another, each PUT answered after its apply. At 0 VMs and at every checkpoint N
-//! (`--count`, cumulative; default 100, 500, 1000) it waits for the reconcile pass the PUTs
-//! triggered to finish and reads from `/proc/<agent pid>/`: `VmRSS`, `VmHWM` (peak RSS),
-//! threads and open descriptors. It prints one row per checkpoint with the PUT latency of the
-//! VMs added since the previous one (median, p99), then re-PUTs VM 1 (unchanged config) as the
-//! steady-state cost, and the targets of the issue: RSS < 64 MiB at 1000 VMs, and descriptors
-//! well under a 1024 limit.
+//! (`--count`, cumulative; default 100, 500, 1000) it waits for the next reconcile pass (the
+//! agent's periodic full pass: every VM applied, i.e. audited) to finish and reads its duration
+//! and, from `/proc/<agent pid>/`: `VmRSS`, `VmHWM` (peak RSS), threads and open descriptors.
+//! It prints one row per checkpoint with the PUT latency of the VMs added since the previous
+//! one (median, p99) and that pass's duration, then re-PUTs VM 1 (unchanged config) as the
+//! steady-state cost. Then it DELETEs every VM (user ids 1, 2, …, so the first deletes run with
+//! the most VMs present), each answered after its removal, and waits (up to
+//! [`LEFTOVER_WAIT`]) until the host shows no object of the agent's prefix any more: the kernel
+//! may finish a VM's device teardown after the DELETE was answered, but nothing may stay.
+//!
+//! It prints the targets of the issue: RSS < 64 MiB at 1000 VMs, descriptors well under a 1024
+//! limit, a new VM's PUT ≤ 4 ms and a DELETE ≤ 5 ms median over all N, each with the median of
+//! its last 100 within 1.2× of its first 100.
 //!
 //! # Cleanup
 //! The agent is stopped by its pid (SIGTERM, then SIGKILL after 5 s) and reaped by a guard, also
@@ -18,8 +25,8 @@
 //! and the state directory is removed.
 //!
 //! # Limitations
-//! The reconcile interval is the agent's default; RSS is read after the pass the PUTs woke, so a
-//! periodic full pass may overlap a reading (it adds little: passes run one VM at a time).
+//! The reconcile interval is the agent's default: its periodic full passes also run while the
+//! PUTs and DELETEs are measured (one VM at a time, interleaved with them), as on a live host.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -30,7 +37,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use vmnet_agent::api::types::{AgentStatus, VmView};
 use vmnet_agent::client::Client;
+use vmnet_kernel::ns::{NetlinkNsDriver, NsDriver};
 use vmnet_model::Error;
+use vmnet_plan::ns::NsSettings;
 
 use crate::vms::{Stats, stats};
 
@@ -186,6 +195,8 @@ pub struct AgentRow {
     pub puts: Vec<Duration>,
     /// The agent's usage at this checkpoint.
     pub usage: ProcUsage,
+    /// Duration of the reconcile pass waited for at this checkpoint, ms.
+    pub pass_ms: Option<u64>,
 }
 
 fn vm_body(uid: u32) -> serde_json::Value {
@@ -201,8 +212,75 @@ fn vm_body(uid: u32) -> serde_json::Value {
     })
 }
 
-/// Waits until a reconcile pass has started and finished after `since_ms` (Unix ms).
-async fn settle(client: &Client, since_ms: i64, log: &Path) -> Result<(), Error> {
+/// How long the bench waits, after the last DELETE, for the kernel to finish tearing down.
+pub const LEFTOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// The DELETE phase: every VM deleted, then what the host still showed.
+#[derive(Debug, Clone, Default)]
+pub struct DeletePhase {
+    /// DELETE latencies, in deletion order (user id 1 first).
+    pub deletes: Vec<Duration>,
+    /// User ids with an object of the agent's prefix left on the host after the wait (netns,
+    /// host veth, host rule or a route in the VM's host table); empty when clean.
+    pub leftovers: Vec<u32>,
+    /// How long after the last DELETE the host was clean (or the wait gave up).
+    pub settled_after: Duration,
+}
+
+/// DELETEs VMs `1..=n` one after another, then waits until the host shows no object of them.
+async fn delete_all(
+    client: &Client,
+    n: u32,
+    host: &str,
+    prefix: &str,
+) -> Result<DeletePhase, Error> {
+    let mut deletes = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    for uid in 1..=n {
+        let t = Instant::now();
+        let _: VmView = client
+            .delete(&format!("/v1/vms/bench-{uid}"))
+            .await
+            .map_err(|e| Error::internal(format!("DELETE vm {uid}: {}", e.message)))?;
+        deletes.push(t.elapsed());
+    }
+    let done = Instant::now();
+    // A driver of our own, only to observe what the agent's prefix still has on the host.
+    let settings = NsSettings {
+        name_prefix: prefix.to_owned(),
+        ..NsSettings::default()
+    };
+    let observer = NetlinkNsDriver::new(settings, Some(host.to_owned()))
+        .map_err(|e| Error::internal(format!("observer: {e}")))?;
+    loop {
+        let left: Vec<u32> = observer
+            .observe()
+            .await
+            .map_err(|e| Error::internal(format!("observe: {e}")))?
+            .into_iter()
+            .map(|o| o.user_id)
+            .collect();
+        if left.is_empty() || done.elapsed() > LEFTOVER_WAIT {
+            return Ok(DeletePhase {
+                deletes,
+                leftovers: left,
+                settled_after: done.elapsed(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The medians of the first and the last 100 samples (all of them when fewer) and their ratio.
+fn drift_ratio(samples: &[Duration]) -> (f64, f64, f64) {
+    let k = samples.len().min(100);
+    let first = stats(&samples[..k]).median;
+    let last = stats(&samples[samples.len() - k..]).median;
+    (first, last, last / first.max(1e-9))
+}
+
+/// Waits until a reconcile pass has started and finished after `since_ms` (Unix ms); returns
+/// its duration (ms).
+async fn settle(client: &Client, since_ms: i64, log: &Path) -> Result<Option<u64>, Error> {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let st: AgentStatus = client.get("/v1/status").await?;
@@ -210,7 +288,7 @@ async fn settle(client: &Client, since_ms: i64, log: &Path) -> Result<(), Error>
         if r.last_started_at_unix_ms.is_some_and(|s| s >= since_ms)
             && r.last_finished_at_unix_ms >= r.last_started_at_unix_ms
         {
-            return Ok(());
+            return Ok(r.last_duration_ms);
         }
         if Instant::now() > deadline {
             return Err(Error::internal(format!(
@@ -273,11 +351,12 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
     }
     let usage =
         |pid: u32| proc_usage(pid).map_err(|e| Error::internal(format!("agent {pid} gone: {e}")));
-    settle(&client, 0, &log).await?;
+    let pass_ms = settle(&client, 0, &log).await?;
     let mut rows = vec![AgentRow {
         n: 0,
         puts: Vec::new(),
         usage: usage(agent.pid())?,
+        pass_ms,
     }];
     let mut next = 1;
     for &n in &counts {
@@ -292,11 +371,12 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
         }
         next = n + 1;
         let since = vmnet_agent::agent::now_ms();
-        settle(&client, since, &log).await?;
+        let pass_ms = settle(&client, since, &log).await?;
         rows.push(AgentRow {
             n,
             puts,
             usage: usage(agent.pid())?,
+            pass_ms,
         });
     }
     // The steady-state cost: re-PUT VM 1 unchanged 100 times.
@@ -307,7 +387,9 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
         again.push(t.elapsed());
     }
     let after = usage(agent.pid())?;
-    print!("{}", render(&rows, stats(&again), &after));
+    let last_n = counts.last().copied().unwrap_or(0);
+    let deleted = delete_all(&client, last_n, &sb.host(), &sb.agent_prefix()).await?;
+    print!("{}", render(&rows, stats(&again), &after, &deleted));
     drop(agent);
     drop(sb);
     drop(dir);
@@ -320,7 +402,7 @@ fn mib(kib: u64) -> String {
 
 /// Renders the table and the target lines.
 #[must_use]
-pub fn render(rows: &[AgentRow], again: Stats, after: &ProcUsage) -> String {
+pub fn render(rows: &[AgentRow], again: Stats, after: &ProcUsage, del: &DeletePhase) -> String {
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -344,6 +426,7 @@ pub fn render(rows: &[AgentRow], again: Stats, after: &ProcUsage) -> String {
                     Some(l) => format!("{}/{l}", r.usage.fds),
                     None => r.usage.fds.to_string(),
                 },
+                r.pass_ms.map_or_else(|| "-".to_owned(), |p| p.to_string()),
             ]
         })
         .collect();
@@ -357,6 +440,7 @@ pub fn render(rows: &[AgentRow], again: Stats, after: &ProcUsage) -> String {
             "HWM MiB",
             "THREADS",
             "FDS/LIMIT",
+            "PASS ms",
         ],
         &table,
     );
@@ -401,7 +485,46 @@ pub fn render(rows: &[AgentRow], again: Stats, after: &ProcUsage) -> String {
             if r.usage.fds < 256 { "ok" } else { "HIGH" }
         );
     }
+    let puts: Vec<Duration> = rows.iter().flat_map(|r| r.puts.iter().copied()).collect();
+    let n = puts.len();
+    for (what, samples, target) in [
+        ("PUT of a new VM", &puts, 4.0),
+        ("DELETE", &del.deletes, 5.0),
+    ] {
+        if samples.is_empty() {
+            continue;
+        }
+        let s = stats(samples);
+        let (first, last, ratio) = drift_ratio(samples);
+        let k = samples.len().min(100);
+        let _ = writeln!(
+            out,
+            "{what} at N={n}: median {:.2} ms, p99 {:.2} ms (target <= {target} ms): {}; \
+             last-{k}/first-{k} median {last:.2}/{first:.2} ms = {ratio:.2}x (target <= 1.2x): {}",
+            s.median,
+            s.p99,
+            verdict(s.median <= target),
+            verdict(ratio <= 1.2)
+        );
+    }
+    if !del.deletes.is_empty() {
+        let _ = writeln!(
+            out,
+            "left on the host after deleting all VMs: {} ({:.2} s after the last DELETE): {}",
+            if del.leftovers.is_empty() {
+                "nothing".to_owned()
+            } else {
+                format!("objects of user ids {:?}", del.leftovers)
+            },
+            del.settled_after.as_secs_f64(),
+            verdict(del.leftovers.is_empty())
+        );
+    }
     out
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
 }
 
 #[cfg(test)]
@@ -440,11 +563,18 @@ mod tests {
                 fds: 20,
                 fd_limit: Some(1024),
             },
+            pass_ms: Some(u64::from(n)),
+        };
+        let del = DeletePhase {
+            deletes: (0..1000).map(|i| Duration::from_micros(4000 + i)).collect(),
+            leftovers: vec![7],
+            settled_after: Duration::from_secs(10),
         };
         let text = render(
             &[row(0, 20), row(1000, 70)],
             Stats::default(),
             &ProcUsage::default(),
+            &del,
         );
         assert!(text.contains("20/1024"), "{text}");
         assert!(text.contains("51.2 KiB per VM"), "{text}");
@@ -452,14 +582,29 @@ mod tests {
             text.contains("70.0 MiB (target < 64 MiB at 1000): MISSED"),
             "{text}"
         );
+        assert!(
+            text.contains("PUT of a new VM at N=1000: median 3.00 ms, p99 3.00 ms (target <= 4 ms): met; last-100/first-100 median 3.00/3.00 ms = 1.00x (target <= 1.2x): met"),
+            "{text}"
+        );
+        // 4.000..4.999 ms: the last 100 (4.90..4.99 ms) against the first 100 (4.00..4.09 ms).
+        assert!(
+            text.contains("DELETE at N=1000: median 4.50 ms, p99 4.99 ms (target <= 5 ms): met; last-100/first-100 median 4.95/4.05 ms = 1.22x (target <= 1.2x): MISSED"),
+            "{text}"
+        );
+        assert!(
+            text.contains("objects of user ids [7] (10.00 s after the last DELETE): MISSED"),
+            "{text}"
+        );
         let text = render(
             &[row(0, 20), row(1000, 30)],
             Stats::default(),
             &ProcUsage::default(),
+            &DeletePhase::default(),
         );
         assert!(
             text.contains("30.0 MiB (target < 64 MiB at 1000): met"),
             "{text}"
         );
+        assert!(!text.contains("DELETE"), "{text}");
     }
 }

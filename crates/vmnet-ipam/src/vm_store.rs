@@ -4,6 +4,8 @@
 //! Each row holds the desired config, the last config the kernel layer applied successfully and
 //! the last apply error. The store is deliberately dumb: configs are JSON text, parsed and
 //! validated by the agent (`vmnet_model::vm`). Every function takes the caller's transaction.
+//! A change whose outcome is known is one write: [`get_if_free`] (reads) before touching the
+//! kernel, then [`save`] of the whole row once the apply succeeded.
 //!
 //! `user_id` is unique across rows: two VMs with one user id would share every kernel name.
 //! `mesh` (the config's `mesh_ipv6`, migration 0101) is unique across rows too: two VMs with one
@@ -92,6 +94,68 @@ pub async fn list(tx: &mut Tx) -> Result<Vec<VmRow>, Error> {
     rows.into_iter().map(from_raw).collect()
 }
 
+/// The stored VM `id` (if any), after checking that no VM other than `id` holds `user_id` or
+/// `mesh` (canonical text; `None` when the VM has none); one query. Reads only: a caller checks
+/// before it touches the kernel (applying a taken user id would take over the other VM's
+/// objects) and writes once afterwards ([`save`]); the unique indexes still refuse a
+/// concurrent writer that won in between.
+///
+/// # Errors
+/// `CONFLICT` naming the holder (`vm a3: mesh_ipv6 fdaa:1::100 is already used by vm a1`);
+/// `UNAVAILABLE` on a database failure.
+pub async fn get_if_free(
+    tx: &mut Tx,
+    id: &str,
+    user_id: u32,
+    mesh: Option<&str>,
+) -> Result<Option<VmRow>, Error> {
+    let rows: Vec<Raw> =
+        on_tx!(tx, c => sqlx::query_as(select!("WHERE id = $1 OR user_id = $2 OR mesh = $3"))
+        .bind(id)
+        .bind(i64::from(user_id))
+        .bind(mesh)
+        .fetch_all(&mut **c)
+        .await)
+        .map_err(db_err)?;
+    let rows = rows
+        .into_iter()
+        .map(from_raw)
+        .collect::<Result<Vec<_>, _>>()?;
+    let others = || rows.iter().filter(|r| r.id != id);
+    if let Some(other) = others().find(|r| r.user_id == user_id) {
+        return Err(Error::conflict(format!(
+            "vm {id}: user_id {user_id} is already used by vm {}",
+            other.id
+        )));
+    }
+    if let Some(m) = mesh
+        && let Some(other) = others().find(|r| r.mesh.as_deref() == Some(m))
+    {
+        return Err(Error::conflict(format!(
+            "vm {id}: mesh_ipv6 {m} is already used by vm {}",
+            other.id
+        )));
+    }
+    Ok(rows.into_iter().find(|r| r.id == id))
+}
+
+/// Maps a unique violation of the insert or update of VM `id` to `CONFLICT` naming the field.
+fn write_err(e: sqlx::Error, id: &str, user_id: u32, mesh: Option<&str>) -> Error {
+    match e {
+        sqlx::Error::Database(e) if e.is_unique_violation() => {
+            let on_mesh =
+                e.constraint().is_some_and(|c| c.contains("mesh")) || e.message().contains("mesh");
+            Error::conflict(match mesh {
+                Some(m) if on_mesh => {
+                    format!("vm {id}: mesh_ipv6 {m} is already used by another vm")
+                }
+                _ => format!("vm {id}: user_id {user_id} is already used by another vm"),
+            })
+        }
+        e => db_err(e),
+    }
+}
+
 /// Stores `config` as the desired config of VM `id` (insert or replace) with its user id and
 /// mesh address (`mesh`: canonical text, e.g. `fdaa:1::7`; `None` when the VM has none), keeping
 /// the row's `applied` and `last_error`. Returns the row as it was before, so a caller can
@@ -109,34 +173,8 @@ pub async fn put(
     config: &str,
     now_ms: i64,
 ) -> Result<Option<VmRow>, Error> {
-    let before = get(tx, id).await?;
-    let holder: Option<(String,)> =
-        on_tx!(tx, c => sqlx::query_as("SELECT id FROM vm_configs WHERE user_id = $1 AND id <> $2")
-        .bind(i64::from(user_id))
-        .bind(id)
-        .fetch_optional(&mut **c)
-        .await)
-        .map_err(db_err)?;
-    if let Some((other,)) = holder {
-        return Err(Error::conflict(format!(
-            "vm {id}: user_id {user_id} is already used by vm {other}"
-        )));
-    }
-    if let Some(m) = mesh {
-        let holder: Option<(String,)> =
-            on_tx!(tx, c => sqlx::query_as("SELECT id FROM vm_configs WHERE mesh = $1 AND id <> $2")
-            .bind(m)
-            .bind(id)
-            .fetch_optional(&mut **c)
-            .await)
-            .map_err(db_err)?;
-        if let Some((other,)) = holder {
-            return Err(Error::conflict(format!(
-                "vm {id}: mesh_ipv6 {m} is already used by vm {other}"
-            )));
-        }
-    }
-    let res = on_tx!(tx, c => sqlx::query(
+    let before = get_if_free(tx, id, user_id, mesh).await?;
+    on_tx!(tx, c => sqlx::query(
         "INSERT INTO vm_configs (id, user_id, mesh, config, updated_at) VALUES ($1, $2, $3, $4, $5) \
          ON CONFLICT (id) DO UPDATE SET user_id = excluded.user_id, mesh = excluded.mesh, \
          config = excluded.config, updated_at = excluded.updated_at",
@@ -148,22 +186,39 @@ pub async fn put(
     .bind(now_ms)
     .execute(&mut **c)
     .await
-    .map(|r| r.rows_affected()));
-    match res {
-        Ok(_) => Ok(before),
-        // A concurrent writer won between the check above and the insert.
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-            let on_mesh =
-                e.constraint().is_some_and(|c| c.contains("mesh")) || e.message().contains("mesh");
-            Err(Error::conflict(match mesh {
-                Some(m) if on_mesh => {
-                    format!("vm {id}: mesh_ipv6 {m} is already used by another vm")
-                }
-                _ => format!("vm {id}: user_id {user_id} is already used by another vm"),
-            }))
-        }
-        Err(e) => Err(db_err(e)),
-    }
+    .map(|r| r.rows_affected()))
+    // A concurrent writer may have won between the check above and the insert.
+    .map_err(|e| write_err(e, id, user_id, mesh))?;
+    Ok(before)
+}
+
+/// Stores `row` as it is (insert or replace every column) in one statement: the one write of a
+/// change whose outcome is known, e.g. a config applied successfully (`applied` = `config`,
+/// no error). Call [`get_if_free`] first for a readable conflict message.
+///
+/// # Errors
+/// `CONFLICT` when another VM holds the row's user id or mesh address; `UNAVAILABLE` on a
+/// database failure.
+pub async fn save(tx: &mut Tx, row: &VmRow) -> Result<(), Error> {
+    on_tx!(tx, c => sqlx::query(
+        "INSERT INTO vm_configs (id, user_id, mesh, config, applied, last_error, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (id) DO UPDATE SET user_id = excluded.user_id, mesh = excluded.mesh, \
+         config = excluded.config, applied = excluded.applied, last_error = excluded.last_error, \
+         updated_at = excluded.updated_at",
+    )
+    .bind(&row.id)
+    .bind(i64::from(row.user_id))
+    .bind(&row.mesh)
+    .bind(&row.config)
+    .bind(&row.applied)
+    .bind(&row.last_error)
+    .bind(row.updated_at)
+    .execute(&mut **c)
+    .await
+    .map(|r| r.rows_affected()))
+    .map_err(|e| write_err(e, &row.id, row.user_id, row.mesh.as_deref()))?;
+    Ok(())
 }
 
 /// Records the outcome of an apply: the config that is now applied (`None` when nothing of the

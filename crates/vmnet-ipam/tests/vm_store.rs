@@ -1,5 +1,6 @@
 //! `vm_store` (the agent's desired VM configs) on both stores: put/get/list, the unique user id,
-//! outcomes, restore after a failed change, delete; a failed transaction leaves nothing.
+//! outcomes, restore after a failed change, delete; a failed transaction leaves nothing; the
+//! one-write path (`get_if_free` then `save`).
 
 mod common;
 
@@ -137,14 +138,85 @@ async fn exercise(db: &Db) {
     tx.commit().await.unwrap();
 }
 
+/// `get_if_free` reads only, answers the VM's own row and names a holder; `save` writes every column in one statement,
+/// inserting or replacing, and its unique indexes still refuse a taken user id or mesh address.
+async fn exercise_save(db: &Db) {
+    let row = |id: &str, uid: u32, mesh: Option<&str>, cfg: &str| VmRow {
+        id: id.to_owned(),
+        user_id: uid,
+        mesh: mesh.map(str::to_owned),
+        config: cfg.to_owned(),
+        applied: Some(cfg.to_owned()),
+        last_error: None,
+        updated_at: 7,
+    };
+    let mut tx = db.begin().await.unwrap();
+    let s1 = row("s1", 201, Some("fdaa:1::201"), r#"{"s":1}"#);
+    let none = vm_store::get_if_free(&mut tx, "s1", 201, Some("fdaa:1::201"))
+        .await
+        .unwrap();
+    assert_eq!(none, None);
+    vm_store::save(&mut tx, &s1).await.unwrap();
+    assert_eq!(vm_store::get(&mut tx, "s1").await.unwrap().unwrap(), s1);
+    // Its own user id and address are free for itself, not for another VM.
+    let own = vm_store::get_if_free(&mut tx, "s1", 201, Some("fdaa:1::201"))
+        .await
+        .unwrap();
+    assert_eq!(own.as_ref(), Some(&s1));
+    let e = vm_store::get_if_free(&mut tx, "s2", 201, None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(
+        e.message.contains("user_id 201 is already used by vm s1"),
+        "{e}"
+    );
+    let e = vm_store::get_if_free(&mut tx, "s2", 202, Some("fdaa:1::201"))
+        .await
+        .unwrap_err();
+    assert!(
+        e.message
+            .contains("vm s2: mesh_ipv6 fdaa:1::201 is already used by vm s1"),
+        "{e}"
+    );
+    // Replacing keeps one row with the new columns.
+    let mut s1b = row("s1", 203, None, r#"{"s":2}"#);
+    s1b.applied = Some(r#"{"s":1}"#.to_owned());
+    s1b.last_error = Some("boom".to_owned());
+    vm_store::save(&mut tx, &s1b).await.unwrap();
+    assert_eq!(vm_store::get(&mut tx, "s1").await.unwrap().unwrap(), s1b);
+    tx.commit().await.unwrap();
+    // Without the check, the indexes still refuse (the transaction is then rolled back).
+    let mut tx = db.begin().await.unwrap();
+    let e = vm_store::save(&mut tx, &row("s2", 203, None, "{}"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(e.message.contains("vm s2: user_id 203"), "{e}");
+    drop(tx);
+    let mut tx = db.begin().await.unwrap();
+    // s1 gave fdaa:1::201 up above: it is free now.
+    vm_store::save(&mut tx, &row("s3", 204, Some("fdaa:1::201"), "{}"))
+        .await
+        .unwrap();
+    let e = vm_store::save(&mut tx, &row("s4", 205, Some("fdaa:1::201"), "{}"))
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("vm s4: mesh_ipv6 fdaa:1::201"), "{e}");
+}
+
 #[tokio::test]
 async fn sqlite() {
-    exercise(&common::sqlite().await.db).await;
+    let s = common::sqlite().await;
+    exercise(&s.db).await;
+    exercise_save(&s.db).await;
 }
 
 #[tokio::test]
 async fn postgres() {
-    exercise(&common::postgres().await.db).await;
+    let s = common::postgres().await;
+    exercise(&s.db).await;
+    exercise_save(&s.db).await;
 }
 
 /// Rows stored before migration 0101, two of them sharing a mesh address.

@@ -3,7 +3,9 @@
 
 use std::os::fd::AsRawFd;
 
-use netlink_packet_route::link::{InfoData, InfoVeth};
+use netlink_packet_route::link::{
+    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoVeth, LinkAttribute,
+};
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
 use vmnet_plan::ns::{VethPlan, VmPlan};
 
@@ -20,9 +22,14 @@ use crate::netns;
 /// kernel picks one and the driver looks it up.
 const IFINDEX_BASE: u32 = 0x3000_0000;
 
-/// Creates the veth pair of `plan` (the host end up, the peer made directly inside the VM's
-/// existing netns) with the derived ifindex; returns that index, or `None` when the host had it
-/// in use and the kernel picked the indexes (the caller then looks the ends up by name).
+/// Creates the veth pair of `plan` (the peer made directly inside the VM's existing netns)
+/// with the derived ifindex; returns that index, or `None` when the host had it in use and the
+/// kernel picked the indexes (the caller then looks the ends up by name).
+///
+/// The host end is created down and without an automatic IPv6 link-local
+/// ([`no_auto_link_local`]); the caller brings it up with its MTU and planned addresses
+/// (`configure_fixed`). A host end of that name left by a deferred removal, its peer in a
+/// namespace the kernel is still destroying, is deleted first.
 pub(super) async fn add_veth(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
@@ -34,7 +41,8 @@ pub(super) async fn add_veth(
         let mut peer = LinkUnspec::new_with_name(&v.peer_name)
             .mtu(v.mtu)
             .setns_by_fd(fd.as_raw_fd());
-        let mut host = LinkVeth::new(&v.host_name, &v.peer_name).mtu(v.mtu).up();
+        // Down until configured: the address generation mode is set while it is down.
+        let mut host = LinkVeth::new(&v.host_name, &v.peer_name).mtu(v.mtu);
         if with_index {
             peer = peer.index(index);
             host = host.index(index);
@@ -45,15 +53,54 @@ pub(super) async fn add_veth(
         d.host.link().add(msg).execute()
     };
     let what = || format!("host: add veth {}/{}", v.host_name, v.peer_name);
+    let taken = |e: &rtnetlink::Error| matches!(routes::errno(e), Some(libc::EBUSY | libc::EEXIST));
     match add(true).await {
-        Ok(()) => Ok(Some(index)),
-        // The derived ifindex may be taken on the host: let the kernel pick one (a taken
-        // name fails again and is reported).
-        Err(e) if matches!(routes::errno(&e), Some(libc::EBUSY | libc::EEXIST)) => {
-            add(false).await.map(|()| None).map_err(nl(what()))
-        }
-        Err(e) => Err(nl(what())(e)),
+        Ok(()) => return no_auto_link_local(d, v, Some(index)).await,
+        Err(e) if taken(&e) => {}
+        Err(e) => return Err(nl(what())(e)),
     }
+    // The name (and the derived ifindex with it) may still be held by the host end of this
+    // user id's previous veth pair, its peer in a namespace the kernel is still destroying after
+    // a deferred removal, or one some process holds. Ours to delete: then try again.
+    if d.delete_stale_host_veth(&v.host_name).await? {
+        tracing::info!(vm = %plan.vm_id, link = %v.host_name, "deleted a stale host veth end before re-creating it");
+    }
+    let index = match add(true).await {
+        Ok(()) => Some(index),
+        // The derived ifindex may be taken on the host by another link: let the kernel pick
+        // one (a taken name fails again and is reported).
+        Err(e) if taken(&e) => add(false).await.map(|()| None).map_err(nl(what()))?,
+        Err(e) => return Err(nl(what())(e)),
+    };
+    no_auto_link_local(d, v, index).await
+}
+
+/// Turns off the automatic IPv6 link-local address of the new host veth end (`addrgenmode
+/// none`) while it is still down, so the end carries only its planned `fe80::1:<uid>`: no
+/// duplicate address detection work and no extra local route per VM on the host (the kernel
+/// walks the host's IPv6 routes on link events). The kernel refuses the setting in the create
+/// request itself, so it is a second one; on an up link the change would notify a link change
+/// and with it such a walk. Returns `index`.
+async fn no_auto_link_local(
+    d: &NetlinkNsDriver,
+    v: &VethPlan,
+    index: Option<u32>,
+) -> Result<Option<u32>, NsError> {
+    let mut msg = match index {
+        Some(i) => LinkUnspec::new_with_index(i).build(),
+        None => LinkUnspec::new_with_name(&v.host_name).build(),
+    };
+    msg.attributes
+        .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
+            vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)],
+        )]));
+    d.host
+        .link()
+        .set(msg)
+        .execute()
+        .await
+        .map_err(nl(format!("host: set {} addrgenmode none", v.host_name)))?;
+    Ok(index)
 }
 
 /// Creates the VM in one pass; on failure removes whatever was made.
@@ -107,7 +154,11 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         known(&plan.tap.name, tap_index, plan.tap.mtu),
     );
     if let (Some(v), Some(index)) = (&plan.veth, veth_index) {
-        st.host_link = Some(known(&v.host_name, index, v.mtu));
+        // Created down: configuring it brings it up.
+        st.host_link = Some(KLink {
+            up: false,
+            ..known(&v.host_name, index, v.mtu)
+        });
         let peer = KLink {
             up: false,
             ..known(&v.peer_name, index, v.mtu)

@@ -1,8 +1,11 @@
 //! [`NetlinkNsDriver`]: the real [`NsDriver`] over rtnetlink, tap ioctls, sysctls and `nft -j`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex as StdMutex;
+use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
 use rtnetlink::{Handle, IpVersion};
 use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_host};
 
@@ -27,6 +30,9 @@ pub struct NetlinkNsDriver {
     pub(super) nft_memo: ListingMemo,
     /// The uplinks found so far (see `host::ra_uplinks`).
     uplinks_seen: std::sync::Mutex<BTreeSet<String>>,
+    /// User ids removed with a deferred teardown, and when: [`NsDriver::gc`] leaves their
+    /// remaining devices to the kernel for [`TEARDOWN_GRACE`].
+    deferred: StdMutex<HashMap<u32, Instant>>,
 }
 
 /// Where the driver stands with the host-wide state (forwarding, router advertisements, the host
@@ -41,6 +47,11 @@ struct HostState {
     /// agent made it); making it on a host without one is the set-up, not a repair.
     established: bool,
 }
+
+/// How long after a deferred removal ([`NsDriver::remove_deferred`]) garbage collection leaves
+/// a VM's remaining devices to the kernel's own teardown before it deletes them itself (a
+/// namespace some process still holds is never destroyed by the kernel).
+pub const TEARDOWN_GRACE: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for NetlinkNsDriver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,6 +84,7 @@ impl NetlinkNsDriver {
             host_ready: tokio::sync::Mutex::new(HostState::default()),
             nft_memo: ListingMemo::default(),
             uplinks_seen: std::sync::Mutex::new(BTreeSet::new()),
+            deferred: StdMutex::new(HashMap::new()),
         })
     }
 
@@ -134,6 +146,15 @@ impl NetlinkNsDriver {
     /// Removes everything of `uid`: host rules, the host table, the veth pair (and with it the
     /// routes through it), the netns (and with it the tap). Goes on past failures and reports all.
     pub(super) async fn remove_uid(&self, uid: u32) -> Result<Vec<Change>, NsError> {
+        self.remove_with(uid, false).await
+    }
+
+    /// [`Self::remove_uid`]; with `deferred`, the veth pair is not deleted while the netns
+    /// exists: unmounting the netns lets the kernel destroy the namespace, and with it the pair
+    /// (a veth end takes its peer along) and the routes through it, in its own cleanup work after
+    /// this returns, instead of a synchronous delete that waits for the kernel (≈ 30–40 ms). A
+    /// host end whose netns is already gone is deleted either way.
+    async fn remove_with(&self, uid: u32, deferred: bool) -> Result<Vec<Change>, NsError> {
         let mut errors = Vec::new();
         let mut found = false;
         let host_veth = self.name(NameKind::HostVeth, uid);
@@ -162,24 +183,26 @@ impl NetlinkNsDriver {
                 Err(e) => errors.push(e),
             }
         }
-        match routes::link_by_name(&self.host, &host_veth).await {
-            Ok(Some(l)) => {
-                found = true;
-                match self.host.link().del(l.index).execute().await {
-                    Ok(()) => {}
-                    Err(e) if routes::errno(&e) == Some(libc::ENODEV) => {}
-                    Err(e) => errors.push(routes::nl(format!("host: delete link {host_veth}"))(e)),
-                }
-            }
-            Ok(None) => {}
-            Err(e) => errors.push(e),
-        }
         let ns = self.name(NameKind::Netns, uid);
+        let ns_exists = netns::exists(&ns);
+        if !(deferred && ns_exists) {
+            match self.delete_host_veth(&host_veth).await {
+                Ok(deleted) => found |= deleted,
+                Err(e) => errors.push(e),
+            }
+        }
         self.nft_memo.forget_netns(&ns);
-        if netns::exists(&ns) {
+        if ns_exists {
             found = true;
-            if let Err(e) = netns::delete(&ns) {
-                errors.push(e.into());
+            match netns::delete(&ns) {
+                Ok(()) if deferred => {
+                    if let Ok(mut d) = self.deferred.lock() {
+                        d.retain(|_, at| at.elapsed() < TEARDOWN_GRACE);
+                        d.insert(uid, Instant::now());
+                    }
+                }
+                Ok(()) => {}
+                Err(e) => errors.push(e.into()),
             }
         }
         match errors.len() {
@@ -191,6 +214,72 @@ impl NetlinkNsDriver {
             1 => Err(errors.remove(0)),
             _ => Err(NsError::Many(errors)),
         }
+    }
+
+    /// Deletes the host veth end `name` (and with it its peer) if it exists, waiting for the
+    /// kernel; returns whether it existed.
+    async fn delete_host_veth(&self, name: &str) -> Result<bool, NsError> {
+        let Some(l) = routes::link_by_name(&self.host, name).await? else {
+            return Ok(false);
+        };
+        match self.host.link().del(l.index).execute().await {
+            // ENODEV: gone meanwhile, the kernel's teardown of its namespace got there first.
+            Ok(()) => Ok(true),
+            Err(e) if routes::errno(&e) == Some(libc::ENODEV) => Ok(true),
+            Err(e) => Err(routes::nl(format!("host: delete link {name}"))(e)),
+        }
+    }
+
+    /// Deletes the host link `name` when it is the leftover end of a veth pair whose peer lives
+    /// in another namespace: one a deferred removal left to the kernel, or one some process
+    /// still holds. A link of that name of another kind, or with its peer on the host, is not
+    /// ours to delete and stays (the create then fails on the taken name). Returns whether one
+    /// was deleted.
+    pub(super) async fn delete_stale_host_veth(&self, name: &str) -> Result<bool, NsError> {
+        let res: Result<Vec<LinkMessage>, _> = self
+            .host
+            .link()
+            .get()
+            .match_name(name.to_owned())
+            .execute()
+            .try_collect()
+            .await;
+        let msgs = match res {
+            Ok(v) => v,
+            Err(e) if matches!(routes::errno(&e), Some(libc::ENODEV | libc::ENOENT)) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(routes::nl(format!("host: get link {name}"))(e)),
+        };
+        let Some(m) = msgs.first() else {
+            return Ok(false);
+        };
+        let is_veth = m.attributes.iter().any(|a| {
+            matches!(a, LinkAttribute::LinkInfo(infos)
+                if infos.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth))))
+        });
+        // The kernel names the peer's namespace only when it differs from the link's own.
+        let peer_elsewhere = m
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::LinkNetNsId(_)));
+        if !(is_veth && peer_elsewhere) {
+            return Ok(false);
+        }
+        match self.host.link().del(m.header.index).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if routes::errno(&e) == Some(libc::ENODEV) => Ok(true),
+            Err(e) => Err(routes::nl(format!("host: delete link {name}"))(e)),
+        }
+    }
+
+    /// Whether `uid` was removed with a deferred teardown less than [`TEARDOWN_GRACE`] ago.
+    fn teardown_pending(&self, uid: u32) -> bool {
+        self.deferred
+            .lock()
+            .ok()
+            .and_then(|d| d.get(&uid).copied())
+            .is_some_and(|at| at.elapsed() < TEARDOWN_GRACE)
     }
 
     /// Every user id with an object of ours on the host.
@@ -246,12 +335,17 @@ impl NetlinkNsDriver {
 
     async fn gc_inner(&self, keep: &[u32]) -> Result<Vec<u32>, NsError> {
         let want: BTreeSet<u32> = keep.iter().copied().collect();
+        // A VM removed with a deferred teardown a moment ago may still show its veth pair while
+        // the kernel destroys its namespace: leave it to the kernel for a grace period.
         let orphans: Vec<u32> = self
             .observe_all()
             .await?
             .into_iter()
+            .filter(|o| {
+                !want.contains(&o.user_id)
+                    && (o.netns.is_some() || !self.teardown_pending(o.user_id))
+            })
             .map(|o| o.user_id)
-            .filter(|u| !want.contains(u))
             .collect();
         // A bounded number at a time: teardown waits on the kernel, not on us.
         let results: Vec<_> = futures::stream::iter(
@@ -311,6 +405,10 @@ impl NsDriver for NetlinkNsDriver {
 
     fn remove(&self, user_id: u32) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
         Box::pin(self.remove_uid(user_id))
+    }
+
+    fn remove_deferred(&self, user_id: u32) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
+        Box::pin(self.remove_with(user_id, true))
     }
 
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>> {

@@ -41,6 +41,8 @@
 //! - The veth peer cannot be created already up in the target namespace (the kernel answers
 //!   `ENOTCONN`); it is brought up with a second request.
 //! - Teardown is kernel-bound: deleting a veth pair waits for the kernel (≈ 30–40 ms).
+//!   [`NsDriver::remove_deferred`] (the agent's DELETE) does not wait: it unmounts the netns and
+//!   lets the kernel destroy the namespace and its devices afterwards.
 //! - A listing shape the nft comparison does not normalize (another nft version) costs one
 //!   re-apply of that table per plan and driver, then that listing is remembered as the plan's
 //!   form (logged, see `nftcheck`).
@@ -53,6 +55,16 @@
 //!   (release, 2 shared busy cores, 1000 VMs): process CPU per setup flat at 4.2–4.8 ms; wall
 //!   time still rises (median 3.4 ms first 100, 6–9 ms last 100) with kernel work done under
 //!   the RTNL lock outside our threads (IPv6 route walks on link up, address verification).
+//!   That work grows with the host's IPv6 routes, so the host veth end is created down, gets no
+//!   automatic link-local (`addrgenmode none`, set while it is still down: no duplicate address
+//!   detection, no extra local route) and its planned link-local no `fe80::/64` prefix route
+//!   (`noprefixroute`; the host's routes through it name the gateway with the device), and that
+//!   link-local is a `/128`, so the kernel joins no subnet-router anycast `fe80::` on the link;
+//!   it comes up with its MTU when configured. What is left per VM are three host IPv6 routes
+//!   (its mesh /128, its link-local, and the kernel's `ff00::/8` multicast route per link, all
+//!   of the latter on one prefix, so each insert still walks them). Addresses are compared by
+//!   value and prefix length, not by flags: a host end made with a `/64` link-local is brought
+//!   to the `/128` in place (delete, add), one with a prefix route keeps it.
 //! - Each VM with a mesh-via route adds one host rule (`iif <host veth>`); the kernel walks
 //!   rules linearly, so thousands of such VMs cost per-packet rule checks on the host.
 
@@ -72,7 +84,7 @@ use std::pin::Pin;
 
 use vmnet_plan::ns::{PlannedRule, VmPlan};
 
-pub use driver::NetlinkNsDriver;
+pub use driver::{NetlinkNsDriver, TEARDOWN_GRACE};
 
 /// A boxed future, so [`NsDriver`] is object safe (`Arc<dyn NsDriver>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -93,6 +105,19 @@ pub trait NsDriver: Send + Sync {
     /// Removes everything of the VM with this user id (netns, veth pair, tap, host routes and
     /// rules). Removing a VM that does not exist succeeds with no changes.
     fn remove(&self, user_id: u32) -> BoxFuture<'_, Result<Vec<Change>, NsError>>;
+
+    /// Like [`NsDriver::remove`], but may answer before the kernel has destroyed the VM's
+    /// devices: when it returns, the netns is gone (unmounted) and the host rules and the VM's
+    /// host table are deleted; the kernel destroys the namespace, the tap, the veth pair and the
+    /// routes through it in its own cleanup work soon after. Meanwhile an apply of the same user
+    /// id works (a host veth end still present is deleted first), and [`NsDriver::gc`] leaves the
+    /// remaining devices to the kernel for a grace period, then deletes whatever is left (e.g.
+    /// of a namespace some process still holds, which the kernel never destroys).
+    ///
+    /// The default is [`NsDriver::remove`].
+    fn remove_deferred(&self, user_id: u32) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
+        self.remove(user_id)
+    }
 
     /// What exists on the host with our prefix, by user id.
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>>;

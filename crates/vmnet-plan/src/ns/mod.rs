@@ -10,8 +10,8 @@
 //!   172.16.0.1 and `fe80::1`;
 //! - with a mesh address, a veth pair `<prefix>h<uid>` (host) / `<prefix>p<uid>` (netns), MTU
 //!   1380, the transit /30 `transit_ipv4 + 4·uid` (host `.1`, netns `.2`) and the link-locals
-//!   `fe80::1:<uid>` (host, see [`host_veth_link_local`]) / `fe80::2` (netns), both without DAD
-//!   so they work at once;
+//!   `fe80::1:<uid>/128` (host, see [`host_veth_link_local`]) / `fe80::2/64` (netns), both
+//!   without DAD so they work at once;
 //! - mesh path: host `mesh/128 via fe80::2 dev <host veth>`; netns `mesh/128 dev <tap>`; netns
 //!   `fdaa::/16 via fe80::1:<uid> dev <peer>` (mesh peers, always); netns rule `iif <peer>` →
 //!   [`names::NS_INBOUND_TABLE`] with `::/0 via mesh dev <tap> onlink`, so anything the host routes
@@ -262,7 +262,8 @@ pub struct VethPlan {
     pub host_ipv4: Ipv4Net,
     /// Netns end address (`.2/30`), the NAT source.
     pub peer_ipv4: Ipv4Net,
-    /// Host end link-local (`fe80::1:<uid>/64`).
+    /// Host end link-local (`fe80::1:<uid>/128`: a /128 makes the kernel join no subnet-router
+    /// anycast `fe80::` on the link, one host route per VM fewer, all of them on one prefix).
     pub host_ipv6_link_local: Ipv6Net,
     /// Netns end link-local (`fe80::2/64`).
     pub peer_ipv6_link_local: Ipv6Net,
@@ -463,7 +464,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
             transit,
             host_ipv4: Ipv4Net::new(Ipv4Addr::from(net + 1), 30).expect("valid"),
             peer_ipv4: Ipv4Net::new(Ipv4Addr::from(net + 2), 30).expect("valid"),
-            host_ipv6_link_local: Ipv6Net::new(host_veth_link_local(uid), 64).expect("valid"),
+            host_ipv6_link_local: Ipv6Net::new(host_veth_link_local(uid), 128).expect("valid"),
             peer_ipv6_link_local: Ipv6Net::new(PEER_LINK_LOCAL, 64).expect("valid"),
         }
     });

@@ -62,7 +62,7 @@ pub struct ServeArgs {
     /// Owner of each VM's tap, the VMM's user: `UID` or `UID:GID`. Default: root only.
     #[arg(long, value_parser = parse_owner)]
     pub tap_owner: Option<(u32, Option<u32>)>,
-    /// Seconds between periodic reconcile passes (a pass also runs after every change).
+    /// Seconds between periodic reconcile passes (an API change applies its VM itself and does not trigger one).
     #[arg(long, default_value_t = DEFAULT_RECONCILE_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub reconcile_interval_secs: u64,
     /// Run inside this named network namespace (`/run/netns/NAME`): the namespace is the

@@ -210,8 +210,10 @@ fn find<'a>(st: &'a VmState, spec: &LinkSpec<'_>) -> (Option<&'a KLink>, &'a Has
     }
 }
 
-/// Addresses on link `index` that the plan does not put there: every IPv4 address, and IPv6
-/// addresses outside the link-local range (the kernel adds link-locals of its own).
+/// Addresses on link `index` that the plan does not put there: every IPv4 address, IPv6
+/// addresses outside the link-local range (the kernel adds link-locals of its own), and a
+/// planned link-local with another prefix length (e.g. a host end's `/64` from before its plan
+/// became `/128`; the kernel does not change the prefix length of an existing address).
 fn stale(have: &HashSet<KAddr>, index: u32, want: &[(IpAddr, u8); 2]) -> Vec<(IpAddr, u8)> {
     let mut out: Vec<(IpAddr, u8)> = have
         .iter()
@@ -220,7 +222,9 @@ fn stale(have: &HashSet<KAddr>, index: u32, want: &[(IpAddr, u8); 2]) -> Vec<(Ip
                 && !want.contains(&(*a, *p))
                 && match a {
                     IpAddr::V4(_) => true,
-                    IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+                    IpAddr::V6(v6) => {
+                        !v6.is_unicast_link_local() || want.iter().any(|(w, _)| w == a)
+                    }
                 }
         })
         .map(|(_, a, p)| (*a, *p))
@@ -339,10 +343,17 @@ async fn ensure_link(
         l.mtu = spec.mtu;
         l.up = true;
     }
+    // No `fe80::/64` prefix route per host veth: the host's routes through it name their
+    // link-local gateway with the device, and thousands of same-prefix routes would make every
+    // IPv6 route insert and link event on the host walk them all.
+    let v6_flags = match spec.side {
+        Side::Host => AddressFlags::Nodad | AddressFlags::Noprefixroute,
+        Side::Vm => AddressFlags::Nodad,
+    };
     let [(a1, p1), (a2, p2)] = spec.addrs;
     futures::try_join!(
-        add_addr(h, have, l.index, a1, p1, w),
-        add_addr(h, have, l.index, a2, p2, w),
+        add_addr(h, have, l.index, (a1, p1), v6_flags, w),
+        add_addr(h, have, l.index, (a2, p2), v6_flags, w),
     )?;
     Ok(l)
 }
@@ -381,14 +392,14 @@ async fn del_addrs(h: &Handle, index: u32, gone: &[(IpAddr, u8)], w: &str) -> Re
     Ok(())
 }
 
-/// Adds an address unless `have` lists it (IPv6 without duplicate address detection, so it is
-/// usable at once).
+/// Adds an address unless `have` lists it; IPv6 with `v6_flags`, always without duplicate
+/// address detection, so it is usable at once.
 async fn add_addr(
     h: &Handle,
     have: &HashSet<KAddr>,
     index: u32,
-    ip: IpAddr,
-    plen: u8,
+    (ip, plen): (IpAddr, u8),
+    v6_flags: AddressFlags,
     w: &str,
 ) -> Result<(), NsError> {
     if have.contains(&(index, ip, plen)) {
@@ -401,7 +412,7 @@ async fn add_addr(
         m.attributes
             .retain(|a| !matches!(a, AddressAttribute::Flags(_)));
         m.attributes
-            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+            .push(AddressAttribute::Flags(v6_flags | AddressFlags::Nodad));
     }
     req.execute()
         .await

@@ -43,8 +43,11 @@ fn good_state(p: &VmPlan) -> VmState {
         st.host_link = Some(link(&v.host_name, 10, 1380));
         st.host_addrs
             .insert((10, IpAddr::V4(v.host_ipv4.addr()), 30));
-        st.host_addrs
-            .insert((10, IpAddr::V6(v.host_ipv6_link_local.addr()), 64));
+        st.host_addrs.insert((
+            10,
+            IpAddr::V6(v.host_ipv6_link_local.addr()),
+            v.host_ipv6_link_local.prefix_len(),
+        ));
     }
     st
 }
@@ -126,4 +129,29 @@ fn the_create_transaction_skips_only_the_replace_prologue() {
     assert_eq!(fresh.len(), full.len() - 2);
     assert_eq!(fresh[..], full[2..]);
     assert!(fresh.iter().all(|c| c.get("delete").is_none()));
+}
+
+#[test]
+fn the_host_link_local_with_another_prefix_length_is_stale() {
+    // A host end made when the plan gave its link-local a /64: the address is replaced.
+    let p = plan(true);
+    let v = p.veth.as_ref().unwrap();
+    let mut st = good_state(&p);
+    let ll = IpAddr::V6(v.host_ipv6_link_local.addr());
+    st.host_addrs.remove(&(10, ll, 128));
+    st.host_addrs.insert((10, ll, 64));
+    let drift = fixed_drift(&p, &st).expect("drift");
+    assert!(
+        drift.contains(&format!("{} addresses", v.host_name)),
+        "{drift}"
+    );
+    assert!(
+        drift.contains(&format!("{} stale addresses {ll}/64", v.host_name)),
+        "{drift}"
+    );
+    // The kernel's own link-locals (another address) are never stale.
+    let mut st = good_state(&p);
+    st.host_addrs
+        .insert((10, IpAddr::V6("fe80::aa:bbff:fecc:1".parse().unwrap()), 64));
+    assert_eq!(fixed_drift(&p, &st), None);
 }
