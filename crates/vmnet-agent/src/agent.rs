@@ -86,7 +86,8 @@ fn decode(row: &VmRow, json: &str, what: &str) -> Result<VmConfig, Error> {
     parse_vm_config(json.as_bytes()).map_err(|e| {
         Error::internal(format!(
             "vm {}: stored {what} config does not parse: {}",
-            row.id, e.message
+            row.id,
+            e.message()
         ))
     })
 }

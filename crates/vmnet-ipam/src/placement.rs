@@ -159,13 +159,15 @@ where
         vcpus: to_u32("vcpus", r.try_get("vcpus").map_err(db_err)?)?,
         memory_mib: to_u32("memory_mib", r.try_get("memory_mib").map_err(db_err)?)?,
         recreate_on_host_loss: r.try_get("recreate_on_host_loss").map_err(db_err)?,
-        state: state.parse()?,
+        state: state
+            .parse()
+            .map_err(|e| Error::internal(format!("stored {e}")))?,
         conditions: serde_json::from_str(&conditions)
             .map_err(|e| Error::internal(format!("stored conditions {conditions:?}: {e}")))?,
         address,
         network_policy: policy
             .parse()
-            .map_err(|e: Error| Error::internal(format!("stored {}", e.message)))?,
+            .map_err(|e| Error::internal(format!("stored {e}")))?,
         sandbox: r.try_get("sandbox").map_err(db_err)?,
         allocation_id: r.try_get("allocation_id").map_err(db_err)?,
         addresses,

@@ -110,7 +110,7 @@ fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, Error> {
             {"destination": "::/0", "via": "host"}
         ]}
     });
-    vmnet_model::vm::from_value(&v)
+    Ok(vmnet_model::vm::from_value(&v)?)
 }
 
 /// The `VmRSS` of this process in KiB.

@@ -39,7 +39,7 @@ use vmnet_agent::server;
 use vmnet_ipam::Db;
 use vmnet_kernel::ns::NetlinkNsDriver;
 use vmnet_kernel::tap::TapOwner;
-use vmnet_model::Error;
+use vmnet_model::{Error, ValidationError};
 use vmnet_model::nic::IfName;
 use vmnet_plan::ns::NsSettings;
 
@@ -232,7 +232,7 @@ async fn start_pool(
     let bridge: IfName = args
         .bridge
         .parse()
-        .map_err(|e: Error| Error::invalid(format!("--bridge: {}", e.message)))?;
+        .map_err(|e: ValidationError| Error::invalid(format!("--bridge: {}", e.message())))?;
     let owner = TapOwner {
         uid: args.tap_owner.map(|(u, _)| u),
         gid: args.tap_owner.and_then(|(_, g)| g),
