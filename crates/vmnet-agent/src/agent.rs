@@ -73,11 +73,13 @@ impl std::fmt::Debug for Agent {
     }
 }
 
-/// Runs `$body` (using `$tx: &mut Tx`) in a store transaction; commits on `Ok`, and runs it
-/// again when it failed on a deadlock or serialization conflict ([`vmnet_ipam::transaction!`]).
+/// Runs `$body` (using `$tx: &mut Tx`, failing with an [`IpamError`](vmnet_ipam::IpamError)) in
+/// a store transaction; commits on `Ok`, and runs it again when it failed on a deadlock or
+/// serialization conflict ([`vmnet_ipam::transaction!`]). A failure becomes the API's error at
+/// the API edge ([`from_ipam`](crate::api::error::from_ipam)).
 macro_rules! store_tx {
     ($db:expr, $tx:ident => $body:expr) => {
-        vmnet_ipam::transaction!($db, $tx => $body)
+        vmnet_ipam::transaction!($db, $tx => $body).map_err($crate::api::error::from_ipam)
     };
 }
 pub(crate) use store_tx;
@@ -327,7 +329,7 @@ impl Agent {
                     if let Some(b) = &before {
                         vm_store::set_result(tx, &cfg.id, b.applied.as_deref(), Some(&message), now_ms()).await?;
                     }
-                    Ok::<_, Error>(())
+                    Ok::<_, vmnet_ipam::IpamError>(())
                 }.await)?;
                 Err(Error::new(err.code, message))
             }

@@ -46,6 +46,7 @@
 
 mod addresses;
 pub mod db;
+pub mod error;
 mod free;
 pub mod leases;
 mod locks;
@@ -57,9 +58,10 @@ mod stored;
 pub mod vm_store;
 
 pub use db::{
-    BUSY, Backend, Db, POSTGRES_MIGRATOR, PgStore, Retry, SQLITE_MIGRATOR, SqliteStore, Store, Tx,
-    is_busy, retried_transactions, retry,
+    Backend, Db, POSTGRES_MIGRATOR, PgStore, Retry, SQLITE_MIGRATOR, SqliteStore, Store, Tx,
+    retried_transactions, retry,
 };
+pub use error::{BUSY, IpamError, TxError};
 pub use leases::{LEASE_ATTEMPTS, bulk_insert_leases, lease, lease_of, list_leases, release};
 pub use loss::{HostLoss, lose_host};
 pub use placement::{

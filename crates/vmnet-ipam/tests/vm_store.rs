@@ -3,10 +3,9 @@
 
 mod common;
 
-use common::{postgres_after, sqlite_after};
+use common::{Kind, kind, postgres_after, sqlite_after};
 use vmnet_ipam::vm_store::{self, VmRow};
 use vmnet_ipam::{Db, Store};
-use vmnet_model::ErrorCode;
 
 async fn exercise(db: &Db) {
     let mut tx = db.begin().await.unwrap();
@@ -27,9 +26,9 @@ async fn exercise(db: &Db) {
     let e = vm_store::put(&mut tx, "c", 2, None, "{}", 13)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::Conflict);
+    assert_eq!(kind(&e), Kind::Conflict);
     assert!(
-        e.message.contains("user_id 2 is already used by vm b"),
+        e.to_string().contains("user_id 2 is already used by vm b"),
         "{e}"
     );
     tx.commit().await.unwrap();
@@ -42,9 +41,9 @@ async fn exercise(db: &Db) {
     let e = vm_store::put(&mut tx, "m3", 103, Some("fdaa:1::100"), "{}", 15)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::Conflict);
+    assert_eq!(kind(&e), Kind::Conflict);
     assert!(
-        e.message
+        e.to_string()
             .contains("vm m3: mesh_ipv6 fdaa:1::100 is already used by vm m1"),
         "{e}"
     );
@@ -95,7 +94,7 @@ async fn exercise(db: &Db) {
     let e = vm_store::set_result(&mut tx, "zz", None, None, 20)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::NotFound);
+    assert_eq!(kind(&e), Kind::NotFound);
     let good: VmRow = vm_store::get(&mut tx, "a").await.unwrap().unwrap();
     assert_eq!(
         (good.applied.as_deref(), good.updated_at),

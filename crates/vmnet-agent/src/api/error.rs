@@ -8,6 +8,12 @@
 //! the documented shape.
 //!
 //! # Design
+//! This module is the API's edge: the one place where the error enums of the layers below become
+//! documented codes. [`ipam_code`] maps every [`IpamError`] variant (and the CLI uses the same
+//! function for its exit codes); a model [`ValidationError`] is always `INVALID_INPUT`. The
+//! message is the error with its causes ([`chain`]), except that a database failure answers only
+//! our own sentence (the database's words name internals; they are logged).
+//!
 //! Rejections are mapped in two places: [`ApiJson`] turns a JSON rejection into
 //! `INVALID_INPUT` naming the object ([`ApiBody::OBJECT`]) and the field path that serde reports
 //! (axum decodes through `serde_path_to_error`), without axum's own wording; and the [`ensure_error_body`] middleware is the safety net for everything else, so no code
@@ -21,7 +27,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use vmnet_model::{Error, ErrorCode};
+use vmnet_ipam::IpamError;
+use vmnet_model::error::chain;
+use vmnet_model::{Error, ErrorCode, ValidationError};
 
 /// The largest request body the API accepts, in bytes (64 KiB). A larger body is refused with
 /// 400 `INVALID_INPUT`.
@@ -44,6 +52,55 @@ impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         Self(e)
     }
+}
+
+impl From<IpamError> for ApiError {
+    fn from(e: IpamError) -> Self {
+        Self(from_ipam(e))
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        Self(e.into())
+    }
+}
+
+/// The documented code of an IPAM or store failure: the one mapping of [`IpamError`], used by
+/// the API and the CLI.
+#[must_use]
+pub fn ipam_code(e: &IpamError) -> ErrorCode {
+    match e {
+        IpamError::Invalid(_) | IpamError::Url { .. } => ErrorCode::InvalidInput,
+        IpamError::NotFound { .. } => ErrorCode::NotFound,
+        IpamError::Conflict(_) => ErrorCode::Conflict,
+        IpamError::Exhausted(_) => ErrorCode::CapacityUnavailable,
+        IpamError::Contended(_)
+        | IpamError::Busy
+        | IpamError::Database { .. }
+        | IpamError::Connect(_)
+        | IpamError::Migrate(_)
+        | IpamError::Io { .. } => ErrorCode::Unavailable,
+        IpamError::Corrupt(_) | IpamError::Json { .. } => ErrorCode::Internal,
+        // `IpamError` is not `#[non_exhaustive]`; a new variant fails to compile here first.
+    }
+}
+
+/// The message a caller gets for an IPAM or store failure: the error and its causes, except a
+/// database failure's driver error (logged where it happened, never answered).
+#[must_use]
+pub fn ipam_message(e: &IpamError) -> String {
+    match e {
+        IpamError::Database { .. } => e.to_string(),
+        _ => chain(e),
+    }
+}
+
+/// An IPAM or store failure as the wire error: [`ipam_code`] and [`ipam_message`].
+#[must_use]
+#[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(from_ipam)` works
+pub fn from_ipam(e: IpamError) -> Error {
+    Error::new(ipam_code(&e), ipam_message(&e))
 }
 
 /// The HTTP status of an error code.
@@ -289,4 +346,135 @@ pub async fn ensure_error_body(req: Request, next: Next) -> Response {
     let mut out = ApiError(err).into_response();
     out.headers_mut().remove(MARKER);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_error() -> serde_json::Error {
+        serde_json::from_str::<serde_json::Value>("[").unwrap_err()
+    }
+
+    #[test]
+    fn every_ipam_error_maps_to_its_documented_code() {
+        let io = || std::io::Error::from_raw_os_error(13);
+        let cases: Vec<(IpamError, ErrorCode)> = vec![
+            (
+                IpamError::invalid("host h1: vcpus must be at least 1"),
+                ErrorCode::InvalidInput,
+            ),
+            (
+                IpamError::Url {
+                    url: "mysql://x".into(),
+                    source: None,
+                },
+                ErrorCode::InvalidInput,
+            ),
+            (IpamError::not_found("pool p1"), ErrorCode::NotFound),
+            (
+                IpamError::Conflict("host h1 already exists".into()),
+                ErrorCode::Conflict,
+            ),
+            (
+                IpamError::Exhausted("Pool p1 has no free IP address".into()),
+                ErrorCode::CapacityUnavailable,
+            ),
+            (
+                IpamError::Contended("instance i1 kept moving between hosts; try again".into()),
+                ErrorCode::Unavailable,
+            ),
+            (IpamError::Busy, ErrorCode::Unavailable),
+            (
+                IpamError::Database {
+                    what: "the database is unreachable; try again".into(),
+                    source: sqlx::Error::PoolClosed,
+                },
+                ErrorCode::Unavailable,
+            ),
+            (
+                IpamError::Connect(sqlx::Error::PoolTimedOut),
+                ErrorCode::Unavailable,
+            ),
+            (
+                IpamError::Migrate(sqlx::migrate::MigrateError::VersionMissing(7)),
+                ErrorCode::Unavailable,
+            ),
+            (
+                IpamError::Io {
+                    what: "cannot create database directory /x".into(),
+                    source: io(),
+                },
+                ErrorCode::Unavailable,
+            ),
+            (
+                IpamError::Corrupt("stored address 5000000000 is out of range".into()),
+                ErrorCode::Internal,
+            ),
+            (
+                IpamError::Json {
+                    what: "stored dns \"[\"".into(),
+                    source: json_error(),
+                },
+                ErrorCode::Internal,
+            ),
+        ];
+        for (e, code) in cases {
+            let shown = format!("{e:?}");
+            let wire = from_ipam(e);
+            assert_eq!(wire.code, code, "{shown}");
+            assert!(!wire.message.is_empty(), "{shown}");
+        }
+    }
+
+    #[test]
+    fn messages_keep_their_wording_and_causes() {
+        assert_eq!(
+            from_ipam(IpamError::not_found("instance i-1")).message,
+            "instance i-1 not found"
+        );
+        assert_eq!(
+            from_ipam(IpamError::Connect(sqlx::Error::PoolTimedOut)).message,
+            format!(
+                "cannot connect to the database: {}",
+                sqlx::Error::PoolTimedOut
+            )
+        );
+        let json = IpamError::Invalid(ValidationError::Json {
+            what: "vm: malformed JSON".into(),
+            source: json_error(),
+        });
+        assert_eq!(
+            from_ipam(json).message,
+            format!("vm: malformed JSON: {}", json_error())
+        );
+    }
+
+    #[test]
+    fn a_database_failure_answers_our_sentence_and_chains_its_source_once() {
+        let e = IpamError::Database {
+            what: "the database refused the request (SQLSTATE 23514); the details are logged"
+                .into(),
+            source: sqlx::Error::Protocol("constraint ip_leases_check at execMain.c:2034".into()),
+        };
+        let logged = chain(&e);
+        assert_eq!(logged.matches("execMain.c").count(), 1, "{logged}");
+        assert!(
+            logged.starts_with("the database refused the request (SQLSTATE 23514)"),
+            "{logged}"
+        );
+        let wire = from_ipam(e);
+        assert_eq!(wire.code, ErrorCode::Unavailable);
+        assert_eq!(
+            wire.message,
+            "the database refused the request (SQLSTATE 23514); the details are logged"
+        );
+    }
+
+    #[test]
+    fn validation_errors_are_invalid_input() {
+        let ApiError(e) = ApiError::from(ValidationError::rule("vm v1: user_id 70000 is outside"));
+        assert_eq!(e.code, ErrorCode::InvalidInput);
+        assert_eq!(e.message, "vm v1: user_id 70000 is outside");
+    }
 }

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use vmnet_agent::agent::{Agent, DEFAULT_RECONCILE_INTERVAL_SECS};
+use vmnet_agent::api::error::from_ipam;
 use vmnet_agent::pool::audit::AUDIT_PERIOD;
 use vmnet_agent::pool::helper::HelperClient;
 use vmnet_agent::pool::node::{PoolConfig, PoolNode};
@@ -39,8 +40,8 @@ use vmnet_agent::server;
 use vmnet_ipam::Db;
 use vmnet_kernel::ns::NetlinkNsDriver;
 use vmnet_kernel::tap::TapOwner;
-use vmnet_model::{Error, ValidationError};
 use vmnet_model::nic::IfName;
+use vmnet_model::{Error, ValidationError};
 use vmnet_plan::ns::NsSettings;
 
 use crate::Global;
@@ -174,7 +175,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         Some(addr) => Some(server::bind_tcp(addr).await?),
         None => None,
     };
-    let db = Db::connect(&g.database_url()).await?;
+    let db = Db::connect(&g.database_url()).await.map_err(from_ipam)?;
     let driver = Arc::new(NetlinkNsDriver::new(settings.clone(), None).map_err(Error::from)?);
     let agent = Agent::new(
         db,
