@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use proptest::prelude::*;
 use vmnet_model::ErrorCode;
-use vmnet_model::vm::parse_vm_config;
+use vmnet_model::vm::{MAX_USER_ID, VmConfig, parse_vm_config};
 
 use super::*;
 
