@@ -39,6 +39,7 @@ use vmnet_model::Error;
 use vmnet_model::vm::{VmConfig, parse_vm_config};
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
+use crate::api::error::from_ns;
 use crate::pool::node::PoolNode;
 use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView};
 
@@ -321,7 +322,7 @@ impl Agent {
                 self.view(&row)
             }
             Err(e) => {
-                let err = Error::from(e);
+                let err = from_ns(&e);
                 let restored = self.restore_after_failure(&cfg, prev_good.as_ref()).await;
                 let message = format!("vm {}: apply failed: {}{restored}", cfg.id, err.message);
                 store_tx!(self.db, tx => async {
@@ -379,7 +380,7 @@ impl Agent {
         }
         for uid in uids {
             if let Err(e) = self.driver.remove(uid).await {
-                let err = Error::from(e);
+                let err = from_ns(&e);
                 return Err(Error::new(
                     err.code,
                     format!(

@@ -267,7 +267,11 @@ impl Agent {
                 (Some(row.config.clone()), None)
             }
             Err(e) => {
-                let mut msg = format!("vm {}: apply failed: {}", row.id, Error::from(e).message);
+                let mut msg = format!(
+                    "vm {}: apply failed: {}",
+                    row.id,
+                    vmnet_model::error::chain(&e)
+                );
                 if let Some(g) = &good_plan {
                     if g.user_id != plan.user_id {
                         let _ = self.driver().remove(plan.user_id).await;

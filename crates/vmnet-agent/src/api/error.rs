@@ -9,8 +9,9 @@
 //!
 //! # Design
 //! This module is the API's edge: the one place where the error enums of the layers below become
-//! documented codes. [`ipam_code`] maps every [`IpamError`] variant (and the CLI uses the same
-//! function for its exit codes); a model [`ValidationError`] is always `INVALID_INPUT`. The
+//! documented codes. [`ipam_code`] maps every [`IpamError`] variant and [`ns_code`] every
+//! namespace driver [`NsError`] (the CLI uses the same functions for its exit codes); a model
+//! [`ValidationError`] is always `INVALID_INPUT`. The
 //! message is the error with its causes ([`chain`]), except that a database failure answers only
 //! our own sentence (the database's words name internals; they are logged).
 //!
@@ -28,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use vmnet_ipam::IpamError;
+use vmnet_kernel::ns::NsError;
 use vmnet_model::error::chain;
 use vmnet_model::{Error, ErrorCode, ValidationError};
 
@@ -94,6 +96,31 @@ pub fn ipam_message(e: &IpamError) -> String {
         IpamError::Database { .. } => e.to_string(),
         _ => chain(e),
     }
+}
+
+/// The documented code of a namespace driver failure: `INVALID_INPUT` when the settings or
+/// the plan do not fit the driver, else `UNAVAILABLE` (the kernel refused or lost an object; a
+/// retry or the next reconcile pass may succeed).
+#[must_use]
+pub fn ns_code(e: &NsError) -> ErrorCode {
+    match e {
+        NsError::Invalid(_) => ErrorCode::InvalidInput,
+        NsError::Netns(_)
+        | NsError::Netlink { .. }
+        | NsError::Tap { .. }
+        | NsError::Sysctl { .. }
+        | NsError::Nft { .. }
+        | NsError::Missing(_)
+        | NsError::Many(_)
+        | NsError::NoRuntime => ErrorCode::Unavailable,
+        // `NsError` is not `#[non_exhaustive]`; a new variant fails to compile here first.
+    }
+}
+
+/// A namespace driver failure as the wire error: [`ns_code`] and the error with its causes.
+#[must_use]
+pub fn from_ns(e: &NsError) -> Error {
+    Error::new(ns_code(e), chain(e))
 }
 
 /// An IPAM or store failure as the wire error: [`ipam_code`] and [`ipam_message`].
@@ -468,6 +495,43 @@ mod tests {
         assert_eq!(
             wire.message,
             "the database refused the request (SQLSTATE 23514); the details are logged"
+        );
+    }
+
+    #[test]
+    fn namespace_driver_errors_map_to_invalid_input_or_unavailable() {
+        let io = || std::io::Error::from_raw_os_error(1);
+        let invalid = NsError::Invalid("name prefix vmx does not match vmn".into());
+        assert_eq!(ns_code(&invalid), ErrorCode::InvalidInput);
+        for e in [
+            NsError::Tap {
+                name: "vmnt0001".into(),
+                op: "create",
+                source: io(),
+            },
+            NsError::Sysctl {
+                netns: "vmnn0001".into(),
+                path: "net/ipv4/ip_forward".into(),
+                source: io(),
+            },
+            NsError::Nft {
+                netns: "host".into(),
+                message: "Operation not permitted".into(),
+            },
+            NsError::Missing("link vmnh0001".into()),
+            NsError::Many(vec![NsError::Missing("a".into())]),
+            NsError::NoRuntime,
+        ] {
+            assert_eq!(ns_code(&e), ErrorCode::Unavailable, "{e:?}");
+        }
+        let tap = NsError::Tap {
+            name: "vmnt0001".into(),
+            op: "create",
+            source: io(),
+        };
+        assert_eq!(
+            from_ns(&tap).message,
+            "tap vmnt0001: create: Operation not permitted (os error 1)"
         );
     }
 

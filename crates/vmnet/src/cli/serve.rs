@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use vmnet_agent::agent::{Agent, DEFAULT_RECONCILE_INTERVAL_SECS};
-use vmnet_agent::api::error::from_ipam;
+use vmnet_agent::api::error::{from_ipam, from_ns};
 use vmnet_agent::pool::audit::AUDIT_PERIOD;
 use vmnet_agent::pool::helper::HelperClient;
 use vmnet_agent::pool::node::{PoolConfig, PoolNode};
@@ -176,7 +176,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         None => None,
     };
     let db = Db::connect(&g.database_url()).await.map_err(from_ipam)?;
-    let driver = Arc::new(NetlinkNsDriver::new(settings.clone(), None).map_err(Error::from)?);
+    let driver = Arc::new(NetlinkNsDriver::new(settings.clone(), None).map_err(|e| from_ns(&e))?);
     let agent = Agent::new(
         db,
         driver,
