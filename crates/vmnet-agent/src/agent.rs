@@ -180,7 +180,7 @@ impl Agent {
     }
 
     pub(crate) fn plan(&self, cfg: &VmConfig) -> Result<VmPlan, Error> {
-        plan_vm(cfg, &self.settings)
+        Ok(plan_vm(cfg, &self.settings)?)
     }
 
     /// The API view of a stored row. A config that no longer plans under the current settings

@@ -32,6 +32,7 @@ use vmnet_ipam::IpamError;
 use vmnet_kernel::ns::NsError;
 use vmnet_model::error::chain;
 use vmnet_model::{Error, ErrorCode, ValidationError};
+use vmnet_plan::pool::seed::SeedError;
 
 /// The largest request body the API accepts, in bytes (64 KiB). A larger body is refused with
 /// 400 `INVALID_INPUT`.
@@ -121,6 +122,18 @@ pub fn ns_code(e: &NsError) -> ErrorCode {
 #[must_use]
 pub fn from_ns(e: &NsError) -> Error {
     Error::new(ns_code(e), chain(e))
+}
+
+/// A seed failure as the wire error: an instance that does not validate is `INVALID_INPUT`, a
+/// document that does not encode `INTERNAL`.
+#[must_use]
+#[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(from_seed)` works
+pub fn from_seed(e: SeedError) -> Error {
+    let code = match &e {
+        SeedError::Invalid(_) => ErrorCode::InvalidInput,
+        SeedError::Encode { .. } => ErrorCode::Internal,
+    };
+    Error::new(code, chain(&e))
 }
 
 /// An IPAM or store failure as the wire error: [`ipam_code`] and [`ipam_message`].
@@ -532,6 +545,26 @@ mod tests {
         assert_eq!(
             from_ns(&tap).message,
             "tap vmnt0001: create: Operation not permitted (os error 1)"
+        );
+    }
+
+    #[test]
+    fn seed_errors_map_to_invalid_input_or_internal() {
+        let invalid = SeedError::Invalid(ValidationError::rule(
+            "instance i-1: nics: 9 NICs, at most 8",
+        ));
+        let wire = from_seed(invalid);
+        assert_eq!(wire.code, ErrorCode::InvalidInput);
+        assert_eq!(wire.message, "instance i-1: nics: 9 NICs, at most 8");
+        let encode = SeedError::Encode {
+            instance: "i-1".into(),
+            source: json_error(),
+        };
+        let wire = from_seed(encode);
+        assert_eq!(wire.code, ErrorCode::Internal);
+        assert_eq!(
+            wire.message,
+            format!("instance i-1: seed: {}", json_error())
         );
     }
 

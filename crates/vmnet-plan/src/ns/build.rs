@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 use vmnet_model::vm::{Via, VmConfig};
 
 use super::names::{self, NameKind, name};
@@ -43,12 +43,12 @@ fn fmt_mac(m: [u8; 6]) -> String {
 /// # Errors
 /// `INVALID_INPUT` when the config breaks a validation rule, the settings are invalid, or the
 /// user id is beyond what the transit range supports.
-pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
+pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, ValidationError> {
     cfg.validate()?;
     settings.validate()?;
     let uid = cfg.user_id;
     if uid > settings.max_user_id() {
-        return Err(Error::invalid(format!(
+        return Err(ValidationError::rule(format!(
             "vm {}: user_id {uid} is outside the range 0..={} supported by transit range {}",
             cfg.id,
             settings.max_user_id(),

@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 use vmnet_model::vm::MAX_USER_ID;
 
 use super::names;
@@ -67,11 +67,11 @@ impl NsSettings {
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the setting.
-    pub fn validate(&self) -> Result<(), Error> {
+    pub fn validate(&self) -> Result<(), ValidationError> {
         names::check_prefix(&self.name_prefix)
-            .map_err(|m| Error::invalid(format!("settings: {m}")))?;
+            .map_err(|m| ValidationError::rule(format!("settings: {m}")))?;
         if self.transit_ipv4.trunc() != self.transit_ipv4 || self.transit_ipv4.prefix_len() > 30 {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "settings: transit_ipv4 {} must be a canonical prefix of length 30 or shorter",
                 self.transit_ipv4
             )));
@@ -82,13 +82,13 @@ impl NsSettings {
         if self.transit_ipv4.contains(&guest_net)
             || guest_net.contains(&self.transit_ipv4.network())
         {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "settings: transit_ipv4 {} overlaps the guest network {guest_net}",
                 self.transit_ipv4
             )));
         }
         if !(1280..=9000).contains(&self.mtu) {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "settings: mtu {} must be in 1280..=9000",
                 self.mtu
             )));
@@ -99,7 +99,7 @@ impl NsSettings {
             .is_none_or(|t| t >= 0xffff_ff00)
             || self.host_table_base <= MAIN_TABLE
         {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "settings: host_table_base {} leaves no room for 65536 tables above 255",
                 self.host_table_base
             )));

@@ -141,6 +141,7 @@ pub fn spec_of(
         inst.network_policy,
         inst.sandbox,
     )
+    .map_err(Error::from)
 }
 
 #[cfg(test)]
