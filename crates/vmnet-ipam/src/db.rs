@@ -319,7 +319,7 @@ impl Db {
         if url.starts_with("sqlite:") {
             let opts = SqliteConnectOptions::from_str(url).map_err(|e| IpamError::Url {
                 url: url.to_owned(),
-                source: Some(e),
+                source: e,
             })?;
             if let Some(dir) = opts
                 .get_filename()
@@ -350,7 +350,7 @@ impl Db {
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let opts = PgConnectOptions::from_str(url).map_err(|e| IpamError::Url {
                 url: url.to_owned(),
-                source: Some(e),
+                source: e,
             })?;
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections.unwrap_or(10))
@@ -364,9 +364,8 @@ impl Db {
                 .map_err(IpamError::Migrate)?;
             Ok(Db::Postgres(PgStore { pool }))
         } else {
-            Err(IpamError::Url {
+            Err(IpamError::UnknownScheme {
                 url: url.to_owned(),
-                source: None,
             })
         }
     }

@@ -56,14 +56,20 @@ pub enum IpamError {
     /// The embedded migrations failed to run.
     #[error("database migration")]
     Migrate(#[source] sqlx::migrate::MigrateError),
-    /// The database URL is malformed or names an unknown scheme.
-    #[error("database_url {url:?}{}", if .source.is_none() { " must start with sqlite:// or postgres://" } else { "" })]
+    /// The database URL names a scheme other than `sqlite:` and `postgres:`.
+    #[error("database_url {url:?} must start with sqlite:// or postgres://")]
+    UnknownScheme {
+        /// The URL as given.
+        url: String,
+    },
+    /// The database URL does not parse.
+    #[error("database_url {url:?}")]
     Url {
         /// The URL as given.
         url: String,
-        /// Why the URL does not parse (`None`: an unknown scheme).
+        /// Why it does not parse.
         #[source]
-        source: Option<sqlx::Error>,
+        source: sqlx::Error,
     },
     /// A file system step before opening the database failed (creating its directory).
     #[error("{what}")]
@@ -161,9 +167,8 @@ mod tests {
 
     #[test]
     fn url_errors_say_what_is_wrong() {
-        let e = IpamError::Url {
+        let e = IpamError::UnknownScheme {
             url: "mysql://x".into(),
-            source: None,
         };
         assert_eq!(
             e.to_string(),
@@ -171,7 +176,7 @@ mod tests {
         );
         let bad = IpamError::Url {
             url: "sqlite://".into(),
-            source: Some(sqlx::Error::Configuration("no file".into())),
+            source: sqlx::Error::Configuration("no file".into()),
         };
         assert!(
             chain(&bad).starts_with(r#"database_url "sqlite://": "#),

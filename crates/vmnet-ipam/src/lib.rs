@@ -24,8 +24,11 @@
 //!   intervals, leases (module `locks`). So placements, deletes, host losses and status reports
 //!   do not deadlock one another. Should PostgreSQL still fail a transaction with a deadlock or
 //!   a serialization conflict, [`transaction!`] and [`retry`] run it again (up to 8 attempts,
-//!   jittered pauses under 0.3 s in all); the caller sees [`BUSY`] only when every attempt
-//!   failed so. Database failures never carry the database's own message (it is logged).
+//!   jittered pauses under 0.3 s in all); the caller sees [`IpamError::Busy`] only when every
+//!   attempt failed so. A database failure ([`IpamError::Database`]) has a sentence of ours as
+//!   its message and the driver's error as its source: logged, never answered to a caller.
+//! * Errors: one enum, [`IpamError`], in IPAM's own terms; the documented codes are chosen at
+//!   the edge that answers (the agent's API, the CLI).
 //! * Every function takes the caller's [`Tx`], so a placement's host claim and its lease commit or
 //!   roll back together. Composite operations (instance create/delete, host loss) run inside a
 //!   savepoint and undo their own writes on error, so a failed call leaves the transaction as it was.

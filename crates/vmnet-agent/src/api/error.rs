@@ -74,7 +74,9 @@ impl From<ValidationError> for ApiError {
 #[must_use]
 pub fn ipam_code(e: &IpamError) -> ErrorCode {
     match e {
-        IpamError::Invalid(_) | IpamError::Url { .. } => ErrorCode::InvalidInput,
+        IpamError::Invalid(_) | IpamError::UnknownScheme { .. } | IpamError::Url { .. } => {
+            ErrorCode::InvalidInput
+        }
         IpamError::NotFound { .. } => ErrorCode::NotFound,
         IpamError::Conflict(_) => ErrorCode::Conflict,
         IpamError::Exhausted(_) => ErrorCode::CapacityUnavailable,
@@ -405,9 +407,15 @@ mod tests {
                 ErrorCode::InvalidInput,
             ),
             (
-                IpamError::Url {
+                IpamError::UnknownScheme {
                     url: "mysql://x".into(),
-                    source: None,
+                },
+                ErrorCode::InvalidInput,
+            ),
+            (
+                IpamError::Url {
+                    url: "sqlite://".into(),
+                    source: sqlx::Error::Configuration("no file".into()),
                 },
                 ErrorCode::InvalidInput,
             ),

@@ -27,7 +27,9 @@ pub enum Kind {
 /// The [`Kind`] of `e`.
 pub fn kind(e: &IpamError) -> Kind {
     match e {
-        IpamError::Invalid(_) | IpamError::Url { .. } => Kind::Invalid,
+        IpamError::Invalid(_) | IpamError::UnknownScheme { .. } | IpamError::Url { .. } => {
+            Kind::Invalid
+        }
         IpamError::NotFound { .. } => Kind::NotFound,
         IpamError::Conflict(_) => Kind::Conflict,
         IpamError::Exhausted(_) => Kind::Exhausted,
