@@ -34,6 +34,8 @@ use vmnet_model::error::chain;
 use vmnet_model::{Error, ErrorCode, ValidationError};
 use vmnet_plan::pool::seed::SeedError;
 
+use crate::server::ServerError;
+
 /// The largest request body the API accepts, in bytes (64 KiB). A larger body is refused with
 /// 400 `INVALID_INPUT`.
 pub const BODY_LIMIT_BYTES: usize = 64 * 1024;
@@ -124,6 +126,26 @@ pub fn ns_code(e: &NsError) -> ErrorCode {
 #[must_use]
 pub fn from_ns(e: &NsError) -> Error {
     Error::new(ns_code(e), chain(e))
+}
+
+/// The documented code of a listening or serving failure (the CLI's `vmnet serve`): a live agent
+/// on the socket is `CONFLICT`, a non-loopback `--listen` `INVALID_INPUT`, an I/O failure
+/// `UNAVAILABLE`.
+#[must_use]
+pub fn server_code(e: &ServerError) -> ErrorCode {
+    match e {
+        ServerError::InUse(_) => ErrorCode::Conflict,
+        ServerError::NotLoopback(_) => ErrorCode::InvalidInput,
+        ServerError::Io { .. } => ErrorCode::Unavailable,
+    }
+}
+
+/// A listening or serving failure as the wire error: [`server_code`] and the error with its
+/// cause.
+#[must_use]
+#[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(from_server)` works
+pub fn from_server(e: ServerError) -> Error {
+    Error::new(server_code(&e), chain(&e))
 }
 
 /// A seed failure as the wire error: an instance that does not validate is `INVALID_INPUT`, a
@@ -573,6 +595,25 @@ mod tests {
         assert_eq!(
             wire.message,
             format!("instance i-1: seed: {}", json_error())
+        );
+    }
+
+    #[test]
+    fn server_errors_map_to_conflict_invalid_input_or_unavailable() {
+        let in_use =
+            ServerError::InUse("socket /run/vmnet.sock: another agent is listening on it".into());
+        assert_eq!(server_code(&in_use), ErrorCode::Conflict);
+        let public = ServerError::NotLoopback("0.0.0.0:80".parse().unwrap());
+        assert_eq!(server_code(&public), ErrorCode::InvalidInput);
+        let io = ServerError::Io {
+            what: "socket /run/vmnet.sock: bind failed".into(),
+            source: std::io::Error::from_raw_os_error(13),
+        };
+        let wire = from_server(io);
+        assert_eq!(wire.code, ErrorCode::Unavailable);
+        assert_eq!(
+            wire.message,
+            "socket /run/vmnet.sock: bind failed: Permission denied (os error 13)"
         );
     }
 

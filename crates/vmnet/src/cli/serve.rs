@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use vmnet_agent::agent::{Agent, DEFAULT_RECONCILE_INTERVAL_SECS};
-use vmnet_agent::api::error::{from_ipam, from_ns};
+use vmnet_agent::api::error::{from_ipam, from_ns, from_server};
 use vmnet_agent::pool::audit::AUDIT_PERIOD;
 use vmnet_agent::pool::helper::HelperClient;
 use vmnet_agent::pool::node::{PoolConfig, PoolNode};
@@ -172,7 +172,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         .try_init();
     let settings = args.settings()?;
     let tcp = match args.listen {
-        Some(addr) => Some(server::bind_tcp(addr).await?),
+        Some(addr) => Some(server::bind_tcp(addr).await.map_err(from_server)?),
         None => None,
     };
     let db = Db::connect(&g.database_url()).await.map_err(from_ipam)?;
@@ -183,7 +183,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         settings,
         Duration::from_secs(args.reconcile_interval_secs),
     )?;
-    let unix = server::bind_unix(&g.socket).await?;
+    let unix = server::bind_unix(&g.socket).await.map_err(from_server)?;
     tracing::info!(
         socket = %g.socket.display(),
         listen = ?args.listen,
@@ -201,7 +201,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     let result = server::serve(router, unix, &g.socket, tcp, server::shutdown_signal()).await;
     agent.stop_loop(reconciler).await;
     tracing::info!("vmnet agent stopped");
-    result
+    result.map_err(from_server)
 }
 
 /// The root helper command: `--pool-helper`, else `vmnet-pool-helper` next to this executable,
