@@ -57,6 +57,7 @@ use vmnet_model::Error;
 use vmnet_model::vm::{VmConfig, parse_vm_config};
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
+use crate::api::error::from_ns;
 use crate::pool::node::PoolNode;
 use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView};
 
@@ -94,11 +95,13 @@ impl std::fmt::Debug for Agent {
     }
 }
 
-/// Runs `$body` (using `$tx: &mut Tx`) in a store transaction; commits on `Ok`, and runs it
-/// again when it failed on a deadlock or serialization conflict ([`vmnet_ipam::transaction!`]).
+/// Runs `$body` (using `$tx: &mut Tx`, failing with an [`IpamError`](vmnet_ipam::IpamError)) in
+/// a store transaction; commits on `Ok`, and runs it again when it failed on a deadlock or
+/// serialization conflict ([`vmnet_ipam::transaction!`]). A failure becomes the API's error at
+/// the API edge ([`from_ipam`](crate::api::error::from_ipam)).
 macro_rules! store_tx {
     ($db:expr, $tx:ident => $body:expr) => {
-        vmnet_ipam::transaction!($db, $tx => $body)
+        vmnet_ipam::transaction!($db, $tx => $body).map_err($crate::api::error::from_ipam)
     };
 }
 pub(crate) use store_tx;
@@ -124,7 +127,8 @@ fn decode(row: &VmRow, json: &str, what: &str) -> Result<VmConfig, Error> {
     parse_vm_config(json.as_bytes()).map_err(|e| {
         Error::internal(format!(
             "vm {}: stored {what} config does not parse: {}",
-            row.id, e.message
+            row.id,
+            e.message()
         ))
     })
 }
@@ -221,7 +225,7 @@ impl Agent {
     }
 
     pub(crate) fn plan(&self, cfg: &VmConfig) -> Result<VmPlan, Error> {
-        plan_vm(cfg, &self.settings)
+        Ok(plan_vm(cfg, &self.settings)?)
     }
 
     /// The API view of a stored row. A config that no longer plans under the current settings
@@ -395,7 +399,7 @@ impl Agent {
             (Err(e), written) => {
                 let written = written.unwrap_or(false);
                 return Err(self
-                    .put_failed(&cfg, before, prev_good.as_ref(), e.into(), written)
+                    .put_failed(&cfg, before, prev_good.as_ref(), from_ns(&e), written)
                     .await);
             }
             (Ok(_), Err(e)) => {
@@ -499,7 +503,7 @@ impl Agent {
             // The kernel may finish destroying the devices after the answer; an immediate
             // re-create works, and collection deletes whatever it leaves (see the driver).
             if let Err(e) = self.driver.remove_deferred(uid).await {
-                let err = Error::from(e);
+                let err = from_ns(&e);
                 return Err(Error::new(
                     err.code,
                     format!(

@@ -48,7 +48,7 @@
 //! entries before it stay applied, and re-running the same file converges.
 
 use serde::{Deserialize, Serialize};
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 
 use vmnet_model::pool::{NewInstance, SetIpPool};
 use vmnet_model::vm::VmConfig;
@@ -126,16 +126,19 @@ impl HostSpec {
     /// - the entry and the field at fault when an entry is invalid; also for two entries with
     ///   one id, two VMs with one user id, or two VMs with one mesh address
     ///   (`vms: vm b: mesh_ipv6 fdaa:1::1 is already used by vm a`).
-    pub fn parse(what: &str, text: &str) -> Result<Self, Error> {
-        let value: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| Error::invalid(format!("host spec {what}: not valid JSON: {e}")))?;
+    pub fn parse(what: &str, text: &str) -> Result<Self, ValidationError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|source| ValidationError::Json {
+                what: format!("host spec {what}: not valid JSON"),
+                source,
+            })?;
         let Some(object) = value.as_object() else {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "host spec {what}: must be a JSON object"
             )));
         };
         if let Some(mode) = object.get("mode") {
-            return Err(Error::invalid(match mode.as_str() {
+            return Err(ValidationError::rule(match mode.as_str() {
                 Some(m @ ("pool" | "fleet")) => format!(
                     "host spec {what}: a \"mode\": \"{m}\" file is a {m} sandbox spec, for \
                      `vmnet up --sandbox {what}`, not a host spec (a host spec has no \"mode\")"
@@ -147,9 +150,13 @@ impl HostSpec {
             }));
         }
         // Deserialized from the text again (not from `value`) so errors keep line and column.
-        let spec: Self = serde_json::from_str(text)
-            .map_err(|e| Error::invalid(format!("host spec {what}: {e}")))?;
-        let bad = |e: Error| Error::invalid(format!("host spec {what}: {}", e.message));
+        let spec: Self = serde_json::from_str(text).map_err(|source| ValidationError::Json {
+            what: format!("host spec {what}"),
+            source,
+        })?;
+        let bad = |e: ValidationError| {
+            ValidationError::rule(format!("host spec {what}: {}", e.message()))
+        };
         for p in &spec.pools {
             p.validate().map_err(bad)?;
         }
@@ -177,7 +184,7 @@ impl HostSpec {
             if let Some(m) = v.mesh_ipv6
                 && let Some(other) = meshes.insert(m, &v.id)
             {
-                return Err(Error::invalid(format!(
+                return Err(ValidationError::rule(format!(
                     "host spec {what}: vms: vm {}: mesh_ipv6 {m} is already used by vm {other}",
                     v.id
                 )));
@@ -187,11 +194,15 @@ impl HostSpec {
     }
 }
 
-fn dupes(what: &str, section: &str, ids: impl Iterator<Item = String>) -> Result<(), Error> {
+fn dupes(
+    what: &str,
+    section: &str,
+    ids: impl Iterator<Item = String>,
+) -> Result<(), ValidationError> {
     let mut seen = std::collections::BTreeSet::new();
     for id in ids {
         if !seen.insert(id.clone()) {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "host spec {what}: {section}: {id} is listed twice"
             )));
         }
@@ -243,19 +254,19 @@ mod tests {
             r#"{"instances": [{"instance_id": "i-1", "pool_id": "p", "network_policy": "open"}]}"#,
         )
         .unwrap_err();
-        assert!(e.message.contains("network_policy"), "{e}");
+        assert!(e.message().contains("network_policy"), "{e}");
     }
 
     #[test]
     fn unknown_fields_are_refused() {
         let e = HostSpec::parse("h.json", r#"{"pools": [], "vm": []}"#).unwrap_err();
-        assert!(e.message.contains("unknown field `vm`"), "{e}");
+        assert!(e.message().contains("unknown field `vm`"), "{e}");
         let e = HostSpec::parse(
             "h.json",
             r#"{"hosts": [{"host_id": "h", "vcpus": 1, "memory_mib": 1, "x": 1}]}"#,
         )
         .unwrap_err();
-        assert!(e.message.contains("unknown field `x`"), "{e}");
+        assert!(e.message().contains("unknown field `x`"), "{e}");
     }
 
     #[test]
@@ -266,19 +277,19 @@ mod tests {
                 "network": {"routes": [{"destination": "10.0.0.1/8", "via": "host"}]}}]}"#,
         )
         .unwrap_err();
-        assert!(e.message.contains("network.routes[0].destination"), "{e}");
+        assert!(e.message().contains("network.routes[0].destination"), "{e}");
         let e = HostSpec::parse(
             "h.json",
             r#"{"pools": [{"pool_id": "p", "cidr": "10.0.0.1/24", "gateway": "10.0.0.1"}]}"#,
         )
         .unwrap_err();
-        assert!(e.message.contains("pool p: cidr"), "{e}");
+        assert!(e.message().contains("pool p: cidr"), "{e}");
         let e = HostSpec::parse(
             "h.json",
             r#"{"vms": [{"id": "a", "user_id": 1, "tenant": 1}, {"id": "b", "user_id": 1, "tenant": 1}]}"#,
         )
         .unwrap_err();
-        assert!(e.message.contains("user_id"), "{e}");
+        assert!(e.message().contains("user_id"), "{e}");
         // Two VMs with one mesh address would fight over the host route to it.
         let e = HostSpec::parse(
             "h.json",
@@ -286,9 +297,8 @@ mod tests {
                         {"id": "b", "user_id": 2, "tenant": 1, "mesh_ipv6": "fdaa:1:0::100/128"}]}"#,
         )
         .unwrap_err();
-        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
         assert!(
-            e.message
+            e.message()
                 .contains("vm b: mesh_ipv6 fdaa:1::100 is already used by vm a"),
             "{e}"
         );
@@ -304,25 +314,25 @@ mod tests {
     fn only_a_json_object_is_a_host_spec() {
         for text in ["[]", "[{}]", "\"pools\"", "1", "null", "true"] {
             let e = HostSpec::parse("h.json", text).unwrap_err();
-            assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput, "{text}");
             assert_eq!(
-                e.message, "host spec h.json: must be a JSON object",
+                e.message(),
+                "host spec h.json: must be a JSON object",
                 "{text}"
             );
         }
         let e = HostSpec::parse("h.json", "{\"pools\": [],\n  ").unwrap_err();
-        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
         assert!(
-            e.message.starts_with("host spec h.json: not valid JSON: ")
-                && e.message.contains("line 2 column"),
+            e.message()
+                .starts_with("host spec h.json: not valid JSON: ")
+                && e.message().contains("line 2 column"),
             "{e}"
         );
         // Unknown fields keep their position too.
         let e = HostSpec::parse("h.json", "{\n \"vm\": []}").unwrap_err();
         assert!(
-            e.message
+            e.message()
                 .starts_with("host spec h.json: unknown field `vm`")
-                && e.message.contains("line 2 column"),
+                && e.message().contains("line 2 column"),
             "{e}"
         );
     }
@@ -330,24 +340,22 @@ mod tests {
     #[test]
     fn a_pool_sandbox_spec_is_not_a_host_spec() {
         let e = HostSpec::parse("pool.json", r#"{"mode": "pool", "pools": []}"#).unwrap_err();
-        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
         assert!(
-            e.message.starts_with("host spec pool.json: ")
-                && e.message.contains("pool sandbox spec")
-                && e.message.contains("vmnet up --sandbox"),
+            e.message().starts_with("host spec pool.json: ")
+                && e.message().contains("pool sandbox spec")
+                && e.message().contains("vmnet up --sandbox"),
             "{e}"
         );
         let e = HostSpec::parse("fleet.json", r#"{"mode": "fleet", "hosts": []}"#).unwrap_err();
         assert!(
-            e.message.starts_with("host spec fleet.json: ")
-                && e.message.contains("fleet sandbox spec")
-                && e.message.contains("vmnet up --sandbox fleet.json"),
+            e.message().starts_with("host spec fleet.json: ")
+                && e.message().contains("fleet sandbox spec")
+                && e.message().contains("vmnet up --sandbox fleet.json"),
             "{e}"
         );
         let e = HostSpec::parse("h.json", r#"{"mode": "namespace"}"#).unwrap_err();
-        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
         assert!(
-            e.message
+            e.message()
                 .starts_with("host spec h.json: mode must be \"pool\" or \"fleet\""),
             "{e}"
         );

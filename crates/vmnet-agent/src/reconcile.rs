@@ -214,7 +214,10 @@ impl Agent {
         let mut unplanned = Vec::new();
         for row in &rows {
             for json in std::iter::once(row.config.as_str()).chain(row.applied.as_deref()) {
-                match parse_vm_config(json.as_bytes()).and_then(|c| self.plan(&c)) {
+                match parse_vm_config(json.as_bytes())
+                    .map_err(Error::from)
+                    .and_then(|c| self.plan(&c))
+                {
                     Ok(p) => {
                         keep.insert(p.user_id);
                     }
@@ -272,7 +275,8 @@ impl Agent {
         let desired = parse_vm_config(row.config.as_bytes()).map_err(|e| {
             Error::internal(format!(
                 "vm {}: stored config does not parse: {}",
-                row.id, e.message
+                row.id,
+                e.message()
             ))
         })?;
         let good = row
@@ -297,7 +301,11 @@ impl Agent {
                 (Some(row.config.clone()), None)
             }
             Err(e) => {
-                let mut msg = format!("vm {}: apply failed: {}", row.id, Error::from(e).message);
+                let mut msg = format!(
+                    "vm {}: apply failed: {}",
+                    row.id,
+                    vmnet_model::error::chain(&e)
+                );
                 if let Some(g) = &good_plan {
                     if g.user_id != plan.user_id {
                         let _ = self.driver().remove(plan.user_id).await;

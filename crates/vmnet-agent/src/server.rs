@@ -13,10 +13,35 @@ use std::path::Path;
 
 use axum::Router;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
-use vmnet_model::Error;
-
 /// The unix socket's file mode: owner and group read/write.
 pub const SOCKET_MODE: u32 = 0o660;
+
+/// Why the agent cannot listen or serve. Mapped to a documented code at the CLI's edge
+/// ([`server_code`](crate::api::error::server_code)).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The socket is held by a live agent, or its path is another kind of file.
+    #[error("{0}")]
+    InUse(String),
+    /// `--listen` names an address that is not loopback.
+    #[error(
+        "--listen {0}: only loopback addresses (127.0.0.0/8, ::1) are allowed; the API has no authentication"
+    )]
+    NotLoopback(SocketAddr),
+    /// A file, bind or serve step failed.
+    #[error("{what}")]
+    Io {
+        /// What was attempted, naming the socket or address.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> ServerError {
+    move |source| ServerError::Io { what, source }
+}
 
 /// Binds the agent's unix socket at `path`: creates the parent directory, removes a stale socket
 /// file, binds and sets mode 0660.
@@ -24,40 +49,35 @@ pub const SOCKET_MODE: u32 = 0o660;
 /// # Errors
 /// `CONFLICT` when another agent answers on the socket or the path is not a socket;
 /// `UNAVAILABLE` when the directory, bind or chmod fails.
-pub async fn bind_unix(path: &Path) -> Result<UnixListener, Error> {
+pub async fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
     let shown = path.display();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            Error::unavailable(format!(
-                "socket {shown}: cannot create {}: {e}",
-                dir.display()
-            ))
-        })?;
+        std::fs::create_dir_all(dir).map_err(io(format!(
+            "socket {shown}: cannot create {}",
+            dir.display()
+        )))?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             if UnixStream::connect(path).await.is_ok() {
-                return Err(Error::conflict(format!(
+                return Err(ServerError::InUse(format!(
                     "socket {shown}: another agent is listening on it"
                 )));
             }
-            std::fs::remove_file(path).map_err(|e| {
-                Error::unavailable(format!(
-                    "socket {shown}: cannot remove the stale socket: {e}"
-                ))
-            })?;
+            std::fs::remove_file(path).map_err(io(format!(
+                "socket {shown}: cannot remove the stale socket"
+            )))?;
         }
         Ok(_) => {
-            return Err(Error::conflict(format!(
+            return Err(ServerError::InUse(format!(
                 "socket {shown}: the path exists and is not a socket"
             )));
         }
         Err(_) => {}
     }
-    let listener = UnixListener::bind(path)
-        .map_err(|e| Error::unavailable(format!("socket {shown}: bind failed: {e}")))?;
+    let listener = UnixListener::bind(path).map_err(io(format!("socket {shown}: bind failed")))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-        .map_err(|e| Error::unavailable(format!("socket {shown}: chmod failed: {e}")))?;
+        .map_err(io(format!("socket {shown}: chmod failed")))?;
     Ok(listener)
 }
 
@@ -65,15 +85,13 @@ pub async fn bind_unix(path: &Path) -> Result<UnixListener, Error> {
 ///
 /// # Errors
 /// `INVALID_INPUT` for a non-loopback address; `UNAVAILABLE` when bind fails.
-pub async fn bind_tcp(addr: SocketAddr) -> Result<TcpListener, Error> {
+pub async fn bind_tcp(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     if !addr.ip().is_loopback() {
-        return Err(Error::invalid(format!(
-            "--listen {addr}: only loopback addresses (127.0.0.0/8, ::1) are allowed; the API has no authentication"
-        )));
+        return Err(ServerError::NotLoopback(addr));
     }
     TcpListener::bind(addr)
         .await
-        .map_err(|e| Error::unavailable(format!("--listen {addr}: bind failed: {e}")))
+        .map_err(io(format!("--listen {addr}: bind failed")))
 }
 
 /// Serves `router` on the unix listener (and the TCP listener, if any) until `shutdown`
@@ -87,7 +105,7 @@ pub async fn serve(
     socket_path: &Path,
     tcp: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), Error> {
+) -> Result<(), ServerError> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let tcp_task = tcp.map(|l| {
         let router = router.clone();
@@ -114,17 +132,18 @@ pub async fn serve(
     let unix_res = unix_task.await;
     let _ = std::fs::remove_file(socket_path);
     if let Ok(Err(e)) | Err(e) = unix_res.map_err(std::io::Error::other) {
-        result = Err(Error::unavailable(format!(
-            "socket {}: server failed: {e}",
-            socket_path.display()
-        )));
+        result = Err(ServerError::Io {
+            what: format!("socket {}: server failed", socket_path.display()),
+            source: e,
+        });
     }
     if let Some(t) = tcp_task
         && let Ok(Err(e)) | Err(e) = t.await.map_err(std::io::Error::other)
     {
-        result = Err(Error::unavailable(format!(
-            "tcp listener: server failed: {e}"
-        )));
+        result = Err(ServerError::Io {
+            what: "tcp listener: server failed".into(),
+            source: e,
+        });
     }
     result
 }

@@ -13,7 +13,7 @@ use vmnet_agent::api::types::{AgentStatus, VmState, VmView};
 use vmnet_agent::apply::apply_host_spec;
 use vmnet_agent::client::Client;
 use vmnet_agent::hostspec::HostSpec;
-use vmnet_agent::server;
+use vmnet_agent::server::{self, ServerError};
 use vmnet_model::ErrorCode;
 
 async fn serve(h: &Harness, sock: &std::path::Path) -> tokio::task::JoinHandle<()> {
@@ -39,21 +39,19 @@ async fn binding_rules() {
     assert_eq!(mode, 0o660);
     // A live socket is never stolen.
     let e = server::bind_unix(&sock).await.unwrap_err();
-    assert_eq!(e.code, ErrorCode::Conflict, "{e}");
+    assert!(matches!(e, ServerError::InUse(_)), "{e}");
     drop(l);
     // A path that is not a socket is refused.
     let file = tmp.path().join("file");
     std::fs::write(&file, "x").unwrap();
-    assert_eq!(
-        server::bind_unix(&file).await.unwrap_err().code,
-        ErrorCode::Conflict
-    );
+    let e = server::bind_unix(&file).await.unwrap_err();
+    assert!(matches!(e, ServerError::InUse(_)), "{e}");
     // TCP only on loopback.
     let e = server::bind_tcp("0.0.0.0:0".parse().unwrap())
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::InvalidInput);
-    assert!(e.message.contains("loopback"), "{e}");
+    assert!(matches!(e, ServerError::NotLoopback(_)), "{e}");
+    assert!(e.to_string().contains("loopback"), "{e}");
     assert!(
         server::bind_tcp("127.0.0.1:0".parse().unwrap())
             .await

@@ -17,8 +17,10 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use vmnet_ipam::{Db, SetIpPool, Store};
+use vmnet_ipam::{Db, IpamError, SetIpPool, Store};
 use vmnet_model::Error;
+
+use crate::BenchError;
 use vmnet_sandbox::postgres::{PgCluster, PgOptions};
 
 /// Arguments of this command.
@@ -68,13 +70,13 @@ fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1000.0)
 }
 
-fn bench_err(e: impl std::fmt::Display) -> Error {
-    Error::unavailable(format!("bench: {e}"))
+fn bench_err(e: impl std::fmt::Display) -> BenchError {
+    Error::unavailable(format!("bench: {e}")).into()
 }
 
 /// Creates pool `pool` on `10.<octet>.0.0/16` and bulk-fills `fill` percent of it; returns how
 /// many addresses are left free.
-async fn prepare(db: &Db, pool: &str, octet: u8, fill: u32) -> Result<usize, Error> {
+async fn prepare(db: &Db, pool: &str, octet: u8, fill: u32) -> Result<usize, BenchError> {
     let mut tx = db.begin().await?;
     let req = SetIpPool {
         pool_id: pool.to_owned(),
@@ -107,7 +109,7 @@ async fn single(
     db: &Db,
     pool: &str,
     ops: usize,
-) -> Result<(Vec<Duration>, Vec<Duration>, f64), Error> {
+) -> Result<(Vec<Duration>, Vec<Duration>, f64), BenchError> {
     let mut lease = Vec::with_capacity(ops);
     let start = Instant::now();
     for i in 0..ops {
@@ -138,7 +140,7 @@ async fn concurrent(
     pool: &str,
     placers: usize,
     per: usize,
-) -> Result<(Vec<Duration>, Vec<Duration>, f64), Error> {
+) -> Result<(Vec<Duration>, Vec<Duration>, f64), BenchError> {
     let run = |release: bool| {
         let mut tasks = Vec::new();
         for p in 0..placers {
@@ -158,7 +160,7 @@ async fn concurrent(
                     tx.commit().await?;
                     lat.push(t.elapsed());
                 }
-                Ok::<_, Error>(lat)
+                Ok::<_, IpamError>(lat)
             }));
         }
         tasks
@@ -183,7 +185,7 @@ async fn store_rows(
     ops: usize,
     placers: Option<usize>,
     rows: &mut Vec<Row>,
-) -> Result<(), Error> {
+) -> Result<(), BenchError> {
     for (k, fill) in [0u32, 50, 99].into_iter().enumerate() {
         let octet = u8::try_from(k).map_err(bench_err)?;
         let pool = format!("fill{fill}");
@@ -291,7 +293,7 @@ fn check_targets(rows: &[Row]) {
 ///
 /// # Errors
 /// `UNAVAILABLE` when a database cannot be opened or the PostgreSQL cluster cannot start.
-pub async fn run(args: IpamBenchArgs) -> Result<(), Error> {
+pub async fn run(args: IpamBenchArgs) -> Result<(), BenchError> {
     let mut rows = Vec::new();
     println!(
         "durability: SQLite WAL + synchronous=FULL; PostgreSQL fsync=on, synchronous_commit=on"
@@ -329,7 +331,9 @@ pub async fn run(args: IpamBenchArgs) -> Result<(), Error> {
                         .await
                         .map_err(bench_err)?
                         .map_err(|e| {
-                            Error::unavailable(format!("cannot start PostgreSQL: {e:#}"))
+                            BenchError::from(Error::unavailable(format!(
+                                "cannot start PostgreSQL: {e:#}"
+                            )))
                         })?;
                 let u = c.fresh_database_url().map_err(bench_err)?;
                 cluster = Some(c);

@@ -11,7 +11,22 @@ pub mod nft;
 pub mod vms;
 
 use clap::Subcommand;
-use vmnet_model::Error;
+use vmnet_ipam::IpamError;
+use vmnet_model::{Error, ValidationError};
+
+/// A benchmark's failure. The CLI maps it to a documented code at its edge.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The store under test failed.
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    /// A config the bench built does not validate.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// A failure that already carries its documented code (set-up, the kernel, the agent).
+    #[error(transparent)]
+    Coded(#[from] Error),
+}
 
 /// `vmnet bench …`
 #[derive(Debug, Subcommand)]
@@ -30,11 +45,11 @@ pub enum BenchCmd {
 ///
 /// # Errors
 /// Each bench's own (`UNAVAILABLE` when it cannot set up, `INVALID_INPUT` for bad arguments).
-pub async fn run(json: bool, c: BenchCmd) -> Result<(), Error> {
+pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
     match c {
         BenchCmd::Ipam(a) => ipam::run(a).await,
-        BenchCmd::Vms(a) => vms::run(a).await,
-        BenchCmd::Nft(a) => nft::run(json, a).await,
-        BenchCmd::Agent(a) => agent::run(a).await,
+        BenchCmd::Vms(a) => Ok(vms::run(a).await?),
+        BenchCmd::Nft(a) => Ok(nft::run(json, a).await?),
+        BenchCmd::Agent(a) => Ok(agent::run(a).await?),
     }
 }

@@ -2,8 +2,8 @@
 //! instances, in arrival order. Written by [`crate::reports`], read with every instance
 //! ([`crate::placement`]), cleared on a host loss ([`crate::loss`]). A leaf module.
 
+use crate::error::IpamError;
 use ipnet::IpNet;
-use vmnet_model::Error;
 
 use crate::db::{Tx, db_err, on_tx};
 use crate::stored::parse_stored;
@@ -13,7 +13,7 @@ pub(crate) async fn insert_reported(
     tx: &mut Tx,
     instance_id: &str,
     net: IpNet,
-) -> Result<bool, Error> {
+) -> Result<bool, IpamError> {
     let sql = match tx {
         Tx::Sqlite(_) => {
             "INSERT INTO instance_addresses (instance_id, address) VALUES ($1, $2) \
@@ -39,7 +39,7 @@ pub(crate) async fn insert_reported(
 pub(crate) async fn reported(
     tx: &mut Tx,
     instance_id: Option<&str>,
-) -> Result<Vec<(String, String)>, Error> {
+) -> Result<Vec<(String, String)>, IpamError> {
     let address = match tx {
         Tx::Sqlite(_) => "address",
         Tx::Postgres(_) => "text(address)",
@@ -65,7 +65,10 @@ pub(crate) async fn reported(
 
 /// Appends reported addresses (CIDR text from the store) to `addresses` (which holds the lease,
 /// if any), skipping any already listed.
-pub(crate) fn append_stored(addresses: &mut Vec<String>, stored: &[String]) -> Result<(), Error> {
+pub(crate) fn append_stored(
+    addresses: &mut Vec<String>,
+    stored: &[String],
+) -> Result<(), IpamError> {
     let mut nets: Vec<IpNet> = addresses
         .iter()
         .map(|a| parse_stored("address", a))
@@ -81,7 +84,7 @@ pub(crate) fn append_stored(addresses: &mut Vec<String>, stored: &[String]) -> R
 
 /// Forgets every reported address of an instance (its host was lost: they came from the old
 /// machine).
-pub(crate) async fn clear_reported(tx: &mut Tx, instance_id: &str) -> Result<(), Error> {
+pub(crate) async fn clear_reported(tx: &mut Tx, instance_id: &str) -> Result<(), IpamError> {
     on_tx!(tx, t => sqlx::query("DELETE FROM instance_addresses WHERE instance_id = $1")
         .bind(instance_id)
         .execute(&mut **t)

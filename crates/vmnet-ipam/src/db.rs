@@ -20,39 +20,34 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use crate::error::BUSY;
+use crate::error::{IpamError, TxError};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Postgres, Sqlite, Transaction};
-use vmnet_model::{Error, ErrorCode};
 
 /// The SQLite migrations (embedded from `migrations/sqlite`).
 pub static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 /// The PostgreSQL migrations (embedded from `migrations/postgres`).
 pub static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
-/// The message of a transaction that failed on a deadlock (SQLSTATE `40P01`) or a serialization
-/// conflict (`40001`): [`transaction!`](crate::transaction) and [`retry`] run it again; the caller
-/// sees this (as `UNAVAILABLE`) only when every attempt failed so.
-pub const BUSY: &str = "the store is busy with concurrent changes; try again";
-
 /// Whether PostgreSQL failed the statement on a deadlock or a serialization conflict.
 fn is_conflict(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("40P01" | "40001")))
 }
 
-/// Maps a database failure to `UNAVAILABLE` (the request may succeed later) without the
-/// database's own words: its message names internals (PostgreSQL's source lines, constraint and
-/// table names), so it goes to the log (`warn`) and the caller gets a sentence of ours, e.g.
-/// `the database refused the request (SQLSTATE 23514); the details are logged`. A deadlock or
-/// serialization conflict is [`BUSY`], which the retry loops recognise ([`is_busy`]).
-#[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(db_err)` works
-pub(crate) fn db_err(e: sqlx::Error) -> Error {
+/// Maps a database failure to [`IpamError::Database`]: a sentence of ours as the message, e.g.
+/// `the database refused the request (SQLSTATE 23514); the details are logged`, and the
+/// database's own words (which name internals: PostgreSQL's source lines, constraint and table
+/// names) as the source, logged here (`warn`) and never answered to a caller. A deadlock or
+/// serialization conflict is [`IpamError::Busy`], which the retry loops recognise.
+pub(crate) fn db_err(e: sqlx::Error) -> IpamError {
     if is_conflict(&e) {
         tracing::debug!(error = %e, "database conflict; the transaction will be retried");
-        return Error::unavailable(BUSY);
+        return IpamError::Busy;
     }
     tracing::warn!(error = %e, "database request failed");
     let what = match &e {
@@ -68,21 +63,7 @@ pub(crate) fn db_err(e: sqlx::Error) -> Error {
         | sqlx::Error::Protocol(_) => "the database is unreachable; try again".into(),
         _ => "the database request failed; the details are logged".into(),
     };
-    Error::unavailable(what)
-}
-
-/// Maps a failure to connect to (or migrate) the database at start: the operator who gave the
-/// URL needs the database's own words here (`connection refused`, a bad password).
-#[allow(clippy::needless_pass_by_value)]
-fn connect_err(e: sqlx::Error) -> Error {
-    Error::unavailable(format!("cannot connect to the database: {e}"))
-}
-
-/// Whether `e` is the [`BUSY`] error of a deadlock or serialization conflict (worth running the
-/// whole transaction again).
-#[must_use]
-pub fn is_busy(e: &Error) -> bool {
-    e.code == ErrorCode::Unavailable && e.message == BUSY
+    IpamError::Database { what, source: e }
 }
 
 static RETRIED: AtomicU64 = AtomicU64::new(0);
@@ -114,8 +95,8 @@ impl Retry {
 
     /// After a failed attempt: when `e` is [`BUSY`] and attempts are left, waits the jittered
     /// pause and returns true (run the transaction again); else returns false at once.
-    pub async fn again(&mut self, e: &Error) -> bool {
-        if !is_busy(e) {
+    pub async fn again(&mut self, e: &impl TxError) -> bool {
+        if !e.is_busy() {
             return false;
         }
         self.attempt += 1;
@@ -139,10 +120,11 @@ impl Retry {
 ///
 /// # Errors
 /// The last attempt's error.
-pub async fn retry<T, F, Fut>(mut attempt: F) -> Result<T, Error>
+pub async fn retry<T, E, F, Fut>(mut attempt: F) -> Result<T, E>
 where
+    E: TxError,
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, Error>>,
+    Fut: Future<Output = Result<T, E>>,
 {
     let mut policy = Retry::new();
     loop {
@@ -157,7 +139,8 @@ where
 /// [`Store`](crate::Store)), commits on `Ok` and rolls back on `Err`; a [`BUSY`] failure (of the
 /// body or of the commit) runs the whole transaction again under the [`Retry`] policy. `$body` is
 /// evaluated once per attempt, so it must not move out of its captures. The value is
-/// `Result<T, vmnet_model::Error>`.
+/// `Result<T, E>` where `E` is the body's error type, a [`TxError`](crate::TxError) (an
+/// [`IpamError`](crate::IpamError) or a type that holds one).
 #[macro_export]
 macro_rules! transaction {
     ($store:expr, $tx:ident => $body:expr) => {{
@@ -168,11 +151,15 @@ macro_rules! transaction {
                 $store.begin().await
             };
             let result = match begun {
-                Err(e) => Err(e),
+                Err(e) => Err(::core::convert::From::from(e)),
                 Ok(mut owned) => {
                     let $tx = &mut owned;
                     match $body {
-                        Ok(v) => owned.commit().await.map(|()| v),
+                        Ok(v) => owned
+                            .commit()
+                            .await
+                            .map(|()| v)
+                            .map_err(::core::convert::From::from),
                         Err(e) => {
                             let _ = owned.rollback().await;
                             Err(e)
@@ -214,7 +201,7 @@ impl Tx {
     ///
     /// # Errors
     /// `UNAVAILABLE` when the database refuses the commit.
-    pub async fn commit(self) -> Result<(), Error> {
+    pub async fn commit(self) -> Result<(), IpamError> {
         match self {
             Tx::Sqlite(t) => t.commit().await.map_err(db_err),
             Tx::Postgres(t) => t.commit().await.map_err(db_err),
@@ -225,7 +212,7 @@ impl Tx {
     ///
     /// # Errors
     /// `UNAVAILABLE` when the database connection fails.
-    pub async fn rollback(self) -> Result<(), Error> {
+    pub async fn rollback(self) -> Result<(), IpamError> {
         match self {
             Tx::Sqlite(t) => t.rollback().await.map_err(db_err),
             Tx::Postgres(t) => t.rollback().await.map_err(db_err),
@@ -248,7 +235,7 @@ pub trait Store: Send + Sync {
     ///
     /// # Errors
     /// `UNAVAILABLE` when no connection can be had.
-    fn begin(&self) -> impl Future<Output = Result<Tx, Error>> + Send;
+    fn begin(&self) -> impl Future<Output = Result<Tx, IpamError>> + Send;
     /// Which backend this is.
     fn backend(&self) -> Backend;
 }
@@ -268,7 +255,7 @@ pub struct PgStore {
 }
 
 impl Store for SqliteStore {
-    async fn begin(&self) -> Result<Tx, Error> {
+    async fn begin(&self) -> Result<Tx, IpamError> {
         self.pool
             .begin_with("BEGIN IMMEDIATE")
             .await
@@ -281,7 +268,7 @@ impl Store for SqliteStore {
 }
 
 impl Store for PgStore {
-    async fn begin(&self) -> Result<Tx, Error> {
+    async fn begin(&self) -> Result<Tx, IpamError> {
         self.pool.begin().await.map(Tx::Postgres).map_err(db_err)
     }
     fn backend(&self) -> Backend {
@@ -299,7 +286,7 @@ pub enum Db {
 }
 
 impl Store for Db {
-    async fn begin(&self) -> Result<Tx, Error> {
+    async fn begin(&self) -> Result<Tx, IpamError> {
         match self {
             Db::Sqlite(s) => s.begin().await,
             Db::Postgres(s) => s.begin().await,
@@ -320,7 +307,7 @@ impl Db {
     /// # Errors
     /// `INVALID_INPUT` for an unknown scheme or a malformed URL; `UNAVAILABLE` when the database
     /// cannot be opened or migrated.
-    pub async fn connect(url: &str) -> Result<Db, Error> {
+    pub async fn connect(url: &str) -> Result<Db, IpamError> {
         Self::connect_with(url, None).await
     }
 
@@ -328,10 +315,12 @@ impl Db {
     ///
     /// # Errors
     /// As [`Db::connect`].
-    pub async fn connect_with(url: &str, max_connections: Option<u32>) -> Result<Db, Error> {
+    pub async fn connect_with(url: &str, max_connections: Option<u32>) -> Result<Db, IpamError> {
         if url.starts_with("sqlite:") {
-            let opts = SqliteConnectOptions::from_str(url)
-                .map_err(|e| Error::invalid(format!("database_url {url:?}: {e}")))?;
+            let opts = SqliteConnectOptions::from_str(url).map_err(|e| IpamError::Url {
+                url: url.to_owned(),
+                source: e,
+            })?;
             if let Some(dir) = opts
                 .get_filename()
                 .parent()
@@ -352,30 +341,32 @@ impl Db {
                 .max_connections(max_connections.unwrap_or(4))
                 .connect_with(opts)
                 .await
-                .map_err(connect_err)?;
+                .map_err(IpamError::Connect)?;
             SQLITE_MIGRATOR
                 .run(&pool)
                 .await
-                .map_err(|e| Error::unavailable(format!("database migration: {e}")))?;
+                .map_err(IpamError::Migrate)?;
             Ok(Db::Sqlite(SqliteStore { pool }))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            let opts = PgConnectOptions::from_str(url)
-                .map_err(|e| Error::invalid(format!("database_url {url:?}: {e}")))?;
+            let opts = PgConnectOptions::from_str(url).map_err(|e| IpamError::Url {
+                url: url.to_owned(),
+                source: e,
+            })?;
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections.unwrap_or(10))
                 .acquire_timeout(Duration::from_secs(30))
                 .connect_with(opts)
                 .await
-                .map_err(connect_err)?;
+                .map_err(IpamError::Connect)?;
             POSTGRES_MIGRATOR
                 .run(&pool)
                 .await
-                .map_err(|e| Error::unavailable(format!("database migration: {e}")))?;
+                .map_err(IpamError::Migrate)?;
             Ok(Db::Postgres(PgStore { pool }))
         } else {
-            Err(Error::invalid(format!(
-                "database_url {url:?} must start with sqlite:// or postgres://"
-            )))
+            Err(IpamError::UnknownScheme {
+                url: url.to_owned(),
+            })
         }
     }
 
@@ -388,12 +379,10 @@ impl Db {
     }
 }
 
-fn create_dir(dir: &Path) -> Result<(), Error> {
-    std::fs::create_dir_all(dir).map_err(|e| {
-        Error::unavailable(format!(
-            "cannot create database directory {}: {e}",
-            dir.display()
-        ))
+fn create_dir(dir: &Path) -> Result<(), IpamError> {
+    std::fs::create_dir_all(dir).map_err(|source| IpamError::Io {
+        what: format!("cannot create database directory {}", dir.display()),
+        source,
     })
 }
 
@@ -412,17 +401,17 @@ macro_rules! on_tx {
 pub(crate) use on_tx;
 
 /// Opens savepoint `name` inside `tx` (names are fixed identifiers of this crate).
-pub(crate) async fn savepoint(tx: &mut Tx, name: &'static str) -> Result<(), Error> {
+pub(crate) async fn savepoint(tx: &mut Tx, name: &'static str) -> Result<(), IpamError> {
     exec_static(tx, sqlx::AssertSqlSafe(format!("SAVEPOINT {name}"))).await
 }
 
 /// Releases (keeps the work of) savepoint `name`.
-pub(crate) async fn release_savepoint(tx: &mut Tx, name: &'static str) -> Result<(), Error> {
+pub(crate) async fn release_savepoint(tx: &mut Tx, name: &'static str) -> Result<(), IpamError> {
     exec_static(tx, sqlx::AssertSqlSafe(format!("RELEASE SAVEPOINT {name}"))).await
 }
 
 /// Undoes everything since savepoint `name` and releases it; the transaction stays usable.
-pub(crate) async fn rollback_to(tx: &mut Tx, name: &'static str) -> Result<(), Error> {
+pub(crate) async fn rollback_to(tx: &mut Tx, name: &'static str) -> Result<(), IpamError> {
     exec_static(
         tx,
         sqlx::AssertSqlSafe(format!("ROLLBACK TO SAVEPOINT {name}")),
@@ -431,7 +420,7 @@ pub(crate) async fn rollback_to(tx: &mut Tx, name: &'static str) -> Result<(), E
     release_savepoint(tx, name).await
 }
 
-async fn exec_static(tx: &mut Tx, sql: sqlx::AssertSqlSafe<String>) -> Result<(), Error> {
+async fn exec_static(tx: &mut Tx, sql: sqlx::AssertSqlSafe<String>) -> Result<(), IpamError> {
     on_tx!(tx, t => sqlx::raw_sql(sql).execute(&mut **t).await.map_err(db_err)?.rows_affected());
     Ok(())
 }
@@ -475,15 +464,15 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("CHECK constraint failed"), "{e}");
         let mapped = db_err(e);
-        assert_eq!(mapped.code, ErrorCode::Unavailable);
+        assert!(matches!(mapped, IpamError::Database { .. }), "{mapped:?}");
         assert_eq!(
-            mapped.message,
+            mapped.to_string(),
             "the database refused the request (SQLSTATE 275); the details are logged"
         );
-        assert!(!is_busy(&mapped));
+        assert!(!mapped.is_busy());
         let mapped = db_err(sqlx::Error::PoolTimedOut);
         assert_eq!(
-            mapped.message,
+            mapped.to_string(),
             "no database connection became free in time; try again"
         );
         let io = std::io::Error::new(
@@ -491,7 +480,7 @@ mod tests {
             "reset by peer at x.c:12",
         );
         assert_eq!(
-            db_err(sqlx::Error::Io(io)).message,
+            db_err(sqlx::Error::Io(io)).to_string(),
             "the database is unreachable; try again"
         );
     }
@@ -499,20 +488,21 @@ mod tests {
     #[tokio::test]
     async fn retry_gives_up_on_other_errors_at_once_and_on_busy_after_the_attempts() {
         let mut calls = 0;
-        let r: Result<(), Error> = retry(|| {
+        let r: Result<(), IpamError> = retry(|| {
             calls += 1;
-            async { Err(Error::conflict("no")) }
+            async { Err(IpamError::Conflict("no".into())) }
         })
         .await;
-        assert_eq!((r.unwrap_err().code, calls), (ErrorCode::Conflict, 1));
+        assert!(matches!(r, Err(IpamError::Conflict(_))));
+        assert_eq!(calls, 1);
         let mut calls = 0;
         let started = std::time::Instant::now();
-        let r: Result<(), Error> = retry(|| {
+        let r: Result<(), IpamError> = retry(|| {
             calls += 1;
-            async { Err(Error::unavailable(BUSY)) }
+            async { Err(IpamError::Busy) }
         })
         .await;
-        assert!(is_busy(&r.unwrap_err()));
+        assert!(r.unwrap_err().is_busy());
         assert_eq!(calls, Retry::ATTEMPTS);
         assert!(
             started.elapsed() < Duration::from_millis(400),
@@ -522,13 +512,7 @@ mod tests {
         let r = retry(|| {
             calls += 1;
             let n = calls;
-            async move {
-                if n < 3 {
-                    Err(Error::unavailable(BUSY))
-                } else {
-                    Ok(n)
-                }
-            }
+            async move { if n < 3 { Err(IpamError::Busy) } else { Ok(n) } }
         })
         .await;
         assert_eq!(r.unwrap(), 3);

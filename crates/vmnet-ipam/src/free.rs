@@ -5,8 +5,8 @@
 //! the leased addresses. `set_ip_pool` rebuilds them; a lease shrinks the lowest one; a release
 //! inserts the address back, merged with its neighbours.
 
+use crate::error::IpamError;
 use sqlx::QueryBuilder;
-use vmnet_model::Error;
 use vmnet_model::pool::IpRange;
 
 use crate::db::{Tx, db_err, on_tx};
@@ -16,7 +16,7 @@ use crate::stored::num;
 const CHUNK: usize = 1000;
 
 /// Rebuilds the intervals of `range.pool_id` from the range, the gateway and the current leases.
-pub(crate) async fn rebuild(tx: &mut Tx, range: &IpRange) -> Result<(), Error> {
+pub(crate) async fn rebuild(tx: &mut Tx, range: &IpRange) -> Result<(), IpamError> {
     let pool = range.pool_id.as_str();
     let (lo, hi) = (num(range.first_host), num(range.last_host));
     on_tx!(tx, t => sqlx::query("DELETE FROM ip_free WHERE pool_id = $1")
@@ -85,7 +85,7 @@ fn gaps(lo: i64, hi: i64, taken: &[i64]) -> Vec<(i64, i64)> {
 /// range is exhausted. On PostgreSQL the interval row is locked first: the lowest one no other
 /// placer holds (`FOR UPDATE SKIP LOCKED`), else the lowest one (`FOR UPDATE`, queueing behind
 /// the holder and then taking the next address), so concurrent placers never fail on each other.
-pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, Error> {
+pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, IpamError> {
     let row: Option<(i64, i64)> = match tx {
         Tx::Sqlite(t) => {
             // Writers are serialized: shrink the lowest interval in one statement when it has
@@ -150,7 +150,7 @@ pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, 
 
 /// Puts `a` back into the index of `pool`, merged with the intervals just below and above it.
 /// The caller checked that `a` is leasable in the current range and was leased.
-pub(crate) async fn give_back(tx: &mut Tx, pool: &str, a: i64) -> Result<(), Error> {
+pub(crate) async fn give_back(tx: &mut Tx, pool: &str, a: i64) -> Result<(), IpamError> {
     let lower: Option<i64> = on_tx!(tx, t => sqlx::query_scalar(
         "UPDATE ip_free SET last = $2 WHERE pool_id = $1 AND last = $3 RETURNING first")
         .bind(pool)

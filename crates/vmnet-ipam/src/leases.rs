@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 
-use vmnet_model::Error;
+use crate::error::IpamError;
 use vmnet_model::ids::validate_id;
 use vmnet_model::pool::Lease;
 
@@ -33,7 +33,7 @@ pub async fn lease(
     tx: &mut Tx,
     pool_id: &str,
     instance_id: &str,
-) -> Result<Option<Ipv4Addr>, Error> {
+) -> Result<Option<Ipv4Addr>, IpamError> {
     validate_id("pool_id", pool_id)?;
     validate_id("instance_id", instance_id)?;
     let has_range = match tx {
@@ -110,21 +110,21 @@ pub async fn lease(
             }
         }
     }
-    Err(Error::unavailable(format!(
+    Err(IpamError::Contended(format!(
         "pool {pool_id}: {LEASE_ATTEMPTS} addresses in a row were taken by concurrent placements; try again"
     )))
 }
 
 /// The `CAPACITY_UNAVAILABLE` error of an exhausted range.
-pub(crate) fn exhausted(pool_id: &str) -> Error {
-    Error::capacity(format!("Pool {pool_id} has no free IP address"))
+pub(crate) fn exhausted(pool_id: &str) -> IpamError {
+    IpamError::Exhausted(format!("Pool {pool_id} has no free IP address"))
 }
 
 async fn same_pool_lease(
     tx: &mut Tx,
     pool_id: &str,
     instance_id: &str,
-) -> Result<Option<Ipv4Addr>, Error> {
+) -> Result<Option<Ipv4Addr>, IpamError> {
     match lease_of(tx, instance_id).await? {
         Some(l) => held_in(pool_id, &l).map(Some),
         None => Ok(None),
@@ -133,11 +133,11 @@ async fn same_pool_lease(
 
 /// The address of a lease the instance already holds: the same address when it is in `pool_id`,
 /// `CONFLICT` when it is in another pool.
-fn held_in(pool_id: &str, l: &Lease) -> Result<Ipv4Addr, Error> {
+fn held_in(pool_id: &str, l: &Lease) -> Result<Ipv4Addr, IpamError> {
     if l.pool_id == pool_id {
         Ok(l.address)
     } else {
-        Err(Error::conflict(format!(
+        Err(IpamError::Conflict(format!(
             "instance {} already holds lease {} in pool {}",
             l.instance_id, l.address, l.pool_id
         )))
@@ -156,7 +156,7 @@ async fn insert_lease(
                 "INSERT INTO ip_leases (pool_id, address, address_num, instance_id) VALUES ($1, $2, $3, $4)",
             )
             .bind(pool_id)
-            .bind(addr(n).map_err(|e| sqlx::Error::Protocol(e.message))?.to_string())
+            .bind(addr(n).map_err(|e| sqlx::Error::Protocol(e.to_string()))?.to_string())
             .bind(n)
             .bind(instance_id)
             .execute(&mut **t)
@@ -182,7 +182,7 @@ async fn insert_lease(
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `UNAVAILABLE` on a database failure.
-pub async fn release(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, Error> {
+pub async fn release(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, IpamError> {
     validate_id("instance_id", instance_id)?;
     let sql = match tx {
         Tx::Sqlite(_) => {
@@ -214,7 +214,7 @@ pub async fn release(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, Er
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `UNAVAILABLE` on a database failure.
-pub async fn lease_of(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, Error> {
+pub async fn lease_of(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, IpamError> {
     validate_id("instance_id", instance_id)?;
     let sql = match tx {
         Tx::Sqlite(_) => "SELECT pool_id, address FROM ip_leases WHERE instance_id = $1",
@@ -237,7 +237,7 @@ pub async fn lease_of(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, E
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown pool; `UNAVAILABLE` on a database failure.
-pub async fn list_leases(tx: &mut Tx, pool_id: &str) -> Result<Vec<Lease>, Error> {
+pub async fn list_leases(tx: &mut Tx, pool_id: &str) -> Result<Vec<Lease>, IpamError> {
     validate_id("pool_id", pool_id)?;
     require_pool(tx, pool_id).await?;
     let sql = match tx {
@@ -272,7 +272,7 @@ pub async fn bulk_insert_leases(
     pool_id: &str,
     addresses: &[Ipv4Addr],
     prefix: &str,
-) -> Result<(), Error> {
+) -> Result<(), IpamError> {
     require_pool(tx, pool_id).await?;
     for (c, chunk) in addresses.chunks(1000).enumerate() {
         let base = c * 1000;

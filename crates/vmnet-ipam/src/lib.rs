@@ -24,8 +24,11 @@
 //!   intervals, leases (module `locks`). So placements, deletes, host losses and status reports
 //!   do not deadlock one another. Should PostgreSQL still fail a transaction with a deadlock or
 //!   a serialization conflict, [`transaction!`] and [`retry`] run it again (up to 8 attempts,
-//!   jittered pauses under 0.3 s in all); the caller sees [`BUSY`] only when every attempt
-//!   failed so. Database failures never carry the database's own message (it is logged).
+//!   jittered pauses under 0.3 s in all); the caller sees [`IpamError::Busy`] only when every
+//!   attempt failed so. A database failure ([`IpamError::Database`]) has a sentence of ours as
+//!   its message and the driver's error as its source: logged, never answered to a caller.
+//! * Errors: one enum, [`IpamError`], in IPAM's own terms; the documented codes are chosen at
+//!   the edge that answers (the agent's API, the CLI).
 //! * Every function takes the caller's [`Tx`], so a placement's host claim and its lease commit or
 //!   roll back together. Composite operations (instance create/delete, host loss) run inside a
 //!   savepoint and undo their own writes on error, so a failed call leaves the transaction as it was.
@@ -46,6 +49,7 @@
 
 mod addresses;
 pub mod db;
+pub mod error;
 mod free;
 pub mod leases;
 mod locks;
@@ -57,9 +61,10 @@ mod stored;
 pub mod vm_store;
 
 pub use db::{
-    BUSY, Backend, Db, POSTGRES_MIGRATOR, PgStore, Retry, SQLITE_MIGRATOR, SqliteStore, Store, Tx,
-    is_busy, retried_transactions, retry,
+    Backend, Db, POSTGRES_MIGRATOR, PgStore, Retry, SQLITE_MIGRATOR, SqliteStore, Store, Tx,
+    retried_transactions, retry,
 };
+pub use error::{BUSY, IpamError, TxError};
 pub use leases::{LEASE_ATTEMPTS, bulk_insert_leases, lease, lease_of, list_leases, release};
 pub use loss::{HostLoss, lose_host};
 pub use placement::{

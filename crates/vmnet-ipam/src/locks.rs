@@ -30,13 +30,13 @@
 //! A host loss shuts out placements and deletes on every host until it commits (it holds every
 //! ready host). Host losses are rare; correctness wins over their throughput.
 
-use vmnet_model::Error;
+use crate::error::IpamError;
 
 use crate::db::{Tx, db_err};
 
 /// Locks the rows of host `lost` and of every ready host, in id order (a host loss; see the
 /// module docs).
-pub(crate) async fn lock_hosts_for_loss(tx: &mut Tx, lost: &str) -> Result<(), Error> {
+pub(crate) async fn lock_hosts_for_loss(tx: &mut Tx, lost: &str) -> Result<(), IpamError> {
     if let Tx::Postgres(t) = tx {
         sqlx::query(
             "SELECT host_id FROM hosts WHERE host_id = $1 OR state = 'ready' \
@@ -51,7 +51,7 @@ pub(crate) async fn lock_hosts_for_loss(tx: &mut Tx, lost: &str) -> Result<(), E
 }
 
 /// Locks the instances placed on `host_id`, in id order.
-pub(crate) async fn lock_instances_on(tx: &mut Tx, host_id: &str) -> Result<(), Error> {
+pub(crate) async fn lock_instances_on(tx: &mut Tx, host_id: &str) -> Result<(), IpamError> {
     if let Tx::Postgres(t) = tx {
         sqlx::query(
             "SELECT instance_id FROM instances WHERE host_id = $1 \
@@ -66,7 +66,7 @@ pub(crate) async fn lock_instances_on(tx: &mut Tx, host_id: &str) -> Result<(), 
 }
 
 /// Share-locks the instances with the given ids (those that exist), in id order.
-pub(crate) async fn share_instances(tx: &mut Tx, ids: &[&str]) -> Result<(), Error> {
+pub(crate) async fn share_instances(tx: &mut Tx, ids: &[&str]) -> Result<(), IpamError> {
     if let Tx::Postgres(t) = tx {
         let mut ids: Vec<&str> = ids.to_vec();
         ids.sort_unstable();
@@ -96,7 +96,7 @@ const FOLLOW_MOVES: usize = 4;
 pub(crate) async fn lock_placed_instance(
     tx: &mut Tx,
     instance_id: &str,
-) -> Result<Option<String>, Error> {
+) -> Result<Option<String>, IpamError> {
     let Tx::Postgres(_) = tx else {
         return host_of(tx, instance_id, false).await;
     };
@@ -117,14 +117,14 @@ pub(crate) async fn lock_placed_instance(
         }
         crate::db::rollback_to(tx, "vmnet_follow").await?;
     }
-    Err(Error::unavailable(format!(
+    Err(IpamError::Contended(format!(
         "instance {instance_id} kept moving between hosts; try again"
     )))
 }
 
 /// The host of an instance (`NOT_FOUND` for an unknown one); with `lock`, the instance row is
 /// locked (PostgreSQL).
-async fn host_of(tx: &mut Tx, instance_id: &str, lock: bool) -> Result<Option<String>, Error> {
+async fn host_of(tx: &mut Tx, instance_id: &str, lock: bool) -> Result<Option<String>, IpamError> {
     let sql = match (&*tx, lock) {
         (Tx::Postgres(_), true) => {
             "SELECT host_id FROM instances WHERE instance_id = $1 FOR NO KEY UPDATE"
@@ -137,5 +137,5 @@ async fn host_of(tx: &mut Tx, instance_id: &str, lock: bool) -> Result<Option<St
         .await
         .map_err(db_err)?);
     row.map(|(h,)| h)
-        .ok_or_else(|| Error::not_found(format!("instance {instance_id} not found")))
+        .ok_or_else(|| IpamError::not_found(format!("instance {instance_id}")))
 }

@@ -10,10 +10,10 @@
 //! then the re-placements, whose host claims are already held. So a host loss never waits for a
 //! host while holding a free interval, which is what deadlocked it against concurrent creates.
 
+use crate::error::IpamError;
 use serde::{Deserialize, Serialize};
 use vmnet_model::ids::validate_id;
 use vmnet_model::pool::{Condition, Instance, InstanceState};
-use vmnet_model::{Error, ErrorCode};
 
 use crate::addresses::clear_reported;
 use crate::db::{Tx, atomically, db_err, on_tx, release_savepoint, rollback_to, savepoint};
@@ -38,7 +38,7 @@ pub struct HostLoss {
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown host; `UNAVAILABLE` on a database
 /// failure (then nothing was changed).
-pub async fn lose_host(tx: &mut Tx, host_id: &str) -> Result<HostLoss, Error> {
+pub async fn lose_host(tx: &mut Tx, host_id: &str) -> Result<HostLoss, IpamError> {
     validate_id("host_id", host_id)?;
     atomically!(tx, "vmnet_lose", lose_inner(tx, host_id).await)
 }
@@ -48,8 +48,11 @@ async fn set_state(
     instance_id: &str,
     state: InstanceState,
     cond: &[Condition],
-) -> Result<(), Error> {
-    let cond = serde_json::to_string(cond).map_err(|e| Error::internal(e.to_string()))?;
+) -> Result<(), IpamError> {
+    let cond = serde_json::to_string(cond).map_err(|source| IpamError::Json {
+        what: "condition".into(),
+        source,
+    })?;
     on_tx!(tx, t => sqlx::query("UPDATE instances SET host_id = NULL, state = $2, conditions = $3 WHERE instance_id = $1")
         .bind(instance_id)
         .bind(state.as_str())
@@ -60,7 +63,7 @@ async fn set_state(
     Ok(())
 }
 
-async fn lose_inner(tx: &mut Tx, host_id: &str) -> Result<HostLoss, Error> {
+async fn lose_inner(tx: &mut Tx, host_id: &str) -> Result<HostLoss, IpamError> {
     lock_hosts_for_loss(tx, host_id).await?;
     get_host(tx, host_id).await?;
     on_tx!(tx, t => sqlx::query("UPDATE hosts SET state = 'lost', used_vcpus = 0, used_memory_mib = 0 WHERE host_id = $1")
@@ -106,11 +109,11 @@ async fn lose_inner(tx: &mut Tx, host_id: &str) -> Result<HostLoss, Error> {
             savepoint(tx, "vmnet_replace").await?;
             match place(tx, &want, None).await {
                 Ok(()) => release_savepoint(tx, "vmnet_replace").await?,
-                Err(e) if e.code == ErrorCode::CapacityUnavailable => {
+                Err(IpamError::Exhausted(message)) => {
                     rollback_to(tx, "vmnet_replace").await?;
                     let c = [Condition {
                         kind: "Unschedulable".into(),
-                        message: e.message,
+                        message,
                     }];
                     set_state(tx, &inst.instance_id, InstanceState::Error, &c).await?;
                 }

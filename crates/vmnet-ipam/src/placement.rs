@@ -15,8 +15,8 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
+use crate::error::IpamError;
 use sqlx::Row;
-use vmnet_model::Error;
 use vmnet_model::ids::validate_id;
 use vmnet_model::pool::{Host, HostState, Instance, NewInstance};
 
@@ -27,8 +27,8 @@ use crate::locks::lock_placed_instance;
 use crate::ranges::require_pool;
 use crate::stored::parse_stored;
 
-fn to_u32(field: &str, v: i64) -> Result<u32, Error> {
-    u32::try_from(v).map_err(|_| Error::internal(format!("stored {field} {v} is out of range")))
+fn to_u32(field: &str, v: i64) -> Result<u32, IpamError> {
+    u32::try_from(v).map_err(|_| IpamError::Corrupt(format!("stored {field} {v} is out of range")))
 }
 
 /// Adds a host with its capacity.
@@ -41,15 +41,15 @@ pub async fn add_host(
     host_id: &str,
     vcpus: u32,
     memory_mib: u32,
-) -> Result<Host, Error> {
+) -> Result<Host, IpamError> {
     validate_id("host_id", host_id)?;
     if vcpus == 0 {
-        return Err(Error::invalid(format!(
+        return Err(IpamError::invalid(format!(
             "host {host_id}: vcpus must be at least 1"
         )));
     }
     if memory_mib == 0 {
-        return Err(Error::invalid(format!(
+        return Err(IpamError::invalid(format!(
             "host {host_id}: memory_mib must be at least 1"
         )));
     }
@@ -63,7 +63,9 @@ pub async fn add_host(
         .map_err(db_err)?
         .rows_affected());
     if n == 0 {
-        return Err(Error::conflict(format!("host {host_id} already exists")));
+        return Err(IpamError::Conflict(format!(
+            "host {host_id} already exists"
+        )));
     }
     get_host(tx, host_id).await
 }
@@ -71,7 +73,7 @@ pub async fn add_host(
 const HOST_COLS: &str =
     "SELECT host_id, vcpus, memory_mib, used_vcpus, used_memory_mib, state FROM hosts";
 
-fn host_row<R: Row>(r: &R) -> Result<Host, Error>
+fn host_row<R: Row>(r: &R) -> Result<Host, IpamError>
 where
     for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
@@ -99,21 +101,21 @@ where
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown host; `UNAVAILABLE` on a database failure.
-pub async fn get_host(tx: &mut Tx, host_id: &str) -> Result<Host, Error> {
+pub async fn get_host(tx: &mut Tx, host_id: &str) -> Result<Host, IpamError> {
     validate_id("host_id", host_id)?;
     let sql = sqlx::AssertSqlSafe(format!("{HOST_COLS} WHERE host_id = $1"));
     let row = on_tx!(tx, t => match sqlx::query(sql).bind(host_id).fetch_optional(&mut **t).await.map_err(db_err)? {
         Some(r) => Some(host_row(&r)?),
         None => None,
     });
-    row.ok_or_else(|| Error::not_found(format!("host {host_id} not found")))
+    row.ok_or_else(|| IpamError::not_found(format!("host {host_id}")))
 }
 
 /// Every host, ordered by id.
 ///
 /// # Errors
 /// `UNAVAILABLE` on a database failure.
-pub async fn list_hosts(tx: &mut Tx) -> Result<Vec<Host>, Error> {
+pub async fn list_hosts(tx: &mut Tx) -> Result<Vec<Host>, IpamError> {
     let sql = sqlx::AssertSqlSafe(format!("{HOST_COLS} ORDER BY host_id"));
     on_tx!(tx, t => sqlx::query(sql).fetch_all(&mut **t).await.map_err(db_err)?.iter().map(host_row).collect())
 }
@@ -132,7 +134,7 @@ pub(crate) fn instance_sql(tx: &Tx, filter: &str) -> sqlx::AssertSqlSafe<String>
     ))
 }
 
-pub(crate) fn instance_row<R: Row>(r: &R) -> Result<Instance, Error>
+pub(crate) fn instance_row<R: Row>(r: &R) -> Result<Instance, IpamError>
 where
     for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
@@ -159,13 +161,17 @@ where
         vcpus: to_u32("vcpus", r.try_get("vcpus").map_err(db_err)?)?,
         memory_mib: to_u32("memory_mib", r.try_get("memory_mib").map_err(db_err)?)?,
         recreate_on_host_loss: r.try_get("recreate_on_host_loss").map_err(db_err)?,
-        state: state.parse()?,
-        conditions: serde_json::from_str(&conditions)
-            .map_err(|e| Error::internal(format!("stored conditions {conditions:?}: {e}")))?,
+        state: state
+            .parse()
+            .map_err(|e| IpamError::Corrupt(format!("stored {e}")))?,
+        conditions: serde_json::from_str(&conditions).map_err(|source| IpamError::Json {
+            what: format!("stored conditions {conditions:?}"),
+            source,
+        })?,
         address,
         network_policy: policy
             .parse()
-            .map_err(|e: Error| Error::internal(format!("stored {}", e.message)))?,
+            .map_err(|e| IpamError::Corrupt(format!("stored {e}")))?,
         sandbox: r.try_get("sandbox").map_err(db_err)?,
         allocation_id: r.try_get("allocation_id").map_err(db_err)?,
         addresses,
@@ -175,7 +181,7 @@ where
 /// The lease in CIDR form ([`vmnet_model::nic::lease_cidr`], the rule the host plan uses too):
 /// the address with the prefix length of its pool's range, or `/32` when the range no longer
 /// contains it (replaced since) or the pool has no range any more.
-fn lease_cidr(address: Ipv4Addr, range_cidr: Option<&str>) -> Result<Ipv4Net, Error> {
+fn lease_cidr(address: Ipv4Addr, range_cidr: Option<&str>) -> Result<Ipv4Net, IpamError> {
     let range = range_cidr
         .map(|c| parse_stored::<Ipv4Net>("range cidr", c))
         .transpose()?;
@@ -184,7 +190,11 @@ fn lease_cidr(address: Ipv4Addr, range_cidr: Option<&str>) -> Result<Ipv4Net, Er
 
 /// Appends each instance's reported addresses (in arrival order) to its lease in `addresses`;
 /// `one` limits the read to one instance.
-async fn with_reported(tx: &mut Tx, one: Option<&str>, list: &mut [Instance]) -> Result<(), Error> {
+async fn with_reported(
+    tx: &mut Tx,
+    one: Option<&str>,
+    list: &mut [Instance],
+) -> Result<(), IpamError> {
     let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
     for (id, a) in reported(tx, one).await? {
         by_id.entry(id).or_default().push(a);
@@ -202,15 +212,14 @@ async fn with_reported(tx: &mut Tx, one: Option<&str>, list: &mut [Instance]) ->
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown instance; `UNAVAILABLE` on a database failure.
-pub async fn get_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, Error> {
+pub async fn get_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, IpamError> {
     validate_id("instance_id", instance_id)?;
     let sql = instance_sql(tx, "WHERE i.instance_id = $1");
     let row = on_tx!(tx, t => match sqlx::query(sql).bind(instance_id).fetch_optional(&mut **t).await.map_err(db_err)? {
         Some(r) => Some(instance_row(&r)?),
         None => None,
     });
-    let mut inst =
-        row.ok_or_else(|| Error::not_found(format!("instance {instance_id} not found")))?;
+    let mut inst = row.ok_or_else(|| IpamError::not_found(format!("instance {instance_id}")))?;
     with_reported(tx, Some(instance_id), std::slice::from_mut(&mut inst)).await?;
     Ok(inst)
 }
@@ -219,7 +228,7 @@ pub async fn get_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, Er
 ///
 /// # Errors
 /// `UNAVAILABLE` on a database failure.
-pub async fn list_instances(tx: &mut Tx) -> Result<Vec<Instance>, Error> {
+pub async fn list_instances(tx: &mut Tx) -> Result<Vec<Instance>, IpamError> {
     let sql = instance_sql(tx, "ORDER BY i.instance_id");
     let mut list: Vec<Instance> = on_tx!(tx, t => sqlx::query(sql).fetch_all(&mut **t).await.map_err(db_err)?.iter().map(instance_row).collect::<Result<_, _>>()?);
     with_reported(tx, None, &mut list).await?;
@@ -239,7 +248,7 @@ pub async fn list_instances(tx: &mut Tx) -> Result<Vec<Instance>, Error> {
 /// existing instance the request does not describe, naming the first differing field
 /// (`instance vm1 already exists with vcpus 1 (this request: 2)`); `CAPACITY_UNAVAILABLE` when
 /// no host has room or `Pool <id> has no free IP address`; `UNAVAILABLE` on a database failure.
-pub async fn create_instance(tx: &mut Tx, req: &NewInstance) -> Result<Instance, Error> {
+pub async fn create_instance(tx: &mut Tx, req: &NewInstance) -> Result<Instance, IpamError> {
     ensure_instance(tx, req).await.map(|o| o.instance)
 }
 
@@ -256,12 +265,12 @@ pub struct Ensured {
 ///
 /// # Errors
 /// As [`create_instance`].
-pub async fn ensure_instance(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, Error> {
+pub async fn ensure_instance(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, IpamError> {
     req.validate()?;
     atomically!(tx, "vmnet_create", create_inner(tx, req).await)
 }
 
-async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, Error> {
+async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, IpamError> {
     require_pool(tx, &req.pool_id).await?;
     if let Some(h) = &req.host_id {
         get_host(tx, h).await?;
@@ -291,7 +300,7 @@ async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, Error> 
                 instance,
                 created: false,
             }),
-            Some(why) => Err(Error::conflict(format!(
+            Some(why) => Err(IpamError::Conflict(format!(
                 "instance {} already exists with {why}",
                 req.instance_id
             ))),
@@ -329,14 +338,18 @@ impl Want<'_> {
 
 /// Claims capacity (on `host` or the first ready host with room) and takes the lease; marks the
 /// instance running there. Callers undo on error (savepoint).
-pub(crate) async fn place(tx: &mut Tx, want: &Want<'_>, host: Option<&str>) -> Result<(), Error> {
+pub(crate) async fn place(
+    tx: &mut Tx,
+    want: &Want<'_>,
+    host: Option<&str>,
+) -> Result<(), IpamError> {
     let host_id = match host {
         Some(h) => {
             if !claim(tx, h, want).await? {
                 if get_host(tx, h).await?.state == HostState::Lost {
-                    return Err(Error::capacity(format!("host {h} is lost")));
+                    return Err(IpamError::Exhausted(format!("host {h} is lost")));
                 }
-                return Err(Error::capacity(format!(
+                return Err(IpamError::Exhausted(format!(
                     "host {h} has no room for {}",
                     want.no_room()
                 )));
@@ -360,7 +373,7 @@ pub(crate) async fn place(tx: &mut Tx, want: &Want<'_>, host: Option<&str>) -> R
                 }
             }
             chosen.ok_or_else(|| {
-                Error::capacity(format!("no host has room for {}", want.no_room()))
+                IpamError::Exhausted(format!("no host has room for {}", want.no_room()))
             })?
         }
     };
@@ -382,7 +395,7 @@ pub(crate) async fn place(tx: &mut Tx, want: &Want<'_>, host: Option<&str>) -> R
 /// so concurrent placements neither serialize nor deadlock on it; a rolled-back placement leaves
 /// a gap), a counter row on SQLite (whose writers are serialized anyway; rolled back with the
 /// placement).
-async fn next_allocation(tx: &mut Tx) -> Result<u64, Error> {
+async fn next_allocation(tx: &mut Tx) -> Result<u64, IpamError> {
     let n: i64 = match tx {
         Tx::Sqlite(t) => sqlx::query_scalar(
             "UPDATE allocation_counter SET next = next + 1 WHERE id = 1 RETURNING next - 1",
@@ -395,12 +408,12 @@ async fn next_allocation(tx: &mut Tx) -> Result<u64, Error> {
             .await
             .map_err(db_err)?,
     };
-    u64::try_from(n).map_err(|_| Error::internal(format!("allocation counter {n} is negative")))
+    u64::try_from(n).map_err(|_| IpamError::Corrupt(format!("allocation counter {n} is negative")))
 }
 
 /// Claims the request on a ready host if it has room; false otherwise. Row-level: concurrent
 /// claims on PostgreSQL serialize on the host row and re-check the room.
-async fn claim(tx: &mut Tx, host_id: &str, want: &Want<'_>) -> Result<bool, Error> {
+async fn claim(tx: &mut Tx, host_id: &str, want: &Want<'_>) -> Result<bool, IpamError> {
     let n = on_tx!(tx, t => sqlx::query(
         "UPDATE hosts SET used_vcpus = used_vcpus + $2, used_memory_mib = used_memory_mib + $3 \
          WHERE host_id = $1 AND state = 'ready' AND used_vcpus + $2 <= vcpus AND used_memory_mib + $3 <= memory_mib")
@@ -415,7 +428,7 @@ async fn claim(tx: &mut Tx, host_id: &str, want: &Want<'_>) -> Result<bool, Erro
 }
 
 /// Returns an instance's claim to its host (a lost host holds no claims).
-async fn unclaim(tx: &mut Tx, inst: &Instance) -> Result<(), Error> {
+async fn unclaim(tx: &mut Tx, inst: &Instance) -> Result<(), IpamError> {
     let Some(h) = &inst.host_id else {
         return Ok(());
     };
@@ -437,12 +450,12 @@ async fn unclaim(tx: &mut Tx, inst: &Instance) -> Result<(), Error> {
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown instance; `UNAVAILABLE` on a database failure.
-pub async fn delete_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, Error> {
+pub async fn delete_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, IpamError> {
     validate_id("instance_id", instance_id)?;
     atomically!(tx, "vmnet_delete", delete_inner(tx, instance_id).await)
 }
 
-async fn delete_inner(tx: &mut Tx, instance_id: &str) -> Result<Instance, Error> {
+async fn delete_inner(tx: &mut Tx, instance_id: &str) -> Result<Instance, IpamError> {
     // Lock order (crate::locks): the host, the instance, then the claim before the lease.
     lock_placed_instance(tx, instance_id).await?;
     let inst = get_instance(tx, instance_id).await?;

@@ -2,9 +2,9 @@
 
 use std::net::IpAddr;
 
+use crate::error::IpamError;
 use ipnet::Ipv4Net;
 use sqlx::Row;
-use vmnet_model::Error;
 use vmnet_model::ids::validate_id;
 use vmnet_model::pool::{IpRange, Pool, SetIpPool};
 
@@ -28,19 +28,25 @@ use crate::stored::{num, parse_stored};
 /// naming the other pool when the range clashes with its range, e.g.
 /// `pool p2: cidr 10.0.0.0/16 overlaps cidr 10.0.0.0/24 of pool p1`; `UNAVAILABLE` on a
 /// database failure. On error nothing was written.
-pub async fn set_ip_pool(tx: &mut Tx, req: SetIpPool) -> Result<IpRange, Error> {
+pub async fn set_ip_pool(tx: &mut Tx, req: SetIpPool) -> Result<IpRange, IpamError> {
     let range = req.validate()?;
     lock_ranges(tx).await?;
     for other in other_ranges(tx, &range.pool_id).await? {
         if let Some(why) = range.clash(&other) {
-            return Err(Error::conflict(format!("pool {}: {why}", range.pool_id)));
+            return Err(IpamError::Conflict(format!(
+                "pool {}: {why}",
+                range.pool_id
+            )));
         }
     }
     ensure_pool(tx, &range.pool_id).await?;
     let dns: Vec<String> = range.dns.iter().map(ToString::to_string).collect();
     match tx {
         Tx::Sqlite(t) => {
-            let dns = serde_json::to_string(&dns).map_err(|e| Error::internal(e.to_string()))?;
+            let dns = serde_json::to_string(&dns).map_err(|source| IpamError::Json {
+                what: "dns".into(),
+                source,
+            })?;
             sqlx::query(
                 "INSERT INTO ip_pools (pool_id, cidr, gateway, first_host, last_host, dns, \
                  first_host_num, last_host_num, gateway_num) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
@@ -86,7 +92,7 @@ pub async fn set_ip_pool(tx: &mut Tx, req: SetIpPool) -> Result<IpRange, Error> 
 
 /// Shuts out every other range write until the transaction ends (PostgreSQL; SQLite writers are
 /// serialized by `BEGIN IMMEDIATE`).
-async fn lock_ranges(tx: &mut Tx) -> Result<(), Error> {
+async fn lock_ranges(tx: &mut Tx) -> Result<(), IpamError> {
     if let Tx::Postgres(t) = tx {
         sqlx::query("LOCK TABLE ip_pools IN SHARE ROW EXCLUSIVE MODE")
             .execute(&mut **t)
@@ -97,7 +103,7 @@ async fn lock_ranges(tx: &mut Tx) -> Result<(), Error> {
 }
 
 /// The ranges of every pool but `pool_id`, without their DNS servers.
-async fn other_ranges(tx: &mut Tx, pool_id: &str) -> Result<Vec<IpRange>, Error> {
+async fn other_ranges(tx: &mut Tx, pool_id: &str) -> Result<Vec<IpRange>, IpamError> {
     let sql = match tx {
         Tx::Sqlite(_) => {
             "SELECT pool_id, cidr, gateway, first_host, last_host FROM ip_pools WHERE pool_id <> $1"
@@ -131,12 +137,12 @@ async fn other_ranges(tx: &mut Tx, pool_id: &str) -> Result<Vec<IpRange>, Error>
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `UNAVAILABLE` on a database failure.
-pub async fn create_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, Error> {
+pub async fn create_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, IpamError> {
     validate_id("pool_id", pool_id)?;
     ensure_pool(tx, pool_id).await
 }
 
-async fn ensure_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, Error> {
+async fn ensure_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, IpamError> {
     let done = on_tx!(tx, t => sqlx::query("INSERT INTO pools (pool_id) VALUES ($1) ON CONFLICT (pool_id) DO NOTHING")
         .bind(pool_id)
         .execute(&mut **t)
@@ -147,7 +153,7 @@ async fn ensure_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, Error> {
 }
 
 /// Whether the pool exists.
-pub(crate) async fn pool_exists(tx: &mut Tx, pool_id: &str) -> Result<bool, Error> {
+pub(crate) async fn pool_exists(tx: &mut Tx, pool_id: &str) -> Result<bool, IpamError> {
     let row: Option<String> = on_tx!(tx, t => sqlx::query_scalar("SELECT pool_id FROM pools WHERE pool_id = $1")
         .bind(pool_id)
         .fetch_optional(&mut **t)
@@ -157,11 +163,11 @@ pub(crate) async fn pool_exists(tx: &mut Tx, pool_id: &str) -> Result<bool, Erro
 }
 
 /// `NOT_FOUND` unless the pool exists.
-pub(crate) async fn require_pool(tx: &mut Tx, pool_id: &str) -> Result<(), Error> {
+pub(crate) async fn require_pool(tx: &mut Tx, pool_id: &str) -> Result<(), IpamError> {
     if pool_exists(tx, pool_id).await? {
         Ok(())
     } else {
-        Err(Error::not_found(format!("pool {pool_id} not found")))
+        Err(IpamError::not_found(format!("pool {pool_id}")))
     }
 }
 
@@ -172,7 +178,7 @@ pub(crate) async fn range_of(
     tx: &mut Tx,
     pool_id: &str,
     lock: bool,
-) -> Result<Option<IpRange>, Error> {
+) -> Result<Option<IpRange>, IpamError> {
     let (cidr, gateway, first, last, dns): (String, String, String, String, Vec<String>) = match tx
     {
         Tx::Sqlite(t) => {
@@ -187,8 +193,11 @@ pub(crate) async fn range_of(
                 return Ok(None);
             };
             let dns: String = r.get("dns");
-            let dns: Vec<String> = serde_json::from_str(&dns)
-                .map_err(|e| Error::internal(format!("stored dns {dns:?}: {e}")))?;
+            let dns: Vec<String> =
+                serde_json::from_str(&dns).map_err(|source| IpamError::Json {
+                    what: format!("stored dns {dns:?}"),
+                    source,
+                })?;
             (
                 r.get("cidr"),
                 r.get("gateway"),
@@ -237,7 +246,7 @@ pub(crate) async fn bounds_of(
     tx: &mut Tx,
     pool_id: &str,
     lock: bool,
-) -> Result<Option<(i64, i64, i64)>, Error> {
+) -> Result<Option<(i64, i64, i64)>, IpamError> {
     let sql = match (&*tx, lock) {
         (Tx::Sqlite(_), _) => {
             "SELECT first_host_num, last_host_num, gateway_num FROM ip_pools WHERE pool_id = $1"
@@ -269,7 +278,7 @@ const PG_RANGE_LOCKED: &str = "SELECT cidr::text AS cidr, host(gateway) AS gatew
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown pool; `UNAVAILABLE` on a database failure.
-pub async fn get_ip_pool(tx: &mut Tx, pool_id: &str) -> Result<Option<IpRange>, Error> {
+pub async fn get_ip_pool(tx: &mut Tx, pool_id: &str) -> Result<Option<IpRange>, IpamError> {
     validate_id("pool_id", pool_id)?;
     require_pool(tx, pool_id).await?;
     range_of(tx, pool_id, false).await
@@ -279,7 +288,7 @@ pub async fn get_ip_pool(tx: &mut Tx, pool_id: &str) -> Result<Option<IpRange>, 
 ///
 /// # Errors
 /// As [`get_ip_pool`].
-pub async fn get_pool(tx: &mut Tx, pool_id: &str) -> Result<Pool, Error> {
+pub async fn get_pool(tx: &mut Tx, pool_id: &str) -> Result<Pool, IpamError> {
     let range = get_ip_pool(tx, pool_id).await?;
     let leases = count_leases(tx, pool_id).await?;
     Ok(Pool {
@@ -289,20 +298,20 @@ pub async fn get_pool(tx: &mut Tx, pool_id: &str) -> Result<Pool, Error> {
     })
 }
 
-async fn count_leases(tx: &mut Tx, pool_id: &str) -> Result<u64, Error> {
+async fn count_leases(tx: &mut Tx, pool_id: &str) -> Result<u64, IpamError> {
     let n: i64 = on_tx!(tx, t => sqlx::query_scalar("SELECT COUNT(*) FROM ip_leases WHERE pool_id = $1")
         .bind(pool_id)
         .fetch_one(&mut **t)
         .await
         .map_err(db_err)?);
-    u64::try_from(n).map_err(|_| Error::internal("negative count"))
+    u64::try_from(n).map_err(|_| IpamError::Corrupt("negative count".into()))
 }
 
 /// Every pool, ordered by id, with its range and lease count.
 ///
 /// # Errors
 /// `UNAVAILABLE` on a database failure.
-pub async fn list_pools(tx: &mut Tx) -> Result<Vec<Pool>, Error> {
+pub async fn list_pools(tx: &mut Tx) -> Result<Vec<Pool>, IpamError> {
     let ids: Vec<String> = on_tx!(tx, t => sqlx::query_scalar("SELECT pool_id FROM pools ORDER BY pool_id")
         .fetch_all(&mut **t)
         .await

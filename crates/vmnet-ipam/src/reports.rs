@@ -24,8 +24,8 @@
 //!   has no bound.
 //! * Address equality is exact: `10.0.0.2/24` is a different entry from a `10.0.0.2/29` lease.
 
+use crate::error::IpamError;
 use ipnet::IpNet;
-use vmnet_model::Error;
 use vmnet_model::ids::validate_id;
 use vmnet_model::pool::{
     SkipReason, SkippedInstance, StatusReport, StatusReportOutcome, UpdatedInstance,
@@ -52,7 +52,7 @@ pub async fn report_host_status(
     tx: &mut Tx,
     host_id: &str,
     report: &StatusReport,
-) -> Result<StatusReportOutcome, Error> {
+) -> Result<StatusReportOutcome, IpamError> {
     validate_id("host_id", host_id)?;
     let parsed = report.validate()?;
     atomically!(tx, "vmnet_report", report_inner(tx, host_id, parsed).await)
@@ -62,7 +62,7 @@ async fn report_inner(
     tx: &mut Tx,
     host_id: &str,
     parsed: Vec<(String, Vec<IpNet>)>,
-) -> Result<StatusReportOutcome, Error> {
+) -> Result<StatusReportOutcome, IpamError> {
     get_host(tx, host_id).await?;
     // Lock order (crate::locks): every reported instance in id order, before looking at any.
     let ids: Vec<&str> = parsed.iter().map(|(id, _)| id.as_str()).collect();
@@ -125,7 +125,7 @@ async fn report_inner(
 
 /// `None` for an unknown instance, else the host it is placed on (`Some(None)`: none). On
 /// PostgreSQL the row stays share-locked until the transaction ends.
-async fn placement_of(tx: &mut Tx, instance_id: &str) -> Result<Option<Option<String>>, Error> {
+async fn placement_of(tx: &mut Tx, instance_id: &str) -> Result<Option<Option<String>>, IpamError> {
     let sql = match tx {
         Tx::Sqlite(_) => "SELECT host_id FROM instances WHERE instance_id = $1",
         Tx::Postgres(_) => "SELECT host_id FROM instances WHERE instance_id = $1 FOR SHARE",

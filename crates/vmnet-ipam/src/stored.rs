@@ -5,7 +5,7 @@
 use std::net::Ipv4Addr;
 use std::str::FromStr;
 
-use vmnet_model::Error;
+use crate::error::IpamError;
 
 /// An address as the integer stored in `ip_free` and `ip_leases.address_num`.
 pub(crate) fn num(a: Ipv4Addr) -> i64 {
@@ -13,14 +13,14 @@ pub(crate) fn num(a: Ipv4Addr) -> i64 {
 }
 
 /// The address of a stored integer.
-pub(crate) fn addr(n: i64) -> Result<Ipv4Addr, Error> {
+pub(crate) fn addr(n: i64) -> Result<Ipv4Addr, IpamError> {
     u32::try_from(n)
         .map(Ipv4Addr::from)
-        .map_err(|_| Error::internal(format!("stored address {n} is out of range")))
+        .map_err(|_| IpamError::Corrupt(format!("stored address {n} is out of range")))
 }
 
 /// Parses a value the store holds as text; a value that does not parse is `INTERNAL` (the store
 /// only ever holds what vmnet wrote), naming `what`.
-pub(crate) fn parse_stored<T: FromStr>(what: &str, s: &str) -> Result<T, Error> {
-    T::from_str(s).map_err(|_| Error::internal(format!("stored {what} {s:?} does not parse")))
+pub(crate) fn parse_stored<T: FromStr>(what: &str, s: &str) -> Result<T, IpamError> {
+    T::from_str(s).map_err(|_| IpamError::Corrupt(format!("stored {what} {s:?} does not parse")))
 }

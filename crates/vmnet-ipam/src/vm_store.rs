@@ -12,7 +12,7 @@
 //! mesh address would fight over the host route to it. Both are enforced by unique indexes, so
 //! two concurrent writers cannot both win; the violation maps to `CONFLICT`.
 
-use vmnet_model::Error;
+use crate::error::IpamError;
 
 use crate::db::{Tx, db_err, on_tx};
 
@@ -45,9 +45,9 @@ type Raw = (
     i64,
 );
 
-fn from_raw(r: Raw) -> Result<VmRow, Error> {
+fn from_raw(r: Raw) -> Result<VmRow, IpamError> {
     let user_id = u32::try_from(r.1).map_err(|_| {
-        Error::internal(format!(
+        IpamError::Corrupt(format!(
             "vm {}: stored user_id {} is out of range",
             r.0, r.1
         ))
@@ -76,7 +76,7 @@ macro_rules! select {
 ///
 /// # Errors
 /// `UNAVAILABLE` on a database failure.
-pub async fn get(tx: &mut Tx, id: &str) -> Result<Option<VmRow>, Error> {
+pub async fn get(tx: &mut Tx, id: &str) -> Result<Option<VmRow>, IpamError> {
     let row: Option<Raw> =
         on_tx!(tx, c => sqlx::query_as(select!("WHERE id = $1")).bind(id).fetch_optional(&mut **c).await)
             .map_err(db_err)?;
@@ -87,7 +87,7 @@ pub async fn get(tx: &mut Tx, id: &str) -> Result<Option<VmRow>, Error> {
 ///
 /// # Errors
 /// `UNAVAILABLE` on a database failure.
-pub async fn list(tx: &mut Tx) -> Result<Vec<VmRow>, Error> {
+pub async fn list(tx: &mut Tx) -> Result<Vec<VmRow>, IpamError> {
     let rows: Vec<Raw> =
         on_tx!(tx, c => sqlx::query_as(select!("ORDER BY id")).fetch_all(&mut **c).await)
             .map_err(db_err)?;
@@ -108,7 +108,7 @@ pub async fn get_if_free(
     id: &str,
     user_id: u32,
     mesh: Option<&str>,
-) -> Result<Option<VmRow>, Error> {
+) -> Result<Option<VmRow>, IpamError> {
     let rows: Vec<Raw> =
         on_tx!(tx, c => sqlx::query_as(select!("WHERE id = $1 OR user_id = $2 OR mesh = $3"))
         .bind(id)
@@ -123,7 +123,7 @@ pub async fn get_if_free(
         .collect::<Result<Vec<_>, _>>()?;
     let others = || rows.iter().filter(|r| r.id != id);
     if let Some(other) = others().find(|r| r.user_id == user_id) {
-        return Err(Error::conflict(format!(
+        return Err(IpamError::Conflict(format!(
             "vm {id}: user_id {user_id} is already used by vm {}",
             other.id
         )));
@@ -131,7 +131,7 @@ pub async fn get_if_free(
     if let Some(m) = mesh
         && let Some(other) = others().find(|r| r.mesh.as_deref() == Some(m))
     {
-        return Err(Error::conflict(format!(
+        return Err(IpamError::Conflict(format!(
             "vm {id}: mesh_ipv6 {m} is already used by vm {}",
             other.id
         )));
@@ -140,12 +140,12 @@ pub async fn get_if_free(
 }
 
 /// Maps a unique violation of the insert or update of VM `id` to `CONFLICT` naming the field.
-fn write_err(e: sqlx::Error, id: &str, user_id: u32, mesh: Option<&str>) -> Error {
+fn write_err(e: sqlx::Error, id: &str, user_id: u32, mesh: Option<&str>) -> IpamError {
     match e {
         sqlx::Error::Database(e) if e.is_unique_violation() => {
             let on_mesh =
                 e.constraint().is_some_and(|c| c.contains("mesh")) || e.message().contains("mesh");
-            Error::conflict(match mesh {
+            IpamError::Conflict(match mesh {
                 Some(m) if on_mesh => {
                     format!("vm {id}: mesh_ipv6 {m} is already used by another vm")
                 }
@@ -172,7 +172,7 @@ pub async fn put(
     mesh: Option<&str>,
     config: &str,
     now_ms: i64,
-) -> Result<Option<VmRow>, Error> {
+) -> Result<Option<VmRow>, IpamError> {
     let before = get_if_free(tx, id, user_id, mesh).await?;
     on_tx!(tx, c => sqlx::query(
         "INSERT INTO vm_configs (id, user_id, mesh, config, updated_at) VALUES ($1, $2, $3, $4, $5) \
@@ -199,7 +199,7 @@ pub async fn put(
 /// # Errors
 /// `CONFLICT` when another VM holds the row's user id or mesh address; `UNAVAILABLE` on a
 /// database failure.
-pub async fn save(tx: &mut Tx, row: &VmRow) -> Result<(), Error> {
+pub async fn save(tx: &mut Tx, row: &VmRow) -> Result<(), IpamError> {
     on_tx!(tx, c => sqlx::query(
         "INSERT INTO vm_configs (id, user_id, mesh, config, applied, last_error, updated_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7) \
@@ -232,7 +232,7 @@ pub async fn set_result(
     applied: Option<&str>,
     last_error: Option<&str>,
     now_ms: i64,
-) -> Result<(), Error> {
+) -> Result<(), IpamError> {
     let res = on_tx!(tx, c => sqlx::query("UPDATE vm_configs SET applied = $2, last_error = $3, updated_at = $4 WHERE id = $1")
         .bind(id)
         .bind(applied)
@@ -243,7 +243,7 @@ pub async fn set_result(
         .map(|r| r.rows_affected()))
     .map_err(db_err)?;
     if res == 0 {
-        return Err(Error::not_found(format!("vm {id} not found")));
+        return Err(IpamError::not_found(format!("vm {id}")));
     }
     Ok(())
 }
@@ -253,7 +253,7 @@ pub async fn set_result(
 ///
 /// # Errors
 /// `UNAVAILABLE` on a database failure.
-pub async fn restore(tx: &mut Tx, id: &str, before: Option<&VmRow>) -> Result<(), Error> {
+pub async fn restore(tx: &mut Tx, id: &str, before: Option<&VmRow>) -> Result<(), IpamError> {
     let Some(b) = before else {
         delete(tx, id).await?;
         return Ok(());
@@ -280,7 +280,7 @@ pub async fn restore(tx: &mut Tx, id: &str, before: Option<&VmRow>) -> Result<()
 ///
 /// # Errors
 /// `UNAVAILABLE` on a database failure.
-pub async fn delete(tx: &mut Tx, id: &str) -> Result<bool, Error> {
+pub async fn delete(tx: &mut Tx, id: &str) -> Result<bool, IpamError> {
     let res = on_tx!(tx, c => sqlx::query("DELETE FROM vm_configs WHERE id = $1").bind(id).execute(&mut **c).await.map(|r| r.rows_affected()))
         .map_err(db_err)?;
     Ok(res > 0)

@@ -6,8 +6,8 @@
 mod common;
 
 mod cases {
+    use crate::common::Kind;
     use vmnet_ipam::{Db, Store};
-    use vmnet_model::ErrorCode;
 
     use crate::common::*;
 
@@ -76,7 +76,7 @@ mod cases {
                 } else {
                     req.vcpus += 1;
                     let e = create(db, &req).await.unwrap_err();
-                    assert_eq!(e.code, ErrorCode::Conflict);
+                    assert_eq!(kind(&e), Kind::Conflict);
                     conflicts += 1;
                 }
                 assert_eq!(snapshot(db).await, before);
@@ -90,8 +90,8 @@ mod cases {
                         created += 1;
                     }
                     Err(e) => {
-                        assert_eq!(e.code, ErrorCode::CapacityUnavailable, "{e}");
-                        assert_eq!(e.message, "Pool pool_01jz has no free IP address");
+                        assert_eq!(kind(&e), Kind::Exhausted, "{e}");
+                        assert_eq!(e.to_string(), "Pool pool_01jz has no free IP address");
                         exhausted += 1;
                     }
                 }

@@ -6,8 +6,8 @@
 mod common;
 
 mod cases {
+    use crate::common::Kind;
     use vmnet_ipam::{Db, Store};
-    use vmnet_model::ErrorCode;
 
     use crate::common::*;
 
@@ -27,7 +27,7 @@ mod cases {
         let before = snapshot(db).await;
         assert_err(
             create(db, &inst("vm5", "p1")).await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "Pool p1 has no free IP address",
         );
         assert_eq!(
@@ -46,7 +46,7 @@ mod cases {
     pub async fn gateway_at_end_of_slash24(db: &Db) {
         assert_err(
             set_pool(db, range("p1", "10.0.0.0/24", "10.0.0.254")).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "pool p1: first_host 10.0.0.255 is the broadcast address of 10.0.0.0/24 \
              (the default is the address after the gateway; set first_host explicitly)",
         );
@@ -77,7 +77,7 @@ mod cases {
         );
         assert_err(
             lease(db, "p1", "e").await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "Pool p1 has no free IP address",
         );
     }
@@ -102,14 +102,14 @@ mod cases {
         assert_eq!(lease(db, "p1", "n2").await.unwrap(), Some(ip("10.0.0.101")));
         assert_err(
             lease(db, "p1", "n3").await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "Pool p1 has no free IP address",
         );
         // Releasing an out-of-range lease does not make it leasable.
         release(db, "vm1").await.unwrap();
         assert_err(
             lease(db, "p1", "n3").await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "Pool p1 has no free IP address",
         );
         // Widening the range again makes the free out-of-range addresses leasable; the held ones
@@ -129,7 +129,7 @@ mod cases {
             match lease(db, "p1", &format!("vm{i}")).await {
                 Ok(a) => got.push(a.unwrap()),
                 Err(e) => {
-                    assert_eq!(e.code, ErrorCode::CapacityUnavailable);
+                    assert_eq!(kind(&e), Kind::Exhausted);
                     break;
                 }
             }
@@ -165,7 +165,7 @@ mod cases {
             } else {
                 req.last_host = Some(value.into());
             }
-            assert_err(set_pool(db, req).await, ErrorCode::InvalidInput, msg);
+            assert_err(set_pool(db, req).await, Kind::Invalid, msg);
         }
     }
 
@@ -179,7 +179,7 @@ mod cases {
         assert_eq!(lease(db, "p31", "a").await.unwrap(), Some(ip("10.0.0.1")));
         assert_err(
             lease(db, "p31", "b").await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "Pool p31 has no free IP address",
         );
         // A /31 with the gateway outside leases both addresses.
@@ -192,7 +192,7 @@ mod cases {
         // /32 routed from an outside gateway: the default first_host is outside the /32.
         assert_err(
             set_pool(db, range("p32", "10.0.2.5/32", "10.0.2.1")).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "pool p32: first_host 10.0.2.2 is outside cidr 10.0.2.5/32 (the default is the address after the gateway; set first_host explicitly)",
         );
         let mut req = range("p32", "10.0.2.5/32", "10.0.2.1");
@@ -205,7 +205,7 @@ mod cases {
         assert_eq!(lease(db, "p32", "e").await.unwrap(), Some(ip("10.0.2.5")));
         assert_err(
             lease(db, "p32", "f").await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "Pool p32 has no free IP address",
         );
         // /32 that is its own gateway: nothing to lease.
@@ -214,7 +214,7 @@ mod cases {
         set_pool(db, req).await.unwrap();
         assert_err(
             lease(db, "p32b", "g").await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "Pool p32b has no free IP address",
         );
     }
@@ -229,7 +229,7 @@ mod cases {
         assert_eq!(lease(db, "p1", "a").await.unwrap(), Some(ip("10.0.0.2")));
         assert_err(
             lease(db, "p2", "a").await,
-            ErrorCode::Conflict,
+            Kind::Conflict,
             "instance a already holds lease 10.0.0.2 in pool p1",
         );
         let l = release(db, "a").await.unwrap().unwrap();
@@ -370,7 +370,7 @@ mod cases {
             }
         }
         let e = vmnet_ipam::lease(&mut tx, "p1", "c").await.unwrap_err();
-        assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+        assert_eq!(kind(&e), Kind::Unavailable, "{e}");
         assert_eq!(
             vmnet_ipam::lease_of(&mut tx, "a")
                 .await

@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use common::*;
 use tokio::sync::Barrier;
+use vmnet_ipam::IpamError;
 use vmnet_ipam::{Db, NewInstance};
-use vmnet_model::Error;
 
 const ROUNDS: usize = 50;
 const CREATES: usize = 20;
@@ -28,7 +28,7 @@ enum Op {
     Lose(String),
 }
 
-async fn run(db: &Db, op: &Op) -> Result<String, Error> {
+async fn run(db: &Db, op: &Op) -> Result<String, IpamError> {
     match op {
         Op::Create(req) => create(db, req)
             .await

@@ -8,9 +8,9 @@ mod common;
 mod idempotent {
     use std::sync::Arc;
 
+    use crate::common::Kind;
     use tokio::sync::Barrier;
     use vmnet_ipam::{Db, NetworkPolicy, Store};
-    use vmnet_model::ErrorCode;
 
     use crate::common::*;
 
@@ -90,7 +90,7 @@ mod idempotent {
             change(&mut req);
             assert_err(
                 create(db, &req).await,
-                ErrorCode::Conflict,
+                Kind::Conflict,
                 &format!("instance vm1 already exists with {what}"),
             );
         }
@@ -108,7 +108,7 @@ mod idempotent {
         assert_eq!(lost.state, vmnet_ipam::InstanceState::Lost);
         assert_err(
             create(db, &base).await,
-            ErrorCode::Conflict,
+            Kind::Conflict,
             "instance vm1 already exists with host_id none (this request: h1)",
         );
         check_invariants(db).await;

@@ -8,15 +8,15 @@ mod common;
 mod overlap {
     use std::sync::Arc;
 
+    use crate::common::Kind;
     use tokio::sync::Barrier;
     use vmnet_ipam::{Db, Store};
-    use vmnet_model::ErrorCode;
 
     use crate::common::*;
 
     async fn conflict(db: &Db, req: vmnet_ipam::SetIpPool, message: &str) {
         let before = snapshot(db).await;
-        assert_err(set_pool(db, req).await, ErrorCode::Conflict, message);
+        assert_err(set_pool(db, req).await, Kind::Conflict, message);
         assert_eq!(
             snapshot(db).await,
             before,
@@ -136,10 +136,11 @@ mod overlap {
             "exactly one range may win: {won:?}, {refused:?}"
         );
         for (p, e) in &refused {
-            assert_eq!(e.code, ErrorCode::Conflict, "{p}: {e}");
+            assert_eq!(kind(e), Kind::Conflict, "{p}: {e}");
             assert!(
-                e.message.starts_with(&format!("pool {p}: cidr 10.40.0.0/"))
-                    && e.message.ends_with(&format!("of pool {}", won[0])),
+                e.to_string()
+                    .starts_with(&format!("pool {p}: cidr 10.40.0.0/"))
+                    && e.to_string().ends_with(&format!("of pool {}", won[0])),
                 "{p}: {e}"
             );
         }

@@ -5,8 +5,8 @@
 mod common;
 
 mod cases {
+    use crate::common::Kind;
     use vmnet_ipam::{Db, Store};
-    use vmnet_model::ErrorCode;
 
     use crate::common::*;
 
@@ -25,13 +25,13 @@ mod cases {
         let before = snapshot(db).await;
         assert_err(
             create(db, &inst("nope", "p1")).await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "no host has room for instance nope (1 vCPUs, 512 MiB)",
         );
         let on_h1 = on("nope", "p1", "h1");
         assert_err(
             create(db, &on_h1).await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "host h1 has no room for instance nope (1 vCPUs, 512 MiB)",
         );
         assert_eq!(snapshot(db).await, before);
@@ -142,7 +142,7 @@ mod cases {
         let on_lost = on("z", "q", "h4");
         assert_err(
             create(db, &on_lost).await,
-            ErrorCode::CapacityUnavailable,
+            Kind::Exhausted,
             "host h4 is lost",
         );
         check_invariants(db).await;
@@ -156,56 +156,52 @@ mod cases {
         let before = snapshot(db).await;
         assert_err(
             create(db, &inst("vm2", "nope")).await,
-            ErrorCode::NotFound,
+            Kind::NotFound,
             "pool nope not found",
         );
         assert_err(
             lease(db, "nope", "vm2").await,
-            ErrorCode::NotFound,
+            Kind::NotFound,
             "pool nope not found",
         );
         let mut bigger = inst("vm1", "p1");
         bigger.vcpus = 2;
         assert_err(
             create(db, &bigger).await,
-            ErrorCode::Conflict,
+            Kind::Conflict,
             "instance vm1 already exists with vcpus 1 (this request: 2)",
         );
         let elsewhere = on("vm3", "p1", "hx");
         assert_err(
             create(db, &elsewhere).await,
-            ErrorCode::NotFound,
+            Kind::NotFound,
             "host hx not found",
         );
         assert_err(
             delete(db, "ghost").await,
-            ErrorCode::NotFound,
+            Kind::NotFound,
             "instance ghost not found",
         );
-        assert_err(
-            lose(db, "hx").await,
-            ErrorCode::NotFound,
-            "host hx not found",
-        );
+        assert_err(lose(db, "hx").await, Kind::NotFound, "host hx not found");
         let mut tx = db.begin().await.unwrap();
         assert_err(
             vmnet_ipam::get_instance(&mut tx, "ghost").await,
-            ErrorCode::NotFound,
+            Kind::NotFound,
             "instance ghost not found",
         );
         assert_err(
             vmnet_ipam::list_leases(&mut tx, "nope").await,
-            ErrorCode::NotFound,
+            Kind::NotFound,
             "pool nope not found",
         );
         assert_err(
             vmnet_ipam::get_ip_pool(&mut tx, "nope").await,
-            ErrorCode::NotFound,
+            Kind::NotFound,
             "pool nope not found",
         );
         assert_err(
             vmnet_ipam::add_host(&mut tx, "h1", 1, 1).await,
-            ErrorCode::Conflict,
+            Kind::Conflict,
             "host h1 already exists",
         );
         // Even committing the transaction after the errors writes nothing.
@@ -238,9 +234,9 @@ mod cases {
             let e = vmnet_ipam::create_instance(&mut tx, &inst(bad, "p1"))
                 .await
                 .unwrap_err();
-            assert_eq!(e.code, ErrorCode::InvalidInput);
+            assert_eq!(kind(&e), Kind::Invalid);
             assert_eq!(
-                e.message,
+                e.to_string(),
                 format!(
                     "instance_id {bad:?} may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit"
                 )
@@ -248,7 +244,7 @@ mod cases {
             let e = vmnet_ipam::create_instance(&mut tx, &inst("ok", bad))
                 .await
                 .unwrap_err();
-            assert!(e.message.starts_with("pool_id "), "{e}");
+            assert!(e.to_string().starts_with("pool_id "), "{e}");
             assert!(
                 vmnet_ipam::set_ip_pool(&mut tx, range(bad, "10.0.0.0/24", "10.0.0.1"))
                     .await
@@ -262,41 +258,41 @@ mod cases {
         }
         assert_err(
             vmnet_ipam::create_instance(&mut tx, &inst("", "p1")).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "instance_id must not be empty",
         );
         assert_err(
             vmnet_ipam::create_instance(&mut tx, &inst(&long, "p1")).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "instance_id is 65 bytes long; at most 64 are allowed",
         );
         assert_err(
             vmnet_ipam::create_instance(&mut tx, &inst("vm2", "")).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "pool_id must not be empty",
         );
         assert_err(
             vmnet_ipam::add_host(&mut tx, &long, 1, 1).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "host_id is 65 bytes long; at most 64 are allowed",
         );
         assert_err(
             vmnet_ipam::add_host(&mut tx, "h2", 0, 1).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "host h2: vcpus must be at least 1",
         );
         let mut zero = inst("vm2", "p1");
         zero.memory_mib = 0;
         assert_err(
             vmnet_ipam::create_instance(&mut tx, &zero).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "instance vm2: memory_mib must be at least 1",
         );
         let mut dns = range("p1", "10.0.0.0/24", "10.0.0.1");
         dns.dns = vec!["1.1.1.1'; DROP TABLE ip_pools; --".into()];
         assert_err(
             vmnet_ipam::set_ip_pool(&mut tx, dns).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "pool p1: dns[0] \"1.1.1.1'; DROP TABLE ip_pools; --\" is not an IP address",
         );
         tx.commit().await.unwrap();

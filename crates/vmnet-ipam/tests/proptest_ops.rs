@@ -11,7 +11,6 @@ use std::net::Ipv4Addr;
 use common::*;
 use proptest::prelude::*;
 use vmnet_ipam::{Db, Store};
-use vmnet_model::ErrorCode;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -108,15 +107,10 @@ async fn run(db: &Db, ops: Vec<Op>) {
                     }
                     Err(e) => {
                         assert!(
-                            matches!(
-                                e.code,
-                                ErrorCode::CapacityUnavailable
-                                    | ErrorCode::Conflict
-                                    | ErrorCode::NotFound
-                            ),
+                            matches!(kind(&e), Kind::Exhausted | Kind::Conflict | Kind::NotFound),
                             "{op:?}: {e}"
                         );
-                        if e.message == "Pool p has no free IP address" {
+                        if e.to_string() == "Pool p has no free IP address" {
                             assert_eq!(lowest, None, "{op:?} failed with a free address");
                         }
                         Some(e)
@@ -134,7 +128,7 @@ async fn run(db: &Db, ops: Vec<Op>) {
             Op::SetRange { last } => set_pool(db, pool_range(*last)).await.err(),
         };
         if let Some(e) = failed {
-            assert_ne!(e.code, ErrorCode::Unavailable, "{op:?}: {e}");
+            assert_ne!(kind(&e), Kind::Unavailable, "{op:?}: {e}");
             assert_eq!(
                 snapshot(db).await,
                 before,

@@ -5,12 +5,13 @@
 mod common;
 
 mod cases {
+    use crate::common::Kind;
+    use vmnet_ipam::IpamError;
     use vmnet_ipam::{Db, SkipReason, StatusReport, StatusReportOutcome, Store, Tx};
-    use vmnet_model::{Error, ErrorCode};
 
     use crate::common::*;
 
-    async fn report(db: &Db, host: &str, json: &str) -> Result<StatusReportOutcome, Error> {
+    async fn report(db: &Db, host: &str, json: &str) -> Result<StatusReportOutcome, IpamError> {
         let r: StatusReport = serde_json::from_str(json).unwrap();
         let mut tx = db.begin().await?;
         let out = vmnet_ipam::report_host_status(&mut tx, host, &r).await?;
@@ -210,7 +211,7 @@ mod cases {
         );
         assert_err(
             report(db, "h9", r#"{"instances": []}"#).await,
-            ErrorCode::NotFound,
+            Kind::NotFound,
             "host h9 not found",
         );
     }
@@ -232,7 +233,7 @@ mod cases {
                 ]}"#,
             )
             .await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "instance vm2: addresses[1] \"10.9.0.300/24\" is not an address in CIDR form such as 10.0.0.2/24",
         );
         assert_err(
@@ -242,12 +243,12 @@ mod cases {
                 r#"{"instances": [{"instance_id": "vm1", "addresses": ["10.9.0.1"]}]}"#,
             )
             .await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "instance vm1: addresses[0] \"10.9.0.1\" is not an address in CIDR form such as 10.0.0.2/24",
         );
         assert_err(
             report(db, "bad host", r#"{"instances": []}"#).await,
-            ErrorCode::InvalidInput,
+            Kind::Invalid,
             "host_id \"bad host\" may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit",
         );
         assert_eq!(snapshot(db).await, before);

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use common::*;
 use tokio::sync::Barrier;
 use vmnet_ipam::{BUSY, Db, Tx};
-use vmnet_model::{Error, ErrorCode};
+
+use vmnet_ipam::IpamError;
 
 async fn lock_host_by_hand(tx: &mut Tx, host: &str) {
     let Tx::Postgres(t) = tx else {
@@ -42,7 +43,7 @@ async fn side(
     theirs: &str,
     meet: &Barrier,
     met: &AtomicBool,
-) -> Result<(), Error> {
+) -> Result<(), IpamError> {
     vmnet_ipam::transaction!(db, tx => async {
         lock_host_by_hand(tx, mine).await;
         if !met.swap(true, Ordering::SeqCst) {
@@ -113,8 +114,8 @@ async fn without_a_retry_the_caller_sees_our_words_not_postgres() {
         "PostgreSQL fails exactly one side: {errors:?}"
     );
     let e = &errors[0];
-    assert_eq!(e.code, ErrorCode::Unavailable);
-    assert_eq!(e.message, BUSY);
-    assert!(vmnet_ipam::is_busy(e));
+    assert_eq!(kind(e), Kind::Unavailable);
+    assert_eq!(e.to_string(), BUSY);
+    assert!(e.is_busy());
     check_invariants(&t.db).await;
 }

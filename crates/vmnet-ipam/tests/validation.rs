@@ -6,8 +6,8 @@ mod common;
 
 mod validation {
     //! One small fixture per validation rule of set_ip_pool, asserting the exact error.
+    use crate::common::Kind;
     use vmnet_ipam::Db;
-    use vmnet_model::ErrorCode;
 
     use crate::common::*;
 
@@ -23,7 +23,7 @@ mod validation {
         req.first_host = first.map(Into::into);
         req.last_host = last.map(Into::into);
         let before = snapshot(db).await;
-        assert_err(set_pool(db, req).await, ErrorCode::InvalidInput, message);
+        assert_err(set_pool(db, req).await, Kind::Invalid, message);
         assert_eq!(snapshot(db).await, before);
     }
 
@@ -163,7 +163,7 @@ mod validation {
         let mut req = range("p1", "10.0.0.0/24", "10.0.0.1");
         req.dns = dns.iter().map(|s| (*s).to_owned()).collect();
         let before = snapshot(db).await;
-        assert_err(set_pool(db, req).await, ErrorCode::InvalidInput, message);
+        assert_err(set_pool(db, req).await, Kind::Invalid, message);
         assert_eq!(snapshot(db).await, before);
     }
     pub async fn whole_internet_refused(db: &Db) {

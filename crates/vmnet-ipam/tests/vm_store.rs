@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::{postgres_after, sqlite_after};
+use common::{Kind, kind, postgres_after, sqlite_after};
 use vmnet_ipam::vm_store::{self, VmRow};
-use vmnet_ipam::{Db, Store};
-use vmnet_model::ErrorCode;
+use vmnet_ipam::{Db, IpamError, Store};
 
 async fn exercise(db: &Db) {
     let mut tx = db.begin().await.unwrap();
@@ -28,9 +27,9 @@ async fn exercise(db: &Db) {
     let e = vm_store::put(&mut tx, "c", 2, None, "{}", 13)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::Conflict);
+    assert_eq!(kind(&e), Kind::Conflict);
     assert!(
-        e.message.contains("user_id 2 is already used by vm b"),
+        e.to_string().contains("user_id 2 is already used by vm b"),
         "{e}"
     );
     tx.commit().await.unwrap();
@@ -43,9 +42,9 @@ async fn exercise(db: &Db) {
     let e = vm_store::put(&mut tx, "m3", 103, Some("fdaa:1::100"), "{}", 15)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::Conflict);
+    assert_eq!(kind(&e), Kind::Conflict);
     assert!(
-        e.message
+        e.to_string()
             .contains("vm m3: mesh_ipv6 fdaa:1::100 is already used by vm m1"),
         "{e}"
     );
@@ -96,7 +95,7 @@ async fn exercise(db: &Db) {
     let e = vm_store::set_result(&mut tx, "zz", None, None, 20)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::NotFound);
+    assert_eq!(kind(&e), Kind::NotFound);
     let good: VmRow = vm_store::get(&mut tx, "a").await.unwrap().unwrap();
     assert_eq!(
         (good.applied.as_deref(), good.updated_at),
@@ -166,16 +165,17 @@ async fn exercise_save(db: &Db) {
     let e = vm_store::get_if_free(&mut tx, "s2", 201, None)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(matches!(e, IpamError::Conflict(_)), "{e:?}");
     assert!(
-        e.message.contains("user_id 201 is already used by vm s1"),
+        e.to_string()
+            .contains("user_id 201 is already used by vm s1"),
         "{e}"
     );
     let e = vm_store::get_if_free(&mut tx, "s2", 202, Some("fdaa:1::201"))
         .await
         .unwrap_err();
     assert!(
-        e.message
+        e.to_string()
             .contains("vm s2: mesh_ipv6 fdaa:1::201 is already used by vm s1"),
         "{e}"
     );
@@ -191,8 +191,8 @@ async fn exercise_save(db: &Db) {
     let e = vm_store::save(&mut tx, &row("s2", 203, None, "{}"))
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::Conflict);
-    assert!(e.message.contains("vm s2: user_id 203"), "{e}");
+    assert!(matches!(e, IpamError::Conflict(_)), "{e:?}");
+    assert!(e.to_string().contains("vm s2: user_id 203"), "{e}");
     drop(tx);
     let mut tx = db.begin().await.unwrap();
     // s1 gave fdaa:1::201 up above: it is free now.
@@ -202,7 +202,10 @@ async fn exercise_save(db: &Db) {
     let e = vm_store::save(&mut tx, &row("s4", 205, Some("fdaa:1::201"), "{}"))
         .await
         .unwrap_err();
-    assert!(e.message.contains("vm s4: mesh_ipv6 fdaa:1::201"), "{e}");
+    assert!(
+        e.to_string().contains("vm s4: mesh_ipv6 fdaa:1::201"),
+        "{e}"
+    );
 }
 
 #[tokio::test]

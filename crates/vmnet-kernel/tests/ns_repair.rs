@@ -2,7 +2,8 @@
 //! (the testkit's frame relay, as a VMM does), adding a mesh address, losing the veth pair or
 //! one end of it, changing the mesh address, the MTU, the tap's address or the transit range
 //! each keep the netns (same inode) and the tap (same ifindex), and the guest keeps exchanging
-//! frames through the held tap after each repair.
+//! frames through the held tap after each repair. Drift made behind the driver's back (a half-made
+//! netns, changed objects) is reported and repaired.
 
 mod ns_support;
 
@@ -254,4 +255,78 @@ async fn a_deleted_tap_is_made_again_inside_the_same_netns() {
     )
     .expect("through the re-made tap");
     assert_eq!(r.peer.ip(), IpAddr::V4(HOST_UPLINK_V4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+async fn drift_is_reported_and_repaired() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json(
+        "d",
+        0x71,
+        Some("fdaa::71"),
+        &[("0.0.0.0/0", "host")],
+    ));
+    // A crash between creating the mount point and mounting the namespace leaves a plain file.
+    std::fs::write(format!("/run/netns/{}", plan.netns), b"").unwrap();
+    let changes = env
+        .driver
+        .apply(&plan)
+        .await
+        .expect("apply over a half-made netns");
+    assert!(
+        matches!(changes.last(), Some(Change::CreateVm { .. })),
+        "{changes:?}"
+    );
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+
+    // Hand edits: a route removed, the tap MTU changed, the nft table flushed.
+    netns::ip(&plan.netns, &["route", "del", "0.0.0.0/0"]).unwrap();
+    netns::ip(&plan.netns, &["link", "set", &plan.tap.name, "mtu", "1500"]).unwrap();
+    netns::exec(&plan.netns, "nft", &["flush", "ruleset"], T).unwrap();
+    let drift = env.driver.drift(&plan).await.unwrap();
+    assert!(
+        drift.iter().any(|c| matches!(c, Change::AddRoute(..))),
+        "{drift:?}"
+    );
+    assert!(
+        drift.iter().any(|c| matches!(c, Change::Repair { .. })),
+        "{drift:?}"
+    );
+    assert!(
+        drift.iter().any(|c| matches!(c, Change::ReplaceNft { .. })),
+        "{drift:?}"
+    );
+    let fixed = env.driver.apply(&plan).await.unwrap();
+    assert_eq!(
+        fixed.len(),
+        drift.len(),
+        "apply made what drift reported: {fixed:?}"
+    );
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+    assert_eq!(link_info(&plan.netns, &plan.tap.name).unwrap().0, 1380);
+
+    // The host veth deleted by hand (its peer goes with it): the pair is made again in place,
+    // the netns and its tap stay.
+    let v = plan.veth.clone().unwrap();
+    let tap_index = link_info(&plan.netns, &plan.tap.name).unwrap().1;
+    env.host_ip(&["link", "del", &v.host_name]);
+    let drift = env.driver.drift(&plan).await.unwrap();
+    assert!(
+        matches!(drift.as_slice(), [Change::AddVeth { .. }]),
+        "{drift:?}"
+    );
+    let repaired = env.driver.apply(&plan).await.unwrap();
+    assert!(
+        matches!(repaired.first(), Some(Change::AddVeth { .. })),
+        "{repaired:?}"
+    );
+    assert!(
+        !repaired
+            .iter()
+            .any(|c| matches!(c, Change::CreateVm { .. } | Change::RemoveVm { .. })),
+        "{repaired:?}"
+    );
+    assert_eq!(link_info(&plan.netns, &plan.tap.name).unwrap().1, tap_index);
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
 }

@@ -1,9 +1,18 @@
-//! The documented error codes and the one error type every layer maps into at the edge.
+//! The documented error codes, the wire error every layer maps into at the edge, and the
+//! model's own [`ValidationError`].
 //!
 //! Each failure vmnet reports carries an [`ErrorCode`] (the stable, documented string such as
 //! `INVALID_INPUT`) and a human message that names the object and the field at fault. The HTTP
 //! API maps a code to a status exactly once ([`ErrorCode::http_status`]); the CLI maps it to an
 //! exit code exactly once ([`ErrorCode::exit_code`]).
+//!
+//! # Design
+//! Layers return their own error enums (this crate's [`ValidationError`], `vmnet_ipam::IpamError`,
+//! …), each with a short message and its cause as `#[source]`. The wire type [`Error`] (code plus
+//! message, serde) is made only at an edge: the API answer, the CLI's exit, a tool's report. The
+//! model's own enum maps to its code here ([`From<ValidationError> for Error`](Error#impl-From<ValidationError>-for-Error));
+//! the other crates' enums map in the agent's API edge module. [`chain`] is the one way a
+//! message and its causes are printed.
 
 use std::fmt;
 
@@ -130,6 +139,47 @@ impl Error {
     }
 }
 
+/// Input that breaks a validation rule: the one error type of the model's parsers and
+/// validators. Every variant is `INVALID_INPUT` at the edge.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidationError {
+    /// A rule about one object or field; the message names both, e.g.
+    /// `pool p1: cidr 10.0.0.1/24 has host bits set`.
+    #[error("{0}")]
+    Rule(String),
+    /// A document that is not valid JSON or does not fit its schema; `what` names the document
+    /// (e.g. `vm: malformed JSON`), the parser's words are the source.
+    #[error("{what}")]
+    Json {
+        /// The document and what was wrong with it.
+        what: String,
+        /// The JSON parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl ValidationError {
+    /// A [`ValidationError::Rule`] with `message` (naming the object and the field).
+    pub fn rule(message: impl Into<String>) -> Self {
+        Self::Rule(message.into())
+    }
+
+    /// The message with its cause, as one line (see [`chain`]).
+    #[must_use]
+    pub fn message(&self) -> String {
+        chain(self)
+    }
+}
+
+/// The edge mapping of the model's validation errors: always `INVALID_INPUT`, the message with
+/// its cause ([`chain`]).
+impl From<ValidationError> for Error {
+    fn from(e: ValidationError) -> Self {
+        Self::new(ErrorCode::InvalidInput, chain(&e))
+    }
+}
+
 /// An error and each of its sources, `: `-separated, outermost first: the one way vmnet prints an
 /// error chain (e.g. `tap bc1: create: Operation not permitted (os error 1)`).
 ///
@@ -201,6 +251,26 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&ErrorCode::MethodNotAllowed).unwrap(),
             "\"METHOD_NOT_ALLOWED\""
+        );
+    }
+
+    #[test]
+    fn validation_errors_map_to_invalid_input_with_their_cause_once() {
+        let e = ValidationError::rule("pool p1: cidr 10.0.0.1/24 has host bits set");
+        let wire = Error::from(e);
+        assert_eq!(wire.code, ErrorCode::InvalidInput);
+        assert_eq!(wire.message, "pool p1: cidr 10.0.0.1/24 has host bits set");
+        let source = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let json = ValidationError::Json {
+            what: "vm: malformed JSON".into(),
+            source,
+        };
+        assert_eq!(json.to_string(), "vm: malformed JSON");
+        let wire = Error::from(json);
+        assert_eq!(wire.code, ErrorCode::InvalidInput);
+        assert_eq!(
+            wire.message,
+            "vm: malformed JSON: EOF while parsing an object at line 1 column 1"
         );
     }
 

@@ -1,7 +1,7 @@
 //! Object ids: the one rule every pool, host, instance and allocation id follows. A leaf module:
 //! the pool ranges, instances and NICs build on it.
 
-use crate::Error;
+use crate::ValidationError;
 
 /// The longest id accepted for pools, hosts and instances, in bytes.
 pub const MAX_ID_LEN: usize = 64;
@@ -13,12 +13,12 @@ pub const MAX_ID_LEN: usize = 64;
 /// `INVALID_INPUT` naming `field`: `instance_id must not be empty`,
 /// `instance_id is 70 bytes long; at most 64 are allowed`,
 /// `instance_id "a;b" may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit`.
-pub fn validate_id(field: &str, value: &str) -> Result<(), Error> {
+pub fn validate_id(field: &str, value: &str) -> Result<(), ValidationError> {
     if value.is_empty() {
-        return Err(Error::invalid(format!("{field} must not be empty")));
+        return Err(ValidationError::rule(format!("{field} must not be empty")));
     }
     if value.len() > MAX_ID_LEN {
-        return Err(Error::invalid(format!(
+        return Err(ValidationError::rule(format!(
             "{field} is {} bytes long; at most {MAX_ID_LEN} are allowed",
             value.len()
         )));
@@ -28,7 +28,7 @@ pub fn validate_id(field: &str, value: &str) -> Result<(), Error> {
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if !ok_start || !ok_chars {
-        return Err(Error::invalid(format!(
+        return Err(ValidationError::rule(format!(
             "{field} {value:?} may only contain A-Z a-z 0-9 . _ - and must start with a letter or digit"
         )));
     }
@@ -43,7 +43,7 @@ mod tests {
     fn ids() {
         assert!(validate_id("instance_id", "vm-1.a_b").is_ok());
         assert_eq!(
-            validate_id("instance_id", "").unwrap_err().message,
+            validate_id("instance_id", "").unwrap_err().to_string(),
             "instance_id must not be empty"
         );
         assert!(validate_id("instance_id", "-x").is_err());

@@ -2,7 +2,7 @@
 //! (pool mode), and the VM network config (namespace mode).
 //!
 //! Everything here is plain data with `FromStr`/`Display`/serde at the edge and validation that
-//! returns [`Error`] with a documented [`ErrorCode`]. No I/O.
+//! returns a [`ValidationError`] (`INVALID_INPUT` at the edge). No I/O.
 
 pub mod error;
 pub mod ids;
@@ -10,4 +10,4 @@ pub mod nic;
 pub mod pool;
 pub mod vm;
 
-pub use error::{Error, ErrorCode};
+pub use error::{Error, ErrorCode, ValidationError};

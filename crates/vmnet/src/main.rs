@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use vmnet_agent::api::error::from_ipam;
+use vmnet_bench::BenchError;
 use vmnet_model::{Error, ErrorCode};
 
 /// How results are printed.
@@ -136,11 +138,21 @@ async fn run(cli: Cli) -> Result<(), Error> {
     match cli.command {
         // Each attempt is one transaction; one that failed on a deadlock or serialization
         // conflict with a concurrent writer (the agent) runs again.
-        Command::Pool(c) => vmnet_ipam::retry(|| cli::ipam::pool(g, c.clone())).await,
-        Command::Host(c) => vmnet_ipam::retry(|| cli::ipam::host(g, c.clone())).await,
-        Command::Instance(c) => vmnet_ipam::retry(|| cli::ipam::instance(g, c.clone())).await,
-        Command::Lease(c) => vmnet_ipam::retry(|| cli::ipam::lease(g, c.clone())).await,
-        Command::Bench(c) => vmnet_bench::run(g.output == Output::Json, c).await,
+        Command::Pool(c) => vmnet_ipam::retry(|| cli::ipam::pool(g, c.clone()))
+            .await
+            .map_err(from_ipam),
+        Command::Host(c) => vmnet_ipam::retry(|| cli::ipam::host(g, c.clone()))
+            .await
+            .map_err(from_ipam),
+        Command::Instance(c) => vmnet_ipam::retry(|| cli::ipam::instance(g, c.clone()))
+            .await
+            .map_err(from_ipam),
+        Command::Lease(c) => vmnet_ipam::retry(|| cli::ipam::lease(g, c.clone()))
+            .await
+            .map_err(from_ipam),
+        Command::Bench(c) => vmnet_bench::run(g.output == Output::Json, c)
+            .await
+            .map_err(from_bench),
         Command::Serve(a) => cli::serve::run(g, a).await,
         Command::Vm(c) => cli::vm::vm(g, c).await,
         Command::Status => cli::vm::status(g).await,
@@ -190,6 +202,16 @@ fn usage_error(e: &clap::Error) -> ExitCode {
         eprintln!();
     }
     report_code(ErrorCode::InvalidInput)
+}
+
+/// A benchmark's failure as the wire error: IPAM failures through the one IPAM mapping
+/// ([`from_ipam`]), validation failures as `INVALID_INPUT`, coded ones as they are.
+fn from_bench(e: BenchError) -> Error {
+    match e {
+        BenchError::Ipam(e) => from_ipam(e),
+        BenchError::Invalid(e) => e.into(),
+        BenchError::Coded(e) => e,
+    }
 }
 
 fn report(e: &Error) -> ExitCode {

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use vmnet_ipam::{Db, Tx};
-use vmnet_model::Error;
+use vmnet_ipam::{Db, IpamError, Tx};
 use vmnet_model::pool::{
     Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool, StatusReport, StatusReportOutcome,
 };
@@ -34,7 +33,8 @@ fn db(a: &Agent) -> &Db {
 
 /// `GET /v1/pools`: every pool with its range (if set) and lease count.
 pub async fn list_pools(State(a): State<Arc<Agent>>) -> Result<Json<Vec<Pool>>, ApiError> {
-    let pools: Result<Vec<Pool>, Error> = in_tx!(db(&a), tx => vmnet_ipam::list_pools(tx).await);
+    let pools: Result<Vec<Pool>, IpamError> =
+        in_tx!(db(&a), tx => vmnet_ipam::list_pools(tx).await);
     Ok(Json(pools?))
 }
 
@@ -43,7 +43,7 @@ pub async fn get_pool(
     State(a): State<Arc<Agent>>,
     Path(id): Path<String>,
 ) -> Result<Json<Pool>, ApiError> {
-    let pool: Result<Pool, Error> = in_tx!(db(&a), tx => vmnet_ipam::get_pool(tx, &id).await);
+    let pool: Result<Pool, IpamError> = in_tx!(db(&a), tx => vmnet_ipam::get_pool(tx, &id).await);
     Ok(Json(pool?))
 }
 
@@ -61,7 +61,7 @@ pub async fn set_range(
         last_host: body.last_host,
         dns: body.dns.unwrap_or_default(),
     };
-    let range: Result<IpRange, Error> =
+    let range: Result<IpRange, IpamError> =
         in_tx!(db(&a), tx => vmnet_ipam::set_ip_pool(tx, req.clone()).await);
     let range = range?;
     a.converge_pool().await;
@@ -73,14 +73,15 @@ pub async fn list_leases(
     State(a): State<Arc<Agent>>,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<Lease>>, ApiError> {
-    let leases: Result<Vec<Lease>, Error> =
+    let leases: Result<Vec<Lease>, IpamError> =
         in_tx!(db(&a), tx => vmnet_ipam::list_leases(tx, &id).await);
     Ok(Json(leases?))
 }
 
 /// `GET /v1/hosts`: every host.
 pub async fn list_hosts(State(a): State<Arc<Agent>>) -> Result<Json<Vec<Host>>, ApiError> {
-    let hosts: Result<Vec<Host>, Error> = in_tx!(db(&a), tx => vmnet_ipam::list_hosts(tx).await);
+    let hosts: Result<Vec<Host>, IpamError> =
+        in_tx!(db(&a), tx => vmnet_ipam::list_hosts(tx).await);
     Ok(Json(hosts?))
 }
 
@@ -89,7 +90,7 @@ pub async fn get_host(
     State(a): State<Arc<Agent>>,
     Path(id): Path<String>,
 ) -> Result<Json<Host>, ApiError> {
-    let host: Result<Host, Error> = in_tx!(db(&a), tx => vmnet_ipam::get_host(tx, &id).await);
+    let host: Result<Host, IpamError> = in_tx!(db(&a), tx => vmnet_ipam::get_host(tx, &id).await);
     Ok(Json(host?))
 }
 
@@ -101,18 +102,18 @@ pub async fn put_host(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<HostCapacity>,
 ) -> Result<Json<Host>, ApiError> {
-    let host: Result<Host, Error> = in_tx!(db(&a), tx => put_host_tx(tx, &id, &body).await);
+    let host: Result<Host, IpamError> = in_tx!(db(&a), tx => put_host_tx(tx, &id, &body).await);
     Ok(Json(host?))
 }
 
-async fn put_host_tx(tx: &mut Tx, id: &str, body: &HostCapacity) -> Result<Host, Error> {
+async fn put_host_tx(tx: &mut Tx, id: &str, body: &HostCapacity) -> Result<Host, IpamError> {
     match vmnet_ipam::get_host(tx, id).await {
         Ok(h) if h.vcpus == body.vcpus && h.memory_mib == body.memory_mib => Ok(h),
-        Ok(h) => Err(Error::conflict(format!(
+        Ok(h) => Err(IpamError::Conflict(format!(
             "host {id} exists with {} vCPUs and {} MiB; changing its capacity is not supported",
             h.vcpus, h.memory_mib
         ))),
-        Err(e) if e.code == vmnet_model::ErrorCode::NotFound => {
+        Err(IpamError::NotFound { .. }) => {
             vmnet_ipam::add_host(tx, id, body.vcpus, body.memory_mib).await
         }
         Err(e) => Err(e),
@@ -125,7 +126,7 @@ pub async fn lose_host(
     State(a): State<Arc<Agent>>,
     Path(id): Path<String>,
 ) -> Result<Json<vmnet_ipam::HostLoss>, ApiError> {
-    let loss: Result<vmnet_ipam::HostLoss, Error> =
+    let loss: Result<vmnet_ipam::HostLoss, IpamError> =
         in_tx!(db(&a), tx => vmnet_ipam::lose_host(tx, &id).await);
     let loss = loss?;
     a.converge_pool().await;
@@ -149,7 +150,7 @@ pub async fn report_host_status(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<StatusReport>,
 ) -> Result<Json<StatusReportOutcome>, ApiError> {
-    let out: Result<StatusReportOutcome, Error> =
+    let out: Result<StatusReportOutcome, IpamError> =
         in_tx!(db(&a), tx => vmnet_ipam::report_host_status(tx, &id, &body).await);
     Ok(Json(out?))
 }
@@ -162,7 +163,7 @@ pub async fn create_instance(
     State(a): State<Arc<Agent>>,
     ApiJson(body): ApiJson<NewInstance>,
 ) -> Result<(StatusCode, Json<Instance>), ApiError> {
-    let out: Result<vmnet_ipam::Ensured, Error> =
+    let out: Result<vmnet_ipam::Ensured, IpamError> =
         in_tx!(db(&a), tx => vmnet_ipam::ensure_instance(tx, &body).await);
     let out = out?;
     a.converge_pool().await;
@@ -176,7 +177,7 @@ pub async fn create_instance(
 
 /// `GET /v1/instances`: every instance.
 pub async fn list_instances(State(a): State<Arc<Agent>>) -> Result<Json<Vec<Instance>>, ApiError> {
-    let list: Result<Vec<Instance>, Error> =
+    let list: Result<Vec<Instance>, IpamError> =
         in_tx!(db(&a), tx => vmnet_ipam::list_instances(tx).await);
     Ok(Json(list?))
 }
@@ -186,7 +187,7 @@ pub async fn get_instance(
     State(a): State<Arc<Agent>>,
     Path(id): Path<String>,
 ) -> Result<Json<Instance>, ApiError> {
-    let inst: Result<Instance, Error> =
+    let inst: Result<Instance, IpamError> =
         in_tx!(db(&a), tx => vmnet_ipam::get_instance(tx, &id).await);
     Ok(Json(inst?))
 }
@@ -197,7 +198,7 @@ pub async fn delete_instance(
     State(a): State<Arc<Agent>>,
     Path(id): Path<String>,
 ) -> Result<Json<Instance>, ApiError> {
-    let inst: Result<Instance, Error> =
+    let inst: Result<Instance, IpamError> =
         in_tx!(db(&a), tx => vmnet_ipam::delete_instance(tx, &id).await);
     let inst = inst?;
     a.converge_pool().await;

@@ -12,7 +12,7 @@ use vmnet_model::nic::{DEFAULT_BRIDGE, IfName};
 use vmnet_plan::pool::runtime as rt;
 use vmnet_plan::pool::seed::guest_ifname;
 
-use super::error::ApiError;
+use super::error::{ApiError, from_ipam};
 use super::types::{InstanceNics, NicView, RuntimeConfigs};
 use crate::agent::Agent;
 use crate::pool::node::spec_of;
@@ -26,15 +26,15 @@ use crate::pool::seeds;
 /// longer contains is no error: the NIC shows it as `/32` ([`vmnet_model::nic::lease_cidr`]).
 pub async fn instance_nics(agent: &Agent, id: &str) -> Result<InstanceNics, Error> {
     let (inst, range) = {
-        let mut tx = agent.db().begin().await?;
+        let mut tx = agent.db().begin().await.map_err(from_ipam)?;
         let got = async {
             let inst = vmnet_ipam::get_instance(&mut tx, id).await?;
             let range = vmnet_ipam::get_ip_pool(&mut tx, &inst.pool_id).await?;
-            Ok::<_, Error>((inst, range))
+            Ok::<_, vmnet_ipam::IpamError>((inst, range))
         }
         .await;
         let _ = tx.rollback().await;
-        got?
+        got.map_err(from_ipam)?
     };
     let pool = agent.pool();
     let bridge: IfName = match pool {

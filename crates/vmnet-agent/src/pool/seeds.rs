@@ -20,6 +20,8 @@ use vmnet_model::error::chain;
 use vmnet_model::nic::InstanceSpec;
 use vmnet_plan::pool::seed::seed;
 
+use crate::api::error::from_seed;
+
 /// The image's file name inside an instance's seed directory.
 pub const IMAGE_NAME: &str = "seed.iso";
 
@@ -51,7 +53,7 @@ pub fn instance_dir(dir: &Path, instance_id: &str) -> PathBuf {
 /// `INVALID_INPUT` when the instance does not validate (nothing is written then);
 /// `UNAVAILABLE` when a file or the image cannot be written.
 pub fn write(dir: &Path, inst: &InstanceSpec, image: bool) -> Result<bool, Error> {
-    let s = seed(inst, None)?;
+    let s = seed(inst, None).map_err(from_seed)?;
     let d = instance_dir(dir, &inst.id);
     std::fs::create_dir_all(&d).map_err(|e| io(&d, "create directory", &e))?;
     let mut changed = false;

@@ -99,7 +99,7 @@ pub struct Row {
     pub rss_before_kib: Option<u64>,
 }
 
-fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, Error> {
+fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
     let v = serde_json::json!({
         "id": format!("bench-{uid}"),
         "user_id": uid,

@@ -3,8 +3,45 @@
 
 use std::net::Ipv4Addr;
 
+use vmnet_ipam::IpamError;
 use vmnet_ipam::{Db, NewInstance, SetIpPool, Store, Tx};
-use vmnet_model::{Error, ErrorCode};
+use vmnet_model::error::chain;
+
+/// The kind of failure a test expects, read from the [`IpamError`] variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// [`IpamError::Invalid`].
+    Invalid,
+    /// [`IpamError::NotFound`].
+    NotFound,
+    /// [`IpamError::Conflict`].
+    Conflict,
+    /// [`IpamError::Exhausted`].
+    Exhausted,
+    /// The request may succeed later: contention, busy, the database or its files.
+    Unavailable,
+    /// A stored value does not decode.
+    Corrupt,
+}
+
+/// The [`Kind`] of `e`.
+pub fn kind(e: &IpamError) -> Kind {
+    match e {
+        IpamError::Invalid(_) | IpamError::UnknownScheme { .. } | IpamError::Url { .. } => {
+            Kind::Invalid
+        }
+        IpamError::NotFound { .. } => Kind::NotFound,
+        IpamError::Conflict(_) => Kind::Conflict,
+        IpamError::Exhausted(_) => Kind::Exhausted,
+        IpamError::Contended(_)
+        | IpamError::Busy
+        | IpamError::Database { .. }
+        | IpamError::Connect(_)
+        | IpamError::Migrate(_)
+        | IpamError::Io { .. } => Kind::Unavailable,
+        IpamError::Corrupt(_) | IpamError::Json { .. } => Kind::Corrupt,
+    }
+}
 
 /// A fresh store; keeps its temp dir (SQLite) alive.
 pub struct TestDb {
@@ -98,7 +135,7 @@ pub fn postgres_after(scripts: &[&str]) -> (&'static vmnet_testkit::postgres::Pg
 }
 
 /// Runs one operation in its own transaction and commits it only on success.
-pub async fn set_pool(db: &Db, req: SetIpPool) -> Result<vmnet_ipam::IpRange, Error> {
+pub async fn set_pool(db: &Db, req: SetIpPool) -> Result<vmnet_ipam::IpRange, IpamError> {
     let mut tx = db.begin().await?;
     let r = vmnet_ipam::set_ip_pool(&mut tx, req).await?;
     tx.commit().await?;
@@ -111,35 +148,35 @@ pub async fn add_host(db: &Db, id: &str, vcpus: u32, mem: u32) {
     tx.commit().await.unwrap();
 }
 
-pub async fn create(db: &Db, req: &NewInstance) -> Result<vmnet_ipam::Instance, Error> {
+pub async fn create(db: &Db, req: &NewInstance) -> Result<vmnet_ipam::Instance, IpamError> {
     let mut tx = db.begin().await?;
     let r = vmnet_ipam::create_instance(&mut tx, req).await?;
     tx.commit().await?;
     Ok(r)
 }
 
-pub async fn delete(db: &Db, id: &str) -> Result<vmnet_ipam::Instance, Error> {
+pub async fn delete(db: &Db, id: &str) -> Result<vmnet_ipam::Instance, IpamError> {
     let mut tx = db.begin().await?;
     let r = vmnet_ipam::delete_instance(&mut tx, id).await?;
     tx.commit().await?;
     Ok(r)
 }
 
-pub async fn lose(db: &Db, host: &str) -> Result<vmnet_ipam::HostLoss, Error> {
+pub async fn lose(db: &Db, host: &str) -> Result<vmnet_ipam::HostLoss, IpamError> {
     let mut tx = db.begin().await?;
     let r = vmnet_ipam::lose_host(&mut tx, host).await?;
     tx.commit().await?;
     Ok(r)
 }
 
-pub async fn lease(db: &Db, pool: &str, instance: &str) -> Result<Option<Ipv4Addr>, Error> {
+pub async fn lease(db: &Db, pool: &str, instance: &str) -> Result<Option<Ipv4Addr>, IpamError> {
     let mut tx = db.begin().await?;
     let r = vmnet_ipam::lease(&mut tx, pool, instance).await?;
     tx.commit().await?;
     Ok(r)
 }
 
-pub async fn release(db: &Db, instance: &str) -> Result<Option<vmnet_ipam::Lease>, Error> {
+pub async fn release(db: &Db, instance: &str) -> Result<Option<vmnet_ipam::Lease>, IpamError> {
     let mut tx = db.begin().await?;
     let r = vmnet_ipam::release(&mut tx, instance).await?;
     tx.commit().await?;
@@ -153,12 +190,12 @@ pub async fn leases(db: &Db, pool: &str) -> Vec<(Ipv4Addr, String)> {
     r.into_iter().map(|l| (l.address, l.instance_id)).collect()
 }
 
-pub fn assert_err(r: Result<impl std::fmt::Debug, Error>, code: ErrorCode, message: &str) {
+pub fn assert_err(r: Result<impl std::fmt::Debug, IpamError>, want: Kind, message: &str) {
     match r {
-        Ok(v) => panic!("expected {code}: {message}, got Ok({v:?})"),
+        Ok(v) => panic!("expected {want:?}: {message}, got Ok({v:?})"),
         Err(e) => {
-            assert_eq!(e.code, code, "code of {e}");
-            assert_eq!(e.message, message, "message of {e}");
+            assert_eq!(kind(&e), want, "kind of {e}");
+            assert_eq!(chain(&e), message, "message of {e}");
         }
     }
 }

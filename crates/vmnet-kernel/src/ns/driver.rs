@@ -73,7 +73,7 @@ impl NetlinkNsDriver {
         tokio::runtime::Handle::try_current().map_err(|_| NsError::NoRuntime)?;
         settings
             .validate()
-            .map_err(|e| NsError::Invalid(e.message))?;
+            .map_err(|e| NsError::Invalid(e.message()))?;
         let host_ns = host_netns.map_or(HostNs::Current, HostNs::Named);
         let host = host_ns.netlink()?;
         Ok(Self {

@@ -299,13 +299,3 @@ pub enum NsError {
     #[error("the namespace driver needs a tokio runtime")]
     NoRuntime,
 }
-
-impl From<NsError> for vmnet_model::Error {
-    fn from(e: NsError) -> Self {
-        let msg = vmnet_model::error::chain(&e);
-        match e {
-            NsError::Invalid(_) => vmnet_model::Error::invalid(msg),
-            _ => vmnet_model::Error::unavailable(msg),
-        }
-    }
-}

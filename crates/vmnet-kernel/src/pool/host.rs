@@ -100,7 +100,9 @@ where
     R: InstanceRules + ?Sized,
     T: InstanceTaps + ?Sized,
 {
-    let entries = tap_entries(inst).map_err(named(inst))?;
+    let entries = tap_entries(inst)
+        .map_err(Error::from)
+        .map_err(named(inst))?;
     let held = rules.set(inst).await.map_err(named(inst))?;
     let mut done: Vec<(&IfName, TapAction)> = Vec::new();
     for (nic, entry) in inst.nics.iter().zip(&entries) {
@@ -151,7 +153,9 @@ where
     R: InstanceRules + ?Sized,
     T: InstanceTaps + ?Sized,
 {
-    let entries = tap_entries(inst).map_err(named(inst))?;
+    let entries = tap_entries(inst)
+        .map_err(Error::from)
+        .map_err(named(inst))?;
     rules.set(inst).await.map_err(named(inst))?;
     for (nic, entry) in inst.nics.iter().zip(&entries) {
         let Some(bridge) = &nic.network else { continue };

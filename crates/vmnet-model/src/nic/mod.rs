@@ -24,7 +24,7 @@ use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
-use crate::Error;
+use crate::ValidationError;
 use crate::ids::validate_id;
 
 /// Linux interface names are at most this many bytes (IFNAMSIZ - 1).
@@ -102,12 +102,12 @@ impl fmt::Display for MacAddr {
 }
 
 impl FromStr for MacAddr {
-    type Err = Error;
+    type Err = ValidationError;
 
     /// Parses six colon-separated pairs of hex digits (either case).
-    fn from_str(s: &str) -> Result<Self, Error> {
+    fn from_str(s: &str) -> Result<Self, ValidationError> {
         let bad = || {
-            Error::invalid(format!(
+            ValidationError::rule(format!(
                 "mac {s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)"
             ))
         };
@@ -154,9 +154,9 @@ impl IfName {
 }
 
 impl FromStr for IfName {
-    type Err = Error;
+    type Err = ValidationError;
 
-    fn from_str(s: &str) -> Result<Self, Error> {
+    fn from_str(s: &str) -> Result<Self, ValidationError> {
         let ok = !s.is_empty()
             && s.len() <= IFNAME_MAX
             && s != "."
@@ -166,7 +166,7 @@ impl FromStr for IfName {
         if ok {
             Ok(Self(s.to_owned()))
         } else {
-            Err(Error::invalid(format!(
+            Err(ValidationError::rule(format!(
                 "interface name {s:?} is not valid (1-15 bytes of A-Z a-z 0-9 _ . -)"
             )))
         }
@@ -197,9 +197,9 @@ impl<'de> Deserialize<'de> for IfName {
 ///
 /// # Errors
 /// `INVALID_INPUT` when `nic_index` is [`MAX_NICS`] or more.
-pub fn tap_name(instance_id: &str, nic_index: usize) -> Result<IfName, Error> {
+pub fn tap_name(instance_id: &str, nic_index: usize) -> Result<IfName, ValidationError> {
     if nic_index >= MAX_NICS {
-        return Err(Error::invalid(format!(
+        return Err(ValidationError::rule(format!(
             "instance {instance_id}: nics[{nic_index}]: at most {MAX_NICS} NICs per instance"
         )));
     }
@@ -288,10 +288,10 @@ impl InstanceSpec {
     /// # Errors
     /// `INVALID_INPUT` naming the instance and the field, e.g.
     /// `instance i-1: nics[0].network "bc0" starts with "bc" and would match every tap rule`.
-    pub fn validate(&self) -> Result<(), Error> {
+    pub fn validate(&self) -> Result<(), ValidationError> {
         validate_id("instance id", &self.id)?;
-        let ctx = |m: String| Error::invalid(format!("instance {}: {m}", self.id));
-        validate_id("allocationId", &self.allocation_id).map_err(|e| ctx(e.message))?;
+        let ctx = |m: String| ValidationError::rule(format!("instance {}: {m}", self.id));
+        validate_id("allocationId", &self.allocation_id).map_err(|e| ctx(e.to_string()))?;
         if self.nics.len() > MAX_NICS {
             return Err(ctx(format!(
                 "nics: {} NICs, at most {MAX_NICS}",
@@ -336,7 +336,7 @@ impl InstanceSpec {
     ///
     /// # Errors
     /// As [`tap_name`].
-    pub fn tap_names(&self) -> Result<Vec<IfName>, Error> {
+    pub fn tap_names(&self) -> Result<Vec<IfName>, ValidationError> {
         (0..self.nics.len())
             .map(|i| tap_name(&self.id, i))
             .collect()
@@ -357,11 +357,11 @@ impl NodeSpec {
     ///
     /// # Errors
     /// The first instance's error, or `INVALID_INPUT` for a duplicate id.
-    pub fn validate(&self) -> Result<(), Error> {
+    pub fn validate(&self) -> Result<(), ValidationError> {
         for (i, inst) in self.instances.iter().enumerate() {
             inst.validate()?;
             if self.instances[..i].iter().any(|o| o.id == inst.id) {
-                return Err(Error::invalid(format!(
+                return Err(ValidationError::rule(format!(
                     "instance {}: id appears twice",
                     inst.id
                 )));
@@ -374,9 +374,11 @@ impl NodeSpec {
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the field when the JSON or a value (address, MAC, name) is malformed.
-    pub fn from_json(s: &str) -> Result<Self, Error> {
-        let spec: Self =
-            serde_json::from_str(s).map_err(|e| Error::invalid(format!("node spec: {e}")))?;
+    pub fn from_json(s: &str) -> Result<Self, ValidationError> {
+        let spec: Self = serde_json::from_str(s).map_err(|source| ValidationError::Json {
+            what: "node spec".into(),
+            source,
+        })?;
         spec.validate()?;
         Ok(spec)
     }

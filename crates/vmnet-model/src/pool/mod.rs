@@ -2,7 +2,7 @@
 //! range", "How leases work").
 //!
 //! Everything here is pure: [`SetIpPool::validate`] turns the caller's strings into an [`IpRange`]
-//! with the defaults filled in, or an `INVALID_INPUT` [`Error`] naming the pool and the field (the
+//! with the defaults filled in, or an `INVALID_INPUT` [`ValidationError`](crate::ValidationError) naming the pool and the field (the
 //! range rules are in `pool_range.rs`, re-exported here). The store (`vmnet-ipam`) persists the
 //! result and hands out leases.
 
@@ -13,7 +13,7 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
+use crate::ValidationError;
 use crate::ids::{MAX_ID_LEN, validate_id};
 pub use crate::nic::NetworkPolicy;
 
@@ -102,13 +102,15 @@ impl fmt::Display for InstanceState {
 }
 
 impl FromStr for InstanceState {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
+    type Err = ValidationError;
+    fn from_str(s: &str) -> Result<Self, ValidationError> {
         match s {
             "running" => Ok(Self::Running),
             "lost" => Ok(Self::Lost),
             "error" => Ok(Self::Error),
-            _ => Err(Error::internal(format!("unknown instance state {s:?}"))),
+            _ => Err(ValidationError::rule(format!(
+                "unknown instance state {s:?}"
+            ))),
         }
     }
 }
@@ -136,18 +138,18 @@ impl fmt::Display for NetworkPolicy {
 }
 
 impl FromStr for NetworkPolicy {
-    type Err = Error;
+    type Err = ValidationError;
     /// Parses the lowercase name.
     ///
     /// # Errors
     /// `INVALID_INPUT` naming `network_policy`:
     /// `network_policy "open" is not one of public, private, none`.
-    fn from_str(s: &str) -> Result<Self, Error> {
+    fn from_str(s: &str) -> Result<Self, ValidationError> {
         Self::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
             .ok_or_else(|| {
-                Error::invalid(format!(
+                ValidationError::rule(format!(
                     "network_policy {s:?} is not one of public, private, none"
                 ))
             })
@@ -279,9 +281,9 @@ impl StatusReport {
     /// `instance vm1: addresses[0] "10.0.0.2" is not an address in CIDR form such as 10.0.0.2/24`,
     /// `instance vm1: 65 addresses; at most 64 are allowed`,
     /// `status report: 4097 instances; at most 4096 are allowed`.
-    pub fn validate(&self) -> Result<Vec<(String, Vec<IpNet>)>, Error> {
+    pub fn validate(&self) -> Result<Vec<(String, Vec<IpNet>)>, ValidationError> {
         if self.instances.len() > MAX_REPORTED_INSTANCES {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "status report: {} instances; at most {MAX_REPORTED_INSTANCES} are allowed",
                 self.instances.len()
             )));
@@ -294,12 +296,12 @@ impl StatusReport {
             )?;
             let id = &inst.instance_id;
             if out.iter().any(|(o, _)| o == id) {
-                return Err(Error::invalid(format!(
+                return Err(ValidationError::rule(format!(
                     "status report: instance {id} appears twice"
                 )));
             }
             if inst.addresses.len() > MAX_REPORTED_ADDRESSES {
-                return Err(Error::invalid(format!(
+                return Err(ValidationError::rule(format!(
                     "instance {id}: {} addresses; at most {MAX_REPORTED_ADDRESSES} are allowed",
                     inst.addresses.len()
                 )));
@@ -307,7 +309,7 @@ impl StatusReport {
             let mut nets: Vec<IpNet> = Vec::with_capacity(inst.addresses.len());
             for (j, a) in inst.addresses.iter().enumerate() {
                 let net = crate::vm::parse_net(a).ok_or_else(|| {
-                    Error::invalid(format!(
+                    ValidationError::rule(format!(
                         "instance {id}: addresses[{j}] {a:?} is not an address in CIDR form such as 10.0.0.2/24"
                     ))
                 })?;
@@ -468,20 +470,20 @@ impl NewInstance {
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the field (`instance_id`, `pool_id`, `host_id`, `vcpus`, `memory_mib`).
-    pub fn validate(&self) -> Result<(), Error> {
+    pub fn validate(&self) -> Result<(), ValidationError> {
         validate_id("instance_id", &self.instance_id)?;
         validate_id("pool_id", &self.pool_id)?;
         if let Some(h) = &self.host_id {
             validate_id("host_id", h)?;
         }
         if self.vcpus == 0 {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "instance {}: vcpus must be at least 1",
                 self.instance_id
             )));
         }
         if self.memory_mib == 0 {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "instance {}: memory_mib must be at least 1",
                 self.instance_id
             )));

@@ -51,7 +51,7 @@ use std::str::FromStr;
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
+use crate::ValidationError;
 use crate::ids::validate_id;
 
 /// The shortest prefix length a pool's `cidr` may have: `/16`.
@@ -194,10 +194,11 @@ impl SetIpPool {
     /// `pool p1: first_host 10.0.1.2 is outside cidr 10.0.0.0/24`,
     /// `pool p1: first_host 10.0.0.9 is after last_host 10.0.0.6`,
     /// `pool p1: dns[2] 10.0.0.53 repeats dns[0]`.
-    pub fn validate(&self) -> Result<IpRange, Error> {
+    pub fn validate(&self) -> Result<IpRange, ValidationError> {
         validate_id("pool_id", &self.pool_id)?;
         let p = &self.pool_id;
-        let bad = |field: &str, what: String| Error::invalid(format!("pool {p}: {field} {what}"));
+        let bad =
+            |field: &str, what: String| ValidationError::rule(format!("pool {p}: {field} {what}"));
         let cidr = parse_cidr(&self.cidr).map_err(|what| bad("cidr", what))?;
         let gateway = parse_v4(&self.gateway).map_err(|what| bad("gateway", what))?;
         if let Some((block, name)) = reserved_block(Ipv4Net::from(gateway))

@@ -40,7 +40,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::Error;
+use crate::ValidationError;
 
 /// The largest supported VM user id. Every derived name (4 hex digits) and every transit /30 (a
 /// /14 holds 2^16 of them) exists for `0..=MAX_USER_ID`.
@@ -173,11 +173,11 @@ impl VmConfig {
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the VM and the field path.
-    pub fn validate(&self) -> Result<(), Error> {
+    pub fn validate(&self) -> Result<(), ValidationError> {
         validate_id(&self.id)?;
         let vm = &self.id;
         if self.user_id > MAX_USER_ID {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "vm {vm}: user_id {} is outside the supported range 0..={MAX_USER_ID}",
                 self.user_id
             )));
@@ -185,12 +185,12 @@ impl VmConfig {
         if let Some(m) = self.mesh_ipv6
             && !MESH_RANGE.contains(&m)
         {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "vm {vm}: mesh_ipv6 {m} is not in fdaa::/16"
             )));
         }
         if self.mesh_ipv6.is_none() && !self.network.routes.is_empty() {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "vm {vm}: network.routes needs mesh_ipv6 (a VM without a mesh address has no veth pair)"
             )));
         }
@@ -198,39 +198,39 @@ impl VmConfig {
         for (i, r) in self.network.routes.iter().enumerate() {
             let d = r.destination;
             if d.trunc() != d {
-                return Err(Error::invalid(format!(
+                return Err(ValidationError::rule(format!(
                     "vm {vm}: network.routes[{i}].destination {d} is not canonical (host bits set; did you mean {}?)",
                     d.trunc()
                 )));
             }
             if !seen.insert(d) {
-                return Err(Error::invalid(format!(
+                return Err(ValidationError::rule(format!(
                     "vm {vm}: network.routes[{i}].destination {d} appears more than once"
                 )));
             }
             if GUEST_LINK.contains(&d) {
-                return Err(Error::invalid(format!(
+                return Err(ValidationError::rule(format!(
                     "vm {vm}: network.routes[{i}].destination {d} lies inside the guest link {GUEST_LINK}, which is always connected"
                 )));
             }
             if r.via == Via::Host && matches!(d, IpNet::V6(n) if MESH_RANGE.contains(&n)) {
-                return Err(Error::invalid(format!(
+                return Err(ValidationError::rule(format!(
                     "vm {vm}: network.routes[{i}].destination {d} lies inside the mesh range {MESH_RANGE}; mesh traffic never goes via host"
                 )));
             }
             if let Via::Mesh(g) = r.via {
                 if !MESH_RANGE.contains(&g) {
-                    return Err(Error::invalid(format!(
+                    return Err(ValidationError::rule(format!(
                         "vm {vm}: network.routes[{i}].via {g} is not a mesh address in fdaa::/16"
                     )));
                 }
                 if matches!(d, IpNet::V4(_)) {
-                    return Err(Error::invalid(format!(
+                    return Err(ValidationError::rule(format!(
                         "vm {vm}: network.routes[{i}].via {g} carries IPv6 only, but destination {d} is IPv4"
                     )));
                 }
                 if Some(g) == self.mesh_ipv6 {
-                    return Err(Error::invalid(format!(
+                    return Err(ValidationError::rule(format!(
                         "vm {vm}: network.routes[{i}].via {g} is the VM's own mesh address"
                     )));
                 }
@@ -240,12 +240,12 @@ impl VmConfig {
     }
 }
 
-fn validate_id(id: &str) -> Result<(), Error> {
+fn validate_id(id: &str) -> Result<(), ValidationError> {
     if id.is_empty() {
-        return Err(Error::invalid("vm: id must not be empty"));
+        return Err(ValidationError::rule("vm: id must not be empty"));
     }
     if id.len() > MAX_VM_ID_LEN {
-        return Err(Error::invalid(format!(
+        return Err(ValidationError::rule(format!(
             "vm {}…: id is {} bytes, at most {MAX_VM_ID_LEN} are allowed",
             &id[..id.char_indices().nth(16).map_or(id.len(), |(i, _)| i)],
             id.len()
@@ -255,7 +255,7 @@ fn validate_id(id: &str) -> Result<(), Error> {
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(Error::invalid(format!(
+        return Err(ValidationError::rule(format!(
             "vm {id:?}: id contains {c:?}; only A-Z a-z 0-9 . _ - are allowed"
         )));
     }
@@ -268,9 +268,11 @@ fn validate_id(id: &str) -> Result<(), Error> {
 /// `INVALID_INPUT` for malformed JSON, wrong types, unknown fields, fields of later issues
 /// ("… is not supported yet") and every rule of the module docs; the message names the VM (when
 /// its id could be read) and the field path.
-pub fn parse_vm_config(json: &[u8]) -> Result<VmConfig, Error> {
-    let value: Value = serde_json::from_slice(json)
-        .map_err(|e| Error::invalid(format!("vm: malformed JSON: {e}")))?;
+pub fn parse_vm_config(json: &[u8]) -> Result<VmConfig, ValidationError> {
+    let value: Value = serde_json::from_slice(json).map_err(|source| ValidationError::Json {
+        what: "vm: malformed JSON".into(),
+        source,
+    })?;
     from_value(&value)
 }
 
@@ -278,22 +280,24 @@ pub fn parse_vm_config(json: &[u8]) -> Result<VmConfig, Error> {
 ///
 /// # Errors
 /// As [`parse_vm_config`].
-pub fn from_value(value: &Value) -> Result<VmConfig, Error> {
+pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
     let Value::Object(top) = value else {
-        return Err(Error::invalid("vm: the config must be a JSON object"));
+        return Err(ValidationError::rule(
+            "vm: the config must be a JSON object",
+        ));
     };
     let id = match top.get("id") {
         Some(Value::String(s)) => s.clone(),
         Some(other) => {
-            return Err(Error::invalid(format!(
+            return Err(ValidationError::rule(format!(
                 "vm: id must be a string, got {other}"
             )));
         }
-        None => return Err(Error::invalid("vm: id is required")),
+        None => return Err(ValidationError::rule("vm: id is required")),
     };
     validate_id(&id)?;
     let vm = &id;
-    let bad = |field: &str, msg: &str| Error::invalid(format!("vm {vm}: {field} {msg}"));
+    let bad = |field: &str, msg: &str| ValidationError::rule(format!("vm {vm}: {field} {msg}"));
     for key in top.keys() {
         if FUTURE_FIELDS.contains(&key.as_str()) {
             return Err(bad(key, "is not supported yet"));
@@ -358,8 +362,8 @@ pub fn from_value(value: &Value) -> Result<VmConfig, Error> {
 
 fn parse_network(
     net: &serde_json::Map<String, Value>,
-    bad: &dyn Fn(&str, &str) -> Error,
-) -> Result<Vec<Route>, Error> {
+    bad: &dyn Fn(&str, &str) -> ValidationError,
+) -> Result<Vec<Route>, ValidationError> {
     for key in net.keys() {
         let path = format!("network.{key}");
         if FUTURE_FIELDS.contains(&key.as_str()) {
@@ -386,7 +390,7 @@ fn parse_network(
         {
             return Err(bad(&format!("{path}.{k}"), "is an unknown field"));
         }
-        let field = |name: &str| -> Result<&str, Error> {
+        let field = |name: &str| -> Result<&str, ValidationError> {
             match o.get(name) {
                 Some(Value::String(s)) => Ok(s),
                 Some(v) => Err(bad(
@@ -428,7 +432,7 @@ fn parse_mesh(s: &str) -> Result<Ipv6Addr, String> {
 impl<'de> Deserialize<'de> for VmConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = Value::deserialize(d)?;
-        from_value(&v).map_err(|e| serde::de::Error::custom(e.message))
+        from_value(&v).map_err(|e| serde::de::Error::custom(e.message()))
     }
 }
 

@@ -43,7 +43,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde_json::{Value, json};
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy, NodeSpec};
 
 /// Name of the bridge-family table.
@@ -109,7 +109,7 @@ pub struct Firewall {
 ///
 /// # Errors
 /// `INVALID_INPUT` when the instance does not validate.
-pub fn tap_entries(inst: &InstanceSpec) -> Result<Vec<TapEntry>, Error> {
+pub fn tap_entries(inst: &InstanceSpec) -> Result<Vec<TapEntry>, ValidationError> {
     inst.validate()?;
     let taps = inst.tap_names()?;
     Ok(inst
@@ -142,7 +142,7 @@ pub fn tap_entries(inst: &InstanceSpec) -> Result<Vec<TapEntry>, Error> {
 ///
 /// # Errors
 /// `INVALID_INPUT` when the node spec does not validate.
-pub fn plan(node: &NodeSpec, host: &HostAddrs) -> Result<Firewall, Error> {
+pub fn plan(node: &NodeSpec, host: &HostAddrs) -> Result<Firewall, ValidationError> {
     node.validate()?;
     let mut taps = Vec::new();
     for inst in &node.instances {

@@ -14,7 +14,7 @@
 use std::net::Ipv4Addr;
 
 use ipnet::IpNet;
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy, NicSpec, append_reported};
 use vmnet_model::pool::IpRange;
 
@@ -60,7 +60,7 @@ pub fn instance_spec(
     lease: Option<(Ipv4Addr, &IpRange)>,
     policy: NetworkPolicy,
     sandbox: bool,
-) -> Result<InstanceSpec, Error> {
+) -> Result<InstanceSpec, ValidationError> {
     let spec = InstanceSpec {
         id: instance_id.to_owned(),
         allocation_id: allocation_id.to_owned(),
@@ -155,7 +155,7 @@ mod tests {
         let br: IfName = "bc0".parse().unwrap();
         let e =
             instance_spec("inst-1", "a-1", &br, None, NetworkPolicy::Public, false).unwrap_err();
-        assert!(e.message.contains("nics[0].network"), "{e}");
+        assert!(e.message().contains("nics[0].network"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! XML is escaped anyway.
 
 use serde_json::{Value, json};
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 use vmnet_model::nic::{IfName, InstanceSpec};
 
 use super::seed::guest_ifname;
@@ -41,7 +41,7 @@ struct Row {
     mac: String,
 }
 
-fn rows(inst: &InstanceSpec) -> Result<Vec<Row>, Error> {
+fn rows(inst: &InstanceSpec) -> Result<Vec<Row>, ValidationError> {
     inst.validate()?;
     let taps = inst.tap_names()?;
     Ok(inst
@@ -79,7 +79,7 @@ fn rows(inst: &InstanceSpec) -> Result<Vec<Row>, Error> {
 ///
 /// # Errors
 /// `INVALID_INPUT` when the instance does not validate.
-pub fn libvirt_interfaces(inst: &InstanceSpec) -> Result<String, Error> {
+pub fn libvirt_interfaces(inst: &InstanceSpec) -> Result<String, ValidationError> {
     let mut out = String::new();
     for r in rows(inst)? {
         out.push_str(&format!(
@@ -95,7 +95,7 @@ pub fn libvirt_interfaces(inst: &InstanceSpec) -> Result<String, Error> {
 ///
 /// # Errors
 /// `INVALID_INPUT` when the instance does not validate.
-pub fn cloud_hypervisor_args(inst: &InstanceSpec) -> Result<Vec<String>, Error> {
+pub fn cloud_hypervisor_args(inst: &InstanceSpec) -> Result<Vec<String>, ValidationError> {
     let rows = rows(inst)?;
     if rows.is_empty() {
         return Ok(Vec::new());
@@ -109,7 +109,7 @@ pub fn cloud_hypervisor_args(inst: &InstanceSpec) -> Result<Vec<String>, Error> 
 ///
 /// # Errors
 /// `INVALID_INPUT` when the instance does not validate.
-pub fn firecracker_interfaces(inst: &InstanceSpec) -> Result<Value, Error> {
+pub fn firecracker_interfaces(inst: &InstanceSpec) -> Result<Value, ValidationError> {
     Ok(rows(inst)?
         .iter()
         .enumerate()
@@ -123,7 +123,7 @@ pub fn firecracker_interfaces(inst: &InstanceSpec) -> Result<Value, Error> {
 ///
 /// # Errors
 /// `INVALID_INPUT` when the instance does not validate.
-pub fn qemu_args(inst: &InstanceSpec) -> Result<Vec<String>, Error> {
+pub fn qemu_args(inst: &InstanceSpec) -> Result<Vec<String>, ValidationError> {
     let mut v = Vec::new();
     for (i, r) in rows(inst)?.iter().enumerate() {
         v.push("-netdev".to_owned());
@@ -142,7 +142,7 @@ pub fn qemu_args(inst: &InstanceSpec) -> Result<Vec<String>, Error> {
 ///
 /// # Errors
 /// `INVALID_INPUT` when the instance does not validate.
-pub fn plugin_spec(inst: &InstanceSpec) -> Result<Value, Error> {
+pub fn plugin_spec(inst: &InstanceSpec) -> Result<Value, ValidationError> {
     inst.validate()?;
     let taps = inst.tap_names()?;
     let nics: Vec<Value> = inst

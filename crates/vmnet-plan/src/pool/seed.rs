@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 use vmnet_model::nic::{InstanceSpec, NicSpec};
 
 /// The seed files of one instance, as written into the `cidata` image.
@@ -180,17 +180,39 @@ pub fn local_hostname(id: &str) -> String {
     }
 }
 
+/// Why a seed cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SeedError {
+    /// The instance does not validate ([`InstanceSpec::validate`]).
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// A seed document does not encode (a bug).
+    #[error("instance {instance}: seed")]
+    Encode {
+        /// The instance id.
+        instance: String,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// The seed of `inst`. `user_config` is merged into user-data (an object; the caller's keys).
 ///
 /// # Errors
-/// `INVALID_INPUT` when the instance does not validate ([`InstanceSpec::validate`]).
-pub fn seed(inst: &InstanceSpec, user_config: Option<&Map<String, Value>>) -> Result<Seed, Error> {
+/// [`SeedError::Invalid`] when the instance does not validate ([`InstanceSpec::validate`]).
+pub fn seed(
+    inst: &InstanceSpec,
+    user_config: Option<&Map<String, Value>>,
+) -> Result<Seed, SeedError> {
     inst.validate()?;
     let meta = json!({ "instance-id": inst.id, "local-hostname": local_hostname(&inst.id) });
     let user = Value::Object(user_config.cloned().unwrap_or_default());
     let to_s = |v: &Value| {
-        serde_json::to_string_pretty(v)
-            .map_err(|e| Error::internal(format!("instance {}: seed: {e}", inst.id)))
+        serde_json::to_string_pretty(v).map_err(|source| SeedError::Encode {
+            instance: inst.id.clone(),
+            source,
+        })
     };
     Ok(Seed {
         meta_data: to_s(&meta)? + "\n",

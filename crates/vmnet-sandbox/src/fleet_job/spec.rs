@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 use vmnet_agent::hostspec::HostSpec;
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 use vmnet_model::vm::VmConfig;
 
 use crate::fleet::{MAX_HOSTS, PublicNeighbors};
@@ -94,8 +94,8 @@ impl FleetSpec {
     ///
     /// # Errors
     /// `INVALID_INPUT` starting `fleet spec <file>: ` and naming the field.
-    pub fn parse(file: &str, text: &str) -> Result<Self, Error> {
-        let bad = |m: String| Error::invalid(format!("fleet spec {file}: {m}"));
+    pub fn parse(file: &str, text: &str) -> Result<Self, ValidationError> {
+        let bad = |m: String| ValidationError::rule(format!("fleet spec {file}: {m}"));
         let v: serde_json::Value =
             serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         if !v.is_object() {
@@ -219,19 +219,18 @@ mod tests {
         ];
         for (text, want) in cases {
             let e = FleetSpec::parse("f.json", &text).unwrap_err();
-            assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput, "{text}");
             assert!(
-                e.message.starts_with("fleet spec f.json: "),
+                e.message().starts_with("fleet spec f.json: "),
                 "{}",
-                e.message
+                e.message()
             );
-            assert!(e.message.contains(want), "{want}: {}", e.message);
+            assert!(e.message().contains(want), "{want}: {}", e.message());
         }
         // Host counts: 2 to 4.
         let one = r#"{"mode": "fleet", "hosts": [{"name": "a"}]}"#;
         let e = FleetSpec::parse("f.json", one).unwrap_err();
         assert!(
-            e.message.contains("hosts: 1 given; a fleet has 2 to 4"),
+            e.message().contains("hosts: 1 given; a fleet has 2 to 4"),
             "{e}"
         );
         let five = r#"{"mode": "fleet", "hosts": [{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "d"}, {"name": "e"}]}"#;
@@ -242,7 +241,7 @@ mod tests {
             {"id": "y", "user_id": 1, "tenant": 1, "network": {"routes": []}}]}, {"name": "b"}]}"#;
         let e = FleetSpec::parse("f.json", dup).unwrap_err();
         assert!(
-            e.message
+            e.message()
                 .contains("vm y: user_id 1 is already used by vm x on this host"),
             "{e}"
         );

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use crate::sandbox::HOST_UPLINK_V4;
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 use vmnet_model::nic::{IfName, NetworkPolicy};
 use vmnet_model::pool::SetIpPool;
 
@@ -59,8 +59,8 @@ impl PoolSpec {
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the file and the field.
-    pub fn parse(file: &str, text: &str) -> Result<Self, Error> {
-        let bad = |m: String| Error::invalid(format!("pool spec {file}: {m}"));
+    pub fn parse(file: &str, text: &str) -> Result<Self, ValidationError> {
+        let bad = |m: String| ValidationError::rule(format!("pool spec {file}: {m}"));
         let v: serde_json::Value =
             serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         if !v.is_object() {
@@ -73,7 +73,7 @@ impl PoolSpec {
         let bridge: IfName = spec
             .bridge
             .parse()
-            .map_err(|e: Error| bad(format!("bridge: {}", e.message)))?;
+            .map_err(|e: ValidationError| bad(format!("bridge: {}", e.message())))?;
         if bridge.as_str().starts_with(vmnet_model::nic::TAP_PREFIX)
             || ["lo", "uplink"].contains(&bridge.as_str())
         {
@@ -83,18 +83,18 @@ impl PoolSpec {
                 vmnet_model::nic::TAP_PREFIX
             )));
         }
-        let range = spec.pool.validate().map_err(|e| bad(e.message))?;
+        let range = spec.pool.validate().map_err(|e| bad(e.message()))?;
         let sandbox_nets: [(&str, ipnet::Ipv4Net); 2] = [
             (
                 "the sandbox uplink",
                 ipnet::Ipv4Net::new(HOST_UPLINK_V4, crate::sandbox::UPLINK_V4_LEN)
-                    .map_err(|e| Error::internal(e.to_string()))?
+                    .map_err(|e| ValidationError::rule(e.to_string()))?
                     .trunc(),
             ),
             (
                 "the fake internet's echo network",
                 ipnet::Ipv4Net::new(crate::sandbox::ECHO_V4, 24)
-                    .map_err(|e| Error::internal(e.to_string()))?
+                    .map_err(|e| ValidationError::rule(e.to_string()))?
                     .trunc(),
             ),
         ];
@@ -107,7 +107,7 @@ impl PoolSpec {
             }
         }
         vmnet_model::ids::validate_id("host.host_id", &spec.host.host_id)
-            .map_err(|e| bad(e.message))?;
+            .map_err(|e| bad(e.message()))?;
         if spec.host.vcpus == 0 || spec.host.memory_mib == 0 {
             return Err(bad("host: vcpus and memory_mib must be at least 1".into()));
         }
@@ -117,7 +117,7 @@ impl PoolSpec {
         let mut seen = std::collections::BTreeSet::new();
         for (n, i) in spec.instances.iter().enumerate() {
             vmnet_model::ids::validate_id(&format!("instances[{n}].instance_id"), &i.instance_id)
-                .map_err(|e| bad(e.message))?;
+                .map_err(|e| bad(e.message()))?;
             if !seen.insert(i.instance_id.as_str()) {
                 return Err(bad(format!(
                     "instances[{n}].instance_id {:?} appears twice",
@@ -226,9 +226,12 @@ mod tests {
         ];
         for (text, want) in cases {
             let e = PoolSpec::parse("f.json", &text).unwrap_err();
-            assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput, "{text}");
-            assert!(e.message.starts_with("pool spec f.json: "), "{}", e.message);
-            assert!(e.message.contains(want), "{text}: {}", e.message);
+            assert!(
+                e.message().starts_with("pool spec f.json: "),
+                "{}",
+                e.message()
+            );
+            assert!(e.message().contains(want), "{text}: {}", e.message());
         }
     }
 }

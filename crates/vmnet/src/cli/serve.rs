@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use vmnet_agent::agent::{Agent, DEFAULT_RECONCILE_INTERVAL_SECS};
+use vmnet_agent::api::error::{from_ipam, from_ns, from_server};
 use vmnet_agent::pool::audit::AUDIT_PERIOD;
 use vmnet_agent::pool::helper::HelperClient;
 use vmnet_agent::pool::node::{PoolConfig, PoolNode};
@@ -39,8 +40,8 @@ use vmnet_agent::server;
 use vmnet_ipam::Db;
 use vmnet_kernel::ns::NetlinkNsDriver;
 use vmnet_kernel::tap::TapOwner;
-use vmnet_model::Error;
 use vmnet_model::nic::IfName;
+use vmnet_model::{Error, ValidationError};
 use vmnet_plan::ns::NsSettings;
 
 use crate::Global;
@@ -171,18 +172,18 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         .try_init();
     let settings = args.settings()?;
     let tcp = match args.listen {
-        Some(addr) => Some(server::bind_tcp(addr).await?),
+        Some(addr) => Some(server::bind_tcp(addr).await.map_err(from_server)?),
         None => None,
     };
-    let db = Db::connect(&g.database_url()).await?;
-    let driver = Arc::new(NetlinkNsDriver::new(settings.clone(), None).map_err(Error::from)?);
+    let db = Db::connect(&g.database_url()).await.map_err(from_ipam)?;
+    let driver = Arc::new(NetlinkNsDriver::new(settings.clone(), None).map_err(|e| from_ns(&e))?);
     let agent = Agent::new(
         db,
         driver,
         settings,
         Duration::from_secs(args.reconcile_interval_secs),
     )?;
-    let unix = server::bind_unix(&g.socket).await?;
+    let unix = server::bind_unix(&g.socket).await.map_err(from_server)?;
     tracing::info!(
         socket = %g.socket.display(),
         listen = ?args.listen,
@@ -200,7 +201,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     let result = server::serve(router, unix, &g.socket, tcp, server::shutdown_signal()).await;
     agent.stop_loop(reconciler).await;
     tracing::info!("vmnet agent stopped");
-    result
+    result.map_err(from_server)
 }
 
 /// The root helper command: `--pool-helper`, else `vmnet-pool-helper` next to this executable,
@@ -232,7 +233,7 @@ async fn start_pool(
     let bridge: IfName = args
         .bridge
         .parse()
-        .map_err(|e: Error| Error::invalid(format!("--bridge: {}", e.message)))?;
+        .map_err(|e: ValidationError| Error::invalid(format!("--bridge: {}", e.message())))?;
     let owner = TapOwner {
         uid: args.tap_owner.map(|(u, _)| u),
         gid: args.tap_owner.and_then(|(_, g)| g),

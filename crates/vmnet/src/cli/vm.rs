@@ -80,7 +80,7 @@ pub async fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
             let (name, bytes) = read_file(&file)?;
             // Validate locally first for a message naming the file; the agent validates again.
             let cfg = parse_vm_config(&bytes)
-                .map_err(|e| Error::new(e.code, format!("{name}: {}", e.message)))?;
+                .map_err(|e| Error::invalid(format!("{name}: {}", e.message())))?;
             let view: VmView = client
                 .put(&format!("/v1/vms/{}", segment(&cfg.id)), &cfg)
                 .await?;

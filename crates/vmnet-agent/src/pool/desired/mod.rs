@@ -13,6 +13,8 @@ use vmnet_model::pool::{Instance, InstanceState, IpRange};
 use vmnet_plan::pool::nft::{TapEntry, tap_entries};
 use vmnet_plan::pool::nic::instance_spec;
 
+use crate::api::error::from_ipam;
+
 /// The desired instances of `host_id` from the store: id → spec, the gateways of their
 /// ranges, the ids that could not be planned (with the reason).
 pub(super) async fn desired(
@@ -27,8 +29,10 @@ pub(super) async fn desired(
     ),
     Error,
 > {
-    let mut tx = db.begin().await?;
-    let all = vmnet_ipam::list_instances(&mut tx).await?;
+    let mut tx = db.begin().await.map_err(from_ipam)?;
+    let all = vmnet_ipam::list_instances(&mut tx)
+        .await
+        .map_err(from_ipam)?;
     let mut ranges: BTreeMap<String, Option<IpRange>> = BTreeMap::new();
     let mut out = BTreeMap::new();
     let mut gateways = Vec::new();
@@ -38,7 +42,9 @@ pub(super) async fn desired(
         .filter(|i| i.host_id.as_deref() == Some(host_id) && i.state == InstanceState::Running)
     {
         if !ranges.contains_key(&inst.pool_id) {
-            let r = vmnet_ipam::get_ip_pool(&mut tx, &inst.pool_id).await?;
+            let r = vmnet_ipam::get_ip_pool(&mut tx, &inst.pool_id)
+                .await
+                .map_err(from_ipam)?;
             ranges.insert(inst.pool_id.clone(), r);
         }
         let range = ranges.get(&inst.pool_id).and_then(Option::as_ref);
@@ -135,6 +141,7 @@ pub fn spec_of(
         inst.network_policy,
         inst.sandbox,
     )
+    .map_err(Error::from)
 }
 
 #[cfg(test)]

@@ -225,7 +225,7 @@ impl<E: NftExec> PoolFirewall<E> {
     /// [`FirewallError::Plan`] for an invalid instance or one already present (`CONFLICT`);
     /// otherwise as [`Self::replace`].
     pub fn add_instance(&mut self, inst: &InstanceSpec) -> Result<(), FirewallError> {
-        let entries = tap_entries(inst).map_err(FirewallError::Plan)?;
+        let entries = tap_entries(inst).map_err(|e| FirewallError::Plan(e.into()))?;
         if entries
             .iter()
             .any(|e| self.desired.taps.iter().any(|t| t.tap == e.tap))
@@ -277,7 +277,7 @@ impl<E: NftExec> PoolFirewall<E> {
     /// [`FirewallError::Plan`] for an invalid instance; otherwise as [`Self::replace`]. On an
     /// error the previous entries stay.
     pub fn replace_instance(&mut self, inst: &InstanceSpec) -> Result<(), FirewallError> {
-        let entries = tap_entries(inst).map_err(FirewallError::Plan)?;
+        let entries = tap_entries(inst).map_err(|e| FirewallError::Plan(e.into()))?;
         let prefix = format!("bc{}n", instance_hash10(&inst.id));
         let (held, kept): (Vec<_>, Vec<_>) = self
             .desired

@@ -4,16 +4,18 @@
 //!
 //! Each command opens the database (`--database-url`, `VMNET_DATABASE_URL`, or the SQLite file
 //! `<state-dir>/vmnet.db`, created with its directory if missing), runs in one transaction and
-//! commits. Output is a human table, or JSON with `--output json`. Errors are returned to `main`,
-//! which prints `error: CODE: message` and exits with the code's documented status.
+//! commits. Output is a human table, or JSON with `--output json`. Errors ([`IpamError`]) are
+//! returned to `main`, the CLI's edge, which maps them to their documented code once, prints
+//! `error: CODE: message` and exits with the code's documented status.
 
 use clap::Subcommand;
 use serde::Serialize;
 use vmnet_agent::table::render;
 use vmnet_ipam::{
-    Db, Instance, Lease, NewInstance, ReportedInstance, SetIpPool, StatusReport, Store, Tx,
+    Db, Instance, IpamError, Lease, NewInstance, ReportedInstance, SetIpPool, StatusReport, Store,
+    Tx,
 };
-use vmnet_model::Error;
+use vmnet_model::ValidationError;
 
 use crate::{Global, Output};
 
@@ -172,7 +174,7 @@ pub enum LeaseCmd {
     },
 }
 
-async fn open(g: &Global) -> Result<(Db, Tx), Error> {
+async fn open(g: &Global) -> Result<(Db, Tx), IpamError> {
     let db = Db::connect(&g.database_url()).await?;
     let tx = db.begin().await?;
     Ok((db, tx))
@@ -184,13 +186,15 @@ async fn finish<T: Serialize>(
     g: &Global,
     value: &T,
     table: impl FnOnce(&T) -> String,
-) -> Result<(), Error> {
+) -> Result<(), IpamError> {
     tx.commit().await?;
     db.close().await;
     match g.output {
         Output::Json => {
-            let s =
-                serde_json::to_string_pretty(value).map_err(|e| Error::internal(e.to_string()))?;
+            let s = serde_json::to_string_pretty(value).map_err(|source| IpamError::Json {
+                what: "output".into(),
+                source,
+            })?;
             println!("{s}");
         }
         Output::Table => print!("{}", table(value)),
@@ -210,7 +214,7 @@ use self::tables::{
 ///
 /// # Errors
 /// The store's errors (`INVALID_INPUT`, `NOT_FOUND`, `UNAVAILABLE`).
-pub async fn pool(g: &Global, c: PoolCmd) -> Result<(), Error> {
+pub async fn pool(g: &Global, c: PoolCmd) -> Result<(), IpamError> {
     let (db, mut tx) = open(g).await?;
     match c {
         PoolCmd::Set {
@@ -255,7 +259,7 @@ pub async fn pool(g: &Global, c: PoolCmd) -> Result<(), Error> {
 ///
 /// # Errors
 /// The store's errors (`INVALID_INPUT`, `NOT_FOUND`, `CONFLICT`, `UNAVAILABLE`).
-pub async fn host(g: &Global, c: HostCmd) -> Result<(), Error> {
+pub async fn host(g: &Global, c: HostCmd) -> Result<(), IpamError> {
     let (db, mut tx) = open(g).await?;
     match c {
         HostCmd::Add {
@@ -289,7 +293,7 @@ pub async fn host(g: &Global, c: HostCmd) -> Result<(), Error> {
                 },
                 (None, Some(path)) => read_report(&path)?,
                 (None, None) => {
-                    return Err(Error::invalid(
+                    return Err(IpamError::invalid(
                         "status report: give --instance with --address, or --file",
                     ));
                 }
@@ -304,18 +308,18 @@ pub async fn host(g: &Global, c: HostCmd) -> Result<(), Error> {
 ///
 /// # Errors
 /// `INVALID_INPUT` naming the file when it cannot be read or is not a status report.
-fn read_report(path: &std::path::Path) -> Result<StatusReport, Error> {
+fn read_report(path: &std::path::Path) -> Result<StatusReport, IpamError> {
     let text = if path.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin())
     } else {
         std::fs::read_to_string(path)
     }
-    .map_err(|e| Error::invalid(format!("status report {}: {e}", path.display())))?;
+    .map_err(|e| IpamError::invalid(format!("status report {}: {e}", path.display())))?;
     parse_report(&text).map_err(|e| {
-        Error::invalid(format!(
+        IpamError::invalid(format!(
             "status report {}: {}",
             path.display(),
-            e.message.trim_start_matches("status report: ")
+            e.message().trim_start_matches("status report: ")
         ))
     })
 }
@@ -324,8 +328,11 @@ fn read_report(path: &std::path::Path) -> Result<StatusReport, Error> {
 ///
 /// # Errors
 /// `INVALID_INPUT` `status report: <serde error>`.
-fn parse_report(text: &str) -> Result<StatusReport, Error> {
-    serde_json::from_str(text).map_err(|e| Error::invalid(format!("status report: {e}")))
+fn parse_report(text: &str) -> Result<StatusReport, ValidationError> {
+    serde_json::from_str(text).map_err(|source| ValidationError::Json {
+        what: "status report".into(),
+        source,
+    })
 }
 
 /// Runs `vmnet instance …`.
@@ -333,7 +340,7 @@ fn parse_report(text: &str) -> Result<StatusReport, Error> {
 /// # Errors
 /// The store's errors (`INVALID_INPUT`, `NOT_FOUND`, `CONFLICT`, `CAPACITY_UNAVAILABLE`,
 /// `UNAVAILABLE`).
-pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), Error> {
+pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), IpamError> {
     let (db, mut tx) = open(g).await?;
     match c {
         InstanceCmd::Create {
@@ -416,7 +423,7 @@ impl Deleted {
 ///
 /// # Errors
 /// The store's errors (`INVALID_INPUT`, `NOT_FOUND`, `UNAVAILABLE`).
-pub async fn lease(g: &Global, c: LeaseCmd) -> Result<(), Error> {
+pub async fn lease(g: &Global, c: LeaseCmd) -> Result<(), IpamError> {
     let (db, mut tx) = open(g).await?;
     match c {
         LeaseCmd::List { pool } => {

@@ -71,9 +71,12 @@ fn report_files_are_parsed_strictly() {
             .unwrap();
     assert_eq!(r.instances[0].addresses, ["10.0.0.2/29"]);
     let e = parse_report(r#"{"instances": [], "extra": true}"#).unwrap_err();
-    assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput);
     assert!(
-        e.message
+        matches!(e, vmnet_model::ValidationError::Json { .. }),
+        "{e}"
+    );
+    assert!(
+        e.message()
             .starts_with("status report: unknown field `extra`"),
         "{e}"
     );

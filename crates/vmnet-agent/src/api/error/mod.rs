@@ -8,6 +8,13 @@
 //! the documented shape.
 //!
 //! # Design
+//! This module is the API's edge: the one place where the error enums of the layers below become
+//! documented codes. [`ipam_code`] maps every [`IpamError`] variant and [`ns_code`] every
+//! namespace driver [`NsError`] (the CLI uses the same functions for its exit codes); a model
+//! [`ValidationError`] is always `INVALID_INPUT`. The
+//! message is the error with its causes ([`chain`]), except that a database failure answers only
+//! our own sentence (the database's words name internals; they are logged).
+//!
 //! Rejections are mapped in two places: [`ApiJson`] turns a JSON rejection into
 //! `INVALID_INPUT` naming the object ([`ApiBody::OBJECT`]) and the field path that serde reports
 //! (axum decodes through `serde_path_to_error`), without axum's own wording; and the [`ensure_error_body`] middleware is the safety net for everything else, so no code
@@ -21,7 +28,13 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use vmnet_model::{Error, ErrorCode};
+use vmnet_ipam::IpamError;
+use vmnet_kernel::ns::NsError;
+use vmnet_model::error::chain;
+use vmnet_model::{Error, ErrorCode, ValidationError};
+use vmnet_plan::pool::seed::SeedError;
+
+use crate::server::ServerError;
 
 /// The largest request body the API accepts, in bytes (64 KiB). A larger body is refused with
 /// 400 `INVALID_INPUT`.
@@ -44,6 +57,114 @@ impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         Self(e)
     }
+}
+
+impl From<IpamError> for ApiError {
+    fn from(e: IpamError) -> Self {
+        Self(from_ipam(e))
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        Self(e.into())
+    }
+}
+
+/// The documented code of an IPAM or store failure: the one mapping of [`IpamError`], used by
+/// the API and the CLI.
+#[must_use]
+pub fn ipam_code(e: &IpamError) -> ErrorCode {
+    match e {
+        IpamError::Invalid(_) | IpamError::UnknownScheme { .. } | IpamError::Url { .. } => {
+            ErrorCode::InvalidInput
+        }
+        IpamError::NotFound { .. } => ErrorCode::NotFound,
+        IpamError::Conflict(_) => ErrorCode::Conflict,
+        IpamError::Exhausted(_) => ErrorCode::CapacityUnavailable,
+        IpamError::Contended(_)
+        | IpamError::Busy
+        | IpamError::Database { .. }
+        | IpamError::Connect(_)
+        | IpamError::Migrate(_)
+        | IpamError::Io { .. } => ErrorCode::Unavailable,
+        IpamError::Corrupt(_) | IpamError::Json { .. } => ErrorCode::Internal,
+        // `IpamError` is not `#[non_exhaustive]`; a new variant fails to compile here first.
+    }
+}
+
+/// The message a caller gets for an IPAM or store failure: the error and its causes, except a
+/// database failure's driver error (logged where it happened, never answered).
+#[must_use]
+pub fn ipam_message(e: &IpamError) -> String {
+    match e {
+        IpamError::Database { .. } => e.to_string(),
+        _ => chain(e),
+    }
+}
+
+/// The documented code of a namespace driver failure: `INVALID_INPUT` when the settings or
+/// the plan do not fit the driver, else `UNAVAILABLE` (the kernel refused or lost an object; a
+/// retry or the next reconcile pass may succeed).
+#[must_use]
+pub fn ns_code(e: &NsError) -> ErrorCode {
+    match e {
+        NsError::Invalid(_) => ErrorCode::InvalidInput,
+        NsError::Netns(_)
+        | NsError::Netlink { .. }
+        | NsError::Tap { .. }
+        | NsError::Sysctl { .. }
+        | NsError::Nft { .. }
+        | NsError::Missing(_)
+        | NsError::Many(_)
+        | NsError::NoRuntime => ErrorCode::Unavailable,
+        // `NsError` is not `#[non_exhaustive]`; a new variant fails to compile here first.
+    }
+}
+
+/// A namespace driver failure as the wire error: [`ns_code`] and the error with its causes.
+#[must_use]
+pub fn from_ns(e: &NsError) -> Error {
+    Error::new(ns_code(e), chain(e))
+}
+
+/// The documented code of a listening or serving failure (the CLI's `vmnet serve`): a live agent
+/// on the socket is `CONFLICT`, a non-loopback `--listen` `INVALID_INPUT`, an I/O failure
+/// `UNAVAILABLE`.
+#[must_use]
+pub fn server_code(e: &ServerError) -> ErrorCode {
+    match e {
+        ServerError::InUse(_) => ErrorCode::Conflict,
+        ServerError::NotLoopback(_) => ErrorCode::InvalidInput,
+        ServerError::Io { .. } => ErrorCode::Unavailable,
+    }
+}
+
+/// A listening or serving failure as the wire error: [`server_code`] and the error with its
+/// cause.
+#[must_use]
+#[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(from_server)` works
+pub fn from_server(e: ServerError) -> Error {
+    Error::new(server_code(&e), chain(&e))
+}
+
+/// A seed failure as the wire error: an instance that does not validate is `INVALID_INPUT`, a
+/// document that does not encode `INTERNAL`.
+#[must_use]
+#[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(from_seed)` works
+pub fn from_seed(e: SeedError) -> Error {
+    let code = match &e {
+        SeedError::Invalid(_) => ErrorCode::InvalidInput,
+        SeedError::Encode { .. } => ErrorCode::Internal,
+    };
+    Error::new(code, chain(&e))
+}
+
+/// An IPAM or store failure as the wire error: [`ipam_code`] and [`ipam_message`].
+#[must_use]
+#[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(from_ipam)` works
+pub fn from_ipam(e: IpamError) -> Error {
+    Error::new(ipam_code(&e), ipam_message(&e))
 }
 
 /// The HTTP status of an error code.
@@ -290,3 +411,6 @@ pub async fn ensure_error_body(req: Request, next: Next) -> Response {
     out.headers_mut().remove(MARKER);
     out
 }
+
+#[cfg(test)]
+mod tests;
