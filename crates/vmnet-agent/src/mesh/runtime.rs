@@ -304,8 +304,9 @@ impl Mesh {
             mesh_store::mark_leaving(tx, &leave, now).await?;
             mesh_store::set_whitelist(tx, &whitelist).await
         }.await)?;
-        self.apply(l, &p).await?;
+        // The link is up before routes go into it.
         self.prepare_link(l, &want.peers).await?;
+        self.apply(l, &p).await?;
         // Every row marked leaving (by this sync or an earlier one) is off wg0 now.
         let after: Vec<RecordPeer> = record
             .into_iter()
@@ -354,8 +355,8 @@ impl Mesh {
             .collect();
         let routes = link::routes_into(&self.nl, l.index).await?;
         let p = plan(&desired, &record, &seen, &routes)?;
-        self.apply(l, &p).await?;
         self.prepare_link(l, &desired).await?;
+        self.apply(l, &p).await?;
         self.finish_leaving(db, &record).await?;
         let mut repaired = Vec::new();
         if started {
@@ -402,7 +403,8 @@ impl Mesh {
         }.await)?;
         let record = record_of(record)?;
         let u = self.daemon.uapi();
-        let dev = tokio::task::block_in_place(|| u.get())?;
+        // A device that is down (being restarted) shows the record with nothing present.
+        let dev = tokio::task::block_in_place(|| u.get()).unwrap_or_default();
         let l = link::by_name(&self.nl, &self.s.ifname).await?;
         let routes = match l {
             Some(l) => link::routes_into(&self.nl, l.index).await?,
@@ -421,7 +423,7 @@ impl Mesh {
         Ok(MeshView {
             interface: self.s.ifname.clone(),
             public_key: self.public.to_string(),
-            listen_port: dev.listen_port,
+            listen_port: self.s.listen_port,
             mesh_address: self.s.mesh_address.map(|a| a.to_string()),
             mtu: l.map_or(self.mtu.load(Ordering::Relaxed), |l| l.mtu),
             daemon_pid: self.daemon.pid(),

@@ -1,13 +1,13 @@
 //! The bodies of `GET /v1/mesh` and `POST /v1/sync`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use vmnet_kernel::wg::uapi::UapiPeer;
 
 use super::body::WgKey;
 use super::plan::RecordPeer;
 
 /// `GET /v1/mesh`: this host's side of the mesh and every peer on the interface.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MeshView {
     /// The interface name.
     pub interface: String,
@@ -30,7 +30,7 @@ pub struct MeshView {
 }
 
 /// One peer on the interface (or recorded but missing there).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerView {
     /// Its public key (base64).
     pub public_key: String,
@@ -98,7 +98,7 @@ impl PeerView {
 }
 
 /// `POST /v1/sync`: what the sync changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncOutcome {
     /// Managed peers after the sync.
     pub peers: usize,

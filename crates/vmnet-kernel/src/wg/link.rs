@@ -122,7 +122,7 @@ pub async fn prepare(
 }
 
 /// The destinations of the IPv6 /128 unicast routes of the main table into link `index`,
-/// whoever made them.
+/// whoever made them, except the kernel's own (the route of an address on the link).
 ///
 /// # Errors
 /// `Netlink` on a failed dump.
@@ -146,6 +146,7 @@ pub async fn routes_into(h: &Handle, index: u32) -> Result<BTreeSet<Ipv6Addr>, W
             }
             let ours = r.header.destination_prefix_length == 128
                 && r.header.kind == RouteType::Unicast
+                && r.header.protocol != RouteProtocol::Kernel
                 && table == u32::from(RouteHeader::RT_TABLE_MAIN)
                 && oif == Some(index);
             std::future::ready(Ok(dst.filter(|_| ours)))
