@@ -176,41 +176,47 @@ pub fn validate(raw: &RawSync, own: &Own) -> Result<SyncBody, Error> {
     let mut by_key: BTreeMap<WgKey, usize> = BTreeMap::new();
     let mut by_mesh: BTreeMap<Ipv6Addr, usize> = BTreeMap::new();
     for (i, p) in raw.peers.iter().enumerate() {
-        let name = format!("peers[{i}]");
+        // Names are made only for an error: a valid sync of 10,000 peers formats nothing.
         let key = WgKey::from_str(&p.public_key)
-            .map_err(|e| Error::invalid(format!("sync: {name}.public_key: {e}")))?;
-        let name = format!("peers[{i}] ({key})");
+            .map_err(|e| Error::invalid(format!("sync: peers[{i}].public_key: {e}")))?;
+        let name = || format!("peers[{i}] ({key})");
         if key == own.public_key {
             return Err(Error::invalid(format!(
-                "sync: {name}.public_key is this host's own key; a host is not its own peer"
+                "sync: {}.public_key is this host's own key; a host is not its own peer",
+                name()
             )));
         }
         if let Some(j) = by_key.insert(key, i) {
             return Err(Error::invalid(format!(
-                "sync: {name}.public_key is also peers[{j}]'s; each peer appears once"
+                "sync: {}.public_key is also peers[{j}]'s; each peer appears once",
+                name()
             )));
         }
         let endpoint = parse_endpoint(&p.endpoint)
-            .map_err(|e| Error::invalid(format!("sync: {name}.endpoint: {e}")))?;
+            .map_err(|e| Error::invalid(format!("sync: {}.endpoint: {e}", name())))?;
         let mesh = Ipv6Addr::from_str(&p.mesh_address).map_err(|_| {
             Error::invalid(format!(
-                "sync: {name}.mesh_address: {:?} is not an IPv6 address",
+                "sync: {}.mesh_address: {:?} is not an IPv6 address",
+                name(),
                 p.mesh_address
             ))
         })?;
         if !range.contains(&mesh) {
             return Err(Error::invalid(format!(
-                "sync: {name}.mesh_address: {mesh} is not in {range}"
+                "sync: {}.mesh_address: {mesh} is not in {range}",
+                name()
             )));
         }
         if Some(mesh) == own.mesh_address {
             return Err(Error::invalid(format!(
-                "sync: {name}.mesh_address: {mesh} is this host's own mesh address"
+                "sync: {}.mesh_address: {mesh} is this host's own mesh address",
+                name()
             )));
         }
         if let Some(j) = by_mesh.insert(mesh, i) {
             return Err(Error::invalid(format!(
-                "sync: {name}.mesh_address: {mesh} is claimed by peers[{j}] ({}) and peers[{i}] ({key}); a mesh address belongs to one peer only",
+                "sync: {}.mesh_address: {mesh} is claimed by peers[{j}] ({}) and peers[{i}] ({key}); a mesh address belongs to one peer only",
+                name(),
                 peers
                     .get(j)
                     .map(|q: &PeerSpec| q.public_key.to_string())

@@ -138,10 +138,14 @@ pub fn plan(
     let mut out = MeshPlan::default();
     for p in desired {
         let want = wants(p);
-        if let Some(f) = foreign_ips
-            .iter()
-            .find(|(ip, _)| ip.contains(&want.addr()))
-            .map(|(_, k)| k)
+        if let Some(f) = (!foreign_ips.is_empty())
+            .then(|| {
+                foreign_ips
+                    .iter()
+                    .find(|(ip, _)| ip.contains(&want.addr()))
+                    .map(|(_, k)| k)
+            })
+            .flatten()
         {
             return Err(Error::conflict(format!(
                 "sync: peer {}: mesh_address {} is an allowed IP of the foreign peer {f} on wg0",

@@ -11,6 +11,12 @@
 //!   `leaving` until their removal is done), so an agent killed half-way still knows every peer
 //!   it may have applied, and the next pass finishes the work. All peer changes go to the device
 //!   in one UAPI transaction; the routes follow over netlink.
+//! - A sync plans against what the agent last read from or wrote to the device and the record
+//!   (kept in memory for the running `wireguard-go` instance) instead of reading 1,000 peers
+//!   back; it reads the device when the plan adds a peer or moves a mesh address (so a foreign
+//!   peer added meanwhile is never taken over), and it always reads the routes, so a missing
+//!   route comes back on the next sync. A managed peer changed behind the agent's back (`wg set`)
+//!   is repaired by the next full reconcile pass, which reads everything.
 //! - The device is `wireguard-go` in the agent's network namespace, left running when the agent
 //!   stops: a new agent adopts it (its UAPI socket answers and the link exists), compares and
 //!   finds nothing to do, so no tunnel is interrupted. When the device is gone (killed, or wg0
@@ -22,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -44,9 +50,11 @@ use crate::status::now_ms;
 
 /// The default listen port.
 pub const DEFAULT_PORT: u16 = 51820;
-/// The persistent keepalive the agent sets on its peers, in seconds: handshakes complete right
-/// after a sync and idle tunnels stay warm.
-pub const KEEPALIVE_SECS: u16 = 25;
+/// The persistent keepalive the agent sets on its peers, in seconds: off (WireGuard's default;
+/// a handshake happens with the first packet). Measured here: with a keepalive, wireguard-go
+/// starts a handshake inside the UAPI request for every new peer, and a sync of 1,000 new peers
+/// took over 10 s instead of under 200 ms.
+pub const KEEPALIVE_SECS: u16 = 0;
 /// How often the watch task checks that the device runs.
 pub const WATCH_PERIOD: Duration = Duration::from_secs(1);
 
@@ -78,6 +86,38 @@ pub struct Mesh {
     lock: Mutex<()>,
     mtu: AtomicU32,
     starts: AtomicU64,
+    /// What the agent last read or wrote (see [`Known`]); `None` after a failure.
+    known: StdMutex<Option<Known>>,
+}
+
+/// What the agent last read from or wrote to the device instance `pid` and the record: a sync
+/// plans against it instead of reading 1,000 peers back each time. It is dropped when anything
+/// fails and not used for another device instance; a full reconcile pass reads everything afresh.
+#[derive(Debug)]
+struct Known {
+    pid: u32,
+    seen: BTreeMap<WgKey, SeenPeer>,
+    record: Vec<RecordPeer>,
+    whitelist: Vec<String>,
+}
+
+impl Known {
+    /// `seen` after `p` was applied.
+    fn applied(mut seen: BTreeMap<WgKey, SeenPeer>, p: &MeshPlan) -> BTreeMap<WgKey, SeenPeer> {
+        for k in &p.remove {
+            seen.remove(k);
+        }
+        for s in &p.set {
+            seen.insert(
+                s.public_key,
+                SeenPeer {
+                    endpoint: Some(s.endpoint),
+                    allowed_ips: vec![IpNet::V6(s.mesh_address.into())],
+                },
+            );
+        }
+        seen
+    }
 }
 
 fn record_of(rows: Vec<MeshPeerRow>) -> Result<Vec<RecordPeer>, Error> {
@@ -146,6 +186,7 @@ impl Mesh {
             lock: Mutex::new(()),
             mtu: AtomicU32::new(0),
             starts: AtomicU64::new(0),
+            known: StdMutex::new(None),
             s,
         }))
     }
@@ -187,13 +228,13 @@ impl Mesh {
         base.saturating_sub(overhead).max(1280)
     }
 
-    /// Makes sure the device runs with our key and port; returns the link and whether it was
-    /// (re)started. Call under the lock.
-    async fn ensure_device(&self) -> Result<(Link, bool), Error> {
+    /// Makes sure the device runs; returns the link, whether it was (re)started, and the pid of
+    /// the instance. Call under the lock.
+    async fn ensure_device(&self) -> Result<(Link, bool, u32), Error> {
         let found = link::by_name(&self.nl, &self.s.ifname).await?;
         let pid = self.daemon.pid();
-        let (found, started) = match (found, pid) {
-            (Some(l), Some(_)) => (l, false),
+        let (found, started, pid) = match (found, pid) {
+            (Some(l), Some(p)) => (l, false, p),
             (l, p) => {
                 if p.is_some() || l.is_some() {
                     tracing::warn!(interface = %self.s.ifname, link = l.is_some(), daemon = ?p,
@@ -212,10 +253,10 @@ impl Mesh {
                             self.s.ifname
                         ))
                     })?;
-                (l, true)
+                (l, true, pid)
             }
         };
-        Ok((found, started))
+        Ok((found, started, pid))
     }
 
     /// Reads the device; sets our key and port when they differ (a fresh device).
@@ -285,39 +326,83 @@ impl Mesh {
     /// changed); `UNAVAILABLE` when the store or the device fails (the record holds the new set,
     /// so the next pass finishes it).
     pub async fn sync(&self, db: &Db, body: &[u8]) -> Result<SyncOutcome, Error> {
+        let clock = std::time::Instant::now();
+        let mut phases: Vec<(&str, Duration)> = Vec::new();
+        let mut lap = |name: &'static str| phases.push((name, clock.elapsed()));
         let want: SyncBody = parse_sync(body, &self.own())?;
+        lap("validate");
         let _g = self.lock.lock().await;
-        let (l, _) = self.ensure_device().await?;
-        let dev = self.device()?;
-        let seen = seen_of(&dev);
-        let record = store_tx!(db, tx => mesh_store::list_peers(tx).await)?;
-        let record = record_of(record)?;
+        let (l, _, pid) = self.ensure_device().await?;
+        lap("device");
+        let known = self
+            .known
+            .lock()
+            .ok()
+            .and_then(|mut k| k.take())
+            .filter(|k| k.pid == pid);
+        let fresh = known.is_none();
+        let (mut seen, record, old_whitelist) = match known {
+            Some(k) => (k.seen, k.record, k.whitelist),
+            None => {
+                let seen = seen_of(&self.device()?);
+                let (record, wl) = store_tx!(db, tx => async {
+                    Ok::<_, Error>((mesh_store::list_peers(tx).await?, mesh_store::whitelist(tx).await?))
+                }.await)?;
+                (seen, record_of(record)?, wl)
+            }
+        };
+        lap("device and record");
         let routes = link::routes_into(&self.nl, l.index).await?;
-        let p = plan(&want.peers, &record, &seen, &routes)?;
+        lap("routes");
+        let mut p = plan(&want.peers, &record, &seen, &routes)?;
+        // A new peer or a new mesh address may collide with a foreign peer added since the last
+        // read: read the device then, so a foreign peer is never taken over.
+        let takes_new = |p: &MeshPlan, seen: &BTreeMap<WgKey, SeenPeer>| {
+            p.set.iter().any(|s| {
+                seen.get(&s.public_key).is_none_or(|x| {
+                    x.allowed_ips.as_slice() != [IpNet::V6(s.mesh_address.into())]
+                })
+            })
+        };
+        if !fresh && takes_new(&p, &seen) {
+            seen = seen_of(&self.device()?);
+            p = plan(&want.peers, &record, &seen, &routes)?;
+        }
         let diff = record_diff(&want.peers, &record);
+        lap("plan");
         let whitelist: Vec<String> = want.whitelist.iter().map(ToString::to_string).collect();
-        let upsert: Vec<MeshPeerRow> = diff.upsert.iter().map(|s| row_of(s, false)).collect();
-        let leave: Vec<String> = diff.leave.iter().map(ToString::to_string).collect();
-        let now = now_ms();
-        store_tx!(db, tx => async {
-            mesh_store::upsert_peers(tx, &upsert, now).await?;
-            mesh_store::mark_leaving(tx, &leave, now).await?;
-            mesh_store::set_whitelist(tx, &whitelist).await
-        }.await)?;
+        if !diff.is_empty() || whitelist != old_whitelist {
+            let upsert: Vec<MeshPeerRow> = diff.upsert.iter().map(|s| row_of(s, false)).collect();
+            let leave: Vec<String> = diff.leave.iter().map(ToString::to_string).collect();
+            let now = now_ms();
+            store_tx!(db, tx => async {
+                mesh_store::upsert_peers(tx, &upsert, now).await?;
+                mesh_store::mark_leaving(tx, &leave, now).await?;
+                mesh_store::set_whitelist(tx, &whitelist).await
+            }.await)?;
+        }
+        lap("record write");
         // The link is up before routes go into it.
         self.prepare_link(l, &want.peers).await?;
+        lap("link");
         self.apply(l, &p).await?;
-        // Every row marked leaving (by this sync or an earlier one) is off wg0 now.
+        lap("apply");
+        // Every row marked leaving (by this sync or an earlier one) is off wg0 now, unless the
+        // sync brought it back.
+        let left: BTreeSet<WgKey> = diff.leave.iter().copied().collect();
+        let back: BTreeSet<WgKey> = want.peers.iter().map(|w| w.public_key).collect();
         let after: Vec<RecordPeer> = record
             .into_iter()
             .map(|mut r| {
-                r.leaving |= diff.leave.contains(&r.spec.public_key);
+                r.leaving |= left.contains(&r.spec.public_key);
                 r
             })
-            .filter(|r| r.leaving && !want.peers.iter().any(|w| w.public_key == r.spec.public_key))
+            .filter(|r| r.leaving && !back.contains(&r.spec.public_key))
             .collect();
         self.finish_leaving(db, &after).await?;
-        Ok(SyncOutcome {
+        lap("finish");
+        tracing::debug!(?phases, "mesh sync");
+        let outcome = SyncOutcome {
             peers: want.peers.len(),
             added: p
                 .set
@@ -333,7 +418,34 @@ impl Mesh {
             routes_added: p.routes_add.len(),
             routes_removed: p.routes_del.len(),
             whitelist: want.whitelist.len(),
-        })
+        };
+        self.remember(pid, Known::applied(seen, &p), &want.peers, whitelist);
+        Ok(outcome)
+    }
+
+    /// Keeps what was just applied for the next sync.
+    fn remember(
+        &self,
+        pid: u32,
+        seen: BTreeMap<WgKey, SeenPeer>,
+        peers: &[PeerSpec],
+        whitelist: Vec<String>,
+    ) {
+        let record = peers
+            .iter()
+            .map(|s| RecordPeer {
+                spec: s.clone(),
+                leaving: false,
+            })
+            .collect();
+        if let Ok(mut k) = self.known.lock() {
+            *k = Some(Known {
+                pid,
+                seen,
+                record,
+                whitelist,
+            });
+        }
     }
 
     /// One reconcile pass of the mesh: the device runs (started and configured from the record
@@ -344,7 +456,10 @@ impl Mesh {
     /// `UNAVAILABLE` when the store or the device fails.
     pub async fn converge(&self, db: &Db) -> Result<Vec<String>, Error> {
         let _g = self.lock.lock().await;
-        let (l, started) = self.ensure_device().await?;
+        if let Ok(mut k) = self.known.lock() {
+            *k = None;
+        }
+        let (l, started, pid) = self.ensure_device().await?;
         let dev = self.device()?;
         let seen = seen_of(&dev);
         let record = record_of(store_tx!(db, tx => mesh_store::list_peers(tx).await)?)?;
@@ -358,6 +473,8 @@ impl Mesh {
         self.prepare_link(l, &desired).await?;
         self.apply(l, &p).await?;
         self.finish_leaving(db, &record).await?;
+        let whitelist = store_tx!(db, tx => mesh_store::whitelist(tx).await)?;
+        self.remember(pid, Known::applied(seen, &p), &desired, whitelist);
         let mut repaired = Vec::new();
         if started {
             repaired.push(format!(

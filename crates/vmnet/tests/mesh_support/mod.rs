@@ -35,7 +35,8 @@ pub fn mesh_of(i: u8) -> Ipv6Addr {
     Ipv6Addr::new(0xfdaa, 0, 0, 0, 0, 0, 0, u16::from(i))
 }
 
-/// Kills every `wireguard-go` serving the given interfaces (started by our agents) on drop.
+/// Kills every `wireguard-go` serving the given interfaces (started by our agents) on drop and
+/// removes their sockets.
 pub struct WgGuard(pub Vec<String>);
 
 impl Drop for WgGuard {
@@ -49,6 +50,11 @@ impl Drop for WgGuard {
                         nix::sys::signal::Signal::SIGKILL,
                     );
                 }
+            }
+            // A killed wireguard-go leaves its socket behind; the directory is the machine's.
+            std::thread::sleep(Duration::from_millis(50));
+            if Uapi::new(i).server_pid().is_err() {
+                let _ = std::fs::remove_file(Uapi::new(i).path());
             }
         }
     }
