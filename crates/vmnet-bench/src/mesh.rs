@@ -110,7 +110,13 @@ pub async fn run(a: MeshBenchArgs) -> Result<(), Error> {
     let agent = AgentOptions::new(&host.ns, &host.prefix, dir.path())
         .exe(exe)
         .rust_log(std::env::var("VMNET_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned()))
-        .args(["--mesh", "--wg-interface", ifname.as_str(), "--mesh-address", "fdaa::1"])
+        .args([
+            "--mesh",
+            "--wg-interface",
+            ifname.as_str(),
+            "--mesh-address",
+            "fdaa::1",
+        ])
         .start(Duration::from_secs(30))
         .await?;
     let c = agent.client();
@@ -160,14 +166,26 @@ pub async fn run(a: MeshBenchArgs) -> Result<(), Error> {
             let t = Instant::now();
             let o = post(body).await?;
             times[1].push(t.elapsed());
-            if (o.updated, o.added, o.removed, o.routes_added, o.routes_removed) != (1, 0, 0, 0, 0)
+            if (
+                o.updated,
+                o.added,
+                o.removed,
+                o.routes_added,
+                o.routes_removed,
+            ) != (1, 0, 0, 0, 0)
             {
                 return Err(fail("one change", &o));
             }
             let t = Instant::now();
             let o = post(again).await?;
             times[2].push(t.elapsed());
-            if (o.updated, o.added, o.removed, o.routes_added, o.routes_removed) != (0, 0, 0, 0, 0)
+            if (
+                o.updated,
+                o.added,
+                o.removed,
+                o.routes_added,
+                o.routes_removed,
+            ) != (0, 0, 0, 0, 0)
             {
                 return Err(fail("no-op", &o));
             }

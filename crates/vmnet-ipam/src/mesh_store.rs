@@ -33,12 +33,14 @@ pub async fn list_peers(tx: &mut Tx) -> Result<Vec<MeshPeerRow>, Error> {
     .map_err(db_err)?;
     Ok(rows
         .into_iter()
-        .map(|(public_key, endpoint, mesh_address, leaving)| MeshPeerRow {
-            public_key,
-            endpoint,
-            mesh_address,
-            leaving: leaving != 0,
-        })
+        .map(
+            |(public_key, endpoint, mesh_address, leaving)| MeshPeerRow {
+                public_key,
+                endpoint,
+                mesh_address,
+                leaving: leaving != 0,
+            },
+        )
         .collect())
 }
 

@@ -2,8 +2,8 @@
 
 mod common;
 
-use vmnet_ipam::{Db, Store};
 use vmnet_ipam::mesh_store::{self, MeshPeerRow};
+use vmnet_ipam::{Db, Store};
 
 fn row(k: &str, mesh: &str) -> MeshPeerRow {
     MeshPeerRow {
@@ -41,12 +41,18 @@ async fn exercise(db: &Db) {
         mesh_store::list_peers(&mut tx).await.unwrap(),
         vec![row("b", "fdaa::22")]
     );
-    mesh_store::set_whitelist(&mut tx, &["fdaa::1/128".to_owned(), "fdaa:2::/32".to_owned()])
-        .await
-        .unwrap();
-    mesh_store::set_whitelist(&mut tx, &["fdaa:2::/32".to_owned(), "fdaa:3::/32".to_owned()])
-        .await
-        .unwrap();
+    mesh_store::set_whitelist(
+        &mut tx,
+        &["fdaa::1/128".to_owned(), "fdaa:2::/32".to_owned()],
+    )
+    .await
+    .unwrap();
+    mesh_store::set_whitelist(
+        &mut tx,
+        &["fdaa:2::/32".to_owned(), "fdaa:3::/32".to_owned()],
+    )
+    .await
+    .unwrap();
     assert_eq!(
         mesh_store::whitelist(&mut tx).await.unwrap(),
         ["fdaa:2::/32", "fdaa:3::/32"]

@@ -70,9 +70,39 @@ async fn handshakes_complete_and_mesh_addresses_answer_with_only_wireguard_on_th
     let m = Mesh::start(2).await;
     let (a, b) = (&m.nodes[0], &m.nodes[1]);
     let cap = Capture::start(&b.host.ns, PRIVATE_IF).expect("capture");
-    m.sync_all().await;
-    assert!(answers(a, b.mesh, T), "{} does not answer across wg0", b.mesh);
-    assert!(answers(b, a.mesh, T), "{} does not answer across wg0", a.mesh);
+    // a through the CLI (`vmnet mesh sync FILE`), b through the API.
+    let file = a.dir.join("peers.json");
+    std::fs::write(&file, body_for(&m.nodes, 0).to_string()).unwrap();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(mesh_support::VMNET)
+            .arg("--socket")
+            .arg(a.dir.join("vmnet.sock"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let said = cli(&["mesh", "sync", file.to_str().unwrap()]);
+    assert!(
+        said.starts_with("synced 1 peers: 1 added, 0 updated, 0 removed; routes 1 added"),
+        "{said}"
+    );
+    b.sync(&body_for(&m.nodes, 1)).await.unwrap();
+    assert!(
+        answers(a, b.mesh, T),
+        "{} does not answer across wg0",
+        b.mesh
+    );
+    assert!(
+        answers(b, a.mesh, T),
+        "{} does not answer across wg0",
+        a.mesh
+    );
     for n in &m.nodes {
         let v = n.view().await;
         assert_eq!(v.listen_port, mesh_support::PORT);
@@ -84,11 +114,16 @@ async fn handshakes_complete_and_mesh_addresses_answer_with_only_wireguard_on_th
         assert!(!p.foreign && p.present && p.route == Some(true), "{p:?}");
         assert!(p.last_handshake_unix_secs.is_some(), "no handshake: {p:?}");
         assert!(p.rx_bytes > 0 && p.tx_bytes > 0, "{p:?}");
-        assert_eq!(p.allowed_ips, [format!("{}/128", mesh_of(3 - n.host.index))]);
+        assert_eq!(
+            p.allowed_ips,
+            [format!("{}/128", mesh_of(3 - n.host.index))]
+        );
     }
     let frames = cap.frames();
     assert!(
-        frames.iter().any(|f| f.len() > 14 + 40 + 8 && only_wireguard(f).is_ok() && f[14 + 6] == 17),
+        frames
+            .iter()
+            .any(|f| f.len() > 14 + 40 + 8 && only_wireguard(f).is_ok() && f[14 + 6] == 17),
         "no WireGuard UDP seen on the private network"
     );
     for f in &frames {
@@ -96,9 +131,16 @@ async fn handshakes_complete_and_mesh_addresses_answer_with_only_wireguard_on_th
             panic!("the private network carried something else than WireGuard: {e}");
         }
     }
+    let shown = cli(&["mesh", "show"]);
+    assert!(shown.contains(&a.key) && shown.contains(&b.key), "{shown}");
+    assert!(
+        shown.contains("managed") && shown.contains("mtu           1420"),
+        "{shown}"
+    );
     // The key file is the host's, mode 0600.
     let key = a.dir.join("state").join("wireguard.key");
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
 }
 
@@ -121,9 +163,16 @@ async fn removal_and_address_change_touch_only_their_peer_and_a_restart_reapplie
         .sync(&json!({"peers": [peer_of(b)]}))
         .await
         .expect("sync without c");
-    assert_eq!((o.removed, o.routes_removed, o.added, o.updated), (1, 1, 0, 0), "{o:?}");
+    assert_eq!(
+        (o.removed, o.routes_removed, o.added, o.updated),
+        (1, 1, 0, 0),
+        "{o:?}"
+    );
     assert_eq!(line_of(&a.ifname, &c.key), None);
-    assert_eq!(line_of(&a.ifname, &b.key).as_deref(), Some(b_before.as_str()));
+    assert_eq!(
+        line_of(&a.ifname, &b.key).as_deref(),
+        Some(b_before.as_str())
+    );
     assert_eq!(routes(&a.host.ns, &a.ifname), [b.mesh.to_string()]);
     assert!(!answers(a, c.mesh, Duration::from_secs(1)));
 
@@ -134,9 +183,19 @@ async fn removal_and_address_change_touch_only_their_peer_and_a_restart_reapplie
     let a = &m.nodes[0];
     let v = a.view().await;
     assert_eq!((v.daemon_pid, v.daemon_starts), (pid, 0), "{v:?}");
-    assert_eq!(v.peers[0].last_handshake_unix_secs, hs, "the tunnel was not re-made");
-    let o = a.sync(&json!({"peers": [peer_of(&m.nodes[1])]})).await.unwrap();
-    assert_eq!((o.added, o.updated, o.removed, o.routes_added), (0, 0, 0, 0), "{o:?}");
+    assert_eq!(
+        v.peers[0].last_handshake_unix_secs, hs,
+        "the tunnel was not re-made"
+    );
+    let o = a
+        .sync(&json!({"peers": [peer_of(&m.nodes[1])]}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (o.added, o.updated, o.removed, o.routes_added),
+        (0, 0, 0, 0),
+        "{o:?}"
+    );
 
     // b's mesh address changes (its agent restarts with the new one): a's old route goes, the
     // new one comes, and traffic reaches the new address.
@@ -146,7 +205,11 @@ async fn removal_and_address_change_touch_only_their_peer_and_a_restart_reapplie
     let (a, b) = (&m.nodes[0], &m.nodes[1]);
     b.sync(&body_for(&m.nodes[..2], 1)).await.unwrap();
     let o = a.sync(&json!({"peers": [peer_of(b)]})).await.unwrap();
-    assert_eq!((o.updated, o.routes_added, o.routes_removed), (1, 1, 1), "{o:?}");
+    assert_eq!(
+        (o.updated, o.routes_added, o.routes_removed),
+        (1, 1, 1),
+        "{o:?}"
+    );
     assert_eq!(routes(&a.host.ns, &a.ifname), ["fdaa::22"]);
     assert!(answers(a, new, T), "the new address does not answer");
 }
@@ -159,11 +222,24 @@ async fn foreign_peers_and_routes_survive_and_missing_routes_and_interfaces_come
     let (a, b) = (&m.nodes[0], &m.nodes[1]);
     let foreign = STANDARD.encode([7u8; 32]);
     let st = std::process::Command::new("wg")
-        .args(["set", &a.ifname, "peer", &foreign, "allowed-ips", "fdaa:99::1/128", "endpoint", "[fd00:10::99]:51820"])
+        .args([
+            "set",
+            &a.ifname,
+            "peer",
+            &foreign,
+            "allowed-ips",
+            "fdaa:99::1/128",
+            "endpoint",
+            "[fd00:10::99]:51820",
+        ])
         .status()
         .unwrap();
     assert!(st.success());
-    netns::ip(&a.host.ns, &["-6", "route", "add", "fdaa:99::1/128", "dev", &a.ifname]).unwrap();
+    netns::ip(
+        &a.host.ns,
+        &["-6", "route", "add", "fdaa:99::1/128", "dev", &a.ifname],
+    )
+    .unwrap();
     let dump = |i: &str| {
         wg_dump(i)
             .lines()
@@ -179,7 +255,10 @@ async fn foreign_peers_and_routes_survive_and_missing_routes_and_interfaces_come
         assert!(routes(&a.host.ns, &a.ifname).contains(&"fdaa:99::1".to_owned()));
     }
     let v = a.view().await;
-    assert!(v.peers.iter().any(|p| p.public_key == foreign && p.foreign), "{v:?}");
+    assert!(
+        v.peers.iter().any(|p| p.public_key == foreign && p.foreign),
+        "{v:?}"
+    );
     // A sync naming the foreign peer, or its address, is refused and changes nothing.
     let mut body = body_for(&m.nodes, 0);
     body["peers"].as_array_mut().unwrap().push(json!({"public_key": foreign, "endpoint": "[fd00:10::99]:51820", "mesh_address": "fdaa:99::1"}));
@@ -187,14 +266,25 @@ async fn foreign_peers_and_routes_survive_and_missing_routes_and_interfaces_come
 
     // A managed route deleted by hand is back after the next sync…
     let bm = b.mesh.to_string();
-    netns::ip(&a.host.ns, &["-6", "route", "del", &format!("{bm}/128"), "dev", &a.ifname]).unwrap();
+    netns::ip(
+        &a.host.ns,
+        &["-6", "route", "del", &format!("{bm}/128"), "dev", &a.ifname],
+    )
+    .unwrap();
     let o = a.sync(&body_for(&m.nodes, 0)).await.unwrap();
     assert_eq!(o.routes_added, 1, "{o:?}");
     assert!(routes(&a.host.ns, &a.ifname).contains(&bm));
     // …and after one reconcile pass (every second here).
-    netns::ip(&a.host.ns, &["-6", "route", "del", &format!("{bm}/128"), "dev", &a.ifname]).unwrap();
+    netns::ip(
+        &a.host.ns,
+        &["-6", "route", "del", &format!("{bm}/128"), "dev", &a.ifname],
+    )
+    .unwrap();
     assert!(
-        eventually(Duration::from_secs(5), || async { routes(&a.host.ns, &a.ifname).contains(&bm) }).await,
+        eventually(Duration::from_secs(5), || async {
+            routes(&a.host.ns, &a.ifname).contains(&bm)
+        })
+        .await,
         "the route did not come back in a pass"
     );
     // wg0 deleted (as in a reboot): made again and configured from the record.
@@ -202,10 +292,14 @@ async fn foreign_peers_and_routes_survive_and_missing_routes_and_interfaces_come
     assert!(
         eventually(Duration::from_secs(15), || async {
             let v = a.view().await;
-            v.peers.iter().any(|p| !p.foreign && p.present && p.route == Some(true))
+            v.peers
+                .iter()
+                .any(|p| !p.foreign && p.present && p.route == Some(true))
         })
         .await,
-        "wg0 was not re-made from the record: {:?}\n{}", a.view().await, a.logs()
+        "wg0 was not re-made from the record: {:?}\n{}",
+        a.view().await,
+        a.logs()
     );
     assert!(answers(a, b.mesh, T), "no traffic after wg0 was re-made");
 }
@@ -230,7 +324,12 @@ async fn a_killed_wireguard_go_is_restarted_and_handshakes_resume() {
         .await,
         "wireguard-go was not restarted"
     );
-    assert!(answers(a, b.mesh, T), "no traffic after the restart: {:?}\n{}", a.view().await, a.logs());
+    assert!(
+        answers(a, b.mesh, T),
+        "no traffic after the restart: {:?}\n{}",
+        a.view().await,
+        a.logs()
+    );
     let v = a.view().await;
     assert!(v.peers[0].last_handshake_unix_secs.is_some(), "{v:?}");
     assert!(v.daemon_starts >= 2, "{v:?}");
@@ -255,10 +354,18 @@ async fn invalid_syncs_are_refused_whole_and_leave_wg0_unchanged() {
         (with("public_key", json!(a.key)), "own key"),
         (with("endpoint", json!("fd00:10::2:51820")), "endpoint"),
         (with("mesh_address", json!("fd00::2")), "fdaa::/16"),
-        (with("mesh_address", json!(a.mesh.to_string())), "own mesh address"),
-        (json!({"peers": [good, {"public_key": other, "endpoint": "[fd00:10::9]:51820", "mesh_address": m.nodes[1].mesh.to_string()}]}),
-         "claimed by peers[0]"),
-        (json!({"peers": [], "whitelist": ["fd00::1"]}), "whitelist[0]"),
+        (
+            with("mesh_address", json!(a.mesh.to_string())),
+            "own mesh address",
+        ),
+        (
+            json!({"peers": [good, {"public_key": other, "endpoint": "[fd00:10::9]:51820", "mesh_address": m.nodes[1].mesh.to_string()}]}),
+            "claimed by peers[0]",
+        ),
+        (
+            json!({"peers": [], "whitelist": ["fd00::1"]}),
+            "whitelist[0]",
+        ),
     ];
     for (body, needle) in cases {
         let e = a.sync(&body).await.unwrap_err();

@@ -128,8 +128,8 @@ pub struct Own {
 /// # Errors
 /// `INVALID_INPUT` naming the peer (by index and key) or whitelist entry and the field.
 pub fn parse_sync(body: &[u8], own: &Own) -> Result<SyncBody, Error> {
-    let raw: RawSync = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid(format!("sync body: {e}")))?;
+    let raw: RawSync =
+        serde_json::from_slice(body).map_err(|e| Error::invalid(format!("sync body: {e}")))?;
     validate(&raw, own)
 }
 
@@ -142,8 +142,7 @@ fn parse_endpoint(s: &str) -> Result<SocketAddr, String> {
         return Err(format!("{s:?}: port 0 is not a listen port"));
     }
     let ip = ep.ip();
-    if ip.is_unspecified() || ip.is_multicast() || matches!(ip, IpAddr::V4(v) if v.is_broadcast())
-    {
+    if ip.is_unspecified() || ip.is_multicast() || matches!(ip, IpAddr::V4(v) if v.is_broadcast()) {
         return Err(format!("{s:?}: {ip} is not a unicast address"));
     }
     if let SocketAddr::V6(v6) = ep

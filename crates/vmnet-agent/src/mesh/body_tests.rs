@@ -53,7 +53,10 @@ fn a_valid_body_parses_in_canonical_order() {
 fn keys_must_be_32_bytes_of_base64_unique_and_not_our_own() {
     let mut p = peer(2);
     p["public_key"] = json!("not base64!");
-    refused(&json!({"peers": [p]}), "peers[0].public_key: \"not base64!\" is not base64");
+    refused(
+        &json!({"peers": [p]}),
+        "peers[0].public_key: \"not base64!\" is not base64",
+    );
     p["public_key"] = json!(STANDARD.encode([1u8; 31]));
     refused(&json!({"peers": [p]}), "decodes to 31 bytes, not 32");
     p["public_key"] = json!(key(0));
@@ -113,7 +116,13 @@ fn the_peer_count_is_bounded() {
         })
         .collect();
     refused(&json!({"peers": peers}), "10001 peers, at most 10000");
-    assert_eq!(parse(&json!({"peers": &peers[..MAX_PEERS]})).unwrap().peers.len(), MAX_PEERS);
+    assert_eq!(
+        parse(&json!({"peers": &peers[..MAX_PEERS]}))
+            .unwrap()
+            .peers
+            .len(),
+        MAX_PEERS
+    );
 }
 
 #[test]
@@ -126,7 +135,10 @@ fn whitelist_entries_are_mesh_addresses_or_prefixes_written_once() {
     ] {
         refused(&json!({"peers": [], "whitelist": [w]}), needle);
     }
-    refused(&json!({"peers": [], "whitelist": ["fdaa::5", "fdaa::5/128"]}), "whitelist[1]: fdaa::5/128 is listed twice");
+    refused(
+        &json!({"peers": [], "whitelist": ["fdaa::5", "fdaa::5/128"]}),
+        "whitelist[1]: fdaa::5/128 is listed twice",
+    );
 }
 
 #[test]

@@ -89,8 +89,7 @@ fn wants(spec: &PeerSpec) -> IpNet {
 /// The record changes that take `record` to `desired`.
 #[must_use]
 pub fn record_diff(desired: &[PeerSpec], record: &[RecordPeer]) -> RecordDiff {
-    let old: BTreeMap<WgKey, &RecordPeer> =
-        record.iter().map(|r| (r.spec.public_key, r)).collect();
+    let old: BTreeMap<WgKey, &RecordPeer> = record.iter().map(|r| (r.spec.public_key, r)).collect();
     let keep: BTreeSet<WgKey> = desired.iter().map(|p| p.public_key).collect();
     RecordDiff {
         upsert: desired
@@ -152,9 +151,9 @@ pub fn plan(
                 p.public_key, p.mesh_address
             )));
         }
-        let same = seen.get(&p.public_key).is_some_and(|s| {
-            s.endpoint == Some(p.endpoint) && s.allowed_ips.as_slice() == [want]
-        });
+        let same = seen
+            .get(&p.public_key)
+            .is_some_and(|s| s.endpoint == Some(p.endpoint) && s.allowed_ips.as_slice() == [want]);
         if !same {
             out.set.push(p.clone());
         }

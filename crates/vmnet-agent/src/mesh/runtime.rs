@@ -28,8 +28,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex as StdMutex};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -57,6 +57,16 @@ pub const DEFAULT_PORT: u16 = 51820;
 pub const KEEPALIVE_SECS: u16 = 0;
 /// How often the watch task checks that the device runs.
 pub const WATCH_PERIOD: Duration = Duration::from_secs(1);
+
+/// The WireGuard MTU on a private network of MTU `base`: minus 80 (IPv6 outer header, UDP,
+/// WireGuard) when any endpoint is IPv6 or there is none yet, minus 60 with IPv4 endpoints only;
+/// never below IPv6's minimum, 1280.
+#[must_use]
+pub fn wg_mtu(base: u32, peers: &[PeerSpec]) -> u32 {
+    let v6 = peers.is_empty() || peers.iter().any(|p| p.endpoint.is_ipv6());
+    let overhead = if v6 { 80 } else { 60 };
+    base.saturating_sub(overhead).max(1280)
+}
 
 /// How the mesh interface is set up (`vmnet serve --wg-…`).
 #[derive(Debug, Clone)]
@@ -212,20 +222,16 @@ impl Mesh {
 
     /// The wg0 MTU for peers `peers` (see the module docs).
     async fn mtu_for(&self, peers: &[PeerSpec]) -> u32 {
-        let v6 = peers.is_empty() || peers.iter().any(|p| p.endpoint.is_ipv6());
-        let overhead = if v6 { 80 } else { 60 };
-        let base = match self.s.private_mtu {
-            Some(m) => m,
-            None => match peers.first() {
-                Some(p) => link::mtu_towards(&self.nl, p.endpoint.ip())
-                    .await
-                    .ok()
-                    .flatten()
-                    .unwrap_or(1500),
-                None => 1500,
-            },
+        let base = match (self.s.private_mtu, peers.first()) {
+            (Some(m), _) => m,
+            (None, Some(p)) => link::mtu_towards(&self.nl, p.endpoint.ip())
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(1500),
+            (None, None) => 1500,
         };
-        base.saturating_sub(overhead).max(1280)
+        wg_mtu(base, peers)
     }
 
     /// Makes sure the device runs; returns the link, whether it was (re)started, and the pid of
@@ -264,7 +270,11 @@ impl Mesh {
         let u = self.daemon.uapi();
         let dev = u.get()?;
         if !dev.has_private_key || dev.listen_port != self.s.listen_port {
-            u.set(&set_text(Some(&self.private.0), Some(self.s.listen_port), &[]))?;
+            u.set(&set_text(
+                Some(&self.private.0),
+                Some(self.s.listen_port),
+                &[],
+            ))?;
             return Ok(u.get()?);
         }
         Ok(dev)
@@ -359,9 +369,8 @@ impl Mesh {
         // read: read the device then, so a foreign peer is never taken over.
         let takes_new = |p: &MeshPlan, seen: &BTreeMap<WgKey, SeenPeer>| {
             p.set.iter().any(|s| {
-                seen.get(&s.public_key).is_none_or(|x| {
-                    x.allowed_ips.as_slice() != [IpNet::V6(s.mesh_address.into())]
-                })
+                seen.get(&s.public_key)
+                    .is_none_or(|x| x.allowed_ips.as_slice() != [IpNet::V6(s.mesh_address.into())])
             })
         };
         if !fresh && takes_new(&p, &seen) {
@@ -483,9 +492,21 @@ impl Mesh {
                 desired.len()
             ));
         } else {
-            repaired.extend(p.set.iter().map(|s| format!("mesh: peer {} rewritten", s.public_key)));
-            repaired.extend(p.routes_add.iter().map(|a| format!("mesh: route {a}/128 reinstalled")));
-            repaired.extend(p.remove.iter().map(|k| format!("mesh: peer {k} removed (left)")));
+            repaired.extend(
+                p.set
+                    .iter()
+                    .map(|s| format!("mesh: peer {} rewritten", s.public_key)),
+            );
+            repaired.extend(
+                p.routes_add
+                    .iter()
+                    .map(|a| format!("mesh: route {a}/128 reinstalled")),
+            );
+            repaired.extend(
+                p.remove
+                    .iter()
+                    .map(|k| format!("mesh: peer {k} removed (left)")),
+            );
         }
         for r in &repaired {
             tracing::info!("{r}");
@@ -532,9 +553,17 @@ impl Mesh {
         let mut peers = Vec::new();
         for r in &record {
             let d = dev.peers.get(&r.spec.public_key.0);
-            peers.push(PeerView::managed(r, d, routes.contains(&r.spec.mesh_address)));
+            peers.push(PeerView::managed(
+                r,
+                d,
+                routes.contains(&r.spec.mesh_address),
+            ));
         }
-        for (k, d) in dev.peers.iter().filter(|(k, _)| !managed.contains_key(&WgKey(**k))) {
+        for (k, d) in dev
+            .peers
+            .iter()
+            .filter(|(k, _)| !managed.contains_key(&WgKey(**k)))
+        {
             peers.push(PeerView::foreign(WgKey(*k), d));
         }
         Ok(MeshView {
@@ -548,5 +577,30 @@ impl Mesh {
             peers,
             whitelist,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(ep: &str) -> PeerSpec {
+        PeerSpec {
+            public_key: WgKey([1; 32]),
+            endpoint: ep.parse().unwrap(),
+            mesh_address: "fdaa::2".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_wireguard_mtu_is_the_private_mtu_minus_the_overhead_of_the_endpoints_family() {
+        assert_eq!(wg_mtu(1500, &[peer("[fd00:10::2]:51820")]), 1420);
+        assert_eq!(wg_mtu(1500, &[peer("10.10.0.2:51820")]), 1440);
+        assert_eq!(
+            wg_mtu(9000, &[peer("10.10.0.2:51820"), peer("[fd00:10::3]:51820")]),
+            8920
+        );
+        assert_eq!(wg_mtu(1500, &[]), 1420);
+        assert_eq!(wg_mtu(1300, &[peer("[fd00:10::2]:51820")]), 1280);
     }
 }

@@ -88,9 +88,7 @@ impl PeerView {
             present: d.is_some(),
             route: None,
             leaving: false,
-            last_handshake_unix_secs: d
-                .map(|d| d.last_handshake_sec)
-                .filter(|s| *s != 0),
+            last_handshake_unix_secs: d.map(|d| d.last_handshake_sec).filter(|s| *s != 0),
             rx_bytes: d.map_or(0, |d| d.rx_bytes),
             tx_bytes: d.map_or(0, |d| d.tx_bytes),
         }

@@ -141,7 +141,10 @@ impl Daemon {
     pub fn stop(&self) {
         let ours = self.child.lock().ok().and_then(|mut c| c.take());
         if let Some(mut ch) = ours {
-            let _ = kill(Pid::from_raw(i32::try_from(ch.id()).unwrap_or(0)), Signal::SIGTERM);
+            let _ = kill(
+                Pid::from_raw(i32::try_from(ch.id()).unwrap_or(0)),
+                Signal::SIGTERM,
+            );
             let deadline = Instant::now() + Duration::from_secs(2);
             while matches!(ch.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));

@@ -210,12 +210,21 @@ pub async fn mtu_towards(h: &Handle, dst: IpAddr) -> Result<Option<u32>, WgError
         .push(RouteAttribute::Destination(RouteAddress::from(dst)));
     let found: Result<Vec<RouteMessage>, _> = h.route().get(m).execute().try_collect().await;
     let Ok(found) = found else { return Ok(None) };
-    let oif = found.iter().flat_map(|r| &r.attributes).find_map(|a| match a {
-        RouteAttribute::Oif(o) => Some(*o),
-        _ => None,
-    });
+    let oif = found
+        .iter()
+        .flat_map(|r| &r.attributes)
+        .find_map(|a| match a {
+            RouteAttribute::Oif(o) => Some(*o),
+            _ => None,
+        });
     let Some(oif) = oif else { return Ok(None) };
-    let res: Result<Vec<LinkMessage>, _> = h.link().get().match_index(oif).execute().try_collect().await;
+    let res: Result<Vec<LinkMessage>, _> = h
+        .link()
+        .get()
+        .match_index(oif)
+        .execute()
+        .try_collect()
+        .await;
     match res {
         Ok(v) => Ok(v.first().map(|l| to_link(l).mtu)),
         Err(e) if missing(&e) => Ok(None),

@@ -299,7 +299,12 @@ mod tests {
         let pa = &d.peers[&[0xaa; 32]];
         assert_eq!(pa.endpoint, Some("[fd00:10::2]:51820".parse().unwrap()));
         assert_eq!(
-            (pa.last_handshake_sec, pa.rx_bytes, pa.tx_bytes, pa.keepalive),
+            (
+                pa.last_handshake_sec,
+                pa.rx_bytes,
+                pa.tx_bytes,
+                pa.keepalive
+            ),
             (17, 10, 20, 25)
         );
         assert_eq!(d.peers[&[0xbb; 32]].allowed_ips.len(), 2);

@@ -70,7 +70,9 @@ pub async fn sync_all(hosts: &[(String, HostNet, Client)]) -> Result<Vec<String>
         let o: SyncOutcome = c
             .post("/v1/sync", Some(&json!({"peers": peers})))
             .await
-            .map_err(|e| Error::new(e.code, format!("host {name}: POST /v1/sync: {}", e.message)))?;
+            .map_err(|e| {
+                Error::new(e.code, format!("host {name}: POST /v1/sync: {}", e.message))
+            })?;
         eprintln!(
             "host {name}: mesh synced: {} peers, {} added, {} routes added",
             o.peers, o.added, o.routes_added
@@ -100,7 +102,10 @@ pub fn checks(hosts: &[(String, HostNet)]) -> Vec<FleetCheck> {
             }
             out.push(FleetCheck {
                 host: name.clone(),
-                check: format!("mesh address of {other} ({dst}) across {}", ifname(&h.prefix)),
+                check: format!(
+                    "mesh address of {other} ({dst}) across {}",
+                    ifname(&h.prefix)
+                ),
                 expected: "reply".to_owned(),
                 ok: seen == "reply",
                 seen,

@@ -63,7 +63,8 @@ pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
             println!("mtu           {}", v.mtu);
             println!(
                 "wireguard-go  {}",
-                v.daemon_pid.map_or("not running".to_owned(), |p| format!("pid {p}"))
+                v.daemon_pid
+                    .map_or("not running".to_owned(), |p| format!("pid {p}"))
             );
             println!("whitelist     {}", v.whitelist.len());
             let now = vmnet_agent::status::now_ms() / 1000;
@@ -73,10 +74,18 @@ pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
                 .map(|p| {
                     vec![
                         p.public_key.clone(),
-                        if p.foreign { "foreign" } else if p.leaving { "leaving" } else { "managed" }
-                            .to_owned(),
+                        if p.foreign {
+                            "foreign"
+                        } else if p.leaving {
+                            "leaving"
+                        } else {
+                            "managed"
+                        }
+                        .to_owned(),
                         p.endpoint.clone().unwrap_or_else(|| "-".to_owned()),
-                        p.mesh_address.clone().unwrap_or_else(|| p.allowed_ips.join(",")),
+                        p.mesh_address
+                            .clone()
+                            .unwrap_or_else(|| p.allowed_ips.join(",")),
                         match p.route {
                             Some(true) => "yes".to_owned(),
                             Some(false) => "MISSING".to_owned(),
@@ -93,7 +102,16 @@ pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
             print!(
                 "{}",
                 render(
-                    &["PUBLIC KEY", "KIND", "ENDPOINT", "MESH/ALLOWED", "ROUTE", "HANDSHAKE", "RX", "TX"],
+                    &[
+                        "PUBLIC KEY",
+                        "KIND",
+                        "ENDPOINT",
+                        "MESH/ALLOWED",
+                        "ROUTE",
+                        "HANDSHAKE",
+                        "RX",
+                        "TX"
+                    ],
                     &rows
                 )
             );
@@ -107,7 +125,13 @@ pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
             }
             println!(
                 "synced {} peers: {} added, {} updated, {} removed; routes {} added, {} removed; whitelist {}",
-                o.peers, o.added, o.updated, o.removed, o.routes_added, o.routes_removed, o.whitelist
+                o.peers,
+                o.added,
+                o.updated,
+                o.removed,
+                o.routes_added,
+                o.routes_removed,
+                o.whitelist
             );
             Ok(())
         }

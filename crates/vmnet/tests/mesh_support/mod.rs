@@ -61,16 +61,23 @@ impl Drop for WgGuard {
 }
 
 /// The agent options of `host` with the mesh on, its mesh address `mesh`.
-pub fn options(host: &HostNet, ifname: &str, mesh: Ipv6Addr, dir: &std::path::Path) -> AgentOptions {
-    AgentOptions::new(&host.ns, &host.prefix, dir).exe(VMNET).args([
-        "--reconcile-interval-secs".to_owned(),
-        "1".to_owned(),
-        "--mesh".to_owned(),
-        "--wg-interface".to_owned(),
-        ifname.to_owned(),
-        "--mesh-address".to_owned(),
-        mesh.to_string(),
-    ])
+pub fn options(
+    host: &HostNet,
+    ifname: &str,
+    mesh: Ipv6Addr,
+    dir: &std::path::Path,
+) -> AgentOptions {
+    AgentOptions::new(&host.ns, &host.prefix, dir)
+        .exe(VMNET)
+        .args([
+            "--reconcile-interval-secs".to_owned(),
+            "1".to_owned(),
+            "--mesh".to_owned(),
+            "--wg-interface".to_owned(),
+            ifname.to_owned(),
+            "--mesh-address".to_owned(),
+            mesh.to_string(),
+        ])
 }
 
 impl Node {
@@ -80,9 +87,19 @@ impl Node {
 
     /// The agent's log and wireguard-go's, for failure messages.
     pub fn logs(&self) -> String {
-        let wg = std::fs::read_to_string(self.dir.join("state").join(format!("wireguard-go-{}.log", self.ifname)))
-            .unwrap_or_default();
-        format!("agent:\n{}\nwireguard-go:\n{wg}", self.agent.as_ref().map(|a| a.log_text()).unwrap_or_default())
+        let wg = std::fs::read_to_string(
+            self.dir
+                .join("state")
+                .join(format!("wireguard-go-{}.log", self.ifname)),
+        )
+        .unwrap_or_default();
+        format!(
+            "agent:\n{}\nwireguard-go:\n{wg}",
+            self.agent
+                .as_ref()
+                .map(|a| a.log_text())
+                .unwrap_or_default()
+        )
     }
 
     pub async fn view(&self) -> MeshView {
@@ -96,7 +113,11 @@ impl Node {
     pub async fn restart(&mut self) {
         drop(self.agent.take());
         let o = options(&self.host, &self.ifname, self.mesh, &self.dir);
-        self.agent = Some(o.start(Duration::from_secs(30)).await.expect("agent restart"));
+        self.agent = Some(
+            o.start(Duration::from_secs(30))
+                .await
+                .expect("agent restart"),
+        );
     }
 }
 
@@ -214,14 +235,23 @@ pub fn wg_dump(ifname: &str) -> String {
         .args(["show", ifname, "dump"])
         .output()
         .expect("wg");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().skip(1).collect::<Vec<_>>().join("\n")
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The /128 routes into `ifname` in `ns` (iproute2 text, sorted), without the kernel's route
 /// of the host's own address.
 pub fn routes(ns: &str, ifname: &str) -> Vec<String> {
-    let out = vmnet_testkit::netns::ip(ns, &["-6", "route", "show", "dev", ifname]).unwrap_or_default();
+    let out =
+        vmnet_testkit::netns::ip(ns, &["-6", "route", "show", "dev", ifname]).unwrap_or_default();
     let mut v: Vec<String> = out
         .lines()
         .filter(|l| !l.starts_with("fe80") && !l.contains("proto kernel"))
