@@ -106,13 +106,13 @@ fn mesh_addresses_lie_in_fdaa_16_and_belong_to_one_peer() {
 
 #[test]
 fn the_peer_count_is_bounded() {
-    let peers: Vec<_> = (0..=MAX_PEERS)
+    let peers: Vec<_> = (0..=u32::try_from(MAX_PEERS).unwrap())
         .map(|i| {
             let mut k = [1u8; 32];
-            k[..8].copy_from_slice(&(i as u64).to_be_bytes());
-            let i = i as u32;
+            k[..4].copy_from_slice(&i.to_be_bytes());
+            let [_, a, b, c] = i.to_be_bytes();
             json!({"public_key": STANDARD.encode(k), "endpoint": "10.10.0.2:51820",
-                   "mesh_address": Ipv6Addr::new(0xfdaa, 1, 0, 0, 0, 0, (i >> 16) as u16, i as u16 + 2).to_string()})
+                   "mesh_address": Ipv6Addr::new(0xfdaa, 1, 0, 0, 0, u16::from(a), u16::from(b), u16::from(c) + 2).to_string()})
         })
         .collect();
     refused(&json!({"peers": peers}), "10001 peers, at most 10000");

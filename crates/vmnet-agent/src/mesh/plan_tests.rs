@@ -102,7 +102,7 @@ fn foreign_peers_and_routes_are_never_touched() {
     assert_eq!(p.remove, [d[0].public_key]);
     assert_eq!(p.routes_del, [d[0].mesh_address]);
     // A sync naming the foreign peer, or its address, is refused.
-    let e = plan(&[foreign.clone()], &record, &seen, &routes).unwrap_err();
+    let e = plan(std::slice::from_ref(&foreign), &record, &seen, &routes).unwrap_err();
     assert_eq!(e.code, vmnet_model::ErrorCode::Conflict);
     assert!(e.message.contains("foreign peer"), "{e}");
     let e = plan(&[spec(5, 9)], &record, &seen, &routes).unwrap_err();
