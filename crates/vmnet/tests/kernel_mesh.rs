@@ -92,7 +92,11 @@ async fn handshakes_complete_and_mesh_addresses_answer_with_only_wireguard_on_th
         said.starts_with("synced 1 peers: 1 added, 0 updated, 0 removed; routes 1 added"),
         "{said}"
     );
-    b.sync(&body_for(&m.nodes, 1)).await.unwrap();
+    let mut body = body_for(&m.nodes, 1);
+    body["whitelist"] = json!(["fdaa:7::1", "fdaa:1::/32"]);
+    let o = b.sync(&body).await.unwrap();
+    assert_eq!((o.added, o.whitelist), (1, 2), "{o:?}");
+    assert_eq!(b.view().await.whitelist, ["fdaa:1::/32", "fdaa:7::1/128"]);
     assert!(
         answers(a, b.mesh, T),
         "{} does not answer across wg0",
