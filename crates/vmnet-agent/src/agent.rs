@@ -58,6 +58,7 @@ use vmnet_model::vm::{VmConfig, parse_vm_config};
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
 use crate::api::error::from_ns;
+use crate::mesh::runtime::Mesh;
 use crate::pool::node::PoolNode;
 use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView};
 
@@ -84,6 +85,8 @@ pub struct Agent {
     pub(crate) last_api_change: StdMutex<Option<tokio::time::Instant>>,
     /// Pool mode on this host, when the agent runs it (`vmnet serve --host-id`).
     pool: OnceLock<Arc<PoolNode>>,
+    /// The mesh's WireGuard interface, when the agent runs it.
+    mesh: OnceLock<Arc<Mesh>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -161,6 +164,7 @@ impl Agent {
             wake: Notify::new(),
             last_api_change: StdMutex::new(None),
             pool: OnceLock::new(),
+            mesh: OnceLock::new(),
         }))
     }
 
@@ -173,6 +177,27 @@ impl Agent {
         self.pool
             .set(pool)
             .map_err(|_| Error::conflict("pool mode is already set on this agent"))
+    }
+
+    /// Turns the mesh on: from now on every full reconcile pass converges it. Set once, before
+    /// serving.
+    ///
+    /// # Errors
+    /// `CONFLICT` when the mesh is already set.
+    pub fn set_mesh(&self, mesh: Arc<Mesh>) -> Result<(), Error> {
+        self.mesh
+            .set(mesh)
+            .map_err(|_| Error::conflict("the mesh is already set on this agent"))
+    }
+
+    /// The mesh, when it is on.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when this agent runs no mesh interface.
+    pub fn mesh(&self) -> Result<&Arc<Mesh>, Error> {
+        self.mesh
+            .get()
+            .ok_or_else(|| Error::unavailable("this agent runs no mesh interface"))
     }
 
     /// Pool mode, when it is on.

@@ -17,6 +17,7 @@ pub mod api;
 pub mod apply;
 pub mod client;
 pub mod hostspec;
+pub mod mesh;
 pub mod pool;
 pub mod reconcile;
 pub mod server;

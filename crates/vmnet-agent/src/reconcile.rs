@@ -113,6 +113,16 @@ impl Agent {
                 }
             }
         }
+        // The mesh: on a full pass, the device runs and every managed peer and route is there.
+        if full && let Some(mesh) = self.mesh().ok() {
+            let converged = mesh.converge(self.db()).await;
+            if let Ok(o) = &mut result {
+                match converged {
+                    Ok(r) => o.repaired.extend(r),
+                    Err(e) => o.errors.push(format!("mesh: {}", e.message)),
+                }
+            }
+        }
         let took = u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX);
         if let Ok(mut r) = self.record.lock() {
             r.passes += 1;

@@ -3,10 +3,12 @@
 //! - [`ipam`]: lease and release latency and throughput on SQLite and PostgreSQL;
 //! - [`vms`]: a namespace-mode VM's setup and teardown against the shell `ip`/`nft` baseline;
 //! - [`nft`]: pool mode's nftables full replace and per-instance add/remove;
-//! - [`agent`]: the agent process under N VMs put over its API.
+//! - [`agent`]: the agent process under N VMs put over its API;
+//! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent.
 
 pub mod agent;
 pub mod ipam;
+pub mod mesh;
 pub mod nft;
 pub mod vms;
 
@@ -39,6 +41,8 @@ pub enum BenchCmd {
     Nft(nft::NftBenchArgs),
     /// The agent process (`vmnet serve`) under N VMs put over its API: PUT latency, RSS, fds.
     Agent(agent::AgentBenchArgs),
+    /// `POST /v1/sync` of N WireGuard peers: from empty, one change, no-op.
+    Mesh(mesh::MeshBenchArgs),
 }
 
 /// Runs `vmnet bench …`; `json` prints JSON instead of a table where the bench supports it.
@@ -51,5 +55,6 @@ pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Vms(a) => Ok(vms::run(a).await?),
         BenchCmd::Nft(a) => Ok(nft::run(json, a).await?),
         BenchCmd::Agent(a) => Ok(agent::run(a).await?),
+        BenchCmd::Mesh(a) => Ok(mesh::run(a).await?),
     }
 }

@@ -54,6 +54,7 @@ mod free;
 pub mod leases;
 mod locks;
 pub mod loss;
+pub mod mesh_store;
 pub mod placement;
 pub mod ranges;
 pub mod reports;

@@ -5,5 +5,6 @@
 pub mod netns;
 pub mod ns;
 pub mod tap;
+pub mod wg;
 
 pub mod pool;

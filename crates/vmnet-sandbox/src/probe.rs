@@ -288,6 +288,15 @@ impl Capture {
         })
     }
 
+    /// Every frame received so far.
+    #[must_use]
+    pub fn frames(&self) -> Vec<Vec<u8>> {
+        self.frames
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Whether a frame containing `marker` arrived, waiting up to `wait`.
     #[must_use]
     pub fn saw(&self, marker: &[u8], wait: Duration) -> bool {

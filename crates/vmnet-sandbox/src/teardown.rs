@@ -35,6 +35,12 @@ pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
         }
     }
     let fleet_state = st.and_then(|st| st.fleet);
+    // The hosts' wireguard-go outlive their agents by design: stop them by their sockets' pid.
+    if let Some(f) = &fleet_state {
+        report
+            .stopped
+            .extend(crate::fleet_job::mesh::stop_devices(&f.hosts));
+    }
     let is_fleet = fleet_state.is_some() || crate::fleet::exists(name);
     let pg = remove_postgres(name, fleet_state.as_ref())?;
     report.stopped.extend(pg);

@@ -96,6 +96,9 @@ enum Command {
     /// VM network configs held by the agent (namespace mode).
     #[command(subcommand)]
     Vm(cli::vm::VmCmd),
+    /// The mesh's WireGuard interface (`vmnet serve --mesh`).
+    #[command(subcommand)]
+    Mesh(cli::mesh::MeshCmd),
     /// The agent's status.
     Status,
     /// Apply a host spec (pools, instances and VMs in one file) declaratively.
@@ -155,6 +158,7 @@ async fn run(cli: Cli) -> Result<(), Error> {
             .map_err(from_bench),
         Command::Serve(a) => cli::serve::run(g, a).await,
         Command::Vm(c) => cli::vm::vm(g, c).await,
+        Command::Mesh(c) => cli::mesh::mesh(g, c).await,
         Command::Status => cli::vm::status(g).await,
         Command::Apply(a) => cli::vm::apply(g, a).await,
         Command::Up(a) => vmnet_sandbox::up::run(g.output == Output::Json, a).await,

@@ -154,6 +154,27 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
         }
     }
     assert!(has("host-2", "public 203.0.113.80/28"));
+    // The mesh: every host's mesh address answers across the other hosts' WireGuard interface.
+    for (i, h) in ["host-1", "host-2", "host-3"].iter().enumerate() {
+        for (j, k) in ["host-1", "host-2", "host-3"]
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+        {
+            let check = format!(
+                "mesh address of {k} (fdaa::{}) across {name}{}wg",
+                j + 1,
+                i + 1
+            );
+            assert!(has(h, &check), "{h}: {check}: {checks:#?}");
+        }
+    }
+    let wg: Vec<String> = (1..=3)
+        .map(|i| format!("wireguard-go -f {name}{i}wg"))
+        .collect();
+    for w in &wg {
+        assert_eq!(processes(w).len(), 1, "{w}");
+    }
 
     // The sandbox stays up: echo, three agents, five relays; the PostgreSQL server; every
     // namespace starts with the fleet name. A second `up` is refused.
@@ -210,6 +231,14 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
     );
     let said = String::from_utf8_lossy(&down.stdout);
     assert!(said.contains("stopped postgres (pid "), "{said}");
+    // The hosts' wireguard-go (they outlive their agents by design) are stopped too.
+    for w in &wg {
+        assert_eq!(processes(w), Vec::<String>::new(), "{w}");
+    }
+    assert!(
+        said.contains(&format!("wireguard-go {name}1wg (pid ")),
+        "{said}"
+    );
     assert_eq!(fleet::leftovers(&name), Vec::<String>::new());
     assert_eq!(processes(&marker), Vec::<String>::new());
     assert_eq!(processes(&pg_marker), Vec::<String>::new());

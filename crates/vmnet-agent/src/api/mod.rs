@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod ipam;
+pub mod mesh;
 pub mod nics;
 pub mod types;
 pub mod vms;
@@ -52,6 +53,12 @@ fn build() -> Routes {
         .add(Method::PUT, "/v1/vms/{id}", put(vms::put_vm))
         .add(Method::GET, "/v1/vms/{id}", get(vms::get_vm))
         .add(Method::DELETE, "/v1/vms/{id}", delete(vms::delete_vm))
+        .add(
+            Method::POST,
+            "/v1/sync",
+            post(mesh::sync).layer(DefaultBodyLimit::max(mesh::SYNC_BODY_LIMIT_BYTES)),
+        )
+        .add(Method::GET, "/v1/mesh", get(mesh::get_mesh))
         .add(Method::GET, "/v1/pools", get(ipam::list_pools))
         .add(Method::GET, "/v1/pools/{id}", get(ipam::get_pool))
         .add(Method::PUT, "/v1/pools/{id}/range", put(ipam::set_range))

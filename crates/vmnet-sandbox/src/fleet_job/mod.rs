@@ -17,8 +17,10 @@
 //!    --database-url …`, socket and state under `<state dir>/<host name>/`), its VMs applied
 //!    through its API, a simulated guest per VM (as the single-host job does) and the single-host
 //!    guest checks ([`crate::ns_job::checks`]) with the host's uplink address as the NAT source;
-//! 4. the checks across hosts ([`checks`]); then a table per host (VMs, guest checks) and the
-//!    fleet's checks.
+//! 4. the mesh ([`mesh`]): each agent runs its WireGuard interface (`wireguard-go`); once every
+//!    host is up, each is synced with the others over the private network;
+//! 5. the checks across hosts ([`checks`], and every host's mesh address answering across the
+//!    interface); then a table per host (VMs, guest checks) and the fleet's checks.
 //!
 //! The exit status is non-zero when any check saw something other than expected; the sandbox
 //! stays up either way, its pids (agents, echo service, relays, PostgreSQL) in `sandbox.json`.
@@ -28,6 +30,7 @@
 //! interrupted `up` does the same before it returns.
 
 pub mod checks;
+pub mod mesh;
 pub mod spec;
 
 use std::fmt::Write as _;
@@ -66,6 +69,10 @@ pub struct HostReport {
     pub client_hint: String,
     /// Its agent's database in the shared cluster.
     pub database: String,
+    /// Its mesh address (on its WireGuard interface).
+    pub mesh_address: String,
+    /// Its WireGuard public key.
+    pub wg_public_key: String,
     /// Its network: uplink, public block and private addresses.
     pub net: HostNet,
     /// Its VMs.
@@ -200,14 +207,30 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
     for (h, net) in spec.hosts.iter().zip(nets.iter().cloned()) {
         hosts.push(bring_up_host(paths, &mut st, &pg, h, net, timeout).await?);
     }
+    let clients: Vec<(String, HostNet, vmnet_agent::client::Client)> = hosts
+        .iter()
+        .map(|h| {
+            let c = vmnet_agent::client::Client::new(&h.socket);
+            (h.name.clone(), h.net.clone(), c)
+        })
+        .collect();
+    let keys = mesh::sync_all(&clients).await?;
+    for (h, k) in hosts.iter_mut().zip(keys) {
+        h.wg_public_key = k;
+    }
     let pairs: Vec<(String, HostNet)> = hosts
         .iter()
         .map(|h| (h.name.clone(), h.net.clone()))
         .collect();
-    let checks = tokio::task::spawn_blocking(move || checks::run(&inet, &pairs))
-        .await
-        .map_err(|e| Error::internal(format!("checks: {e}")))?
-        .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
+    let checks = tokio::task::spawn_blocking(move || {
+        checks::run(&inet, &pairs).map(|mut c| {
+            c.extend(mesh::checks(&pairs));
+            c
+        })
+    })
+    .await
+    .map_err(|e| Error::internal(format!("checks: {e}")))?
+    .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
     Ok(FleetReport {
         sandbox: name.to_owned(),
         postgres: pg_dir,
@@ -232,6 +255,7 @@ async fn bring_up_host(
     let dir = paths.dir.join(&h.name);
     let role = format!("agent-{}", h.name);
     let agent = AgentOptions::new(&net.ns, &net.prefix, &dir)
+        .args(mesh::agent_args(&net))
         .database_url(url)
         .log(paths.log(&role));
     let client = steps::start_agent(paths, st, &role, agent, timeout)
@@ -266,6 +290,8 @@ async fn bring_up_host(
         client_hint: client_hint(&socket),
         socket,
         database,
+        mesh_address: mesh::host_mesh(&net).to_string(),
+        wg_public_key: String::new(),
         net,
         vms,
         checks,
@@ -299,6 +325,13 @@ pub fn render(r: &FleetReport, state_dir: &Path) -> String {
             n.public_neighbors.as_str(),
             n.private_v4,
             n.private_v6
+        );
+        let _ = writeln!(
+            out,
+            "  mesh {} on {}, key {}",
+            h.mesh_address,
+            mesh::ifname(&h.agent_prefix),
+            h.wg_public_key
         );
         let _ = writeln!(out, "  agent: {}\n", h.client_hint);
         if h.vms.is_empty() {
@@ -366,6 +399,8 @@ mod tests {
             socket: format!("/s/{name}/vmnet.sock").into(),
             client_hint: format!("VMNET_SOCKET=/s/{name}/vmnet.sock vmnet status"),
             database: format!("fq{i}"),
+            mesh_address: format!("fdaa::{i}"),
+            wg_public_key: "K".into(),
             net: host_net("fq", i, pn),
             vms: Vec::new(),
             checks: vec![CheckResult {

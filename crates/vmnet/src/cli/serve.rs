@@ -22,7 +22,7 @@
 //! realises each placed instance's NIC (tap on `--bridge`, set elements) and writes its NoCloud
 //! seed under `<state dir>/pool/seeds/<instance>/`; instances that leave the host lose theirs.
 
-use std::net::SocketAddr;
+use std::net::{Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -31,6 +31,7 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use vmnet_agent::agent::{Agent, DEFAULT_RECONCILE_INTERVAL_SECS};
 use vmnet_agent::api::error::{from_ipam, from_ns, from_server};
+use vmnet_agent::mesh::runtime::{Mesh, MeshSettings};
 use vmnet_agent::pool::audit::AUDIT_PERIOD;
 use vmnet_agent::pool::helper::HelperClient;
 use vmnet_agent::pool::node::{PoolConfig, PoolNode};
@@ -93,6 +94,28 @@ pub struct ServeArgs {
     /// executable, or this executable itself (`vmnet serve --pool-helper-serve`).
     #[arg(long, value_name = "PATH", requires = "host_id")]
     pub pool_helper: Option<PathBuf>,
+    /// Run the mesh's WireGuard interface: `wireguard-go` started and supervised by the agent,
+    /// the peers of `POST /v1/sync` applied to it with one /128 route each. The host key pair
+    /// is made on first start in --state-dir (`wireguard.key`, mode 0600).
+    #[arg(long)]
+    pub mesh: bool,
+    /// Mesh: the WireGuard interface name (unique on the machine).
+    #[arg(long, default_value = "wg0", requires = "mesh")]
+    pub wg_interface: String,
+    /// Mesh: the listen port.
+    #[arg(long, default_value_t = vmnet_agent::mesh::runtime::DEFAULT_PORT, requires = "mesh")]
+    pub wg_port: u16,
+    /// Mesh: this host's mesh address (in fdaa::/16, given by the control plane, never
+    /// calculated); put on the interface as a /128.
+    #[arg(long, requires = "mesh")]
+    pub mesh_address: Option<Ipv6Addr>,
+    /// Mesh: the private network's MTU. The interface MTU is this minus 80 with IPv6 endpoints
+    /// (60 with IPv4 only). Default: the MTU of the link that routes to the peers' endpoints.
+    #[arg(long, requires = "mesh", value_parser = clap::value_parser!(u32).range(1360..=65535))]
+    pub private_mtu: Option<u32>,
+    /// Mesh: the `wireguard-go` executable.
+    #[arg(long, default_value = "wireguard-go", requires = "mesh")]
+    pub wireguard_go: PathBuf,
     /// Internal: serve as the pool root helper on descriptor 3 (started by the agent).
     #[arg(long, hide = true)]
     pub pool_helper_serve: bool,
@@ -196,12 +219,50 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         tracing::info!(host = %host_id, bridge = %node.config().bridge, "pool mode on");
         agent.set_pool(node)?;
     }
+    let watch = if args.mesh {
+        Some(start_mesh(g, &args, &agent).await?)
+    } else {
+        None
+    };
     let reconciler = tokio::spawn(Arc::clone(&agent).run_loop());
     let router = vmnet_agent::api::router(Arc::clone(&agent));
     let result = server::serve(router, unix, &g.socket, tcp, server::shutdown_signal()).await;
     agent.stop_loop(reconciler).await;
+    // wireguard-go keeps running: a restarted agent adopts it without interrupting tunnels.
+    if let Some(w) = watch {
+        w.abort();
+    }
     tracing::info!("vmnet agent stopped");
     result.map_err(from_server)
+}
+
+/// Starts the mesh: the device configured from the record, then the watch task that restarts
+/// it when it dies.
+async fn start_mesh(
+    g: &Global,
+    args: &ServeArgs,
+    agent: &Arc<Agent>,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    if let Some(a) = args.mesh_address
+        && !vmnet_agent::mesh::body::mesh_range().contains(&a)
+    {
+        return Err(Error::invalid(format!(
+            "--mesh-address {a}: not in {}",
+            vmnet_agent::mesh::body::mesh_range()
+        )));
+    }
+    let mesh = Mesh::new(MeshSettings {
+        ifname: args.wg_interface.clone(),
+        listen_port: args.wg_port,
+        mesh_address: args.mesh_address,
+        private_mtu: args.private_mtu,
+        state_dir: g.state_dir.clone(),
+        wireguard_go: args.wireguard_go.clone(),
+    })?;
+    let repaired = mesh.converge(agent.db()).await?;
+    tracing::info!(interface = %args.wg_interface, public_key = %mesh.public_key(), ?repaired, "mesh on");
+    agent.set_mesh(Arc::clone(&mesh))?;
+    Ok(tokio::spawn(mesh.watch(agent.db().clone())))
 }
 
 /// The root helper command: `--pool-helper`, else `vmnet-pool-helper` next to this executable,

@@ -1,0 +1,9 @@
+//! The mesh's WireGuard peers (`POST /v1/sync`, `GET /v1/mesh`): the body and its validation
+//! ([`body`]), the plan of a sync ([`plan`]), the host key ([`keys`]), the supervised device and
+//! its convergence ([`runtime`]) and the API bodies ([`view`]).
+
+pub mod body;
+pub mod keys;
+pub mod plan;
+pub mod runtime;
+pub mod view;

@@ -1,0 +1,42 @@
+//! WireGuard without a kernel module: `wireguard-go` as the device ([`daemon`]), configured over
+//! its UAPI socket ([`uapi`]), and the link, address and /128 routes of the mesh's interface
+//! over netlink ([`link`]), all in the calling process's network namespace.
+
+pub mod daemon;
+pub mod link;
+pub mod uapi;
+
+/// What can go wrong with the WireGuard interface.
+#[derive(Debug, thiserror::Error)]
+pub enum WgError {
+    /// A socket, file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was attempted.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The UAPI answered something unexpected or refused a request.
+    #[error("wireguard uapi: {0}")]
+    Protocol(String),
+    /// A netlink request failed.
+    #[error("{what}: {source}")]
+    Netlink {
+        /// What was attempted.
+        what: String,
+        /// The cause.
+        #[source]
+        source: rtnetlink::Error,
+    },
+    /// The device did not come up.
+    #[error("{0}")]
+    Device(String),
+}
+
+impl From<WgError> for vmnet_model::Error {
+    fn from(e: WgError) -> Self {
+        vmnet_model::Error::unavailable(e.to_string())
+    }
+}

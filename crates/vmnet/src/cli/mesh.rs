@@ -1,0 +1,139 @@
+//! `vmnet mesh show` and `vmnet mesh sync FILE`: the mesh's WireGuard interface through the
+//! agent's API (`GET /v1/mesh`, `POST /v1/sync`).
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use vmnet_agent::client::Client;
+use vmnet_agent::mesh::view::{MeshView, SyncOutcome};
+use vmnet_agent::table::render;
+use vmnet_model::Error;
+
+use crate::{Global, Output};
+
+/// `vmnet mesh …`
+#[derive(Debug, Subcommand)]
+pub enum MeshCmd {
+    /// Show this host's mesh interface: key, port, mesh address, MTU, and every peer (managed
+    /// peers with their last handshake and counters, foreign peers marked foreign).
+    Show,
+    /// Apply a complete managed peer set and whitelist from a JSON file (`-` for stdin), the
+    /// body of `POST /v1/sync`.
+    Sync {
+        /// The sync file: `{"peers": [{"public_key", "endpoint", "mesh_address"}, …],
+        /// "whitelist": […]}`.
+        file: PathBuf,
+    },
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Error> {
+    let text = serde_json::to_string_pretty(v)
+        .map_err(|e| Error::internal(format!("cannot encode output: {e}")))?;
+    println!("{text}");
+    Ok(())
+}
+
+fn read(path: &PathBuf) -> Result<serde_json::Value, Error> {
+    let name = path.display().to_string();
+    let bytes = if name == "-" {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
+            .map_err(|e| Error::invalid(format!("stdin: cannot read: {e}")))?;
+        buf
+    } else {
+        std::fs::read(path).map_err(|e| Error::invalid(format!("{name}: cannot read: {e}")))?
+    };
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Error::invalid(format!("{name}: not a JSON document: {e}")))
+}
+
+/// Runs `vmnet mesh …`.
+pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
+    let client = Client::new(&g.socket);
+    match c {
+        MeshCmd::Show => {
+            let v: MeshView = client.get("/v1/mesh").await?;
+            if g.output == Output::Json {
+                return print_json(&v);
+            }
+            println!("interface     {}", v.interface);
+            println!("public key    {}", v.public_key);
+            println!("listen port   {}", v.listen_port);
+            println!("mesh address  {}", v.mesh_address.as_deref().unwrap_or("-"));
+            println!("mtu           {}", v.mtu);
+            println!(
+                "wireguard-go  {}",
+                v.daemon_pid
+                    .map_or("not running".to_owned(), |p| format!("pid {p}"))
+            );
+            println!("whitelist     {}", v.whitelist.len());
+            let now = vmnet_agent::status::now_ms() / 1000;
+            let rows: Vec<Vec<String>> = v
+                .peers
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.public_key.clone(),
+                        if p.foreign {
+                            "foreign"
+                        } else if p.leaving {
+                            "leaving"
+                        } else {
+                            "managed"
+                        }
+                        .to_owned(),
+                        p.endpoint.clone().unwrap_or_else(|| "-".to_owned()),
+                        p.mesh_address
+                            .clone()
+                            .unwrap_or_else(|| p.allowed_ips.join(",")),
+                        match p.route {
+                            Some(true) => "yes".to_owned(),
+                            Some(false) => "MISSING".to_owned(),
+                            None => "-".to_owned(),
+                        },
+                        p.last_handshake_unix_secs.map_or("never".to_owned(), |s| {
+                            format!("{}s ago", u64::try_from(now).unwrap_or(0).saturating_sub(s))
+                        }),
+                        p.rx_bytes.to_string(),
+                        p.tx_bytes.to_string(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                render(
+                    &[
+                        "PUBLIC KEY",
+                        "KIND",
+                        "ENDPOINT",
+                        "MESH/ALLOWED",
+                        "ROUTE",
+                        "HANDSHAKE",
+                        "RX",
+                        "TX"
+                    ],
+                    &rows
+                )
+            );
+            Ok(())
+        }
+        MeshCmd::Sync { file } => {
+            let body = read(&file)?;
+            let o: SyncOutcome = client.post("/v1/sync", Some(&body)).await?;
+            if g.output == Output::Json {
+                return print_json(&o);
+            }
+            println!(
+                "synced {} peers: {} added, {} updated, {} removed; routes {} added, {} removed; whitelist {}",
+                o.peers,
+                o.added,
+                o.updated,
+                o.removed,
+                o.routes_added,
+                o.routes_removed,
+                o.whitelist
+            );
+            Ok(())
+        }
+    }
+}
