@@ -30,12 +30,13 @@
 //!   the host (so the far end sees the host's uplink address).
 //!
 //! Later features slot in as more optional sections of [`VmPlan`] (public addresses: host DNAT/SNAT
-//! rules; throughput: tc on the host veth; firewall: more chains in the same netns table;
+//! rules; throughput: [`limits`]; firewall: more chains in the same netns table;
 //! metadata: a document; WireGuard: a host section).
 //!
 //! # Limitations
 //! The guest's IPv6 gateway is the link-local `fe80::1` on the tap; the guest image must use it.
 
+pub mod limits;
 pub mod names;
 pub(crate) mod nft;
 
@@ -325,6 +326,8 @@ pub struct VmPlan {
     pub host_table: u32,
     /// The name prefix (for the nft table name).
     pub name_prefix: String,
+    /// The throughput limits: HTB trees on the tap and the VM veth end ([`limits`]).
+    pub limits: limits::LimitsPlan,
 }
 
 /// The fields the API reports for a VM (spec item 5: netns, veth names, transit /30, tap, guest
@@ -483,6 +486,13 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
             .filter(|_| nat)
             .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
     );
+    let limits = limits::plan_limits(
+        cfg.private_network_throughput_mibps,
+        cfg.public_network_throughput_mibps,
+        nat,
+        &tap.name,
+        veth.as_ref().map(|v| v.peer_name.as_str()),
+    );
     Ok(VmPlan {
         vm_id: cfg.id.clone(),
         user_id: uid,
@@ -505,6 +515,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
         nft_fingerprint,
         host_table,
         name_prefix: p.to_owned(),
+        limits,
     })
 }
 
