@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   iproute2 nftables util-linux procps kmod
+  iperf3  # the throughput-limit tests and the sandbox's limit check measure with it
   postgresql
   genisoimage dosfstools mtools
   clang libbpf-dev linux-libc-dev
@@ -26,7 +27,7 @@ fi
 
 # Debian's postgresql package tries to start a system cluster; vmnet never uses it (tests start
 # their own cluster on a unix socket). Nothing else to start here.
-for tool in ip nft tc clang; do
+for tool in ip nft tc clang iperf3; do
   command -v "$tool" >/dev/null || { echo "missing $tool after install" >&2; exit 1; }
 done
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null

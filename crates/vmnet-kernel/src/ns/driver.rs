@@ -321,6 +321,13 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(self.gc_inner(keep))
     }
 
+    fn limit_counters<'a>(
+        &'a self,
+        plan: &'a VmPlan,
+    ) -> BoxFuture<'a, Result<Vec<super::LimitCounters>, NsError>> {
+        Box::pin(super::tc::counters(plan))
+    }
+
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
         Box::pin(async {
             self.host_ready.lock().await.ready = false;

@@ -143,7 +143,9 @@ pub struct U32Filter {
     pub protocol: u16,
     /// Filter priority.
     pub prio: u16,
-    /// The u32 handle `800::<n>` (hash table 0x800, bucket 0, node `n`); nodes are tried in order.
+    /// The u32 node number `n` (1, 2, …), tried in order. The hash table part is left to the
+    /// kernel: u32 hash tables are shared by every u32 classifier of a qdisc, so a full handle
+    /// like `800::1` would name the first classifier's node from the second one.
     pub handle: u32,
     /// The prefix matched (for people and error messages).
     pub prefix: IpNet,
@@ -289,7 +291,7 @@ pub fn filters(by_source: bool) -> Vec<U32Filter> {
             out.push(U32Filter {
                 protocol,
                 prio,
-                handle: 0x8000_0000 | n,
+                handle: n,
                 prefix,
                 keys: prefix_keys(prefix, base),
                 classid,

@@ -222,12 +222,12 @@ fn filters_are_ordered_unshaped_private_then_public() {
     assert_eq!(
         v4,
         [
-            (0x8000_0001, "169.254.0.0/16".to_owned(), DIRECT_CLASSID),
-            (0x8000_0002, "10.0.0.0/8".to_owned(), PRIVATE_CLASSID),
-            (0x8000_0003, "172.16.0.0/12".to_owned(), PRIVATE_CLASSID),
-            (0x8000_0004, "192.168.0.0/16".to_owned(), PRIVATE_CLASSID),
-            (0x8000_0005, "100.64.0.0/10".to_owned(), PRIVATE_CLASSID),
-            (0x8000_0006, "0.0.0.0/0".to_owned(), PUBLIC_CLASSID),
+            (1, "169.254.0.0/16".to_owned(), DIRECT_CLASSID),
+            (2, "10.0.0.0/8".to_owned(), PRIVATE_CLASSID),
+            (3, "172.16.0.0/12".to_owned(), PRIVATE_CLASSID),
+            (4, "192.168.0.0/16".to_owned(), PRIVATE_CLASSID),
+            (5, "100.64.0.0/10".to_owned(), PRIVATE_CLASSID),
+            (6, "0.0.0.0/0".to_owned(), PUBLIC_CLASSID),
         ]
     );
     let v6: Vec<_> = f
