@@ -110,6 +110,8 @@ pub struct Measured {
     pub ip_mibps: f64,
     /// UDP: the share of datagrams lost at the receiver, percent.
     pub lost_percent: Option<f64>,
+    /// UDP: what the sender sent, MiB/s.
+    pub sent_mibps: Option<f64>,
     /// The receiver's per-interval rates, MiB/s (intervals of [`INTERVAL`]).
     pub intervals: Vec<f64>,
 }
@@ -217,6 +219,10 @@ fn measured(v: &Value, run: Run, v6: bool) -> Measured {
         mibps,
         ip_mibps: mibps * factor,
         lost_percent: lost,
+        sent_mibps: udp
+            .then(|| end["sum_sent"]["bits_per_second"].as_f64())
+            .flatten()
+            .map(|b| b / 8.0 / MIB),
         intervals,
     }
 }
