@@ -40,7 +40,9 @@ use vmnet_model::vm::{VmConfig, parse_vm_config};
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
 use crate::pool::node::PoolNode;
-use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView};
+use crate::status::{
+    AgentStatus, LimitStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView,
+};
 
 // The clock lives in `status`; re-exported for `vmnet-bench`, which calls it by this path.
 pub use crate::status::now_ms;
@@ -193,9 +195,9 @@ impl Agent {
             .transpose()?;
         // A stored VM may no longer plan (the agent restarted with a smaller transit range):
         // show it with its derived names and the reason instead of failing the whole listing.
-        let (p, plan_error) = match self.plan(&config) {
-            Ok(plan) => (plan.status(), None),
-            Err(e) => (self.unplanned_status(&config), Some(e.message)),
+        let (p, plan_error, limits) = match self.plan(&config) {
+            Ok(plan) => (plan.status(), None, limit_rows(&plan)),
+            Err(e) => (self.unplanned_status(&config), Some(e.message), Vec::new()),
         };
         let state = if row.last_error.is_some() || plan_error.is_some() {
             VmState::Failed
@@ -204,7 +206,16 @@ impl Agent {
         } else {
             VmState::Pending
         };
+        let applied_now = state == VmState::Applied;
+        let limits = limits
+            .into_iter()
+            .map(|l| LimitStatus {
+                applied: l.applied && applied_now,
+                ..l
+            })
+            .collect();
         let status = VmStatus {
+            limits,
             state,
             netns: p.netns,
             veth_host: p.host_veth,
@@ -259,7 +270,30 @@ impl Agent {
     pub async fn get_vm(&self, id: &str) -> Result<VmView, Error> {
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
         let row = row.ok_or_else(|| Error::not_found(format!("vm {id} not found")))?;
-        self.view(&row)
+        let mut view = self.view(&row)?;
+        // The counters of the limits in force, read from the kernel.
+        if view.status.limits.iter().any(|l| l.applied)
+            && let Ok(plan) = self.plan(&view.config)
+        {
+            match self.driver.limit_counters(&plan).await {
+                Ok(counters) => {
+                    for c in counters {
+                        if let Some(l) = view
+                            .status
+                            .limits
+                            .iter_mut()
+                            .find(|l| l.class == c.class && l.direction == c.direction)
+                        {
+                            l.bytes = Some(c.bytes);
+                            l.packets = Some(c.packets);
+                            l.drops = Some(c.drops);
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(vm = %id, error = %e, "reading the limit counters failed"),
+            }
+        }
+        Ok(view)
     }
 
     /// `GET /v1/vms`, ordered by id.
@@ -422,4 +456,35 @@ impl Agent {
             pool,
         })
     }
+}
+
+/// The four limit rows of a plan (download then upload, private then public), without counters;
+/// `applied` tells whether the plan shapes that class.
+fn limit_rows(plan: &vmnet_plan::ns::VmPlan) -> Vec<LimitStatus> {
+    use vmnet_plan::ns::limits::{Direction, TrafficClass};
+    let l = &plan.limits;
+    let mut out = Vec::with_capacity(4);
+    for direction in [Direction::Download, Direction::Upload] {
+        for (class, limit_mibps) in [
+            (TrafficClass::Private, l.private_mibps),
+            (TrafficClass::Public, l.public_mibps),
+        ] {
+            let applied = l
+                .trees
+                .iter()
+                .filter(|t| t.direction == direction)
+                .flat_map(|t| &t.classes)
+                .any(|c| c.class == class && c.applied);
+            out.push(LimitStatus {
+                class,
+                direction,
+                limit_mibps,
+                applied,
+                bytes: None,
+                packets: None,
+                drops: None,
+            });
+        }
+    }
+    out
 }

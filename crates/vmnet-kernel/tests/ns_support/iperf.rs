@@ -183,8 +183,14 @@ fn measured(v: &Value, run: Run, v6: bool) -> Measured {
         } else {
             &end["sum"]
         };
+        // The rate is the bytes received over the sending time: the receiver's own duration
+        // also counts the wait for the end of the test, which a busy machine stretches.
+        let secs = end["sum_sent"]["seconds"].as_f64().filter(|t| *t > 0.0);
         (
-            s["bits_per_second"].as_f64().unwrap_or(0.0),
+            match (s["bytes"].as_f64(), secs) {
+                (Some(b), Some(t)) => b * 8.0 / t,
+                _ => s["bits_per_second"].as_f64().unwrap_or(0.0),
+            },
             end["sum"]["lost_percent"]
                 .as_f64()
                 .or(s["lost_percent"].as_f64()),
