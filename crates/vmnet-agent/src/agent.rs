@@ -333,7 +333,18 @@ impl Agent {
                 .transpose()?,
             None => None,
         };
-        match self.driver.apply(&plan).await {
+        // A config that differs from the applied one in its limits only changes the HTB classes
+        // in place; anything else is a full apply.
+        let limits_only = prev_good
+            .as_ref()
+            .is_some_and(|o| limits_only_change(o, &cfg))
+            && before.as_ref().is_some_and(|b| b.last_error.is_none());
+        let applied = if limits_only {
+            self.driver.apply_limits(&plan).await
+        } else {
+            self.driver.apply(&plan).await
+        };
+        match applied {
             Ok(_) => {
                 // A changed user id leaves the old names behind: remove them now.
                 if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
@@ -487,4 +498,14 @@ fn limit_rows(plan: &vmnet_plan::ns::VmPlan) -> Vec<LimitStatus> {
         }
     }
     out
+}
+
+/// Whether `new` differs from `old` in its throughput limits only (and does differ).
+fn limits_only_change(old: &VmConfig, new: &VmConfig) -> bool {
+    let same_rest = VmConfig {
+        private_network_throughput_mibps: new.private_network_throughput_mibps,
+        public_network_throughput_mibps: new.public_network_throughput_mibps,
+        ..old.clone()
+    };
+    same_rest == *new && old != new
 }

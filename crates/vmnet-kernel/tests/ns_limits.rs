@@ -245,3 +245,32 @@ async fn create_delete_cycles_leave_exactly_what_live_vms_need() {
         .collect();
     assert_eq!(vm_netns.len(), live.len(), "{vm_netns:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+async fn apply_limits_changes_classes_in_place_or_falls_back_to_a_full_apply() {
+    let env = Env::new();
+    // No limit in force yet: nothing to change in place, so a full apply adds the trees.
+    let none = env.plan(&limited(0x43, 0, 0, true));
+    env.driver.apply(&none).await.expect("create");
+    let first = env.plan(&limited(0x43, 30, 3, true));
+    let changes = env.driver.apply_limits(&first).await.expect("first limit");
+    assert!(
+        changes
+            .iter()
+            .any(|c| c.to_string().contains("add htb root")),
+        "{changes:?}"
+    );
+    assert!(env.driver.drift(&first).await.unwrap().is_empty());
+    // A change: the four classes written in place, nothing else; the result reads back as planned.
+    let second = env.plan(&limited(0x43, 30, 4, true));
+    let changes = tc_changes(&env.driver.apply_limits(&second).await.expect("change"));
+    assert_eq!(changes.len(), 4, "{changes:?}");
+    assert!(env.driver.drift(&second).await.unwrap().is_empty());
+    let c = tc(&second.netns, &["class", "show", "dev", &second.tap.name]);
+    assert!(c.contains("rate 33554Kbit"), "{c}");
+    // The last limit removed: a full apply deletes the trees.
+    env.driver.apply_limits(&none).await.expect("unlimit");
+    assert!(!tc(&none.netns, &["qdisc", "show", "dev", &none.tap.name]).contains("htb"));
+    assert!(env.driver.drift(&none).await.unwrap().is_empty());
+}

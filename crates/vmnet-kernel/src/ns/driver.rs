@@ -321,6 +321,15 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(self.gc_inner(keep))
     }
 
+    fn apply_limits<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        Box::pin(async move {
+            match super::tc::change_classes(plan).await? {
+                Some(changes) => Ok(changes),
+                None => apply::apply(self, plan).await,
+            }
+        })
+    }
+
     fn limit_counters<'a>(
         &'a self,
         plan: &'a VmPlan,

@@ -113,6 +113,14 @@ pub trait NsDriver: Send + Sync {
     /// (each carries its nft ruleset, tens of KiB) at once.
     fn gc<'a>(&'a self, keep: &'a [u32]) -> BoxFuture<'a, Result<Vec<u32>, NsError>>;
 
+    /// Applies a plan that differs from the applied one in its throughput limits only: the HTB
+    /// classes are changed in place, without the full observe of [`NsDriver::apply`]; when that
+    /// cannot do it (a tree must be added or removed) it is a full `apply`. The next reconcile
+    /// pass reads everything back as usual.
+    fn apply_limits<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        self.apply(plan)
+    }
+
     /// The throughput limits of the VM of `plan` with their counters, per class and direction
     /// (empty for a driver that does not shape, and for a VM whose netns does not exist).
     fn limit_counters<'a>(

@@ -294,7 +294,7 @@ fn devices(plan: &VmPlan) -> Vec<&str> {
     d
 }
 
-/// Runs the steps on one device, in order; independent requests of one kind run together.
+/// Runs the steps on one device, in order.
 async fn run(
     h: &Handle,
     index: u32,
@@ -302,14 +302,8 @@ async fn run(
     fixes: &[(Fix, String)],
     dev: &str,
 ) -> Result<(), NsError> {
-    let mut batch: Vec<futures::future::BoxFuture<'_, Result<(), NsError>>> = Vec::new();
-    let mut last: Option<std::mem::Discriminant<Fix>> = None;
+    let mut pending: Vec<futures::future::BoxFuture<'_, Result<(), NsError>>> = Vec::new();
     for (fix, what) in fixes {
-        let d = std::mem::discriminant(fix);
-        if last.is_some_and(|l| l != d) {
-            try_join_all(batch.drain(..)).await?;
-        }
-        last = Some(d);
         let what = format!("{dev}: {what}");
         let (m, write) = match (fix, t) {
             (Fix::DelRoot, _) => {
@@ -367,11 +361,18 @@ async fn run(
             }
             (_, None) => return Err(NsError::Invalid(format!("{what}: no tree planned"))),
         };
-        batch.push(Box::pin(async move {
-            wire::send(h, m, write).await.map_err(nl(what))
-        }));
+        // Sent now, in order: the kernel handles one socket's requests one after the other,
+        // so the root exists before its classes and they before the filters, without waiting
+        // for each acknowledgement.
+        match wire::start(h, m, write) {
+            Ok(ack) => pending.push(Box::pin(async move { ack.await.map_err(nl(what)) })),
+            Err(e) => {
+                try_join_all(pending).await?;
+                return Err(nl(what)(e));
+            }
+        }
     }
-    try_join_all(batch).await?;
+    try_join_all(pending).await?;
     Ok(())
 }
 
@@ -398,6 +399,55 @@ fn link_index(links: &HashMap<String, KLink>, dev: &str) -> Result<u32, NsError>
         .get(dev)
         .map(|l| l.index)
         .ok_or_else(|| NsError::Missing(format!("link {dev} (for its tc limits)")))
+}
+
+/// A limit change without a full pass: writes the planned classes of every tree as in-place
+/// changes, reading nothing back (the next reconcile pass compares everything). `None` when
+/// this cannot do it: no tree planned, the netns, a device, the tree or a class missing (a
+/// change of the tree's existence, a first limit or the last one removed); the caller then
+/// converges fully.
+pub(super) async fn change_classes(plan: &VmPlan) -> Result<Option<Vec<Change>>, NsError> {
+    let trees = &plan.limits.trees;
+    if trees.is_empty() || !crate::netns::exists(&plan.netns) {
+        return Ok(None);
+    }
+    let h = crate::netns::netlink_in(&plan.netns)?;
+    let indexes = try_join_all(trees.iter().map(|t| {
+        let h = h.clone();
+        async move {
+            h.link()
+                .get()
+                .match_name(t.dev.clone())
+                .execute()
+                .try_next()
+                .await
+                .map(|m| m.map(|m| m.header.index))
+        }
+    }))
+    .await;
+    let Ok(indexes) = indexes else {
+        return Ok(None);
+    };
+    let mut writes = Vec::new();
+    let mut changes = Vec::new();
+    for (t, index) in trees.iter().zip(indexes) {
+        let Some(index) = index else { return Ok(None) };
+        for c in &t.classes {
+            let m = RouteNetlinkMessage::NewTrafficClass(wire::class_msg(index, t.handle, c));
+            writes.push(wire::send(&h, m, Some(Write::Change)));
+            changes.push(Change::Tc {
+                dev: t.dev.clone(),
+                what: format!("set class {:?} to {}", c.class, mibps(c.rate)),
+            });
+        }
+    }
+    match try_join_all(writes).await {
+        Ok(_) => Ok(Some(changes)),
+        Err(e) => {
+            tracing::debug!(vm = %plan.vm_id, error = %e, "in-place class change not possible; converging fully");
+            Ok(None)
+        }
+    }
 }
 
 /// Observes the VM's tc objects and, unless `dry`, makes them equal to the plan; returns the
@@ -508,3 +558,6 @@ pub(super) async fn counters(plan: &VmPlan) -> Result<Vec<LimitCounters>, NsErro
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests;

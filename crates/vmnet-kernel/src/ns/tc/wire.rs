@@ -382,6 +382,8 @@ pub(super) enum Write {
     Replace,
     /// Create, or change the existing one in place (`NLM_F_CREATE`): classes and filters.
     CreateOrChange,
+    /// Change the existing one in place, never create (no flags): a limit change.
+    Change,
 }
 
 /// Sends one request and waits for its acknowledgement.
@@ -390,23 +392,35 @@ pub(super) async fn send(
     m: RouteNetlinkMessage,
     write: Option<Write>,
 ) -> Result<(), rtnetlink::Error> {
+    start(h, m, write)?.await
+}
+
+/// Sends one request now; the returned future waits for its acknowledgement.
+pub(super) fn start(
+    h: &Handle,
+    m: RouteNetlinkMessage,
+    write: Option<Write>,
+) -> Result<impl std::future::Future<Output = Result<(), rtnetlink::Error>> + use<>, rtnetlink::Error>
+{
     let mut req = NetlinkMessage::from(m);
     req.header.flags = NLM_F_REQUEST
         | NLM_F_ACK
         | match write {
             Some(Write::Replace) => NLM_F_CREATE | NLM_F_REPLACE,
             Some(Write::CreateOrChange) => NLM_F_CREATE,
-            None => 0,
+            Some(Write::Change) | None => 0,
         };
     let mut h = h.clone();
     let mut resp = h.request(req)?;
-    while let Some(r) = resp.next().await {
-        // An acknowledgement is an error message without a code.
-        if let NetlinkPayload::Error(e) = r.payload
-            && e.code.is_some()
-        {
-            return Err(rtnetlink::Error::NetlinkError(e));
+    Ok(async move {
+        while let Some(r) = resp.next().await {
+            // An acknowledgement is an error message without a code.
+            if let NetlinkPayload::Error(e) = r.payload
+                && e.code.is_some()
+            {
+                return Err(rtnetlink::Error::NetlinkError(e));
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
