@@ -139,11 +139,11 @@ pub fn client(ns: &str, server: &Server, run: Run) -> Measured {
     }
     match run.udp_rate {
         Some(r) => {
-            let bits = (r * 8.0).round() as u64;
+            let bits = format!("{:.0}", r * 8.0);
             args.extend([
                 "-u".into(),
                 "-b".into(),
-                bits.to_string(),
+                bits,
                 "-l".into(),
                 UDP_LEN.to_string(),
                 "-w".into(),
