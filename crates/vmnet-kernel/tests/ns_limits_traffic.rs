@@ -15,6 +15,10 @@ use vmnet_testkit::sandbox::{ECHO_V4, ECHO_V6};
 
 const UID: u32 = 0x51;
 
+/// The measurements run one at a time: the test harness runs a file's tests in parallel, and
+/// two iperf3 runs on two cores would measure each other.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn config(private: u32, public: u32) -> String {
     let base = vm_json(
         "lim",
@@ -87,6 +91,7 @@ fn dir(reverse: bool) -> &'static str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces and runs iperf3 (scripts/test.sh runs it)"]
 async fn each_class_direction_and_protocol_runs_at_its_limit() {
+    let _serial = SERIAL.lock().await;
     let mut w = world(0, 0).await;
     let mut table = String::from(
         "limit  class    direction proto  measured  ip-level  ratio  udp-sent  udp-loss\n",
@@ -169,6 +174,7 @@ async fn each_class_direction_and_protocol_runs_at_its_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces and runs iperf3 (scripts/test.sh runs it)"]
 async fn both_classes_at_once_each_at_its_own_limit_over_ipv4_and_ipv6() {
+    let _serial = SERIAL.lock().await;
     let w = world(20, 2).await;
     // Both classes at once, one direction at a time: uploads over IPv4, downloads over IPv6
     // (fdaa private, 2001:db8 public).
@@ -213,6 +219,7 @@ async fn both_classes_at_once_each_at_its_own_limit_over_ipv4_and_ipv6() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces and runs iperf3 (scripts/test.sh runs it)"]
 async fn a_limit_change_takes_effect_in_one_pass_without_a_stall() {
+    let _serial = SERIAL.lock().await;
     let mut w = world(0, 20).await;
     let ns = w.guest.netns().to_owned();
     let run = Run {
