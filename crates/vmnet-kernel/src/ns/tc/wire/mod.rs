@@ -424,3 +424,6 @@ pub(super) fn start(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests;
