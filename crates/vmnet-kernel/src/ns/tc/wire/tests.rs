@@ -9,7 +9,7 @@ use super::*;
 fn round_trip(m: &TcMessage) -> TcMessage {
     let mut buf = vec![0u8; m.buffer_len()];
     m.emit(&mut buf);
-    TcMessage::parse(&buf.as_slice()).expect("parses")
+    TcMessage::parse(buf.as_slice()).expect("parses")
 }
 
 #[test]
