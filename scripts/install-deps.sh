@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   iproute2 nftables util-linux procps kmod
   wireguard-go wireguard-tools  # wg0 without a kernel module; `wg` for tests and debugging
+  iperf3  # the throughput-limit tests and the sandbox's limit check measure with it
   postgresql
   genisoimage dosfstools mtools
   clang libbpf-dev linux-libc-dev
@@ -27,7 +28,7 @@ fi
 
 # Debian's postgresql package tries to start a system cluster; vmnet never uses it (tests start
 # their own cluster on a unix socket). Nothing else to start here.
-for tool in ip nft tc clang wireguard-go wg; do
+for tool in ip nft tc clang wireguard-go wg iperf3; do
   command -v "$tool" >/dev/null || { echo "missing $tool after install" >&2; exit 1; }
 done
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null

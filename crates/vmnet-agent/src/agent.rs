@@ -60,7 +60,9 @@ use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 use crate::api::error::from_ns;
 use crate::mesh::runtime::Mesh;
 use crate::pool::node::PoolNode;
-use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView};
+use crate::status::{
+    AgentStatus, LimitStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView,
+};
 
 // The clock lives in `status`; re-exported for `vmnet-bench`, which calls it by this path.
 pub use crate::status::now_ms;
@@ -262,16 +264,16 @@ impl Agent {
         let config = decode(row, &row.config, "desired")?;
         // A stored VM may no longer plan (the agent restarted with a smaller transit range):
         // show it with its derived names and the reason instead of failing the whole listing.
-        let (p, plan_error) = match self.plan(&config) {
-            Ok(plan) => (plan.status(), None),
-            Err(e) => (self.unplanned_status(&config), Some(e.message)),
+        let (p, plan_error, limits) = match self.plan(&config) {
+            Ok(plan) => (plan.status(), None, limit_rows(&plan)),
+            Err(e) => (self.unplanned_status(&config), Some(e.message), Vec::new()),
         };
-        self.view_of(row, config, p, plan_error)
+        self.view_of(row, config, p, plan_error, limits)
     }
 
     /// [`Agent::view`] of a row whose desired config `config` was just planned as `plan`.
     fn view_planned(&self, row: &VmRow, config: VmConfig, plan: &VmPlan) -> Result<VmView, Error> {
-        self.view_of(row, config, plan.status(), None)
+        self.view_of(row, config, plan.status(), None, limit_rows(plan))
     }
 
     fn view_of(
@@ -280,6 +282,7 @@ impl Agent {
         config: VmConfig,
         p: vmnet_plan::ns::VmStatus,
         plan_error: Option<String>,
+        limits: Vec<LimitStatus>,
     ) -> Result<VmView, Error> {
         let applied = if row.applied.as_deref() == Some(row.config.as_str()) {
             Some(config.clone())
@@ -296,7 +299,16 @@ impl Agent {
         } else {
             VmState::Pending
         };
+        let applied_now = state == VmState::Applied;
+        let limits = limits
+            .into_iter()
+            .map(|l| LimitStatus {
+                applied: l.applied && applied_now,
+                ..l
+            })
+            .collect();
         let status = VmStatus {
+            limits,
             state,
             netns: p.netns,
             veth_host: p.host_veth,
@@ -351,7 +363,30 @@ impl Agent {
     pub async fn get_vm(&self, id: &str) -> Result<VmView, Error> {
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
         let row = row.ok_or_else(|| Error::not_found(format!("vm {id} not found")))?;
-        self.view(&row)
+        let mut view = self.view(&row)?;
+        // The counters of the limits in force, read from the kernel.
+        if view.status.limits.iter().any(|l| l.applied)
+            && let Ok(plan) = self.plan(&view.config)
+        {
+            match self.driver.limit_counters(&plan).await {
+                Ok(counters) => {
+                    for c in counters {
+                        if let Some(l) = view
+                            .status
+                            .limits
+                            .iter_mut()
+                            .find(|l| l.class == c.class && l.direction == c.direction)
+                        {
+                            l.bytes = Some(c.bytes);
+                            l.packets = Some(c.packets);
+                            l.drops = Some(c.drops);
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(vm = %id, error = %e, "reading the limit counters failed"),
+            }
+        }
+        Ok(view)
     }
 
     /// `GET /v1/vms`, ordered by id.
@@ -395,6 +430,12 @@ impl Agent {
                 .transpose()?,
             None => None,
         };
+        // A config that differs from the applied one in its limits only changes the HTB classes
+        // in place; anything else is a full apply.
+        let limits_only = prev_good
+            .as_ref()
+            .is_some_and(|o| limits_only_change(o, &cfg))
+            && before.as_ref().is_some_and(|b| b.last_error.is_none());
         let row = VmRow {
             id: cfg.id.clone(),
             user_id: cfg.user_id,
@@ -418,7 +459,14 @@ impl Agent {
             }
             store_tx!(self.db, tx => vm_store::save(tx, &row).await).map(|()| true)
         };
-        let (applied, written) = tokio::join!(self.driver.apply(&plan), write);
+        let apply = async {
+            if limits_only {
+                self.driver.apply_limits(&plan).await
+            } else {
+                self.driver.apply(&plan).await
+            }
+        };
+        let (applied, written) = tokio::join!(apply, write);
         match (applied, written) {
             (Ok(_), Ok(_)) => {}
             (Err(e), written) => {
@@ -573,4 +621,45 @@ impl Agent {
             pool,
         })
     }
+}
+
+/// The four limit rows of a plan (download then upload, private then public), without counters;
+/// `applied` tells whether the plan shapes that class.
+fn limit_rows(plan: &vmnet_plan::ns::VmPlan) -> Vec<LimitStatus> {
+    use vmnet_plan::ns::limits::{Direction, TrafficClass};
+    let l = &plan.limits;
+    let mut out = Vec::with_capacity(4);
+    for direction in [Direction::Download, Direction::Upload] {
+        for (class, limit_mibps) in [
+            (TrafficClass::Private, l.private_mibps),
+            (TrafficClass::Public, l.public_mibps),
+        ] {
+            let applied = l
+                .trees
+                .iter()
+                .filter(|t| t.direction == direction)
+                .flat_map(|t| &t.classes)
+                .any(|c| c.class == class && c.applied);
+            out.push(LimitStatus {
+                class,
+                direction,
+                limit_mibps,
+                applied,
+                bytes: None,
+                packets: None,
+                drops: None,
+            });
+        }
+    }
+    out
+}
+
+/// Whether `new` differs from `old` in its throughput limits only (and does differ).
+fn limits_only_change(old: &VmConfig, new: &VmConfig) -> bool {
+    let same_rest = VmConfig {
+        private_network_throughput_mibps: new.private_network_throughput_mibps,
+        public_network_throughput_mibps: new.public_network_throughput_mibps,
+        ..old.clone()
+    };
+    same_rest == *new && old != new
 }

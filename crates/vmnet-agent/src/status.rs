@@ -76,6 +76,32 @@ pub struct VmStatus {
     pub last_error: Option<String>,
     /// When the stored VM last changed, milliseconds since the Unix epoch.
     pub updated_at_unix_ms: i64,
+    /// The throughput limits per class and direction (always four rows): the configured limit,
+    /// whether it is in force, and the class counters (read from the kernel by
+    /// `GET /v1/vms/{id}` only; `null` elsewhere and while no limit is in force).
+    #[serde(default)]
+    pub limits: Vec<LimitStatus>,
+}
+
+/// One class and direction of a VM's throughput limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitStatus {
+    /// `private` or `public`.
+    pub class: vmnet_plan::ns::limits::TrafficClass,
+    /// `download` (what the guest receives) or `upload` (what it sends).
+    pub direction: vmnet_plan::ns::limits::Direction,
+    /// The configured limit, MiB/s; 0 = unlimited.
+    pub limit_mibps: u32,
+    /// Whether the limit is shaping now (false: unlimited, not applied yet, or a public limit
+    /// without an IPv4 route via host).
+    pub applied: bool,
+    /// Bytes of IP packets through the class.
+    pub bytes: Option<u64>,
+    /// Packets through the class.
+    pub packets: Option<u64>,
+    /// Packets the class dropped (its queue was full).
+    pub drops: Option<u64>,
 }
 
 /// A VM as the API returns it: the desired config and its status.

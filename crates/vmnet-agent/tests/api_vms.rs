@@ -143,6 +143,26 @@ async fn every_validation_rule_is_400_naming_the_field() {
             vec!["tenant"],
         ),
         (
+            "private limit negative",
+            with(&|v| v["private_network_throughput_mibps"] = json!(-1)),
+            vec!["private_network_throughput_mibps", "negative"],
+        ),
+        (
+            "private limit fractional",
+            with(&|v| v["private_network_throughput_mibps"] = json!(2.5)),
+            vec!["private_network_throughput_mibps", "whole number"],
+        ),
+        (
+            "public limit too large",
+            with(&|v| v["public_network_throughput_mibps"] = json!(100_001)),
+            vec!["public_network_throughput_mibps", "too large"],
+        ),
+        (
+            "public limit not a number",
+            with(&|v| v["public_network_throughput_mibps"] = json!("20")),
+            vec!["public_network_throughput_mibps", "must be a number"],
+        ),
+        (
             "mesh outside fdaa::/16",
             with(&|v| v["mesh_ipv6"] = json!("fd00::1")),
             vec!["mesh_ipv6", "fdaa::/16"],
@@ -492,4 +512,55 @@ async fn changing_the_user_id_removes_the_old_objects() {
     assert_eq!(v["status"]["netns"], "tstn0002");
     assert!(h.driver.applied(1).is_none());
     assert!(h.driver.applied(2).is_some());
+}
+
+#[tokio::test]
+async fn limits_are_stored_and_reported_per_class_and_direction() {
+    let h = Harness::new().await;
+    let mut body = vm("lim", 9);
+    body["private_network_throughput_mibps"] = json!(20);
+    body["public_network_throughput_mibps"] = json!(2);
+    let (st, v) = h.put_vm(&body).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["config"]["public_network_throughput_mibps"], 2);
+    let (_, got) = h.call(Method::GET, "/v1/vms/lim", None).await;
+    let rows: Vec<(String, String, u64, bool)> = got["status"]["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["direction"].as_str().unwrap().to_owned(),
+                l["class"].as_str().unwrap().to_owned(),
+                l["limit_mibps"].as_u64().unwrap(),
+                l["applied"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let row = |d: &str, c: &str, l, a| (d.to_owned(), c.to_owned(), l, a);
+    assert_eq!(
+        rows,
+        [
+            row("download", "private", 20, true),
+            row("download", "public", 2, true),
+            row("upload", "private", 20, true),
+            row("upload", "public", 2, true),
+        ]
+    );
+    // Without an IPv4 route via host the public limit is kept, not applied.
+    body["network"]["routes"] = json!([]);
+    let (st, v) = h.put_vm(&body).await;
+    assert_eq!(st, 200, "{v}");
+    let public: Vec<_> = v["status"]["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["class"] == "public")
+        .collect();
+    assert!(
+        public
+            .iter()
+            .all(|l| l["limit_mibps"] == 2 && l["applied"] == false),
+        "{v}"
+    );
 }

@@ -145,6 +145,13 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     ] {
         assert_eq!(check(checks, vm, name)["seen"], seen, "{vm} {name}");
     }
+    // vm-gateway's public limit (10 MiB/s) measured with a short iperf3 download, and counted.
+    let lim = check(checks, "vm-gateway", "public limit download");
+    assert_eq!(lim["expected"], "10 MiB/s ±5 %", "{lim}");
+    assert_eq!(
+        check(checks, "vm-gateway", "public limit counters")["ok"],
+        true
+    );
 
     // The sandbox stays up: agent, echo service and relays run; a second `up` is refused.
     let dir = root.join(&name);

@@ -3,9 +3,11 @@
 //!
 //! For each N (default 1, 100, 1000), starting from an empty sandbox host namespace:
 //!
-//! 1. **netlink**: N VMs (user ids 1..=N, a mesh address, `0.0.0.0/0` and `::/0` via host) are
-//!    set up one after another with [`vmnet_kernel::ns::NetlinkNsDriver`] (`apply` of each VM's
-//!    plan), timing each; then the process's `VmRSS` is read; then every VM is removed
+//! 1. **netlink**: N VMs (user ids 1..=N, a mesh address, `0.0.0.0/0` and `::/0` via host, both
+//!    throughput limits: private 100, public 20 MiB/s) are set up one after another with
+//!    [`vmnet_kernel::ns::NetlinkNsDriver`] (`apply` of each VM's plan), timing each; then the
+//!    process's `VmRSS` is read; then every VM's public limit is changed to 25 MiB/s
+//!    (`apply_limits` each, timed: the HTB classes changed in place); then every VM is removed
 //!    (`remove`), one after another, each removal timed (deleting a veth waits ~30 ms in the
 //!    kernel, so this phase dominates the run time).
 //! 2. **shell**: the same N plans are set up by forking `ip` and `nft` per step, as a shell
@@ -97,14 +99,33 @@ pub struct Row {
     pub rss_kib: Option<u64>,
     /// VmRSS before the first setup of this round, KiB (netlink only).
     pub rss_before_kib: Option<u64>,
+    /// Limit changes (public 20 → 25 MiB/s on every VM, an `apply` each; netlink only).
+    pub change: Vec<Duration>,
+    /// tc objects in the VM namespaces after the teardown (qdiscs, classes and filters of
+    /// namespaces with our prefix; 0 when nothing leaked; netlink only).
+    pub leftover_netns: Option<usize>,
 }
 
+/// The private and public limits of every bench VM, MiB/s.
+pub const LIMITS: (u32, u32) = (100, 20);
+/// The public limit a limit change sets, MiB/s.
+pub const CHANGED_PUBLIC: u32 = 25;
+
 fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
+    vm_config_with(uid, LIMITS.1)
+}
+
+fn vm_config_with(
+    uid: u32,
+    public: u32,
+) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
     let v = serde_json::json!({
         "id": format!("bench-{uid}"),
         "user_id": uid,
         "tenant": 1,
         "mesh_ipv6": format!("fdaa:1::{uid:x}"),
+        "private_network_throughput_mibps": LIMITS.0,
+        "public_network_throughput_mibps": public,
         "network": {"routes": [
             {"destination": "0.0.0.0/0", "via": "host"},
             {"destination": "::/0", "via": "host"}
@@ -203,6 +224,21 @@ async fn bench_netlink(
         setup.push(t.elapsed());
     }
     let rss = rss_kib();
+    let mut change = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    for uid in 1..=n {
+        let p = &plan_vm(&vm_config_with(uid, CHANGED_PUBLIC)?, settings)?;
+        let t = Instant::now();
+        let changes = driver
+            .apply_limits(p)
+            .await
+            .map_err(|e| Error::internal(format!("limit change vm {}: {e}", p.user_id)))?;
+        change.push(t.elapsed());
+        if changes.len() != 4 {
+            return Err(Error::internal(format!(
+                "limit change vm {uid}: expected the classes written in place, got {changes:?}"
+            )));
+        }
+    }
     let wall = Instant::now();
     let mut teardown = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
@@ -213,14 +249,25 @@ async fn bench_netlink(
             .map_err(|e| Error::internal(format!("remove vm {uid}: {e}")))?;
         teardown.push(t.elapsed());
     }
+    let teardown_wall = wall.elapsed();
+    // Every tc object lives on a VM's tap or veth end, inside its netns: none may outlive it.
+    let leftover = vmnet_sandbox::netns::list(&settings.name_prefix)
+        .into_iter()
+        .filter(|ns| {
+            vmnet_plan::ns::parse_uid(&settings.name_prefix, vmnet_plan::ns::NameKind::Netns, ns)
+                .is_some()
+        })
+        .count();
     Ok(Row {
         n,
         method: "netlink",
         setup,
         teardown,
-        teardown_wall: wall.elapsed(),
+        teardown_wall,
         rss_kib: rss,
         rss_before_kib: rss_before,
+        change,
+        leftover_netns: Some(leftover),
     })
 }
 
@@ -249,6 +296,8 @@ fn bench_shell(plans: &[VmPlan], host: &str) -> Result<Row, Error> {
         teardown_wall: wall.elapsed(),
         rss_kib: None,
         rss_before_kib: None,
+        change: Vec::new(),
+        leftover_netns: None,
     })
 }
 
@@ -331,6 +380,24 @@ pub fn render(rows: &[Row]) -> String {
                 ms(first),
                 ms(last),
                 verdict(ratio <= 1.5)
+            );
+        }
+        let c = stats(&r.change);
+        let _ = writeln!(
+            out,
+            "limit change median at N={} (public {} -> {CHANGED_PUBLIC} MiB/s, classes changed in place): {} ms, p99 {} ms (target <= 1 ms): {}",
+            r.n,
+            LIMITS.1,
+            ms(c.median),
+            ms(c.p99),
+            verdict(c.median <= 1.0)
+        );
+        if let Some(left) = r.leftover_netns {
+            let _ = writeln!(
+                out,
+                "VM namespaces (and with them tc objects) left after the teardown at N={}: {left}: {}",
+                r.n,
+                verdict(left == 0)
             );
         }
         if let Some(k) = r.rss_kib {

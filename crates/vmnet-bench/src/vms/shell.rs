@@ -177,7 +177,98 @@ pub fn shell_setup(plan: &VmPlan, host_ns: &str) -> Vec<Vec<String>> {
             &r.priority.to_string(),
         ]));
     }
+    cmds.extend(tc_cmds(plan));
     cmds.push(s(&["ip", "netns", "exec", ns, "nft", "-j", "-f", "-"]));
+    cmds
+}
+
+/// The `tc` commands a shell script runs for the plan's throughput limits (what the driver
+/// writes over netlink).
+fn tc_cmds(plan: &VmPlan) -> Vec<Vec<String>> {
+    let ns = plan.netns.as_str();
+    let mut cmds = Vec::new();
+    for t in &plan.limits.trees {
+        let tc = |args: &[&str]| {
+            ["ip", "netns", "exec", ns, "tc"]
+                .iter()
+                .chain(args)
+                .map(|a| (*a).to_owned())
+                .collect::<Vec<String>>()
+        };
+        cmds.push(tc(&[
+            "qdisc",
+            "add",
+            "dev",
+            &t.dev,
+            "root",
+            "handle",
+            "1:",
+            "stab",
+            "overhead",
+            &t.overhead.to_string(),
+            "htb",
+            "default",
+            "0",
+            "direct_qlen",
+            &t.direct_qlen.to_string(),
+        ]));
+        for c in &t.classes {
+            cmds.push(tc(&[
+                "class",
+                "add",
+                "dev",
+                &t.dev,
+                "parent",
+                "1:",
+                "classid",
+                &format!("1:{:x}", c.classid & 0xffff),
+                "htb",
+                "rate",
+                &format!("{}bps", c.rate),
+                "ceil",
+                &format!("{}bps", c.rate),
+                "burst",
+                &c.burst.to_string(),
+                "quantum",
+                &c.quantum.to_string(),
+            ]));
+        }
+        for f in &t.filters {
+            let proto = if f.protocol == vmnet_plan::ns::limits::ETH_P_IP {
+                "ip"
+            } else {
+                "ipv6"
+            };
+            let mut args = vec![
+                "filter".to_owned(),
+                "add".into(),
+                "dev".into(),
+                t.dev.clone(),
+                "parent".into(),
+                "1:".into(),
+                "protocol".into(),
+                proto.into(),
+                "prio".into(),
+                f.prio.to_string(),
+                "handle".into(),
+                format!("::{:x}", f.handle),
+                "u32".into(),
+            ];
+            for k in &f.keys {
+                args.extend([
+                    "match".into(),
+                    "u32".into(),
+                    format!("{:#010x}", k.value),
+                    format!("{:#010x}", k.mask),
+                    "at".into(),
+                    k.off.to_string(),
+                ]);
+            }
+            args.extend(["flowid".into(), format!("1:{:x}", f.classid & 0xffff)]);
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            cmds.push(tc(&refs));
+        }
+    }
     cmds
 }
 

@@ -14,7 +14,7 @@ use super::links::{configure_fixed, fixed_drift, link_fixes, repair_links};
 use super::nftcheck;
 use super::observe::{self, Desired, VmState};
 use super::routes::{self, KRoute, KRule};
-use super::{Change, NsError, Side, inns};
+use super::{Change, NsError, Side, inns, tc};
 use crate::netns;
 
 /// Creates or converges one VM (see [`super::NsDriver::apply`]).
@@ -102,6 +102,7 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
             differences: st.nft_drift.clone(),
         });
     }
+    changes.extend(tc::sync(&ns, plan, &st.ns_links, true).await?);
     Ok(changes)
 }
 
@@ -148,6 +149,7 @@ async fn converge(
             differences: st.nft_drift.clone(),
         });
     }
+    changes.extend(tc::sync(ns, plan, &st.ns_links, false).await?);
     Ok(())
 }
 

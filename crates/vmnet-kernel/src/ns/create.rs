@@ -14,7 +14,7 @@ use super::driver::NetlinkNsDriver;
 use super::links::configure_fixed;
 use super::observe::{self, VmState};
 use super::routes::{self, KLink, nl};
-use super::{Change, NsError, inns};
+use super::{Change, NsError, inns, tc};
 use crate::netns;
 
 /// The ifindex both veth ends are created with (`IFINDEX_BASE + uid`, on the host and in the VM
@@ -169,6 +169,7 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     let want = observe::resolve(plan, &links, host_link.as_ref(), &d.host).await?;
     let mut ignored = Vec::new();
     sync_routes(d, plan, &ns, &want, &st, &mut ignored).await?;
+    tc::create(&ns, plan, &links).await?;
     Ok(vec![Change::CreateVm {
         netns: plan.netns.clone(),
     }])

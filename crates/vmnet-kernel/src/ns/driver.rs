@@ -419,6 +419,22 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(self.gc_inner(keep))
     }
 
+    fn apply_limits<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        Box::pin(async move {
+            match super::tc::change_classes(plan).await? {
+                Some(changes) => Ok(changes),
+                None => apply::apply(self, plan).await,
+            }
+        })
+    }
+
+    fn limit_counters<'a>(
+        &'a self,
+        plan: &'a VmPlan,
+    ) -> BoxFuture<'a, Result<Vec<super::LimitCounters>, NsError>> {
+        Box::pin(super::tc::counters(plan))
+    }
+
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
         Box::pin(async {
             self.host_ready.lock().await.ready = false;

@@ -77,6 +77,7 @@ mod links;
 mod nftcheck;
 mod observe;
 mod routes;
+mod tc;
 
 use std::fmt;
 use std::future::Future;
@@ -85,6 +86,7 @@ use std::pin::Pin;
 use vmnet_plan::ns::{PlannedRule, VmPlan};
 
 pub use driver::{NetlinkNsDriver, TEARDOWN_GRACE};
+pub use tc::LimitCounters;
 
 /// A boxed future, so [`NsDriver`] is object safe (`Arc<dyn NsDriver>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -135,6 +137,24 @@ pub trait NsDriver: Send + Sync {
     /// It takes user ids, not plans: a caller collecting many VMs need not hold every VM's plan
     /// (each carries its nft ruleset, tens of KiB) at once.
     fn gc<'a>(&'a self, keep: &'a [u32]) -> BoxFuture<'a, Result<Vec<u32>, NsError>>;
+
+    /// Applies a plan that differs from the applied one in its throughput limits only: the HTB
+    /// classes are changed in place, without the full observe of [`NsDriver::apply`]; when that
+    /// cannot do it (a tree must be added or removed) it is a full `apply`. The next reconcile
+    /// pass reads everything back as usual.
+    fn apply_limits<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        self.apply(plan)
+    }
+
+    /// The throughput limits of the VM of `plan` with their counters, per class and direction
+    /// (empty for a driver that does not shape, and for a VM whose netns does not exist).
+    fn limit_counters<'a>(
+        &'a self,
+        plan: &'a VmPlan,
+    ) -> BoxFuture<'a, Result<Vec<LimitCounters>, NsError>> {
+        let _ = plan;
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
 /// What [`NsDriver::observe`] found for one user id.
@@ -210,6 +230,13 @@ pub enum Change {
         /// How the table differed from the plan, one line each.
         differences: Vec<String>,
     },
+    /// Wrote tc objects of the throughput limits (a limit change is a class change).
+    Tc {
+        /// The device in the VM netns.
+        dev: String,
+        /// What was done.
+        what: String,
+    },
     /// Removed the VM's objects.
     RemoveVm {
         /// The user id.
@@ -236,6 +263,7 @@ impl fmt::Display for Change {
                 "vm: replace nft table ({fingerprint}): {}",
                 differences.join("; ")
             ),
+            Self::Tc { dev, what } => write!(f, "vm: tc {dev}: {what}"),
             Self::RemoveVm { user_id } => write!(f, "remove vm user id {user_id}"),
         }
     }

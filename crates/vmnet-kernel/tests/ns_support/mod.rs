@@ -122,3 +122,4 @@ pub fn nft_ruleset(ns: &str) -> String {
 pub fn v6(s: &str) -> Ipv6Addr {
     s.parse().expect("address")
 }
+pub mod iperf;

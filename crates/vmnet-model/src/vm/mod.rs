@@ -24,11 +24,13 @@
 //! - `network.routes[i].via`: `"host"` or a mesh address in `fdaa::/16`; a mesh via only for IPv6
 //!   destinations.
 //! - routes need `mesh_ipv6`: a VM without a mesh address has no veth pair, so nothing to route over.
+//! - `private_network_throughput_mibps`, `public_network_throughput_mibps`: whole MiB/s in
+//!   `0..=100000`, 0 (the default) unlimited; see [`limits`].
 //! - Unknown fields are refused. Fields of later issues ([`FUTURE_FIELDS`]) are refused with
 //!   "… is not supported yet".
 //!
 //! # Limitations
-//! Public addresses, throughput limits, the firewall, WireGuard peers and metadata are not modelled
+//! Public addresses, the firewall, WireGuard peers and metadata are not modelled
 //! yet; they are refused, never accepted and ignored.
 
 use std::collections::BTreeSet;
@@ -41,6 +43,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::ValidationError;
+
+pub mod limits;
 
 /// The largest supported VM user id. Every derived name (4 hex digits) and every transit /30 (a
 /// /14 holds 2^16 of them) exists for `0..=MAX_USER_ID`.
@@ -66,8 +70,6 @@ pub const GUEST_LINK: IpNet = IpNet::V4(match Ipv4Net::new(Ipv4Addr::new(172, 16
 pub const FUTURE_FIELDS: &[&str] = &[
     "public_ipv4",
     "public_ipv6",
-    "private_network_throughput_mibps",
-    "public_network_throughput_mibps",
     "firewall",
     "metadata",
     "wireguard",
@@ -157,6 +159,12 @@ pub struct VmConfig {
     pub mesh_ipv6: Option<Ipv6Addr>,
     /// Routes.
     pub network: VmNetwork,
+    /// The private limit, MiB/s in both directions; 0 = unlimited ([`limits`]).
+    #[serde(skip_serializing_if = "limits::is_unlimited")]
+    pub private_network_throughput_mibps: u32,
+    /// The public limit, MiB/s in both directions; 0 = unlimited ([`limits`]).
+    #[serde(skip_serializing_if = "limits::is_unlimited")]
+    pub public_network_throughput_mibps: u32,
 }
 
 impl VmConfig {
@@ -189,6 +197,16 @@ impl VmConfig {
                 "vm {vm}: mesh_ipv6 {m} is not in fdaa::/16"
             )));
         }
+        limits::check_limit(
+            vm,
+            limits::PRIVATE_FIELD,
+            self.private_network_throughput_mibps,
+        )?;
+        limits::check_limit(
+            vm,
+            limits::PUBLIC_FIELD,
+            self.public_network_throughput_mibps,
+        )?;
         if self.mesh_ipv6.is_none() && !self.network.routes.is_empty() {
             return Err(ValidationError::rule(format!(
                 "vm {vm}: network.routes needs mesh_ipv6 (a VM without a mesh address has no veth pair)"
@@ -304,7 +322,12 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
         }
         if !matches!(
             key.as_str(),
-            "id" | "user_id" | "tenant" | "mesh_ipv6" | "network"
+            "id" | "user_id"
+                | "tenant"
+                | "mesh_ipv6"
+                | "network"
+                | limits::PRIVATE_FIELD
+                | limits::PUBLIC_FIELD
         ) {
             return Err(bad(key, "is an unknown field"));
         }
@@ -349,12 +372,16 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
         Some(Value::Object(net)) => parse_network(net, &bad)?,
         Some(v) => return Err(bad("network", &format!("must be an object, got {v}"))),
     };
+    let private_network_throughput_mibps = limits::parse_limit(vm, top, limits::PRIVATE_FIELD)?;
+    let public_network_throughput_mibps = limits::parse_limit(vm, top, limits::PUBLIC_FIELD)?;
     let cfg = VmConfig {
         id,
         user_id,
         tenant,
         mesh_ipv6,
         network: VmNetwork { routes },
+        private_network_throughput_mibps,
+        public_network_throughput_mibps,
     };
     cfg.validate()?;
     Ok(cfg)

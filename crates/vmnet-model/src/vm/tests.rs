@@ -363,3 +363,69 @@ fn rule_mesh_range_never_via_host() {
         .is_ok()
     );
 }
+
+fn with_limit(field: &str, value: &str) -> String {
+    format!(r#"{{"id":"vm-7","user_id":7,"tenant":3,"mesh_ipv6":"fdaa:1::7","{field}":{value}}}"#)
+}
+
+#[test]
+fn limits_default_to_unlimited_and_round_trip() {
+    let c = parse_vm_config(GOOD.as_bytes()).unwrap();
+    assert_eq!(c.private_network_throughput_mibps, 0);
+    assert_eq!(c.public_network_throughput_mibps, 0);
+    let v = serde_json::to_value(&c).unwrap();
+    assert!(v.get("private_network_throughput_mibps").is_none());
+    let c = parse_vm_config(
+        br#"{"id":"a","user_id":1,"tenant":0,"mesh_ipv6":"fdaa::1",
+             "private_network_throughput_mibps":100000,"public_network_throughput_mibps":20}"#,
+    )
+    .unwrap();
+    assert_eq!(c.private_network_throughput_mibps, 100_000);
+    assert_eq!(c.public_network_throughput_mibps, 20);
+    let v = serde_json::to_value(&c).unwrap();
+    assert_eq!(v["public_network_throughput_mibps"], 20);
+    let back: VmConfig = serde_json::from_value(v).unwrap();
+    assert_eq!(back, c);
+    let c = parse_vm_config(with_limit(limits::PUBLIC_FIELD, "null").as_bytes()).unwrap();
+    assert_eq!(c.public_network_throughput_mibps, 0);
+}
+
+#[test]
+fn bad_limits_are_refused_naming_the_field() {
+    let tail = "it must be a whole number of MiB/s in 0..=100000 (0 = unlimited)";
+    for field in [limits::PRIVATE_FIELD, limits::PUBLIC_FIELD] {
+        for (value, what) in [
+            ("-1", "-1 is negative"),
+            ("1.5", "1.5 is not a whole number"),
+            ("10.0", "10.0 is not a whole number"),
+            ("100001", "100001 is too large"),
+            (
+                "18446744073709551616",
+                "1.8446744073709552e+19 is too large",
+            ),
+            ("-1e20", "-1e+20 is negative"),
+            (r#""10""#, r#"must be a number, got "10""#),
+            ("true", "must be a number, got true"),
+            ("[]", "must be a number, got []"),
+        ] {
+            assert_eq!(
+                err(&with_limit(field, value)),
+                format!("vm vm-7: {field} {what}; {tail}"),
+                "{field} = {value}"
+            );
+        }
+    }
+}
+
+#[test]
+fn validate_refuses_a_too_large_limit_built_in_code() {
+    let mut c = parse_vm_config(GOOD.as_bytes()).unwrap();
+    c.public_network_throughput_mibps = 100_001;
+    let e = c.validate().unwrap_err();
+    assert!(matches!(e, ValidationError::Rule(_)), "{e:?}");
+    assert!(
+        e.to_string()
+            .starts_with("vm vm-7: public_network_throughput_mibps 100001 is too large"),
+        "{e}"
+    );
+}

@@ -102,6 +102,13 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
             .filter(|_| nat)
             .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
     );
+    let limits = super::limits::plan_limits(
+        cfg.private_network_throughput_mibps,
+        cfg.public_network_throughput_mibps,
+        nat,
+        &tap.name,
+        veth.as_ref().map(|v| v.peer_name.as_str()),
+    );
     Ok(VmPlan {
         vm_id: cfg.id.clone(),
         user_id: uid,
@@ -124,6 +131,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         nft_fingerprint,
         host_table,
         name_prefix: p.to_owned(),
+        limits,
     })
 }
 

@@ -30,13 +30,14 @@
 //!   the host (so the far end sees the host's uplink address).
 //!
 //! Later features slot in as more optional sections of [`VmPlan`] (public addresses: host DNAT/SNAT
-//! rules; throughput: tc on the host veth; firewall: more chains in the same netns table;
+//! rules; throughput: [`limits`]; firewall: more chains in the same netns table;
 //! metadata: a document; WireGuard: a host section).
 //!
 //! # Limitations
 //! The guest's IPv6 gateway is the link-local `fe80::1` on the tap; the guest image must use it.
 
 mod build;
+pub mod limits;
 pub mod names;
 pub(crate) mod nft;
 mod settings;

@@ -154,6 +154,8 @@ pub struct VmPlan {
     pub host_table: u32,
     /// The name prefix (for the nft table name).
     pub name_prefix: String,
+    /// The throughput limits: HTB trees on the tap and the VM veth end ([`super::limits`]).
+    pub limits: super::limits::LimitsPlan,
 }
 
 /// The fields the API reports for a VM (spec item 5: netns, veth names, transit /30, tap, guest

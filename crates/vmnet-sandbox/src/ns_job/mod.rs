@@ -13,7 +13,9 @@
 //!    `vmnet apply` does, waiting until every VM is applied;
 //! 4. per VM a simulated guest `<name>g<uid>` whose `eth0` (guest MAC, 172.16.0.2/30, MTU 1380,
 //!    the mesh /128) is joined to the VM's tap by a relay process that opens the tap as a VMM does;
-//! 5. the checks of [`sandbox_checks`](self::checks), and two tables: the VMs and the checks.
+//! 5. the checks of [`sandbox_checks`](self::checks) and, for a VM with a public limit in force,
+//!    the [`limits`] checks (a short iperf3 download against the limit), and two tables: the VMs
+//!    and the checks.
 //!
 //! The exit status is non-zero when any check saw something other than what it expected. The
 //! sandbox stays up either way (the agent, echo service and relays keep running in the
@@ -31,6 +33,7 @@
 //! (`"mode": "fleet"`) to [`crate::fleet_job`], everything else to [`up`] here.
 
 pub mod checks;
+pub mod limits;
 pub(crate) mod steps;
 
 use std::path::{Path, PathBuf};
@@ -181,10 +184,15 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         rows.push(row);
     }
 
-    let results = tokio::task::spawn_blocking(move || checks::run_checks(&guests))
+    let guest_ns: Vec<(String, String)> = guests
+        .iter()
+        .map(|g| (g.vm.clone(), g.guest_ns.clone()))
+        .collect();
+    let mut results = tokio::task::spawn_blocking(move || checks::run_checks(&guests))
         .await
         .map_err(|e| Error::internal(format!("checks: {e}")))?
         .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
+    results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
     Ok(UpReport {
         sandbox: args.name.clone(),

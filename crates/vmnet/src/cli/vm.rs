@@ -123,7 +123,7 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
         };
     }
     let header = [
-        "VM", "USER", "STATE", "NETNS", "VETH", "TRANSIT", "MESH", "ROUTES",
+        "VM", "USER", "STATE", "NETNS", "VETH", "TRANSIT", "MESH", "LIMITS", "ROUTES",
     ];
     let mut rows = Vec::new();
     for v in views {
@@ -143,6 +143,7 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
             dash(s.veth_host.as_ref()),
             dash(s.transit.as_ref()),
             dash(v.config.mesh_ipv6),
+            limits(&v.config),
             if routes.is_empty() {
                 "-".to_owned()
             } else {
@@ -176,10 +177,42 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                     applied.join(", ")
                 }
             );
+            for l in &s.limits {
+                println!(
+                    "limit:        {:?} {:?} {} MiB/s{}{}",
+                    l.class,
+                    l.direction,
+                    l.limit_mibps,
+                    if l.applied { "" } else { " (not applied)" },
+                    match (l.bytes, l.drops) {
+                        (Some(b), Some(d)) => format!(", {b} bytes, {d} drops"),
+                        _ => String::new(),
+                    }
+                );
+            }
             println!("last error:   {}", dash(s.last_error.as_ref()));
         }
     }
     Ok(())
+}
+
+/// `private/public` MiB/s, `-` for unlimited (both 0).
+fn limits(c: &vmnet_model::vm::VmConfig) -> String {
+    let (p, q) = (
+        c.private_network_throughput_mibps,
+        c.public_network_throughput_mibps,
+    );
+    if p == 0 && q == 0 {
+        return "-".to_owned();
+    }
+    let one = |v: u32| {
+        if v == 0 {
+            "unlimited".to_owned()
+        } else {
+            v.to_string()
+        }
+    };
+    format!("private {} / public {}", one(p), one(q))
 }
 
 fn print_table(header: &[&str], rows: &[Vec<String>]) {
