@@ -38,6 +38,7 @@
 
 pub mod names;
 pub(crate) mod nft;
+pub mod public;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -48,6 +49,7 @@ use vmnet_model::vm::{MAX_USER_ID, Route, Via, VmConfig};
 
 pub use names::{NameKind, name, parse_uid};
 pub use nft::FINGERPRINT_PREFIX;
+pub use public::{PublicNeighbors, PublicPlan};
 
 /// The guest's IPv4 address (the same in every VM).
 pub const GUEST_IPV4: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);
@@ -96,6 +98,10 @@ pub struct NsSettings {
     /// Whether the driver enables forwarding and masquerades the transit range in the host
     /// netns ([`HostPlan`]). Default true.
     pub manage_host: bool,
+    /// The uplink interface (`--uplink`), where proxy ARP/NDP entries live. Default none.
+    pub uplink: Option<String>,
+    /// How the upstream reaches public addresses (`--public-neighbors`). Default routed.
+    pub public_neighbors: PublicNeighbors,
 }
 
 impl Default for NsSettings {
@@ -109,6 +115,8 @@ impl Default for NsSettings {
             host_table_base: 0x0100_0000,
             host_rule_priority: 10000,
             manage_host: true,
+            uplink: None,
+            public_neighbors: PublicNeighbors::Routed,
         }
     }
 }
@@ -149,6 +157,18 @@ impl NsSettings {
             return Err(Error::invalid(format!(
                 "settings: transit_ipv4 {} overlaps the guest network {guest_net}",
                 self.transit_ipv4
+            )));
+        }
+        if self.public_neighbors == PublicNeighbors::Proxy && self.uplink.is_none() {
+            return Err(Error::invalid(
+                "settings: public_neighbors proxy needs an uplink (--uplink IFACE) to answer ARP/NDP on",
+            ));
+        }
+        if let Some(u) = &self.uplink
+            && (u.is_empty() || u.len() > names::IFNAME_MAX || u.contains(['/', ' ']))
+        {
+            return Err(Error::invalid(format!(
+                "settings: uplink {u:?} is not an interface name (1..=15 bytes, no '/' or space)"
             )));
         }
         if !(1280..=9000).contains(&self.mtu) {
@@ -325,6 +345,9 @@ pub struct VmPlan {
     pub host_table: u32,
     /// The name prefix (for the nft table name).
     pub name_prefix: String,
+    /// The VM's public addresses on the host (`None` without any).
+    #[serde(default)]
+    pub public: Option<PublicPlan>,
 }
 
 /// The fields the API reports for a VM (spec item 5: netns, veth names, transit /30, tap, guest
@@ -357,6 +380,12 @@ pub struct VmStatus {
     pub nat: bool,
     /// The routes (as applied when the apply succeeded).
     pub routes: Vec<Route>,
+    /// The public IPv4 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ipv4: Option<Ipv4Addr>,
+    /// The public IPv6: an address (mapped to the mesh address) or a routed block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ipv6: Option<String>,
 }
 
 impl VmPlan {
@@ -377,6 +406,12 @@ impl VmPlan {
             mtu: self.tap.mtu,
             nat: self.nat,
             routes: self.routes.clone(),
+            public_ipv4: self.public.as_ref().and_then(|p| p.ipv4),
+            public_ipv6: self.public.as_ref().and_then(|p| {
+                p.ipv6
+                    .map(|a| a.to_string())
+                    .or_else(|| p.ipv6_block.map(|b| b.to_string()))
+            }),
         }
     }
 }
@@ -392,6 +427,16 @@ pub struct HostPlan {
     pub nft_fingerprint: String,
     /// The name of that table.
     pub nft_table: String,
+    /// The transaction replacing table `inet <prefix>_pub` (public addresses, without any VM's
+    /// elements: see [`public::host_ruleset`]).
+    #[serde(default)]
+    pub pub_nft: serde_json::Value,
+    /// The name of that table.
+    #[serde(default)]
+    pub pub_table: String,
+    /// The uplink where proxy neighbour entries live, and `proxy_ndp` is turned on, in proxy mode.
+    #[serde(default)]
+    pub proxy_uplink: Option<String>,
 }
 
 /// The host-wide plan, or `None` when `settings.manage_host` is false.
@@ -400,14 +445,26 @@ pub fn plan_host(settings: &NsSettings) -> Option<HostPlan> {
     settings.manage_host.then(|| {
         let nft_table = names::host_nft_table(&settings.name_prefix);
         let (nft, nft_fingerprint) = nft::host_ruleset(&nft_table, settings.transit_ipv4);
+        let pub_table = names::pub_nft_table(&settings.name_prefix);
+        let proxy_uplink = settings
+            .uplink
+            .clone()
+            .filter(|_| settings.public_neighbors == PublicNeighbors::Proxy);
+        let mut sysctls = vec![
+            ("net/ipv4/ip_forward".into(), "1".into()),
+            ("net/ipv6/conf/all/forwarding".into(), "1".into()),
+        ];
+        if let Some(u) = &proxy_uplink {
+            sysctls.push((format!("net/ipv6/conf/{u}/proxy_ndp"), "1".into()));
+        }
         HostPlan {
-            sysctls: vec![
-                ("net/ipv4/ip_forward".into(), "1".into()),
-                ("net/ipv6/conf/all/forwarding".into(), "1".into()),
-            ],
+            sysctls,
             nft,
             nft_fingerprint,
             nft_table,
+            pub_nft: public::host_ruleset(&pub_table, settings.transit_ipv4),
+            pub_table,
+            proxy_uplink,
         }
     })
 }
@@ -468,12 +525,48 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
         }
     });
     let nat = veth.is_some() && cfg.ipv4_via_host();
+    if let Some(a) = cfg.public_ipv4
+        && settings.transit_ipv4.contains(&a)
+    {
+        return Err(Error::invalid(format!(
+            "vm {}: public_ipv4 {a} lies in the transit range {}",
+            cfg.id, settings.transit_ipv4
+        )));
+    }
     let host_table = settings.host_table_base + uid;
-    let (ns_routes, ns_rules, host_routes, host_rules) = match (&veth, cfg.mesh_ipv6) {
+    let (mut ns_routes, ns_rules, mut host_routes, host_rules) = match (&veth, cfg.mesh_ipv6) {
         (Some(v), Some(mesh)) => {
             route_plan(cfg, v, &tap, mesh, host_table, settings.host_rule_priority)
         }
         _ => (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
+    };
+    let public = match (&veth, cfg.mesh_ipv6) {
+        (Some(v), Some(mesh)) if cfg.public_ipv4.is_some() || cfg.public_ipv6.is_some() => {
+            public_routes(cfg, v, &tap, &mut ns_routes, &mut host_routes);
+            Some(PublicPlan {
+                table: names::pub_nft_table(p),
+                transit: v.peer_ipv4.addr(),
+                mesh,
+                ipv4: cfg.public_ipv4,
+                ipv6: cfg.public_ipv6_mapped(),
+                ipv6_block: cfg.public_ipv6_block(),
+                proxy: settings
+                    .uplink
+                    .clone()
+                    .filter(|_| settings.public_neighbors == PublicNeighbors::Proxy)
+                    .map(|u| {
+                        (
+                            u,
+                            public::proxy_addresses(
+                                cfg.public_ipv4,
+                                cfg.public_ipv6_mapped(),
+                                cfg.public_ipv6_block(),
+                            ),
+                        )
+                    }),
+            })
+        }
+        _ => None,
     };
     let table = names::vm_nft_table(p);
     let (nft, nft_fingerprint) = nft::vm_ruleset(
@@ -481,6 +574,9 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
         settings.mtu,
         veth.as_ref()
             .filter(|_| nat)
+            .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
+        veth.as_ref()
+            .filter(|_| cfg.public_ipv4.is_some())
             .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
     );
     Ok(VmPlan {
@@ -505,7 +601,54 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
         nft_fingerprint,
         host_table,
         name_prefix: p.to_owned(),
+        public,
     })
+}
+
+/// Adds the routes of the public addresses: on the host the public IPv4 `/32 via <netns transit>
+/// dev <host veth>` and the block `via fe80::2 dev <host veth>`; in the netns the block on-link
+/// on the tap, in main and in the inbound table (so traffic from the host reaches the guest's
+/// own address in the block by neighbour discovery).
+fn public_routes(
+    cfg: &VmConfig,
+    v: &VethPlan,
+    tap: &TapPlan,
+    ns: &mut Vec<PlannedRoute>,
+    host: &mut Vec<PlannedRoute>,
+) {
+    if let Some(a) = cfg.public_ipv4 {
+        host.push(PlannedRoute {
+            table: MAIN_TABLE,
+            destination: IpNet::V4(Ipv4Net::new(a, 32).expect("valid")),
+            kind: RouteKind::Via {
+                gateway: IpAddr::V4(v.peer_ipv4.addr()),
+                dev: v.host_name.clone(),
+                onlink: false,
+            },
+        });
+    }
+    if let Some(b) = cfg.public_ipv6_block() {
+        host.push(PlannedRoute {
+            table: MAIN_TABLE,
+            destination: IpNet::V6(b),
+            kind: RouteKind::Via {
+                gateway: IpAddr::V6(PEER_LINK_LOCAL),
+                dev: v.host_name.clone(),
+                onlink: false,
+            },
+        });
+        for table in [MAIN_TABLE, names::NS_INBOUND_TABLE] {
+            ns.push(PlannedRoute {
+                table,
+                destination: IpNet::V6(b),
+                kind: RouteKind::Dev {
+                    dev: tap.name.clone(),
+                },
+            });
+        }
+    }
+    ns.sort();
+    host.sort();
 }
 
 type RoutePlan = (
@@ -632,3 +775,6 @@ fn route_plan(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod public_tests;
