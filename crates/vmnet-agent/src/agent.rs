@@ -249,6 +249,8 @@ impl Agent {
             mtu: self.settings.mtu,
             nat: false,
             routes: cfg.network.routes.clone(),
+            public_ipv4: None,
+            public_ipv6: None,
         }
     }
 

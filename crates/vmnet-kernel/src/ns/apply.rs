@@ -14,13 +14,24 @@ use super::links::{configure_fixed, fixed_drift, link_fixes, repair_links};
 use super::nftcheck;
 use super::observe::{self, Desired, VmState};
 use super::routes::{self, KRoute, KRule};
-use super::{Change, NsError, Side, inns};
+use super::{Change, NsError, Side, inns, public};
 use crate::netns;
 
 /// Creates or converges one VM (see [`super::NsDriver::apply`]).
 pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
     check_prefix(d, plan)?;
     d.ensure_host().await?;
+    let mut changes = apply_links_routes_nft(d, plan).await?;
+    let (public, touched) = public::sync(d, plan)?;
+    changes.extend(public);
+    d.flush_conntrack(&touched).await;
+    Ok(changes)
+}
+
+async fn apply_links_routes_nft(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+) -> Result<Vec<Change>, NsError> {
     if !netns::exists(&plan.netns) {
         return create(d, plan).await;
     }
@@ -100,6 +111,11 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
         changes.push(Change::ReplaceNft {
             fingerprint: plan.nft_fingerprint.clone(),
             differences: st.nft_drift.clone(),
+        });
+    }
+    for what in public::drift(d, plan)? {
+        changes.push(Change::Repair {
+            what: format!("host: {what}"),
         });
     }
     Ok(changes)

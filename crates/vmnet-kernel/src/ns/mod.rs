@@ -64,6 +64,7 @@ mod inns;
 mod links;
 mod nftcheck;
 mod observe;
+mod public;
 mod routes;
 
 use std::fmt;

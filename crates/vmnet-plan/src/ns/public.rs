@@ -13,9 +13,9 @@
 //!     reaching another VM's public address is seen with its own);
 //!   - `dnat6` public /128 → the guest's mesh address, `snat6` mesh address → public /128 (the same
 //!     test on the original destination, outside `fdaa::/16`);
-//!   - `own6` netns transit address → public /128: which IPv6 mapping belongs to the VM, keyed
+//!   - `own6` netns transit address → mesh address: which IPv6 mapping belongs to the VM, keyed
 //!     by what derives from the user id alone, so a change or removal finds the VM's previous
-//!     elements with two lookups, never a listing.
+//!     elements with a few lookups, never a listing.
 //!
 //!   `snat4` is keyed by the transit address for the same reason.
 //! - A routed block is not translated: the host routes it to the VM's veth and the netns routes it
@@ -81,7 +81,7 @@ pub mod maps {
     pub const DNAT6: &str = "dnat6";
     /// Mesh address → public /128.
     pub const SNAT6: &str = "snat6";
-    /// Netns transit address → public /128 (ownership, for exact cleanup).
+    /// Netns transit address → mesh address (ownership, for exact cleanup).
     pub const OWN6: &str = "own6";
 }
 
@@ -120,7 +120,7 @@ impl PublicPlan {
         if let Some(a) = self.ipv6 {
             e.push((maps::DNAT6, a.to_string(), self.mesh.to_string()));
             e.push((maps::SNAT6, self.mesh.to_string(), a.to_string()));
-            e.push((maps::OWN6, t, a.to_string()));
+            e.push((maps::OWN6, t, self.mesh.to_string()));
         }
         e
     }

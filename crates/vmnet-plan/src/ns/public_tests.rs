@@ -31,7 +31,7 @@ fn public_ipv4_and_mapped_ipv6_are_elements_keyed_by_what_the_uid_derives() {
             (maps::SNAT4, s("10.200.0.30"), s("203.0.113.57")),
             (maps::DNAT6, s("2001:db8::57"), s("fdaa:1::7")),
             (maps::SNAT6, s("fdaa:1::7"), s("2001:db8::57")),
-            (maps::OWN6, s("10.200.0.30"), s("2001:db8::57")),
+            (maps::OWN6, s("10.200.0.30"), s("fdaa:1::7")),
         ]
     );
     assert!(
