@@ -11,10 +11,10 @@ use ns_support::{Env, T, v6};
 use vmnet_plan::ns::VmPlan;
 use vmnet_testkit::echo::EchoService;
 use vmnet_testkit::guest::GUEST_IF;
+use vmnet_testkit::guest::SimGuest;
 use vmnet_testkit::sandbox::{
     ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4, HOST_UPLINK_V6, INET_UPLINK_V4, INET_UPLINK_V6,
 };
-use vmnet_testkit::guest::SimGuest;
 use vmnet_testkit::{netns, traffic};
 
 const PORT: u16 = 7;

@@ -186,7 +186,21 @@ impl NetlinkNsDriver {
         if addrs.is_empty() {
             return;
         }
-        let _ = &self.host_ns;
+        let owned = addrs.to_vec();
+        match self
+            .host_ns
+            .run(move || crate::conntrack::flush_addresses(&owned))
+        {
+            Ok(Ok(n)) => {
+                tracing::debug!(addresses = ?addrs, deleted = n, "conntrack entries of changed public mappings deleted");
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(addresses = ?addrs, error = %e, "deleting conntrack entries failed");
+            }
+            Err(e) => {
+                tracing::warn!(addresses = ?addrs, error = %e, "deleting conntrack entries failed");
+            }
+        }
     }
 
     /// Every user id with an object of ours on the host.
