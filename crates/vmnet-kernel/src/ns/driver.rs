@@ -4,12 +4,18 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use futures::StreamExt;
 use rtnetlink::{Handle, IpVersion};
-use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_host};
+use std::net::IpAddr;
+
+use ipnet::Ipv6Net;
+use vmnet_plan::ns::public::proxy_addresses;
+use vmnet_plan::ns::{
+    HostPlan, NameKind, NsSettings, PublicNeighbors, VmPlan, parse_uid, plan_host,
+};
 
 use super::host::{self, HostNs};
 use super::nftcheck::ListingMemo;
 use super::routes;
-use super::{BoxFuture, Change, NsDriver, NsError, ObservedVm, apply};
+use super::{BoxFuture, Change, NsDriver, NsError, ObservedVm, apply, proxy};
 use crate::netns;
 
 /// The real namespace-mode driver for one host.
@@ -116,14 +122,21 @@ impl NetlinkNsDriver {
     pub(super) async fn remove_uid(&self, uid: u32) -> Result<Vec<Change>, NsError> {
         let mut errors = Vec::new();
         let mut found = false;
+        let host_veth = self.name(NameKind::HostVeth, uid);
         match super::public::remove(self, uid) {
             Ok(held) => {
                 found |= !held.is_empty();
+                let block = match self.uplink().await {
+                    Ok(Some(_)) => self.routed_block_of(&host_veth).await.unwrap_or(None),
+                    _ => None,
+                };
+                if let Err(e) = self.drop_proxies(&held, block, &[]).await {
+                    errors.push(e);
+                }
                 self.flush_conntrack(&held).await;
             }
             Err(e) => errors.push(e),
         }
-        let host_veth = self.name(NameKind::HostVeth, uid);
         let table = self.settings.host_table_base + uid;
         match routes::dump_rules(&self.host).await {
             Ok(rules) => {
@@ -178,6 +191,105 @@ impl NetlinkNsDriver {
             1 => Err(errors.remove(0)),
             _ => Err(NsError::Many(errors)),
         }
+    }
+
+    /// The uplink's name and index when proxy entries are managed (`--public-neighbors proxy`).
+    pub(super) async fn uplink(&self) -> Result<Option<(String, u32)>, NsError> {
+        let Some(u) = self
+            .settings
+            .uplink
+            .as_ref()
+            .filter(|_| self.settings.public_neighbors == PublicNeighbors::Proxy)
+        else {
+            return Ok(None);
+        };
+        match routes::link_by_name(&self.host, u).await? {
+            Some(l) => Ok(Some((u.clone(), l.index))),
+            None => Err(NsError::Missing(format!(
+                "{}: uplink {u} not found (--uplink)",
+                self.host_ns.label()
+            ))),
+        }
+    }
+
+    /// The routed public block of the VM whose host veth is `host_veth`, from its host routes.
+    async fn routed_block_of(&self, host_veth: &str) -> Result<Option<Ipv6Net>, NsError> {
+        let Some(l) = routes::link_by_name(&self.host, host_veth).await? else {
+            return Ok(None);
+        };
+        let rs = routes::dump_routes(
+            &self.host,
+            IpVersion::V6,
+            Some(vmnet_plan::ns::MAIN_TABLE),
+            Some(l.index),
+        )
+        .await?;
+        Ok(super::apply::routed_block(&rs.into_iter().collect()))
+    }
+
+    /// Deletes the proxy entries of `addrs` and of `block`, except those in `keep`.
+    async fn drop_proxies(
+        &self,
+        addrs: &[IpAddr],
+        block: Option<Ipv6Net>,
+        keep: &[IpAddr],
+    ) -> Result<Vec<Change>, NsError> {
+        let Some((uplink, index)) = self.uplink().await? else {
+            return Ok(Vec::new());
+        };
+        let mut stale: BTreeSet<IpAddr> = addrs.iter().copied().collect();
+        stale.extend(proxy_addresses(None, None, block));
+        let mut changes = Vec::new();
+        for a in stale.into_iter().filter(|a| !keep.contains(a)) {
+            if proxy::exists(&self.host, index, a).await? {
+                proxy::del(&self.host, index, &uplink, a).await?;
+                changes.push(Change::Repair {
+                    what: format!("host: delete proxy neighbour {a} dev {uplink}"),
+                });
+            }
+        }
+        Ok(changes)
+    }
+
+    /// Makes the VM's proxy entries on the uplink what `plan` wants: the planned ones added
+    /// when missing, those of `old` addresses (its previous public addresses and routed
+    /// `old_block`) deleted when no longer planned. Nothing without proxy mode.
+    pub(super) async fn sync_proxies(
+        &self,
+        plan: &VmPlan,
+        old: &[IpAddr],
+        old_block: Option<Ipv6Net>,
+    ) -> Result<Vec<Change>, NsError> {
+        let Some((uplink, index)) = self.uplink().await? else {
+            return Ok(Vec::new());
+        };
+        let want = planned_proxies(plan);
+        let mut changes = self.drop_proxies(old, old_block, &want).await?;
+        for a in want {
+            if !proxy::exists(&self.host, index, a).await? {
+                proxy::add(&self.host, index, &uplink, a).await?;
+                changes.push(Change::Repair {
+                    what: format!("host: add proxy neighbour {a} dev {uplink}"),
+                });
+            }
+        }
+        Ok(changes)
+    }
+
+    /// The planned proxy entries that are missing (drift).
+    pub(super) async fn proxy_drift(&self, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
+        let Some((uplink, index)) = self.uplink().await? else {
+            return Ok(Vec::new());
+        };
+        let mut changes = Vec::new();
+        for a in planned_proxies(plan) {
+            if !proxy::exists(&self.host, index, a).await? {
+                changes.push(Change::Repair {
+                    what: format!("host: add proxy neighbour {a} dev {uplink}"),
+                });
+            }
+        }
+        Ok(changes)
     }
 
     /// Deletes the host's conntrack entries of `addrs` (public addresses whose mapping changed).
@@ -310,6 +422,15 @@ impl NetlinkNsDriver {
         }
         Ok(orphans)
     }
+}
+
+/// The proxy entries `plan` wants.
+fn planned_proxies(plan: &VmPlan) -> Vec<IpAddr> {
+    plan.public
+        .as_ref()
+        .and_then(|p| p.proxy.as_ref())
+        .map(|(_, a)| a.clone())
+        .unwrap_or_default()
 }
 
 impl NsDriver for NetlinkNsDriver {

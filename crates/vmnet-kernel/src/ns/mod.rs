@@ -64,6 +64,7 @@ mod inns;
 mod links;
 mod nftcheck;
 mod observe;
+mod proxy;
 mod public;
 mod routes;
 

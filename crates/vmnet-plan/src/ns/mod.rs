@@ -455,7 +455,11 @@ pub fn plan_host(settings: &NsSettings) -> Option<HostPlan> {
             ("net/ipv6/conf/all/forwarding".into(), "1".into()),
         ];
         if let Some(u) = &proxy_uplink {
+            // NDP proxying on, and proxied answers sent at once (the default delays each by up
+            // to 0.8 s).
             sysctls.push((format!("net/ipv6/conf/{u}/proxy_ndp"), "1".into()));
+            sysctls.push((format!("net/ipv4/neigh/{u}/proxy_delay"), "0".into()));
+            sysctls.push((format!("net/ipv6/neigh/{u}/proxy_delay"), "0".into()));
         }
         HostPlan {
             sysctls,
