@@ -18,6 +18,7 @@ pub mod apply;
 pub mod client;
 pub mod hostspec;
 pub mod pool;
+pub mod public;
 pub mod reconcile;
 pub mod server;
 pub mod status;

@@ -54,6 +54,12 @@ impl PublicNeighbors {
     }
 }
 
+impl std::fmt::Display for PublicNeighbors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl std::str::FromStr for PublicNeighbors {
     type Err = String;
 
