@@ -408,6 +408,7 @@ mod tests {
                 seen: "snat".into(),
                 ok: true,
             }],
+            public_guests: Vec::new(),
         };
         let r = FleetReport {
             sandbox: "fq".into(),
