@@ -24,6 +24,7 @@
 //! time: the driver shares one host netlink socket, and concurrent route dumps on it overflow
 //! its receive buffer (`ENOBUFS`); the agent serializes its operations the same way.
 
+pub mod public;
 mod shell;
 
 use std::fmt::Write as _;
@@ -48,6 +49,10 @@ pub struct VmsBenchArgs {
     /// VM); default: as many as the netlink round.
     #[arg(long)]
     pub shell_max: Option<u32>,
+    /// Give every VM a public IPv4 (documentation ranges: the first 768 VMs) and a public IPv6
+    /// /128, and time removing and adding one VM's public mapping at each N.
+    #[arg(long)]
+    pub public: bool,
 }
 
 /// Latency statistics of one phase.
@@ -97,10 +102,16 @@ pub struct Row {
     pub rss_kib: Option<u64>,
     /// VmRSS before the first setup of this round, KiB (netlink only).
     pub rss_before_kib: Option<u64>,
+    /// With `--public`: one VM's public mapping added / removed (whole apply), latencies.
+    pub mapping: Option<(Vec<Duration>, Vec<Duration>)>,
 }
 
 fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, Error> {
-    let v = serde_json::json!({
+    vm_config_with(uid, false)
+}
+
+fn vm_config_with(uid: u32, public: bool) -> Result<vmnet_model::vm::VmConfig, Error> {
+    let mut v = serde_json::json!({
         "id": format!("bench-{uid}"),
         "user_id": uid,
         "tenant": 1,
@@ -110,6 +121,9 @@ fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, Error> {
             {"destination": "::/0", "via": "host"}
         ]}
     });
+    if public {
+        public::add_public(&mut v, uid);
+    }
     vmnet_model::vm::from_value(&v)
 }
 
@@ -164,7 +178,7 @@ pub async fn run(args: VmsBenchArgs) -> Result<(), Error> {
     eprintln!("bench sandbox {} (host netns {host})", sb.prefix());
     let mut rows = Vec::new();
     for &n in &counts {
-        rows.push(bench_netlink(&driver, &settings, n).await?);
+        rows.push(bench_netlink(&driver, &settings, n, args.public).await?);
         let shell_n = args.shell_max.map_or(n, |m| n.min(m));
         if shell_n > 0 {
             let host2 = host.clone();
@@ -190,11 +204,12 @@ async fn bench_netlink(
     driver: &Arc<NetlinkNsDriver>,
     settings: &NsSettings,
     n: u32,
+    public: bool,
 ) -> Result<Row, Error> {
     let rss_before = rss_kib();
     let mut setup = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
-        let p = &plan_vm(&vm_config(uid)?, settings)?;
+        let p = &plan_vm(&vm_config_with(uid, public)?, settings)?;
         let t = Instant::now();
         driver
             .apply(p)
@@ -203,6 +218,18 @@ async fn bench_netlink(
         setup.push(t.elapsed());
     }
     let rss = rss_kib();
+    let mapping = if public {
+        // The middle VM: neither the first nor the last made.
+        let uid = n.div_ceil(2);
+        Some(
+            public::bench_mapping(driver.as_ref(), settings, uid, |with| {
+                vm_config_with(uid, with)
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
     let wall = Instant::now();
     let mut teardown = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
@@ -221,6 +248,7 @@ async fn bench_netlink(
         teardown_wall: wall.elapsed(),
         rss_kib: rss,
         rss_before_kib: rss_before,
+        mapping,
     })
 }
 
@@ -249,6 +277,7 @@ fn bench_shell(plans: &[VmPlan], host: &str) -> Result<Row, Error> {
         teardown_wall: wall.elapsed(),
         rss_kib: None,
         rss_before_kib: None,
+        mapping: None,
     })
 }
 
@@ -302,6 +331,21 @@ pub fn render(rows: &[Row]) -> String {
         .iter()
         .filter(|r| r.method == "netlink")
         .max_by_key(|r| r.n);
+    for r in rows.iter().filter(|r| r.method == "netlink") {
+        if let Some((add, remove)) = &r.mapping {
+            let (a, d) = (stats(add), stats(remove));
+            let _ = writeln!(
+                out,
+                "one VM's public mapping at N={}: add median {} ms (p99 {}), remove median {} ms (p99 {}), {} each",
+                r.n,
+                ms(a.median),
+                ms(a.p99),
+                ms(d.median),
+                ms(d.p99),
+                add.len()
+            );
+        }
+    }
     if let Some(r) = netlink_max {
         let s = stats(&r.setup);
         let _ = writeln!(
