@@ -475,9 +475,18 @@ mod tests {
         let plans: Vec<VmPlan> = (1..=3)
             .map(|u| plan_vm(&vm_config(u).expect("cfg"), &settings).expect("plan"))
             .collect();
-        let row = bench_netlink(&driver, &settings, 3).await.expect("netlink");
+        let row = bench_netlink(&driver, &settings, 3, false)
+            .await
+            .expect("netlink");
         assert_eq!((row.setup.len(), row.teardown.len()), (3, 3));
         assert!(row.rss_kib.is_some_and(|k| k > 0));
+        assert!(row.mapping.is_none());
+        let public = bench_netlink(&driver, &settings, 3, true)
+            .await
+            .expect("netlink --public");
+        let (add, remove) = public.mapping.as_ref().expect("mapping timed");
+        assert_eq!((add.len(), remove.len()), (20, 20));
+        assert!(render(&[public]).contains("one VM's public mapping at N=3"));
         let host = sb.host();
         let row = tokio::task::spawn_blocking(move || bench_shell(&plans, &host))
             .await

@@ -60,9 +60,7 @@ fn rule_public_ipv4_needs_an_ipv4_route_via_host() {
         "vm vm-7: public_ipv4 203.0.113.57 needs an IPv4 route via host (e.g. 0.0.0.0/0 via host): its replies leave through the host uplink"
     );
     assert_eq!(
-        err(&format!(
-            r#"{{"id":"vm-7","user_id":7,"tenant":1,"public_ipv4":"203.0.113.57"}}"#
-        )),
+        err(r#"{"id":"vm-7","user_id":7,"tenant":1,"public_ipv4":"203.0.113.57"}"#),
         "vm vm-7: public_ipv4 203.0.113.57 needs an IPv4 route via host (e.g. 0.0.0.0/0 via host): its replies leave through the host uplink"
     );
 }

@@ -29,9 +29,14 @@
 //! - host-wide ([`HostPlan`]): IPv4/IPv6 forwarding and masquerade of the transit range leaving
 //!   the host (so the far end sees the host's uplink address).
 //!
-//! Later features slot in as more optional sections of [`VmPlan`] (public addresses: host DNAT/SNAT
-//! rules; throughput: tc on the host veth; firewall: more chains in the same netns table;
-//! metadata: a document; WireGuard: a host section).
+//! - public addresses ([`public`]): the host table `inet <prefix>_pub` (part of [`HostPlan`]) with
+//!   DNAT/SNAT maps, each VM's elements and proxy neighbour entries in [`VmPlan::public`], its
+//!   public /32 and routed block in the host and netns routes, and the netns DNAT of its transit
+//!   address to the guest in its table.
+//!
+//! Later features slot in as more optional sections of [`VmPlan`] (throughput: tc on the host
+//! veth; firewall: more chains in the same netns table; metadata: a document; WireGuard: a host
+//! section).
 //!
 //! # Limitations
 //! The guest's IPv6 gateway is the link-local `fe80::1` on the tap; the guest image must use it.
