@@ -33,6 +33,8 @@ pub struct NetlinkNsDriver {
     pub(super) nft_memo: ListingMemo,
     /// The uplinks found so far (see `host::ra_uplinks`).
     uplinks_seen: std::sync::Mutex<BTreeSet<String>>,
+    /// Public addresses whose conntrack entries are to be deleted, handed to a background task.
+    conntrack: tokio::sync::mpsc::UnboundedSender<Vec<IpAddr>>,
 }
 
 impl std::fmt::Debug for NetlinkNsDriver {
@@ -58,6 +60,7 @@ impl NetlinkNsDriver {
             .map_err(|e| NsError::Invalid(e.message))?;
         let host_ns = host_netns.map_or(HostNs::Current, HostNs::Named);
         let host = host_ns.netlink()?;
+        let worker_ns = host_ns.clone();
         Ok(Self {
             host_plan: plan_host(&settings),
             settings,
@@ -66,6 +69,7 @@ impl NetlinkNsDriver {
             host_ready: tokio::sync::Mutex::new(false),
             nft_memo: ListingMemo::default(),
             uplinks_seen: std::sync::Mutex::new(BTreeSet::new()),
+            conntrack: conntrack_worker(worker_ns),
         })
     }
 
@@ -292,26 +296,12 @@ impl NetlinkNsDriver {
         Ok(changes)
     }
 
-    /// Deletes the host's conntrack entries of `addrs` (public addresses whose mapping changed).
-    /// A failure is logged, not returned: the mapping itself is in place.
-    pub(super) async fn flush_conntrack(&self, addrs: &[std::net::IpAddr]) {
-        if addrs.is_empty() {
-            return;
-        }
-        let owned = addrs.to_vec();
-        match self
-            .host_ns
-            .run(move || crate::conntrack::flush_addresses(&owned))
-        {
-            Ok(Ok(n)) => {
-                tracing::debug!(addresses = ?addrs, deleted = n, "conntrack entries of changed public mappings deleted");
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(addresses = ?addrs, error = %e, "deleting conntrack entries failed");
-            }
-            Err(e) => {
-                tracing::warn!(addresses = ?addrs, error = %e, "deleting conntrack entries failed");
-            }
+    /// Has the host's conntrack entries of `addrs` (public addresses whose mapping changed)
+    /// deleted by the background task, right after the change.
+    pub(super) async fn flush_conntrack(&self, addrs: &[IpAddr]) {
+        if !addrs.is_empty() {
+            // The task lives as long as the driver; a send fails only while it shuts down.
+            let _ = self.conntrack.send(addrs.to_vec());
         }
     }
 
@@ -422,6 +412,45 @@ impl NetlinkNsDriver {
         }
         Ok(orphans)
     }
+}
+
+/// The background task deleting conntrack entries of public addresses. A dump of the conntrack
+/// table walks the kernel's whole hash table (262144 buckets here, several ms, whatever the
+/// number of VMs), so it runs beside the applies instead of inside each: the applies return as
+/// soon as the mapping is in place, and requests that arrive meanwhile share the next dump. A
+/// failure is logged: the mapping itself is in place.
+fn conntrack_worker(host_ns: HostNs) -> tokio::sync::mpsc::UnboundedSender<Vec<IpAddr>> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<IpAddr>>();
+    tokio::spawn(async move {
+        while let Some(mut addrs) = rx.recv().await {
+            while let Ok(more) = rx.try_recv() {
+                addrs.extend(more);
+            }
+            addrs.sort_unstable();
+            addrs.dedup();
+            let ns = host_ns.clone();
+            let list = addrs.clone();
+            let done = tokio::task::spawn_blocking(move || {
+                ns.run(move || crate::conntrack::flush_addresses(&list))
+            })
+            .await;
+            match done {
+                Ok(Ok(Ok(n))) => {
+                    tracing::debug!(addresses = ?addrs, deleted = n, "conntrack entries of changed public mappings deleted");
+                }
+                Ok(Ok(Err(e))) => {
+                    tracing::warn!(addresses = ?addrs, error = %e, "deleting conntrack entries failed");
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(addresses = ?addrs, error = %e, "deleting conntrack entries failed");
+                }
+                Err(e) => {
+                    tracing::warn!(addresses = ?addrs, error = %e, "the conntrack task panicked");
+                }
+            }
+        }
+    });
+    tx
 }
 
 /// The proxy entries `plan` wants.

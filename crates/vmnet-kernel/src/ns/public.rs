@@ -14,7 +14,8 @@ use vmnet_plan::ns::VmPlan;
 use vmnet_plan::ns::public::{PublicPlan, element_cmd, maps};
 
 use super::driver::NetlinkNsDriver;
-use super::{Change, NsError, inns};
+use super::inns::NftSession;
+use super::{Change, NsError};
 
 /// The elements of one VM found in the host table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -56,9 +57,9 @@ fn want(p: Option<&PublicPlan>) -> Have {
 
 /// Looks one element up (`get element`) in the calling thread's namespace: its value, `None`
 /// when the map has no such key (or the table does not exist).
-fn get(label: &str, table: &str, map: &str, key: &str) -> Result<Option<String>, NsError> {
+fn get(nft: &NftSession, table: &str, map: &str, key: &str) -> Result<Option<String>, NsError> {
     let cmd = format!("get element inet {table} {map} {{ {key} }}");
-    let Some(out) = inns::nft_text(label, &cmd)? else {
+    let Some(out) = nft.text(&cmd)? else {
         return Ok(None);
     };
     Ok(parse_value(&out, key))
@@ -82,21 +83,21 @@ fn parse_value(out: &str, key: &str) -> Option<String> {
 }
 
 /// Reads this VM's elements (calling thread in the host namespace).
-pub(super) fn read(label: &str, table: &str, transit: Ipv4Addr) -> Result<Have, NsError> {
+pub(super) fn read(nft: &NftSession, table: &str, transit: Ipv4Addr) -> Result<Have, NsError> {
     let t = transit.to_string();
     let mut h = Have {
-        ipv4: get(label, table, maps::SNAT4, &t)?.and_then(|v| v.parse().ok()),
-        mesh: get(label, table, maps::OWN6, &t)?.and_then(|v| v.parse().ok()),
+        ipv4: get(nft, table, maps::SNAT4, &t)?.and_then(|v| v.parse().ok()),
+        mesh: get(nft, table, maps::OWN6, &t)?.and_then(|v| v.parse().ok()),
         ..Have::default()
     };
     if let Some(a) = h.ipv4 {
-        h.dnat4_ours = get(label, table, maps::DNAT4, &a.to_string())?.as_deref() == Some(&t);
+        h.dnat4_ours = get(nft, table, maps::DNAT4, &a.to_string())?.as_deref() == Some(&t);
     }
     if let Some(m) = h.mesh {
         let m = m.to_string();
-        h.ipv6 = get(label, table, maps::SNAT6, &m)?.and_then(|v| v.parse().ok());
+        h.ipv6 = get(nft, table, maps::SNAT6, &m)?.and_then(|v| v.parse().ok());
         if let Some(a) = h.ipv6 {
-            h.dnat6_ours = get(label, table, maps::DNAT6, &a.to_string())?.as_deref() == Some(&m);
+            h.dnat6_ours = get(nft, table, maps::DNAT6, &a.to_string())?.as_deref() == Some(&m);
         }
     }
     Ok(h)
@@ -185,12 +186,13 @@ pub(super) fn sync(
     let label = d.host_ns.label().to_owned();
     let want = plan.public.as_ref();
     d.host_ns.run(|| {
-        let have = read(&label, &table, transit)?;
+        let nft = NftSession::here(&label)?;
+        let have = read(&nft, &table, transit)?;
         let Some(tx) = transaction(&table, transit, &have, want) else {
             return Ok((None, Vec::new()));
         };
         let what = differences(&have, want).join("; ");
-        inns::run_nft(&label, &tx)?;
+        nft.json(&tx)?;
         let mut touched = have.addresses();
         touched.extend(want.map(PublicPlan::addresses).unwrap_or_default());
         touched.sort();
@@ -211,7 +213,9 @@ pub(super) fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<String>, N
     };
     let transit = transit_of(d, plan.user_id);
     let label = d.host_ns.label().to_owned();
-    let have = d.host_ns.run(|| read(&label, &table, transit))??;
+    let have = d
+        .host_ns
+        .run(|| NftSession::here(&label).and_then(|nft| read(&nft, &table, transit)))??;
     Ok(differences(&have, plan.public.as_ref()))
 }
 
@@ -223,9 +227,10 @@ pub(super) fn remove(d: &NetlinkNsDriver, uid: u32) -> Result<Vec<IpAddr>, NsErr
     let transit = transit_of(d, uid);
     let label = d.host_ns.label().to_owned();
     d.host_ns.run(|| {
-        let have = read(&label, &table, transit)?;
+        let nft = NftSession::here(&label)?;
+        let have = read(&nft, &table, transit)?;
         if let Some(tx) = transaction(&table, transit, &have, None) {
-            inns::run_nft(&label, &tx)?;
+            nft.json(&tx)?;
         }
         Ok(have.addresses())
     })?
