@@ -2,7 +2,7 @@
 //! binary), with the message types of `netlink-packet-netfilter`.
 //!
 //! # Design
-//! [`flush_addresses`] dumps the conntrack table of each family involved in the calling
+//! [`flush_addresses`] dumps the conntrack table (every family, one dump) of the calling
 //! thread's network namespace and deletes, by their original tuple, exactly the entries whose
 //! original destination or reply destination is one of the addresses: inbound connections to a
 //! public address (DNAT: the original destination) and the VM's own outbound connections
@@ -10,9 +10,9 @@
 //! the dump and the delete (`ENOENT`) is not an error.
 //!
 //! # Limitations
-//! The dump is of the whole table of a family (the kernel's own filter only matches marks and
-//! zones in the kernels this runs on), so one flush costs time in the number of tracked
-//! connections, not in the number of VMs. It runs only when a public mapping changes.
+//! A dump walks the kernel's whole conntrack hash table, shared by every namespace (about 5 ms
+//! with 262144 buckets here), whatever the number of VMs or entries; the driver runs it in a
+//! background task and skips it while the namespace tracks no connection at all.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -201,38 +201,35 @@ fn walk(addrs: &[IpAddr], delete: bool) -> Result<usize, ConntrackError> {
         return Ok(0);
     }
     let mut conn = Conn::open()?;
-    let mut deleted = 0;
-    for (family, wanted) in [
-        (NetfilterProtoFamily::IPv4, set.iter().any(IpAddr::is_ipv4)),
-        (NetfilterProtoFamily::IPv6, set.iter().any(IpAddr::is_ipv6)),
-    ] {
-        if !wanted {
-            continue;
+    // One dump of every family (a dump walks the kernel's whole hash table, whatever the family
+    // asked for), then each match deleted in its own family.
+    let seq = conn.send(
+        NetfilterProtoFamily::Unspec,
+        ConntrackMessage::Get(Vec::new()),
+        NLM_F_REQUEST | NLM_F_DUMP,
+    )?;
+    let mut doomed = Vec::new();
+    conn.receive(seq, "dump", |attrs| {
+        if let Some(t) = matching(attrs, &set) {
+            doomed.push(t);
         }
+    })?;
+    if !delete {
+        return Ok(doomed.len());
+    }
+    let mut deleted = 0;
+    for t in doomed {
+        let family = match ip_pair(&t).0 {
+            Some(IpAddr::V6(_)) => NetfilterProtoFamily::IPv6,
+            _ => NetfilterProtoFamily::IPv4,
+        };
         let seq = conn.send(
             family,
-            ConntrackMessage::Get(Vec::new()),
-            NLM_F_REQUEST | NLM_F_DUMP,
+            ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(t)]),
+            NLM_F_REQUEST | NLM_F_ACK,
         )?;
-        let mut doomed = Vec::new();
-        conn.receive(seq, "dump", |attrs| {
-            if let Some(t) = matching(attrs, &set) {
-                doomed.push(t);
-            }
-        })?;
-        if !delete {
-            deleted += doomed.len();
-            continue;
-        }
-        for t in doomed {
-            let seq = conn.send(
-                family,
-                ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(t)]),
-                NLM_F_REQUEST | NLM_F_ACK,
-            )?;
-            if conn.receive(seq, "delete", |_| {})? == 0 {
-                deleted += 1;
-            }
+        if conn.receive(seq, "delete", |_| {})? == 0 {
+            deleted += 1;
         }
     }
     Ok(deleted)

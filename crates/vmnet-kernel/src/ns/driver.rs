@@ -431,7 +431,15 @@ fn conntrack_worker(host_ns: HostNs) -> tokio::sync::mpsc::UnboundedSender<Vec<I
             let ns = host_ns.clone();
             let list = addrs.clone();
             let done = tokio::task::spawn_blocking(move || {
-                ns.run(move || crate::conntrack::flush_addresses(&list))
+                ns.run(move || {
+                    // Nothing tracked in this namespace: nothing to delete, no table walk.
+                    let count =
+                        super::inns::read_sysctls(&["net/netfilter/nf_conntrack_count".to_owned()]);
+                    if count.first().and_then(Option::as_deref) == Some("0") {
+                        return Ok(0);
+                    }
+                    crate::conntrack::flush_addresses(&list)
+                })
             })
             .await;
             match done {
