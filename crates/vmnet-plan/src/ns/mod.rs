@@ -550,31 +550,15 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
         _ => (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
     };
     let public = match (&veth, cfg.mesh_ipv6) {
-        (Some(v), Some(mesh)) if cfg.public_ipv4.is_some() || cfg.public_ipv6.is_some() => {
-            public_routes(cfg, v, &tap, &mut ns_routes, &mut host_routes);
-            Some(PublicPlan {
-                table: names::pub_nft_table(p),
-                transit: v.peer_ipv4.addr(),
-                mesh,
-                ipv4: cfg.public_ipv4,
-                ipv6: cfg.public_ipv6_mapped(),
-                ipv6_block: cfg.public_ipv6_block(),
-                proxy: settings
-                    .uplink
-                    .clone()
-                    .filter(|_| settings.public_neighbors == PublicNeighbors::Proxy)
-                    .map(|u| {
-                        (
-                            u,
-                            public::proxy_addresses(
-                                cfg.public_ipv4,
-                                cfg.public_ipv6_mapped(),
-                                cfg.public_ipv6_block(),
-                            ),
-                        )
-                    }),
-            })
-        }
+        (Some(v), Some(mesh)) => public::plan(
+            cfg,
+            settings,
+            v,
+            &tap,
+            mesh,
+            &mut ns_routes,
+            &mut host_routes,
+        ),
         _ => None,
     };
     let table = names::vm_nft_table(p);
@@ -612,52 +596,6 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Error> {
         name_prefix: p.to_owned(),
         public,
     })
-}
-
-/// Adds the routes of the public addresses: on the host the public IPv4 `/32 via <netns transit>
-/// dev <host veth>` and the block `via fe80::2 dev <host veth>`; in the netns the block on-link
-/// on the tap, in main and in the inbound table (so traffic from the host reaches the guest's
-/// own address in the block by neighbour discovery).
-fn public_routes(
-    cfg: &VmConfig,
-    v: &VethPlan,
-    tap: &TapPlan,
-    ns: &mut Vec<PlannedRoute>,
-    host: &mut Vec<PlannedRoute>,
-) {
-    if let Some(a) = cfg.public_ipv4 {
-        host.push(PlannedRoute {
-            table: MAIN_TABLE,
-            destination: IpNet::V4(Ipv4Net::new(a, 32).expect("valid")),
-            kind: RouteKind::Via {
-                gateway: IpAddr::V4(v.peer_ipv4.addr()),
-                dev: v.host_name.clone(),
-                onlink: false,
-            },
-        });
-    }
-    if let Some(b) = cfg.public_ipv6_block() {
-        host.push(PlannedRoute {
-            table: MAIN_TABLE,
-            destination: IpNet::V6(b),
-            kind: RouteKind::Via {
-                gateway: IpAddr::V6(PEER_LINK_LOCAL),
-                dev: v.host_name.clone(),
-                onlink: false,
-            },
-        });
-        for table in [MAIN_TABLE, names::NS_INBOUND_TABLE] {
-            ns.push(PlannedRoute {
-                table,
-                destination: IpNet::V6(b),
-                kind: RouteKind::Dev {
-                    dev: tap.name.clone(),
-                },
-            });
-        }
-    }
-    ns.sort();
-    host.sort();
 }
 
 type RoutePlan = (

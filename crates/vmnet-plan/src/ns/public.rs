@@ -28,9 +28,100 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use vmnet_model::vm::VmConfig;
+
+use super::{
+    MAIN_TABLE, NsSettings, PEER_LINK_LOCAL, PlannedRoute, RouteKind, TapPlan, VethPlan, names,
+};
+
+/// The public part of a VM's plan (`None` without public fields); adds its routes to `ns` and
+/// `host` ([`public_routes`]).
+pub(super) fn plan(
+    cfg: &VmConfig,
+    settings: &NsSettings,
+    v: &VethPlan,
+    tap: &TapPlan,
+    mesh: Ipv6Addr,
+    ns: &mut Vec<PlannedRoute>,
+    host: &mut Vec<PlannedRoute>,
+) -> Option<PublicPlan> {
+    if cfg.public_ipv4.is_none() && cfg.public_ipv6.is_none() {
+        return None;
+    }
+    public_routes(cfg, v, tap, ns, host);
+    let p = settings.name_prefix.as_str();
+    Some(PublicPlan {
+        table: names::pub_nft_table(p),
+        transit: v.peer_ipv4.addr(),
+        mesh,
+        ipv4: cfg.public_ipv4,
+        ipv6: cfg.public_ipv6_mapped(),
+        ipv6_block: cfg.public_ipv6_block(),
+        proxy: settings
+            .uplink
+            .clone()
+            .filter(|_| settings.public_neighbors == PublicNeighbors::Proxy)
+            .map(|u| {
+                (
+                    u,
+                    proxy_addresses(
+                        cfg.public_ipv4,
+                        cfg.public_ipv6_mapped(),
+                        cfg.public_ipv6_block(),
+                    ),
+                )
+            }),
+    })
+}
+
+/// Adds the routes of the public addresses: on the host the public IPv4 `/32 via <netns transit>
+/// dev <host veth>` and the block `via fe80::2 dev <host veth>`; in the netns the block on-link
+/// on the tap, in main and in the inbound table (so traffic from the host reaches the guest's
+/// own address in the block by neighbour discovery).
+pub(super) fn public_routes(
+    cfg: &VmConfig,
+    v: &VethPlan,
+    tap: &TapPlan,
+    ns: &mut Vec<PlannedRoute>,
+    host: &mut Vec<PlannedRoute>,
+) {
+    if let Some(a) = cfg.public_ipv4 {
+        host.push(PlannedRoute {
+            table: MAIN_TABLE,
+            destination: IpNet::V4(Ipv4Net::new(a, 32).expect("valid")),
+            kind: RouteKind::Via {
+                gateway: IpAddr::V4(v.peer_ipv4.addr()),
+                dev: v.host_name.clone(),
+                onlink: false,
+            },
+        });
+    }
+    if let Some(b) = cfg.public_ipv6_block() {
+        host.push(PlannedRoute {
+            table: MAIN_TABLE,
+            destination: IpNet::V6(b),
+            kind: RouteKind::Via {
+                gateway: IpAddr::V6(PEER_LINK_LOCAL),
+                dev: v.host_name.clone(),
+                onlink: false,
+            },
+        });
+        for table in [MAIN_TABLE, names::NS_INBOUND_TABLE] {
+            ns.push(PlannedRoute {
+                table,
+                destination: IpNet::V6(b),
+                kind: RouteKind::Dev {
+                    dev: tap.name.clone(),
+                },
+            });
+        }
+    }
+    ns.sort();
+    host.sort();
+}
 
 /// How the upstream reaches public addresses (`vmnet serve --public-neighbors`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
