@@ -321,6 +321,16 @@ impl Agent {
             gateway_ipv4: p.gateway_ipv4.to_string(),
             guest_mac: p.guest_mac,
             mesh_ipv6: p.mesh_ipv6.map(|m| m.to_string()),
+            applied_public_ipv4: applied
+                .as_ref()
+                .and_then(|a| a.public_ipv4)
+                .map(|a| a.to_string()),
+            applied_public_ipv6: applied.as_ref().and_then(|a| {
+                a.public_ipv6_mapped()
+                    .map(|m| m.to_string())
+                    .or_else(|| a.public_ipv6_block().map(|b| b.to_string()))
+            }),
+            public_neighbors: self.settings.public_neighbors,
             applied_routes: applied.map(|a| a.network.routes).unwrap_or_default(),
             last_error: row.last_error.clone().or(plan_error),
             updated_at_unix_ms: row.updated_at,
@@ -353,6 +363,8 @@ impl Agent {
             mtu: self.settings.mtu,
             nat: false,
             routes: cfg.network.routes.clone(),
+            public_ipv4: None,
+            public_ipv6: None,
         }
     }
 
@@ -419,9 +431,12 @@ impl Agent {
         let _api = ApiChange::new(self);
         let _guard = self.kernel_lock.lock().await;
         let mesh = cfg.mesh_ipv6.map(|m| m.to_string());
-        // Reads only. The conflict check comes before the apply: applying a user id another VM
+        // Reads only. The conflict checks come before the apply: applying a user id another VM
         // holds would take over that VM's kernel objects.
-        let before = store_tx!(self.db, tx => vm_store::get_if_free(tx, &cfg.id, cfg.user_id, mesh.as_deref()).await)?;
+        let before = store_tx!(self.db, tx => async {
+            crate::public::check(tx, &cfg).await?;
+            vm_store::get_if_free(tx, &cfg.id, cfg.user_id, mesh.as_deref()).await
+        }.await)?;
         let prev_good = match &before {
             Some(b) => b
                 .applied

@@ -19,6 +19,7 @@ pub mod client;
 pub mod hostspec;
 pub mod mesh;
 pub mod pool;
+pub mod public;
 pub mod reconcile;
 pub mod server;
 pub mod status;

@@ -72,6 +72,17 @@ pub struct VmStatus {
     pub mesh_ipv6: Option<String>,
     /// The routes of the config that is applied now (empty when nothing is applied).
     pub applied_routes: Vec<vmnet_model::vm::Route>,
+    /// The public IPv4 of the config applied now; `null` when none is applied.
+    #[serde(default)]
+    pub applied_public_ipv4: Option<String>,
+    /// The public IPv6 (an address or a routed block) of the config applied now; `null` when
+    /// none is applied.
+    #[serde(default)]
+    pub applied_public_ipv6: Option<String>,
+    /// How the upstream reaches public addresses on this host: `routed` or `proxy`
+    /// (`--public-neighbors`).
+    #[serde(default)]
+    pub public_neighbors: vmnet_plan::ns::PublicNeighbors,
     /// The last apply error; `null` after a success.
     pub last_error: Option<String>,
     /// When the stored VM last changed, milliseconds since the Unix epoch.

@@ -221,6 +221,19 @@ pub async fn save(tx: &mut Tx, row: &VmRow) -> Result<(), IpamError> {
     Ok(())
 }
 
+/// The id and desired config of every other VM whose config may hold a public address (its
+/// JSON mentions `public_ipv`), for the caller's overlap check within the same transaction.
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn with_public(tx: &mut Tx, except_id: &str) -> Result<Vec<(String, String)>, IpamError> {
+    on_tx!(tx, c => sqlx::query_as("SELECT id, config FROM vm_configs WHERE id <> $1 AND config LIKE '%public_ipv%' ORDER BY id")
+        .bind(except_id)
+        .fetch_all(&mut **c)
+        .await)
+    .map_err(db_err)
+}
+
 /// Records the outcome of an apply: the config that is now applied (`None` when nothing of the
 /// VM is) and the error, if the apply failed.
 ///

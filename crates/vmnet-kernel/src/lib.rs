@@ -2,6 +2,8 @@
 //! taps, nftables), each able to observe the real state, diff it against a plan from
 //! `vmnet-plan` and apply the ordered changes. This crate never decides policy.
 
+/// Conntrack entries deleted over ctnetlink.
+pub mod conntrack;
 pub mod netns;
 pub mod ns;
 pub mod tap;

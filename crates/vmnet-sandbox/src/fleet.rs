@@ -10,7 +10,7 @@
 //!  │ uplink 192.0.2.(8i+2)/29      ├───────┤ up<i> 192.0.2.(8i+1)/29                  │
 //!  │        2001:db8:0:<i>::2/64   │       │       2001:db8:0:<i>::1/64               │
 //!  │ default via the fake internet │       │ lo 198.51.100.10, 2001:db8:100::10 (echo)│
-//!  │ forwarding on (v4, v6)        │       │ public block of host i:                  │
+//!  │ forwarding on (v4, v6)        │       │ forwarding on; public block of host i:   │
 //!  │                               │       │   203.0.113.(48+16i)/28, 2001:db8:<i>::/48│
 //!  │ priv 10.10.0.<i>/24           │       │   routed: via the host's uplink address  │
 //!  │      fd00:10::<i>/64          │       │   proxy:  on-link on up<i> (ARP/NDP)     │
@@ -228,6 +228,10 @@ impl Fleet {
             netns::create(ns)?;
             no_dad(ns)?;
         }
+        // The fake internet routes between the hosts' uplinks (a VM reaches another host's VM
+        // at its public address through it, as through any Internet path).
+        netns::sysctl(&inet, "net/ipv4/ip_forward", "1")?;
+        netns::sysctl(&inet, "net/ipv6/conf/all/forwarding", "1")?;
         netns::ip(
             &inet,
             &["addr", "add", &format!("{ECHO_V4}/32"), "dev", "lo"],

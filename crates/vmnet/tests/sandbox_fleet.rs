@@ -132,8 +132,9 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
             .find(|c| c["vm"] == vm && c["check"] == "ipv4 tcp echo")
             .map(|c| c["seen"].clone())
     };
-    assert_eq!(nat(&hosts[0], "web-1"), Some("from 192.0.2.10".into()));
-    assert_eq!(nat(&hosts[1], "web-2"), Some("from 192.0.2.18".into()));
+    // web-1 and web-2 have public addresses (host-1 routed, host-2 proxy): they leave from them.
+    assert_eq!(nat(&hosts[0], "web-1"), Some("from 203.0.113.70".into()));
+    assert_eq!(nat(&hosts[1], "web-2"), Some("from 203.0.113.85".into()));
     assert_eq!(nat(&hosts[2], "web-3"), Some("from 192.0.2.26".into()));
 
     // The checks across hosts: every one passed, and each host reached the internet and every
@@ -174,6 +175,15 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
         .collect();
     for w in &wg {
         assert_eq!(processes(w).len(), 1, "{w}");
+    }
+    // VM to VM through public addresses across hosts, each seen from the other's public address.
+    for (h, c) in [
+        ("host-1", "public web-1 -> web-2 ipv4"),
+        ("host-1", "public web-1 -> web-2 ipv6"),
+        ("host-2", "public web-2 -> web-1 ipv4"),
+        ("host-2", "public web-2 -> web-1 ipv6"),
+    ] {
+        assert!(has(h, c), "{h}: {c}");
     }
 
     // The sandbox stays up: echo, three agents, five relays; the PostgreSQL server; every

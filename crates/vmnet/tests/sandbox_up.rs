@@ -124,10 +124,28 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     let failed: Vec<&Value> = checks.iter().filter(|c| c["ok"] != true).collect();
     assert!(failed.is_empty(), "failed checks: {failed:#?}");
     for (vm, name, seen) in [
-        ("vm-gateway", "ipv4 tcp echo", "from 203.0.113.2"),
-        ("vm-gateway", "ipv4 udp echo", "from 203.0.113.2"),
+        // vm-gateway has public addresses: it leaves from them, and is reached at them.
+        ("vm-gateway", "ipv4 tcp echo", "from 203.0.113.57"),
+        ("vm-gateway", "ipv4 udp echo", "from 203.0.113.57"),
         ("vm-gateway", "ipv4 mss clamp", "syn mss 1340"),
-        ("vm-gateway", "ipv6 tcp echo", "from fdaa:1::7"),
+        ("vm-gateway", "ipv6 tcp echo", "from 2001:db8:0:1::57"),
+        (
+            "vm-gateway",
+            "public ipv4 tcp from internet",
+            "from 203.0.113.1",
+        ),
+        (
+            "vm-gateway",
+            "public ipv4 udp from internet",
+            "from 203.0.113.1",
+        ),
+        (
+            "vm-gateway",
+            "public ipv6 tcp from internet",
+            "from 2001:db8:0:1::1",
+        ),
+        ("vm-gateway", "own public ipv4", "from 203.0.113.57"),
+        ("vm-gateway", "own public ipv6", "from 2001:db8:0:1::57"),
         ("vm-gateway", "ipv6 mss clamp", "syn mss 1320"),
         ("vm-gateway", "nat rule", "snat"),
         ("vm-gateway", "veth mtu", "1380"),

@@ -26,6 +26,7 @@
 //! time: the driver shares one host netlink socket, and concurrent route dumps on it overflow
 //! its receive buffer (`ENOBUFS`); the agent serializes its operations the same way.
 
+pub mod public;
 mod shell;
 
 use std::fmt::Write as _;
@@ -50,6 +51,10 @@ pub struct VmsBenchArgs {
     /// VM); default: as many as the netlink round.
     #[arg(long)]
     pub shell_max: Option<u32>,
+    /// Give every VM a public IPv4 (documentation ranges: the first 768 VMs) and a public IPv6
+    /// /128, and time removing and adding one VM's public mapping at each N.
+    #[arg(long)]
+    pub public: bool,
 }
 
 /// Latency statistics of one phase.
@@ -104,6 +109,8 @@ pub struct Row {
     /// tc objects in the VM namespaces after the teardown (qdiscs, classes and filters of
     /// namespaces with our prefix; 0 when nothing leaked; netlink only).
     pub leftover_netns: Option<usize>,
+    /// With `--public`: one VM's public mapping added / removed (whole apply), latencies.
+    pub mapping: Option<(Vec<Duration>, Vec<Duration>)>,
 }
 
 /// The private and public limits of every bench VM, MiB/s.
@@ -112,25 +119,31 @@ pub const LIMITS: (u32, u32) = (100, 20);
 pub const CHANGED_PUBLIC: u32 = 25;
 
 fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
-    vm_config_with(uid, LIMITS.1)
+    vm_config_with(uid, LIMITS.1, false)
 }
 
+/// A bench VM's config with public limit `public_limit` (MiB/s) and, when `public`, public
+/// addresses.
 fn vm_config_with(
     uid: u32,
-    public: u32,
+    public_limit: u32,
+    public: bool,
 ) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
-    let v = serde_json::json!({
+    let mut v = serde_json::json!({
         "id": format!("bench-{uid}"),
         "user_id": uid,
         "tenant": 1,
         "mesh_ipv6": format!("fdaa:1::{uid:x}"),
         "private_network_throughput_mibps": LIMITS.0,
-        "public_network_throughput_mibps": public,
+        "public_network_throughput_mibps": public_limit,
         "network": {"routes": [
             {"destination": "0.0.0.0/0", "via": "host"},
             {"destination": "::/0", "via": "host"}
         ]}
     });
+    if public {
+        public::add_public(&mut v, uid);
+    }
     vmnet_model::vm::from_value(&v)
 }
 
@@ -185,7 +198,7 @@ pub async fn run(args: VmsBenchArgs) -> Result<(), Error> {
     eprintln!("bench sandbox {} (host netns {host})", sb.prefix());
     let mut rows = Vec::new();
     for &n in &counts {
-        rows.push(bench_netlink(&driver, &settings, n).await?);
+        rows.push(bench_netlink(&driver, &settings, n, args.public).await?);
         let shell_n = args.shell_max.map_or(n, |m| n.min(m));
         if shell_n > 0 {
             let host2 = host.clone();
@@ -211,11 +224,12 @@ async fn bench_netlink(
     driver: &Arc<NetlinkNsDriver>,
     settings: &NsSettings,
     n: u32,
+    public: bool,
 ) -> Result<Row, Error> {
     let rss_before = rss_kib();
     let mut setup = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
-        let p = &plan_vm(&vm_config(uid)?, settings)?;
+        let p = &plan_vm(&vm_config_with(uid, LIMITS.1, public)?, settings)?;
         let t = Instant::now();
         driver
             .apply(p)
@@ -226,7 +240,7 @@ async fn bench_netlink(
     let rss = rss_kib();
     let mut change = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
-        let p = &plan_vm(&vm_config_with(uid, CHANGED_PUBLIC)?, settings)?;
+        let p = &plan_vm(&vm_config_with(uid, CHANGED_PUBLIC, public)?, settings)?;
         let t = Instant::now();
         let changes = driver
             .apply_limits(p)
@@ -239,6 +253,18 @@ async fn bench_netlink(
             )));
         }
     }
+    let mapping = if public {
+        // The middle VM: neither the first nor the last made.
+        let uid = n.div_ceil(2);
+        Some(
+            public::bench_mapping(driver.as_ref(), settings, uid, |with| {
+                Ok(vm_config_with(uid, LIMITS.1, with)?)
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
     let wall = Instant::now();
     let mut teardown = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
@@ -268,6 +294,7 @@ async fn bench_netlink(
         rss_before_kib: rss_before,
         change,
         leftover_netns: Some(leftover),
+        mapping,
     })
 }
 
@@ -298,6 +325,7 @@ fn bench_shell(plans: &[VmPlan], host: &str) -> Result<Row, Error> {
         rss_before_kib: None,
         change: Vec::new(),
         leftover_netns: None,
+        mapping: None,
     })
 }
 
@@ -351,6 +379,21 @@ pub fn render(rows: &[Row]) -> String {
         .iter()
         .filter(|r| r.method == "netlink")
         .max_by_key(|r| r.n);
+    for r in rows.iter().filter(|r| r.method == "netlink") {
+        if let Some((add, remove)) = &r.mapping {
+            let (a, d) = (stats(add), stats(remove));
+            let _ = writeln!(
+                out,
+                "one VM's public mapping at N={}: add median {} ms (p99 {}), remove median {} ms (p99 {}), {} each",
+                r.n,
+                ms(a.median),
+                ms(a.p99),
+                ms(d.median),
+                ms(d.p99),
+                add.len()
+            );
+        }
+    }
     if let Some(r) = netlink_max {
         let s = stats(&r.setup);
         let _ = writeln!(
@@ -498,9 +541,18 @@ mod tests {
         let plans: Vec<VmPlan> = (1..=3)
             .map(|u| plan_vm(&vm_config(u).expect("cfg"), &settings).expect("plan"))
             .collect();
-        let row = bench_netlink(&driver, &settings, 3).await.expect("netlink");
+        let row = bench_netlink(&driver, &settings, 3, false)
+            .await
+            .expect("netlink");
         assert_eq!((row.setup.len(), row.teardown.len()), (3, 3));
         assert!(row.rss_kib.is_some_and(|k| k > 0));
+        assert!(row.mapping.is_none());
+        let public = bench_netlink(&driver, &settings, 3, true)
+            .await
+            .expect("netlink --public");
+        let (add, remove) = public.mapping.as_ref().expect("mapping timed");
+        assert_eq!((add.len(), remove.len()), (20, 20));
+        assert!(render(&[public]).contains("one VM's public mapping at N=3"));
         let host = sb.host();
         let row = tokio::task::spawn_blocking(move || bench_shell(&plans, &host))
             .await

@@ -14,15 +14,43 @@ use super::links::{configure_fixed, fixed_drift, link_fixes, repair_links};
 use super::nftcheck;
 use super::observe::{self, Desired, VmState};
 use super::routes::{self, KRoute, KRule};
-use super::{Change, NsError, Side, inns, tc};
+use super::{Change, NsError, Side, inns, public, tc};
 use crate::netns;
 
 /// Creates or converges one VM (see [`super::NsDriver::apply`]).
 pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
     check_prefix(d, plan)?;
     d.ensure_host().await?;
+    let (mut changes, old_block) = apply_links_routes_nft(d, plan).await?;
+    let (public, touched) = public::sync(d, plan)?;
+    changes.extend(public);
+    changes.extend(d.sync_proxies(plan, &touched, old_block).await?);
+    d.flush_conntrack(&touched).await;
+    Ok(changes)
+}
+
+/// The routed public block among observed host routes (`<block> via fe80::2 dev <host veth>`).
+pub(super) fn routed_block(host_routes: &BTreeSet<KRoute>) -> Option<ipnet::Ipv6Net> {
+    host_routes
+        .iter()
+        .find_map(|r| match (r.table, r.dst, &r.kind) {
+            (vmnet_plan::ns::MAIN_TABLE, ipnet::IpNet::V6(n), routes::KKind::Via { gw, .. })
+                if n.prefix_len() < 128 && *gw == IpAddr::V6(vmnet_plan::ns::PEER_LINK_LOCAL) =>
+            {
+                Some(n)
+            }
+            _ => None,
+        })
+}
+
+/// Links, fixed parts, routes, rules and the netns nft table; returns the changes and the
+/// routed public block the VM had before (for its proxy entries).
+async fn apply_links_routes_nft(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+) -> Result<(Vec<Change>, Option<ipnet::Ipv6Net>), NsError> {
     if !netns::exists(&plan.netns) {
-        return create(d, plan).await;
+        return Ok((create(d, plan).await?, None));
     }
     let ns = match netns::netlink_in(&plan.netns) {
         Ok(ns) => ns,
@@ -34,7 +62,7 @@ pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
                 what: format!("{}: unusable netns ({e})", plan.netns),
             }];
             changes.extend(create(d, plan).await?);
-            return Ok(changes);
+            return Ok((changes, None));
         }
     };
     let before = observe::observe_vm(plan, &ns, &d.host, &d.nft_memo).await?;
@@ -46,7 +74,7 @@ pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
         }
         return Err(e);
     }
-    Ok(changes)
+    Ok((changes, routed_block(&before.host_routes)))
 }
 
 /// Repairs the links in place (observing again when any was made or deleted: routes through a
@@ -103,6 +131,12 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
         });
     }
     changes.extend(tc::sync(&ns, plan, &st.ns_links, true).await?);
+    for what in public::drift(d, plan)? {
+        changes.push(Change::Repair {
+            what: format!("host: {what}"),
+        });
+    }
+    changes.extend(d.proxy_drift(plan).await?);
     Ok(changes)
 }
 

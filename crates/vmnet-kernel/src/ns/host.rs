@@ -162,8 +162,49 @@ pub(super) fn apply_host(
             &plan.nft_fingerprint,
             &plan.nft,
             &listing,
-        )
+        )?;
+        // Replacing the public table drops every VM's elements: only when its own rules or maps
+        // differ. Each VM's elements are then missing (drift) until its next apply re-adds them.
+        if !pub_drift(&label, plan, memo)?.is_empty() {
+            tracing::warn!(netns = %label, table = %plan.pub_table, "replacing the public address table; every VM's elements are added again on its next apply");
+            inns::run_nft(&label, &plan.pub_nft)?;
+            let listing = pub_listing(&label, plan)?;
+            memo.after_apply(&label, &pub_key(plan), PUB_FP, &plan.pub_nft, &listing)?;
+        }
+        Ok(())
     })?
+}
+
+/// The fingerprint the memo keeps the public table's listing under (its plan changes only with
+/// the transit range, which a driver never changes).
+const PUB_FP: &str = "pub";
+
+fn pub_key(plan: &HostPlan) -> String {
+    nftcheck::key("host", "inet", &plan.pub_table)
+}
+
+/// The listing of the public table without the maps' elements (they belong to the VMs, each
+/// compared by its own apply and drift report).
+fn pub_listing(label: &str, plan: &HostPlan) -> Result<serde_json::Value, NsError> {
+    let mut listing = nftcheck::or_empty(inns::list_table(label, "inet", &plan.pub_table)?);
+    if let Some(items) = listing["nftables"].as_array_mut() {
+        for i in items {
+            if let Some(m) = i.get_mut("map").and_then(serde_json::Value::as_object_mut) {
+                m.remove("elem");
+            }
+        }
+    }
+    Ok(listing)
+}
+
+/// How the public table's rules and maps differ from the plan (read in the calling thread's
+/// namespace).
+fn pub_drift(label: &str, plan: &HostPlan, memo: &ListingMemo) -> Result<Vec<String>, NsError> {
+    if plan.pub_table.is_empty() {
+        return Ok(Vec::new());
+    }
+    let listing = pub_listing(label, plan)?;
+    memo.drift(label, &pub_key(plan), PUB_FP, &plan.pub_nft, &listing)
 }
 
 /// What of the host-wide state is not as planned (`None` when all is): sysctls, uplinks that
@@ -207,6 +248,7 @@ pub(super) fn host_drift(
             &plan.nft,
             &listing,
         )?);
+        bad.extend(pub_drift(&label, plan, memo)?);
         Ok((!bad.is_empty()).then(|| HostDrift {
             what: format!("{label}: {}", bad.join("; ")),
             table_present,
@@ -214,9 +256,12 @@ pub(super) fn host_drift(
     })?
 }
 
-/// Removes the host masquerade table (sysctls are left as they are: other software may rely on
+/// Removes the host masquerade table and the public address table (sysctls are left as they are: other software may rely on
 /// forwarding).
-pub(super) fn remove_host(host: &HostNs, table: &str) -> Result<(), NsError> {
+pub(super) fn remove_host(host: &HostNs, plan: &HostPlan) -> Result<(), NsError> {
     let label = host.label().to_owned();
-    host.run(|| inns::nft_delete_table(&label, "ip", table))?
+    host.run(|| {
+        inns::nft_delete_table(&label, "ip", &plan.nft_table)?;
+        inns::nft_delete_table(&label, "inet", &plan.pub_table)
+    })?
 }

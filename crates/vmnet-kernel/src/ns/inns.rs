@@ -289,6 +289,96 @@ pub(super) fn list_table(
         .map_err(|e| bad(format!("unreadable nft output: {e}")))
 }
 
+/// One nft session in the calling thread's namespace: a libnftables context when the library
+/// is present (several commands, one context), else one `nft` process per command.
+pub(super) struct NftSession {
+    netns: String,
+    lib: Option<LibNft>,
+}
+
+impl NftSession {
+    /// A session in the calling thread's namespace (`netns` names it in errors).
+    pub(super) fn here(netns: &str) -> Result<Self, NsError> {
+        let lib = match LibNft::here() {
+            Ok(l) => Some(l),
+            Err(LibNftError::Load(_)) => None,
+            Err(e) => {
+                return Err(NsError::Nft {
+                    netns: netns.to_owned(),
+                    message: e.to_string(),
+                });
+            }
+        };
+        Ok(Self {
+            netns: netns.to_owned(),
+            lib,
+        })
+    }
+
+    /// Runs one command in nft syntax: its output, or `None` when nft refused it.
+    pub(super) fn text(&self, cmd: &str) -> Result<Option<String>, NsError> {
+        match &self.lib {
+            Some(nft) => match nft.run(cmd) {
+                Ok(out) => Ok(Some(out)),
+                Err(LibNftError::Refused { .. }) => Ok(None),
+                Err(e) => Err(NsError::Nft {
+                    netns: self.netns.clone(),
+                    message: e.to_string(),
+                }),
+            },
+            None => nft_text(&self.netns, cmd),
+        }
+    }
+
+    /// Runs one JSON transaction.
+    pub(super) fn json(&self, ruleset: &serde_json::Value) -> Result<(), NsError> {
+        match &self.lib {
+            Some(nft) => {
+                let body = serde_json::to_string(ruleset).expect("JSON values serialize");
+                nft.run(&body).map(drop).map_err(|e| NsError::Nft {
+                    netns: self.netns.clone(),
+                    message: e.to_string(),
+                })
+            }
+            None => run_nft(&self.netns, ruleset),
+        }
+    }
+}
+
+/// Runs one nft command in nft syntax (e.g. `get element …`) in the calling thread's
+/// namespace: its output, or `None` when nft refused it (no such element or table).
+pub(super) fn nft_text(netns: &str, cmd: &str) -> Result<Option<String>, NsError> {
+    match LibNft::here() {
+        Ok(nft) => match nft.run(cmd) {
+            Ok(out) => Ok(Some(out)),
+            Err(LibNftError::Refused { .. }) => Ok(None),
+            Err(e) => Err(NsError::Nft {
+                netns: netns.to_owned(),
+                message: e.to_string(),
+            }),
+        },
+        Err(LibNftError::Load(_)) => {
+            let args: Vec<&str> = cmd.split_whitespace().collect();
+            let out = Command::new("nft")
+                .args(&args)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| NsError::Nft {
+                    netns: netns.to_owned(),
+                    message: format!("cannot run nft: {e}"),
+                })?;
+            Ok(out
+                .status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned()))
+        }
+        Err(e) => Err(NsError::Nft {
+            netns: netns.to_owned(),
+            message: e.to_string(),
+        }),
+    }
+}
+
 /// Deletes table `family name` in the calling thread's namespace if it exists.
 pub(super) fn nft_delete_table(netns: &str, family: &str, table: &str) -> Result<(), NsError> {
     let t = serde_json::json!({"table": {"family": family, "name": table}});

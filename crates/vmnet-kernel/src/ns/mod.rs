@@ -29,6 +29,11 @@
 //!   rules in order, sets, elements; listing details normalized away); any difference replaces
 //!   the table in one transaction. The plan's fingerprint is still the comment of the first rule,
 //!   for people reading the ruleset.
+//! - Public addresses: after the links, routes and netns table, the VM's elements in the host
+//!   table `inet <prefix>_pub` are read by key and changed in one transaction (`public`), its
+//!   proxy neighbour entries on the uplink are added or deleted one at a time (`proxy`), and the
+//!   host's conntrack entries of every public address whose mapping changed are deleted over
+//!   ctnetlink ([`crate::conntrack`]). Removing a VM does the same for what it held.
 //! - A mesh-via route (`2000::/3 via fdaa:1::56`) is resolved when applied: the host's FIB entry
 //!   for the gateway's mesh address (only an entry inside `fdaa::/16`, never the default route)
 //!   gives next hop and device. Next to it sits an `unreachable` route of the same destination
@@ -76,6 +81,8 @@ mod inns;
 mod links;
 mod nftcheck;
 mod observe;
+mod proxy;
+mod public;
 mod routes;
 mod tc;
 

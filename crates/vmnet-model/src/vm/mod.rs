@@ -26,11 +26,13 @@
 //! - routes need `mesh_ipv6`: a VM without a mesh address has no veth pair, so nothing to route over.
 //! - `private_network_throughput_mibps`, `public_network_throughput_mibps`: whole MiB/s in
 //!   `0..=100000`, 0 (the default) unlimited; see [`limits`].
+//! - `public_ipv4`, `public_ipv6`: see [`public`] (global unicast, canonical, each needs a route
+//!   of its family via `host`).
 //! - Unknown fields are refused. Fields of later issues ([`FUTURE_FIELDS`]) are refused with
 //!   "… is not supported yet".
 //!
 //! # Limitations
-//! Public addresses, the firewall, WireGuard peers and metadata are not modelled
+//! The firewall, WireGuard peers and metadata are not modelled
 //! yet; they are refused, never accepted and ignored.
 
 use std::collections::BTreeSet;
@@ -45,6 +47,8 @@ use serde_json::Value;
 use crate::ValidationError;
 
 pub mod limits;
+
+pub mod public;
 
 /// The largest supported VM user id. Every derived name (4 hex digits) and every transit /30 (a
 /// /14 holds 2^16 of them) exists for `0..=MAX_USER_ID`.
@@ -68,8 +72,6 @@ pub const GUEST_LINK: IpNet = IpNet::V4(match Ipv4Net::new(Ipv4Addr::new(172, 16
 
 /// Fields of later issues, at the top level or under `network`, refused with "… is not supported yet".
 pub const FUTURE_FIELDS: &[&str] = &[
-    "public_ipv4",
-    "public_ipv6",
     "firewall",
     "metadata",
     "wireguard",
@@ -157,6 +159,17 @@ pub struct VmConfig {
     /// gets no veth pair.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mesh_ipv6: Option<Ipv6Addr>,
+    /// The public IPv4 address: the host DNATs it to the guest and SNATs the guest's outbound
+    /// connections to it (spec "Routes").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub public_ipv4: Option<Ipv4Addr>,
+    /// The public IPv6: a /128 (written as an address) the host maps to the mesh address, or a
+    /// shorter block routed into the VM.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "ser_public_ipv6"
+    )]
+    pub public_ipv6: Option<Ipv6Net>,
     /// Routes.
     pub network: VmNetwork,
     /// The private limit, MiB/s in both directions; 0 = unlimited ([`limits`]).
@@ -167,6 +180,14 @@ pub struct VmConfig {
     pub public_network_throughput_mibps: u32,
 }
 
+#[allow(clippy::ref_option)]
+fn ser_public_ipv6<S: Serializer>(v: &Option<Ipv6Net>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(n) => s.collect_str(&public::ipv6_text(n)),
+        None => s.serialize_none(),
+    }
+}
+
 impl VmConfig {
     /// Whether any IPv4 route uses `host` (then the namespace NATs IPv4 to the transit address).
     #[must_use]
@@ -175,6 +196,29 @@ impl VmConfig {
             .routes
             .iter()
             .any(|r| r.via == Via::Host && matches!(r.destination, IpNet::V4(_)))
+    }
+
+    /// Whether any IPv6 route uses `host`.
+    #[must_use]
+    pub fn ipv6_via_host(&self) -> bool {
+        self.network
+            .routes
+            .iter()
+            .any(|r| r.via == Via::Host && matches!(r.destination, IpNet::V6(_)))
+    }
+
+    /// The mapped public IPv6 address (`public_ipv6` given as an address, a /128).
+    #[must_use]
+    pub fn public_ipv6_mapped(&self) -> Option<Ipv6Addr> {
+        self.public_ipv6
+            .filter(|n| n.prefix_len() == 128)
+            .map(|n| n.addr())
+    }
+
+    /// The routed public IPv6 block (`public_ipv6` given as a prefix shorter than /128).
+    #[must_use]
+    pub fn public_ipv6_block(&self) -> Option<Ipv6Net> {
+        self.public_ipv6.filter(|n| n.prefix_len() < 128)
     }
 
     /// Checks every rule of the module docs against this value.
@@ -254,6 +298,31 @@ impl VmConfig {
                 }
             }
         }
+        self.validate_public()
+    }
+
+    fn validate_public(&self) -> Result<(), ValidationError> {
+        let vm = &self.id;
+        if let Some(a) = self.public_ipv4 {
+            if let Some(m) = public::ipv4_refusal(a) {
+                return Err(ValidationError::rule(format!("vm {vm}: public_ipv4 {m}")));
+            }
+            if !self.ipv4_via_host() {
+                return Err(ValidationError::rule(format!(
+                    "vm {vm}: public_ipv4 {a} needs an IPv4 route via host (e.g. 0.0.0.0/0 via host): its replies leave through the host uplink"
+                )));
+            }
+        }
+        if let Some(n) = self.public_ipv6 {
+            public::check_ipv6(n)
+                .map_err(|m| ValidationError::rule(format!("vm {vm}: public_ipv6 {m}")))?;
+            if !self.ipv6_via_host() {
+                return Err(ValidationError::rule(format!(
+                    "vm {vm}: public_ipv6 {} needs an IPv6 route via host (e.g. ::/0 via host): its replies leave through the host uplink",
+                    public::ipv6_text(&n)
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -325,6 +394,8 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
             "id" | "user_id"
                 | "tenant"
                 | "mesh_ipv6"
+                | "public_ipv4"
+                | "public_ipv6"
                 | "network"
                 | limits::PRIVATE_FIELD
                 | limits::PUBLIC_FIELD
@@ -367,6 +438,14 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
         Some(Value::String(s)) => Some(parse_mesh(s).map_err(|m| bad("mesh_ipv6", &m))?),
         Some(v) => return Err(bad("mesh_ipv6", &format!("must be a string, got {v}"))),
     };
+    let public_ipv4 = match top.get("public_ipv4") {
+        None => None,
+        Some(v) => public::parse_ipv4(v).map_err(|m| bad("public_ipv4", &m))?,
+    };
+    let public_ipv6 = match top.get("public_ipv6") {
+        None => None,
+        Some(v) => public::parse_ipv6(v).map_err(|m| bad("public_ipv6", &m))?,
+    };
     let routes = match top.get("network") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(net)) => parse_network(net, &bad)?,
@@ -379,6 +458,8 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
         user_id,
         tenant,
         mesh_ipv6,
+        public_ipv4,
+        public_ipv6,
         network: VmNetwork { routes },
         private_network_throughput_mibps,
         public_network_throughput_mibps,
@@ -502,3 +583,6 @@ pub fn is_ipv4(d: &IpNet) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod public_tests;

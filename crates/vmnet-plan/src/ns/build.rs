@@ -9,6 +9,7 @@ use vmnet_model::vm::{Via, VmConfig};
 
 use super::names::{self, NameKind, name};
 use super::nft;
+use super::public::{self, PublicNeighbors};
 use super::settings::NsSettings;
 use super::topology::*;
 use super::types::*;
@@ -19,14 +20,30 @@ pub fn plan_host(settings: &NsSettings) -> Option<HostPlan> {
     settings.manage_host.then(|| {
         let nft_table = names::host_nft_table(&settings.name_prefix);
         let (nft, nft_fingerprint) = nft::host_ruleset(&nft_table, settings.transit_ipv4);
+        let pub_table = names::pub_nft_table(&settings.name_prefix);
+        let proxy_uplink = settings
+            .uplink
+            .clone()
+            .filter(|_| settings.public_neighbors == PublicNeighbors::Proxy);
+        let mut sysctls = vec![
+            ("net/ipv4/ip_forward".into(), "1".into()),
+            ("net/ipv6/conf/all/forwarding".into(), "1".into()),
+        ];
+        if let Some(u) = &proxy_uplink {
+            // NDP proxying on, and proxied answers sent at once (the default delays each by up
+            // to 0.8 s).
+            sysctls.push((format!("net/ipv6/conf/{u}/proxy_ndp"), "1".into()));
+            sysctls.push((format!("net/ipv4/neigh/{u}/proxy_delay"), "0".into()));
+            sysctls.push((format!("net/ipv6/neigh/{u}/proxy_delay"), "0".into()));
+        }
         HostPlan {
-            sysctls: vec![
-                ("net/ipv4/ip_forward".into(), "1".into()),
-                ("net/ipv6/conf/all/forwarding".into(), "1".into()),
-            ],
+            sysctls,
             nft,
             nft_fingerprint,
             nft_table,
+            pub_nft: public::host_ruleset(&pub_table, settings.transit_ipv4),
+            pub_table,
+            proxy_uplink,
         }
     })
 }
@@ -87,12 +104,32 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         }
     });
     let nat = veth.is_some() && cfg.ipv4_via_host();
+    if let Some(a) = cfg.public_ipv4
+        && settings.transit_ipv4.contains(&a)
+    {
+        return Err(ValidationError::rule(format!(
+            "vm {}: public_ipv4 {a} lies in the transit range {}",
+            cfg.id, settings.transit_ipv4
+        )));
+    }
     let host_table = settings.host_table_base + uid;
-    let (ns_routes, ns_rules, host_routes, host_rules) = match (&veth, cfg.mesh_ipv6) {
+    let (mut ns_routes, ns_rules, mut host_routes, host_rules) = match (&veth, cfg.mesh_ipv6) {
         (Some(v), Some(mesh)) => {
             route_plan(cfg, v, &tap, mesh, host_table, settings.host_rule_priority)
         }
         _ => (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
+    };
+    let public = match (&veth, cfg.mesh_ipv6) {
+        (Some(v), Some(mesh)) => public::plan(
+            cfg,
+            settings,
+            v,
+            &tap,
+            mesh,
+            &mut ns_routes,
+            &mut host_routes,
+        ),
+        _ => None,
     };
     let table = names::vm_nft_table(p);
     let (nft, nft_fingerprint) = nft::vm_ruleset(
@@ -100,6 +137,9 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         settings.mtu,
         veth.as_ref()
             .filter(|_| nat)
+            .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
+        veth.as_ref()
+            .filter(|_| cfg.public_ipv4.is_some())
             .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
     );
     let limits = super::limits::plan_limits(
@@ -132,6 +172,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         host_table,
         name_prefix: p.to_owned(),
         limits,
+        public,
     })
 }
 

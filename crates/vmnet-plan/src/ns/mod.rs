@@ -29,9 +29,14 @@
 //! - host-wide ([`HostPlan`]): IPv4/IPv6 forwarding and masquerade of the transit range leaving
 //!   the host (so the far end sees the host's uplink address).
 //!
-//! Later features slot in as more optional sections of [`VmPlan`] (public addresses: host DNAT/SNAT
-//! rules; throughput: [`limits`]; firewall: more chains in the same netns table;
-//! metadata: a document; WireGuard: a host section).
+//! - public addresses ([`public`]): the host table `inet <prefix>_pub` (part of [`HostPlan`]) with
+//!   DNAT/SNAT maps, each VM's elements and proxy neighbour entries in [`VmPlan::public`], its
+//!   public /32 and routed block in the host and netns routes, and the netns DNAT of its transit
+//!   address to the guest in its table.
+//! - throughput limits ([`limits`]): HTB trees on the tap and the VM end of the veth.
+//!
+//! Later features slot in as more optional sections of [`VmPlan`] (firewall: more chains in the
+//! same netns table; metadata: a document).
 //!
 //! # Limitations
 //! The guest's IPv6 gateway is the link-local `fe80::1` on the tap; the guest image must use it.
@@ -40,6 +45,7 @@ mod build;
 pub mod limits;
 pub mod names;
 pub(crate) mod nft;
+pub mod public;
 mod settings;
 mod topology;
 mod types;
@@ -47,9 +53,13 @@ mod types;
 pub use build::{plan_host, plan_vm};
 pub use names::{NameKind, name, parse_uid};
 pub use nft::FINGERPRINT_PREFIX;
+pub use public::{PublicNeighbors, PublicPlan};
 pub use settings::NsSettings;
 pub use topology::*;
 pub use types::*;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod public_tests;

@@ -9,6 +9,7 @@
 //! | tap for the VMM | VM netns | `<prefix>t<uid:04x>` |
 //! | nftables table (inet) | VM netns | `<prefix>` |
 //! | nftables table (ip, host masquerade) | host | `<prefix>_host` |
+//! | nftables table (inet, public addresses) | host | `<prefix>_pub` |
 //! | policy routing table | host | `host_table_base + uid` |
 //! | policy routing rule | host | `iif <prefix>h<uid:04x> lookup <table>`, priority `host_rule_priority` |
 //! | inbound routing table | VM netns | [`NS_INBOUND_TABLE`], rule `iif <peer> lookup` it at [`NS_INBOUND_RULE_PRIORITY`] |
@@ -90,6 +91,12 @@ pub fn vm_nft_table(prefix: &str) -> String {
 #[must_use]
 pub fn host_nft_table(prefix: &str) -> String {
     format!("{prefix}_host")
+}
+
+/// The host nftables table (family `inet`) holding the public address maps: `<prefix>_pub`.
+#[must_use]
+pub fn pub_nft_table(prefix: &str) -> String {
+    format!("{prefix}_pub")
 }
 
 /// Checks a name prefix: 1..=[`MAX_PREFIX_LEN`] bytes, a lowercase letter then lowercase letters

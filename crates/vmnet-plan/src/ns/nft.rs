@@ -37,7 +37,15 @@ fn mss_rule(table: &str, nfproto: &str, mss: u32) -> Value {
 ///
 /// Returns the transaction and its fingerprint (also written as the comment of the first rule, so
 /// read-back compares one string).
-pub fn vm_ruleset(table: &str, mtu: u32, nat: Option<(&str, Ipv4Addr)>) -> (Value, String) {
+/// With `dnat` (`Some((peer veth, transit address))`, a VM with a public IPv4) also chain
+/// `prerouting` passing the transit address on to the guest
+/// ([`super::public::ns_dnat`]).
+pub fn vm_ruleset(
+    table: &str,
+    mtu: u32,
+    nat: Option<(&str, Ipv4Addr)>,
+    dnat: Option<(&str, Ipv4Addr)>,
+) -> (Value, String) {
     let mut cmds = replace_table("inet", table);
     cmds.push(
         json!({"add": {"chain": {"family": "inet", "table": table, "name": "mss",
@@ -56,6 +64,9 @@ pub fn vm_ruleset(table: &str, mtu: u32, nat: Option<(&str, Ipv4Addr)>) -> (Valu
                 "right": {"prefix": {"addr": "172.16.0.0", "len": 30}}}},
             {"snat": {"family": "ip", "addr": addr.to_string()}}
         ]}}}));
+    }
+    if let Some((peer, addr)) = dnat {
+        cmds.extend(super::public::ns_dnat(table, peer, addr, super::GUEST_IPV4));
     }
     let fp = fingerprint(&cmds);
     cmds[4]["add"]["rule"]["comment"] = Value::String(format!("{FINGERPRINT_PREFIX}{fp}"));

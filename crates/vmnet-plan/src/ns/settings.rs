@@ -32,6 +32,10 @@ pub struct NsSettings {
     /// Whether the driver enables forwarding and masquerades the transit range in the host
     /// netns ([`HostPlan`](super::HostPlan)). Default true.
     pub manage_host: bool,
+    /// The uplink interface (`--uplink`), where proxy ARP/NDP entries live. Default none.
+    pub uplink: Option<String>,
+    /// How the upstream reaches public addresses (`--public-neighbors`). Default routed.
+    pub public_neighbors: super::public::PublicNeighbors,
 }
 
 impl Default for NsSettings {
@@ -45,6 +49,8 @@ impl Default for NsSettings {
             host_table_base: 0x0100_0000,
             host_rule_priority: 10000,
             manage_host: true,
+            uplink: None,
+            public_neighbors: super::public::PublicNeighbors::Routed,
         }
     }
 }
@@ -85,6 +91,18 @@ impl NsSettings {
             return Err(ValidationError::rule(format!(
                 "settings: transit_ipv4 {} overlaps the guest network {guest_net}",
                 self.transit_ipv4
+            )));
+        }
+        if self.public_neighbors == super::public::PublicNeighbors::Proxy && self.uplink.is_none() {
+            return Err(ValidationError::rule(
+                "settings: public_neighbors proxy needs an uplink (--uplink IFACE) to answer ARP/NDP on",
+            ));
+        }
+        if let Some(u) = &self.uplink
+            && (u.is_empty() || u.len() > names::IFNAME_MAX || u.contains(['/', ' ']))
+        {
+            return Err(ValidationError::rule(format!(
+                "settings: uplink {u:?} is not an interface name (1..=15 bytes, no '/' or space)"
             )));
         }
         if !(1280..=9000).contains(&self.mtu) {

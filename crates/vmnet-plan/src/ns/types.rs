@@ -156,6 +156,9 @@ pub struct VmPlan {
     pub name_prefix: String,
     /// The throughput limits: HTB trees on the tap and the VM veth end ([`super::limits`]).
     pub limits: super::limits::LimitsPlan,
+    /// The VM's public addresses on the host (`None` without any).
+    #[serde(default)]
+    pub public: Option<super::public::PublicPlan>,
 }
 
 /// The fields the API reports for a VM (spec item 5: netns, veth names, transit /30, tap, guest
@@ -188,6 +191,12 @@ pub struct VmStatus {
     pub nat: bool,
     /// The routes (as applied when the apply succeeded).
     pub routes: Vec<Route>,
+    /// The public IPv4 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ipv4: Option<Ipv4Addr>,
+    /// The public IPv6: an address (mapped to the mesh address) or a routed block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ipv6: Option<String>,
 }
 
 impl VmPlan {
@@ -208,6 +217,12 @@ impl VmPlan {
             mtu: self.tap.mtu,
             nat: self.nat,
             routes: self.routes.clone(),
+            public_ipv4: self.public.as_ref().and_then(|p| p.ipv4),
+            public_ipv6: self.public.as_ref().and_then(|p| {
+                p.ipv6
+                    .map(|a| a.to_string())
+                    .or_else(|| p.ipv6_block.map(|b| b.to_string()))
+            }),
         }
     }
 }
@@ -223,4 +238,14 @@ pub struct HostPlan {
     pub nft_fingerprint: String,
     /// The name of that table.
     pub nft_table: String,
+    /// The transaction replacing table `inet <prefix>_pub` (public addresses, without any VM's
+    /// elements: see [`super::public::host_ruleset`]).
+    #[serde(default)]
+    pub pub_nft: serde_json::Value,
+    /// The name of that table.
+    #[serde(default)]
+    pub pub_table: String,
+    /// The uplink where proxy neighbour entries live, and `proxy_ndp` is turned on, in proxy mode.
+    #[serde(default)]
+    pub proxy_uplink: Option<String>,
 }

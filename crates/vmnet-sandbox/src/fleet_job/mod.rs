@@ -31,6 +31,7 @@
 
 pub mod checks;
 pub mod mesh;
+pub mod public;
 pub mod spec;
 
 use std::fmt::Write as _;
@@ -79,6 +80,9 @@ pub struct HostReport {
     pub vms: Vec<VmRow>,
     /// The guest checks of its VMs.
     pub checks: Vec<CheckResult>,
+    /// Its VMs with public addresses, for the checks across hosts.
+    #[serde(skip)]
+    pub public_guests: Vec<public::PublicGuest>,
 }
 
 /// What `up` prints with `--output json` for a fleet spec.
@@ -222,11 +226,15 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
         .iter()
         .map(|h| (h.name.clone(), h.net.clone()))
         .collect();
+    let public_guests: Vec<public::PublicGuest> = hosts
+        .iter()
+        .flat_map(|h| h.public_guests.iter().cloned())
+        .collect();
     let checks = tokio::task::spawn_blocking(move || {
-        checks::run(&inet, &pairs).map(|mut c| {
-            c.extend(mesh::checks(&pairs));
-            c
-        })
+        let mut c = checks::run(&inet, &pairs)?;
+        c.extend(public::run(&public_guests)?);
+        c.extend(mesh::checks(&pairs));
+        Ok::<_, crate::SandboxError>(c)
     })
     .await
     .map_err(|e| Error::internal(format!("checks: {e}")))?
@@ -257,7 +265,14 @@ async fn bring_up_host(
     let agent = AgentOptions::new(&net.ns, &net.prefix, &dir)
         .args(mesh::agent_args(&net))
         .database_url(url)
-        .log(paths.log(&role));
+        .log(paths.log(&role))
+        // Public addresses come from the host's block, reached as the fake internet treats it.
+        .args([
+            "--uplink",
+            crate::sandbox::HOST_UPLINK_IF,
+            "--public-neighbors",
+            net.public_neighbors.as_str(),
+        ]);
     let client = steps::start_agent(paths, st, &role, agent, timeout)
         .await
         .map_err(|e| Error::new(e.code, format!("host {}: {}", h.name, e.message)))?;
@@ -270,10 +285,23 @@ async fn bring_up_host(
     }
     let mut guests = Vec::new();
     let mut vms = Vec::new();
+    let mut public_guests = Vec::new();
     for vm in &h.vms {
         let v = steps::wait_applied(&client, &vm.id, timeout).await?;
         let host = (net.prefix.as_str(), net.ns.as_str(), net.uplink_v4);
-        let (guest, row) = steps::attach_guest(paths, st, host, &v, timeout)?;
+        let (mut guest, row) = steps::attach_guest(paths, st, host, &v, timeout)?;
+        guest.public =
+            crate::ns_job::public::public_check(&v.config, &st.inet_ns, net.inet_v4, net.inet_v6);
+        if let (Some(p), Some(mesh)) = (&guest.public, v.config.mesh_ipv6) {
+            public_guests.push(public::PublicGuest {
+                host: h.name.clone(),
+                vm: v.config.id.clone(),
+                guest_ns: guest.guest_ns.clone(),
+                mesh,
+                ipv4: p.ipv4,
+                ipv6: p.ipv6,
+            });
+        }
         guests.push(guest);
         vms.push(row);
     }
@@ -295,6 +323,7 @@ async fn bring_up_host(
         net,
         vms,
         checks,
+        public_guests,
     })
 }
 
@@ -410,6 +439,7 @@ mod tests {
                 seen: "snat".into(),
                 ok: true,
             }],
+            public_guests: Vec::new(),
         };
         let r = FleetReport {
             sandbox: "fq".into(),

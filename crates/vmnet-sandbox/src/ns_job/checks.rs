@@ -53,6 +53,8 @@ pub struct GuestInfo {
     pub uplink_v4: Ipv4Addr,
     /// Kernel object names for the state checks (`nat rule`, `veth mtu`); `None` skips them.
     pub kernel: Option<KernelNames>,
+    /// The public address checks ([`super::public`]); `None` without public addresses.
+    pub public: Option<super::public::PublicCheck>,
 }
 
 /// Where a VM's kernel objects are, for the checks that read kernel state.
@@ -94,6 +96,10 @@ pub enum Probe {
     NatRule,
     /// Reads the host veth's MTU; seen: the number.
     VethMtu,
+    /// TCP echo from the fake internet to `target`; seen: `from <ip>` or `no reach`.
+    InetTcp(SocketAddr),
+    /// UDP echo from the fake internet to `target`; seen: `from <ip>` or `no reach`.
+    InetUdp(SocketAddr),
 }
 
 /// One planned check.
@@ -170,8 +176,9 @@ pub fn plan_checks(vms: &[GuestInfo]) -> (Vec<CheckPlan>, Vec<(usize, Ipv6Addr)>
             .map(|r| &r.via)
             .filter(|_| connected);
         let reach4 = via4 == Some(&Via::Host);
+        let public = v.public.as_ref();
         let exp4 = if reach4 {
-            from(v.uplink_v4)
+            from(public.and_then(|p| p.ipv4).unwrap_or(v.uplink_v4))
         } else {
             NO_REACH.into()
         };
@@ -199,7 +206,8 @@ pub fn plan_checks(vms: &[GuestInfo]) -> (Vec<CheckPlan>, Vec<(usize, Ipv6Addr)>
             .filter(|_| connected);
         match (via6, v.mesh) {
             (Some(Via::Host), Some(mesh)) => {
-                add("ipv6 tcp echo".into(), from(mesh), Probe::Tcp(echo6));
+                let src = public.and_then(|p| p.ipv6).unwrap_or(mesh);
+                add("ipv6 tcp echo".into(), from(src), Probe::Tcp(echo6));
                 add(
                     "ipv6 mss clamp".into(),
                     "syn mss 1320".into(),
@@ -211,6 +219,9 @@ pub fn plan_checks(vms: &[GuestInfo]) -> (Vec<CheckPlan>, Vec<(usize, Ipv6Addr)>
             }
             (Some(Via::Mesh(_)), _) => {}
             _ => add("ipv6 tcp echo".into(), NO_REACH.into(), Probe::Tcp(echo6)),
+        }
+        for p in super::public::plan(i, v) {
+            add(p.name, p.expected, p.probe);
         }
         let Some(mesh) = v.mesh else { continue };
         for (j, w) in vms.iter().enumerate() {
@@ -335,6 +346,7 @@ pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, SandboxError> {
             )?;
             addrs.push(SocketAddr::new(IpAddr::V6(*addr), ECHO_PORT));
         }
+        addrs.extend(super::public::echo_addrs(v));
         addrs.dedup();
         services.push(if addrs.is_empty() {
             None
@@ -360,6 +372,14 @@ pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, SandboxError> {
                 seen_reply(r)
             }
             Probe::Udp(t) => seen_reply(traffic::try_udp_echo(&v.guest_ns, t, TIMEOUT)),
+            Probe::InetTcp(t) | Probe::InetUdp(t) => {
+                let ns = v.public.as_ref().map_or("", |p| p.inet_ns.as_str());
+                seen_reply(if matches!(p.probe, Probe::InetTcp(_)) {
+                    traffic::try_tcp_echo(ns, t, TIMEOUT)
+                } else {
+                    traffic::try_udp_echo(ns, t, TIMEOUT)
+                })
+            }
             Probe::Mss { target, advmss } => run_mss(&v.guest_ns, target, advmss),
             Probe::NatRule => v.kernel.as_ref().map_or_else(|| "-".into(), nat_rule),
             Probe::VethMtu => v.kernel.as_ref().map_or_else(|| "-".into(), veth_mtu),
@@ -431,6 +451,7 @@ mod tests {
                 veth_host: mesh.map(|_| format!("v-{id}")),
                 nft_table: "p".into(),
             }),
+            public: None,
         }
     }
 

@@ -34,6 +34,7 @@
 
 pub mod checks;
 pub mod limits;
+pub mod public;
 pub(crate) mod steps;
 
 use std::path::{Path, PathBuf};
@@ -163,7 +164,14 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         .socket(paths.socket())
         .state_dir(paths.agent_state())
         .default_database()
-        .log(paths.log("agent"));
+        .log(paths.log("agent"))
+        // The VMs' public addresses lie on the uplink's subnets: the host answers ARP/NDP.
+        .args([
+            "--uplink",
+            sandbox::HOST_UPLINK_IF,
+            "--public-neighbors",
+            "proxy",
+        ]);
     let client = steps::start_agent(paths, &mut st, "agent", agent, timeout).await?;
 
     let report = vmnet_agent::apply::apply_host_spec(&client, spec, false).await?;
@@ -179,7 +187,13 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
             host_ns.as_str(),
             sandbox::HOST_UPLINK_V4,
         );
-        let (guest, row) = steps::attach_guest(paths, &mut st, host, &v, timeout)?;
+        let (mut guest, row) = steps::attach_guest(paths, &mut st, host, &v, timeout)?;
+        guest.public = public::public_check(
+            &v.config,
+            &inet,
+            sandbox::INET_UPLINK_V4,
+            sandbox::INET_UPLINK_V6,
+        );
         guests.push(guest);
         rows.push(row);
     }

@@ -189,6 +189,7 @@ pub(crate) fn attach_guest(
             veth_host: v.status.veth_host.clone(),
             nft_table: prefix.to_owned(),
         }),
+        public: None,
     };
     Ok((info, vm_row(v, &guest_ns)))
 }

@@ -64,6 +64,15 @@ pub struct ServeArgs {
     /// Owner of each VM's tap, the VMM's user: `UID` or `UID:GID`. Default: root only.
     #[arg(long, value_parser = parse_owner)]
     pub tap_owner: Option<(u32, Option<u32>)>,
+    /// The uplink interface, where `--public-neighbors proxy` answers ARP/NDP for the VMs'
+    /// public addresses.
+    #[arg(long, value_name = "IFACE")]
+    pub uplink: Option<String>,
+    /// How the upstream reaches the VMs' public addresses: `routed` (the provider routes them to
+    /// this host) or `proxy` (they are on the uplink's subnet; the host answers ARP/NDP for each
+    /// on `--uplink`).
+    #[arg(long, default_value = "routed", value_parser = parse_public_neighbors)]
+    pub public_neighbors: vmnet_plan::ns::PublicNeighbors,
     /// Seconds between periodic reconcile passes (an API change applies its VM itself and does not trigger one).
     #[arg(long, default_value_t = DEFAULT_RECONCILE_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub reconcile_interval_secs: u64,
@@ -164,6 +173,10 @@ pub fn enter_netns(args: &ServeArgs) -> Result<(), Error> {
     }
 }
 
+fn parse_public_neighbors(s: &str) -> Result<vmnet_plan::ns::PublicNeighbors, String> {
+    s.parse()
+}
+
 impl ServeArgs {
     /// The namespace-mode settings these flags describe.
     ///
@@ -175,6 +188,8 @@ impl ServeArgs {
             transit_ipv4: self.transit_cidr,
             tap_owner_uid: self.tap_owner.map(|(u, _)| u),
             tap_owner_gid: self.tap_owner.and_then(|(_, g)| g),
+            uplink: self.uplink.clone(),
+            public_neighbors: self.public_neighbors,
             ..NsSettings::default()
         };
         s.validate()?;

@@ -123,7 +123,7 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
         };
     }
     let header = [
-        "VM", "USER", "STATE", "NETNS", "VETH", "TRANSIT", "MESH", "LIMITS", "ROUTES",
+        "VM", "USER", "STATE", "NETNS", "VETH", "TRANSIT", "MESH", "PUBLIC", "LIMITS", "ROUTES",
     ];
     let mut rows = Vec::new();
     for v in views {
@@ -143,6 +143,7 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
             dash(s.veth_host.as_ref()),
             dash(s.transit.as_ref()),
             dash(v.config.mesh_ipv6),
+            public_text(v),
             limits(&v.config),
             if routes.is_empty() {
                 "-".to_owned()
@@ -176,6 +177,13 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                 } else {
                     applied.join(", ")
                 }
+            );
+            println!(
+                "public:       {} (applied {} {}, reached {})",
+                public_text(v),
+                dash(s.applied_public_ipv4.as_ref()),
+                dash(s.applied_public_ipv6.as_ref()),
+                s.public_neighbors
             );
             for l in &s.limits {
                 println!(
@@ -213,6 +221,39 @@ fn limits(c: &vmnet_model::vm::VmConfig) -> String {
         }
     };
     format!("private {} / public {}", one(p), one(q))
+}
+
+/// The desired public addresses, each marked `*` while it is not applied yet.
+fn public_text(v: &VmView) -> String {
+    let s = &v.status;
+    let mut parts = Vec::new();
+    if let Some(a) = v.config.public_ipv4 {
+        let a = a.to_string();
+        let mark = if s.applied_public_ipv4.as_deref() == Some(a.as_str()) {
+            ""
+        } else {
+            "*"
+        };
+        parts.push(format!("{a}{mark}"));
+    }
+    if let Some(n) = v.config.public_ipv6 {
+        let n = if n.prefix_len() == 128 {
+            n.addr().to_string()
+        } else {
+            n.to_string()
+        };
+        let mark = if s.applied_public_ipv6.as_deref() == Some(n.as_str()) {
+            ""
+        } else {
+            "*"
+        };
+        parts.push(format!("{n}{mark}"));
+    }
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join(", ")
+    }
 }
 
 fn print_table(header: &[&str], rows: &[Vec<String>]) {

@@ -1,0 +1,257 @@
+//! Public addresses on the host ([`vmnet_plan::ns::public`]): each VM's elements in the host
+//! table `inet <prefix>_pub`, read back by key and changed in one small transaction.
+//!
+//! # Design
+//! A VM's elements are found by what derives from its user id alone (its netns transit
+//! address keys `snat4` and `own6`), so reading, changing and removing them costs a few
+//! lookups (`get element`) and one transaction whatever the number of VMs, and never touches
+//! another VM's elements: an element keyed by a public address is deleted only while it still
+//! points at this VM.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use vmnet_plan::ns::VmPlan;
+use vmnet_plan::ns::public::{PublicPlan, element_cmd, maps};
+
+use super::driver::NetlinkNsDriver;
+use super::inns::NftSession;
+use super::{Change, NsError};
+
+/// The elements of one VM found in the host table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Have {
+    /// `snat4[transit]`: the public IPv4.
+    pub ipv4: Option<Ipv4Addr>,
+    /// Whether `dnat4[ipv4]` points back at this VM's transit address.
+    pub dnat4_ours: bool,
+    /// `own6[transit]`: the mesh address the VM's IPv6 mapping uses.
+    pub mesh: Option<Ipv6Addr>,
+    /// `snat6[mesh]`: the mapped public IPv6.
+    pub ipv6: Option<Ipv6Addr>,
+    /// Whether `dnat6[ipv6]` points back at that mesh address.
+    pub dnat6_ours: bool,
+}
+
+impl Have {
+    /// The public addresses this VM holds on the host now.
+    pub(super) fn addresses(&self) -> Vec<IpAddr> {
+        let mut v: Vec<IpAddr> = self.ipv4.map(IpAddr::V4).into_iter().collect();
+        v.extend(self.ipv6.map(IpAddr::V6));
+        v
+    }
+}
+
+/// What `plan` wants, in the shape of [`Have`].
+fn want(p: Option<&PublicPlan>) -> Have {
+    let Some(p) = p else {
+        return Have::default();
+    };
+    Have {
+        ipv4: p.ipv4,
+        dnat4_ours: p.ipv4.is_some(),
+        mesh: p.ipv6.map(|_| p.mesh),
+        ipv6: p.ipv6,
+        dnat6_ours: p.ipv6.is_some(),
+    }
+}
+
+/// Looks one element up (`get element`) in the calling thread's namespace: its value, `None`
+/// when the map has no such key (or the table does not exist).
+fn get(nft: &NftSession, table: &str, map: &str, key: &str) -> Result<Option<String>, NsError> {
+    let cmd = format!("get element inet {table} {map} {{ {key} }}");
+    let Some(out) = nft.text(&cmd)? else {
+        return Ok(None);
+    };
+    Ok(parse_value(&out, key))
+}
+
+/// The value of `key` in the output of `get element` (nft syntax:
+/// `elements = { 10.200.0.6 : 203.0.113.5 }`).
+fn parse_value(out: &str, key: &str) -> Option<String> {
+    let start = out.find("elements = {")? + "elements = {".len();
+    let body = &out[start..];
+    let body = &body[..body.find('}')?];
+    body.split(',').find_map(|e| {
+        let (k, v) = e.split_once(':').map(|(k, v)| (k.trim(), v.trim()))?;
+        // IPv6 keys contain ':' too: split on " : ".
+        let (k, v) = match e.split_once(" : ") {
+            Some((k2, v2)) => (k2.trim(), v2.trim()),
+            None => (k, v),
+        };
+        (k == key).then(|| v.to_owned())
+    })
+}
+
+/// Reads this VM's elements (calling thread in the host namespace).
+pub(super) fn read(nft: &NftSession, table: &str, transit: Ipv4Addr) -> Result<Have, NsError> {
+    let t = transit.to_string();
+    let mut h = Have {
+        ipv4: get(nft, table, maps::SNAT4, &t)?.and_then(|v| v.parse().ok()),
+        mesh: get(nft, table, maps::OWN6, &t)?.and_then(|v| v.parse().ok()),
+        ..Have::default()
+    };
+    if let Some(a) = h.ipv4 {
+        h.dnat4_ours = get(nft, table, maps::DNAT4, &a.to_string())?.as_deref() == Some(&t);
+    }
+    if let Some(m) = h.mesh {
+        let m = m.to_string();
+        h.ipv6 = get(nft, table, maps::SNAT6, &m)?.and_then(|v| v.parse().ok());
+        if let Some(a) = h.ipv6 {
+            h.dnat6_ours = get(nft, table, maps::DNAT6, &a.to_string())?.as_deref() == Some(&m);
+        }
+    }
+    Ok(h)
+}
+
+/// The differences between `have` and what `plan` wants, one line each (empty: in sync).
+pub(super) fn differences(have: &Have, plan: Option<&PublicPlan>) -> Vec<String> {
+    let w = want(plan);
+    let mut d = Vec::new();
+    if (have.ipv4, have.dnat4_ours) != (w.ipv4, w.dnat4_ours) {
+        d.push(format!(
+            "public IPv4 elements: have {:?} (dnat4 ours: {}), want {:?}",
+            have.ipv4, have.dnat4_ours, w.ipv4
+        ));
+    }
+    if (have.mesh, have.ipv6, have.dnat6_ours) != (w.mesh, w.ipv6, w.dnat6_ours) {
+        d.push(format!(
+            "public IPv6 elements: have {:?} → {:?} (dnat6 ours: {}), want {:?} → {:?}",
+            have.ipv6, have.mesh, have.dnat6_ours, w.ipv6, w.mesh
+        ));
+    }
+    d
+}
+
+/// The transaction taking the VM from `have` to `plan` (`None` when in sync): its stale
+/// elements deleted (one keyed by a public address only while it points at this VM), then the
+/// planned ones added.
+pub(super) fn transaction(
+    table: &str,
+    transit: Ipv4Addr,
+    have: &Have,
+    plan: Option<&PublicPlan>,
+) -> Option<serde_json::Value> {
+    if differences(have, plan).is_empty() {
+        return None;
+    }
+    let t = transit.to_string();
+    let mut cmds = Vec::new();
+    let del = |map: &str, key: String| element_cmd("delete", table, map, &key, None);
+    if let Some(a) = have.ipv4 {
+        if have.dnat4_ours {
+            cmds.push(del(maps::DNAT4, a.to_string()));
+        }
+        cmds.push(del(maps::SNAT4, t.clone()));
+    }
+    if let Some(m) = have.mesh {
+        if let Some(a) = have.ipv6 {
+            if have.dnat6_ours {
+                cmds.push(del(maps::DNAT6, a.to_string()));
+            }
+            cmds.push(del(maps::SNAT6, m.to_string()));
+        }
+        cmds.push(del(maps::OWN6, t.clone()));
+    }
+    if let Some(p) = plan {
+        for (map, k, v) in p.elements() {
+            cmds.push(element_cmd("add", table, map, &k, Some(&v)));
+        }
+    }
+    Some(serde_json::json!({ "nftables": cmds }))
+}
+
+/// The netns transit address of `uid` (the key of its elements).
+fn transit_of(d: &NetlinkNsDriver, uid: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(d.settings.transit_of(uid).network()) + 2)
+}
+
+/// Whether the driver manages the host table of public addresses.
+fn table(d: &NetlinkNsDriver) -> Option<String> {
+    d.settings
+        .manage_host
+        .then(|| vmnet_plan::ns::names::pub_nft_table(&d.settings.name_prefix))
+}
+
+/// Makes the VM's elements in the host table what `plan` wants (none for a VM without public
+/// addresses). Returns the change made, if any, and the public addresses whose mapping changed
+/// (the old and the new ones), for the conntrack flush.
+pub(super) fn sync(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+) -> Result<(Option<Change>, Vec<IpAddr>), NsError> {
+    let Some(table) = table(d) else {
+        return Ok((None, Vec::new()));
+    };
+    let transit = transit_of(d, plan.user_id);
+    let label = d.host_ns.label().to_owned();
+    let want = plan.public.as_ref();
+    d.host_ns.run(|| {
+        let nft = NftSession::here(&label)?;
+        let have = read(&nft, &table, transit)?;
+        let Some(tx) = transaction(&table, transit, &have, want) else {
+            return Ok((None, Vec::new()));
+        };
+        let what = differences(&have, want).join("; ");
+        nft.json(&tx)?;
+        let mut touched = have.addresses();
+        touched.extend(want.map(PublicPlan::addresses).unwrap_or_default());
+        touched.sort();
+        touched.dedup();
+        Ok((
+            Some(Change::Repair {
+                what: format!("host: {what}"),
+            }),
+            touched,
+        ))
+    })?
+}
+
+/// The differences between the VM's elements and `plan` (drift), one line each.
+pub(super) fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<String>, NsError> {
+    let Some(table) = table(d) else {
+        return Ok(Vec::new());
+    };
+    let transit = transit_of(d, plan.user_id);
+    let label = d.host_ns.label().to_owned();
+    let have = d
+        .host_ns
+        .run(|| NftSession::here(&label).and_then(|nft| read(&nft, &table, transit)))??;
+    Ok(differences(&have, plan.public.as_ref()))
+}
+
+/// Deletes every element of user id `uid`; returns the public addresses it held.
+pub(super) fn remove(d: &NetlinkNsDriver, uid: u32) -> Result<Vec<IpAddr>, NsError> {
+    let Some(table) = table(d) else {
+        return Ok(Vec::new());
+    };
+    let transit = transit_of(d, uid);
+    let label = d.host_ns.label().to_owned();
+    d.host_ns.run(|| {
+        let nft = NftSession::here(&label)?;
+        let have = read(&nft, &table, transit)?;
+        if let Some(tx) = transaction(&table, transit, &have, None) {
+            nft.json(&tx)?;
+        }
+        Ok(have.addresses())
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn get_output_is_read_for_both_families() {
+        let v4 = "table inet vmn_pub {\n\tmap snat4 {\n\t\ttype ipv4_addr : ipv4_addr\n\t\telements = { 10.200.0.6 : 203.0.113.5 }\n\t}\n}\n";
+        assert_eq!(
+            parse_value(v4, "10.200.0.6").as_deref(),
+            Some("203.0.113.5")
+        );
+        assert_eq!(parse_value(v4, "10.200.0.7"), None);
+        let v6 = "table inet vmn_pub {\n\tmap dnat6 {\n\t\ttype ipv6_addr : ipv6_addr\n\t\telements = { 2001:db8::57 : fdaa:1::7 }\n\t}\n}\n";
+        assert_eq!(
+            parse_value(v6, "2001:db8::57").as_deref(),
+            Some("fdaa:1::7")
+        );
+    }
+}
