@@ -328,6 +328,22 @@ impl Db {
             {
                 create_dir(dir)?;
             }
+            // Two processes opening a fresh database at once would both find the migrations
+            // missing (SQLite has no migration lock): the second failed on "table pools already
+            // exists". A lock file beside the database makes them take turns. It is not the
+            // database file itself: closing any descriptor of that file would drop the POSIX
+            // locks SQLite holds on it in this process.
+            let file = opts.get_filename().to_path_buf();
+            let migrate_lock = if file.as_os_str().is_empty() || file == Path::new(":memory:") {
+                None
+            } else {
+                // Off the runtime's threads: the wait may be for a task of this very process.
+                let locked = tokio::task::spawn_blocking(move || lock_beside(&file)).await;
+                Some(locked.map_err(|e| IpamError::Io {
+                    what: "waiting for the migration lock".into(),
+                    source: std::io::Error::other(e),
+                })??)
+            };
             let opts = opts
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
@@ -346,6 +362,7 @@ impl Db {
                 .run(&pool)
                 .await
                 .map_err(IpamError::Migrate)?;
+            drop(migrate_lock);
             Ok(Db::Sqlite(SqliteStore { pool }))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let opts = PgConnectOptions::from_str(url).map_err(|e| IpamError::Url {
@@ -377,6 +394,26 @@ impl Db {
             Db::Postgres(s) => s.pool.close().await,
         }
     }
+}
+
+/// Takes an exclusive lock on `<db>.migrate-lock` (made if missing), waiting for another
+/// process that holds it; released when the returned file is dropped.
+fn lock_beside(db: &Path) -> Result<std::fs::File, IpamError> {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".migrate-lock");
+    let path = std::path::PathBuf::from(name);
+    let io = |source| IpamError::Io {
+        what: format!("cannot lock {}", path.display()),
+        source,
+    };
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io)?;
+    f.lock().map_err(io)?;
+    Ok(f)
 }
 
 fn create_dir(dir: &Path) -> Result<(), IpamError> {
