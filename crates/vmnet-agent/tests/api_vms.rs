@@ -95,8 +95,8 @@ async fn every_validation_rule_is_400_naming_the_field() {
         ),
         (
             "future field",
-            with(&|v| v["public_network_throughput_mibps"] = json!(5)),
-            vec!["public_network_throughput_mibps", "not supported yet"],
+            with(&|v| v["firewall"] = json!({"enabled": true})),
+            vec!["firewall", "not supported yet"],
         ),
         (
             "future field under network",
