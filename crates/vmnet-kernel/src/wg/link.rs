@@ -73,7 +73,9 @@ pub async fn by_name(h: &Handle, name: &str) -> Result<Option<Link>, WgError> {
 }
 
 /// Sets `link`'s MTU to `mtu` and brings it up, when it differs; adds `address`/128 (no
-/// duplicate address detection) when given and missing.
+/// duplicate address detection) when given and missing, and deletes any other /128 of the mesh
+/// range `fdaa::/16` on the link (the host's previous mesh address, after a changed
+/// `--mesh-address`).
 ///
 /// # Errors
 /// `Netlink` on a failed request.
@@ -105,6 +107,20 @@ pub async fn prepare(
                     .iter()
                     .any(|x| matches!(x, AddressAttribute::Address(IpAddr::V6(v)) if *v == a))
         });
+        for m in &have {
+            let stale = m.header.prefix_len == 128
+                && m.attributes.iter().any(|x| {
+                    matches!(x, AddressAttribute::Address(IpAddr::V6(v))
+                        if *v != a && v.segments()[0] == 0xfdaa)
+                });
+            if stale {
+                h.address()
+                    .del(m.clone())
+                    .execute()
+                    .await
+                    .map_err(nl(format!("delete an old mesh address on #{}", link.index)))?;
+            }
+        }
         if !present {
             let mut req = h.address().add(link.index, IpAddr::V6(a), 128).replace();
             let m = req.message_mut();
