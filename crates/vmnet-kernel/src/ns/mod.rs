@@ -83,6 +83,7 @@ mod nftcheck;
 mod observe;
 mod proxy;
 mod public;
+mod public_driver;
 mod routes;
 mod tc;
 
