@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use vmnet_agent::api::error::from_firewall;
 use vmnet_kernel::pool::firewall::{NftExec, PoolFirewall};
 use vmnet_kernel::pool::libnft::LibNft;
 use vmnet_model::Error;
@@ -240,7 +241,7 @@ fn bench_one(k: usize, reps: usize, stop: &AtomicBool) -> Result<NftBenchRow, Er
     };
     let fw = plan(&node, &host)?;
     let full = render_full(&fw).to_string();
-    let fail = |e: vmnet_kernel::pool::firewall::FirewallError| e.to_error();
+    let fail = |e: vmnet_kernel::pool::firewall::FirewallError| from_firewall(&e);
 
     let t = Instant::now();
     nft.apply(&full).map_err(fail)?;

@@ -6,6 +6,7 @@ mod pool_support;
 
 use pool_support::{Lab, ping_ok, range};
 use vmnet_kernel::tap::TapOwner;
+use vmnet_model::error::chain;
 use vmnet_model::nic::{IfName, NetworkPolicy};
 use vmnet_plan::pool::nic::instance_spec;
 use vmnet_testkit::netns as tk;
@@ -75,7 +76,7 @@ async fn a_tap_that_cannot_be_attached_fails_the_instance() {
     .unwrap();
     let e = lab.pool.start_instance(&inst).await.unwrap_err();
     assert!(
-        e.message.contains("instance inst-x") && e.message.contains("br9"),
+        chain(&e).contains("instance inst-x") && chain(&e).contains("br9"),
         "{e}"
     );
     let tap = inst.tap_names().unwrap()[0].to_string();
@@ -97,7 +98,7 @@ async fn a_tap_that_cannot_be_attached_fails_the_instance() {
     .unwrap();
     let e = lab.pool.start_instance(&inst).await.unwrap_err();
     assert!(
-        e.message.contains("instance inst-y") && e.message.contains("is not a bridge"),
+        chain(&e).contains("instance inst-y") && chain(&e).contains("is not a bridge"),
         "{e}"
     );
     let tap = inst.tap_names().unwrap()[0].to_string();
@@ -136,12 +137,12 @@ async fn a_failed_start_never_removes_a_tap_that_existed_before() {
     let mut wrong = lab.guests[a].inst.clone();
     wrong.nics[0].network = Some(vmnet_testkit::sandbox::HOST_UPLINK_IF.parse().unwrap());
     let e = lab.pool.start_instance(&wrong).await.unwrap_err();
-    assert!(e.message.contains("instance inst-a"), "{e}");
+    assert!(chain(&e).contains("instance inst-a"), "{e}");
     intact(&lab, "elements held before");
     // The same with no elements held before the attempt (loaded by nobody yet).
     lab.pool.firewall.remove_instance("inst-a").unwrap();
     let e = lab.pool.start_instance(&wrong).await.unwrap_err();
-    assert!(e.message.contains("is not a bridge"), "{e}");
+    assert!(chain(&e).contains("is not a bridge"), "{e}");
     intact(&lab, "nothing held before");
     assert!(lab.pool.firewall.audit().unwrap().drift.is_empty());
 
@@ -164,7 +165,7 @@ async fn a_failed_start_never_removes_a_tap_that_existed_before() {
     second.nameservers.clear();
     two.nics.push(second);
     let e = lab.pool.start_instance(&two).await.unwrap_err();
-    assert!(e.message.contains("br9"), "{e}");
+    assert!(chain(&e).contains("br9"), "{e}");
     for tap in two.tap_names().unwrap() {
         assert!(
             !lab.link_exists(tap.as_str()),

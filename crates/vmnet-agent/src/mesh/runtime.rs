@@ -46,6 +46,7 @@ use super::keys;
 use super::plan::{MeshPlan, RecordPeer, SeenPeer, plan, record_diff};
 use super::view::{MeshView, PeerView, SyncOutcome};
 use crate::agent::store_tx;
+use crate::api::error::from_wg;
 use crate::status::now_ms;
 
 /// The default listen port.
@@ -237,7 +238,9 @@ impl Mesh {
     /// Makes sure the device runs; returns the link, whether it was (re)started, and the pid of
     /// the instance. Call under the lock.
     async fn ensure_device(&self) -> Result<(Link, bool, u32), Error> {
-        let found = link::by_name(&self.nl, &self.s.ifname).await?;
+        let found = link::by_name(&self.nl, &self.s.ifname)
+            .await
+            .map_err(from_wg)?;
         let pid = self.daemon.pid();
         let (found, started, pid) = match (found, pid) {
             (Some(l), Some(p)) => (l, false, p),
@@ -248,11 +251,12 @@ impl Mesh {
                     self.daemon.stop();
                 }
                 let d = &self.daemon;
-                let pid = tokio::task::block_in_place(|| d.start())?;
+                let pid = tokio::task::block_in_place(|| d.start()).map_err(from_wg)?;
                 self.starts.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(interface = %self.s.ifname, pid, "wireguard-go started");
                 let l = link::by_name(&self.nl, &self.s.ifname)
-                    .await?
+                    .await
+                    .map_err(from_wg)?
                     .ok_or_else(|| {
                         Error::unavailable(format!(
                             "wireguard-go runs but link {} does not exist",
@@ -268,14 +272,15 @@ impl Mesh {
     /// Reads the device; sets our key and port when they differ (a fresh device).
     fn device(&self) -> Result<UapiDevice, Error> {
         let u = self.daemon.uapi();
-        let dev = u.get()?;
+        let dev = u.get().map_err(from_wg)?;
         if !dev.has_private_key || dev.listen_port != self.s.listen_port {
             u.set(&set_text(
                 Some(&self.private.0),
                 Some(self.s.listen_port),
                 &[],
-            ))?;
-            return Ok(u.get()?);
+            ))
+            .map_err(from_wg)?;
+            return u.get().map_err(from_wg);
         }
         Ok(dev)
     }
@@ -294,25 +299,30 @@ impl Mesh {
             keepalive: KEEPALIVE_SECS,
         }));
         if !changes.is_empty() {
-            self.daemon.uapi().set(&set_text(None, None, &changes))?;
+            self.daemon
+                .uapi()
+                .set(&set_text(None, None, &changes))
+                .map_err(from_wg)?;
         }
         // Pipelined on one netlink socket.
         let dels = p
             .routes_del
             .iter()
             .map(|d| link::del_route(&self.nl, l.index, *d));
-        futures::future::try_join_all(dels).await?;
+        futures::future::try_join_all(dels).await.map_err(from_wg)?;
         let adds = p
             .routes_add
             .iter()
             .map(|d| link::add_route(&self.nl, l.index, *d));
-        futures::future::try_join_all(adds).await?;
+        futures::future::try_join_all(adds).await.map_err(from_wg)?;
         Ok(())
     }
 
     async fn prepare_link(&self, l: Link, peers: &[PeerSpec]) -> Result<(), Error> {
         let mtu = self.mtu_for(peers).await;
-        link::prepare(&self.nl, l, mtu, self.s.mesh_address).await?;
+        link::prepare(&self.nl, l, mtu, self.s.mesh_address)
+            .await
+            .map_err(from_wg)?;
         self.mtu.store(mtu, Ordering::Relaxed);
         Ok(())
     }
@@ -362,7 +372,9 @@ impl Mesh {
             }
         };
         lap("device and record");
-        let routes = link::routes_into(&self.nl, l.index).await?;
+        let routes = link::routes_into(&self.nl, l.index)
+            .await
+            .map_err(from_wg)?;
         lap("routes");
         let mut p = plan(&want.peers, &record, &seen, &routes)?;
         // A new peer or a new mesh address may collide with a foreign peer added since the last
@@ -477,7 +489,9 @@ impl Mesh {
             .filter(|r| !r.leaving)
             .map(|r| r.spec.clone())
             .collect();
-        let routes = link::routes_into(&self.nl, l.index).await?;
+        let routes = link::routes_into(&self.nl, l.index)
+            .await
+            .map_err(from_wg)?;
         let p = plan(&desired, &record, &seen, &routes)?;
         self.prepare_link(l, &desired).await?;
         self.apply(l, &p).await?;
@@ -543,9 +557,13 @@ impl Mesh {
         let u = self.daemon.uapi();
         // A device that is down (being restarted) shows the record with nothing present.
         let dev = tokio::task::block_in_place(|| u.get()).unwrap_or_default();
-        let l = link::by_name(&self.nl, &self.s.ifname).await?;
+        let l = link::by_name(&self.nl, &self.s.ifname)
+            .await
+            .map_err(from_wg)?;
         let routes = match l {
-            Some(l) => link::routes_into(&self.nl, l.index).await?,
+            Some(l) => link::routes_into(&self.nl, l.index)
+                .await
+                .map_err(from_wg)?,
             None => BTreeSet::new(),
         };
         let managed: BTreeMap<WgKey, &RecordPeer> =

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use vmnet_kernel::pool::firewall::{FirewallStatus, NftExec, PoolFirewall};
 
+use crate::api::error::from_firewall;
+
 /// The agent's audit period.
 pub const AUDIT_PERIOD: Duration = Duration::from_secs(5);
 
@@ -51,7 +53,7 @@ pub fn spawn<E: NftExec + 'static>(
                 }
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, "pool firewall audit failed");
-                    Some(e.to_error().message)
+                    Some(from_firewall(&e).message)
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "pool firewall audit task failed");

@@ -57,7 +57,7 @@ use futures::future::BoxFuture;
 use tokio::sync::Mutex;
 use vmnet_ipam::Db;
 use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
-use vmnet_kernel::pool::host::{self, InstanceRules};
+use vmnet_kernel::pool::host::{self, InstanceRules, PoolHostError};
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec};
 use vmnet_plan::nftdiff::Tables;
@@ -68,6 +68,7 @@ pub use super::desired::{is_instance_tap, spec_of};
 use super::runtime::{AgentFirewall, PoolRuntime};
 use super::seeds;
 use super::taps::PoolTaps;
+use crate::api::error::from_pool;
 use crate::status::{PoolStatus, now_ms};
 
 /// How the agent runs pool mode.
@@ -128,18 +129,18 @@ impl std::fmt::Debug for PoolNode {
 struct NodeRules<'a>(&'a PoolNode);
 
 impl InstanceRules for NodeRules<'_> {
-    fn set<'a>(&'a mut self, inst: &'a InstanceSpec) -> BoxFuture<'a, Result<bool, Error>> {
+    fn set<'a>(&'a mut self, inst: &'a InstanceSpec) -> BoxFuture<'a, Result<bool, PoolHostError>> {
         let s = inst.clone();
-        Box::pin(self.0.fw(move |fw| {
+        Box::pin(self.0.fw_host(move |fw| {
             let held = fw.holds(&s.id);
             fw.replace_instance(&s)?;
             Ok(held)
         }))
     }
 
-    fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+    fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), PoolHostError>> {
         let id = instance_id.to_owned();
-        Box::pin(self.0.fw(move |fw| fw.remove_instance(&id)))
+        Box::pin(self.0.fw_host(move |fw| fw.remove_instance(&id)))
     }
 }
 
@@ -206,17 +207,25 @@ impl PoolNode {
     }
 
     /// Runs `f` on the firewall on a blocking thread.
+    async fn fw_host<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut AgentFirewall) -> Result<T, FirewallError> + Send + 'static,
+    ) -> Result<T, PoolHostError> {
+        let fw = self.runtime.firewall();
+        tokio::task::spawn_blocking(move || {
+            let mut g = fw.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            f(&mut g).map_err(PoolHostError::Firewall)
+        })
+        .await
+        .map_err(PoolHostError::FirewallTask)?
+    }
+
+    /// [`Self::fw_host`] with its failure as the documented error.
     async fn fw<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut AgentFirewall) -> Result<T, FirewallError> + Send + 'static,
     ) -> Result<T, Error> {
-        let fw = self.runtime.firewall();
-        tokio::task::spawn_blocking(move || {
-            let mut g = fw.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            f(&mut g).map_err(|e| e.to_error())
-        })
-        .await
-        .map_err(|e| Error::internal(format!("pool firewall task: {e}")))?
+        self.fw_host(f).await.map_err(|e| from_pool(&e))
     }
 
     /// The rule side of [`vmnet_kernel::pool::host`]'s steps: this node's firewall.
@@ -230,18 +239,23 @@ impl PoolNode {
         host::start_instance(&mut self.rules(), &*self.taps, spec)
             .await
             .map(drop)
+            .map_err(|e| from_pool(&e))
     }
 
     /// A realised instance's new spec under the same taps ([`same_taps`]):
     /// [`host::update_instance`]. On a failure the caller keeps the old spec, so the next pass
     /// tries again.
     async fn update_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
-        host::update_instance(&mut self.rules(), &*self.taps, spec).await
+        host::update_instance(&mut self.rules(), &*self.taps, spec)
+            .await
+            .map_err(|e| from_pool(&e))
     }
 
     /// Stops an instance: [`host::stop_instance`] (its taps, then its elements).
     async fn stop_instance(&self, spec: &InstanceSpec) -> Result<(), Error> {
-        host::stop_instance(&mut self.rules(), &*self.taps, spec).await
+        host::stop_instance(&mut self.rules(), &*self.taps, spec)
+            .await
+            .map_err(|e| from_pool(&e))
     }
 
     /// Converges this host to the store (see the module docs) and records the pass.
@@ -379,7 +393,7 @@ impl PoolNode {
                                         "pool: made a missing tap again");
                                     out.taps_repaired.push(tap.to_string());
                                 }
-                                Err(e) => out.errors.push(e.message),
+                                Err(e) => out.errors.push(from_pool(&e).message),
                             }
                         }
                     }
@@ -395,7 +409,7 @@ impl PoolNode {
                                 "pool: deleted a stray tap");
                             out.orphans_deleted.push(name.clone());
                         }
-                        Err(e) => out.errors.push(e.message),
+                        Err(e) => out.errors.push(from_pool(&e).message),
                     }
                 }
             }

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::api::error::from_firewall;
 use vmnet_kernel::pool::firewall::{FirewallError, FirewallStatus, NftExec, PoolFirewall};
 use vmnet_model::Error;
 use vmnet_model::nic::InstanceSpec;
@@ -72,7 +73,7 @@ impl PoolRuntime {
         period: Duration,
     ) -> Result<Self, Error> {
         let mut fw = PoolFirewall::new(DynExec(Box::new(exec)));
-        fw.replace(first).map_err(|e| e.to_error())?;
+        fw.replace(first).map_err(|e| from_firewall(&e))?;
         let firewall = Arc::new(Mutex::new(fw));
         let record = Arc::new(Mutex::new(AuditRecord::default()));
         let audit = audit::spawn(Arc::clone(&firewall), Arc::clone(&record), period);
@@ -99,7 +100,9 @@ impl PoolRuntime {
     /// # Errors
     /// The documented error (`INVALID_INPUT`, `CONFLICT`, `UNAVAILABLE`).
     pub fn add_instance(&self, inst: &InstanceSpec) -> Result<(), Error> {
-        self.lock().add_instance(inst).map_err(|e| e.to_error())
+        self.lock()
+            .add_instance(inst)
+            .map_err(|e| from_firewall(&e))
     }
 
     /// Removes an instance's rules (after its taps are gone).
@@ -109,7 +112,7 @@ impl PoolRuntime {
     pub fn remove_instance(&self, instance_id: &str) -> Result<(), Error> {
         self.lock()
             .remove_instance(instance_id)
-            .map_err(|e| e.to_error())
+            .map_err(|e| from_firewall(&e))
     }
 
     /// The status counters: taps, drift repairs, last drift.

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use netlink_packet_route::address::AddressAttribute;
 use rtnetlink::{Handle, LinkBridge};
 use vmnet_kernel::pool::guard::TapGuard;
-use vmnet_kernel::pool::host::{GuardedTaps, InstanceTaps};
+use vmnet_kernel::pool::host::{GuardedTaps, InstanceTaps, PoolHostError};
 use vmnet_kernel::pool::tap::{TapAction, Taps};
 use vmnet_kernel::tap::TapOwner;
 use vmnet_model::Error;
@@ -151,15 +151,15 @@ impl InstanceTaps for KernelTaps {
         &'a self,
         entry: &'a TapEntry,
         bridge: &'a IfName,
-    ) -> BoxFuture<'a, Result<TapAction, Error>> {
+    ) -> BoxFuture<'a, Result<TapAction, PoolHostError>> {
         self.taps.ensure(entry, bridge)
     }
 
-    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, PoolHostError>> {
         self.taps.delete(tap)
     }
 
-    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, PoolHostError>> {
         self.taps.exists(tap)
     }
 }

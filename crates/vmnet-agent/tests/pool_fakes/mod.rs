@@ -16,8 +16,9 @@ use serde_json::{Value, json};
 use vmnet_agent::pool::node::{PoolConfig, PoolNode};
 use vmnet_agent::pool::taps::PoolTaps;
 use vmnet_kernel::pool::firewall::{FirewallError, NftExec};
-use vmnet_kernel::pool::host::InstanceTaps;
-use vmnet_kernel::pool::tap::TapAction;
+use vmnet_kernel::pool::guard::GuardError;
+use vmnet_kernel::pool::host::{InstanceTaps, PoolHostError};
+use vmnet_kernel::pool::tap::{TapAction, TapError};
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, MacAddr};
 use vmnet_plan::pool::nft::TapEntry;
@@ -82,20 +83,25 @@ impl InstanceTaps for FakeTaps {
         &'a self,
         entry: &'a TapEntry,
         bridge: &'a IfName,
-    ) -> BoxFuture<'a, Result<TapAction, Error>> {
+    ) -> BoxFuture<'a, Result<TapAction, PoolHostError>> {
         Box::pin(async move {
             let (tap, mac) = (&entry.tap, entry.mac);
             let mut l = self.0.lock().unwrap();
             if !l.bridges.iter().any(|b| b == bridge.as_str()) {
-                return Err(Error::unavailable(format!(
-                    "tap {tap}: bridge {bridge} does not exist"
-                )));
+                return Err(PoolHostError::Tap(TapError::NoBridge {
+                    tap: tap.to_string(),
+                    bridge: bridge.to_string(),
+                }));
             }
             l.ensured.push(tap.to_string());
             if l.failing.iter().any(|t| t == tap.as_str()) {
-                return Err(Error::unavailable(format!(
-                    "tap {tap}: the fake's guard cannot be attached"
-                )));
+                return Err(PoolHostError::Guard {
+                    tap: tap.clone(),
+                    source: GuardError::Attach {
+                        tap: tap.to_string(),
+                        source: "the fake's guard cannot be attached".into(),
+                    },
+                });
             }
             let old = l.taps.insert(tap.to_string(), (bridge.to_string(), mac));
             Ok(if old.is_some() {
@@ -106,7 +112,7 @@ impl InstanceTaps for FakeTaps {
         })
     }
 
-    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, PoolHostError>> {
         Box::pin(async move {
             let mut l = self.0.lock().unwrap();
             let existed = l.taps.remove(tap.as_str()).is_some();
@@ -117,7 +123,7 @@ impl InstanceTaps for FakeTaps {
         })
     }
 
-    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, PoolHostError>> {
         Box::pin(async move { Ok(self.0.lock().unwrap().taps.contains_key(tap.as_str())) })
     }
 }

@@ -27,15 +27,66 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use vmnet_model::Error;
-use vmnet_model::error::chain;
+use tokio::task::JoinError;
+use vmnet_model::ValidationError;
 use vmnet_model::nic::{IfName, InstanceSpec};
 use vmnet_plan::pool::nft::{TapEntry, tap_entries};
 
-use super::firewall::{NftExec, PoolFirewall};
+use super::firewall::{FirewallError, NftExec, PoolFirewall};
 use super::guard::{GuardError, TapGuard, detach_from};
-use super::tap::{TapAction, Taps};
+use super::tap::{TapAction, TapError, Taps};
 use crate::tap::TapOwner;
+
+/// Errors of starting, updating and stopping an instance; each names the instance, the tap or
+/// the step that failed, and keeps its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolHostError {
+    /// The instance does not validate (its taps cannot be named).
+    #[error(transparent)]
+    Invalid(ValidationError),
+    /// The instance's rules could not be set or removed.
+    #[error(transparent)]
+    Firewall(FirewallError),
+    /// The task that ran the firewall call failed (panicked or was cancelled).
+    #[error("pool firewall task")]
+    FirewallTask(#[source] JoinError),
+    /// A tap could not be made, deleted or read (the error names it).
+    #[error(transparent)]
+    Tap(TapError),
+    /// The tap guard could not be attached to, detached from or forgotten for a tap.
+    #[error("tap {tap}")]
+    Guard {
+        /// The tap.
+        tap: IfName,
+        /// Cause.
+        #[source]
+        source: GuardError,
+    },
+    /// The task that ran a guard call failed (panicked or was cancelled).
+    #[error("tap {tap}: guard task")]
+    GuardTask {
+        /// The tap.
+        tap: IfName,
+        /// Cause.
+        #[source]
+        source: JoinError,
+    },
+    /// A step of an instance failed.
+    #[error("instance {id}")]
+    Instance {
+        /// The instance.
+        id: String,
+        /// What failed.
+        #[source]
+        source: Box<PoolHostError>,
+    },
+}
+
+impl From<FirewallError> for PoolHostError {
+    fn from(e: FirewallError) -> Self {
+        Self::Firewall(e)
+    }
+}
 
 /// The rule side of an instance (see the module docs).
 pub trait InstanceRules: Send {
@@ -43,15 +94,15 @@ pub trait InstanceRules: Send {
     /// applied when they match); `true` when it held elements for the instance before.
     ///
     /// # Errors
-    /// The documented error (`INVALID_INPUT` for a bad spec, `UNAVAILABLE` when nft or the
-    /// helper fails); the previous elements stay then.
-    fn set<'a>(&'a mut self, inst: &'a InstanceSpec) -> BoxFuture<'a, Result<bool, Error>>;
+    /// [`PoolHostError::Firewall`] (a bad spec, nft or the helper failing) or
+    /// [`PoolHostError::FirewallTask`]; the previous elements stay then.
+    fn set<'a>(&'a mut self, inst: &'a InstanceSpec) -> BoxFuture<'a, Result<bool, PoolHostError>>;
 
     /// Removes the elements of instance `instance_id`'s taps (nothing held: nothing done).
     ///
     /// # Errors
-    /// `UNAVAILABLE` when nft or the helper fails.
-    fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), Error>>;
+    /// [`PoolHostError::Firewall`] or [`PoolHostError::FirewallTask`].
+    fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), PoolHostError>>;
 }
 
 /// The link side of an instance (see the module docs).
@@ -61,28 +112,32 @@ pub trait InstanceTaps: Send + Sync {
     /// updated). On an error, a tap this call created is deleted again; one that existed stays.
     ///
     /// # Errors
-    /// `UNAVAILABLE` naming the tap (a missing bridge included).
+    /// [`PoolHostError::Tap`] (a missing bridge included), [`PoolHostError::Guard`] or
+    /// [`PoolHostError::GuardTask`], each naming the tap.
     fn ensure<'a>(
         &'a self,
         entry: &'a TapEntry,
         bridge: &'a IfName,
-    ) -> BoxFuture<'a, Result<TapAction, Error>>;
+    ) -> BoxFuture<'a, Result<TapAction, PoolHostError>>;
 
     /// Deletes tap `tap` and forgets its guard entry; `false` when it did not exist.
     ///
     /// # Errors
-    /// `UNAVAILABLE` naming the tap.
-    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>>;
+    /// [`PoolHostError::Tap`], [`PoolHostError::Guard`] or [`PoolHostError::GuardTask`].
+    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, PoolHostError>>;
 
     /// Whether tap `tap` exists.
     ///
     /// # Errors
-    /// `UNAVAILABLE` when the links cannot be read.
-    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>>;
+    /// [`PoolHostError::Tap`] when the links cannot be read.
+    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, PoolHostError>>;
 }
 
-fn named(inst: &InstanceSpec) -> impl Fn(Error) -> Error + '_ {
-    move |e| Error::new(e.code, format!("instance {}: {}", inst.id, e.message))
+fn named(inst: &InstanceSpec) -> impl Fn(PoolHostError) -> PoolHostError + '_ {
+    move |e| PoolHostError::Instance {
+        id: inst.id.clone(),
+        source: Box::new(e),
+    }
 }
 
 /// Starts an instance's networking: its elements first ([`InstanceRules::set`]), then one tap
@@ -90,18 +145,18 @@ fn named(inst: &InstanceSpec) -> impl Fn(Error) -> Error + '_ {
 /// call made goes again (see the module docs).
 ///
 /// # Errors
-/// The first failure, naming the instance.
+/// The first failure, in [`PoolHostError::Instance`].
 pub async fn start_instance<R, T>(
     rules: &mut R,
     taps: &T,
     inst: &InstanceSpec,
-) -> Result<Vec<TapAction>, Error>
+) -> Result<Vec<TapAction>, PoolHostError>
 where
     R: InstanceRules + ?Sized,
     T: InstanceTaps + ?Sized,
 {
     let entries = tap_entries(inst)
-        .map_err(Error::from)
+        .map_err(PoolHostError::Invalid)
         .map_err(named(inst))?;
     let held = rules.set(inst).await.map_err(named(inst))?;
     let mut done: Vec<(&IfName, TapAction)> = Vec::new();
@@ -114,7 +169,7 @@ where
                     if *a == TapAction::Created
                         && let Err(d) = taps.delete(tap).await
                     {
-                        tracing::warn!(instance = %inst.id, tap = %tap, error = %d.message,
+                        tracing::warn!(instance = %inst.id, tap = %tap, error = %d,
                             "failed start: the tap it created could not be deleted");
                     }
                 }
@@ -127,7 +182,7 @@ where
                     && !left
                     && let Err(r) = rules.remove(&inst.id).await
                 {
-                    tracing::warn!(instance = %inst.id, error = %r.message,
+                    tracing::warn!(instance = %inst.id, error = %r,
                         "failed start: its elements could not be removed");
                 }
                 return Err(named(inst)(e));
@@ -143,18 +198,18 @@ where
 /// tries again.
 ///
 /// # Errors
-/// The first failure, naming the instance.
+/// The first failure, in [`PoolHostError::Instance`].
 pub async fn update_instance<R, T>(
     rules: &mut R,
     taps: &T,
     inst: &InstanceSpec,
-) -> Result<(), Error>
+) -> Result<(), PoolHostError>
 where
     R: InstanceRules + ?Sized,
     T: InstanceTaps + ?Sized,
 {
     let entries = tap_entries(inst)
-        .map_err(Error::from)
+        .map_err(PoolHostError::Invalid)
         .map_err(named(inst))?;
     rules.set(inst).await.map_err(named(inst))?;
     for (nic, entry) in inst.nics.iter().zip(&entries) {
@@ -168,8 +223,12 @@ where
 /// and returns the first.
 ///
 /// # Errors
-/// The first failure, naming the instance.
-pub async fn stop_instance<R, T>(rules: &mut R, taps: &T, inst: &InstanceSpec) -> Result<(), Error>
+/// The first failure, in [`PoolHostError::Instance`].
+pub async fn stop_instance<R, T>(
+    rules: &mut R,
+    taps: &T,
+    inst: &InstanceSpec,
+) -> Result<(), PoolHostError>
 where
     R: InstanceRules + ?Sized,
     T: InstanceTaps + ?Sized,
@@ -187,16 +246,16 @@ where
 }
 
 impl<E: NftExec> InstanceRules for PoolFirewall<E> {
-    fn set<'a>(&'a mut self, inst: &'a InstanceSpec) -> BoxFuture<'a, Result<bool, Error>> {
+    fn set<'a>(&'a mut self, inst: &'a InstanceSpec) -> BoxFuture<'a, Result<bool, PoolHostError>> {
         Box::pin(async move {
             let held = self.holds(&inst.id);
-            self.replace_instance(inst).map_err(|e| e.to_error())?;
+            self.replace_instance(inst)?;
             Ok(held)
         })
     }
 
-    fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(async move { self.remove_instance(instance_id).map_err(|e| e.to_error()) })
+    fn remove<'a>(&'a mut self, instance_id: &'a str) -> BoxFuture<'a, Result<(), PoolHostError>> {
+        Box::pin(async move { Ok(self.remove_instance(instance_id)?) })
     }
 }
 
@@ -220,14 +279,20 @@ impl GuardedTaps {
     async fn guard_call<V: Send + 'static>(
         tap: &IfName,
         f: impl FnOnce() -> Result<V, GuardError> + Send + 'static,
-    ) -> Result<V, Error> {
+    ) -> Result<V, PoolHostError> {
         tokio::task::spawn_blocking(f)
             .await
-            .map_err(|e| Error::internal(format!("tap {tap}: guard task: {e}")))?
-            .map_err(|e| Error::unavailable(format!("tap {tap}: {}", chain(&e))))
+            .map_err(|source| PoolHostError::GuardTask {
+                tap: tap.clone(),
+                source,
+            })?
+            .map_err(|source| PoolHostError::Guard {
+                tap: tap.clone(),
+                source,
+            })
     }
 
-    async fn guard(&self, entry: &TapEntry) -> Result<(), Error> {
+    async fn guard(&self, entry: &TapEntry) -> Result<(), PoolHostError> {
         if let Some(g) = &self.guard {
             let (g, e) = (Arc::clone(g), entry.clone());
             return Self::guard_call(&entry.tap, move || g.attach(&e)).await;
@@ -245,13 +310,13 @@ impl InstanceTaps for GuardedTaps {
         &'a self,
         entry: &'a TapEntry,
         bridge: &'a IfName,
-    ) -> BoxFuture<'a, Result<TapAction, Error>> {
+    ) -> BoxFuture<'a, Result<TapAction, PoolHostError>> {
         Box::pin(async move {
             let action = self
                 .taps
                 .ensure(&entry.tap, bridge, entry.mac, self.owner)
                 .await
-                .map_err(|e| Error::unavailable(chain(&e)))?;
+                .map_err(PoolHostError::Tap)?;
             if let Err(e) = self.guard(entry).await {
                 if action == TapAction::Created {
                     let _ = self.delete(&entry.tap).await;
@@ -262,13 +327,9 @@ impl InstanceTaps for GuardedTaps {
         })
     }
 
-    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+    fn delete<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, PoolHostError>> {
         Box::pin(async move {
-            let gone = self
-                .taps
-                .delete(tap)
-                .await
-                .map_err(|e| Error::unavailable(chain(&e)))?;
+            let gone = self.taps.delete(tap).await.map_err(PoolHostError::Tap)?;
             if let Some(g) = &self.guard {
                 let (g, t) = (Arc::clone(g), tap.clone());
                 Self::guard_call(tap, move || g.forget(&t)).await?;
@@ -277,13 +338,13 @@ impl InstanceTaps for GuardedTaps {
         })
     }
 
-    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, Error>> {
+    fn exists<'a>(&'a self, tap: &'a IfName) -> BoxFuture<'a, Result<bool, PoolHostError>> {
         Box::pin(async move {
             self.taps
                 .link(tap)
                 .await
                 .map(|l| l.is_some())
-                .map_err(|e| Error::unavailable(chain(&e)))
+                .map_err(PoolHostError::Tap)
         })
     }
 }
@@ -304,7 +365,10 @@ impl<E: NftExec> PoolHost<E> {
     ///
     /// # Errors
     /// As [`start_instance`].
-    pub async fn start_instance(&mut self, inst: &InstanceSpec) -> Result<Vec<TapAction>, Error> {
+    pub async fn start_instance(
+        &mut self,
+        inst: &InstanceSpec,
+    ) -> Result<Vec<TapAction>, PoolHostError> {
         start_instance(&mut self.firewall, &self.taps, inst).await
     }
 
@@ -312,7 +376,7 @@ impl<E: NftExec> PoolHost<E> {
     ///
     /// # Errors
     /// As [`stop_instance`].
-    pub async fn stop_instance(&mut self, inst: &InstanceSpec) -> Result<(), Error> {
+    pub async fn stop_instance(&mut self, inst: &InstanceSpec) -> Result<(), PoolHostError> {
         stop_instance(&mut self.firewall, &self.taps, inst).await
     }
 }

@@ -34,9 +34,3 @@ pub enum WgError {
     #[error("{0}")]
     Device(String),
 }
-
-impl From<WgError> for vmnet_model::Error {
-    fn from(e: WgError) -> Self {
-        vmnet_model::Error::unavailable(e.to_string())
-    }
-}

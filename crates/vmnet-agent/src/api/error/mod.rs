@@ -10,7 +10,9 @@
 //! # Design
 //! This module is the API's edge: the one place where the error enums of the layers below become
 //! documented codes. [`ipam_code`] maps every [`IpamError`] variant and [`ns_code`] every
-//! namespace driver [`NsError`] (the CLI uses the same functions for its exit codes); a model
+//! namespace driver [`NsError`] (the CLI uses the same functions for its exit codes);
+//! [`firewall_code`] the pool firewall's [`FirewallError`], [`pool_code`] the pool-mode
+//! instance steps' [`PoolHostError`], and [`from_wg`] a WireGuard [`WgError`]; a model
 //! [`ValidationError`] is always `INVALID_INPUT`. The
 //! message is the error with its causes ([`chain`]), except that a database failure answers only
 //! our own sentence (the database's words name internals; they are logged).
@@ -30,6 +32,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use vmnet_ipam::IpamError;
 use vmnet_kernel::ns::NsError;
+use vmnet_kernel::pool::firewall::FirewallError;
+use vmnet_kernel::pool::host::PoolHostError;
+use vmnet_kernel::wg::WgError;
 use vmnet_model::error::chain;
 use vmnet_model::{Error, ErrorCode, ValidationError};
 use vmnet_plan::pool::seed::SeedError;
@@ -158,6 +163,67 @@ pub fn from_seed(e: SeedError) -> Error {
         SeedError::Encode { .. } => ErrorCode::Internal,
     };
     Error::new(code, chain(&e))
+}
+
+/// The documented code of a pool firewall failure: an instance that does not validate is
+/// `INVALID_INPUT`, one whose taps have rules already `CONFLICT`; nft, the root helper or the
+/// read-back failing is `UNAVAILABLE` (the previous rules are kept).
+#[must_use]
+pub fn firewall_code(e: &FirewallError) -> ErrorCode {
+    match e {
+        FirewallError::Plan(_) => ErrorCode::InvalidInput,
+        FirewallError::Duplicate(_) => ErrorCode::Conflict,
+        FirewallError::Nft(_) | FirewallError::Helper(_) | FirewallError::ReadBack(_) => {
+            ErrorCode::Unavailable
+        }
+    }
+}
+
+/// A pool firewall failure as the wire error: [`firewall_code`]; the message is the error with
+/// its causes, prefixed `pool firewall: ` when nft, the helper or the read-back failed.
+#[must_use]
+pub fn from_firewall(e: &FirewallError) -> Error {
+    let code = firewall_code(e);
+    match e {
+        FirewallError::Plan(_) | FirewallError::Duplicate(_) => Error::new(code, chain(e)),
+        _ => Error::new(code, format!("pool firewall: {}", chain(e))),
+    }
+}
+
+/// The documented code of a failure to start, update or stop an instance in pool mode: an
+/// instance that does not validate is `INVALID_INPUT`, a rule failure as [`firewall_code`], a
+/// failed task `INTERNAL`, and a tap or tap guard failure `UNAVAILABLE`.
+#[must_use]
+pub fn pool_code(e: &PoolHostError) -> ErrorCode {
+    match e {
+        PoolHostError::Invalid(_) => ErrorCode::InvalidInput,
+        PoolHostError::Firewall(f) => firewall_code(f),
+        PoolHostError::FirewallTask(_) | PoolHostError::GuardTask { .. } => ErrorCode::Internal,
+        PoolHostError::Tap(_) | PoolHostError::Guard { .. } => ErrorCode::Unavailable,
+        PoolHostError::Instance { source, .. } => pool_code(source),
+    }
+}
+
+/// A pool-mode instance failure as the wire error: [`pool_code`] and the error with its causes
+/// (a rule failure worded as [`from_firewall`]).
+#[must_use]
+pub fn from_pool(e: &PoolHostError) -> Error {
+    match e {
+        PoolHostError::Firewall(f) => from_firewall(f),
+        PoolHostError::Instance { id, source } => {
+            let inner = from_pool(source);
+            Error::new(inner.code, format!("instance {id}: {}", inner.message))
+        }
+        _ => Error::new(pool_code(e), chain(e)),
+    }
+}
+
+/// A WireGuard failure as the wire error: always `UNAVAILABLE` (the kernel, the UAPI socket or
+/// netlink failed), the message being the error itself.
+#[must_use]
+#[allow(clippy::needless_pass_by_value)] // by value so that `.map_err(from_wg)` works
+pub fn from_wg(e: WgError) -> Error {
+    Error::unavailable(e.to_string())
 }
 
 /// An IPAM or store failure as the wire error: [`ipam_code`] and [`ipam_message`].

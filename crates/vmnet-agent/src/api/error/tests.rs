@@ -1,3 +1,8 @@
+use vmnet_kernel::pool::guard::GuardError;
+use vmnet_kernel::pool::libnft::LibNftError;
+use vmnet_kernel::pool::tap::TapError;
+use vmnet_model::nic::IfName;
+
 use super::*;
 
 fn json_error() -> serde_json::Error {
@@ -205,4 +210,118 @@ fn validation_errors_are_invalid_input() {
     let ApiError(e) = ApiError::from(ValidationError::rule("vm v1: user_id 70000 is outside"));
     assert_eq!(e.code, ErrorCode::InvalidInput);
     assert_eq!(e.message, "vm v1: user_id 70000 is outside");
+}
+
+#[test]
+fn pool_firewall_errors_keep_their_codes_and_wording() {
+    let plan = FirewallError::Plan(ValidationError::rule("instance i-1: no NIC"));
+    assert_eq!(from_firewall(&plan).code, ErrorCode::InvalidInput);
+    assert_eq!(from_firewall(&plan).message, "instance i-1: no NIC");
+    let dup = FirewallError::Duplicate("i-1".into());
+    assert_eq!(
+        from_firewall(&dup),
+        Error::conflict("instance i-1: its taps have rules on this host already")
+    );
+    let nft = FirewallError::Nft(LibNftError::Context);
+    assert_eq!(
+        from_firewall(&nft),
+        Error::unavailable("pool firewall: nftables: libnftables: cannot create a context")
+    );
+    for e in [
+        FirewallError::Helper("connection refused".into()),
+        FirewallError::ReadBack("listing is not JSON".into()),
+    ] {
+        assert_eq!(firewall_code(&e), ErrorCode::Unavailable, "{e:?}");
+        assert!(
+            from_firewall(&e).message.starts_with("pool firewall: "),
+            "{e:?}"
+        );
+    }
+}
+
+/// A task failure as tokio reports it (a task cancelled before it finished).
+fn join_error() -> tokio::task::JoinError {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let task = tokio::spawn(std::future::pending::<()>());
+        task.abort();
+        task.await.unwrap_err()
+    })
+}
+
+#[test]
+fn every_pool_host_error_maps_to_its_documented_code() {
+    let tap: IfName = "bc0123456789a0".parse().unwrap();
+    let cases: Vec<(PoolHostError, ErrorCode, &str)> = vec![
+        (
+            PoolHostError::Invalid(ValidationError::rule("instance i-1: no NIC")),
+            ErrorCode::InvalidInput,
+            "instance i-1: no NIC",
+        ),
+        (
+            PoolHostError::Firewall(FirewallError::Duplicate("i-1".into())),
+            ErrorCode::Conflict,
+            "instance i-1: its taps have rules on this host already",
+        ),
+        (
+            PoolHostError::Firewall(FirewallError::Helper("refused".into())),
+            ErrorCode::Unavailable,
+            "pool firewall: root helper: refused",
+        ),
+        (
+            PoolHostError::FirewallTask(join_error()),
+            ErrorCode::Internal,
+            "pool firewall task: ",
+        ),
+        (
+            PoolHostError::Tap(TapError::NoBridge {
+                tap: tap.to_string(),
+                bridge: "br9".into(),
+            }),
+            ErrorCode::Unavailable,
+            "tap bc0123456789a0: bridge br9 does not exist",
+        ),
+        (
+            PoolHostError::Guard {
+                tap: tap.clone(),
+                source: GuardError::NoTap(tap.to_string()),
+            },
+            ErrorCode::Unavailable,
+            "tap bc0123456789a0: tap bc0123456789a0: no such device",
+        ),
+        (
+            PoolHostError::GuardTask {
+                tap: tap.clone(),
+                source: join_error(),
+            },
+            ErrorCode::Internal,
+            "tap bc0123456789a0: guard task: ",
+        ),
+    ];
+    for (e, code, start) in cases {
+        assert_eq!(pool_code(&e), code, "{e:?}");
+        let wire = from_pool(&e);
+        assert_eq!(wire.code, code, "{e:?}");
+        assert!(wire.message.starts_with(start), "{wire:?}");
+        // Wrapped in its instance: the same code, the message named by the instance.
+        let named = PoolHostError::Instance {
+            id: "i-1".into(),
+            source: Box::new(e),
+        };
+        assert_eq!(pool_code(&named), code);
+        let wire_named = from_pool(&named);
+        assert_eq!(wire_named.code, code);
+        assert_eq!(
+            wire_named.message,
+            format!("instance i-1: {}", wire.message)
+        );
+    }
+}
+
+#[test]
+fn wireguard_errors_are_unavailable_with_their_wording() {
+    let e = WgError::Protocol("errno=-22".into());
+    assert_eq!(from_wg(e), Error::unavailable("wireguard uapi: errno=-22"));
 }

@@ -38,8 +38,7 @@
 //! fails open.
 
 use serde_json::Value;
-use vmnet_model::Error;
-use vmnet_model::error::chain;
+use vmnet_model::ValidationError;
 use vmnet_model::nic::{IfName, InstanceSpec, instance_hash10};
 use vmnet_plan::nftdiff::{Tables, diff, has_element_digest_only};
 use vmnet_plan::pool::nft::{
@@ -87,24 +86,15 @@ pub enum FirewallError {
     /// The root helper refused the batch or could not be reached.
     #[error("root helper: {0}")]
     Helper(String),
-    /// The plan refused the input.
-    #[error("plan: {0}")]
-    Plan(#[source] Error),
+    /// The plan refused the input (an instance that does not validate).
+    #[error(transparent)]
+    Plan(ValidationError),
+    /// An instance whose taps have rules on this host already.
+    #[error("instance {0}: its taps have rules on this host already")]
+    Duplicate(String),
     /// The listing could not be read, or did not show what was just loaded.
     #[error("read-back: {0}")]
     ReadBack(String),
-}
-
-impl FirewallError {
-    /// The documented error this maps to: plan errors keep their code, the rest are
-    /// `UNAVAILABLE` (the kernel or the helper failed; the previous state is kept).
-    #[must_use]
-    pub fn to_error(&self) -> Error {
-        match self {
-            Self::Plan(e) => e.clone(),
-            other => Error::unavailable(format!("pool firewall: {}", chain(other))),
-        }
-    }
 }
 
 /// What one audit found.
@@ -222,18 +212,15 @@ impl<E: NftExec> PoolFirewall<E> {
     /// first tap. The rules exist before the caller creates the taps.
     ///
     /// # Errors
-    /// [`FirewallError::Plan`] for an invalid instance or one already present (`CONFLICT`);
-    /// otherwise as [`Self::replace`].
+    /// [`FirewallError::Plan`] for an invalid instance, [`FirewallError::Duplicate`] for one
+    /// already present; otherwise as [`Self::replace`].
     pub fn add_instance(&mut self, inst: &InstanceSpec) -> Result<(), FirewallError> {
-        let entries = tap_entries(inst).map_err(|e| FirewallError::Plan(e.into()))?;
+        let entries = tap_entries(inst).map_err(FirewallError::Plan)?;
         if entries
             .iter()
             .any(|e| self.desired.taps.iter().any(|t| t.tap == e.tap))
         {
-            return Err(FirewallError::Plan(Error::conflict(format!(
-                "instance {}: its taps have rules on this host already",
-                inst.id
-            ))));
+            return Err(FirewallError::Duplicate(inst.id.clone()));
         }
         let mut next = self.desired.clone();
         next.taps.extend(entries.iter().cloned());
@@ -277,7 +264,7 @@ impl<E: NftExec> PoolFirewall<E> {
     /// [`FirewallError::Plan`] for an invalid instance; otherwise as [`Self::replace`]. On an
     /// error the previous entries stay.
     pub fn replace_instance(&mut self, inst: &InstanceSpec) -> Result<(), FirewallError> {
-        let entries = tap_entries(inst).map_err(|e| FirewallError::Plan(e.into()))?;
+        let entries = tap_entries(inst).map_err(FirewallError::Plan)?;
         let prefix = format!("bc{}n", instance_hash10(&inst.id));
         let (held, kept): (Vec<_>, Vec<_>) = self
             .desired

@@ -107,11 +107,11 @@ fn refused_changes_keep_the_previous_state() {
 fn duplicate_instance_is_a_conflict() {
     let mut fw = loaded();
     fw.add_instance(&inst("i-1", "10.0.0.2")).unwrap();
-    let e = fw
-        .add_instance(&inst("i-1", "10.0.0.2"))
-        .unwrap_err()
-        .to_error();
-    assert_eq!(e.code, vmnet_model::ErrorCode::Conflict);
+    let e = fw.add_instance(&inst("i-1", "10.0.0.2")).unwrap_err();
+    assert!(
+        matches!(&e, FirewallError::Duplicate(id) if id == "i-1"),
+        "{e:?}"
+    );
 }
 
 #[test]
