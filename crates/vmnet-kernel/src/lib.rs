@@ -4,6 +4,7 @@
 
 /// Conntrack entries deleted over ctnetlink.
 pub mod conntrack;
+mod netlink;
 pub mod netns;
 pub mod ns;
 pub mod tap;

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
+use futures::StreamExt;
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
 use rtnetlink::{Handle, IpVersion};
 use std::net::IpAddr;
 
@@ -256,22 +256,10 @@ impl NetlinkNsDriver {
     /// ours to delete and stays (the create then fails on the taken name). Returns whether one
     /// was deleted.
     pub(super) async fn delete_stale_host_veth(&self, name: &str) -> Result<bool, NsError> {
-        let res: Result<Vec<LinkMessage>, _> = self
-            .host
-            .link()
-            .get()
-            .match_name(name.to_owned())
-            .execute()
-            .try_collect()
-            .await;
-        let msgs = match res {
-            Ok(v) => v,
-            Err(e) if matches!(routes::errno(&e), Some(libc::ENODEV | libc::ENOENT)) => {
-                return Ok(false);
-            }
-            Err(e) => return Err(routes::nl(format!("host: get link {name}"))(e)),
-        };
-        let Some(m) = msgs.first() else {
+        let Some(m) = crate::netlink::link_by_name(&self.host, name)
+            .await
+            .map_err(routes::nl(format!("host: get link {name}")))?
+        else {
             return Ok(false);
         };
         let is_veth = m.attributes.iter().any(|a| {

@@ -52,12 +52,7 @@ pub(super) struct KRule {
 }
 
 /// The positive errno of a netlink error, if it is one.
-pub(super) fn errno(e: &rtnetlink::Error) -> Option<i32> {
-    match e {
-        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
-        _ => None,
-    }
-}
+pub(super) use crate::netlink::errno;
 
 /// Wraps a netlink error with a description of the attempt.
 pub(super) fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NsError {
@@ -404,18 +399,10 @@ fn klink(m: &LinkMessage) -> KLink {
 
 /// The link called `name`, or `None`.
 pub(super) async fn link_by_name(h: &Handle, name: &str) -> Result<Option<KLink>, NsError> {
-    let res: Result<Vec<LinkMessage>, _> = h
-        .link()
-        .get()
-        .match_name(name.to_owned())
-        .execute()
-        .try_collect()
-        .await;
-    match res {
-        Ok(v) => Ok(v.first().map(klink)),
-        Err(e) if matches!(errno(&e), Some(libc::ENODEV | libc::ENOENT)) => Ok(None),
-        Err(e) => Err(nl(format!("get link {name}"))(e)),
-    }
+    crate::netlink::link_by_name(h, name)
+        .await
+        .map(|m| m.as_ref().map(klink))
+        .map_err(nl(format!("get link {name}")))
 }
 
 /// The link with ifindex `index`, or `None`.

@@ -58,18 +58,10 @@ fn to_link(m: &LinkMessage) -> Link {
 /// # Errors
 /// `Netlink` on a failed request.
 pub async fn by_name(h: &Handle, name: &str) -> Result<Option<Link>, WgError> {
-    let res: Result<Vec<LinkMessage>, _> = h
-        .link()
-        .get()
-        .match_name(name.to_owned())
-        .execute()
-        .try_collect()
-        .await;
-    match res {
-        Ok(v) => Ok(v.first().map(to_link)),
-        Err(e) if missing(&e) => Ok(None),
-        Err(e) => Err(nl(format!("get link {name}"))(e)),
-    }
+    crate::netlink::link_by_name(h, name)
+        .await
+        .map(|m| m.as_ref().map(to_link))
+        .map_err(nl(format!("get link {name}")))
 }
 
 /// Sets `link`'s MTU to `mtu` and brings it up, when it differs; adds `address`/128 (no
