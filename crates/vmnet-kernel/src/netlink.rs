@@ -34,3 +34,25 @@ pub(crate) async fn link_by_name(
         Err(e) => Err(e),
     }
 }
+
+/// Runs the dump `f` makes, again (up to 20 times, 5 ms apart) while the kernel refuses it with
+/// EBUSY: a netlink socket runs one dump at a time, and a handle is shared by tasks.
+///
+/// # Errors
+/// The dump's last error.
+pub(crate) async fn retry_busy<T, F, Fut>(mut f: F) -> Result<T, rtnetlink::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, rtnetlink::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Err(e) if tries < 20 && errno(&e) == Some(libc::EBUSY) => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            res => return res,
+        }
+    }
+}

@@ -85,14 +85,15 @@ pub async fn prepare(
             .map_err(nl(format!("set mtu {mtu} and up on #{}", link.index)))?;
     }
     if let Some(a) = address {
-        let have: Vec<_> = h
-            .address()
-            .get()
-            .set_link_index_filter(link.index)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(nl("list addresses"))?;
+        let have: Vec<_> = crate::netlink::retry_busy(|| {
+            h.address()
+                .get()
+                .set_link_index_filter(link.index)
+                .execute()
+                .try_collect()
+        })
+        .await
+        .map_err(nl("list addresses"))?;
         let present = have.iter().any(|m| {
             m.header.prefix_len == 128
                 && m.attributes
@@ -135,6 +136,12 @@ pub async fn prepare(
 /// # Errors
 /// `Netlink` on a failed dump.
 pub async fn routes_into(h: &Handle, index: u32) -> Result<BTreeSet<Ipv6Addr>, WgError> {
+    crate::netlink::retry_busy(|| dump_routes_into(h, index))
+        .await
+        .map_err(nl("dump IPv6 routes"))
+}
+
+async fn dump_routes_into(h: &Handle, index: u32) -> Result<BTreeSet<Ipv6Addr>, rtnetlink::Error> {
     let mut m = RouteMessage::default();
     m.header.address_family = AddressFamily::Inet6;
     h.route()
@@ -161,7 +168,6 @@ pub async fn routes_into(h: &Handle, index: u32) -> Result<BTreeSet<Ipv6Addr>, W
         })
         .try_collect()
         .await
-        .map_err(nl("dump IPv6 routes"))
 }
 
 fn route_message(index: u32, dst: Ipv6Addr) -> RouteMessage {
