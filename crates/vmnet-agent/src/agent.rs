@@ -320,8 +320,10 @@ impl Agent {
         let mesh = cfg.mesh_ipv6.map(|m| m.to_string());
         // Reads only. The conflict checks come before the apply: applying a user id another VM
         // holds would take over that VM's kernel objects.
+        let own_mesh = self.mesh.get().and_then(|m| m.mesh_address());
         let before = store_tx!(self.db, tx => async {
             crate::public::check(tx, &cfg).await?;
+            crate::mesh::conflicts::vm_mesh(tx, &cfg, own_mesh).await?;
             vm_store::get_if_free(tx, &cfg.id, cfg.user_id, mesh.as_deref()).await
         }.await)?;
         let prev_good = match &before {

@@ -44,6 +44,23 @@ pub async fn list_peers(tx: &mut Tx) -> Result<Vec<MeshPeerRow>, IpamError> {
         .collect())
 }
 
+/// The public key of the recorded peer (leaving or not) whose mesh address is `mesh_address`
+/// (canonical IPv6 text), if any.
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn peer_with_address(
+    tx: &mut Tx,
+    mesh_address: &str,
+) -> Result<Option<String>, IpamError> {
+    let row: Option<(String,)> = on_tx!(tx, c => sqlx::query_as(
+        "SELECT public_key FROM mesh_peers WHERE mesh_address = $1 ORDER BY public_key LIMIT 1")
+        .bind(mesh_address)
+        .fetch_optional(&mut **c).await)
+    .map_err(db_err)?;
+    Ok(row.map(|(k,)| k))
+}
+
 /// Inserts or replaces `rows` (each keyed by its public key) with their `leaving` flag.
 ///
 /// # Errors

@@ -234,6 +234,17 @@ pub async fn with_public(tx: &mut Tx, except_id: &str) -> Result<Vec<(String, St
     .map_err(db_err)
 }
 
+/// Every stored VM's id and mesh address (canonical IPv6 text), for the VMs that have one.
+///
+/// # Errors
+/// `UNAVAILABLE` on a database failure.
+pub async fn meshes(tx: &mut Tx) -> Result<Vec<(String, String)>, IpamError> {
+    on_tx!(tx, c => sqlx::query_as("SELECT id, mesh FROM vm_configs WHERE mesh IS NOT NULL ORDER BY id")
+        .fetch_all(&mut **c)
+        .await)
+    .map_err(db_err)
+}
+
 /// Records the outcome of an apply: the config that is now applied (`None` when nothing of the
 /// VM is) and the error, if the apply failed.
 ///

@@ -377,6 +377,35 @@ async fn invalid_syncs_are_refused_whole_and_leave_wg0_unchanged() {
         assert!(e.message.contains(needle), "{needle:?} not in {e}");
         assert_eq!((wg_dump(&a.ifname), routes(&a.host.ns, &a.ifname)), before);
     }
+    // One mesh address, one owner: a VM may not take the host's or a peer's mesh address, and
+    // a peer may not take a local VM's (each would put two routes for one address on the host).
+    let put = |id: &str, uid: u32, mesh: String| {
+        let vm = json!({"id": id, "user_id": uid, "tenant": 1, "mesh_ipv6": mesh});
+        async move {
+            a.client()
+                .put::<Value>(&format!("/v1/vms/{}", vm["id"].as_str().unwrap()), &vm)
+                .await
+        }
+    };
+    for (mesh, needle) in [
+        (a.mesh.to_string(), "this host's mesh address"),
+        (m.nodes[1].mesh.to_string(), "mesh address of mesh peer"),
+    ] {
+        let e = put("clash", 40, mesh).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Conflict, "{e}");
+        assert!(e.message.contains(needle), "{needle:?} not in {e}");
+    }
+    put("web-9", 41, "fdaa:9::41".into())
+        .await
+        .expect("a VM on its own mesh address");
+    let e = a
+        .sync(&with("mesh_address", json!("fdaa:9::41")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict, "{e}");
+    assert!(e.message.contains("mesh address of vm web-9"), "{e}");
+    assert_eq!((wg_dump(&a.ifname), routes(&a.host.ns, &a.ifname)), before);
+
     let peers: Vec<Value> = (0..10_001u32)
         .map(|i| {
             let mut k = [3u8; 32];

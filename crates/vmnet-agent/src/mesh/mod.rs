@@ -3,6 +3,7 @@
 //! its convergence ([`runtime`]) and the API bodies ([`view`]).
 
 pub mod body;
+pub mod conflicts;
 pub mod keys;
 pub mod plan;
 pub mod runtime;

@@ -214,6 +214,12 @@ impl Mesh {
         &self.s
     }
 
+    /// This host's mesh address (`--mesh-address`), if it has one.
+    #[must_use]
+    pub fn mesh_address(&self) -> Option<Ipv6Addr> {
+        self.s.mesh_address
+    }
+
     fn own(&self) -> Own {
         Own {
             public_key: self.public,
@@ -342,14 +348,15 @@ impl Mesh {
     /// `POST /v1/sync`: validate `body` whole, then apply it (see the module docs).
     ///
     /// # Errors
-    /// `INVALID_INPUT` for a bad body and `CONFLICT` for a foreign peer's key or address (nothing
-    /// changed); `UNAVAILABLE` when the store or the device fails (the record holds the new set,
+    /// `INVALID_INPUT` for a bad body and `CONFLICT` for a foreign peer's key or address, or a
+    /// peer on the mesh address of a VM of this host (nothing changed); `UNAVAILABLE` when the store or the device fails (the record holds the new set,
     /// so the next pass finishes it).
     pub async fn sync(&self, db: &Db, body: &[u8]) -> Result<SyncOutcome, Error> {
         let clock = std::time::Instant::now();
         let mut phases: Vec<(&str, Duration)> = Vec::new();
         let mut lap = |name: &'static str| phases.push((name, clock.elapsed()));
         let want: SyncBody = parse_sync(body, &self.own())?;
+        store_tx!(db, tx => super::conflicts::sync_peers(tx, &want.peers).await)?;
         lap("validate");
         let _g = self.lock.lock().await;
         let (l, _, pid) = self.ensure_device().await?;
