@@ -27,6 +27,19 @@ fn only_wireguard(frame: &[u8]) -> Result<(), String> {
     let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
     match ethertype {
         0x0806 => Ok(()),
+        // IPv4 multicast membership reports (IGMP), the counterpart of MLD below; any other
+        // IPv4 is named with its protocol and addresses.
+        0x0800 => {
+            let ip = &frame[14..];
+            if ip[9] == 2 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "IPv4 protocol {} from {}.{}.{}.{} to {}.{}.{}.{}",
+                    ip[9], ip[12], ip[13], ip[14], ip[15], ip[16], ip[17], ip[18], ip[19]
+                ))
+            }
+        }
         0x86dd => {
             let ip = &frame[14..];
             if ip[8..10] == [0xfd, 0xaa] || ip[24..26] == [0xfd, 0xaa] {
