@@ -5,6 +5,7 @@
 pub mod body;
 pub mod conflicts;
 pub mod keys;
+mod known;
 pub mod plan;
 pub mod runtime;
 pub mod view;

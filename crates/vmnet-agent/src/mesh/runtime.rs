@@ -43,6 +43,7 @@ use vmnet_model::Error;
 
 use super::body::{Own, PeerSpec, SyncBody, WgKey, parse_sync};
 use super::keys;
+use super::known::{Known, record_of, row_of, seen_of};
 use super::plan::{MeshPlan, RecordPeer, SeenPeer, plan, record_diff};
 use super::view::{MeshView, PeerView, SyncOutcome};
 use crate::agent::store_tx;
@@ -99,76 +100,6 @@ pub struct Mesh {
     starts: AtomicU64,
     /// What the agent last read or wrote (see [`Known`]); `None` after a failure.
     known: StdMutex<Option<Known>>,
-}
-
-/// What the agent last read from or wrote to the device instance `pid` and the record: a sync
-/// plans against it instead of reading 1,000 peers back each time. It is dropped when anything
-/// fails and not used for another device instance; a full reconcile pass reads everything afresh.
-#[derive(Debug)]
-struct Known {
-    pid: u32,
-    seen: BTreeMap<WgKey, SeenPeer>,
-    record: Vec<RecordPeer>,
-    whitelist: Vec<String>,
-}
-
-impl Known {
-    /// `seen` after `p` was applied.
-    fn applied(mut seen: BTreeMap<WgKey, SeenPeer>, p: &MeshPlan) -> BTreeMap<WgKey, SeenPeer> {
-        for k in &p.remove {
-            seen.remove(k);
-        }
-        for s in &p.set {
-            seen.insert(
-                s.public_key,
-                SeenPeer {
-                    endpoint: Some(s.endpoint),
-                    allowed_ips: vec![IpNet::V6(s.mesh_address.into())],
-                },
-            );
-        }
-        seen
-    }
-}
-
-fn record_of(rows: Vec<MeshPeerRow>) -> Result<Vec<RecordPeer>, Error> {
-    rows.into_iter()
-        .map(|r| {
-            let bad = |f: &str| Error::internal(format!("mesh record {}: bad {f}", r.public_key));
-            Ok(RecordPeer {
-                spec: PeerSpec {
-                    public_key: r.public_key.parse().map_err(|_| bad("public_key"))?,
-                    endpoint: r.endpoint.parse().map_err(|_| bad("endpoint"))?,
-                    mesh_address: r.mesh_address.parse().map_err(|_| bad("mesh_address"))?,
-                },
-                leaving: r.leaving,
-            })
-        })
-        .collect()
-}
-
-fn row_of(p: &PeerSpec, leaving: bool) -> MeshPeerRow {
-    MeshPeerRow {
-        public_key: p.public_key.to_string(),
-        endpoint: p.endpoint.to_string(),
-        mesh_address: p.mesh_address.to_string(),
-        leaving,
-    }
-}
-
-fn seen_of(dev: &UapiDevice) -> BTreeMap<WgKey, SeenPeer> {
-    dev.peers
-        .iter()
-        .map(|(k, p)| {
-            (
-                WgKey(*k),
-                SeenPeer {
-                    endpoint: p.endpoint,
-                    allowed_ips: p.allowed_ips.clone(),
-                },
-            )
-        })
-        .collect()
 }
 
 impl Mesh {
