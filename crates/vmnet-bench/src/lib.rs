@@ -10,6 +10,7 @@ pub mod agent;
 pub mod ipam;
 pub mod mesh;
 pub mod nft;
+pub mod procstat;
 pub mod vms;
 
 use clap::Subcommand;
