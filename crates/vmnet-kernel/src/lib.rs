@@ -6,6 +6,8 @@
 pub mod conntrack;
 mod netlink;
 pub mod netns;
+/// Keyed lookups of nf_tables set and map elements over netlink.
+pub mod nftelem;
 pub mod ns;
 pub mod tap;
 pub mod wg;

@@ -315,21 +315,6 @@ impl NftSession {
         })
     }
 
-    /// Runs one command in nft syntax: its output, or `None` when nft refused it.
-    pub(super) fn text(&self, cmd: &str) -> Result<Option<String>, NsError> {
-        match &self.lib {
-            Some(nft) => match nft.run(cmd) {
-                Ok(out) => Ok(Some(out)),
-                Err(LibNftError::Refused { .. }) => Ok(None),
-                Err(e) => Err(NsError::Nft {
-                    netns: self.netns.clone(),
-                    message: e.to_string(),
-                }),
-            },
-            None => nft_text(&self.netns, cmd),
-        }
-    }
-
     /// Runs one JSON transaction.
     pub(super) fn json(&self, ruleset: &serde_json::Value) -> Result<(), NsError> {
         match &self.lib {
@@ -342,40 +327,6 @@ impl NftSession {
             }
             None => run_nft(&self.netns, ruleset),
         }
-    }
-}
-
-/// Runs one nft command in nft syntax (e.g. `get element …`) in the calling thread's
-/// namespace: its output, or `None` when nft refused it (no such element or table).
-pub(super) fn nft_text(netns: &str, cmd: &str) -> Result<Option<String>, NsError> {
-    match LibNft::here() {
-        Ok(nft) => match nft.run(cmd) {
-            Ok(out) => Ok(Some(out)),
-            Err(LibNftError::Refused { .. }) => Ok(None),
-            Err(e) => Err(NsError::Nft {
-                netns: netns.to_owned(),
-                message: e.to_string(),
-            }),
-        },
-        Err(LibNftError::Load(_)) => {
-            let args: Vec<&str> = cmd.split_whitespace().collect();
-            let out = Command::new("nft")
-                .args(&args)
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| NsError::Nft {
-                    netns: netns.to_owned(),
-                    message: format!("cannot run nft: {e}"),
-                })?;
-            Ok(out
-                .status
-                .success()
-                .then(|| String::from_utf8_lossy(&out.stdout).into_owned()))
-        }
-        Err(e) => Err(NsError::Nft {
-            netns: netns.to_owned(),
-            message: e.to_string(),
-        }),
     }
 }
 

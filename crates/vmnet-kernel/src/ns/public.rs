@@ -16,6 +16,8 @@ use vmnet_plan::ns::public::{PublicPlan, element_cmd, maps};
 use super::driver::NetlinkNsDriver;
 use super::inns::NftSession;
 use super::{Change, NsError};
+use crate::nftelem::ElementReader;
+use netlink_packet_netfilter::NetfilterProtoFamily;
 
 /// The elements of one VM found in the host table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -55,49 +57,74 @@ fn want(p: Option<&PublicPlan>) -> Have {
     }
 }
 
-/// Looks one element up (`get element`) in the calling thread's namespace: its value, `None`
-/// when the map has no such key (or the table does not exist).
-fn get(nft: &NftSession, table: &str, map: &str, key: &str) -> Result<Option<String>, NsError> {
-    let cmd = format!("get element inet {table} {map} {{ {key} }}");
-    let Some(out) = nft.text(&cmd)? else {
-        return Ok(None);
+/// Looks one element up in the calling thread's namespace (a keyed netlink lookup, flat in the
+/// number of elements: [`crate::nftelem`]): its value, `None` when the map has no such key (or
+/// the table does not exist).
+fn get(
+    rd: &mut ElementReader,
+    label: &str,
+    table: &str,
+    map: &str,
+    key: IpAddr,
+) -> Result<Option<IpAddr>, NsError> {
+    let key = match key {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
     };
-    Ok(parse_value(&out, key))
+    let data = rd
+        .get(NetfilterProtoFamily::Inet, table, map, &key)
+        .map_err(|e| NsError::Nft {
+            netns: label.to_owned(),
+            message: format!("get element inet {table} {map}: {e}"),
+        })?;
+    Ok(data.and_then(|d| address(&d)))
 }
 
-/// The value of `key` in the output of `get element` (nft syntax:
-/// `elements = { 10.200.0.6 : 203.0.113.5 }`).
-fn parse_value(out: &str, key: &str) -> Option<String> {
-    let start = out.find("elements = {")? + "elements = {".len();
-    let body = &out[start..];
-    let body = &body[..body.find('}')?];
-    body.split(',').find_map(|e| {
-        let (k, v) = e.split_once(':').map(|(k, v)| (k.trim(), v.trim()))?;
-        // IPv6 keys contain ':' too: split on " : ".
-        let (k, v) = match e.split_once(" : ") {
-            Some((k2, v2)) => (k2.trim(), v2.trim()),
-            None => (k, v),
-        };
-        (k == key).then(|| v.to_owned())
-    })
+/// An address from the raw data of an element (4 or 16 octets).
+fn address(data: &[u8]) -> Option<IpAddr> {
+    if let Ok(a) = <[u8; 4]>::try_from(data) {
+        return Some(IpAddr::V4(Ipv4Addr::from(a)));
+    }
+    <[u8; 16]>::try_from(data)
+        .ok()
+        .map(|a| IpAddr::V6(Ipv6Addr::from(a)))
 }
 
-/// Reads this VM's elements (calling thread in the host namespace).
-pub(super) fn read(nft: &NftSession, table: &str, transit: Ipv4Addr) -> Result<Have, NsError> {
-    let t = transit.to_string();
+fn v4(a: Option<IpAddr>) -> Option<Ipv4Addr> {
+    match a {
+        Some(IpAddr::V4(a)) => Some(a),
+        _ => None,
+    }
+}
+
+fn v6(a: Option<IpAddr>) -> Option<Ipv6Addr> {
+    match a {
+        Some(IpAddr::V6(a)) => Some(a),
+        _ => None,
+    }
+}
+
+/// Reads this VM's elements (calling thread in the host namespace): at most five keyed
+/// lookups, whatever the number of VMs.
+pub(super) fn read(label: &str, table: &str, transit: Ipv4Addr) -> Result<Have, NsError> {
+    let mut rd = ElementReader::open().map_err(|e| NsError::Nft {
+        netns: label.to_owned(),
+        message: e.to_string(),
+    })?;
+    let t = IpAddr::V4(transit);
     let mut h = Have {
-        ipv4: get(nft, table, maps::SNAT4, &t)?.and_then(|v| v.parse().ok()),
-        mesh: get(nft, table, maps::OWN6, &t)?.and_then(|v| v.parse().ok()),
+        ipv4: v4(get(&mut rd, label, table, maps::SNAT4, t)?),
+        mesh: v6(get(&mut rd, label, table, maps::OWN6, t)?),
         ..Have::default()
     };
     if let Some(a) = h.ipv4 {
-        h.dnat4_ours = get(nft, table, maps::DNAT4, &a.to_string())?.as_deref() == Some(&t);
+        h.dnat4_ours = get(&mut rd, label, table, maps::DNAT4, IpAddr::V4(a))? == Some(t);
     }
     if let Some(m) = h.mesh {
-        let m = m.to_string();
-        h.ipv6 = get(nft, table, maps::SNAT6, &m)?.and_then(|v| v.parse().ok());
+        h.ipv6 = v6(get(&mut rd, label, table, maps::SNAT6, IpAddr::V6(m))?);
         if let Some(a) = h.ipv6 {
-            h.dnat6_ours = get(nft, table, maps::DNAT6, &a.to_string())?.as_deref() == Some(&m);
+            h.dnat6_ours =
+                get(&mut rd, label, table, maps::DNAT6, IpAddr::V6(a))? == Some(IpAddr::V6(m));
         }
     }
     Ok(h)
@@ -186,13 +213,12 @@ pub(super) fn sync(
     let label = d.host_ns.label().to_owned();
     let want = plan.public.as_ref();
     d.host_ns.run(|| {
-        let nft = NftSession::here(&label)?;
-        let have = read(&nft, &table, transit)?;
+        let have = read(&label, &table, transit)?;
         let Some(tx) = transaction(&table, transit, &have, want) else {
             return Ok((None, Vec::new()));
         };
         let what = differences(&have, want).join("; ");
-        nft.json(&tx)?;
+        NftSession::here(&label)?.json(&tx)?;
         let mut touched = have.addresses();
         touched.extend(want.map(PublicPlan::addresses).unwrap_or_default());
         touched.sort();
@@ -213,9 +239,7 @@ pub(super) fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<String>, N
     };
     let transit = transit_of(d, plan.user_id);
     let label = d.host_ns.label().to_owned();
-    let have = d
-        .host_ns
-        .run(|| NftSession::here(&label).and_then(|nft| read(&nft, &table, transit)))??;
+    let have = d.host_ns.run(|| read(&label, &table, transit))??;
     Ok(differences(&have, plan.public.as_ref()))
 }
 
@@ -227,10 +251,9 @@ pub(super) fn remove(d: &NetlinkNsDriver, uid: u32) -> Result<Vec<IpAddr>, NsErr
     let transit = transit_of(d, uid);
     let label = d.host_ns.label().to_owned();
     d.host_ns.run(|| {
-        let nft = NftSession::here(&label)?;
-        let have = read(&nft, &table, transit)?;
+        let have = read(&label, &table, transit)?;
         if let Some(tx) = transaction(&table, transit, &have, None) {
-            nft.json(&tx)?;
+            NftSession::here(&label)?.json(&tx)?;
         }
         Ok(have.addresses())
     })?
@@ -241,17 +264,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn get_output_is_read_for_both_families() {
-        let v4 = "table inet vmn_pub {\n\tmap snat4 {\n\t\ttype ipv4_addr : ipv4_addr\n\t\telements = { 10.200.0.6 : 203.0.113.5 }\n\t}\n}\n";
+    fn element_data_reads_as_an_address_of_either_family() {
         assert_eq!(
-            parse_value(v4, "10.200.0.6").as_deref(),
-            Some("203.0.113.5")
+            address(&[203, 0, 113, 5]),
+            Some("203.0.113.5".parse().unwrap())
         );
-        assert_eq!(parse_value(v4, "10.200.0.7"), None);
-        let v6 = "table inet vmn_pub {\n\tmap dnat6 {\n\t\ttype ipv6_addr : ipv6_addr\n\t\telements = { 2001:db8::57 : fdaa:1::7 }\n\t}\n}\n";
-        assert_eq!(
-            parse_value(v6, "2001:db8::57").as_deref(),
-            Some("fdaa:1::7")
-        );
+        let m: Ipv6Addr = "fdaa:1::7".parse().unwrap();
+        assert_eq!(address(&m.octets()), Some(IpAddr::V6(m)));
+        assert_eq!(address(&[1, 2, 3]), None);
+        assert_eq!(address(&[]), None);
     }
 }
