@@ -37,6 +37,8 @@ pub struct NetlinkNsDriver {
     deferred: StdMutex<HashMap<u32, Instant>>,
     /// Public addresses whose conntrack entries are to be deleted, handed to a background task.
     pub(super) conntrack: tokio::sync::mpsc::UnboundedSender<Vec<IpAddr>>,
+    /// The kept nf_tables sockets of the host namespace (public maps).
+    pub(super) host_nft: super::hostnft::HostNft,
 }
 
 /// Where the driver stands with the host-wide state (forwarding, router advertisements, the host
@@ -81,6 +83,7 @@ impl NetlinkNsDriver {
         let host_ns = host_netns.map_or(HostNs::Current, HostNs::Named);
         let host = host_ns.netlink()?;
         let worker_ns = host_ns.clone();
+        let host_nft = super::hostnft::HostNft::new(host_ns.clone());
         Ok(Self {
             host_plan: plan_host(&settings),
             settings,
@@ -91,6 +94,7 @@ impl NetlinkNsDriver {
             uplinks_seen: std::sync::Mutex::new(BTreeSet::new()),
             deferred: StdMutex::new(HashMap::new()),
             conntrack: super::public_driver::conntrack_worker(worker_ns),
+            host_nft,
         })
     }
 

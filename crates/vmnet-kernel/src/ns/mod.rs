@@ -77,6 +77,7 @@ mod apply;
 mod create;
 mod driver;
 mod host;
+mod hostnft;
 mod inns;
 mod links;
 mod nftcheck;

@@ -14,7 +14,6 @@ use vmnet_plan::ns::VmPlan;
 use vmnet_plan::ns::public::{PublicPlan, element_cmd, maps};
 
 use super::driver::NetlinkNsDriver;
-use super::inns::NftSession;
 use super::{Change, NsError};
 use crate::nftelem::ElementReader;
 use netlink_packet_netfilter::NetfilterProtoFamily;
@@ -106,25 +105,26 @@ fn v6(a: Option<IpAddr>) -> Option<Ipv6Addr> {
 
 /// Reads this VM's elements (calling thread in the host namespace): at most five keyed
 /// lookups, whatever the number of VMs.
-pub(super) fn read(label: &str, table: &str, transit: Ipv4Addr) -> Result<Have, NsError> {
-    let mut rd = ElementReader::open().map_err(|e| NsError::Nft {
-        netns: label.to_owned(),
-        message: e.to_string(),
-    })?;
+pub(super) fn read(
+    rd: &mut ElementReader,
+    label: &str,
+    table: &str,
+    transit: Ipv4Addr,
+) -> Result<Have, NsError> {
     let t = IpAddr::V4(transit);
     let mut h = Have {
-        ipv4: v4(get(&mut rd, label, table, maps::SNAT4, t)?),
-        mesh: v6(get(&mut rd, label, table, maps::OWN6, t)?),
+        ipv4: v4(get(rd, label, table, maps::SNAT4, t)?),
+        mesh: v6(get(rd, label, table, maps::OWN6, t)?),
         ..Have::default()
     };
     if let Some(a) = h.ipv4 {
-        h.dnat4_ours = get(&mut rd, label, table, maps::DNAT4, IpAddr::V4(a))? == Some(t);
+        h.dnat4_ours = get(rd, label, table, maps::DNAT4, IpAddr::V4(a))? == Some(t);
     }
     if let Some(m) = h.mesh {
-        h.ipv6 = v6(get(&mut rd, label, table, maps::SNAT6, IpAddr::V6(m))?);
+        h.ipv6 = v6(get(rd, label, table, maps::SNAT6, IpAddr::V6(m))?);
         if let Some(a) = h.ipv6 {
             h.dnat6_ours =
-                get(&mut rd, label, table, maps::DNAT6, IpAddr::V6(a))? == Some(IpAddr::V6(m));
+                get(rd, label, table, maps::DNAT6, IpAddr::V6(a))? == Some(IpAddr::V6(m));
         }
     }
     Ok(h)
@@ -212,13 +212,13 @@ pub(super) fn sync(
     let transit = transit_of(d, plan.user_id);
     let label = d.host_ns.label().to_owned();
     let want = plan.public.as_ref();
-    d.host_ns.run(|| {
-        let have = read(&label, &table, transit)?;
+    d.host_nft.with(|nft, rd| {
+        let have = read(rd, &label, &table, transit)?;
         let Some(tx) = transaction(&table, transit, &have, want) else {
             return Ok((None, Vec::new()));
         };
         let what = differences(&have, want).join("; ");
-        NftSession::here(&label)?.json(&tx)?;
+        nft.json(&tx)?;
         let mut touched = have.addresses();
         touched.extend(want.map(PublicPlan::addresses).unwrap_or_default());
         touched.sort();
@@ -229,7 +229,7 @@ pub(super) fn sync(
             }),
             touched,
         ))
-    })?
+    })
 }
 
 /// The differences between the VM's elements and `plan` (drift), one line each.
@@ -239,7 +239,7 @@ pub(super) fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<String>, N
     };
     let transit = transit_of(d, plan.user_id);
     let label = d.host_ns.label().to_owned();
-    let have = d.host_ns.run(|| read(&label, &table, transit))??;
+    let have = d.host_nft.with(|_, rd| read(rd, &label, &table, transit))?;
     Ok(differences(&have, plan.public.as_ref()))
 }
 
@@ -250,13 +250,13 @@ pub(super) fn remove(d: &NetlinkNsDriver, uid: u32) -> Result<Vec<IpAddr>, NsErr
     };
     let transit = transit_of(d, uid);
     let label = d.host_ns.label().to_owned();
-    d.host_ns.run(|| {
-        let have = read(&label, &table, transit)?;
+    d.host_nft.with(|nft, rd| {
+        let have = read(rd, &label, &table, transit)?;
         if let Some(tx) = transaction(&table, transit, &have, None) {
-            NftSession::here(&label)?.json(&tx)?;
+            nft.json(&tx)?;
         }
         Ok(have.addresses())
-    })?
+    })
 }
 
 #[cfg(test)]
