@@ -15,6 +15,7 @@
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Errors of the libnftables binding.
 #[derive(Debug, thiserror::Error)]
@@ -137,12 +138,61 @@ unsafe impl Send for Ctx {}
 
 impl Drop for Ctx {
     fn drop(&mut self) {
-        if let Ok(api) = api() {
-            let _lib = lib_lock();
-            // SAFETY: the pointer came from nft_ctx_new and is freed exactly once.
-            unsafe { (api.ctx_free)(self.0) };
+        let ctx = Ctx(std::mem::replace(&mut self.0, std::ptr::null_mut()));
+        if ctx.0.is_null() {
+            return;
+        }
+        // Freed by the reaper, later (see `reaper`); where it cannot be handed over (the
+        // thread could not be started), here.
+        if let Err(std::sync::mpsc::SendError((_, ctx))) = reaper().send((Instant::now(), ctx)) {
+            free_now(&ctx);
+            std::mem::forget(ctx);
         }
     }
+}
+
+/// Frees the context `ctx` points to (holding the library lock).
+fn free_now(ctx: &Ctx) {
+    if let Ok(api) = api() {
+        let _lib = lib_lock();
+        // SAFETY: the pointer came from nft_ctx_new and is freed exactly once (the callers
+        // forget or null the `Ctx` afterwards).
+        unsafe { (api.ctx_free)(ctx.0) };
+    }
+}
+
+/// How long a dropped context waits before the reaper frees it.
+const REAP_DELAY: Duration = Duration::from_millis(50);
+
+/// The thread that frees dropped contexts [`REAP_DELAY`] after their drop.
+///
+/// Freeing a context closes its netfilter socket, and the kernel makes a closing socket wait
+/// until every pending nf_tables release is done, an RCU grace period after any deletion
+/// (10–15 ms here; `nft_rcv_nl_event` flushes the release work). A transaction that deleted a
+/// rule or an element would pay that wait in its own apply, and an immediate free in the
+/// background would hold the library lock through it. After the delay the releases are
+/// usually done, the close is quick, and nothing waits for it.
+fn reaper() -> &'static std::sync::mpsc::Sender<(Instant, Ctx)> {
+    static REAPER: std::sync::OnceLock<std::sync::mpsc::Sender<(Instant, Ctx)>> =
+        std::sync::OnceLock::new();
+    REAPER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<(Instant, Ctx)>();
+        let started = std::thread::Builder::new()
+            .name("libnft-reaper".into())
+            .spawn(move || {
+                for (dropped, ctx) in rx {
+                    if let Some(wait) = REAP_DELAY.checked_sub(dropped.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                    free_now(&ctx);
+                    std::mem::forget(ctx);
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot start the libnftables reaper; contexts are freed at once");
+        }
+        tx
+    })
 }
 
 fn read(p: *const c_char) -> String {
