@@ -246,3 +246,49 @@ async fn removing_one_vm_of_many_leaves_every_other_vm_exactly_as_it_was() {
     assert!(all.len() > after.len(), "the removed VM had state");
     let _ = netns::ip(&env.sb.host(), &["route"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+async fn public_state_of_a_vm_whose_netns_is_gone_is_collected() {
+    let env = Env::with(|s| {
+        s.uplink = Some(HOST_UPLINK_IF.into());
+        s.public_neighbors = PublicNeighbors::Proxy;
+    });
+    let a = vm(&env, 1, "203.0.113.71", "2001:db8:0:1::71");
+    let b = vm(&env, 2, "203.0.113.72", "2001:db8:0:1::72");
+    env.driver.apply(&a).await.expect("apply a");
+    let only_b = {
+        env.driver.apply(&b).await.expect("apply b");
+        let all = public_state(&env);
+        env.driver.remove(1).await.expect("remove a");
+        let s = public_state(&env);
+        env.driver.apply(&a).await.expect("apply a again");
+        assert_eq!(public_state(&env), all);
+        s
+    };
+    // A's netns and veth pair go away behind the driver's back (a reboot would take them too);
+    // its elements, public route and proxy entries stay on the host.
+    netns::delete(&a.netns).expect("delete a's netns");
+    let host_veth = &a.veth.as_ref().expect("a has a veth pair").host_name;
+    let host = env.sb.host();
+    let _ = netns::ip(&host, &["link", "del", host_veth]);
+    // Its policy rules and routing table too: nothing names user id 1 but the public state.
+    for fam in ["-4", "-6"] {
+        while netns::ip(&host, &[fam, "rule", "del", "iif", host_veth]).is_ok() {}
+        let t = a.host_table.to_string();
+        let _ = netns::ip(&host, &[fam, "route", "flush", "table", &t]);
+    }
+    assert!(
+        public_state(&env)
+            .iter()
+            .any(|l| l.contains("203.0.113.71")),
+        "a's public state is still there"
+    );
+    let collected = env.driver.gc(&[2]).await.expect("gc");
+    assert_eq!(collected, vec![1], "a collected, by its elements");
+    assert_eq!(
+        public_state(&env),
+        only_b,
+        "none of a's elements, routes or proxy entries left; b's exactly as before"
+    );
+}

@@ -342,6 +342,11 @@ impl NetlinkNsDriver {
                 }
             }
         }
+        // A VM whose netns and veth pair are gone (removed by hand, or by a reboot) while its
+        // public mapping stayed in the host table.
+        for uid in super::public::element_owners(self)? {
+            entry(&mut by_uid, uid);
+        }
         Ok(by_uid.into_values().collect())
     }
 

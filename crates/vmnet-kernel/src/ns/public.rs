@@ -259,9 +259,65 @@ pub(super) fn remove(d: &NetlinkNsDriver, uid: u32) -> Result<Vec<IpAddr>, NsErr
     })
 }
 
+/// The user ids that own elements in the host table (the transit addresses keying `snat4` and
+/// `own6`), from one listing of it: what garbage collection needs to find a VM whose netns and
+/// veth pair are gone while its public mapping stayed. One listing per call (it grows with the
+/// number of mappings; called once per reconcile pass, never per VM).
+pub(super) fn element_owners(d: &NetlinkNsDriver) -> Result<Vec<u32>, NsError> {
+    let Some(table) = table(d) else {
+        return Ok(Vec::new());
+    };
+    let label = d.host_ns.label().to_owned();
+    let listing = d
+        .host_ns
+        .run(|| super::inns::list_table(&label, "inet", &table))??;
+    Ok(listing.map_or_else(Vec::new, |l| owners(&l, |t| d.settings.uid_of_transit(t))))
+}
+
+/// The owners (by `uid_of`, from a netns transit address) of the keys of `snat4` and `own6`
+/// in an nft JSON listing.
+fn owners(listing: &serde_json::Value, uid_of: impl Fn(Ipv4Addr) -> Option<u32>) -> Vec<u32> {
+    let mut uids: Vec<u32> = listing["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|item| item.get("map"))
+        .filter(|m| matches!(m["name"].as_str(), Some(maps::SNAT4 | maps::OWN6)))
+        .filter_map(|m| m["elem"].as_array())
+        .flatten()
+        .filter_map(|e| e.get(0).and_then(serde_json::Value::as_str))
+        .filter_map(|k| k.parse::<Ipv4Addr>().ok())
+        .filter_map(uid_of)
+        .collect();
+    uids.sort_unstable();
+    uids.dedup();
+    uids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_owners_of_elements_are_the_transit_keys_of_snat4_and_own6() {
+        let listing = serde_json::json!({"nftables": [
+            {"metainfo": {"version": "1.0.6"}},
+            {"map": {"family": "inet", "name": "dnat4", "table": "t",
+                "elem": [["203.0.113.5", "10.200.0.6"]]}},
+            {"map": {"family": "inet", "name": "snat4", "table": "t",
+                "elem": [["10.200.0.6", "203.0.113.5"], ["10.200.0.10", "203.0.113.6"]]}},
+            {"map": {"family": "inet", "name": "own6", "table": "t",
+                "elem": [["10.200.0.6", "fdaa:1::1"], ["10.200.0.14", "fdaa:1::3"]]}},
+            {"map": {"family": "inet", "name": "snat6", "table": "t",
+                "elem": [["fdaa:1::1", "2001:db8::1"]]}}
+        ]});
+        let uid_of = |a: Ipv4Addr| {
+            let off = u32::from(a).checked_sub(u32::from(Ipv4Addr::new(10, 200, 0, 2)))?;
+            (off % 4 == 0).then_some(off / 4)
+        };
+        assert_eq!(owners(&listing, uid_of), vec![1, 2, 3]);
+        assert!(owners(&serde_json::json!({"nftables": []}), uid_of).is_empty());
+    }
 
     #[test]
     fn element_data_reads_as_an_address_of_either_family() {

@@ -131,4 +131,16 @@ impl NsSettings {
         let base = u32::from(self.transit_ipv4.network());
         Ipv4Net::new(Ipv4Addr::from(base + 4 * uid), 30).expect("30 is a valid length")
     }
+
+    /// The user id whose netns transit address (the second address of its /30, see
+    /// [`Self::transit_of`]) is `addr`; `None` for any other address.
+    #[must_use]
+    pub fn uid_of_transit(&self, addr: Ipv4Addr) -> Option<u32> {
+        let off = u32::from(addr).checked_sub(u32::from(self.transit_ipv4.network()) + 2)?;
+        let uid = off / 4;
+        (off % 4 == 0
+            && uid <= vmnet_model::vm::MAX_USER_ID
+            && self.transit_of(uid).contains(&addr))
+        .then_some(uid)
+    }
 }

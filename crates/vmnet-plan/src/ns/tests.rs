@@ -66,6 +66,24 @@ fn prefix_rules() {
 }
 
 #[test]
+fn the_netns_transit_address_names_its_user_id_and_nothing_else_does() {
+    let s = NsSettings::default();
+    for uid in [0, 1, 7, MAX_USER_ID] {
+        let netns_side = std::net::Ipv4Addr::from(u32::from(s.transit_of(uid).network()) + 2);
+        assert_eq!(s.uid_of_transit(netns_side), Some(uid), "{netns_side}");
+    }
+    for other in [
+        "10.200.0.1",
+        "10.200.0.4",
+        "10.200.0.7",
+        "10.199.255.254",
+        "10.204.0.2",
+    ] {
+        assert_eq!(s.uid_of_transit(other.parse().unwrap()), None, "{other}");
+    }
+}
+
+#[test]
 fn transit_extremes_and_no_collisions() {
     let s = NsSettings::default();
     assert_eq!(s.max_user_id(), 0xffff);
