@@ -443,6 +443,16 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(super::tc::counters(plan))
     }
 
+    fn audit_table<'a>(
+        &'a self,
+        plan: &'a VmPlan,
+    ) -> BoxFuture<'a, Result<Option<Vec<String>>, NsError>> {
+        Box::pin(async move {
+            super::apply::check_prefix(self, plan)?;
+            super::firewall::audit(self, plan).await
+        })
+    }
+
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
         Box::pin(async {
             self.host_ready.lock().await.ready = false;
