@@ -60,7 +60,10 @@ use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 use crate::api::error::from_ns;
 use crate::mesh::runtime::Mesh;
 use crate::pool::node::PoolNode;
+mod fwaudit;
 mod view;
+
+pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
 
 use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmView};
 
@@ -89,6 +92,10 @@ pub struct Agent {
     pool: OnceLock<Arc<PoolNode>>,
     /// The mesh's WireGuard interface, when the agent runs it.
     mesh: OnceLock<Arc<Mesh>>,
+    /// The firewall audit's period ([`Agent::set_firewall_audit_period`]).
+    firewall_period: StdMutex<Duration>,
+    /// The firewall audit's record.
+    pub(crate) firewall: StdMutex<fwaudit::FirewallRecord>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -167,6 +174,14 @@ impl Agent {
             last_api_change: StdMutex::new(None),
             pool: OnceLock::new(),
             mesh: OnceLock::new(),
+            firewall_period: StdMutex::new(Duration::from_secs(DEFAULT_FIREWALL_AUDIT_SECS)),
+            firewall: StdMutex::new(fwaudit::FirewallRecord {
+                status: crate::status::FirewallAuditStatus {
+                    audit_period_secs: DEFAULT_FIREWALL_AUDIT_SECS,
+                    ..Default::default()
+                },
+                per_vm: std::collections::BTreeMap::new(),
+            }),
         }))
     }
 
@@ -523,6 +538,7 @@ impl Agent {
             vms,
             reconcile,
             pool,
+            firewall: self.firewall_status(),
         })
     }
 }
