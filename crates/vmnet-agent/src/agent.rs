@@ -351,10 +351,16 @@ impl Agent {
         };
         // A config that differs from the applied one in its limits only changes the HTB classes
         // in place; anything else is a full apply.
-        let limits_only = prev_good
-            .as_ref()
-            .is_some_and(|o| limits_only_change(o, &cfg))
-            && before.as_ref().is_some_and(|b| b.last_error.is_none());
+        let in_sync = before.as_ref().is_some_and(|b| b.last_error.is_none());
+        let limits_only = in_sync
+            && prev_good
+                .as_ref()
+                .is_some_and(|o| limits_only_change(o, &cfg));
+        // One that differs in its firewall only replaces the VM's netns table.
+        let firewall_only = in_sync
+            && prev_good
+                .as_ref()
+                .is_some_and(|o| firewall_only_change(o, &cfg));
         let row = VmRow {
             id: cfg.id.clone(),
             user_id: cfg.user_id,
@@ -381,6 +387,8 @@ impl Agent {
         let apply = async {
             if limits_only {
                 self.driver.apply_limits(&plan).await
+            } else if firewall_only {
+                self.driver.apply_table(&plan).await
             } else {
                 self.driver.apply(&plan).await
             }
@@ -541,6 +549,15 @@ impl Agent {
             firewall: self.firewall_status(),
         })
     }
+}
+
+/// Whether `new` differs from `old` in its firewall only (and does differ).
+fn firewall_only_change(old: &VmConfig, new: &VmConfig) -> bool {
+    let same_rest = VmConfig {
+        firewall: new.firewall.clone(),
+        ..old.clone()
+    };
+    same_rest == *new && old != new
 }
 
 /// Whether `new` differs from `old` in its throughput limits only (and does differ).

@@ -157,7 +157,11 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         ("vm-behind-gateway", "ipv4 tcp echo", "no reach"),
         // vm-firewall: what its rules allow arrives, the rest does not (real packets).
         ("vm-firewall", "ipv4 udp echo", "from 203.0.113.58"),
-        ("vm-firewall", "public ipv4 udp from internet", "from 203.0.113.1"),
+        (
+            "vm-firewall",
+            "public ipv4 udp from internet",
+            "from 203.0.113.1",
+        ),
         (
             "vm-firewall",
             "firewall tcp 7 from internet to 203.0.113.58",

@@ -26,6 +26,7 @@
 //! time: the driver shares one host netlink socket, and concurrent route dumps on it overflow
 //! its receive buffer (`ENOBUFS`); the agent serializes its operations the same way.
 
+pub mod firewall;
 pub mod public;
 mod shell;
 
@@ -55,6 +56,9 @@ pub struct VmsBenchArgs {
     /// /128, and time removing and adding one VM's public mapping at each N.
     #[arg(long)]
     pub public: bool,
+    /// Give every VM a 50-prefix firewall; time one VM's firewall change and an audit pass.
+    #[arg(long)]
+    pub firewall: bool,
 }
 
 /// Latency statistics of one phase.
@@ -111,6 +115,8 @@ pub struct Row {
     pub leftover_netns: Option<usize>,
     /// With `--public`: one VM's public mapping added / removed (whole apply), latencies.
     pub mapping: Option<(Vec<Duration>, Vec<Duration>)>,
+    /// With `--firewall`: firewall change latencies, audit pass wall time, tables it rewrote.
+    pub firewall: Option<(Vec<Duration>, Duration, usize)>,
 }
 
 /// The private and public limits of every bench VM, MiB/s.
@@ -119,15 +125,16 @@ pub const LIMITS: (u32, u32) = (100, 20);
 pub const CHANGED_PUBLIC: u32 = 25;
 
 fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
-    vm_config_with(uid, LIMITS.1, false)
+    vm_config_with(uid, LIMITS.1, false, None)
 }
 
-/// A bench VM's config with public limit `public_limit` (MiB/s) and, when `public`, public
-/// addresses.
+/// A bench VM's config with public limit `public_limit` (MiB/s), when `public` public
+/// addresses, and with `firewall` the 50-prefix firewall of that variant.
 fn vm_config_with(
     uid: u32,
     public_limit: u32,
     public: bool,
+    firewall: Option<u32>,
 ) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
     let mut v = serde_json::json!({
         "id": format!("bench-{uid}"),
@@ -143,6 +150,9 @@ fn vm_config_with(
     });
     if public {
         public::add_public(&mut v, uid);
+    }
+    if let Some(variant) = firewall {
+        v["firewall"] = firewall::firewall(variant);
     }
     vmnet_model::vm::from_value(&v)
 }
@@ -198,7 +208,7 @@ pub async fn run(args: VmsBenchArgs) -> Result<(), Error> {
     eprintln!("bench sandbox {} (host netns {host})", sb.prefix());
     let mut rows = Vec::new();
     for &n in &counts {
-        rows.push(bench_netlink(&driver, &settings, n, args.public).await?);
+        rows.push(bench_netlink(&driver, &settings, n, args.public, args.firewall).await?);
         let shell_n = args.shell_max.map_or(n, |m| n.min(m));
         if shell_n > 0 {
             let host2 = host.clone();
@@ -225,11 +235,13 @@ async fn bench_netlink(
     settings: &NsSettings,
     n: u32,
     public: bool,
+    with_fw: bool,
 ) -> Result<Row, Error> {
+    let fw = with_fw.then_some(0);
     let rss_before = rss_kib();
     let mut setup = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
-        let p = &plan_vm(&vm_config_with(uid, LIMITS.1, public)?, settings)?;
+        let p = &plan_vm(&vm_config_with(uid, LIMITS.1, public, fw)?, settings)?;
         let t = Instant::now();
         driver
             .apply(p)
@@ -240,7 +252,7 @@ async fn bench_netlink(
     let rss = rss_kib();
     let mut change = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
-        let p = &plan_vm(&vm_config_with(uid, CHANGED_PUBLIC, public)?, settings)?;
+        let p = &plan_vm(&vm_config_with(uid, CHANGED_PUBLIC, public, fw)?, settings)?;
         let t = Instant::now();
         let changes = driver
             .apply_limits(p)
@@ -258,10 +270,24 @@ async fn bench_netlink(
         let uid = n.div_ceil(2);
         Some(
             public::bench_mapping(driver.as_ref(), settings, uid, |with| {
-                Ok(vm_config_with(uid, LIMITS.1, with)?)
+                Ok(vm_config_with(uid, LIMITS.1, with, fw)?)
             })
             .await?,
         )
+    } else {
+        None
+    };
+    let firewall = if with_fw {
+        let uid = n.div_ceil(2);
+        let change = firewall::bench_change(driver.as_ref(), settings, uid, |variant| {
+            Ok(vm_config_with(uid, CHANGED_PUBLIC, public, Some(variant))?)
+        })
+        .await?;
+        let (audit, rewritten) = firewall::bench_audit(driver.as_ref(), settings, n, |uid| {
+            Ok(vm_config_with(uid, CHANGED_PUBLIC, public, fw)?)
+        })
+        .await?;
+        Some((change, audit, rewritten))
     } else {
         None
     };
@@ -295,6 +321,7 @@ async fn bench_netlink(
         change,
         leftover_netns: Some(leftover),
         mapping,
+        firewall,
     })
 }
 
@@ -326,6 +353,7 @@ fn bench_shell(plans: &[VmPlan], host: &str) -> Result<Row, Error> {
         change: Vec::new(),
         leftover_netns: None,
         mapping: None,
+        firewall: None,
     })
 }
 
@@ -392,6 +420,11 @@ pub fn render(rows: &[Row]) -> String {
                 ms(d.p99),
                 add.len()
             );
+        }
+    }
+    for r in rows.iter().filter(|r| r.method == "netlink") {
+        if let Some((change, audit, rewritten)) = &r.firewall {
+            out.push_str(&firewall::lines(r.n, change, *audit, *rewritten));
         }
     }
     if let Some(r) = netlink_max {

@@ -443,6 +443,20 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(super::tc::counters(plan))
     }
 
+    fn apply_table<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        Box::pin(async move {
+            super::apply::check_prefix(self, plan)?;
+            if !netns::exists(&plan.netns) {
+                return super::apply::apply(self, plan).await;
+            }
+            super::firewall::replace_table(self, plan)?;
+            Ok(vec![Change::ReplaceNft {
+                fingerprint: plan.nft_fingerprint.clone(),
+                differences: vec!["the firewall changed".into()],
+            }])
+        })
+    }
+
     fn audit_table<'a>(
         &'a self,
         plan: &'a VmPlan,

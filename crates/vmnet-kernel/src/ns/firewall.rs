@@ -62,11 +62,14 @@ pub(super) fn replace_table(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), Ns
     let name = plan.netns.clone();
     let memo = &d.nft_memo;
     netns::run_in(&plan.netns, || -> Result<(), NsError> {
-        inns::run_nft(&name, &plan.nft)?;
+        // One libnftables context for the transaction and the read-back: a context costs its
+        // set-up and, once it committed, a socket close that waits for the kernel.
+        let nft = inns::NftSession::here(&name)?;
+        nft.json(&plan.nft)?;
         if let Some(fw) = &plan.firewall {
             sweep_here(&name, fw);
         }
-        let listing = nftcheck::or_empty(inns::list_table(&name, "inet", &table)?);
+        let listing = nftcheck::or_empty(nft.list_table("inet", &table)?);
         memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
     })?
 }

@@ -330,6 +330,28 @@ impl NftSession {
         }
     }
 
+    /// The JSON listing of table `family name`, `None` when it does not exist.
+    pub(super) fn list_table(
+        &self,
+        family: &str,
+        table: &str,
+    ) -> Result<Option<serde_json::Value>, NsError> {
+        if self.lib.is_none() {
+            return list_table(&self.netns, family, table);
+        }
+        let cmd = serde_json::json!({"nftables": [{"list": {"table": {"family": family, "name": table}}}]})
+            .to_string();
+        match self.text(&cmd)? {
+            None => Ok(None),
+            Some(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| NsError::Nft {
+                    netns: self.netns.clone(),
+                    message: format!("unreadable nft output: {e}"),
+                }),
+        }
+    }
+
     /// Runs one JSON transaction.
     pub(super) fn json(&self, ruleset: &serde_json::Value) -> Result<(), NsError> {
         match &self.lib {

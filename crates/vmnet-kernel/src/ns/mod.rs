@@ -155,6 +155,14 @@ pub trait NsDriver: Send + Sync {
         self.apply(plan)
     }
 
+    /// Applies a plan that differs from the applied one in its netns nft table only (a changed
+    /// firewall): the table is replaced in one transaction (with the conntrack sweep of
+    /// [`NsDriver::audit_table`]), without the full observe of [`NsDriver::apply`]; a VM whose
+    /// netns does not exist is a full `apply`. The next reconcile pass reads everything back.
+    fn apply_table<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        self.apply(plan)
+    }
+
     /// Audits the VM's netns table (its firewall with it): compares it with `plan` by content and
     /// replaces it when it differs, removing the tracked connections the planned firewall does
     /// not admit. Returns the differences replaced; `None` when in sync, when the VM's netns
