@@ -36,8 +36,8 @@ fn last_rule(ns: &str, table: &str, chain: &str) -> u64 {
         .as_array()
         .unwrap()
         .iter()
-        .filter_map(|i| i["rule"]["handle"].as_u64())
-        .last()
+        .rev()
+        .find_map(|i| i["rule"]["handle"].as_u64())
         .unwrap()
 }
 

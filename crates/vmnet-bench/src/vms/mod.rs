@@ -26,9 +26,12 @@
 //! time: the driver shares one host netlink socket, and concurrent route dumps on it overflow
 //! its receive buffer (`ENOBUFS`); the agent serializes its operations the same way.
 
+mod config;
 pub mod firewall;
 pub mod public;
 mod shell;
+
+use self::config::{vm_config, vm_config_with};
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -123,39 +126,6 @@ pub struct Row {
 pub const LIMITS: (u32, u32) = (100, 20);
 /// The public limit a limit change sets, MiB/s.
 pub const CHANGED_PUBLIC: u32 = 25;
-
-fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
-    vm_config_with(uid, LIMITS.1, false, None)
-}
-
-/// A bench VM's config with public limit `public_limit` (MiB/s), when `public` public
-/// addresses, and with `firewall` the 50-prefix firewall of that variant.
-fn vm_config_with(
-    uid: u32,
-    public_limit: u32,
-    public: bool,
-    firewall: Option<u32>,
-) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
-    let mut v = serde_json::json!({
-        "id": format!("bench-{uid}"),
-        "user_id": uid,
-        "tenant": 1,
-        "mesh_ipv6": format!("fdaa:1::{uid:x}"),
-        "private_network_throughput_mibps": LIMITS.0,
-        "public_network_throughput_mibps": public_limit,
-        "network": {"routes": [
-            {"destination": "0.0.0.0/0", "via": "host"},
-            {"destination": "::/0", "via": "host"}
-        ]}
-    });
-    if public {
-        public::add_public(&mut v, uid);
-    }
-    if let Some(variant) = firewall {
-        v["firewall"] = firewall::firewall(variant);
-    }
-    vmnet_model::vm::from_value(&v)
-}
 
 /// The `VmRSS` of this process in KiB.
 #[must_use]
@@ -574,18 +544,22 @@ mod tests {
         let plans: Vec<VmPlan> = (1..=3)
             .map(|u| plan_vm(&vm_config(u).expect("cfg"), &settings).expect("plan"))
             .collect();
-        let row = bench_netlink(&driver, &settings, 3, false)
+        let row = bench_netlink(&driver, &settings, 3, false, false)
             .await
             .expect("netlink");
         assert_eq!((row.setup.len(), row.teardown.len()), (3, 3));
         assert!(row.rss_kib.is_some_and(|k| k > 0));
         assert!(row.mapping.is_none());
-        let public = bench_netlink(&driver, &settings, 3, true)
+        let public = bench_netlink(&driver, &settings, 3, true, true)
             .await
-            .expect("netlink --public");
+            .expect("netlink --public --firewall");
         let (add, remove) = public.mapping.as_ref().expect("mapping timed");
         assert_eq!((add.len(), remove.len()), (20, 20));
-        assert!(render(&[public]).contains("one VM's public mapping at N=3"));
+        let (change, _, rewritten) = public.firewall.as_ref().expect("firewall timed");
+        assert_eq!((change.len(), *rewritten), (40, 0));
+        let text = render(&[public]);
+        assert!(text.contains("one VM's public mapping at N=3"), "{text}");
+        assert!(text.contains("firewall audit pass over 3 VMs"), "{text}");
         let host = sb.host();
         let row = tokio::task::spawn_blocking(move || bench_shell(&plans, &host))
             .await

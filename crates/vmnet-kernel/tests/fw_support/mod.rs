@@ -141,6 +141,19 @@ pub fn ping_ok(ns: &str, dst: IpAddr, how: Ping, t: Duration) -> bool {
         .expect("raw socket")
 }
 
+/// setsockopt(2) with a raw option value; panics when the kernel refuses it.
+fn set_opt(fd: i32, level: i32, opt: i32, value: &[u8]) {
+    let len = libc::socklen_t::try_from(value.len()).expect("short option");
+    // SAFETY: `fd` is an open socket and `value` a readable buffer of `len` bytes for the call.
+    let r = unsafe { libc::setsockopt(fd, level, opt, value.as_ptr().cast(), len) };
+    assert_eq!(
+        r,
+        0,
+        "setsockopt {level}/{opt}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
 fn ping_here(dst: IpAddr, how: Ping, t: Duration) -> nix::Result<bool> {
     let v4 = dst.is_ipv4();
     let proto = if v4 {
@@ -154,46 +167,27 @@ fn ping_here(dst: IpAddr, how: Ping, t: Duration) -> nix::Result<bool> {
         bind(fd.as_raw_fd(), &sockaddr(SocketAddr::new(s, 0)))?;
     }
     let raw = fd.as_raw_fd();
-    // SAFETY (for each setsockopt below): plain setsockopt(2) on an open socket with a buffer
-    // of the given length.
     if v4 {
         let dont: libc::c_int = libc::IP_PMTUDISC_DONT;
-        unsafe {
-            libc::setsockopt(
-                raw,
-                libc::IPPROTO_IP,
-                libc::IP_MTU_DISCOVER,
-                (&raw const dont).cast(),
-                4,
-            );
-        }
+        set_opt(
+            raw,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            &dont.to_ne_bytes(),
+        );
     } else {
         if how.hop_by_hop {
             // Next header (filled in by the kernel), length 0 (8 bytes), PadN of 4 bytes.
-            let hbh: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
-            let r = unsafe {
-                libc::setsockopt(
-                    raw,
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_HOPOPTS,
-                    hbh.as_ptr().cast(),
-                    8,
-                )
-            };
-            assert_eq!(r, 0, "IPV6_HOPOPTS: {}", std::io::Error::last_os_error());
+            set_opt(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_HOPOPTS,
+                &[0, 0, 1, 4, 0, 0, 0, 0],
+            );
         }
         if let Some(m) = how.mtu {
             let m = libc::c_int::try_from(m).unwrap_or(1280);
-            let r = unsafe {
-                libc::setsockopt(
-                    raw,
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_MTU,
-                    (&raw const m).cast(),
-                    4,
-                )
-            };
-            assert_eq!(r, 0, "IPV6_MTU: {}", std::io::Error::last_os_error());
+            set_opt(raw, libc::IPPROTO_IPV6, libc::IPV6_MTU, &m.to_ne_bytes());
         }
     }
     let id = u16::try_from(std::process::id() & 0xffff).unwrap_or(0) ^ 0x1f1f;

@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 use super::firewall::{Firewall, FirewallRule, PortRange, Protocol};
 use super::*;
 
+#[allow(clippy::needless_pass_by_value)]
 fn base(firewall: Value) -> Value {
     json!({"id": "vm-7", "user_id": 7, "tenant": 1, "mesh_ipv6": "fdaa:1::7",
         "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]},
@@ -17,6 +18,7 @@ fn err(firewall: Value) -> String {
         .message()
 }
 
+#[allow(clippy::needless_pass_by_value)]
 fn inbound(rule: Value) -> String {
     err(json!({"enabled": true, "inbound": [rule]}))
 }
