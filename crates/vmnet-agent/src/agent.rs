@@ -60,7 +60,10 @@ use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 use crate::api::error::from_ns;
 use crate::mesh::runtime::Mesh;
 use crate::pool::node::PoolNode;
+mod fwaudit;
 mod view;
+
+pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
 
 use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmView};
 
@@ -89,6 +92,10 @@ pub struct Agent {
     pool: OnceLock<Arc<PoolNode>>,
     /// The mesh's WireGuard interface, when the agent runs it.
     mesh: OnceLock<Arc<Mesh>>,
+    /// The firewall audit's period ([`Agent::set_firewall_audit_period`]).
+    firewall_period: StdMutex<Duration>,
+    /// The firewall audit's record.
+    pub(crate) firewall: StdMutex<fwaudit::FirewallRecord>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -167,6 +174,14 @@ impl Agent {
             last_api_change: StdMutex::new(None),
             pool: OnceLock::new(),
             mesh: OnceLock::new(),
+            firewall_period: StdMutex::new(Duration::from_secs(DEFAULT_FIREWALL_AUDIT_SECS)),
+            firewall: StdMutex::new(fwaudit::FirewallRecord {
+                status: crate::status::FirewallAuditStatus {
+                    audit_period_secs: DEFAULT_FIREWALL_AUDIT_SECS,
+                    ..Default::default()
+                },
+                per_vm: std::collections::BTreeMap::new(),
+            }),
         }))
     }
 
@@ -336,10 +351,16 @@ impl Agent {
         };
         // A config that differs from the applied one in its limits only changes the HTB classes
         // in place; anything else is a full apply.
-        let limits_only = prev_good
-            .as_ref()
-            .is_some_and(|o| limits_only_change(o, &cfg))
-            && before.as_ref().is_some_and(|b| b.last_error.is_none());
+        let in_sync = before.as_ref().is_some_and(|b| b.last_error.is_none());
+        let limits_only = in_sync
+            && prev_good
+                .as_ref()
+                .is_some_and(|o| limits_only_change(o, &cfg));
+        // One that differs in its firewall only replaces the VM's netns table.
+        let firewall_only = in_sync
+            && prev_good
+                .as_ref()
+                .is_some_and(|o| firewall_only_change(o, &cfg));
         let row = VmRow {
             id: cfg.id.clone(),
             user_id: cfg.user_id,
@@ -366,6 +387,8 @@ impl Agent {
         let apply = async {
             if limits_only {
                 self.driver.apply_limits(&plan).await
+            } else if firewall_only {
+                self.driver.apply_table(&plan).await
             } else {
                 self.driver.apply(&plan).await
             }
@@ -523,8 +546,18 @@ impl Agent {
             vms,
             reconcile,
             pool,
+            firewall: self.firewall_status(),
         })
     }
+}
+
+/// Whether `new` differs from `old` in its firewall only (and does differ).
+fn firewall_only_change(old: &VmConfig, new: &VmConfig) -> bool {
+    let same_rest = VmConfig {
+        firewall: new.firewall.clone(),
+        ..old.clone()
+    };
+    same_rest == *new && old != new
 }
 
 /// Whether `new` differs from `old` in its throughput limits only (and does differ).

@@ -30,13 +30,15 @@
 //!   config is planned (a config that no longer plans stops the collection) and its plan dropped
 //!   at once: a pass holds one plan at a time, so its memory does not grow with the VM count.
 //! - The store is written only when a VM's outcome changed, so an idle agent does not write.
+//! - Between passes the loop also runs the firewall audit every `--firewall-audit-secs`
+//!   ([`Agent::audit_firewalls`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vmnet_ipam::vm_store::{self, VmRow};
-use vmnet_kernel::ns::ObservedVm;
+use vmnet_kernel::ns::{Change, ObservedVm};
 use vmnet_model::Error;
 use vmnet_model::vm::parse_vm_config;
 
@@ -146,7 +148,7 @@ impl Agent {
 
     /// Waits until no VM change through the API was seen for [`API_QUIET`], at most
     /// [`API_YIELD_MAX`].
-    async fn yield_to_api(&self) {
+    pub(crate) async fn yield_to_api(&self) {
         let start = tokio::time::Instant::now();
         loop {
             let last = self.last_api_change.lock().ok().and_then(|t| *t);
@@ -302,6 +304,13 @@ impl Agent {
             Ok(changes) => {
                 if in_sync && !changes.is_empty() {
                     let lines: Vec<String> = changes.iter().map(ToString::to_string).collect();
+                    if plan.firewall.is_some()
+                        && let Some(Change::ReplaceNft { differences, .. }) = changes
+                            .iter()
+                            .find(|c| matches!(c, Change::ReplaceNft { .. }))
+                    {
+                        self.count_firewall_repair(&row.id, differences);
+                    }
                     tracing::warn!(vm = %row.id, changes = ?lines, "kernel state changed behind the agent's back; repaired");
                     repaired = Some(format!("vm {}: {}", row.id, lines.join("; ")));
                 }
@@ -357,6 +366,7 @@ impl Agent {
     pub async fn run_loop(self: Arc<Self>) {
         let mut full = true;
         let mut next_full = tokio::time::Instant::now();
+        let mut next_audit = tokio::time::Instant::now() + self.firewall_audit_period();
         loop {
             if tokio::time::Instant::now() >= next_full {
                 full = true;
@@ -373,13 +383,24 @@ impl Agent {
                 // the interval (many VMs) still leaves the agent idle in between.
                 next_full = tokio::time::Instant::now() + self.interval();
             }
-            tokio::select! {
-                () = self.wake.notified() => {
-                    // Coalesce a burst of changes into one pass.
-                    tokio::time::sleep(WAKE_DEBOUNCE).await;
-                    full = false;
+            loop {
+                tokio::select! {
+                    () = self.wake.notified() => {
+                        // Coalesce a burst of changes into one pass.
+                        tokio::time::sleep(WAKE_DEBOUNCE).await;
+                        full = false;
+                    }
+                    () = tokio::time::sleep_until(next_full) => full = true,
+                    () = tokio::time::sleep_until(next_audit) => {
+                        if let Err(e) = self.audit_firewalls().await {
+                            tracing::warn!("firewall audit failed: {e}");
+                        }
+                        // The period runs from the end of an audit, like the passes'.
+                        next_audit = tokio::time::Instant::now() + self.firewall_audit_period();
+                        continue;
+                    }
                 }
-                () = tokio::time::sleep_until(next_full) => full = true,
+                break;
             }
         }
     }

@@ -92,6 +92,13 @@ pub struct VmStatus {
     /// `GET /v1/vms/{id}` only; `null` elsewhere and while no limit is in force).
     #[serde(default)]
     pub limits: Vec<LimitStatus>,
+    /// Whether the firewall filters now: enabled in the config applied now, on a VM with a veth.
+    #[serde(default)]
+    pub firewall_filtering: bool,
+    /// Changes of the VM's filter table made behind the agent's back that the firewall audit or
+    /// a reconcile pass replaced, since the agent started.
+    #[serde(default)]
+    pub firewall_repairs: u64,
 }
 
 /// One class and direction of a VM's throughput limits.
@@ -179,6 +186,33 @@ pub struct AgentStatus {
     /// Pool mode on this host; `null` when the agent runs without `--host-id`.
     #[serde(default)]
     pub pool: Option<PoolStatus>,
+    /// The firewall audit.
+    #[serde(default)]
+    pub firewall: FirewallAuditStatus,
+}
+
+/// The firewall audit in [`AgentStatus`]: every `--firewall-audit-secs` the filter table of each
+/// VM whose firewall filters is compared with the plan by content and replaced when it differs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FirewallAuditStatus {
+    /// Seconds between audits (`--firewall-audit-secs`).
+    pub audit_period_secs: u64,
+    /// Audits run since the agent started.
+    pub audits: u64,
+    /// When the last audit finished, ms since the Unix epoch; `null` before the first.
+    pub last_audit_at_unix_ms: Option<i64>,
+    /// How long the last audit took, milliseconds.
+    pub last_audit_duration_ms: Option<u64>,
+    /// The filter tables the last audit compared.
+    pub last_audit_tables: u64,
+    /// Filter tables replaced since the agent started (by the audit or a reconcile pass), over
+    /// every VM.
+    pub repairs_total: u64,
+    /// The last repairs, `vm <id>: <differences>`, newest last (at most 10).
+    pub last_repairs: Vec<String>,
+    /// The errors of the last audit, one line each naming the VM.
+    pub last_errors: Vec<String>,
 }
 
 /// Pool mode in [`AgentStatus`]: the three bcd tables as the kernel lists them now, the drift

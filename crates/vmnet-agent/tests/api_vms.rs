@@ -95,13 +95,22 @@ async fn every_validation_rule_is_400_naming_the_field() {
         ),
         (
             "future field",
-            with(&|v| v["firewall"] = json!({"enabled": true})),
-            vec!["firewall", "not supported yet"],
+            with(&|v| v["metadata"] = json!({})),
+            vec!["metadata", "not supported yet"],
         ),
         (
             "future field under network",
-            with(&|v| v["network"]["firewall"] = json!({})),
-            vec!["network.firewall", "not supported yet"],
+            with(&|v| v["network"]["metadata"] = json!({})),
+            vec!["network.metadata", "not supported yet"],
+        ),
+        (
+            "firewall rule ports",
+            with(&|v| {
+                v["firewall"] = json!({"enabled": true, "inbound": [
+                    {"protocol": "tcp", "prefixes": ["::/0"]},
+                    {"protocol": "tcp", "ports": "10-5", "prefixes": ["::/0"]}]});
+            }),
+            vec!["firewall.inbound[1].ports", "10-5"],
         ),
         (
             "unknown network field",

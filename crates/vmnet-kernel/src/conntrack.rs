@@ -24,6 +24,9 @@ use netlink_packet_netfilter::{
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
+mod select;
+pub use select::{Tracked, delete_where};
+
 /// Errors of a conntrack flush.
 #[derive(Debug, thiserror::Error)]
 pub enum ConntrackError {

@@ -109,7 +109,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
 
     // The VM table: names derived from the sandbox name and the user ids.
     let vms = report["vms"].as_array().expect("vms");
-    assert_eq!(vms.len(), 3, "{vms:#?}");
+    assert_eq!(vms.len(), 4, "{vms:#?}");
     let gw = vms
         .iter()
         .find(|v| v["vm"] == "vm-gateway")
@@ -155,6 +155,54 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         ("vm-isolated", "mesh -> vm-gateway", "from fdaa:1::8"),
         ("vm-gateway", "mesh -> vm-behind-gateway", "from fdaa:1::7"),
         ("vm-behind-gateway", "ipv4 tcp echo", "no reach"),
+        // vm-firewall: what its rules allow arrives, the rest does not (real packets).
+        ("vm-firewall", "ipv4 udp echo", "from 203.0.113.58"),
+        (
+            "vm-firewall",
+            "public ipv4 udp from internet",
+            "from 203.0.113.1",
+        ),
+        (
+            "vm-firewall",
+            "firewall tcp 7 from internet to 203.0.113.58",
+            "from 203.0.113.1",
+        ),
+        (
+            "vm-firewall",
+            "firewall tcp 8 from internet to 203.0.113.58",
+            "no reach",
+        ),
+        (
+            "vm-firewall",
+            "firewall tcp 8 from internet to 2001:db8:0:1::58",
+            "no reach",
+        ),
+        (
+            "vm-firewall",
+            "firewall udp 8 from internet to 203.0.113.58",
+            "no reach",
+        ),
+        (
+            "vm-firewall",
+            "firewall icmp from internet to 203.0.113.58",
+            "no reply",
+        ),
+        (
+            "vm-firewall",
+            "firewall icmpv6 from internet to 2001:db8:0:1::58",
+            "reply",
+        ),
+        (
+            "vm-firewall",
+            "firewall tcp 7 from mesh peer vm-gateway",
+            "from fdaa:1::7",
+        ),
+        (
+            "vm-firewall",
+            "firewall tcp 8 from mesh peer vm-gateway",
+            "no reach",
+        ),
+        ("vm-firewall", "firewall ipv6 udp echo out", "no reach"),
         (
             "vm-behind-gateway",
             "gateway 2000::/3 via vm-gateway",
@@ -176,7 +224,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     let marker = dir.display().to_string();
     assert_eq!(
         our_processes(&marker).len(),
-        5,
+        6,
         "{:#?}",
         our_processes(&marker)
     );
@@ -213,7 +261,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         "{}",
         String::from_utf8_lossy(&down.stderr)
     );
-    assert_eq!(our_processes(&marker).len(), 5);
+    assert_eq!(our_processes(&marker).len(), 6);
     assert!(dir.exists());
 
     let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);

@@ -19,11 +19,21 @@ impl Agent {
         let config = decode(row, &row.config, "desired")?;
         // A stored VM may no longer plan (the agent restarted with a smaller transit range):
         // show it with its derived names and the reason instead of failing the whole listing.
-        let (p, plan_error, limits) = match self.plan(&config) {
-            Ok(plan) => (plan.status(), None, limit_rows(&plan)),
-            Err(e) => (self.unplanned_status(&config), Some(e.message), Vec::new()),
+        let (p, plan_error, limits, filters) = match self.plan(&config) {
+            Ok(plan) => (
+                plan.status(),
+                None,
+                limit_rows(&plan),
+                plan.firewall.is_some(),
+            ),
+            Err(e) => (
+                self.unplanned_status(&config),
+                Some(e.message),
+                Vec::new(),
+                false,
+            ),
         };
-        self.view_of(row, config, p, plan_error, limits)
+        self.view_of(row, config, p, plan_error, limits, filters)
     }
 
     /// [`Agent::view`] of a row whose desired config `config` was just planned as `plan`.
@@ -33,7 +43,14 @@ impl Agent {
         config: VmConfig,
         plan: &VmPlan,
     ) -> Result<VmView, Error> {
-        self.view_of(row, config, plan.status(), None, limit_rows(plan))
+        self.view_of(
+            row,
+            config,
+            plan.status(),
+            None,
+            limit_rows(plan),
+            plan.firewall.is_some(),
+        )
     }
 
     fn view_of(
@@ -43,6 +60,7 @@ impl Agent {
         p: vmnet_plan::ns::VmStatus,
         plan_error: Option<String>,
         limits: Vec<LimitStatus>,
+        filters: bool,
     ) -> Result<VmView, Error> {
         let applied = if row.applied.as_deref() == Some(row.config.as_str()) {
             Some(config.clone())
@@ -68,6 +86,8 @@ impl Agent {
             })
             .collect();
         let status = VmStatus {
+            firewall_filtering: filters && applied_now,
+            firewall_repairs: self.firewall_repairs_of(&row.id),
             limits,
             state,
             netns: p.netns,

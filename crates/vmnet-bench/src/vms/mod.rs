@@ -26,8 +26,12 @@
 //! time: the driver shares one host netlink socket, and concurrent route dumps on it overflow
 //! its receive buffer (`ENOBUFS`); the agent serializes its operations the same way.
 
+mod config;
+pub mod firewall;
 pub mod public;
 mod shell;
+
+use self::config::{vm_config, vm_config_with};
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -55,6 +59,9 @@ pub struct VmsBenchArgs {
     /// /128, and time removing and adding one VM's public mapping at each N.
     #[arg(long)]
     pub public: bool,
+    /// Give every VM a 50-prefix firewall; time one VM's firewall change and an audit pass.
+    #[arg(long)]
+    pub firewall: bool,
 }
 
 /// Latency statistics of one phase.
@@ -111,41 +118,14 @@ pub struct Row {
     pub leftover_netns: Option<usize>,
     /// With `--public`: one VM's public mapping added / removed (whole apply), latencies.
     pub mapping: Option<(Vec<Duration>, Vec<Duration>)>,
+    /// With `--firewall`: firewall change latencies, audit pass wall time, tables it rewrote.
+    pub firewall: Option<(Vec<Duration>, Duration, usize)>,
 }
 
 /// The private and public limits of every bench VM, MiB/s.
 pub const LIMITS: (u32, u32) = (100, 20);
 /// The public limit a limit change sets, MiB/s.
 pub const CHANGED_PUBLIC: u32 = 25;
-
-fn vm_config(uid: u32) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
-    vm_config_with(uid, LIMITS.1, false)
-}
-
-/// A bench VM's config with public limit `public_limit` (MiB/s) and, when `public`, public
-/// addresses.
-fn vm_config_with(
-    uid: u32,
-    public_limit: u32,
-    public: bool,
-) -> Result<vmnet_model::vm::VmConfig, vmnet_model::ValidationError> {
-    let mut v = serde_json::json!({
-        "id": format!("bench-{uid}"),
-        "user_id": uid,
-        "tenant": 1,
-        "mesh_ipv6": format!("fdaa:1::{uid:x}"),
-        "private_network_throughput_mibps": LIMITS.0,
-        "public_network_throughput_mibps": public_limit,
-        "network": {"routes": [
-            {"destination": "0.0.0.0/0", "via": "host"},
-            {"destination": "::/0", "via": "host"}
-        ]}
-    });
-    if public {
-        public::add_public(&mut v, uid);
-    }
-    vmnet_model::vm::from_value(&v)
-}
 
 /// The `VmRSS` of this process in KiB.
 #[must_use]
@@ -198,7 +178,7 @@ pub async fn run(args: VmsBenchArgs) -> Result<(), Error> {
     eprintln!("bench sandbox {} (host netns {host})", sb.prefix());
     let mut rows = Vec::new();
     for &n in &counts {
-        rows.push(bench_netlink(&driver, &settings, n, args.public).await?);
+        rows.push(bench_netlink(&driver, &settings, n, args.public, args.firewall).await?);
         let shell_n = args.shell_max.map_or(n, |m| n.min(m));
         if shell_n > 0 {
             let host2 = host.clone();
@@ -225,11 +205,13 @@ async fn bench_netlink(
     settings: &NsSettings,
     n: u32,
     public: bool,
+    with_fw: bool,
 ) -> Result<Row, Error> {
+    let fw = with_fw.then_some(0);
     let rss_before = rss_kib();
     let mut setup = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
-        let p = &plan_vm(&vm_config_with(uid, LIMITS.1, public)?, settings)?;
+        let p = &plan_vm(&vm_config_with(uid, LIMITS.1, public, fw)?, settings)?;
         let t = Instant::now();
         driver
             .apply(p)
@@ -240,7 +222,7 @@ async fn bench_netlink(
     let rss = rss_kib();
     let mut change = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {
-        let p = &plan_vm(&vm_config_with(uid, CHANGED_PUBLIC, public)?, settings)?;
+        let p = &plan_vm(&vm_config_with(uid, CHANGED_PUBLIC, public, fw)?, settings)?;
         let t = Instant::now();
         let changes = driver
             .apply_limits(p)
@@ -258,10 +240,24 @@ async fn bench_netlink(
         let uid = n.div_ceil(2);
         Some(
             public::bench_mapping(driver.as_ref(), settings, uid, |with| {
-                Ok(vm_config_with(uid, LIMITS.1, with)?)
+                Ok(vm_config_with(uid, LIMITS.1, with, fw)?)
             })
             .await?,
         )
+    } else {
+        None
+    };
+    let firewall = if with_fw {
+        let uid = n.div_ceil(2);
+        let change = firewall::bench_change(driver.as_ref(), settings, uid, |variant| {
+            Ok(vm_config_with(uid, CHANGED_PUBLIC, public, Some(variant))?)
+        })
+        .await?;
+        let (audit, rewritten) = firewall::bench_audit(driver.as_ref(), settings, n, |uid| {
+            Ok(vm_config_with(uid, CHANGED_PUBLIC, public, fw)?)
+        })
+        .await?;
+        Some((change, audit, rewritten))
     } else {
         None
     };
@@ -295,6 +291,7 @@ async fn bench_netlink(
         change,
         leftover_netns: Some(leftover),
         mapping,
+        firewall,
     })
 }
 
@@ -326,6 +323,7 @@ fn bench_shell(plans: &[VmPlan], host: &str) -> Result<Row, Error> {
         change: Vec::new(),
         leftover_netns: None,
         mapping: None,
+        firewall: None,
     })
 }
 
@@ -392,6 +390,11 @@ pub fn render(rows: &[Row]) -> String {
                 ms(d.p99),
                 add.len()
             );
+        }
+    }
+    for r in rows.iter().filter(|r| r.method == "netlink") {
+        if let Some((change, audit, rewritten)) = &r.firewall {
+            out.push_str(&firewall::lines(r.n, change, *audit, *rewritten));
         }
     }
     if let Some(r) = netlink_max {
@@ -541,18 +544,22 @@ mod tests {
         let plans: Vec<VmPlan> = (1..=3)
             .map(|u| plan_vm(&vm_config(u).expect("cfg"), &settings).expect("plan"))
             .collect();
-        let row = bench_netlink(&driver, &settings, 3, false)
+        let row = bench_netlink(&driver, &settings, 3, false, false)
             .await
             .expect("netlink");
         assert_eq!((row.setup.len(), row.teardown.len()), (3, 3));
         assert!(row.rss_kib.is_some_and(|k| k > 0));
         assert!(row.mapping.is_none());
-        let public = bench_netlink(&driver, &settings, 3, true)
+        let public = bench_netlink(&driver, &settings, 3, true, true)
             .await
-            .expect("netlink --public");
+            .expect("netlink --public --firewall");
         let (add, remove) = public.mapping.as_ref().expect("mapping timed");
         assert_eq!((add.len(), remove.len()), (20, 20));
-        assert!(render(&[public]).contains("one VM's public mapping at N=3"));
+        let (change, _, rewritten) = public.firewall.as_ref().expect("firewall timed");
+        assert_eq!((change.len(), *rewritten), (40, 0));
+        let text = render(&[public]);
+        assert!(text.contains("one VM's public mapping at N=3"), "{text}");
+        assert!(text.contains("firewall audit pass over 3 VMs"), "{text}");
         let host = sb.host();
         let row = tokio::task::spawn_blocking(move || bench_shell(&plans, &host))
             .await

@@ -6,12 +6,11 @@ use std::net::IpAddr;
 
 use futures::future::try_join_all;
 use rtnetlink::Handle;
-use vmnet_plan::ns::{VmPlan, names};
+use vmnet_plan::ns::VmPlan;
 
 use super::create::create;
 use super::driver::NetlinkNsDriver;
 use super::links::{configure_fixed, fixed_drift, link_fixes, repair_links};
-use super::nftcheck;
 use super::observe::{self, Desired, VmState};
 use super::routes::{self, KRoute, KRule};
 use super::{Change, NsError, Side, inns, public, tc};
@@ -140,7 +139,7 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
     Ok(changes)
 }
 
-fn check_prefix(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), NsError> {
+pub(super) fn check_prefix(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), NsError> {
     if plan.name_prefix != d.settings.name_prefix {
         return Err(NsError::Invalid(format!(
             "vm {}: planned with name prefix {:?}, the driver manages {:?}",
@@ -169,15 +168,7 @@ async fn converge(
     sync_routes(d, plan, ns, &want, st, changes).await?;
     if !st.nft_drift.is_empty() {
         tracing::warn!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table not as planned; replacing it");
-        let table = names::vm_nft_table(&plan.name_prefix);
-        let key = nftcheck::key(&plan.netns, "inet", &table);
-        let name = plan.netns.clone();
-        let memo = &d.nft_memo;
-        netns::run_in(&plan.netns, || -> Result<(), NsError> {
-            inns::run_nft(&name, &plan.nft)?;
-            let listing = nftcheck::or_empty(inns::list_table(&name, "inet", &table)?);
-            memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
-        })??;
+        super::firewall::replace_table(d, plan)?;
         changes.push(Change::ReplaceNft {
             fingerprint: plan.nft_fingerprint.clone(),
             differences: st.nft_drift.clone(),

@@ -452,6 +452,30 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(super::tc::counters(plan))
     }
 
+    fn apply_table<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        Box::pin(async move {
+            super::apply::check_prefix(self, plan)?;
+            if !netns::exists(&plan.netns) {
+                return super::apply::apply(self, plan).await;
+            }
+            super::firewall::replace_table(self, plan)?;
+            Ok(vec![Change::ReplaceNft {
+                fingerprint: plan.nft_fingerprint.clone(),
+                differences: vec!["the firewall changed".into()],
+            }])
+        })
+    }
+
+    fn audit_table<'a>(
+        &'a self,
+        plan: &'a VmPlan,
+    ) -> BoxFuture<'a, Result<Option<Vec<String>>, NsError>> {
+        Box::pin(async move {
+            super::apply::check_prefix(self, plan)?;
+            super::firewall::audit(self, plan).await
+        })
+    }
+
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
         Box::pin(async {
             self.host_ready.lock().await.ready = false;

@@ -315,6 +315,30 @@ impl NftSession {
         })
     }
 
+    /// The JSON listing of table `family name`, `None` when it does not exist.
+    pub(super) fn list_table(
+        &self,
+        family: &str,
+        table: &str,
+    ) -> Result<Option<serde_json::Value>, NsError> {
+        let Some(nft) = &self.lib else {
+            return list_table(&self.netns, family, table);
+        };
+        let bad = |message: String| NsError::Nft {
+            netns: self.netns.clone(),
+            message,
+        };
+        let cmd = serde_json::json!({"nftables": [{"list": {"table": {"family": family, "name": table}}}]})
+            .to_string();
+        match nft.run(&cmd) {
+            Ok(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| bad(format!("unreadable nft output: {e}"))),
+            Err(LibNftError::Refused { .. }) => Ok(None),
+            Err(e) => Err(bad(e.to_string())),
+        }
+    }
+
     /// Runs one JSON transaction.
     pub(super) fn json(&self, ruleset: &serde_json::Value) -> Result<(), NsError> {
         match &self.lib {

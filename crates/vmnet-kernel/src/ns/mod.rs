@@ -76,6 +76,7 @@
 mod apply;
 mod create;
 mod driver;
+mod firewall;
 mod host;
 mod hostnft;
 mod inns;
@@ -153,6 +154,26 @@ pub trait NsDriver: Send + Sync {
     /// pass reads everything back as usual.
     fn apply_limits<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
         self.apply(plan)
+    }
+
+    /// Applies a plan that differs from the applied one in its netns nft table only (a changed
+    /// firewall): the table is replaced in one transaction (with the conntrack sweep of
+    /// [`NsDriver::audit_table`]), without the full observe of [`NsDriver::apply`]; a VM whose
+    /// netns does not exist is a full `apply`. The next reconcile pass reads everything back.
+    fn apply_table<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        self.apply(plan)
+    }
+
+    /// Audits the VM's netns table (its firewall with it): compares it with `plan` by content and
+    /// replaces it when it differs, removing the tracked connections the planned firewall does
+    /// not admit. Returns the differences replaced; `None` when in sync, when the VM's netns
+    /// does not exist (the reconcile pass makes it), and always for a driver without tables.
+    fn audit_table<'a>(
+        &'a self,
+        plan: &'a VmPlan,
+    ) -> BoxFuture<'a, Result<Option<Vec<String>>, NsError>> {
+        let _ = plan;
+        Box::pin(async { Ok(None) })
     }
 
     /// The throughput limits of the VM of `plan` with their counters, per class and direction

@@ -28,12 +28,14 @@
 //!   `0..=100000`, 0 (the default) unlimited; see [`limits`].
 //! - `public_ipv4`, `public_ipv6`: see [`public`] (global unicast, canonical, each needs a route
 //!   of its family via `host`).
+//! - `firewall`: see [`firewall`] (protocols, one port or range for tcp and udp, canonical
+//!   prefixes, at most 50 of them across both directions).
 //! - Unknown fields are refused. Fields of later issues ([`FUTURE_FIELDS`]) are refused with
 //!   "… is not supported yet".
 //!
 //! # Limitations
-//! The firewall, WireGuard peers and metadata are not modelled
-//! yet; they are refused, never accepted and ignored.
+//! WireGuard peers and metadata are not modelled yet; they are refused, never accepted and
+//! ignored.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -46,6 +48,7 @@ use serde_json::Value;
 
 use crate::ValidationError;
 
+pub mod firewall;
 pub mod limits;
 
 pub mod public;
@@ -71,13 +74,7 @@ pub const GUEST_LINK: IpNet = IpNet::V4(match Ipv4Net::new(Ipv4Addr::new(172, 16
 });
 
 /// Fields of later issues, at the top level or under `network`, refused with "… is not supported yet".
-pub const FUTURE_FIELDS: &[&str] = &[
-    "firewall",
-    "metadata",
-    "wireguard",
-    "peers",
-    "packet_activity",
-];
+pub const FUTURE_FIELDS: &[&str] = &["metadata", "wireguard", "peers", "packet_activity"];
 
 /// Where a route's traffic goes (spec "Routes": the `via` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -178,6 +175,10 @@ pub struct VmConfig {
     /// The public limit, MiB/s in both directions; 0 = unlimited ([`limits`]).
     #[serde(skip_serializing_if = "limits::is_unlimited")]
     pub public_network_throughput_mibps: u32,
+    /// The firewall ([`firewall`]); `None` (absent) is disabled. Kept, and returned, while
+    /// disabled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub firewall: Option<firewall::Firewall>,
 }
 
 #[allow(clippy::ref_option)]
@@ -251,6 +252,9 @@ impl VmConfig {
             limits::PUBLIC_FIELD,
             self.public_network_throughput_mibps,
         )?;
+        if let Some(fw) = &self.firewall {
+            fw.check(vm)?;
+        }
         if self.mesh_ipv6.is_none() && !self.network.routes.is_empty() {
             return Err(ValidationError::rule(format!(
                 "vm {vm}: network.routes needs mesh_ipv6 (a VM without a mesh address has no veth pair)"
@@ -397,6 +401,7 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
                 | "public_ipv4"
                 | "public_ipv6"
                 | "network"
+                | "firewall"
                 | limits::PRIVATE_FIELD
                 | limits::PUBLIC_FIELD
         ) {
@@ -453,6 +458,10 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
     };
     let private_network_throughput_mibps = limits::parse_limit(vm, top, limits::PRIVATE_FIELD)?;
     let public_network_throughput_mibps = limits::parse_limit(vm, top, limits::PUBLIC_FIELD)?;
+    let firewall = match top.get("firewall") {
+        None => None,
+        Some(v) => firewall::parse(vm, v)?,
+    };
     let cfg = VmConfig {
         id,
         user_id,
@@ -463,6 +472,7 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
         network: VmNetwork { routes },
         private_network_throughput_mibps,
         public_network_throughput_mibps,
+        firewall,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -586,3 +596,6 @@ mod tests;
 
 #[cfg(test)]
 mod public_tests;
+
+#[cfg(test)]
+mod firewall_tests;

@@ -279,10 +279,16 @@ fn rule_not_an_object() {
 #[test]
 fn serde_deserialize_runs_validation() {
     let r: Result<VmConfig, _> =
+        serde_json::from_str(r#"{"id":"vm-7","user_id":1,"tenant":0,"metadata":{}}"#);
+    assert_eq!(
+        r.unwrap_err().to_string(),
+        "vm vm-7: metadata is not supported yet"
+    );
+    let r: Result<VmConfig, _> =
         serde_json::from_str(r#"{"id":"vm-7","user_id":1,"tenant":0,"firewall":{}}"#);
     assert_eq!(
         r.unwrap_err().to_string(),
-        "vm vm-7: firewall is not supported yet"
+        "vm vm-7: firewall.enabled is required (true or false)"
     );
 }
 

@@ -132,6 +132,16 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         _ => None,
     };
     let table = names::vm_nft_table(p);
+    let firewall = veth.as_ref().and_then(|v| {
+        let mut guest = vec![IpNet::V4(guest.ipv4.addr().into())];
+        guest.extend(cfg.mesh_ipv6.map(|m| IpNet::V6(m.into())));
+        guest.extend(cfg.public_ipv6_block().map(IpNet::V6));
+        super::firewall::plan(
+            cfg.firewall.as_ref(),
+            guest,
+            super::firewall::local_addresses(GATEWAY_IPV4, v.peer_ipv4.addr()),
+        )
+    });
     let (nft, nft_fingerprint) = nft::vm_ruleset(
         &table,
         settings.mtu,
@@ -141,6 +151,9 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         veth.as_ref()
             .filter(|_| cfg.public_ipv4.is_some())
             .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
+        veth.as_ref()
+            .zip(firewall.as_ref())
+            .map(|(v, f)| (v.peer_name.as_str(), tap.name.as_str(), f)),
     );
     let limits = super::limits::plan_limits(
         cfg.private_network_throughput_mibps,
@@ -173,6 +186,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         name_prefix: p.to_owned(),
         limits,
         public,
+        firewall,
     })
 }
 

@@ -35,13 +35,16 @@
 //!   address to the guest in its table.
 //! - throughput limits ([`limits`]): HTB trees on the tap and the VM end of the veth.
 //!
-//! Later features slot in as more optional sections of [`VmPlan`] (firewall: more chains in the
-//! same netns table; metadata: a document).
+//! - the firewall ([`firewall`]): filter chains and sets in the same netns table, and the rules in
+//!   [`VmPlan::firewall`] for the kernel layer's conntrack sweep.
+//!
+//! Later features slot in as more optional sections of [`VmPlan`] (metadata: a document).
 //!
 //! # Limitations
 //! The guest's IPv6 gateway is the link-local `fe80::1` on the tap; the guest image must use it.
 
 mod build;
+pub mod firewall;
 pub mod limits;
 pub mod names;
 pub(crate) mod nft;
@@ -63,3 +66,6 @@ mod tests;
 
 #[cfg(test)]
 mod public_tests;
+
+#[cfg(test)]
+mod firewall_tests;

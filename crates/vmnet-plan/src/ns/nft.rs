@@ -39,12 +39,14 @@ fn mss_rule(table: &str, nfproto: &str, mss: u32) -> Value {
 /// read-back compares one string).
 /// With `dnat` (`Some((peer veth, transit address))`, a VM with a public IPv4) also chain
 /// `prerouting` passing the transit address on to the guest
-/// ([`super::public::ns_dnat`]).
+/// ([`super::public::ns_dnat`]). With `firewall` (`Some((peer veth, tap, plan))`) also the
+/// filter chains and sets ([`super::firewall::nft_commands`]).
 pub fn vm_ruleset(
     table: &str,
     mtu: u32,
     nat: Option<(&str, Ipv4Addr)>,
     dnat: Option<(&str, Ipv4Addr)>,
+    firewall: Option<(&str, &str, &super::firewall::FirewallPlan)>,
 ) -> (Value, String) {
     let mut cmds = replace_table("inet", table);
     cmds.push(
@@ -67,6 +69,9 @@ pub fn vm_ruleset(
     }
     if let Some((peer, addr)) = dnat {
         cmds.extend(super::public::ns_dnat(table, peer, addr, super::GUEST_IPV4));
+    }
+    if let Some((peer, tap, fw)) = firewall {
+        cmds.extend(super::firewall::nft_commands(table, peer, tap, fw));
     }
     let fp = fingerprint(&cmds);
     cmds[4]["add"]["rule"]["comment"] = Value::String(format!("{FINGERPRINT_PREFIX}{fp}"));

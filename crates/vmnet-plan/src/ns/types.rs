@@ -159,6 +159,10 @@ pub struct VmPlan {
     /// The VM's public addresses on the host (`None` without any).
     #[serde(default)]
     pub public: Option<super::public::PublicPlan>,
+    /// The firewall's rules, when it filters (enabled, and the VM has a veth); its chains and
+    /// sets are in [`Self::nft`].
+    #[serde(default)]
+    pub firewall: Option<super::firewall::FirewallPlan>,
 }
 
 /// The fields the API reports for a VM (spec item 5: netns, veth names, transit /30, tap, guest

@@ -13,9 +13,10 @@
 //!    `vmnet apply` does, waiting until every VM is applied;
 //! 4. per VM a simulated guest `<name>g<uid>` whose `eth0` (guest MAC, 172.16.0.2/30, MTU 1380,
 //!    the mesh /128) is joined to the VM's tap by a relay process that opens the tap as a VMM does;
-//! 5. the checks of [`sandbox_checks`](self::checks) and, for a VM with a public limit in force,
-//!    the [`limits`] checks (a short iperf3 download against the limit), and two tables: the VMs
-//!    and the checks.
+//! 5. the checks of [`sandbox_checks`](self::checks), for a VM with an enabled firewall the
+//!    [`firewall`] checks (allowed and refused traffic from the fake internet, a mesh peer and
+//!    the guest), and, for a VM with a public limit in force, the [`limits`] checks (a short
+//!    iperf3 download against the limit), and two tables: the VMs and the checks.
 //!
 //! The exit status is non-zero when any check saw something other than what it expected. The
 //! sandbox stays up either way (the agent, echo service and relays keep running in the
@@ -33,6 +34,7 @@
 //! (`"mode": "fleet"`) to [`crate::fleet_job`], everything else to [`up`] here.
 
 pub mod checks;
+pub mod firewall;
 pub mod limits;
 pub mod public;
 pub(crate) mod steps;
@@ -202,10 +204,16 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         .iter()
         .map(|g| (g.vm.clone(), g.guest_ns.clone()))
         .collect();
-    let mut results = tokio::task::spawn_blocking(move || checks::run_checks(&guests))
-        .await
-        .map_err(|e| Error::internal(format!("checks: {e}")))?
-        .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
+    let (fw_inet, fw_vms, fw_ns) = (inet.clone(), spec.vms.clone(), guest_ns.clone());
+    let mut results = tokio::task::spawn_blocking(move || {
+        checks::run_checks(&guests).map(|mut r| {
+            r.extend(firewall::run(&fw_inet, &fw_vms, &fw_ns));
+            r
+        })
+    })
+    .await
+    .map_err(|e| Error::internal(format!("checks: {e}")))?
+    .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
     Ok(UpReport {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
-use vmnet_agent::agent::{Agent, DEFAULT_RECONCILE_INTERVAL_SECS};
+use vmnet_agent::agent::{Agent, DEFAULT_FIREWALL_AUDIT_SECS, DEFAULT_RECONCILE_INTERVAL_SECS};
 use vmnet_agent::api::error::{from_ipam, from_ns, from_server};
 use vmnet_agent::mesh::runtime::{Mesh, MeshSettings};
 use vmnet_agent::pool::audit::AUDIT_PERIOD;
@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// Seconds between periodic reconcile passes (an API change applies its VM itself and does not trigger one).
     #[arg(long, default_value_t = DEFAULT_RECONCILE_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub reconcile_interval_secs: u64,
+    /// Seconds between firewall audits: each VM's filter table compared with its plan by
+    /// content and replaced when changed (a full reconcile pass compares it too).
+    #[arg(long, default_value_t = DEFAULT_FIREWALL_AUDIT_SECS, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub firewall_audit_secs: u64,
     /// Run inside this named network namespace (`/run/netns/NAME`): the namespace is the
     /// agent's host namespace. Entered on the main thread before any other thread starts.
     #[arg(long)]
@@ -221,6 +225,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         settings,
         Duration::from_secs(args.reconcile_interval_secs),
     )?;
+    agent.set_firewall_audit_period(Duration::from_secs(args.firewall_audit_secs));
     let unix = server::bind_unix(&g.socket).await.map_err(from_server)?;
     tracing::info!(
         socket = %g.socket.display(),

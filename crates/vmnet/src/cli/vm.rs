@@ -198,6 +198,11 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                     }
                 );
             }
+            println!(
+                "firewall:     {} ({} repairs)",
+                firewall_text(v),
+                s.firewall_repairs
+            );
             println!("last error:   {}", dash(s.last_error.as_ref()));
         }
     }
@@ -221,6 +226,24 @@ fn limits(c: &vmnet_model::vm::VmConfig) -> String {
         }
     };
     format!("private {} / public {}", one(p), one(q))
+}
+
+/// `off`, or `on: N inbound, M outbound rules`, `(not filtering)` while not in force.
+fn firewall_text(v: &VmView) -> String {
+    match &v.config.firewall {
+        Some(f) if f.enabled => format!(
+            "on: {} inbound, {} outbound rules{}",
+            f.inbound.len(),
+            f.outbound.len(),
+            if v.status.firewall_filtering {
+                ""
+            } else {
+                " (not filtering)"
+            }
+        ),
+        Some(f) => format!("off ({} rules kept)", f.inbound.len() + f.outbound.len()),
+        None => "off".to_owned(),
+    }
 }
 
 /// The desired public addresses, each marked `*` while it is not applied yet.
@@ -312,6 +335,13 @@ pub async fn status(g: &Global) -> Result<(), Error> {
         vec![
             "drift repaired".to_owned(),
             r.drift_repairs_total.to_string(),
+        ],
+        vec![
+            "firewall audit".to_owned(),
+            format!(
+                "every {} s, {} audits, {} tables repaired",
+                st.firewall.audit_period_secs, st.firewall.audits, st.firewall.repairs_total
+            ),
         ],
     ];
     if let Some(p) = &st.pool {

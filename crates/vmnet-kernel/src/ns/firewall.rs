@@ -1,0 +1,104 @@
+//! The VM firewall in the kernel: the conntrack sweep after a table replacement and the
+//! audit of a VM's filter table.
+//!
+//! # Design
+//! - The firewall's chains and sets live in the VM's netns table, so they are applied (and
+//!   compared by content) with it. Whenever that table is replaced while the firewall filters
+//!   (a changed firewall, or a repair of an edited table), the conntrack entries of the VM's
+//!   netns that the planned rules would not admit as new connections are deleted right after
+//!   the transaction ([`sweep_here`]): such a connection's next packet is new to conntrack and
+//!   meets the rules (dropped); a connection the rules admit keeps its entry and goes on
+//!   undisturbed. Connections of the netns itself (the metadata service, link-local traffic)
+//!   are not the filter's and are kept ([`vmnet_plan::ns::firewall::FirewallPlan::direction`]).
+//! - [`audit`] reads one VM's table, compares it with the plan by content and replaces it when
+//!   it differs: the agent's firewall audit, cheaper than a full reconcile of the VM.
+//!
+//! # Limitations
+//! A conntrack dump walks the kernel's whole hash table (several ms); it is skipped while the
+//! VM's netns tracks no connection.
+
+use vmnet_plan::ns::firewall::FirewallPlan;
+use vmnet_plan::ns::{VmPlan, names};
+
+use super::driver::NetlinkNsDriver;
+use super::{NsError, inns, nftcheck};
+use crate::netns;
+
+/// Deletes the conntrack entries of the calling thread's namespace that `fw` would not admit;
+/// returns how many. Call it on a thread inside the VM's netns. A failure is logged, not
+/// returned: the table is in place, and the next replacement sweeps again.
+pub(super) fn sweep_here(netns: &str, fw: &FirewallPlan) -> usize {
+    let count = inns::read_sysctls(&["net/netfilter/nf_conntrack_count".to_owned()]);
+    if count.first().and_then(Option::as_deref) == Some("0") {
+        return 0;
+    }
+    let swept = crate::conntrack::delete_where(|t| {
+        fw.direction(t.orig_src, t.orig_dst, t.reply_src)
+            .is_some_and(|(dir, peer)| !fw.admits(dir, peer, t.l4proto, t.orig_dport))
+    });
+    match swept {
+        Ok(n) => {
+            if n > 0 {
+                tracing::info!(
+                    netns,
+                    deleted = n,
+                    "firewall: removed the tracked connections the rules no longer admit"
+                );
+            }
+            n
+        }
+        Err(e) => {
+            tracing::warn!(netns, error = %e, "firewall: removing the connections the rules no longer admit failed");
+            0
+        }
+    }
+}
+
+/// Replaces the VM's netns table with the plan's in one transaction (then sweeps conntrack when
+/// the firewall filters), on a thread inside the netns, and remembers the listing read back.
+pub(super) fn replace_table(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), NsError> {
+    let table = names::vm_nft_table(&plan.name_prefix);
+    let key = nftcheck::key(&plan.netns, "inet", &table);
+    let name = plan.netns.clone();
+    let memo = &d.nft_memo;
+    netns::run_in(&plan.netns, || -> Result<(), NsError> {
+        // One libnftables context for the transaction and the read-back: a context costs its
+        // set-up and, once it committed, a socket close that waits for the kernel.
+        let nft = inns::NftSession::here(&name)?;
+        nft.json(&plan.nft)?;
+        if let Some(fw) = &plan.firewall {
+            sweep_here(&name, fw);
+        }
+        let listing = nftcheck::or_empty(nft.list_table("inet", &table)?);
+        memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
+    })?
+}
+
+/// Compares the VM's netns table with the plan by content and replaces it when it differs;
+/// returns the differences replaced (`None` when in sync, or when the netns does not exist:
+/// the reconcile pass makes it).
+pub(super) async fn audit(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+) -> Result<Option<Vec<String>>, NsError> {
+    if !netns::exists(&plan.netns) {
+        return Ok(None);
+    }
+    let table = names::vm_nft_table(&plan.name_prefix);
+    let name = plan.netns.clone();
+    let listing = netns::run_in(&plan.netns, move || inns::list_table(&name, "inet", &table))??;
+    let key = nftcheck::key(&plan.netns, "inet", &names::vm_nft_table(&plan.name_prefix));
+    let drift = d.nft_memo.drift(
+        &plan.netns,
+        &key,
+        &plan.nft_fingerprint,
+        &plan.nft,
+        &nftcheck::or_empty(listing),
+    )?;
+    if drift.is_empty() {
+        return Ok(None);
+    }
+    tracing::warn!(vm = %plan.vm_id, differences = ?drift, "firewall audit: the VM's table was changed behind the agent's back; replacing it");
+    replace_table(d, plan)?;
+    Ok(Some(drift))
+}

@@ -1,0 +1,389 @@
+//! The per-VM firewall in the VM's netns table (spec "Firewall"; design note "Where things
+//! happen": in the VM namespace, on what is forwarded between the tap and the veth, after DNAT).
+//!
+//! # Design
+//! The filter is three more chains and up to twelve sets in the VM's table `inet <prefix>`, so
+//! it is replaced in the same transaction as the rest of that table:
+//!
+//! - `filter` (filter hook forward, priority 0, after the netns DNAT at prerouting, so an
+//!   inbound rule sees the guest's port; policy accept): `ct state established,related accept`,
+//!   then `iifname <veth> oifname <tap> jump fw_in` and `iifname <tap> oifname <veth> jump
+//!   fw_out`. Nothing else is forwarded; the guest link's own traffic (ARP, NDP, the metadata
+//!   service: input and output of the netns) never reaches a forward hook.
+//! - `fw_in` / `fw_out`: one set lookup per family and kind, then `drop`. The sets (`fw_in4_any`,
+//!   `fw_in4_proto`, `fw_in4_port`, and `6`, and the same for `out`; the peer address is the
+//!   source inbound and the destination outbound):
+//!   - `…_any`: `ip saddr` (prefix intervals) for rules of protocol `any`;
+//!   - `…_proto`: `ip saddr . meta l4proto` for `icmp` (ICMP in the IPv4 set, ICMPv6 in the IPv6
+//!     one) and for `tcp`/`udp` without ports;
+//!   - `…_port`: `ip saddr . meta l4proto . th dport` for `tcp`/`udp` with ports.
+//!
+//!   `meta l4proto` and `th` are the layer-4 protocol and header after any IPv6 extension
+//!   header, so an ICMPv6 echo with a hop-by-hop header is matched by an `icmp` rule. Only the
+//!   sets with elements (and their rules) are written: a lookup costs the same for 1 or 50
+//!   prefixes, and a VM's table stays small.
+//! - Interval sets refuse overlapping elements, so the elements are made disjoint, keeping what
+//!   they match: a prefix inside another of the same kind and protocol is dropped (`any`,
+//!   `proto`); for ports, each prefix keeps only the ports none of the prefixes containing it
+//!   has, merged into maximal ranges ([`disjoint_ports`]).
+//!
+//! [`FirewallPlan::admits`] is the same decision on one connection, for removing the conntrack
+//! entries a tightened firewall would not admit (the kernel layer).
+//!
+//! # Limitations
+//! A VM without a mesh address has no veth, forwards nothing and gets no filter.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use vmnet_model::vm::firewall::{Firewall, FirewallRule, PortRange, Protocol};
+
+/// IP protocol numbers the firewall matches on.
+pub const IPPROTO_ICMP: u8 = 1;
+/// TCP.
+pub const IPPROTO_TCP: u8 = 6;
+/// UDP.
+pub const IPPROTO_UDP: u8 = 17;
+/// ICMPv6.
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// Which way a connection was opened, seen from the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlowDirection {
+    /// To the guest (its peer is the source).
+    Inbound,
+    /// From the guest (its peer is the destination).
+    Outbound,
+}
+
+/// The firewall part of a VM's plan: present only when the firewall is enabled and the VM has a
+/// veth (something is forwarded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirewallPlan {
+    /// The inbound rules, as configured.
+    pub inbound: Vec<FirewallRule>,
+    /// The outbound rules, as configured.
+    pub outbound: Vec<FirewallRule>,
+    /// The guest's own addresses (172.16.0.2, the mesh address, a routed public block): a
+    /// connection from one of them is outbound, one answered by one of them inbound.
+    pub guest: Vec<IpNet>,
+    /// Addresses of the netns itself (the tap gateway, the veth transit address), never a
+    /// forwarded connection's peer.
+    pub local: Vec<IpAddr>,
+}
+
+impl FirewallPlan {
+    /// Whether a new connection `dir` with peer address `peer`, IP protocol `l4proto` and
+    /// destination port `dport` (tcp and udp) passes the rules.
+    #[must_use]
+    pub fn admits(
+        &self,
+        dir: FlowDirection,
+        peer: IpAddr,
+        l4proto: u8,
+        dport: Option<u16>,
+    ) -> bool {
+        let rules = match dir {
+            FlowDirection::Inbound => &self.inbound,
+            FlowDirection::Outbound => &self.outbound,
+        };
+        rules.iter().any(|r| {
+            let proto_ok = match r.protocol {
+                Protocol::Any => true,
+                Protocol::Tcp => l4proto == IPPROTO_TCP,
+                Protocol::Udp => l4proto == IPPROTO_UDP,
+                Protocol::Icmp => matches!(
+                    (peer, l4proto),
+                    (IpAddr::V4(_), IPPROTO_ICMP) | (IpAddr::V6(_), IPPROTO_ICMPV6)
+                ),
+            };
+            let port_ok = match r.ports {
+                None => true,
+                Some(p) => dport.is_some_and(|d| (p.first..=p.last).contains(&d)),
+            };
+            proto_ok && port_ok && r.prefixes.iter().any(|n| n.contains(&peer))
+        })
+    }
+
+    /// Which way a tracked connection (original source and destination, and the source of its
+    /// replies) runs through the filter, or `None` when it is not forwarded between the tap and
+    /// the veth (to or from the netns itself, link-local, multicast).
+    #[must_use]
+    pub fn direction(
+        &self,
+        orig_src: IpAddr,
+        orig_dst: IpAddr,
+        reply_src: IpAddr,
+    ) -> Option<(FlowDirection, IpAddr)> {
+        let guest = |a: &IpAddr| self.guest.iter().any(|n| n.contains(a));
+        let local = |a: &IpAddr| {
+            self.local.contains(a)
+                || match a {
+                    IpAddr::V4(v) => v.is_link_local() || v.is_multicast() || v.is_broadcast(),
+                    IpAddr::V6(v) => v.is_unicast_link_local() || v.is_multicast(),
+                }
+        };
+        if guest(&orig_src) {
+            return (!local(&orig_dst)).then_some((FlowDirection::Outbound, orig_dst));
+        }
+        if guest(&reply_src) && !local(&orig_src) {
+            return Some((FlowDirection::Inbound, orig_src));
+        }
+        None
+    }
+}
+
+/// The firewall part of the plan for `fw` (`None` when disabled), with the guest's and the
+/// netns's own addresses.
+#[must_use]
+pub fn plan(fw: Option<&Firewall>, guest: Vec<IpNet>, local: Vec<IpAddr>) -> Option<FirewallPlan> {
+    let fw = fw.filter(|f| f.enabled)?;
+    Some(FirewallPlan {
+        inbound: fw.inbound.clone(),
+        outbound: fw.outbound.clone(),
+        guest,
+        local,
+    })
+}
+
+fn is_v4(n: &IpNet) -> bool {
+    matches!(n, IpNet::V4(_))
+}
+
+/// A prefix as an nft set element: the address when full length, else a prefix object.
+fn prefix_elem(n: &IpNet) -> Value {
+    if n.prefix_len() == n.max_prefix_len() {
+        Value::String(n.addr().to_string())
+    } else {
+        json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}})
+    }
+}
+
+fn port_elem(p: PortRange) -> Value {
+    if p.first == p.last {
+        json!(p.first)
+    } else {
+        json!({"range": [p.first, p.last]})
+    }
+}
+
+/// `prefixes` without any prefix that lies inside another of them (sorted, deduplicated).
+fn outermost(prefixes: &BTreeSet<IpNet>) -> Vec<IpNet> {
+    prefixes
+        .iter()
+        .filter(|p| !prefixes.iter().any(|q| q != *p && q.contains(*p)))
+        .copied()
+        .collect()
+}
+
+/// Sorted, merged (adjacent and overlapping joined) inclusive ranges.
+fn merge(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for (a, b) in ranges {
+        match out.last_mut() {
+            Some(last) if a <= last.1 + 1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+/// `have` without what `minus` covers (both merged).
+fn subtract(have: &[(u32, u32)], minus: &[(u32, u32)]) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    for &(a, b) in have {
+        let mut start = a;
+        for &(c, d) in minus {
+            if d < start || c > b {
+                continue;
+            }
+            if c > start {
+                out.push((start, c - 1));
+            }
+            start = start.max(d + 1);
+            if start > b {
+                break;
+            }
+        }
+        if start <= b {
+            out.push((start, b));
+        }
+    }
+    out
+}
+
+/// Port elements made disjoint: for each prefix, the merged ranges of its rules minus the ports
+/// of every prefix containing it. An address and port matched before is matched by exactly one
+/// element after: the outermost prefix holding that port.
+#[must_use]
+pub fn disjoint_ports(by_prefix: &BTreeMap<IpNet, Vec<PortRange>>) -> Vec<(IpNet, PortRange)> {
+    let merged: BTreeMap<IpNet, Vec<(u32, u32)>> = by_prefix
+        .iter()
+        .map(|(p, rs)| {
+            (
+                *p,
+                merge(
+                    rs.iter()
+                        .map(|r| (u32::from(r.first), u32::from(r.last)))
+                        .collect(),
+                ),
+            )
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (p, ranges) in &merged {
+        let outer = merge(
+            merged
+                .iter()
+                .filter(|(q, _)| *q != p && q.contains(p))
+                .flat_map(|(_, rs)| rs.iter().copied())
+                .collect(),
+        );
+        for (a, b) in subtract(ranges, &outer) {
+            let (first, last) = (
+                u16::try_from(a).unwrap_or(u16::MAX),
+                u16::try_from(b).unwrap_or(u16::MAX),
+            );
+            out.push((*p, PortRange { first, last }));
+        }
+    }
+    out
+}
+
+/// The nft protocol name of a rule's layer-4 match in one family.
+fn l4_name(p: Protocol, v4: bool) -> &'static str {
+    match (p, v4) {
+        (Protocol::Tcp, _) => "tcp",
+        (Protocol::Udp, _) => "udp",
+        (Protocol::Icmp, true) => "icmp",
+        (Protocol::Icmp | Protocol::Any, false) => "ipv6-icmp",
+        (Protocol::Any, true) => "icmp",
+    }
+}
+
+/// The sets of one direction and family: (kind, elements).
+fn sets_of(rules: &[FirewallRule], v4: bool) -> Vec<(&'static str, Vec<Value>)> {
+    let mut any = BTreeSet::new();
+    let mut proto: BTreeMap<&'static str, BTreeSet<IpNet>> = BTreeMap::new();
+    let mut port: BTreeMap<&'static str, BTreeMap<IpNet, Vec<PortRange>>> = BTreeMap::new();
+    for r in rules {
+        for n in r.prefixes.iter().filter(|n| is_v4(n) == v4) {
+            match (r.protocol, r.ports) {
+                (Protocol::Any, _) => {
+                    any.insert(*n);
+                }
+                (p, None) => {
+                    proto.entry(l4_name(p, v4)).or_default().insert(*n);
+                }
+                (p, Some(ports)) => port
+                    .entry(l4_name(p, v4))
+                    .or_default()
+                    .entry(*n)
+                    .or_default()
+                    .push(ports),
+            }
+        }
+    }
+    let any: Vec<Value> = outermost(&any).iter().map(prefix_elem).collect();
+    let proto: Vec<Value> = proto
+        .iter()
+        .flat_map(|(name, ps)| {
+            outermost(ps)
+                .into_iter()
+                .map(move |n| json!({"concat": [prefix_elem(&n), name]}))
+        })
+        .collect();
+    let port: Vec<Value> = port
+        .iter()
+        .flat_map(|(name, by)| {
+            disjoint_ports(by)
+                .into_iter()
+                .map(move |(n, r)| json!({"concat": [prefix_elem(&n), name, port_elem(r)]}))
+        })
+        .collect();
+    vec![("any", any), ("proto", proto), ("port", port)]
+}
+
+/// The nft commands of the filter (chains, sets, rules) in table `inet <table>`, for a VM whose
+/// veth end in the netns is `peer` and whose tap is `tap`; appended to the VM table's
+/// transaction.
+#[must_use]
+pub fn nft_commands(table: &str, peer: &str, tap: &str, fw: &FirewallPlan) -> Vec<Value> {
+    let t = table;
+    let rule = |chain: &str, expr: Value| json!({"add": {"rule": {"family": "inet", "table": t, "chain": chain, "expr": expr}}});
+    let ifs = |iif: &str, oif: &str, target: &str| {
+        json!([
+            {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": iif}},
+            {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": oif}},
+            {"jump": {"target": target}}
+        ])
+    };
+    let mut cmds = vec![
+        json!({"add": {"chain": {"family": "inet", "table": t, "name": "filter",
+            "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}}}),
+        json!({"add": {"chain": {"family": "inet", "table": t, "name": "fw_in"}}}),
+        json!({"add": {"chain": {"family": "inet", "table": t, "name": "fw_out"}}}),
+        rule(
+            "filter",
+            json!([{"match": {"op": "in", "left": {"ct": {"key": "state"}},
+                "right": ["established", "related"]}}, {"accept": null}]),
+        ),
+        rule("filter", ifs(peer, tap, "fw_in")),
+        rule("filter", ifs(tap, peer, "fw_out")),
+    ];
+    let mut rules = Vec::new();
+    for (dir, chain, list, field) in [
+        ("in", "fw_in", &fw.inbound, "saddr"),
+        ("out", "fw_out", &fw.outbound, "daddr"),
+    ] {
+        for (v4, proto, fam, addr_type) in [
+            (true, "ip", "4", "ipv4_addr"),
+            (false, "ip6", "6", "ipv6_addr"),
+        ] {
+            for (kind, elems) in sets_of(list, v4) {
+                if elems.is_empty() {
+                    continue;
+                }
+                let name = format!("fw_{dir}{fam}_{kind}");
+                let addr = json!({"payload": {"protocol": proto, "field": field}});
+                let l4 = json!({"meta": {"key": "l4proto"}});
+                let dport = json!({"payload": {"protocol": "th", "field": "dport"}});
+                let (ty, left) = match kind {
+                    "any" => (json!(addr_type), addr),
+                    "proto" => (
+                        json!([addr_type, "inet_proto"]),
+                        json!({"concat": [addr, l4]}),
+                    ),
+                    _ => (
+                        json!([addr_type, "inet_proto", "inet_service"]),
+                        json!({"concat": [addr, l4, dport]}),
+                    ),
+                };
+                cmds.push(
+                    json!({"add": {"set": {"family": "inet", "table": t, "name": name,
+                    "type": ty, "flags": ["interval"], "elem": elems}}}),
+                );
+                rules.push(rule(
+                    chain,
+                    json!([{"match": {"op": "==", "left": left, "right": format!("@{name}")}},
+                        {"accept": null}]),
+                ));
+            }
+        }
+        rules.push(rule(chain, json!([{"drop": null}])));
+    }
+    cmds.extend(rules);
+    cmds
+}
+
+/// The netns's own addresses a forwarded connection never has as its peer: the tap gateway and
+/// the veth's transit address.
+#[must_use]
+pub fn local_addresses(gateway: Ipv4Addr, transit: Ipv4Addr) -> Vec<IpAddr> {
+    vec![IpAddr::V4(gateway), IpAddr::V4(transit)]
+}
