@@ -60,6 +60,7 @@ use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 use crate::api::error::from_ns;
 use crate::mesh::runtime::Mesh;
 use crate::pool::node::PoolNode;
+use crate::provider::poller::Poller;
 mod view;
 
 use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmView};
@@ -89,6 +90,8 @@ pub struct Agent {
     pool: OnceLock<Arc<PoolNode>>,
     /// The mesh's WireGuard interface, when the agent runs it.
     mesh: OnceLock<Arc<Mesh>>,
+    /// The provider pools' poller, when the agent runs it (`--poll-providers`).
+    providers: OnceLock<Arc<Poller>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -167,6 +170,7 @@ impl Agent {
             last_api_change: StdMutex::new(None),
             pool: OnceLock::new(),
             mesh: OnceLock::new(),
+            providers: OnceLock::new(),
         }))
     }
 
@@ -179,6 +183,17 @@ impl Agent {
         self.pool
             .set(pool)
             .map_err(|_| Error::conflict("pool mode is already set on this agent"))
+    }
+
+    /// Turns the provider pools' poller on: its pools' states show in `GET /v1/status`. Set
+    /// once; the caller runs it ([`Poller::run`]).
+    ///
+    /// # Errors
+    /// `CONFLICT` when a poller is already set.
+    pub fn set_providers(&self, poller: Arc<Poller>) -> Result<(), Error> {
+        self.providers
+            .set(poller)
+            .map_err(|_| Error::conflict("the provider poller is already set on this agent"))
     }
 
     /// Turns the mesh on: from now on every full reconcile pass converges it. Set once, before
@@ -516,7 +531,9 @@ impl Agent {
             Some(p) => Some(p.status().await),
             None => None,
         };
+        let provider_pools = self.providers.get().map(|p| p.status());
         Ok(AgentStatus {
+            provider_pools,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             name_prefix: self.settings.name_prefix.clone(),
             reconcile_interval_secs: self.interval.as_secs(),

@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::status::{
-    AgentStatus, GuardStatus, PoolStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView,
+    AgentStatus, GuardStatus, PoolStatus, ProviderPoolState, ProviderPoolStatus, ReconcileStatus,
+    VmCounts, VmState, VmStatus, VmView,
 };
 
 /// Body of `PUT /v1/pools/{id}/range`: the pool's IPv4 range.
