@@ -189,7 +189,11 @@ async fn failures_keep_the_last_good_addresses(h: Harness) {
     w.fake.st().servers = (1..=3).map(hetzner_server).collect();
     w.machines(1..=3).await;
     let (_, before) = w.h.call(Method::GET, "/v1/status", None).await;
-    assert_eq!(before["provider_pools"], json!([]), "polling on, nothing polled yet");
+    assert_eq!(
+        before["provider_pools"],
+        json!([]),
+        "polling on, nothing polled yet"
+    );
     assert_eq!(w.poll().await["state"], "ok");
     let good = w.instance("vm2").await;
     let cases: Vec<(Script, &str, &str)> = vec![

@@ -107,6 +107,9 @@ pub async fn set_provider_pool(
     Ok(p)
 }
 
+/// `(instance_id, server_id, node, vmid)` as stored.
+type MachineRow = (String, Option<i64>, Option<String>, Option<i64>);
+
 type PoolRow = (String, String, String, Option<String>, Option<String>, i64);
 
 const POOL_COLS: &str = "SELECT pool_id, provider, api_url, credentials_file, credentials_env, \
@@ -219,7 +222,7 @@ pub async fn provider_machines(
     pool_id: &str,
 ) -> Result<Vec<(String, Machine)>, IpamError> {
     validate_id("pool_id", pool_id)?;
-    let rows: Vec<(String, Option<i64>, Option<String>, Option<i64>)> = on_tx!(tx, t => sqlx::query_as(
+    let rows: Vec<MachineRow> = on_tx!(tx, t => sqlx::query_as(
         "SELECT instance_id, server_id, node, vmid FROM provider_machines WHERE pool_id = $1 ORDER BY instance_id")
         .bind(pool_id)
         .fetch_all(&mut **t)

@@ -26,57 +26,7 @@ pub enum PoolCmd {
     /// a provider pool (`--provider`, `--credentials-file|--credentials-env`, …); creates the
     /// pool if needed. Existing leases stay. A range overlapping another pool's is refused
     /// (CONFLICT), and so are a range on a provider pool and a provider on a pool with a range.
-    Set {
-        /// The pool id.
-        pool: String,
-        /// The IPv4 network, e.g. 10.0.0.0/24; prefix /16 to /32, not in 0/8, 127/8,
-        /// 169.254/16, 224/4 or 240/4.
-        #[arg(
-            long,
-            required_unless_present = "provider",
-            conflicts_with = "provider"
-        )]
-        cidr: Option<String>,
-        /// The gateway; never leased.
-        #[arg(
-            long,
-            required_unless_present = "provider",
-            conflicts_with = "provider"
-        )]
-        gateway: Option<String>,
-        /// The first address to lease (default: the address after the gateway).
-        #[arg(long)]
-        first_host: Option<String>,
-        /// The last address to lease (default: the address before the broadcast address).
-        #[arg(long)]
-        last_host: Option<String>,
-        /// DNS servers for the guests, comma-separated IPv4/IPv6 unicast addresses (at most 8,
-        /// each once).
-        #[arg(long, value_delimiter = ',')]
-        dns: Vec<String>,
-        /// Make it a provider pool of `hetzner-cloud` or `proxmox-ve` (it leases nothing; its
-        /// instances are machines whose addresses the agent polls).
-        #[arg(long, value_name = "hetzner-cloud|proxmox-ve", conflicts_with_all = ["first_host", "last_host", "dns"])]
-        provider: Option<String>,
-        /// The provider's API base URL (default for hetzner-cloud: https://api.hetzner.cloud/v1;
-        /// required for proxmox-ve, e.g. https://pve1.example.com:8006/api2/json).
-        #[arg(long, requires = "provider")]
-        api_url: Option<String>,
-        /// A file the agent reads the API token from at every poll (never stored).
-        #[arg(
-            long,
-            value_name = "PATH",
-            requires = "provider",
-            conflicts_with = "credentials_env"
-        )]
-        credentials_file: Option<String>,
-        /// An environment variable of the agent holding the API token (never stored).
-        #[arg(long, value_name = "NAME", requires = "provider")]
-        credentials_env: Option<String>,
-        /// Seconds between polls, 5 to 86400 (default 30).
-        #[arg(long, requires = "provider")]
-        poll_interval_secs: Option<u32>,
-    },
+    Set(Box<PoolSetArgs>),
     /// Create a pool without a range (its instances are placed without an address).
     Create {
         /// The pool id.
@@ -89,6 +39,60 @@ pub enum PoolCmd {
     },
     /// List every pool.
     List,
+}
+
+/// The arguments of `vmnet pool set`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PoolSetArgs {
+    /// The pool id.
+    pool: String,
+    /// The IPv4 network, e.g. 10.0.0.0/24; prefix /16 to /32, not in 0/8, 127/8,
+    /// 169.254/16, 224/4 or 240/4.
+    #[arg(
+        long,
+        required_unless_present = "provider",
+        conflicts_with = "provider"
+    )]
+    cidr: Option<String>,
+    /// The gateway; never leased.
+    #[arg(
+        long,
+        required_unless_present = "provider",
+        conflicts_with = "provider"
+    )]
+    gateway: Option<String>,
+    /// The first address to lease (default: the address after the gateway).
+    #[arg(long)]
+    first_host: Option<String>,
+    /// The last address to lease (default: the address before the broadcast address).
+    #[arg(long)]
+    last_host: Option<String>,
+    /// DNS servers for the guests, comma-separated IPv4/IPv6 unicast addresses (at most 8,
+    /// each once).
+    #[arg(long, value_delimiter = ',')]
+    dns: Vec<String>,
+    /// Make it a provider pool of `hetzner-cloud` or `proxmox-ve` (it leases nothing; its
+    /// instances are machines whose addresses the agent polls).
+    #[arg(long, value_name = "hetzner-cloud|proxmox-ve", conflicts_with_all = ["first_host", "last_host", "dns"])]
+    provider: Option<String>,
+    /// The provider's API base URL (default for hetzner-cloud: https://api.hetzner.cloud/v1;
+    /// required for proxmox-ve, e.g. https://pve1.example.com:8006/api2/json).
+    #[arg(long, requires = "provider")]
+    api_url: Option<String>,
+    /// A file the agent reads the API token from at every poll (never stored).
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "provider",
+        conflicts_with = "credentials_env"
+    )]
+    credentials_file: Option<String>,
+    /// An environment variable of the agent holding the API token (never stored).
+    #[arg(long, value_name = "NAME", requires = "provider")]
+    credentials_env: Option<String>,
+    /// Seconds between polls, 5 to 86400 (default 30).
+    #[arg(long, requires = "provider")]
+    poll_interval_secs: Option<u32>,
 }
 
 /// `vmnet host …`
@@ -259,19 +263,20 @@ use self::tables::{
 pub async fn pool(g: &Global, c: PoolCmd) -> Result<(), IpamError> {
     let (db, mut tx) = open(g).await?;
     match c {
-        PoolCmd::Set {
-            pool,
-            cidr,
-            gateway,
-            first_host,
-            last_host,
-            dns,
-            provider,
-            api_url,
-            credentials_file,
-            credentials_env,
-            poll_interval_secs,
-        } => {
+        PoolCmd::Set(args) => {
+            let PoolSetArgs {
+                pool,
+                cidr,
+                gateway,
+                first_host,
+                last_host,
+                dns,
+                provider,
+                api_url,
+                credentials_file,
+                credentials_env,
+                poll_interval_secs,
+            } = *args;
             if let Some(provider) = provider {
                 let credentials = match (credentials_file, credentials_env) {
                     (Some(f), _) => Credentials::File(f),
@@ -424,7 +429,7 @@ pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), IpamError> {
             node,
             vmid,
         } => {
-            let machine = (server_id.is_some() || node.is_some()).then(|| Machine {
+            let machine = (server_id.is_some() || node.is_some()).then_some(Machine {
                 server_id,
                 node,
                 vmid,
