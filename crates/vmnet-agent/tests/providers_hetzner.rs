@@ -198,6 +198,7 @@ async fn failures_keep_the_last_good_addresses(h: Harness) {
     let good = w.instance("vm2").await;
     let cases: Vec<(Script, &str, &str)> = vec![
         (Script::Status(500), "status", "answered 500"),
+        (Script::Status(302), "status", "answered 302"),
         (
             Script::Malformed,
             "malformed",
@@ -261,7 +262,7 @@ async fn failures_keep_the_last_good_addresses(h: Harness) {
     assert_eq!(st["consecutive_failures"], 2);
     assert_eq!(
         w.fake.take_requests().len(),
-        10,
+        12,
         "no request without a token"
     );
 }

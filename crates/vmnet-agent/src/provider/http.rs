@@ -83,8 +83,9 @@ impl Api {
         })
     }
 
-    /// The HTTP client every poll shares (rustls with the Mozilla roots; the timeouts of
-    /// `settings`).
+    /// The HTTP client every poll shares: rustls with the Mozilla roots, the timeouts of
+    /// `settings`, no redirects followed (the documented endpoints answer directly; a `3xx` is
+    /// a [`PollError::Status`], and the token never follows a redirect elsewhere), no proxy.
     ///
     /// # Errors
     /// [`PollError::Unreachable`] when it cannot be built.
@@ -92,6 +93,8 @@ impl Api {
         reqwest::Client::builder()
             .timeout(settings.request_timeout)
             .connect_timeout(settings.connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
             .user_agent(concat!("vmnet/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| PollError::Unreachable {
