@@ -61,6 +61,7 @@ use crate::api::error::from_ns;
 use crate::mesh::runtime::Mesh;
 use crate::pool::node::PoolNode;
 mod fwaudit;
+use crate::provider::poller::Poller;
 mod view;
 
 pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
@@ -96,6 +97,8 @@ pub struct Agent {
     firewall_period: StdMutex<Duration>,
     /// The firewall audit's record.
     pub(crate) firewall: StdMutex<fwaudit::FirewallRecord>,
+    /// The provider pools' poller, when the agent runs it (`--poll-providers`).
+    providers: OnceLock<Arc<Poller>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -182,6 +185,7 @@ impl Agent {
                 },
                 per_vm: std::collections::BTreeMap::new(),
             }),
+            providers: OnceLock::new(),
         }))
     }
 
@@ -194,6 +198,17 @@ impl Agent {
         self.pool
             .set(pool)
             .map_err(|_| Error::conflict("pool mode is already set on this agent"))
+    }
+
+    /// Turns the provider pools' poller on: its pools' states show in `GET /v1/status`. Set
+    /// once; the caller runs it ([`Poller::run`]).
+    ///
+    /// # Errors
+    /// `CONFLICT` when a poller is already set.
+    pub fn set_providers(&self, poller: Arc<Poller>) -> Result<(), Error> {
+        self.providers
+            .set(poller)
+            .map_err(|_| Error::conflict("the provider poller is already set on this agent"))
     }
 
     /// Turns the mesh on: from now on every full reconcile pass converges it. Set once, before
@@ -539,7 +554,9 @@ impl Agent {
             Some(p) => Some(p.status().await),
             None => None,
         };
+        let provider_pools = self.providers.get().map(|p| p.status());
         Ok(AgentStatus {
+            provider_pools,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             name_prefix: self.settings.name_prefix.clone(),
             reconcile_interval_secs: self.interval.as_secs(),

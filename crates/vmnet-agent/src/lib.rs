@@ -5,6 +5,7 @@
 //! * [`status`] — the status and VM bodies the agent reports, and the clock of their times.
 //! * [`table`] — the text table renderer.
 //! * [`pool`] — pool mode on this host: NICs, seeds and the bcd tables.
+//! * [`provider`] — provider pools: the Hetzner Cloud and Proxmox VE clients and the poller.
 //! * [`agent`] — the agent's state and the VM operations (store + driver, serialized).
 //! * [`reconcile`] — the full pass and the background loop.
 //! * [`api`] — routes, error mapping, request/response types; `openapi.json` documents it.
@@ -19,6 +20,7 @@ pub mod client;
 pub mod hostspec;
 pub mod mesh;
 pub mod pool;
+pub mod provider;
 pub mod public;
 pub mod reconcile;
 pub mod server;

@@ -189,6 +189,10 @@ pub struct AgentStatus {
     /// The firewall audit.
     #[serde(default)]
     pub firewall: FirewallAuditStatus,
+    /// The provider pools this agent polls, by pool id; `null` when it does not poll
+    /// (`vmnet serve` without `--poll-providers`).
+    #[serde(default)]
+    pub provider_pools: Option<Vec<ProviderPoolStatus>>,
 }
 
 /// The firewall audit in [`AgentStatus`]: every `--firewall-audit-secs` the filter table of each
@@ -269,4 +273,58 @@ pub struct GuardStatus {
     pub drops: std::collections::BTreeMap<String, u64>,
     /// Why the counters could not be read; `null` when they were.
     pub error: Option<String>,
+}
+
+/// Where a provider pool stands, in `GET /v1/status` (`provider_pools`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderPoolState {
+    /// Not polled yet.
+    Pending,
+    /// The last poll succeeded for every machine.
+    Ok,
+    /// The last poll listed the machines, but some machines' own calls failed (those keep
+    /// their last good addresses, marked stale).
+    Degraded,
+    /// The last poll failed (timeout, 5xx, 429, malformed answer, unreachable): every machine
+    /// keeps its last good addresses, marked stale.
+    Failing,
+    /// The credentials are unreadable, or the provider refused them (401/403): every machine
+    /// keeps its last good addresses, marked stale. Fix the credentials.
+    AuthFailed,
+}
+
+/// One provider pool in `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderPoolStatus {
+    /// The pool.
+    pub pool_id: String,
+    /// `hetzner-cloud` or `proxmox-ve`.
+    pub provider: vmnet_model::pool::Provider,
+    /// Where it stands.
+    pub state: ProviderPoolState,
+    /// Polls finished since the agent started.
+    pub polls: u64,
+    /// Polls in a row that failed (0 after a good one).
+    pub consecutive_failures: u64,
+    /// When the last poll finished, ms since the Unix epoch; `null` before the first.
+    pub last_poll_at_unix_ms: Option<i64>,
+    /// When the last good poll finished; `null` before the first.
+    pub last_success_at_unix_ms: Option<i64>,
+    /// How long the last poll took, ms.
+    pub last_duration_ms: Option<u64>,
+    /// HTTP requests the last poll sent.
+    pub last_requests: u64,
+    /// Machines (instances) of the pool at the last poll.
+    pub machines: u64,
+    /// Instances whose machine the provider did not list at the last good poll (at most 20).
+    pub missing: Vec<String>,
+    /// The kind of the last failure (`credentials`, `auth`, `rate_limited`, `status`, `timeout`, `unreachable`, `malformed`); `null` after a good poll.
+    pub last_error_kind: Option<String>,
+    /// The last failure, naming the request or the credentials' source (never the secret);
+    /// per-machine failures name the instance. `null` after a good poll.
+    pub last_error: Option<String>,
+    /// When the next poll is due, ms since the Unix epoch.
+    pub next_poll_at_unix_ms: Option<i64>,
 }

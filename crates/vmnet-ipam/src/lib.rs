@@ -35,6 +35,8 @@
 //!
 //! * Host status reports add addresses to `Instance.addresses` after the lease
 //!   (`instance_addresses`, see [`reports`]).
+//! * Provider pools (`provider_pools`, `provider_machines`, see [`providers`]) lease nothing;
+//!   their instances are machines whose addresses each poll replaces.
 //!
 //! # Limitations
 //! * IPv4 only, one range and one lease per instance.
@@ -56,6 +58,7 @@ mod locks;
 pub mod loss;
 pub mod mesh_store;
 pub mod placement;
+pub mod providers;
 pub mod ranges;
 pub mod reports;
 mod stored;
@@ -72,10 +75,15 @@ pub use placement::{
     Ensured, add_host, create_instance, delete_instance, ensure_instance, get_host, get_instance,
     list_hosts, list_instances,
 };
+pub use providers::{
+    MachinePoll, list_provider_pools, mark_pool_stale, provider_machines, record_poll,
+    set_provider_pool,
+};
 pub use ranges::{create_pool, get_ip_pool, get_pool, list_pools, set_ip_pool};
 pub use reports::report_host_status;
 pub use vmnet_model::pool::{
-    Condition, Host, HostState, Instance, InstanceState, IpRange, Lease, NetworkPolicy,
-    NewInstance, Pool, ReportedInstance, SetIpPool, SkipReason, SkippedInstance, StatusReport,
-    StatusReportOutcome, UpdatedInstance,
+    Condition, Credentials, Host, HostState, Instance, InstanceState, IpRange, Lease, Machine,
+    NetworkPolicy, NewInstance, Pool, PoolKind, Provider, ProviderPool, ReportedInstance,
+    SetIpPool, SetProviderPool, SkipReason, SkippedInstance, StatusReport, StatusReportOutcome,
+    UpdatedInstance,
 };

@@ -128,9 +128,11 @@ pub(crate) fn instance_sql(tx: &Tx, filter: &str) -> sqlx::AssertSqlSafe<String>
     sqlx::AssertSqlSafe(format!(
         "SELECT i.instance_id, i.pool_id, i.host_id, i.vcpus, i.memory_mib, i.recreate_on_host_loss, \
          i.state, i.conditions, i.network_policy, i.sandbox, i.allocation_id, {address} AS address, \
-         {cidr} AS range_cidr \
+         {cidr} AS range_cidr, m.server_id, m.node, m.vmid, m.addresses AS machine_addresses, \
+         m.polled_at, m.stale \
          FROM instances i LEFT JOIN ip_leases l ON l.instance_id = i.instance_id \
-         LEFT JOIN ip_pools p ON p.pool_id = l.pool_id {filter}"
+         LEFT JOIN ip_pools p ON p.pool_id = l.pool_id \
+         LEFT JOIN provider_machines m ON m.instance_id = i.instance_id {filter}"
     ))
 }
 
@@ -141,6 +143,8 @@ where
     for<'a> bool: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
     for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
     for<'a> Option<String>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> Option<i64>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> Option<bool>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
 {
     let state: String = r.try_get("state").map_err(db_err)?;
     let conditions: String = r.try_get("conditions").map_err(db_err)?;
@@ -150,10 +154,24 @@ where
     let address = address
         .map(|a| parse_stored::<Ipv4Addr>("address", &a))
         .transpose()?;
-    let addresses = match address {
+    let mut addresses = match address {
         Some(a) => vec![lease_cidr(a, range_cidr.as_deref())?.to_string()],
         None => Vec::new(),
     };
+    // An instance of a provider pool: its machine and the addresses of the last good poll.
+    let machine_addresses: Option<String> = r.try_get("machine_addresses").map_err(db_err)?;
+    let machine = match &machine_addresses {
+        Some(json) => {
+            addresses = crate::providers::stored_addresses(json)?;
+            Some(crate::providers::machine_of(
+                r.try_get("server_id").map_err(db_err)?,
+                r.try_get("node").map_err(db_err)?,
+                r.try_get("vmid").map_err(db_err)?,
+            )?)
+        }
+        None => None,
+    };
+    let stale: Option<bool> = r.try_get("stale").map_err(db_err)?;
     Ok(Instance {
         instance_id: r.try_get("instance_id").map_err(db_err)?,
         pool_id: r.try_get("pool_id").map_err(db_err)?,
@@ -175,6 +193,9 @@ where
         sandbox: r.try_get("sandbox").map_err(db_err)?,
         allocation_id: r.try_get("allocation_id").map_err(db_err)?,
         addresses,
+        machine,
+        addresses_stale: stale.unwrap_or(false),
+        addresses_polled_at_unix_ms: r.try_get("polled_at").map_err(db_err)?,
     })
 }
 
@@ -243,8 +264,14 @@ pub async fn list_instances(tx: &mut Tx) -> Result<Vec<Instance>, IpamError> {
 /// ([`NewInstance::mismatch`]), as a retried create whose first reply was lost does, the
 /// existing instance is returned as it is and nothing is written (no second claim or lease).
 ///
+/// In a provider pool the instance is its machine ([`NewInstance::machine`], required there and
+/// refused elsewhere): it is stored without a host, a claim or a lease (see
+/// [`crate::providers`]).
+///
 /// # Errors
-/// `INVALID_INPUT` naming the field; `NOT_FOUND` for an unknown pool or host; `CONFLICT` for an
+/// `INVALID_INPUT` naming the field (a missing, misfit or misplaced `machine`, a `host_id` in a
+/// provider pool); `NOT_FOUND` for an unknown pool or host; `CONFLICT` for a machine another
+/// instance of the pool is, or for an
 /// existing instance the request does not describe, naming the first differing field
 /// (`instance vm1 already exists with vcpus 1 (this request: 2)`); `CAPACITY_UNAVAILABLE` when
 /// no host has room or `Pool <id> has no free IP address`; `UNAVAILABLE` on a database failure.
@@ -272,6 +299,32 @@ pub async fn ensure_instance(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, 
 
 async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, IpamError> {
     require_pool(tx, &req.pool_id).await?;
+    let provider = crate::providers::provider_of(tx, &req.pool_id).await?;
+    let id = &req.instance_id;
+    match (&provider, &req.machine) {
+        (Some(p), Some(m)) => {
+            m.validate(id, p.provider)?;
+            if req.host_id.is_some() {
+                return Err(IpamError::invalid(format!(
+                    "instance {id}: host_id: an instance of provider pool {} is a machine at {}, not placed on a host",
+                    req.pool_id, p.provider
+                )));
+            }
+        }
+        (Some(p), None) => {
+            return Err(IpamError::invalid(format!(
+                "instance {id}: machine is required for an instance of provider pool {} ({})",
+                req.pool_id, p.provider
+            )));
+        }
+        (None, Some(_)) => {
+            return Err(IpamError::invalid(format!(
+                "instance {id}: machine is only for instances of a provider pool; pool {} is hosted",
+                req.pool_id
+            )));
+        }
+        (None, None) => {}
+    }
     if let Some(h) = &req.host_id {
         get_host(tx, h).await?;
     }
@@ -305,6 +358,20 @@ async fn create_inner(tx: &mut Tx, req: &NewInstance) -> Result<Ensured, IpamErr
                 req.instance_id
             ))),
         };
+    }
+    if let (Some(_), Some(m)) = (&provider, &req.machine) {
+        // A machine at the provider: no host, no claim, no lease; its id is its allocation id.
+        crate::providers::insert_machine(tx, &req.pool_id, id, m).await?;
+        on_tx!(tx, t => sqlx::query("UPDATE instances SET allocation_id = $1 WHERE instance_id = $1")
+            .bind(id)
+            .execute(&mut **t)
+            .await
+            .map_err(db_err)?
+            .rows_affected());
+        return Ok(Ensured {
+            instance: get_instance(tx, id).await?,
+            created: true,
+        });
     }
     let want = Want {
         instance_id: &req.instance_id,

@@ -6,7 +6,7 @@ use crate::error::IpamError;
 use ipnet::Ipv4Net;
 use sqlx::Row;
 use vmnet_model::ids::validate_id;
-use vmnet_model::pool::{IpRange, Pool, SetIpPool};
+use vmnet_model::pool::{IpRange, Pool, PoolKind, SetIpPool};
 
 use crate::db::{Tx, db_err, on_tx};
 use crate::free;
@@ -24,13 +24,19 @@ use crate::stored::{num, parse_stored};
 /// calls cannot both pass the check with clashing ranges.
 ///
 /// # Errors
-/// `INVALID_INPUT` naming the pool and the field (see [`SetIpPool::validate`]); `CONFLICT`
-/// naming the other pool when the range clashes with its range, e.g.
+/// `INVALID_INPUT` naming the pool and the field (see [`SetIpPool::validate`]); `CONFLICT` for
+/// a provider pool, and naming the other pool when the range clashes with its range, e.g.
 /// `pool p2: cidr 10.0.0.0/16 overlaps cidr 10.0.0.0/24 of pool p1`; `UNAVAILABLE` on a
 /// database failure. On error nothing was written.
 pub async fn set_ip_pool(tx: &mut Tx, req: SetIpPool) -> Result<IpRange, IpamError> {
     let range = req.validate()?;
     lock_ranges(tx).await?;
+    if let Some(p) = crate::providers::provider_of(tx, &range.pool_id).await? {
+        return Err(IpamError::Conflict(format!(
+            "pool {} is a provider pool ({}); it has no range and leases nothing",
+            range.pool_id, p.provider
+        )));
+    }
     for other in other_ranges(tx, &range.pool_id).await? {
         if let Some(why) = range.clash(&other) {
             return Err(IpamError::Conflict(format!(
@@ -284,17 +290,34 @@ pub async fn get_ip_pool(tx: &mut Tx, pool_id: &str) -> Result<Option<IpRange>, 
     range_of(tx, pool_id, false).await
 }
 
-/// A pool with its range and lease count.
+/// A pool with its kind, its range (or provider settings) and lease count.
 ///
 /// # Errors
 /// As [`get_ip_pool`].
 pub async fn get_pool(tx: &mut Tx, pool_id: &str) -> Result<Pool, IpamError> {
     let range = get_ip_pool(tx, pool_id).await?;
     let leases = count_leases(tx, pool_id).await?;
+    pool_of(tx, pool_id.to_owned(), range, leases).await
+}
+
+/// The listed form of a pool: its kind and, for a provider pool, its settings.
+async fn pool_of(
+    tx: &mut Tx,
+    pool_id: String,
+    range: Option<IpRange>,
+    leases: u64,
+) -> Result<Pool, IpamError> {
+    let provider = crate::providers::provider_of(tx, &pool_id).await?;
     Ok(Pool {
-        pool_id: pool_id.to_owned(),
+        kind: if provider.is_some() {
+            PoolKind::Provider
+        } else {
+            PoolKind::Hosted
+        },
+        pool_id,
         range,
         leases,
+        provider,
     })
 }
 
@@ -320,11 +343,7 @@ pub async fn list_pools(tx: &mut Tx) -> Result<Vec<Pool>, IpamError> {
     for id in ids {
         let range = range_of(tx, &id, false).await?;
         let leases = count_leases(tx, &id).await?;
-        out.push(Pool {
-            pool_id: id,
-            range,
-            leases,
-        });
+        out.push(pool_of(tx, id, range, leases).await?);
     }
     Ok(out)
 }

@@ -267,3 +267,87 @@ fn host_report_with_an_instance_needs_an_address() {
         "refused before the database is opened"
     );
 }
+
+/// `pool set --provider` and `instance create --server-id | --node --vmid`: the pool's settings
+/// (never a secret) and the machine come back in JSON; the flags of the other kind are refused.
+#[test]
+fn provider_pools_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = vec!["--state-dir".to_owned(), dir.path().display().to_string()];
+    let out = ok(
+        &db,
+        &[
+            "--output",
+            "json",
+            "pool",
+            "set",
+            "hz",
+            "--provider",
+            "hetzner-cloud",
+            "--credentials-env",
+            "HCLOUD_TOKEN",
+            "--poll-interval-secs",
+            "60",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["kind"], "provider");
+    assert_eq!(
+        v["provider"],
+        serde_json::json!({"pool_id": "hz", "provider": "hetzner-cloud",
+            "api_url": "https://api.hetzner.cloud/v1", "credentials": {"env": "HCLOUD_TOKEN"},
+            "poll_interval_secs": 60})
+    );
+    let table = ok(&db, &["pool", "list"]);
+    assert!(
+        table.contains("hetzner-cloud https://api.hetzner.cloud/v1 env HCLOUD_TOKEN every 60s"),
+        "{table}"
+    );
+    fails(
+        &db,
+        &["pool", "set", "hz", "--provider", "hetzner-cloud"],
+        2,
+        "error: INVALID_INPUT: pool hz: --provider needs --credentials-file PATH or --credentials-env NAME\n",
+    );
+    let out = vmnet(
+        &db,
+        &[
+            "pool",
+            "set",
+            "hz",
+            "--provider",
+            "hetzner-cloud",
+            "--cidr",
+            "10.0.0.0/29",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "--cidr and --provider conflict");
+    let out = ok(
+        &db,
+        &[
+            "--output",
+            "json",
+            "instance",
+            "create",
+            "web-1",
+            "--pool",
+            "hz",
+            "--server-id",
+            "42",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["machine"], serde_json::json!({"server_id": 42}));
+    assert_eq!(v["host_id"], serde_json::Value::Null);
+    assert_eq!(v["addresses"], serde_json::json!([]));
+    let table = ok(&db, &["instance", "show", "web-1"]);
+    assert!(table.contains("server 42"), "{table}");
+    fails(
+        &db,
+        &[
+            "instance", "create", "db-1", "--pool", "hz", "--node", "pve1", "--vmid", "100",
+        ],
+        2,
+        "error: INVALID_INPUT: instance db-1: machine.node is not used by a hetzner-cloud pool\n",
+    );
+}

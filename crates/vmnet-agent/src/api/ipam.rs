@@ -11,11 +11,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use vmnet_ipam::{Db, IpamError, Tx};
 use vmnet_model::pool::{
-    Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool, StatusReport, StatusReportOutcome,
+    Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool, SetProviderPool, StatusReport,
+    StatusReportOutcome,
 };
 
 use super::error::{ApiBody, ApiError, ApiJson};
-use super::types::{HostCapacity, PoolRange};
+use super::types::{HostCapacity, PoolProvider, PoolRange};
 use crate::agent::Agent;
 
 /// Runs `$body` (an expression using `$tx: &mut Tx`) in a transaction on `$db`; commits on `Ok`,
@@ -66,6 +67,29 @@ pub async fn set_range(
     let range = range?;
     a.converge_pool().await;
     Ok(Json(range))
+}
+
+/// `PUT /v1/pools/{id}/provider`: make the pool a provider pool, or replace its settings
+/// (creates the pool if new); answers the pool. A pool with a range, or with hosted instances,
+/// is `409 CONFLICT`. The agent's poller (`vmnet serve --poll-providers`) picks the settings up
+/// at its next round.
+pub async fn set_provider(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<PoolProvider>,
+) -> Result<Json<Pool>, ApiError> {
+    let req = SetProviderPool {
+        pool_id: id,
+        provider: body.provider,
+        api_url: body.api_url,
+        credentials: body.credentials,
+        poll_interval_secs: body.poll_interval_secs,
+    };
+    let pool: Result<Pool, IpamError> = in_tx!(db(&a), tx => async {
+        vmnet_ipam::set_provider_pool(tx, &req).await?;
+        vmnet_ipam::get_pool(tx, &req.pool_id).await
+    }.await);
+    Ok(Json(pool?))
 }
 
 /// `GET /v1/pools/{id}/leases`: the pool's leases ordered by address.
@@ -203,4 +227,9 @@ pub async fn delete_instance(
     let inst = inst?;
     a.converge_pool().await;
     Ok(Json(inst))
+}
+
+/// JSON errors of a provider body name it `pool` (e.g. `pool: unknown field \`token\``).
+impl ApiBody for PoolProvider {
+    const OBJECT: &'static str = "pool";
 }

@@ -62,6 +62,11 @@ fn build() -> Routes {
         .add(Method::GET, "/v1/pools", get(ipam::list_pools))
         .add(Method::GET, "/v1/pools/{id}", get(ipam::get_pool))
         .add(Method::PUT, "/v1/pools/{id}/range", put(ipam::set_range))
+        .add(
+            Method::PUT,
+            "/v1/pools/{id}/provider",
+            put(ipam::set_provider),
+        )
         .add(Method::GET, "/v1/pools/{id}/leases", get(ipam::list_leases))
         .add(Method::GET, "/v1/hosts", get(ipam::list_hosts))
         .add(Method::GET, "/v1/hosts/{id}", get(ipam::get_host))

@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::status::{
-    AgentStatus, GuardStatus, PoolStatus, ReconcileStatus, VmCounts, VmState, VmStatus, VmView,
+    AgentStatus, GuardStatus, PoolStatus, ProviderPoolState, ProviderPoolStatus, ReconcileStatus,
+    VmCounts, VmState, VmStatus, VmView,
 };
 
 /// Body of `PUT /v1/pools/{id}/range`: the pool's IPv4 range.
@@ -29,6 +30,25 @@ pub struct PoolRange {
     /// DNS servers for the guests, IPv4 or IPv6 (default: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<Vec<String>>,
+}
+
+/// Body of `PUT /v1/pools/{id}/provider`: make the pool a provider pool (spec: the table of
+/// pools, "Provider"), or replace its settings. The pool id comes from the path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolProvider {
+    /// `hetzner-cloud` or `proxmox-ve`.
+    pub provider: String,
+    /// The API base URL the request paths are appended to (default for `hetzner-cloud`:
+    /// `https://api.hetzner.cloud/v1`; required for `proxmox-ve`, e.g.
+    /// `https://pve1.example.com:8006/api2/json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
+    /// Where the agent reads the secret at every poll: `{"file": PATH}` or `{"env": NAME}`.
+    pub credentials: vmnet_model::pool::Credentials,
+    /// Seconds between polls, 5 to 86400 (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval_secs: Option<u32>,
 }
 
 /// Body of `PUT /v1/hosts/{id}`: schedulable capacity.

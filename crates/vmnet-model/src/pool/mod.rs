@@ -17,7 +17,13 @@ use crate::ValidationError;
 use crate::ids::{MAX_ID_LEN, validate_id};
 pub use crate::nic::NetworkPolicy;
 
+mod provider;
 mod range;
+pub use provider::{
+    Credentials, DEFAULT_POLL_INTERVAL_SECS, HETZNER_API_URL, MAX_POLL_INTERVAL_SECS,
+    MAX_PROXMOX_VMID, MAX_SETTING_LEN, MIN_POLL_INTERVAL_SECS, Machine, Provider, ProviderPool,
+    SetProviderPool,
+};
 pub use range::{
     IpRange, MAX_DNS, MAX_PREFIX_LEN, MIN_PREFIX_LEN, RESERVED, SetIpPool, usable_hosts,
 };
@@ -33,15 +39,35 @@ pub struct Lease {
     pub instance_id: String,
 }
 
-/// A pool as listed: its id and its range, if one is set.
+/// Which kind a pool is (spec: the table of pools).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    /// A hosted pool (`vps-host`): instances are placed on vmnet hosts and lease from the range,
+    /// if one is set.
+    #[default]
+    Hosted,
+    /// A provider pool (`provider`): instances are machines at a provider; nothing is leased,
+    /// and their addresses are what the provider reports, replaced on every poll.
+    Provider,
+}
+
+/// A pool as listed: its id, its kind and its range or provider settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pool {
     /// The pool id.
     pub pool_id: String,
-    /// The range, or `None` for a pool without a range (it leases nothing).
+    /// `hosted` or `provider`.
+    #[serde(default)]
+    pub kind: PoolKind,
+    /// The range, or `None` for a pool without a range (it leases nothing; always `None` for a
+    /// provider pool).
     pub range: Option<IpRange>,
-    /// How many leases the pool holds.
+    /// How many leases the pool holds (always 0 for a provider pool).
     pub leases: u64,
+    /// The provider settings of a provider pool; `None` for a hosted pool.
+    #[serde(default)]
+    pub provider: Option<ProviderPool>,
 }
 
 /// Whether a host can take placements.
@@ -222,8 +248,24 @@ pub struct Instance {
     /// reports added ([`StatusReport`]), in arrival order, each once. Reports only add; the
     /// reported addresses are cleared when a host loss takes the instance off its host. Empty for
     /// an instance without a lease and without reports.
+    ///
+    /// For an instance of a provider pool (spec: "Addresses on an instance", provider pools):
+    /// exactly what the last good poll reported for its machine, in the provider's order,
+    /// replaced by every poll (never appended to); empty before the first good poll.
     #[serde(default)]
     pub addresses: Vec<String>,
+    /// The machine at the provider, for an instance of a provider pool; `None` otherwise.
+    #[serde(default)]
+    pub machine: Option<Machine>,
+    /// Provider pools: true when the last poll of the machine failed, so `addresses` are the
+    /// ones of the last good poll (at `addresses_polled_at_unix_ms`). Always false for a
+    /// hosted pool.
+    #[serde(default)]
+    pub addresses_stale: bool,
+    /// Provider pools: when the last good poll of the machine finished, ms since the Unix
+    /// epoch; `None` before the first one (and for a hosted pool).
+    #[serde(default)]
+    pub addresses_polled_at_unix_ms: Option<i64>,
 }
 
 impl Instance {
@@ -407,6 +449,10 @@ pub struct NewInstance {
     /// Accept SSH (tcp/22) only from the host's own addresses. Default: false.
     #[serde(default)]
     pub sandbox: bool,
+    /// The machine, required for (and only for) an instance of a provider pool, which is not
+    /// placed on a host (see [`Machine`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<Machine>,
 }
 
 impl NewInstance {
@@ -423,6 +469,7 @@ impl NewInstance {
             recreate_on_host_loss: false,
             network_policy: NetworkPolicy::Public,
             sandbox: false,
+            machine: None,
         }
     }
 
@@ -431,7 +478,7 @@ impl NewInstance {
     /// that created `inst` must not conflict with it. Compared: `pool_id`, `vcpus`,
     /// `memory_mib`, `recreate_on_host_loss`, `network_policy`, `sandbox`, and `host_id` when
     /// the request names a host (against the host the instance is on now; `none` when it is on
-    /// none).
+    /// none), and `machine`.
     #[must_use]
     pub fn mismatch(&self, inst: &Instance) -> Option<String> {
         let field = |name: &str, have: &dyn fmt::Display, want: &dyn fmt::Display| {
@@ -458,6 +505,11 @@ impl NewInstance {
         }
         if self.sandbox != inst.sandbox {
             return field("sandbox", &inst.sandbox, &self.sandbox);
+        }
+        if self.machine != inst.machine {
+            let show =
+                |m: &Option<Machine>| m.as_ref().map_or("none".to_owned(), Machine::to_string);
+            return field("machine", &show(&inst.machine), &show(&self.machine));
         }
         match (&self.host_id, &inst.host_id) {
             (Some(want), Some(have)) if want != have => field("host_id", have, want),

@@ -37,6 +37,7 @@ use vmnet_agent::pool::helper::HelperClient;
 use vmnet_agent::pool::node::{PoolConfig, PoolNode};
 use vmnet_agent::pool::seeds;
 use vmnet_agent::pool::taps::KernelTaps;
+use vmnet_agent::provider::poller::{Poller, PollerSettings};
 use vmnet_agent::server;
 use vmnet_ipam::Db;
 use vmnet_kernel::ns::NetlinkNsDriver;
@@ -129,6 +130,11 @@ pub struct ServeArgs {
     /// Mesh: the `wireguard-go` executable.
     #[arg(long, default_value = "wireguard-go", requires = "mesh")]
     pub wireguard_go: PathBuf,
+    /// Poll every provider pool in the store (Hetzner Cloud, Proxmox VE) at its interval and
+    /// replace its machines' addresses; the pools' states show in `vmnet status`. Run it on one
+    /// agent per store.
+    #[arg(long)]
+    pub poll_providers: bool,
     /// Internal: serve as the pool root helper on descriptor 3 (started by the agent).
     #[arg(long, hide = true)]
     pub pool_helper_serve: bool,
@@ -244,6 +250,15 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     } else {
         None
     };
+    let poller = if args.poll_providers {
+        let p = Poller::new(agent.db().clone(), PollerSettings::default())
+            .map_err(|e| Error::unavailable(format!("provider poller: {e}")))?;
+        agent.set_providers(Arc::clone(&p))?;
+        tracing::info!("provider poller on");
+        Some(tokio::spawn(p.run()))
+    } else {
+        None
+    };
     let reconciler = tokio::spawn(Arc::clone(&agent).run_loop());
     let router = vmnet_agent::api::router(Arc::clone(&agent));
     let result = server::serve(router, unix, &g.socket, tcp, server::shutdown_signal()).await;
@@ -251,6 +266,9 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     // wireguard-go keeps running: a restarted agent adopts it without interrupting tunnels.
     if let Some(w) = watch {
         w.abort();
+    }
+    if let Some(p) = poller {
+        p.abort();
     }
     tracing::info!("vmnet agent stopped");
     result.map_err(from_server)

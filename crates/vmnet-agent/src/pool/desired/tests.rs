@@ -36,6 +36,9 @@ fn the_nic_carries_the_stored_policy_sandbox_flag_and_allocation() {
         sandbox: true,
         allocation_id: "alloc-7-inst-1".into(),
         addresses: Vec::new(),
+        machine: None,
+        addresses_stale: false,
+        addresses_polled_at_unix_ms: None,
     };
     let bridge: IfName = "br0".parse().unwrap();
     let spec = spec_of(&inst, None, &bridge).unwrap();

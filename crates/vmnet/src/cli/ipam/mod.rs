@@ -12,8 +12,8 @@ use clap::Subcommand;
 use serde::Serialize;
 use vmnet_agent::table::render;
 use vmnet_ipam::{
-    Db, Instance, IpamError, Lease, NewInstance, ReportedInstance, SetIpPool, StatusReport, Store,
-    Tx,
+    Credentials, Db, Instance, IpamError, Lease, Machine, NewInstance, ReportedInstance, SetIpPool,
+    SetProviderPool, StatusReport, Store, Tx,
 };
 use vmnet_model::ValidationError;
 
@@ -22,29 +22,11 @@ use crate::{Global, Output};
 /// `vmnet pool …`
 #[derive(Debug, Clone, Subcommand)]
 pub enum PoolCmd {
-    /// Set (or replace) a pool's IPv4 range; creates the pool if needed. Existing leases stay.
-    /// A range overlapping another pool's is refused (CONFLICT).
-    Set {
-        /// The pool id.
-        pool: String,
-        /// The IPv4 network, e.g. 10.0.0.0/24; prefix /16 to /32, not in 0/8, 127/8,
-        /// 169.254/16, 224/4 or 240/4.
-        #[arg(long)]
-        cidr: String,
-        /// The gateway; never leased.
-        #[arg(long)]
-        gateway: String,
-        /// The first address to lease (default: the address after the gateway).
-        #[arg(long)]
-        first_host: Option<String>,
-        /// The last address to lease (default: the address before the broadcast address).
-        #[arg(long)]
-        last_host: Option<String>,
-        /// DNS servers for the guests, comma-separated IPv4/IPv6 unicast addresses (at most 8,
-        /// each once).
-        #[arg(long, value_delimiter = ',')]
-        dns: Vec<String>,
-    },
+    /// Set (or replace) a hosted pool's IPv4 range (`--cidr`, `--gateway`, …) or make the pool
+    /// a provider pool (`--provider`, `--credentials-file|--credentials-env`, …); creates the
+    /// pool if needed. Existing leases stay. A range overlapping another pool's is refused
+    /// (CONFLICT), and so are a range on a provider pool and a provider on a pool with a range.
+    Set(Box<PoolSetArgs>),
     /// Create a pool without a range (its instances are placed without an address).
     Create {
         /// The pool id.
@@ -57,6 +39,60 @@ pub enum PoolCmd {
     },
     /// List every pool.
     List,
+}
+
+/// The arguments of `vmnet pool set`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PoolSetArgs {
+    /// The pool id.
+    pool: String,
+    /// The IPv4 network, e.g. 10.0.0.0/24; prefix /16 to /32, not in 0/8, 127/8,
+    /// 169.254/16, 224/4 or 240/4.
+    #[arg(
+        long,
+        required_unless_present = "provider",
+        conflicts_with = "provider"
+    )]
+    cidr: Option<String>,
+    /// The gateway; never leased.
+    #[arg(
+        long,
+        required_unless_present = "provider",
+        conflicts_with = "provider"
+    )]
+    gateway: Option<String>,
+    /// The first address to lease (default: the address after the gateway).
+    #[arg(long)]
+    first_host: Option<String>,
+    /// The last address to lease (default: the address before the broadcast address).
+    #[arg(long)]
+    last_host: Option<String>,
+    /// DNS servers for the guests, comma-separated IPv4/IPv6 unicast addresses (at most 8,
+    /// each once).
+    #[arg(long, value_delimiter = ',')]
+    dns: Vec<String>,
+    /// Make it a provider pool of `hetzner-cloud` or `proxmox-ve` (it leases nothing; its
+    /// instances are machines whose addresses the agent polls).
+    #[arg(long, value_name = "hetzner-cloud|proxmox-ve", conflicts_with_all = ["first_host", "last_host", "dns"])]
+    provider: Option<String>,
+    /// The provider's API base URL (default for hetzner-cloud: https://api.hetzner.cloud/v1;
+    /// required for proxmox-ve, e.g. https://pve1.example.com:8006/api2/json).
+    #[arg(long, requires = "provider")]
+    api_url: Option<String>,
+    /// A file the agent reads the API token from at every poll (never stored).
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "provider",
+        conflicts_with = "credentials_env"
+    )]
+    credentials_file: Option<String>,
+    /// An environment variable of the agent holding the API token (never stored).
+    #[arg(long, value_name = "NAME", requires = "provider")]
+    credentials_env: Option<String>,
+    /// Seconds between polls, 5 to 86400 (default 30).
+    #[arg(long, requires = "provider")]
+    poll_interval_secs: Option<u32>,
 }
 
 /// `vmnet host …`
@@ -123,7 +159,8 @@ pub enum HostCmd {
 #[derive(Debug, Clone, Subcommand)]
 pub enum InstanceCmd {
     /// Create an instance: claim capacity on a host and take the lowest free address, in one
-    /// transaction.
+    /// transaction. In a provider pool the instance is a machine (`--server-id`, or `--node`
+    /// with `--vmid`): no host, no claim, no lease.
     Create {
         /// The instance id.
         id: String,
@@ -149,6 +186,15 @@ pub enum InstanceCmd {
         /// Accept SSH (tcp/22) only from the host's own addresses.
         #[arg(long)]
         sandbox: bool,
+        /// The machine of an instance of a hetzner-cloud pool: its server id.
+        #[arg(long, conflicts_with_all = ["node", "vmid", "host"])]
+        server_id: Option<u64>,
+        /// The machine of an instance of a proxmox-ve pool: its node (with --vmid).
+        #[arg(long, requires = "vmid", conflicts_with = "host")]
+        node: Option<String>,
+        /// The machine of an instance of a proxmox-ve pool: its vmid (with --node).
+        #[arg(long, requires = "node")]
+        vmid: Option<u32>,
     },
     /// Delete an instance, returning its lease and claim.
     Delete {
@@ -217,18 +263,45 @@ use self::tables::{
 pub async fn pool(g: &Global, c: PoolCmd) -> Result<(), IpamError> {
     let (db, mut tx) = open(g).await?;
     match c {
-        PoolCmd::Set {
-            pool,
-            cidr,
-            gateway,
-            first_host,
-            last_host,
-            dns,
-        } => {
-            let req = SetIpPool {
-                pool_id: pool,
+        PoolCmd::Set(args) => {
+            let PoolSetArgs {
+                pool,
                 cidr,
                 gateway,
+                first_host,
+                last_host,
+                dns,
+                provider,
+                api_url,
+                credentials_file,
+                credentials_env,
+                poll_interval_secs,
+            } = *args;
+            if let Some(provider) = provider {
+                let credentials = match (credentials_file, credentials_env) {
+                    (Some(f), _) => Credentials::File(f),
+                    (None, Some(e)) => Credentials::Env(e),
+                    (None, None) => {
+                        return Err(IpamError::invalid(format!(
+                            "pool {pool}: --provider needs --credentials-file PATH or --credentials-env NAME"
+                        )));
+                    }
+                };
+                let req = SetProviderPool {
+                    pool_id: pool,
+                    provider,
+                    api_url,
+                    credentials,
+                    poll_interval_secs,
+                };
+                vmnet_ipam::set_provider_pool(&mut tx, &req).await?;
+                let p = vmnet_ipam::get_pool(&mut tx, &req.pool_id).await?;
+                return finish(db, tx, g, &p, |p| pools_table(std::slice::from_ref(p))).await;
+            }
+            let req = SetIpPool {
+                pool_id: pool,
+                cidr: cidr.unwrap_or_default(),
+                gateway: gateway.unwrap_or_default(),
                 first_host,
                 last_host,
                 dns,
@@ -352,7 +425,15 @@ pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), IpamError> {
             recreate_on_host_loss,
             network_policy,
             sandbox,
+            server_id,
+            node,
+            vmid,
         } => {
+            let machine = (server_id.is_some() || node.is_some()).then_some(Machine {
+                server_id,
+                node,
+                vmid,
+            });
             let req = NewInstance {
                 instance_id: id,
                 pool_id: pool,
@@ -362,6 +443,7 @@ pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), IpamError> {
                 recreate_on_host_loss,
                 network_policy: network_policy.parse()?,
                 sandbox,
+                machine,
             };
             let i = vmnet_ipam::create_instance(&mut tx, &req).await?;
             finish(db, tx, g, &i, |i| instances_table(std::slice::from_ref(i))).await

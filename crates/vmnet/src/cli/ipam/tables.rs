@@ -34,13 +34,39 @@ pub(super) fn range_row(pool_id: &str, r: Option<&IpRange>, leases: Option<u64>)
 }
 
 pub(super) const RANGE_HEADER: [&str; 6] = ["POOL", "CIDR", "GATEWAY", "FIRST", "LAST", "DNS"];
-pub(super) const POOL_HEADER: [&str; 7] =
-    ["POOL", "CIDR", "GATEWAY", "FIRST", "LAST", "DNS", "LEASES"];
+pub(super) const POOL_HEADER: [&str; 8] = [
+    "POOL", "CIDR", "GATEWAY", "FIRST", "LAST", "DNS", "LEASES", "PROVIDER",
+];
+
+/// A provider pool's settings in one cell: `hetzner-cloud https://api.hetzner.cloud/v1 env
+/// HCLOUD_TOKEN every 30s` (where the secret is, never the secret); `-` for a hosted pool.
+fn provider_cell(p: &Pool) -> String {
+    p.provider.as_ref().map_or_else(
+        || "-".to_owned(),
+        |pp| {
+            format!(
+                "{} {} {} every {}s",
+                pp.provider, pp.api_url, pp.credentials, pp.poll_interval_secs
+            )
+        },
+    )
+}
 
 pub(super) fn pools_table(pools: &[Pool]) -> String {
     let rows: Vec<_> = pools
         .iter()
-        .map(|p| range_row(&p.pool_id, p.range.as_ref(), Some(p.leases)))
+        .map(|p| {
+            let mut row = if p.provider.is_some() {
+                let mut r = vec![p.pool_id.clone(), "(provider)".into()];
+                r.extend(["-", "-", "-", "-"].map(String::from));
+                r.push(p.leases.to_string());
+                r
+            } else {
+                range_row(&p.pool_id, p.range.as_ref(), Some(p.leases))
+            };
+            row.push(provider_cell(p));
+            row
+        })
         .collect();
     render(&POOL_HEADER, &rows)
 }
@@ -78,16 +104,18 @@ pub(super) fn instances_table(instances: &[Instance]) -> String {
                 opt(i.host_id.as_ref()),
                 i.state.to_string(),
                 opt(i.address.as_ref()),
-                if i.addresses.is_empty() {
-                    "-".into()
-                } else {
-                    i.addresses.join(",")
+                match (i.addresses.is_empty(), i.addresses_stale) {
+                    (true, false) => "-".into(),
+                    (true, true) => "- (stale)".into(),
+                    (false, false) => i.addresses.join(","),
+                    (false, true) => format!("{} (stale)", i.addresses.join(",")),
                 },
                 i.vcpus.to_string(),
                 i.memory_mib.to_string(),
                 i.recreate_on_host_loss.to_string(),
                 i.network_policy.to_string(),
                 i.sandbox.to_string(),
+                opt(i.machine.as_ref()),
                 if i.allocation_id.is_empty() {
                     "-".into()
                 } else {
@@ -114,6 +142,7 @@ pub(super) fn instances_table(instances: &[Instance]) -> String {
             "RECREATE",
             "POLICY",
             "SANDBOX",
+            "MACHINE",
             "ALLOCATION",
             "CONDITIONS",
         ],

@@ -122,6 +122,9 @@ fn delete_says_what_was_released() {
         sandbox: true,
         allocation_id: "alloc-1-vm3".into(),
         addresses: vec!["10.0.0.4/29".into(), "2001:db8::5/64".into()],
+        machine: None,
+        addresses_stale: false,
+        addresses_polled_at_unix_ms: None,
     };
     let table = instances_table(std::slice::from_ref(&i));
     let mut lines = table.lines();
