@@ -131,6 +131,7 @@ async fn client_and_host_spec_over_the_socket() {
     assert_eq!(applies, spec.vms.len(), "unchanged VMs are not put again");
 
     // --prune deletes only the VMs the file does not list.
+    let listed = spec.vms.len();
     spec.vms.truncate(1);
     let pruned = apply_host_spec(&client, &spec, true).await.unwrap();
     assert_eq!(
@@ -139,7 +140,7 @@ async fn client_and_host_spec_over_the_socket() {
             .iter()
             .filter(|i| i.result.starts_with("deleted"))
             .count(),
-        2
+        listed - 1
     );
     let vms: Vec<VmView> = client.get("/v1/vms").await.unwrap();
     assert_eq!(vms.len(), 1);

@@ -2,8 +2,8 @@
 //! (203.0.113.1 and 203.0.113.9, 2001:db8:0:1::1 and ::9) reach the guest through its public
 //! addresses (so an inbound rule sees the guest's port after DNAT); the guest reaches the fake
 //! internet's echo service. Each protocol, port edges, both families and directions, replies,
-//! empty lists, disabled, ICMPv6 with a hop-by-hop header and fragmented, and tightening with
-//! open connections.
+//! empty lists, disabled, ICMPv6 with a hop-by-hop header and fragmented, tightening with open
+//! connections, and mesh traffic between VMs filtered by the peer's prefix.
 
 mod fw_support;
 mod ns_support;
@@ -335,4 +335,53 @@ async fn tightening_cuts_the_open_connections_it_no_longer_admits_and_keeps_the_
     assert_eq!(env.driver.apply(&plan).await.expect("re-apply"), vec![]);
     assert!(line_echo(&mut s8000, "again"));
     let _ = v6;
+}
+
+/// A mesh VM without routes: its guest reaches the other VMs' mesh addresses only.
+fn mesh_vm(env: &Env, id: &str, uid: u32, firewall: &Value) -> VmPlan {
+    let mut v = json!({"id": id, "user_id": uid, "tenant": 1, "mesh_ipv6": format!("fdaa:1::{uid:x}"),
+        "network": {"routes": []}});
+    if !firewall.is_null() {
+        v["firewall"] = firewall.clone();
+    }
+    env.plan(&v.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+async fn mesh_traffic_is_filtered_by_the_peer_prefix() {
+    let env = Env::new();
+    let fw = json!({"enabled": true,
+        "inbound": [{"protocol": "tcp", "ports": "7", "prefixes": ["fdaa:1::62/128"]}]});
+    let a = mesh_vm(&env, "a", 0x61, &fw);
+    let b = mesh_vm(&env, "b", 0x62, &Value::Null);
+    let c = mesh_vm(&env, "c", 0x63, &Value::Null);
+    for p in [&a, &b, &c] {
+        env.driver.apply(p).await.expect("apply");
+    }
+    let mut guests = Vec::new();
+    for (name, p) in [("a", &a), ("b", &b), ("c", &c)] {
+        let g = env.guest(name, p, &["fdaa::/16"], 1380);
+        let mesh = IpAddr::V6(p.guest.mesh_ipv6.expect("mesh"));
+        let svc = EchoService::start(g.netns(), &[SocketAddr::new(mesh, ECHO_PORT)]).expect("echo");
+        guests.push((g, svc, mesh));
+    }
+    let to_a = SocketAddr::new(guests[0].2, ECHO_PORT);
+    let to_b = SocketAddr::new(guests[1].2, ECHO_PORT);
+    assert!(
+        tcp_ok(guests[1].0.netns(), None, to_a, T),
+        "the allowed peer reaches A"
+    );
+    assert!(
+        !tcp_ok(guests[2].0.netns(), None, to_a, NO),
+        "another peer does not"
+    );
+    assert!(
+        !tcp_ok(guests[0].0.netns(), None, to_b, NO),
+        "A's empty outbound list blocks it"
+    );
+    assert!(
+        tcp_ok(guests[2].0.netns(), None, to_b, T),
+        "unfiltered VMs still talk"
+    );
 }

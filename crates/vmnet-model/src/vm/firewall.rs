@@ -237,16 +237,17 @@ fn check_rule(vm: &str, path: &str, r: &FirewallRule) -> Result<(), ValidationEr
     Ok(())
 }
 
-/// Parses the `firewall` field of a VM config (`vm` names the VM in errors); `null` is `None`.
+/// Parses the `firewall` field of a VM config (`vm` names the VM in errors); absent or `null` is
+/// `None`.
 ///
 /// # Errors
 /// `INVALID_INPUT` naming the field path, for a wrong shape or any rule of the module docs.
-pub fn parse(vm: &str, v: &Value) -> Result<Option<Firewall>, ValidationError> {
+pub fn parse(vm: &str, v: Option<&Value>) -> Result<Option<Firewall>, ValidationError> {
     let bad = |field: &str, msg: &str| ValidationError::rule(format!("vm {vm}: {field} {msg}"));
     let o = match v {
-        Value::Null => return Ok(None),
-        Value::Object(o) => o,
-        v => return Err(bad("firewall", &format!("must be an object, got {v}"))),
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(v) => return Err(bad("firewall", &format!("must be an object, got {v}"))),
     };
     if let Some(k) = o
         .keys()

@@ -175,8 +175,7 @@ pub struct VmConfig {
     /// The public limit, MiB/s in both directions; 0 = unlimited ([`limits`]).
     #[serde(skip_serializing_if = "limits::is_unlimited")]
     pub public_network_throughput_mibps: u32,
-    /// The firewall ([`firewall`]); `None` (absent) is disabled. Kept, and returned, while
-    /// disabled.
+    /// The firewall ([`firewall`]); `None` (absent) is disabled. Kept while disabled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub firewall: Option<firewall::Firewall>,
 }
@@ -458,10 +457,7 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
     };
     let private_network_throughput_mibps = limits::parse_limit(vm, top, limits::PRIVATE_FIELD)?;
     let public_network_throughput_mibps = limits::parse_limit(vm, top, limits::PUBLIC_FIELD)?;
-    let firewall = match top.get("firewall") {
-        None => None,
-        Some(v) => firewall::parse(vm, v)?,
-    };
+    let firewall = firewall::parse(vm, top.get("firewall"))?;
     let cfg = VmConfig {
         id,
         user_id,
