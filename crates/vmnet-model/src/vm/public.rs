@@ -29,20 +29,36 @@ const V4_REFUSED: &[(&str, [u8; 4], u8)] = &[
     ("the loopback range 127.0.0.0/8", [127, 0, 0, 0], 8),
     ("the link-local range 169.254.0.0/16", [169, 254, 0, 0], 16),
     ("the private range 172.16.0.0/12", [172, 16, 0, 0], 12),
+    (
+        "the IETF protocol assignments range 192.0.0.0/24",
+        [192, 0, 0, 0],
+        24,
+    ),
+    (
+        "the 6to4 relay anycast range 192.88.99.0/24",
+        [192, 88, 99, 0],
+        24,
+    ),
     ("the private range 192.168.0.0/16", [192, 168, 0, 0], 16),
+    ("the benchmarking range 198.18.0.0/15", [198, 18, 0, 0], 15),
     ("the multicast range 224.0.0.0/4", [224, 0, 0, 0], 4),
     ("the reserved range 240.0.0.0/4", [240, 0, 0, 0], 4),
 ];
 
 /// The IPv6 ranges a public address or block must not overlap, with the name used in errors.
 /// The mesh range comes first so its name wins over the unique local range that holds it.
-fn v6_refused() -> [(&'static str, Ipv6Net); 7] {
+fn v6_refused() -> [(&'static str, Ipv6Net); 9] {
     let n = |s: &str| s.parse::<Ipv6Net>().expect("valid prefix");
     [
         ("the mesh range fdaa::/16", MESH_RANGE),
         ("the unspecified address ::/128", n("::/128")),
         ("the loopback address ::1/128", n("::1/128")),
         ("the IPv4-mapped range ::ffff:0:0/96", n("::ffff:0:0/96")),
+        ("the discard-only range 100::/64", n("100::/64")),
+        (
+            "the IETF protocol assignments range 2001::/23",
+            n("2001::/23"),
+        ),
         ("the unique local range fc00::/7", n("fc00::/7")),
         ("the link-local range fe80::/10", n("fe80::/10")),
         ("the multicast range ff00::/8", n("ff00::/8")),

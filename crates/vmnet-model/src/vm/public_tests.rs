@@ -112,6 +112,18 @@ fn rule_public_ipv4_is_global_unicast() {
             "240.0.0.1",
             "240.0.0.1 lies in the reserved range 240.0.0.0/4",
         ),
+        (
+            "192.0.0.8",
+            "192.0.0.8 lies in the IETF protocol assignments range 192.0.0.0/24",
+        ),
+        (
+            "192.88.99.1",
+            "192.88.99.1 lies in the 6to4 relay anycast range 192.88.99.0/24",
+        ),
+        (
+            "198.19.255.1",
+            "198.19.255.1 lies in the benchmarking range 198.18.0.0/15",
+        ),
     ];
     for (a, m) in cases {
         assert_eq!(
@@ -159,6 +171,15 @@ fn rule_public_ipv6_is_global_unicast() {
             "::ffff:203.0.113.1 lies in the IPv4-mapped range ::ffff:0:0/96",
         ),
         ("::/0", "::/0 overlaps the mesh range fdaa::/16"),
+        ("100::1", "100::1 lies in the discard-only range 100::/64"),
+        (
+            "2001::1",
+            "2001::1 lies in the IETF protocol assignments range 2001::/23",
+        ),
+        (
+            "2001:100::/24",
+            "2001:100::/24 overlaps the IETF protocol assignments range 2001::/23",
+        ),
     ];
     for (a, m) in cases {
         assert_eq!(
