@@ -167,7 +167,12 @@ async fn converge(
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
     sync_routes(d, plan, ns, &want, st, changes).await?;
     if !st.nft_drift.is_empty() {
-        tracing::warn!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table not as planned; replacing it");
+        if st.nft_applied.as_deref() == Some(plan.nft_fingerprint.as_str()) {
+            tracing::warn!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table not as planned; replacing it");
+        } else {
+            // Made from another plan: the VM's config changed (or an older agent made it).
+            tracing::info!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table of an earlier plan; replacing it");
+        }
         super::firewall::replace_table(d, plan)?;
         changes.push(Change::ReplaceNft {
             fingerprint: plan.nft_fingerprint.clone(),

@@ -30,6 +30,9 @@ pub(super) struct VmState {
     pub sysctls_bad: Vec<String>,
     /// How the netns nft table differs from the plan (one line each; empty when in sync).
     pub nft_drift: Vec<String>,
+    /// The plan fingerprint the netns nft table was made from (the `vmnet:<fingerprint>`
+    /// comment of its first rule), when it carries one.
+    pub nft_applied: Option<String>,
     pub host_link: Option<KLink>,
     pub host_addrs: HashSet<KAddr>,
     pub host_routes: BTreeSet<KRoute>,
@@ -126,13 +129,15 @@ pub(super) async fn observe_vm(
         (bad, inns::list_table(&netns_name, "inet", &table))
     })?;
     st.sysctls_bad = bad;
+    let listing = listing?;
+    st.nft_applied = listing.as_ref().and_then(applied_fingerprint);
     let key = nftcheck::key(&plan.netns, "inet", &names::vm_nft_table(&plan.name_prefix));
     st.nft_drift = memo.drift(
         &plan.netns,
         &key,
         &plan.nft_fingerprint,
         &plan.nft,
-        &nftcheck::or_empty(listing?),
+        &nftcheck::or_empty(listing),
     )?;
     let host_name =
         vmnet_plan::ns::name(&plan.name_prefix, names::NameKind::HostVeth, plan.user_id);
@@ -155,6 +160,16 @@ pub(super) async fn observe_vm(
             .filter(|r| r.iif == host_name),
     );
     Ok(st)
+}
+
+/// The fingerprint in the `vmnet:<fingerprint>` comment of a rule of an nft JSON listing.
+fn applied_fingerprint(listing: &serde_json::Value) -> Option<String> {
+    listing["nftables"]
+        .as_array()?
+        .iter()
+        .filter_map(|i| i["rule"]["comment"].as_str())
+        .find_map(|c| c.strip_prefix(vmnet_plan::ns::FINGERPRINT_PREFIX))
+        .map(str::to_owned)
 }
 
 fn index_of(links: &HashMap<String, KLink>, name: &str, whereis: &str) -> Result<u32, NsError> {
@@ -280,3 +295,24 @@ async fn host_kind(
 }
 
 use ipnet::IpNet;
+
+#[cfg(test)]
+mod fingerprint_tests {
+    use super::applied_fingerprint;
+
+    #[test]
+    fn the_applied_fingerprint_is_read_from_the_rule_comment() {
+        let listing = serde_json::json!({"nftables": [
+            {"metainfo": {"version": "1.0.6"}},
+            {"table": {"family": "inet", "name": "t", "handle": 1}},
+            {"rule": {"family": "inet", "table": "t", "chain": "mss", "handle": 3, "expr": []}},
+            {"rule": {"family": "inet", "table": "t", "chain": "mss", "handle": 4,
+                "comment": "vmnet:0123abcd", "expr": []}}
+        ]});
+        assert_eq!(applied_fingerprint(&listing).as_deref(), Some("0123abcd"));
+        assert_eq!(
+            applied_fingerprint(&serde_json::json!({"nftables": []})),
+            None
+        );
+    }
+}
