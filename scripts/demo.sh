@@ -23,6 +23,6 @@ if [ "${KEEP:-0}" != 1 ] && [ "$status" != 4 ]; then
   if [ "$down" != 0 ] && [ "$down" != 3 ] && [ "$status" = 0 ]; then
     status=$down
   fi
-  [ "$down" = 0 ] && echo "demo: sandbox $name removed (KEEP=1 keeps it)"
+  [ "$down" = 0 ] && echo "demo: sandbox $name removed after its checks (KEEP=1 scripts/demo.sh keeps it up)"
 fi
 exit "$status"

@@ -186,12 +186,18 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                 s.public_neighbors
             );
             for l in &s.limits {
+                let (rate, state) = if l.limit_mibps == 0 {
+                    ("unlimited".to_owned(), "")
+                } else {
+                    (
+                        format!("{} MiB/s", l.limit_mibps),
+                        if l.applied { "" } else { " (not applied)" },
+                    )
+                };
                 println!(
-                    "limit:        {:?} {:?} {} MiB/s{}{}",
+                    "limit:        {:?} {:?} {rate}{state}{}",
                     l.class,
                     l.direction,
-                    l.limit_mibps,
-                    if l.applied { "" } else { " (not applied)" },
                     match (l.bytes, l.drops) {
                         (Some(b), Some(d)) => format!(", {b} bytes, {d} drops"),
                         _ => String::new(),
