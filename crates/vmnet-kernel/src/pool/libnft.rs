@@ -162,7 +162,7 @@ fn free_now(ctx: &Ctx) {
 }
 
 /// How long a dropped context waits before the reaper frees it.
-const REAP_DELAY: Duration = Duration::from_millis(50);
+const REAP_DELAY: Duration = Duration::from_millis(25);
 
 /// The thread that frees dropped contexts [`REAP_DELAY`] after their drop.
 ///
