@@ -17,45 +17,17 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, Tuple};
-use netlink_packet_netfilter::{
-    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
-};
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+use netlink_packet_netfilter::{NetfilterMessageInner, NetfilterProtoFamily};
+
+use crate::nfnl::NfnlSocket;
 
 mod select;
 pub use select::{Tracked, delete_where};
 
 /// Errors of a conntrack flush.
-#[derive(Debug, thiserror::Error)]
-pub enum ConntrackError {
-    /// The netlink socket failed (open, bind, send or receive).
-    #[error("ctnetlink {op}")]
-    Io {
-        /// What was attempted.
-        op: &'static str,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The kernel answered with an error.
-    #[error("ctnetlink {op}: the kernel answered {code}")]
-    Kernel {
-        /// What was attempted.
-        op: &'static str,
-        /// The error as the kernel gave it.
-        #[source]
-        code: std::io::Error,
-    },
-    /// A message could not be read.
-    #[error("ctnetlink: unreadable message: {0}")]
-    Decode(String),
-}
-
-fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> ConntrackError {
-    move |source| ConntrackError::Io { op, source }
-}
+pub type ConntrackError = crate::nfnl::NetfilterError;
 
 /// The IP addresses of a tuple attribute list: (source, destination).
 fn ip_pair(tuple: &[Tuple]) -> (Option<IpAddr>, Option<IpAddr>) {
@@ -93,93 +65,6 @@ fn matching(attrs: &[ConntrackAttribute], addrs: &BTreeSet<IpAddr>) -> Option<Ve
     orig.filter(|_| hit)
 }
 
-struct Conn {
-    sock: Socket,
-    seq: u32,
-    buf: Vec<u8>,
-}
-
-impl Conn {
-    fn open() -> Result<Self, ConntrackError> {
-        let mut sock = Socket::new(NETLINK_NETFILTER).map_err(io("open socket"))?;
-        sock.bind_auto().map_err(io("bind"))?;
-        sock.connect(&SocketAddr::new(0, 0))
-            .map_err(io("connect"))?;
-        Ok(Self {
-            sock,
-            seq: 0,
-            buf: vec![0; 1 << 16],
-        })
-    }
-
-    fn send(
-        &mut self,
-        family: NetfilterProtoFamily,
-        msg: ConntrackMessage,
-        flags: u16,
-    ) -> Result<u32, ConntrackError> {
-        self.seq += 1;
-        let mut nl = NetlinkMessage::from(NetfilterMessage::new(
-            NetfilterHeader::new(family, 0, 0),
-            msg,
-        ));
-        nl.header.flags = flags;
-        nl.header.sequence_number = self.seq;
-        nl.finalize();
-        let mut out = vec![0; nl.header.length as usize];
-        nl.serialize(&mut out);
-        self.sock.send(&out, 0).map_err(io("send"))?;
-        Ok(self.seq)
-    }
-
-    /// Receives until the answer to `seq` is complete; calls `each` for every conntrack entry.
-    /// Returns the kernel's error code for an acknowledged request (0 on success).
-    fn receive(
-        &mut self,
-        seq: u32,
-        op: &'static str,
-        mut each: impl FnMut(&[ConntrackAttribute]),
-    ) -> Result<i32, ConntrackError> {
-        loop {
-            let n = self
-                .sock
-                .recv(&mut &mut self.buf[..], 0)
-                .map_err(io("receive"))?;
-            let mut off = 0;
-            while off < n {
-                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&self.buf[off..n])
-                    .map_err(|e| ConntrackError::Decode(e.to_string()))?;
-                let len = msg.header.length as usize;
-                if len == 0 {
-                    return Err(ConntrackError::Decode("zero-length message".into()));
-                }
-                off += len;
-                if msg.header.sequence_number != seq {
-                    continue;
-                }
-                match msg.payload {
-                    NetlinkPayload::Done(_) => return Ok(0),
-                    NetlinkPayload::Error(e) => {
-                        let code = e.raw_code();
-                        if code == 0 || code == -libc::ENOENT {
-                            return Ok(code);
-                        }
-                        return Err(ConntrackError::Kernel {
-                            op,
-                            code: e.to_io(),
-                        });
-                    }
-                    NetlinkPayload::InnerMessage(NetfilterMessage {
-                        inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
-                        ..
-                    }) => each(&attrs),
-                    _ => {}
-                }
-            }
-        }
-    }
-}
-
 /// How many conntrack entries of the calling thread's namespace have one of `addrs` as their
 /// original or reply destination (what [`flush_addresses`] would delete).
 ///
@@ -203,17 +88,28 @@ fn walk(addrs: &[IpAddr], delete: bool) -> Result<usize, ConntrackError> {
     if set.is_empty() {
         return Ok(0);
     }
-    let mut conn = Conn::open()?;
-    // One dump of every family (a dump walks the kernel's whole hash table, whatever the family
-    // asked for), then each match deleted in its own family.
+    dump_then_delete(|attrs| matching(attrs, &set), delete)
+}
+
+/// One dump of every family (a dump walks the kernel's whole hash table, whatever the family
+/// asked for), then, with `delete`, each entry `pick` chose deleted by its original tuple in
+/// its own family; returns how many were picked (without `delete`) or deleted. An entry gone
+/// between the dump and the delete is not counted and not an error.
+fn dump_then_delete(
+    mut pick: impl FnMut(&[ConntrackAttribute]) -> Option<Vec<Tuple>>,
+    delete: bool,
+) -> Result<usize, ConntrackError> {
+    let mut conn = NfnlSocket::open()?;
     let seq = conn.send(
         NetfilterProtoFamily::Unspec,
         ConntrackMessage::Get(Vec::new()),
         NLM_F_REQUEST | NLM_F_DUMP,
     )?;
     let mut doomed = Vec::new();
-    conn.receive(seq, "dump", |attrs| {
-        if let Some(t) = matching(attrs, &set) {
+    conn.receive(seq, "conntrack dump", |m| {
+        if let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) = m
+            && let Some(t) = pick(&attrs)
+        {
             doomed.push(t);
         }
     })?;
@@ -231,7 +127,7 @@ fn walk(addrs: &[IpAddr], delete: bool) -> Result<usize, ConntrackError> {
             ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(t)]),
             NLM_F_REQUEST | NLM_F_ACK,
         )?;
-        if conn.receive(seq, "delete", |_| {})? == 0 {
+        if conn.receive(seq, "conntrack delete", |_| {})? {
             deleted += 1;
         }
     }

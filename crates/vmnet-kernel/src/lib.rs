@@ -6,6 +6,8 @@
 pub mod conntrack;
 mod netlink;
 pub mod netns;
+/// The netfilter netlink socket shared by conntrack and the nf_tables element lookups.
+pub mod nfnl;
 /// Keyed lookups of nf_tables set and map elements over netlink.
 pub mod nftelem;
 pub mod ns;

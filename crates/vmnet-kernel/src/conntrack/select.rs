@@ -3,13 +3,9 @@
 
 use std::net::IpAddr;
 
-use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
-use netlink_packet_netfilter::NetfilterProtoFamily;
-use netlink_packet_netfilter::conntrack::{
-    ConntrackAttribute, ConntrackMessage, ProtoTuple, Tuple,
-};
+use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ProtoTuple, Tuple};
 
-use super::{Conn, ConntrackError, ip_pair};
+use super::{ConntrackError, ip_pair};
 
 /// What a predicate sees of one tracked connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,34 +70,12 @@ fn tracked(attrs: &[ConntrackAttribute]) -> Option<(Tracked, Vec<Tuple>)> {
 /// # Errors
 /// When the netlink socket or the kernel fails.
 pub fn delete_where(mut doomed: impl FnMut(&Tracked) -> bool) -> Result<usize, ConntrackError> {
-    let mut conn = Conn::open()?;
-    let seq = conn.send(
-        NetfilterProtoFamily::Unspec,
-        ConntrackMessage::Get(Vec::new()),
-        NLM_F_REQUEST | NLM_F_DUMP,
-    )?;
-    let mut picked = Vec::new();
-    conn.receive(seq, "dump", |attrs| {
-        if let Some((t, orig)) = tracked(attrs)
-            && doomed(&t)
-        {
-            picked.push((t, orig));
-        }
-    })?;
-    let mut deleted = 0;
-    for (t, orig) in picked {
-        let family = match t.orig_src {
-            IpAddr::V6(_) => NetfilterProtoFamily::IPv6,
-            IpAddr::V4(_) => NetfilterProtoFamily::IPv4,
-        };
-        let seq = conn.send(
-            family,
-            ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(orig)]),
-            NLM_F_REQUEST | NLM_F_ACK,
-        )?;
-        if conn.receive(seq, "delete", |_| {})? == 0 {
-            deleted += 1;
-        }
-    }
-    Ok(deleted)
+    super::dump_then_delete(
+        |attrs| {
+            tracked(attrs)
+                .filter(|(t, _)| doomed(t))
+                .map(|(_, orig)| orig)
+        },
+        true,
+    )
 }
