@@ -5,6 +5,7 @@
 //! malformed JSON keeping the last good addresses (stale), and the failure in `GET /v1/status`.
 
 mod common;
+#[macro_use]
 mod provider_fake;
 
 use std::sync::Arc;
@@ -422,27 +423,6 @@ async fn bad_input_names_the_field(h: Harness) {
         "CONFLICT",
         &["pool hz is a provider pool (hetzner-cloud)"],
     );
-}
-
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Harness::new().await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Harness::postgres().await).await;
-                }
-            )*
-        }
-    };
 }
 
 both!(

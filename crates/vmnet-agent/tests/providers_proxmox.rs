@@ -5,6 +5,7 @@
 //! no addresses, a failing agent call keeping that machine's last good addresses, and 401.
 
 mod common;
+#[macro_use]
 mod provider_fake;
 
 use std::sync::Arc;
@@ -260,27 +261,6 @@ async fn failures_keep_the_last_good_addresses(h: Harness) {
         w.addresses("moved").await,
         (vec!["10.10.0.9/24".into()], true)
     );
-}
-
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Harness::new().await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Harness::postgres().await).await;
-                }
-            )*
-        }
-    };
 }
 
 both!(

@@ -4,7 +4,31 @@
 //! must ignore). It counts every request, checks the `Authorization` header (401 otherwise) and
 //! answers scripted failures first: a status, 429 with a `Retry-After`, malformed JSON, or a
 //! delay.
+
 #![allow(dead_code, missing_docs)]
+
+/// Runs each named test `fn name(h: Harness)` once on SQLite and once on PostgreSQL (modules
+/// `sqlite` and `postgres` of the including test file).
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Harness::new().await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Harness::postgres().await).await;
+                }
+            )*
+        }
+    };
+}
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
