@@ -106,10 +106,10 @@ mod tests {
             ))
         );
         assert_eq!(
-            msg(&vm("b", 2, r#","public_ipv6":"2001:db8::/32""#)),
+            msg(&vm("b", 2, r#","public_ipv6":"2001:db8:7::/48""#)),
             Some((
                 c,
-                "vm b: public_ipv6 2001:db8::/32 overlaps public_ipv6 2001:db8:7::/56 of vm a"
+                "vm b: public_ipv6 2001:db8:7::/48 overlaps public_ipv6 2001:db8:7::/56 of vm a"
                     .into()
             ))
         );

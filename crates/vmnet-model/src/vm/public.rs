@@ -10,8 +10,9 @@
 //!   the host uplink).
 //! - `public_ipv6`: an IPv6 address, or a canonical prefix (no host bits; a /128 is the address
 //!   form), that is global unicast: not unspecified, loopback, multicast, link-local, unique
-//!   local (fc00::/7, which holds the mesh range fdaa::/16) or IPv4-mapped. It needs an IPv6
-//!   route via `host`.
+//!   local (fc00::/7, which holds the mesh range fdaa::/16) or IPv4-mapped. A routed block is at
+//!   most a /48 (`MAX_BLOCK_PREFIX`: an end site's allocation; the host routes the whole block to
+//!   one VM). It needs an IPv6 route via `host`.
 //! - The transit range is a host setting: the planner refuses a public IPv4 inside it.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -140,7 +141,10 @@ pub(super) fn parse_ipv6(v: &Value) -> Result<Option<Ipv6Net>, String> {
     Ok(Some(net))
 }
 
-/// Checks a parsed `public_ipv6`: canonical and global unicast.
+/// The shortest prefix a routed `public_ipv6` block may have: a /48, an end site's allocation.
+pub const MAX_BLOCK_PREFIX: u8 = 48;
+
+/// Checks a parsed `public_ipv6`: canonical, global unicast, and no larger than a /48.
 pub(super) fn check_ipv6(net: Ipv6Net) -> Result<(), String> {
     if net.trunc() != net {
         return Err(format!(
@@ -148,10 +152,15 @@ pub(super) fn check_ipv6(net: Ipv6Net) -> Result<(), String> {
             net.trunc()
         ));
     }
-    match ipv6_refusal(net) {
-        Some(m) => Err(m),
-        None => Ok(()),
+    if let Some(m) = ipv6_refusal(net) {
+        return Err(m);
     }
+    if net.prefix_len() < MAX_BLOCK_PREFIX {
+        return Err(format!(
+            "{net} is larger than a /{MAX_BLOCK_PREFIX}; a VM's routed block is at most a /{MAX_BLOCK_PREFIX}"
+        ));
+    }
+    Ok(())
 }
 
 /// Serializes a `public_ipv6`: a /128 in the address form, a block as a prefix.

@@ -202,6 +202,23 @@ fn rule_public_ipv6_block_is_canonical() {
 }
 
 #[test]
+fn rule_public_ipv6_block_is_at_most_a_48() {
+    assert_eq!(
+        err(&cfg(r#","public_ipv6":"2001:db8::/47""#, BOTH)),
+        "vm vm-7: public_ipv6 2001:db8::/47 is larger than a /48; a VM's routed block is at most a /48"
+    );
+    assert_eq!(
+        err(&cfg(r#","public_ipv6":"3000::/4""#, BOTH)),
+        "vm vm-7: public_ipv6 3000::/4 is larger than a /48; a VM's routed block is at most a /48"
+    );
+    assert!(
+        ok(r#","public_ipv6":"2001:db8:7::/48""#)
+            .public_ipv6_block()
+            .is_some()
+    );
+}
+
+#[test]
 fn documentation_ranges_are_allowed() {
     for a in ["192.0.2.9", "198.51.100.9", "203.0.113.9"] {
         assert_eq!(
@@ -210,7 +227,7 @@ fn documentation_ranges_are_allowed() {
         );
     }
     assert!(
-        ok(r#","public_ipv6":"2001:db8::/32""#)
+        ok(r#","public_ipv6":"2001:db8::/48""#)
             .public_ipv6_block()
             .is_some()
     );
