@@ -76,10 +76,7 @@ impl fmt::Display for KRule {
 
 /// Addresses on link `index`.
 pub(super) async fn link_addrs(h: &Handle, index: u32) -> Result<HashSet<KAddr>, NsError> {
-    let msgs: Vec<AddressMessage> = h
-        .address()
-        .get()
-        .set_link_index_filter(index)
+    let msgs: Vec<AddressMessage> = routes::addr_dump(h, index)
         .execute()
         .try_collect()
         .await

@@ -450,6 +450,16 @@ pub(super) async fn ra_route_links(h: &Handle) -> Result<Vec<u32>, NsError> {
     Ok(oifs)
 }
 
+/// A dump request for the addresses of link `index`. The index goes in the request header, so
+/// a strict socket (the host's) has the kernel dump that link's addresses only, instead of every
+/// address of the namespace (two per VM's host veth end: the dump grew with the number of VMs);
+/// rtnetlink's filter drops other links' addresses again for a socket that is not strict.
+pub(crate) fn addr_dump(h: &Handle, index: u32) -> rtnetlink::AddressGetRequest {
+    let mut req = h.address().get().set_link_index_filter(index);
+    req.message_mut().header.index = index;
+    req
+}
+
 /// The links carrying a global IPv6 address with a finite lifetime (not `IFA_F_PERMANENT`: an
 /// address formed by SLAAC, or leased by DHCPv6), each once.
 pub(super) async fn dynamic_v6_links(h: &Handle) -> Result<Vec<u32>, NsError> {

@@ -360,10 +360,7 @@ async fn ensure_link(
 
 /// Deletes the addresses `gone` from link `index` (as the kernel lists them).
 async fn del_addrs(h: &Handle, index: u32, gone: &[(IpAddr, u8)], w: &str) -> Result<(), NsError> {
-    let msgs: Vec<_> = h
-        .address()
-        .get()
-        .set_link_index_filter(index)
+    let msgs: Vec<_> = crate::ns::routes::addr_dump(h, index)
         .execute()
         .try_collect()
         .await
