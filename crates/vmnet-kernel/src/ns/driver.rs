@@ -14,6 +14,7 @@ use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_hos
 use super::host::{self, HostNs};
 use super::nftcheck::ListingMemo;
 use super::routes;
+use super::rulecache::RuleCache;
 use super::{BoxFuture, Change, NsDriver, NsError, ObservedVm, apply};
 use crate::netns;
 
@@ -30,6 +31,8 @@ pub struct NetlinkNsDriver {
     host_plan: Option<HostPlan>,
     host_ready: tokio::sync::Mutex<HostState>,
     pub(super) nft_memo: ListingMemo,
+    /// The host's VM rules, kept from the kernel's notifications (see [`super::rulecache`]).
+    pub(super) host_rules: RuleCache,
     /// The uplinks found so far (see `host::ra_uplinks`).
     uplinks_seen: std::sync::Mutex<BTreeSet<String>>,
     /// User ids removed with a deferred teardown, and when: [`NsDriver::gc`] leaves their
@@ -84,6 +87,7 @@ impl NetlinkNsDriver {
         let host = host_ns.netlink()?;
         let worker_ns = host_ns.clone();
         let host_nft = super::hostnft::HostNft::new(host_ns.clone());
+        let host_rules = RuleCache::new(host_ns.clone());
         Ok(Self {
             host_plan: plan_host(&settings),
             settings,
@@ -95,6 +99,7 @@ impl NetlinkNsDriver {
             deferred: StdMutex::new(HashMap::new()),
             conntrack: super::public_driver::conntrack_worker(worker_ns),
             host_nft,
+            host_rules,
         })
     }
 
@@ -183,9 +188,9 @@ impl NetlinkNsDriver {
             Err(e) => errors.push(e),
         }
         let table = self.settings.host_table_base + uid;
-        match routes::dump_rules(&self.host).await {
+        match self.host_rules.of(&host_veth).await {
             Ok(rules) => {
-                for r in rules.iter().filter(|r| r.iif == host_veth) {
+                for r in &rules {
                     found = true;
                     if let Err(e) = routes::del_rule(&self.host, r, "host").await {
                         errors.push(e);
@@ -318,7 +323,7 @@ impl NetlinkNsDriver {
                 by_uid.get_mut(&uid).expect("inserted").host_veth = Some((l.name, l.index));
             }
         }
-        for r in routes::dump_rules(&self.host).await? {
+        for r in self.host_rules.all().await? {
             if let Some(uid) = parse_uid(p, NameKind::HostVeth, &r.iif) {
                 entry(&mut by_uid, uid);
                 by_uid.get_mut(&uid).expect("inserted").host_rules.push(

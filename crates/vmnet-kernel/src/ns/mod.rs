@@ -87,6 +87,7 @@ mod proxy;
 mod public;
 mod public_driver;
 mod routes;
+mod rulecache;
 mod tc;
 
 use std::fmt;

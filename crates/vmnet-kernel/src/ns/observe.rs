@@ -13,6 +13,7 @@ use vmnet_plan::ns::{MAIN_TABLE, PlannedRoute, RouteKind, VmPlan, names};
 
 use super::nftcheck::{self, ListingMemo};
 use super::routes::{self, KKind, KLink, KRoute, KRule, nl};
+use super::rulecache::RuleCache;
 use super::{NsError, inns};
 use crate::netns;
 
@@ -100,6 +101,7 @@ pub(super) async fn observe_vm(
     plan: &VmPlan,
     ns: &Handle,
     host: &Handle,
+    host_rules: &RuleCache,
     memo: &ListingMemo,
 ) -> Result<VmState, NsError> {
     let mut st = VmState::default();
@@ -150,12 +152,7 @@ pub(super) async fn observe_vm(
         st.host_routes
             .extend(routes::dump_routes(host, v, Some(plan.host_table), None).await?);
     }
-    st.host_rules.extend(
-        routes::dump_rules(host)
-            .await?
-            .into_iter()
-            .filter(|r| r.iif == host_name),
-    );
+    st.host_rules.extend(host_rules.of(&host_name).await?);
     Ok(st)
 }
 

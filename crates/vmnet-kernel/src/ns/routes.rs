@@ -315,7 +315,7 @@ fn rule_message(r: &KRule) -> RuleMessage {
 }
 
 /// The rule of `m` when it has an input interface.
-fn krule(m: &RuleMessage) -> Option<KRule> {
+pub(super) fn krule(m: &RuleMessage) -> Option<KRule> {
     let mut table = u32::from(m.header.table);
     let (mut iif, mut priority) = (None, 0);
     for a in &m.attributes {
