@@ -136,6 +136,7 @@ impl<S: System> Networkd<S> {
         }
     }
 
+    #[cfg(test)]
     /// The drop-in's path.
     #[must_use]
     pub fn path(&self) -> &Path {
@@ -155,12 +156,14 @@ impl<S: System> Networkd<S> {
         Ok(())
     }
 
+    #[cfg(test)]
     /// The system (tests look at what the fake recorded).
     #[must_use]
     pub fn system(&self) -> &S {
         &self.sys
     }
 
+    #[cfg(test)]
     /// The system, to change (tests make the fake fail).
     pub fn sys_mut(&mut self) -> &mut S {
         &mut self.sys

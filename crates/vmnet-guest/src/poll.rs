@@ -49,18 +49,21 @@ impl<F: Fetch, A: Apply> Poller<F, A> {
         }
     }
 
+    #[cfg(test)]
     /// The configuration applied last.
     #[must_use]
     pub fn applied(&self) -> Option<&GuestNet> {
         self.applied.as_ref()
     }
 
+    #[cfg(test)]
     /// The applier (tests look at what the fake recorded).
     #[must_use]
     pub fn applier(&self) -> &A {
         &self.apply
     }
 
+    #[cfg(test)]
     /// The fetcher (tests change what the fake answers).
     pub fn fetcher(&mut self) -> &mut F {
         &mut self.fetch
