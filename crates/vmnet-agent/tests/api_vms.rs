@@ -99,6 +99,11 @@ async fn every_validation_rule_is_400_naming_the_field() {
             vec!["wireguard", "not supported yet"],
         ),
         (
+            "metadata version",
+            with(&|v| v["metadata"] = json!({"version": "v3"})),
+            vec!["metadata.version", "not a metadata version"],
+        ),
+        (
             "future field under network",
             with(&|v| v["network"]["wireguard"] = json!({})),
             vec!["network.wireguard", "not supported yet"],

@@ -67,6 +67,9 @@ fn poller() -> Poller<FakeFetch, Networkd<FakeSystem>> {
     )
 }
 
+/// What the fake service answers for one path: a value, or the fetcher's error.
+type Answer<'a> = Result<&'a str, &'a str>;
+
 fn block<T>(f: impl Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
         .build()
@@ -110,7 +113,7 @@ fn bad_documents_keep_the_last_good_configuration() {
     let good = p.applied().cloned();
     let runs = p.applier().system().log.len();
     let big = "x".repeat(crate::doc::MAX_VALUE_BYTES + 1);
-    let cases: Vec<(Result<&str, &str>, Result<&str, &str>)> = vec![
+    let cases: Vec<(Answer, Answer)> = vec![
         // missing
         (Err("404 Not Found"), Ok("")),
         (Ok("fdaa:1::7"), Err("404 Not Found")),

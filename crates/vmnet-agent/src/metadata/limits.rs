@@ -16,6 +16,8 @@ pub const MAX_CONNECTIONS: usize = 16;
 pub const CONNECTION_LIFETIME_SECS: u64 = 30;
 /// The longest the service waits for a request's headers, seconds.
 pub const HEADER_TIMEOUT_SECS: u64 = 5;
+/// [`HEADER_TIMEOUT_SECS`] as the C int `TCP_DEFER_ACCEPT` takes.
+pub const HEADER_TIMEOUT_SECS_C: libc::c_int = 5;
 
 /// A token bucket: [`RATE_PER_SEC`] tokens a second, at most [`BURST`] saved up.
 #[derive(Debug, Clone)]

@@ -21,7 +21,7 @@ struct Call {
 fn call(
     version: MetadataVersion,
     tokens: &Mutex<TokenStore>,
-    method: Method,
+    method: &Method,
     path: &str,
     hdrs: &[(&'static str, &str)],
     now: Instant,
@@ -31,7 +31,7 @@ fn call(
         h.append(*k, HeaderValue::from_str(v).unwrap());
     }
     let asked = Asked {
-        method: &method,
+        method,
         path,
         headers: &h,
         now,
@@ -54,29 +54,36 @@ fn get_leaf_folder_json_and_errors() {
     let t = Mutex::new(TokenStore::default());
     let now = Instant::now();
     let v1 = MetadataVersion::V1;
-    let c = call(v1, &t, Method::GET, "/latest/meta-data/mesh-ipv6", &[], now);
+    let c = call(
+        v1,
+        &t,
+        &Method::GET,
+        "/latest/meta-data/mesh-ipv6",
+        &[],
+        now,
+    );
     assert_eq!((c.status, c.body.as_str()), (StatusCode::OK, "fdaa:1::7"));
     assert_eq!(c.headers["content-type"], "text/plain");
     let c = call(
         v1,
         &t,
-        Method::GET,
+        &Method::GET,
         "/latest/meta-data/host-routes",
         &[],
         now,
     );
     assert_eq!(c.body, "0.0.0.0/0\n::/0");
-    let c = call(v1, &t, Method::GET, "/latest//meta-data/", &[], now);
+    let c = call(v1, &t, &Method::GET, "/latest//meta-data/", &[], now);
     assert_eq!(
         c.body,
         "host-routes\ninstance-id\nmesh-ipv6\nnetwork/\nnumber"
     );
-    let c = call(v1, &t, Method::GET, "/", &[], now);
+    let c = call(v1, &t, &Method::GET, "/", &[], now);
     assert_eq!(c.body, "latest/");
     let c = call(
         v1,
         &t,
-        Method::GET,
+        &Method::GET,
         "/latest/meta-data/network",
         &[("accept", "application/json")],
         now,
@@ -86,15 +93,15 @@ fn get_leaf_folder_json_and_errors() {
     let c = call(
         v1,
         &t,
-        Method::GET,
+        &Method::GET,
         "/latest/meta-data/instance-id",
         &[("accept", "application/json")],
         now,
     );
     assert_eq!(c.body, r#""web-7""#);
-    let c = call(v1, &t, Method::GET, "/latest/meta-data/number", &[], now);
+    let c = call(v1, &t, &Method::GET, "/latest/meta-data/number", &[], now);
     assert_eq!(c.status, StatusCode::NOT_IMPLEMENTED);
-    let c = call(v1, &t, Method::GET, "/latest/nope", &[], now);
+    let c = call(v1, &t, &Method::GET, "/latest/nope", &[], now);
     assert_eq!(
         (c.status, c.body.as_str()),
         (StatusCode::NOT_FOUND, "Resource not found: /latest/nope.")
@@ -107,13 +114,13 @@ fn version_2_needs_a_valid_token() {
     let now = Instant::now();
     let v2 = MetadataVersion::V2;
     let leaf = "/latest/meta-data/instance-id";
-    let c = call(v2, &t, Method::GET, leaf, &[], now);
+    let c = call(v2, &t, &Method::GET, leaf, &[], now);
     assert_eq!(c.status, StatusCode::UNAUTHORIZED);
     assert!(c.body.starts_with("No MMDS token provided."), "{}", c.body);
     let c = call(
         v2,
         &t,
-        Method::GET,
+        &Method::GET,
         leaf,
         &[("x-metadata-token", "forged")],
         now,
@@ -125,7 +132,7 @@ fn version_2_needs_a_valid_token() {
     let tok = call(
         v2,
         &t,
-        Method::PUT,
+        &Method::PUT,
         TOKEN_PATH,
         &[("x-metadata-token-ttl-seconds", "2")],
         now,
@@ -134,7 +141,7 @@ fn version_2_needs_a_valid_token() {
     let c = call(
         v2,
         &t,
-        Method::GET,
+        &Method::GET,
         leaf,
         &[("x-metadata-token", &tok.body)],
         now,
@@ -144,7 +151,7 @@ fn version_2_needs_a_valid_token() {
     let c = call(
         v2,
         &t,
-        Method::GET,
+        &Method::GET,
         leaf,
         &[("x-aws-ec2-metadata-token", &tok.body)],
         now,
@@ -155,7 +162,7 @@ fn version_2_needs_a_valid_token() {
     let c = call(
         v2,
         &t,
-        Method::GET,
+        &Method::GET,
         leaf,
         &[("x-metadata-token", &tok.body)],
         later,
@@ -170,13 +177,13 @@ fn version_1_takes_no_token_or_a_valid_one() {
     let v1 = MetadataVersion::V1;
     let leaf = "/latest/meta-data/instance-id";
     assert_eq!(
-        call(v1, &t, Method::GET, leaf, &[], now).status,
+        call(v1, &t, &Method::GET, leaf, &[], now).status,
         StatusCode::OK
     );
     let tok = call(
         v1,
         &t,
-        Method::PUT,
+        &Method::PUT,
         TOKEN_PATH,
         &[("x-aws-ec2-metadata-token-ttl-seconds", "60")],
         now,
@@ -185,7 +192,7 @@ fn version_1_takes_no_token_or_a_valid_one() {
     let ok = call(
         v1,
         &t,
-        Method::GET,
+        &Method::GET,
         leaf,
         &[("x-metadata-token", &tok.body)],
         now,
@@ -194,7 +201,7 @@ fn version_1_takes_no_token_or_a_valid_one() {
     let bad = call(
         v1,
         &t,
-        Method::GET,
+        &Method::GET,
         leaf,
         &[("x-metadata-token", "forged")],
         now,
@@ -207,7 +214,7 @@ fn token_put_errors() {
     let t = Mutex::new(TokenStore::default());
     let now = Instant::now();
     let v2 = MetadataVersion::V2;
-    let c = call(v2, &t, Method::PUT, TOKEN_PATH, &[], now);
+    let c = call(v2, &t, &Method::PUT, TOKEN_PATH, &[], now);
     assert_eq!(c.status, StatusCode::BAD_REQUEST);
     assert!(
         c.body.starts_with("Token time to live value not found."),
@@ -218,7 +225,7 @@ fn token_put_errors() {
         let c = call(
             v2,
             &t,
-            Method::PUT,
+            &Method::PUT,
             TOKEN_PATH,
             &[("x-metadata-token-ttl-seconds", bad)],
             now,
@@ -228,7 +235,7 @@ fn token_put_errors() {
     let c = call(
         v2,
         &t,
-        Method::PUT,
+        &Method::PUT,
         TOKEN_PATH,
         &[
             ("x-metadata-token-ttl-seconds", "60"),
@@ -241,7 +248,7 @@ fn token_put_errors() {
     let c = call(
         v2,
         &t,
-        Method::PUT,
+        &Method::PUT,
         "/latest/meta-data",
         &[("x-metadata-token-ttl-seconds", "60")],
         now,
@@ -255,7 +262,7 @@ fn other_methods_and_the_rate_limit() {
     let t = Mutex::new(TokenStore::default());
     let now = Instant::now();
     for m in [Method::POST, Method::PATCH, Method::DELETE] {
-        let c = call(MetadataVersion::V1, &t, m, "/", &[], now);
+        let c = call(MetadataVersion::V1, &t, &m, "/", &[], now);
         assert_eq!(c.status, StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(c.headers["allow"], "GET, PUT");
     }

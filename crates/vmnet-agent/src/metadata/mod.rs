@@ -18,7 +18,8 @@
 //!   stored. An agent restart re-creates them all in its first full pass.
 //! - Per VM, a token bucket ([`limits::RATE_PER_SEC`], [`limits::BURST`]) answers `429` beyond
 //!   its rate, at most [`limits::MAX_CONNECTIONS`] connections are open at once (more are closed
-//!   on accept), each for at most [`limits::CONNECTION_LIFETIME_SECS`]. Refused work costs a
+//!   on accept), each for at most [`limits::CONNECTION_LIFETIME_SECS`]; a connection reaches the
+//!   service only once its request data arrived (`TCP_DEFER_ACCEPT`). Refused work costs a
 //!   flooding guest's own budget, not another VM's: each VM's connections are separate tasks.
 //! - The version (v1 or v2, [`mmds`]) is the VM's `metadata.version`, else the host default
 //!   (`vmnet serve --metadata-version`, default v2).
@@ -38,7 +39,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
 use tokio::sync::Semaphore;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use vmnet_model::vm::metadata::MetadataVersion;
 use vmnet_plan::ns::VmPlan;
 use vmnet_plan::ns::metadata::{METADATA_IPV4, METADATA_PORT};
@@ -122,52 +123,79 @@ impl VmMeta {
     }
 }
 
-/// Serves `listener` for `meta` until the returned task is aborted (which also ends every open
-/// connection: they live in the task's [`JoinSet`]).
+/// Serves `listener` for `meta` until the returned task is aborted, which also ends every open
+/// connection: each watches the accept task's channel, which closes with it.
 ///
 /// # Panics
 /// When called outside a tokio runtime.
 #[must_use]
 pub fn serve(listener: tokio::net::TcpListener, meta: Arc<VmMeta>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut conns = JoinSet::new();
+        // Never sent on; dropped with this task, which completes every connection's `changed()`.
+        let (alive, _) = tokio::sync::watch::channel(());
         loop {
-            tokio::select! {
-                accepted = listener.accept() => {
-                    let stream = match accepted {
-                        Ok((s, _)) => s,
-                        Err(e) => {
-                            // E.g. EMFILE: back off instead of spinning.
-                            tracing::warn!("metadata: accept failed: {e}");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    };
-                    let Ok(permit) = Arc::clone(&meta.conns).try_acquire_owned() else {
-                        meta.refused.fetch_add(1, Ordering::Relaxed);
-                        drop(stream);
-                        continue;
-                    };
-                    let m = Arc::clone(&meta);
-                    conns.spawn(async move {
-                        let _permit = permit;
-                        let svc = service_fn(move |req| {
-                            let r = m.answer(&req);
-                            async move { Ok::<_, Infallible>(r) }
-                        });
-                        let conn = hyper::server::conn::http1::Builder::new()
-                            .timer(TokioTimer::new())
-                            .header_read_timeout(Duration::from_secs(limits::HEADER_TIMEOUT_SECS))
-                            .max_buf_size(16 * 1024)
-                            .serve_connection(TokioIo::new(stream), svc);
-                        let life = Duration::from_secs(limits::CONNECTION_LIFETIME_SECS);
-                        let _ = tokio::time::timeout(life, conn).await;
-                    });
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // E.g. EMFILE: back off instead of spinning.
+                    tracing::warn!("metadata: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
                 }
-                Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            }
+            };
+            let Ok(permit) = Arc::clone(&meta.conns).try_acquire_owned() else {
+                meta.refused.fetch_add(1, Ordering::Relaxed);
+                drop(stream);
+                continue;
+            };
+            let m = Arc::clone(&meta);
+            let mut gone = alive.subscribe();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let svc = service_fn(move |req| {
+                    let r = m.answer(&req);
+                    async move { Ok::<_, Infallible>(r) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(limits::HEADER_TIMEOUT_SECS))
+                    .max_buf_size(16 * 1024)
+                    .serve_connection(TokioIo::new(stream), svc);
+                let life =
+                    tokio::time::sleep(Duration::from_secs(limits::CONNECTION_LIFETIME_SECS));
+                tokio::select! {
+                    _ = conn => {}
+                    () = life => {}
+                    _ = gone.changed() => {}
+                }
+            });
         }
     })
+}
+
+/// Asks the kernel to hand a connection to `accept` only once its first data arrived
+/// (`TCP_DEFER_ACCEPT`, `secs` seconds at most): the service then reads the request at once
+/// instead of waking twice per connection, and a guest's idle connections never reach it.
+fn defer_accept(l: &std::net::TcpListener, secs: libc::c_int) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>())
+        .map_err(std::io::Error::other)?;
+    // SAFETY: the descriptor is a TCP socket `l` owns for the whole call, and the option value
+    // points at a live c_int whose size is `len`.
+    let rc = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw const secs).cast(),
+            len,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Binds `169.254.169.254:80` inside the netns `netns` and returns the listener (registered
@@ -189,6 +217,8 @@ pub fn bind_in(netns: &str) -> Result<(tokio::net::TcpListener, u64), String> {
     std_listener
         .set_nonblocking(true)
         .map_err(|e| format!("{netns}: {e}"))?;
+    defer_accept(&std_listener, limits::HEADER_TIMEOUT_SECS_C)
+        .map_err(|e| format!("{netns}: TCP_DEFER_ACCEPT: {e}"))?;
     let l = tokio::net::TcpListener::from_std(std_listener).map_err(|e| format!("{netns}: {e}"))?;
     Ok((l, ino))
 }
