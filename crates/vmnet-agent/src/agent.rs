@@ -59,8 +59,10 @@ use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
 use crate::api::error::from_ns;
 use crate::mesh::runtime::Mesh;
+use crate::metadata::MetadataService;
 use crate::pool::node::PoolNode;
 mod fwaudit;
+mod meta;
 use crate::provider::poller::Poller;
 mod view;
 
@@ -99,6 +101,8 @@ pub struct Agent {
     pub(crate) firewall: StdMutex<fwaudit::FirewallRecord>,
     /// The provider pools' poller, when the agent runs it (`--poll-providers`).
     providers: OnceLock<Arc<Poller>>,
+    /// The metadata service, when the agent serves it (`vmnet serve`).
+    metadata: OnceLock<Arc<MetadataService>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -186,6 +190,7 @@ impl Agent {
                 per_vm: std::collections::BTreeMap::new(),
             }),
             providers: OnceLock::new(),
+            metadata: OnceLock::new(),
         }))
     }
 
@@ -423,6 +428,7 @@ impl Agent {
                 return Err(Error::new(e.code, format!("{}{restored}", e.message)));
             }
         }
+        self.sync_metadata(&plan);
         // A changed user id leaves the old names behind: remove them now.
         if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
             && let Err(e) = self.driver.remove_deferred(old.user_id).await
@@ -527,6 +533,9 @@ impl Agent {
                     ),
                 ));
             }
+        }
+        if let Some(m) = self.metadata.get() {
+            m.remove(id);
         }
         store_tx!(self.db, tx => vm_store::delete(tx, id).await)?;
         Ok(view)

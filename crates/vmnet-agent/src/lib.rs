@@ -6,6 +6,7 @@
 //! * [`table`] — the text table renderer.
 //! * [`pool`] — pool mode on this host: NICs, seeds and the bcd tables.
 //! * [`provider`] — provider pools: the Hetzner Cloud and Proxmox VE clients and the poller.
+//! * [`metadata`] — the metadata service (MMDS) served inside every VM's netns.
 //! * [`agent`] — the agent's state and the VM operations (store + driver, serialized).
 //! * [`reconcile`] — the full pass and the background loop.
 //! * [`api`] — routes, error mapping, request/response types; `openapi.json` documents it.
@@ -19,6 +20,7 @@ pub mod apply;
 pub mod client;
 pub mod hostspec;
 pub mod mesh;
+pub mod metadata;
 pub mod pool;
 pub mod provider;
 pub mod public;

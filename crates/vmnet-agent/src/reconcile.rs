@@ -219,6 +219,9 @@ impl Agent {
         self.yield_to_api().await;
         let _kernel = self.kernel_lock.lock().await;
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
+        if let Some(m) = self.metadata() {
+            m.retain(&rows.iter().map(|r| r.id.clone()).collect());
+        }
         // Only the user ids are kept: each plan is dropped as soon as it proved the config plans
         // (a plan carries its nft ruleset, ~40 KiB; holding all of them made every pass's peak,
         // and with it the agent's RSS, grow by that much per VM).
@@ -317,6 +320,7 @@ impl Agent {
                 if let Some(g) = good_plan.as_ref().filter(|g| g.user_id != plan.user_id) {
                     let _ = self.driver().remove(g.user_id).await;
                 }
+                self.sync_metadata(&plan);
                 (Some(row.config.clone()), None)
             }
             Err(e) => {
@@ -330,7 +334,10 @@ impl Agent {
                         let _ = self.driver().remove(plan.user_id).await;
                     }
                     match self.driver().apply(g).await {
-                        Ok(_) => msg.push_str("; the previous config stays applied"),
+                        Ok(_) => {
+                            self.sync_metadata(g);
+                            msg.push_str("; the previous config stays applied");
+                        }
                         Err(e2) => msg.push_str(&format!(
                             "; re-applying the previous config also failed: {e2}"
                         )),

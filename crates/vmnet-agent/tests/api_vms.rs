@@ -95,13 +95,18 @@ async fn every_validation_rule_is_400_naming_the_field() {
         ),
         (
             "future field",
-            with(&|v| v["metadata"] = json!({})),
-            vec!["metadata", "not supported yet"],
+            with(&|v| v["wireguard"] = json!({})),
+            vec!["wireguard", "not supported yet"],
+        ),
+        (
+            "metadata version",
+            with(&|v| v["metadata"] = json!({"version": "v3"})),
+            vec!["metadata.version", "not a metadata version"],
         ),
         (
             "future field under network",
-            with(&|v| v["network"]["metadata"] = json!({})),
-            vec!["network.metadata", "not supported yet"],
+            with(&|v| v["network"]["wireguard"] = json!({})),
+            vec!["network.wireguard", "not supported yet"],
         ),
         (
             "firewall rule ports",

@@ -4,11 +4,13 @@
 //! - [`vms`]: a namespace-mode VM's setup and teardown against the shell `ip`/`nft` baseline;
 //! - [`nft`]: pool mode's nftables full replace and per-instance add/remove;
 //! - [`agent`]: the agent process under N VMs put over its API;
-//! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent.
+//! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent;
+//! - [`metadata`]: the metadata service's listeners in N namespaces polled every 250 ms.
 
 pub mod agent;
 pub mod ipam;
 pub mod mesh;
+pub mod metadata;
 pub mod nft;
 pub mod procstat;
 pub mod vms;
@@ -44,6 +46,8 @@ pub enum BenchCmd {
     Agent(agent::AgentBenchArgs),
     /// `POST /v1/sync` of N WireGuard peers: from empty, one change, no-op.
     Mesh(mesh::MeshBenchArgs),
+    /// The metadata service: N VMs' listeners polled every 250 ms (CPU, latency, RSS).
+    Metadata(metadata::MetadataBenchArgs),
 }
 
 /// Runs `vmnet bench …`; `json` prints JSON instead of a table where the bench supports it.
@@ -57,5 +61,6 @@ pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Nft(a) => Ok(nft::run(json, a).await?),
         BenchCmd::Agent(a) => Ok(agent::run(a).await?),
         BenchCmd::Mesh(a) => Ok(mesh::run(a).await?),
+        BenchCmd::Metadata(a) => Ok(metadata::run(a).await?),
     }
 }

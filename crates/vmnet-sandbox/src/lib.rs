@@ -11,6 +11,7 @@
 //! - [`relay::Relay`] and [`guest`]: a simulated guest joined to a VM's tap by a frame relay
 //!   that opens the tap the way a VMM does; [`sim_guest`]: a pool-mode guest configured from its
 //!   NoCloud seed; [`probe`]: raw frames sent and captured on a link.
+//! - [`mmds`]: raw requests to the metadata service from inside a guest namespace.
 //! - [`traffic`]: TCP/UDP echo clients, ICMP ping and command runs inside a namespace, each with
 //!   a timeout.
 //! - [`postgres`]: a throwaway PostgreSQL cluster on a unix socket.
@@ -36,6 +37,7 @@ pub mod fleet;
 pub mod fleet_job;
 pub mod guest;
 pub mod helper;
+pub mod mmds;
 pub mod netns;
 pub mod ns_job;
 pub mod pool_job;

@@ -8,7 +8,7 @@
 //! tests).
 
 pub use vmnet_sandbox::{
-    Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, netns, postgres, probe, relay,
+    Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, mmds, netns, postgres, probe, relay,
     sandbox, sim_guest, tap, traffic,
 };
 

@@ -68,7 +68,7 @@ async fn bad_input_keeps_the_good_state_reachable() {
     let mut bad_route = good.clone();
     bad_route["network"]["routes"] = json!([{"destination": "10.0.0.1/8", "via": "host"}]);
     let mut future = good.clone();
-    future["metadata"] = json!({});
+    future["wireguard"] = json!({});
     let mut other = vm("b", 1);
     other["id"] = json!("b2");
     let cases: Vec<Case> = vec![

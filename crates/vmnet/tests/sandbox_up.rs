@@ -121,6 +121,13 @@ fn up_runs_the_main_job_and_down_removes_everything() {
 
     // Every check passed, and the ones the issue names are there with the right values.
     let checks = report["checks"].as_array().expect("checks");
+    // The metadata service answered every guest with its own document.
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["check"] == "metadata own instance-id (v2 token)"),
+        "metadata checks ran"
+    );
     let failed: Vec<&Value> = checks.iter().filter(|c| c["ok"] != true).collect();
     assert!(failed.is_empty(), "failed checks: {failed:#?}");
     for (vm, name, seen) in [

@@ -30,11 +30,12 @@
 //!   of its family via `host`).
 //! - `firewall`: see [`firewall`] (protocols, one port or range for tcp and udp, canonical
 //!   prefixes, at most 50 of them across both directions).
+//! - `metadata`: see [`metadata`] (the metadata service version, `v1` or `v2`).
 //! - Unknown fields are refused. Fields of later issues ([`FUTURE_FIELDS`]) are refused with
 //!   "… is not supported yet".
 //!
 //! # Limitations
-//! WireGuard peers and metadata are not modelled yet; they are refused, never accepted and
+//! WireGuard peers are not modelled yet; they are refused, never accepted and
 //! ignored.
 
 use std::collections::BTreeSet;
@@ -50,6 +51,7 @@ use crate::ValidationError;
 
 pub mod firewall;
 pub mod limits;
+pub mod metadata;
 
 pub mod public;
 
@@ -74,7 +76,7 @@ pub const GUEST_LINK: IpNet = IpNet::V4(match Ipv4Net::new(Ipv4Addr::new(172, 16
 });
 
 /// Fields of later issues, at the top level or under `network`, refused with "… is not supported yet".
-pub const FUTURE_FIELDS: &[&str] = &["metadata", "wireguard", "peers", "packet_activity"];
+pub const FUTURE_FIELDS: &[&str] = &["wireguard", "peers", "packet_activity"];
 
 /// Where a route's traffic goes (spec "Routes": the `via` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -178,6 +180,9 @@ pub struct VmConfig {
     /// The firewall ([`firewall`]); `None` (absent) is disabled. Kept while disabled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub firewall: Option<firewall::Firewall>,
+    /// The metadata service settings ([`metadata`]); `None` (absent) takes the host's defaults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<metadata::MetadataConfig>,
 }
 
 #[allow(clippy::ref_option)]
@@ -401,6 +406,7 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
                 | "public_ipv6"
                 | "network"
                 | "firewall"
+                | "metadata"
                 | limits::PRIVATE_FIELD
                 | limits::PUBLIC_FIELD
         ) {
@@ -458,6 +464,7 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
     let private_network_throughput_mibps = limits::parse_limit(vm, top, limits::PRIVATE_FIELD)?;
     let public_network_throughput_mibps = limits::parse_limit(vm, top, limits::PUBLIC_FIELD)?;
     let firewall = firewall::parse(vm, top.get("firewall"))?;
+    let metadata = metadata::parse(vm, top.get("metadata"))?;
     let cfg = VmConfig {
         id,
         user_id,
@@ -469,6 +476,7 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
         private_network_throughput_mibps,
         public_network_throughput_mibps,
         firewall,
+        metadata,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -595,3 +603,6 @@ mod public_tests;
 
 #[cfg(test)]
 mod firewall_tests;
+
+#[cfg(test)]
+mod metadata_tests;

@@ -163,8 +163,9 @@ pub(super) fn check_ipv6(net: Ipv6Net) -> Result<(), String> {
     Ok(())
 }
 
-/// Serializes a `public_ipv6`: a /128 in the address form, a block as a prefix.
-pub(super) fn ipv6_text(n: &Ipv6Net) -> String {
+/// The text of a `public_ipv6` as configs write it: a /128 in the address form (`2001:db8::5`), a
+/// block as a prefix (`2001:db8:7::/56`).
+pub fn ipv6_text(n: &Ipv6Net) -> String {
     if n.prefix_len() == 128 {
         n.addr().to_string()
     } else {

@@ -279,10 +279,10 @@ fn rule_not_an_object() {
 #[test]
 fn serde_deserialize_runs_validation() {
     let r: Result<VmConfig, _> =
-        serde_json::from_str(r#"{"id":"vm-7","user_id":1,"tenant":0,"metadata":{}}"#);
+        serde_json::from_str(r#"{"id":"vm-7","user_id":1,"tenant":0,"wireguard":{}}"#);
     assert_eq!(
         r.unwrap_err().to_string(),
-        "vm vm-7: metadata is not supported yet"
+        "vm vm-7: wireguard is not supported yet"
     );
     let r: Result<VmConfig, _> =
         serde_json::from_str(r#"{"id":"vm-7","user_id":1,"tenant":0,"firewall":{}}"#);

@@ -72,6 +72,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
             settings.transit_ipv4
         )));
     }
+    let metadata = super::metadata::plan(cfg)?;
     let p = settings.name_prefix.as_str();
     let tap = TapPlan {
         name: name(p, NameKind::Tap, uid),
@@ -80,6 +81,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         mtu: settings.mtu,
         ipv4: Ipv4Net::new(GATEWAY_IPV4, TAP_PREFIX_LEN).expect("valid"),
         ipv6_link_local: Ipv6Net::new(HOST_LINK_LOCAL, 64).expect("valid"),
+        metadata_ipv4: Ipv4Net::from(super::metadata::METADATA_IPV4),
     };
     let guest = GuestPlan {
         ipv4: Ipv4Net::new(GUEST_IPV4, TAP_PREFIX_LEN).expect("valid"),
@@ -187,6 +189,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         limits,
         public,
         firewall,
+        metadata,
     })
 }
 

@@ -38,7 +38,10 @@
 //! - the firewall ([`firewall`]): filter chains and sets in the same netns table, and the rules in
 //!   [`VmPlan::firewall`] for the kernel layer's conntrack sweep.
 //!
-//! Later features slot in as more optional sections of [`VmPlan`] (metadata: a document).
+//! - the metadata service ([`metadata`]): the document in [`VmPlan::metadata`], and
+//!   169.254.169.254/32 on the tap where the agent serves it.
+//!
+//! Later features slot in as more optional sections of [`VmPlan`].
 //!
 //! # Limitations
 //! The guest's IPv6 gateway is the link-local `fe80::1` on the tap; the guest image must use it.
@@ -46,6 +49,7 @@
 mod build;
 pub mod firewall;
 pub mod limits;
+pub mod metadata;
 pub mod names;
 pub(crate) mod nft;
 pub mod public;

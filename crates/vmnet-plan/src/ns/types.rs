@@ -73,6 +73,13 @@ pub struct TapPlan {
     pub ipv4: Ipv4Net,
     /// `fe80::1/64`, the guest's IPv6 gateway.
     pub ipv6_link_local: Ipv6Net,
+    /// `169.254.169.254/32`, where the agent serves the VM's metadata ([`super::metadata`]).
+    #[serde(default = "metadata_ipv4")]
+    pub metadata_ipv4: Ipv4Net,
+}
+
+fn metadata_ipv4() -> Ipv4Net {
+    Ipv4Net::from(super::metadata::METADATA_IPV4)
 }
 
 /// The veth pair between host and VM netns.
@@ -163,6 +170,9 @@ pub struct VmPlan {
     /// sets are in [`Self::nft`].
     #[serde(default)]
     pub firewall: Option<super::firewall::FirewallPlan>,
+    /// The metadata document and version ([`super::metadata`]).
+    #[serde(default)]
+    pub metadata: super::metadata::MetadataPlan,
 }
 
 /// The fields the API reports for a VM (spec item 5: netns, veth names, transit /30, tap, guest

@@ -16,7 +16,9 @@
 //! 5. the checks of [`sandbox_checks`](self::checks), for a VM with an enabled firewall the
 //!    [`firewall`] checks (allowed and refused traffic from the fake internet, a mesh peer and
 //!    the guest), and, for a VM with a public limit in force, the [`limits`] checks (a short
-//!    iperf3 download against the limit), and two tables: the VMs and the checks.
+//!    iperf3 download against the limit), the [`metadata`] checks (each guest's own document
+//!    with a token, without one as its version says, and never another VM's whatever headers
+//!    it forges), and two tables: the VMs and the checks.
 //!
 //! The exit status is non-zero when any check saw something other than what it expected. The
 //! sandbox stays up either way (the agent, echo service and relays keep running in the
@@ -36,6 +38,7 @@
 pub mod checks;
 pub mod firewall;
 pub mod limits;
+pub mod metadata;
 pub mod public;
 pub(crate) mod steps;
 
@@ -47,6 +50,7 @@ use serde::Serialize;
 use vmnet_agent::hostspec::HostSpec;
 use vmnet_model::Error;
 use vmnet_model::error::chain;
+use vmnet_model::vm::metadata::MetadataVersion;
 
 use self::checks::CheckResult;
 pub use self::steps::VmRow;
@@ -205,9 +209,16 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         .map(|g| (g.vm.clone(), g.guest_ns.clone()))
         .collect();
     let (fw_inet, fw_vms, fw_ns) = (inet.clone(), spec.vms.clone(), guest_ns.clone());
+    let md_vms: Vec<_> = spec
+        .vms
+        .iter()
+        .cloned()
+        .zip(guest_ns.iter().map(|(_, ns)| ns.clone()))
+        .collect();
     let mut results = tokio::task::spawn_blocking(move || {
         checks::run_checks(&guests).map(|mut r| {
             r.extend(firewall::run(&fw_inet, &fw_vms, &fw_ns));
+            r.extend(metadata::run(&md_vms, MetadataVersion::default()));
             r
         })
     })

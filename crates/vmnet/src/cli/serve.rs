@@ -43,6 +43,7 @@ use vmnet_ipam::Db;
 use vmnet_kernel::ns::NetlinkNsDriver;
 use vmnet_kernel::tap::TapOwner;
 use vmnet_model::nic::IfName;
+use vmnet_model::vm::metadata::MetadataVersion;
 use vmnet_model::{Error, ValidationError};
 use vmnet_plan::ns::NsSettings;
 
@@ -135,6 +136,14 @@ pub struct ServeArgs {
     /// agent per store.
     #[arg(long)]
     pub poll_providers: bool,
+    /// The metadata service's version for VMs whose config names none (`metadata.version`):
+    /// `v2` (every GET needs a session token from `PUT /latest/api/token`) or `v1` (GETs
+    /// without a token are answered too).
+    #[arg(long, default_value = "v2", value_parser = parse_metadata_version)]
+    pub metadata_version: MetadataVersion,
+    /// Do not serve the metadata service (169.254.169.254 inside each VM's netns).
+    #[arg(long)]
+    pub no_metadata: bool,
     /// Internal: serve as the pool root helper on descriptor 3 (started by the agent).
     #[arg(long, hide = true)]
     pub pool_helper_serve: bool,
@@ -181,6 +190,10 @@ pub fn enter_netns(args: &ServeArgs) -> Result<(), Error> {
             .map_err(|e| Error::invalid(format!("--netns {name}: {e}"))),
         None => Ok(()),
     }
+}
+
+fn parse_metadata_version(s: &str) -> Result<MetadataVersion, String> {
+    s.parse()
 }
 
 fn parse_public_neighbors(s: &str) -> Result<vmnet_plan::ns::PublicNeighbors, String> {
@@ -232,6 +245,11 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         Duration::from_secs(args.reconcile_interval_secs),
     )?;
     agent.set_firewall_audit_period(Duration::from_secs(args.firewall_audit_secs));
+    if !args.no_metadata {
+        agent.set_metadata(vmnet_agent::metadata::MetadataService::new(
+            args.metadata_version,
+        ))?;
+    }
     let unix = server::bind_unix(&g.socket).await.map_err(from_server)?;
     tracing::info!(
         socket = %g.socket.display(),

@@ -149,12 +149,13 @@ pub(super) async fn repair_links(
     Ok(changes)
 }
 
-/// One link of the VM as planned: where, its name, MTU and the two addresses it carries.
+/// One link of the VM as planned: where, its name, MTU and the addresses it carries (the tap
+/// three: its /30, `fe80::1/64` and the metadata /32; each veth end two).
 struct LinkSpec<'a> {
     side: Side,
     name: &'a str,
     mtu: u32,
-    addrs: [(IpAddr, u8); 2],
+    addrs: Vec<(IpAddr, u8)>,
 }
 
 fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
@@ -162,11 +163,15 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
         side: Side::Vm,
         name: &plan.tap.name,
         mtu: plan.tap.mtu,
-        addrs: [
+        addrs: vec![
             (IpAddr::V4(plan.tap.ipv4.addr()), plan.tap.ipv4.prefix_len()),
             (
                 IpAddr::V6(plan.tap.ipv6_link_local.addr()),
                 plan.tap.ipv6_link_local.prefix_len(),
+            ),
+            (
+                IpAddr::V4(plan.tap.metadata_ipv4.addr()),
+                plan.tap.metadata_ipv4.prefix_len(),
             ),
         ],
     }];
@@ -175,7 +180,7 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
             side: Side::Vm,
             name: &v.peer_name,
             mtu: v.mtu,
-            addrs: [
+            addrs: vec![
                 (IpAddr::V4(v.peer_ipv4.addr()), v.peer_ipv4.prefix_len()),
                 (
                     IpAddr::V6(v.peer_ipv6_link_local.addr()),
@@ -187,7 +192,7 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
             side: Side::Host,
             name: &v.host_name,
             mtu: v.mtu,
-            addrs: [
+            addrs: vec![
                 (IpAddr::V4(v.host_ipv4.addr()), v.host_ipv4.prefix_len()),
                 (
                     IpAddr::V6(v.host_ipv6_link_local.addr()),
@@ -214,7 +219,7 @@ fn find<'a>(st: &'a VmState, spec: &LinkSpec<'_>) -> (Option<&'a KLink>, &'a Has
 /// addresses outside the link-local range (the kernel adds link-locals of its own), and a
 /// planned link-local with another prefix length (e.g. a host end's `/64` from before its plan
 /// became `/128`; the kernel does not change the prefix length of an existing address).
-fn stale(have: &HashSet<KAddr>, index: u32, want: &[(IpAddr, u8); 2]) -> Vec<(IpAddr, u8)> {
+fn stale(have: &HashSet<KAddr>, index: u32, want: &[(IpAddr, u8)]) -> Vec<(IpAddr, u8)> {
     let mut out: Vec<(IpAddr, u8)> = have
         .iter()
         .filter(|(i, a, p)| {
@@ -350,11 +355,12 @@ async fn ensure_link(
         Side::Host => AddressFlags::Nodad | AddressFlags::Noprefixroute,
         Side::Vm => AddressFlags::Nodad,
     };
-    let [(a1, p1), (a2, p2)] = spec.addrs;
-    futures::try_join!(
-        add_addr(h, have, l.index, (a1, p1), v6_flags, w),
-        add_addr(h, have, l.index, (a2, p2), v6_flags, w),
-    )?;
+    futures::future::try_join_all(
+        spec.addrs
+            .iter()
+            .map(|a| add_addr(h, have, l.index, *a, v6_flags, w)),
+    )
+    .await?;
     Ok(l)
 }
 

@@ -34,6 +34,8 @@ fn good_state(p: &VmPlan) -> VmState {
     st.ns_addrs.insert((2, IpAddr::V4(p.tap.ipv4.addr()), 30));
     st.ns_addrs
         .insert((2, IpAddr::V6(p.tap.ipv6_link_local.addr()), 64));
+    st.ns_addrs
+        .insert((2, IpAddr::V4(p.tap.metadata_ipv4.addr()), 32));
     if let Some(v) = &p.veth {
         st.ns_links
             .insert(v.peer_name.clone(), link(&v.peer_name, 3, 1380));
@@ -154,4 +156,16 @@ fn the_host_link_local_with_another_prefix_length_is_stale() {
     st.host_addrs
         .insert((10, IpAddr::V6("fe80::aa:bbff:fecc:1".parse().unwrap()), 64));
     assert_eq!(fixed_drift(&p, &st), None);
+}
+
+#[test]
+fn a_missing_metadata_address_is_drift() {
+    for mesh in [true, false] {
+        let p = plan(mesh);
+        let mut st = good_state(&p);
+        st.ns_addrs
+            .remove(&(2, IpAddr::V4(p.tap.metadata_ipv4.addr()), 32));
+        let d = fixed_drift(&p, &st).expect("drift");
+        assert!(d.contains(&format!("{} addresses", p.tap.name)), "{d}");
+    }
 }

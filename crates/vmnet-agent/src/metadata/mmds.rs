@@ -1,0 +1,220 @@
+//! The MMDS request semantics (Firecracker's metadata service), as a pure function from a
+//! request to a response for one VM.
+//!
+//! - `GET <path>`: the value at `path` in the VM's document (`//` collapsed, a trailing `/`
+//!   ignored, the query ignored). In plain text (the default) a string leaf is its value and an
+//!   object its keys, one per line, objects with a trailing `/`; any other leaf is `501`. With
+//!   `Accept: application/json` the value as JSON. An unknown path is `404 Resource not found:
+//!   <path>.`.
+//! - `PUT /latest/api/token` with `X-metadata-token-ttl-seconds: N` (1..=21600; the
+//!   `X-aws-ec2-metadata-token-ttl-seconds` alias too): a new session token (text). Missing TTL
+//!   `400`, bad TTL `400`, a `PUT` carrying `X-Forwarded-For` `400` (as Firecracker, so a proxy on
+//!   the guest cannot fetch tokens for others), a `PUT` elsewhere `404`.
+//! - Version 2: a `GET` without `X-metadata-token` (or `X-aws-ec2-metadata-token`) is `401`, with
+//!   an unknown or expired one `401`. Version 1: a `GET` without a token is answered; one that
+//!   carries a token must carry a valid one (`401` otherwise), so a guest moving to tokens
+//!   works unchanged when the host later switches the VM to version 2.
+//! - Any other method: `405` with `Allow: GET, PUT`.
+//! - Over the VM's request rate ([`super::limits`]): `429`, before anything else is looked at.
+
+use std::time::Instant;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method, Response, StatusCode};
+use serde_json::Value;
+use vmnet_model::vm::metadata::MetadataVersion;
+
+use super::tokens::{TokenStore, parse_ttl};
+
+/// The path that hands out session tokens.
+pub const TOKEN_PATH: &str = "/latest/api/token";
+/// The token headers a `GET` may carry.
+pub const TOKEN_HEADERS: [&str; 2] = ["x-metadata-token", "x-aws-ec2-metadata-token"];
+/// The TTL headers of a token `PUT`.
+pub const TTL_HEADERS: [&str; 2] = [
+    "x-metadata-token-ttl-seconds",
+    "x-aws-ec2-metadata-token-ttl-seconds",
+];
+
+/// A response of the service.
+pub type MmdsResponse = Response<Full<Bytes>>;
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> MmdsResponse {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+fn first<'a>(h: &'a HeaderMap, names: &[&str]) -> Option<&'a str> {
+    names
+        .iter()
+        .find_map(|n| h.get(*n))
+        .map(|v| v.to_str().unwrap_or(""))
+}
+
+/// Collapses `//` runs and drops one trailing `/` (not of the root).
+fn sanitize(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for c in path.chars() {
+        if c == '/' && out.ends_with('/') {
+            continue;
+        }
+        out.push(c);
+    }
+    if out.len() > 1 && out.ends_with('/') {
+        out.pop();
+    }
+    out
+}
+
+/// The plain-text (IMDS) form of a value, `None` for a leaf that is not a string.
+fn imds(v: &Value) -> Option<String> {
+    match v {
+        Value::Object(m) => Some(
+            m.iter()
+                .map(|(k, v)| {
+                    if v.is_object() {
+                        format!("{k}/")
+                    } else {
+                        k.clone()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        Value::String(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn wants_json(h: &HeaderMap) -> bool {
+    h.get_all(header::ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|s| s.contains("application/json")))
+}
+
+fn get(doc: &Value, path: &str, headers: &HeaderMap) -> MmdsResponse {
+    let clean = sanitize(path);
+    let pointer = if clean == "/" { "" } else { clean.as_str() };
+    let Some(v) = doc.pointer(pointer) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("Resource not found: {path}."),
+        );
+    };
+    if wants_json(headers) {
+        let mut r = text(StatusCode::OK, v.to_string());
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        return r;
+    }
+    match imds(v) {
+        Some(body) => text(StatusCode::OK, body),
+        None => text(
+            StatusCode::NOT_IMPLEMENTED,
+            "Cannot retrieve value. The value has an unsupported type.",
+        ),
+    }
+}
+
+fn put(tokens: &mut TokenStore, path: &str, headers: &HeaderMap, now: Instant) -> MmdsResponse {
+    if headers.contains_key("x-forwarded-for") {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "Invalid header. Reason: Unsupported header name. Key: X-Forwarded-For",
+        );
+    }
+    if sanitize(path) != TOKEN_PATH {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("Resource not found: {path}."),
+        );
+    }
+    let Some(ttl) = first(headers, &TTL_HEADERS) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "Token time to live value not found. Use `X-metadata-token-ttl-seconds` header to specify the token's lifetime.",
+        );
+    };
+    let ttl = match parse_ttl(ttl) {
+        Ok(t) => t,
+        Err(m) => return text(StatusCode::BAD_REQUEST, m),
+    };
+    match tokens.issue(ttl, now) {
+        Ok(t) => text(StatusCode::OK, t),
+        Err(m) => text(StatusCode::INTERNAL_SERVER_ERROR, m),
+    }
+}
+
+/// What [`respond`] looks at in a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The URI's path (without the query).
+    pub path: &'a str,
+    /// The headers.
+    pub headers: &'a HeaderMap,
+    /// When it arrived.
+    pub now: Instant,
+}
+
+/// Answers one request of a VM whose document is `doc`, speaking `version`, with its token
+/// store `tokens`; `allowed` is the verdict of the VM's rate limit for this request.
+pub fn respond(
+    doc: &Value,
+    version: MetadataVersion,
+    tokens: &std::sync::Mutex<TokenStore>,
+    allowed: bool,
+    asked: Asked<'_>,
+) -> MmdsResponse {
+    let Asked {
+        method,
+        path,
+        headers,
+        now,
+    } = asked;
+    if !allowed {
+        return text(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many requests: the metadata service limits each VM's request rate.",
+        );
+    }
+    let Ok(mut tokens) = tokens.lock() else {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, "token store poisoned");
+    };
+    match *method {
+        Method::GET => {
+            match (first(headers, &TOKEN_HEADERS), version) {
+                (Some(t), _) if tokens.valid(t, now) => {}
+                (Some(_), _) => return text(StatusCode::UNAUTHORIZED, "MMDS token not valid."),
+                (None, MetadataVersion::V1) => {}
+                (None, MetadataVersion::V2) => {
+                    return text(
+                        StatusCode::UNAUTHORIZED,
+                        "No MMDS token provided. Use `X-metadata-token` header to specify the session token.",
+                    );
+                }
+            }
+            drop(tokens);
+            get(doc, path, headers)
+        }
+        Method::PUT => put(&mut tokens, path, headers, now),
+        _ => {
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "Not allowed HTTP method.");
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, PUT"));
+            r
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "mmds_tests.rs"]
+mod tests;

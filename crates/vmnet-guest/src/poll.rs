@@ -1,0 +1,101 @@
+//! One poll of the guest agent: read both values, check them, apply when they changed. A bad
+//! or missing document keeps the last good configuration; nothing here panics on input.
+
+use crate::doc::{self, GuestNet};
+use crate::fetch::Fetch;
+
+/// The path of the mesh address.
+pub const MESH_PATH: &str = "/latest/meta-data/mesh-ipv6";
+/// The path of the host routes.
+pub const ROUTES_PATH: &str = "/latest/meta-data/host-routes";
+
+/// How a configuration is applied; faked in tests.
+pub trait Apply {
+    /// Applies `net`.
+    ///
+    /// # Errors
+    /// A message; the poller retries at its next poll.
+    fn apply(&mut self, net: &GuestNet) -> impl Future<Output = Result<(), String>>;
+}
+
+/// What one poll did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The document equals what is applied.
+    Unchanged,
+    /// A new configuration was applied.
+    Applied(GuestNet),
+    /// The document could not be read or was bad; the last good configuration stays.
+    Kept(String),
+    /// Applying failed; retried at the next poll.
+    ApplyFailed(String),
+}
+
+/// The poller's state: the configuration applied last.
+#[derive(Debug)]
+pub struct Poller<F, A> {
+    fetch: F,
+    apply: A,
+    applied: Option<GuestNet>,
+}
+
+impl<F: Fetch, A: Apply> Poller<F, A> {
+    /// A poller that has applied nothing yet.
+    pub fn new(fetch: F, apply: A) -> Self {
+        Self {
+            fetch,
+            apply,
+            applied: None,
+        }
+    }
+
+    #[cfg(test)]
+    /// The configuration applied last.
+    #[must_use]
+    pub fn applied(&self) -> Option<&GuestNet> {
+        self.applied.as_ref()
+    }
+
+    #[cfg(test)]
+    /// The applier (tests look at what the fake recorded).
+    #[must_use]
+    pub fn applier(&self) -> &A {
+        &self.apply
+    }
+
+    #[cfg(test)]
+    /// The fetcher (tests change what the fake answers).
+    pub fn fetcher(&mut self) -> &mut F {
+        &mut self.fetch
+    }
+
+    /// One poll.
+    pub async fn poll(&mut self) -> Outcome {
+        let mesh = match self.fetch.fetch(MESH_PATH).await {
+            Ok(v) => v,
+            Err(e) => return Outcome::Kept(format!("mesh-ipv6: {e}")),
+        };
+        let routes = match self.fetch.fetch(ROUTES_PATH).await {
+            Ok(v) => v,
+            Err(e) => return Outcome::Kept(format!("host-routes: {e}")),
+        };
+        let net = match doc::parse(&mesh, &routes) {
+            Ok(n) => n,
+            Err(e) => return Outcome::Kept(e),
+        };
+        if self.applied.as_ref() == Some(&net) {
+            return Outcome::Unchanged;
+        }
+        match self.apply.apply(&net).await {
+            Ok(()) => {
+                self.applied = Some(net.clone());
+                Outcome::Applied(net)
+            }
+            Err(e) => Outcome::ApplyFailed(e),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "poll_tests.rs"]
+mod tests;
