@@ -36,6 +36,7 @@ pub mod fleet;
 pub mod fleet_job;
 pub mod guest;
 pub mod helper;
+pub mod mesh_lab;
 pub mod netns;
 pub mod ns_job;
 pub mod pool_job;

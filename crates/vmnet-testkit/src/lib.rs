@@ -8,8 +8,8 @@
 //! tests).
 
 pub use vmnet_sandbox::{
-    Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, netns, postgres, probe, relay,
-    sandbox, sim_guest, tap, traffic,
+    Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, mesh_lab, netns, postgres, probe,
+    relay, sandbox, sim_guest, tap, traffic,
 };
 
 pub mod nft;
