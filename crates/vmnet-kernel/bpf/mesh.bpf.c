@@ -115,12 +115,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mesh_veths SEC(".maps");
 
-// mesh_whitelist: tenant-0 mesh addresses allowed to cross tenants.
+// mesh_whitelist: the prefixes (`POST /v1/sync`'s whitelist) whose tenant-0 VMs cross tenants.
+struct lpm6 {
+	__u32 prefixlen;
+	struct addr6 addr;
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct addr6);
+	__type(key, struct lpm6);
 	__type(value, __u8);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mesh_whitelist SEC(".maps");
@@ -162,7 +167,11 @@ static __always_inline int addr_eq(const struct addr6 *x, const struct addr6 *y)
 
 static __always_inline int whitelisted(__u32 tenant, const struct addr6 *addr)
 {
-	return tenant == 0 && bpf_map_lookup_elem(&mesh_whitelist, addr) != NULL;
+	if (tenant != 0)
+		return 0;
+	struct lpm6 key = {.prefixlen = 128};
+	__builtin_memcpy(&key.addr, addr, sizeof(key.addr));
+	return bpf_map_lookup_elem(&mesh_whitelist, &key) != NULL;
 }
 
 // Same tenant, or a whitelisted tenant-0 VM on either end.

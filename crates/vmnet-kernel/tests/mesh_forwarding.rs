@@ -143,7 +143,8 @@ fn the_mesh_carries_vm_traffic_between_hosts_with_tenant_isolation() {
 
     // Tenant 0: across tenants only while whitelisted (on both hosts), both directions.
     assert!(!reaches(&z, &c) && !reaches(&d, &z) && !reaches(&z, &a));
-    let wl = [z.mesh].into_iter().collect();
+    // A prefix entry, as `POST /v1/sync` carries them.
+    let wl = ["fdaa:1::/120".parse().unwrap()].into_iter().collect();
     for h in &lab.hosts {
         h.plane.set_whitelist(&wl).expect("whitelist");
     }

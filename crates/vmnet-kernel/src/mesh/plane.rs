@@ -5,7 +5,9 @@ use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use ipnet::Ipv6Net;
 use aya::programs::tc::{NlOptions, SchedClassifierLink, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader, Pod};
@@ -275,23 +277,38 @@ impl MeshPlane {
         self.hash::<u32, Local, _>(maps::LOCAL_VMS, |m| ignore_missing(m.remove(&user_id)))
     }
 
-    /// Replaces the tenant-0 whitelist with `addrs` (new entries first, then stale ones go),
-    /// diffed against the kernel map's content.
+    /// Replaces the tenant-0 whitelist with `nets` (new entries first, then stale ones go),
+    /// diffed against the kernel map's content. A tenant-0 VM whose mesh address lies in one of
+    /// them crosses tenants.
     ///
     /// # Errors
     /// A map error.
-    pub fn set_whitelist(&self, addrs: &BTreeSet<Ipv6Addr>) -> Result<(), MeshError> {
-        self.hash::<[u8; 16], u8, _>(maps::WHITELIST, |m| {
-            let have: BTreeSet<[u8; 16]> = m.keys().collect::<Result<_, _>>()?;
-            let want: BTreeSet<[u8; 16]> = addrs.iter().map(|a| a.octets()).collect();
-            for k in want.difference(&have) {
-                m.insert(k, 1, 0)?;
-            }
-            for k in have.difference(&want) {
-                ignore_missing(m.remove(k))?;
-            }
-            Ok(())
-        })
+    pub fn set_whitelist(&self, nets: &BTreeSet<Ipv6Net>) -> Result<(), MeshError> {
+        let mut bpf = self.lock();
+        let map = bpf.map_mut(maps::WHITELIST).ok_or(MeshError::Map {
+            map: maps::WHITELIST,
+            source: aya::maps::MapError::InvalidName {
+                name: maps::WHITELIST.into(),
+            },
+        })?;
+        let mut m = LpmTrie::<_, [u8; 16], u8>::try_from(map).map_err(map_err(maps::WHITELIST))?;
+        let have: BTreeSet<(u32, [u8; 16])> = m
+            .keys()
+            .map(|k| k.map(|k| (k.prefix_len(), k.data())))
+            .collect::<Result<_, _>>()
+            .map_err(map_err(maps::WHITELIST))?;
+        let want: BTreeSet<(u32, [u8; 16])> = nets
+            .iter()
+            .map(|n| (u32::from(n.prefix_len()), n.network().octets()))
+            .collect();
+        for (len, addr) in want.difference(&have) {
+            m.insert(&Key::new(*len, *addr), 1, 0)
+                .map_err(map_err(maps::WHITELIST))?;
+        }
+        for (len, addr) in have.difference(&want) {
+            ignore_missing(m.remove(&Key::new(*len, *addr))).map_err(map_err(maps::WHITELIST))?;
+        }
+        Ok(())
     }
 
     fn attach(&self, dev: &str, program: &'static str) -> Result<(), MeshError> {
