@@ -1,7 +1,8 @@
 //! A mesh laboratory: fleet hosts ([`Fleet`]) each running `wireguard-go` over the shared
 //! private network, with the mesh data plane ([`MeshPlane`]) on wg0 and on the host end of
-//! each VM's veth pair. A "VM" is a namespace `<host prefix>v<user id, 4 hex digits>` standing
-//! where namespace mode puts the VM's namespace: its mesh address on the veth's peer end, the
+//! each VM's veth pair. A "VM" is a namespace `<host prefix>x-vm<user id, 3 hex digits>`
+//! (never a name an agent of that prefix derives, so its sweep leaves it alone) standing where
+//! namespace mode puts the VM's namespace: its mesh address on the veth's peer end, the
 //! mesh range routed to the host's link-local address, the host routing the VM's /128 to the
 //! peer's link-local address (as `vmnet-plan`'s namespace topology does).
 //!
@@ -83,7 +84,7 @@ impl LabVm {
 pub struct MeshLab {
     /// The hosts, in fleet order.
     pub hosts: Vec<LabHost>,
-    bpffs: PathBuf,
+    bpffs: BpffsMount,
     // Dropped last: the namespaces.
     fleet: Fleet,
 }
@@ -121,8 +122,7 @@ impl MeshLab {
     /// When any step fails (after deleting what was made).
     pub fn new(n: usize) -> Result<Self, SandboxError> {
         let fleet = Fleet::new(n)?;
-        let bpffs = std::env::temp_dir().join(format!("vmnet-bpf-{}", fleet.prefix()));
-        mount_bpffs(&bpffs).map_err(io("mount bpffs"))?;
+        let bpffs = BpffsMount::new(fleet.prefix())?;
         let mut lab = Self {
             hosts: Vec::new(),
             bpffs,
@@ -196,8 +196,7 @@ impl MeshLab {
                 .await
                 .map_err(unexpected("prepare wg"))
         })?;
-        let pins = self.bpffs.join(format!("h{}", net.index));
-        std::fs::create_dir_all(&pins).map_err(io("mkdir pins"))?;
+        let pins = self.bpffs.dir(&format!("h{}", net.index))?;
         let plane = MeshPlane::load(Some(&net.ns), &pins).map_err(unexpected("load mesh"))?;
         plane
             .set_host(&MeshHost {
@@ -231,12 +230,12 @@ impl MeshLab {
         format!("h{}", self.hosts[i].net.index)
     }
 
-    /// Creates a VM on host `host` with `user_id` (below 0x10000), `tenant` and mesh address
+    /// Creates a VM on host `host` with `user_id` (below 0x1000), `tenant` and mesh address
     /// `mesh`, its veth at `mtu` bytes (the VM MTU, or more to test Packet Too Big), and
     /// registers it on host `host` only (see [`MeshLab::publish`]).
     ///
     /// # Errors
-    /// When a namespace, link, address or route cannot be made, or a map write fails.
+    /// As [`add_vm`].
     pub fn add_vm(
         &self,
         host: usize,
@@ -246,67 +245,14 @@ impl MeshLab {
         mtu: u32,
     ) -> Result<LabVm, SandboxError> {
         let h = &self.hosts[host];
-        let hp = &h.net.prefix;
-        let vm = LabVm {
+        let spec = VmSpec {
             host,
-            ns: format!("{hp}v{user_id:04x}"),
             user_id,
             tenant,
             mesh,
-            veth: format!("{hp}h{user_id:04x}"),
+            mtu,
         };
-        let peer = format!("{hp}p{user_id:04x}");
-        netns::create(&vm.ns)?;
-        for key in ["all", "default"] {
-            netns::sysctl(&vm.ns, &format!("net/ipv6/conf/{key}/accept_dad"), "0")?;
-        }
-        let m = mtu.to_string();
-        let hns = h.net.ns.as_str();
-        netns::ip(
-            hns,
-            &[
-                "link", "add", &vm.veth, "mtu", &m, "type", "veth", "peer", "name", &peer, "mtu",
-                &m, "netns", &vm.ns,
-            ],
-        )?;
-        let ll = |a: Ipv6Addr| format!("{a}/64");
-        netns::ip(
-            hns,
-            &["addr", "add", &ll(HOST_LL), "dev", &vm.veth, "nodad"],
-        )?;
-        netns::ip(hns, &["link", "set", &vm.veth, "up"])?;
-        let ns = vm.ns.as_str();
-        netns::ip(ns, &["link", "set", "lo", "up"])?;
-        netns::ip(ns, &["addr", "add", &ll(VM_LL), "dev", &peer, "nodad"])?;
-        let m128 = format!("{mesh}/128");
-        netns::ip(ns, &["addr", "add", &m128, "dev", &peer, "nodad"])?;
-        netns::ip(ns, &["link", "set", &peer, "up"])?;
-        let hll = HOST_LL.to_string();
-        netns::ip(
-            ns,
-            &["-6", "route", "add", "fdaa::/16", "via", &hll, "dev", &peer],
-        )?;
-        let vll = VM_LL.to_string();
-        netns::ip(
-            hns,
-            &["-6", "route", "add", &m128, "via", &vll, "dev", &vm.veth],
-        )?;
-        h.plane
-            .put_local(&LocalVm {
-                user_id,
-                veth: vm.veth.clone(),
-                tenant,
-                mesh,
-                via: VM_LL,
-            })
-            .map_err(unexpected("local vm"))?;
-        h.plane
-            .put_location(mesh, &vm.location(&self.hosts))
-            .map_err(unexpected("location"))?;
-        h.plane
-            .attach_veth(&vm.veth)
-            .map_err(unexpected("attach veth"))?;
-        Ok(vm)
+        add_vm(&h.plane, &h.net, h.mesh, &spec)
     }
 
     /// Writes `vm`'s location on every host.
@@ -353,6 +299,153 @@ impl MeshLab {
         }
         Ok(())
     }
+}
+
+/// A bpffs mounted for a test at `<tmp>/vmnet-bpf-<tag>`, unmounted and removed on drop.
+#[derive(Debug)]
+pub struct BpffsMount(PathBuf);
+
+impl BpffsMount {
+    /// Mounts it.
+    ///
+    /// # Errors
+    /// The `mkdir` or `mount` error.
+    pub fn new(tag: &str) -> Result<Self, SandboxError> {
+        let dir = std::env::temp_dir().join(format!("vmnet-bpf-{tag}"));
+        mount_bpffs(&dir).map_err(io("mount bpffs"))?;
+        Ok(Self(dir))
+    }
+
+    /// The mount point.
+    #[must_use]
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    /// A directory `name` in it (created).
+    ///
+    /// # Errors
+    /// The `mkdir` error.
+    pub fn dir(&self, name: &str) -> Result<PathBuf, SandboxError> {
+        let d = self.0.join(name);
+        std::fs::create_dir_all(&d).map_err(io("mkdir in bpffs"))?;
+        Ok(d)
+    }
+}
+
+impl Drop for BpffsMount {
+    fn drop(&mut self) {
+        // The pins go with the mount; the programs with the namespaces' links.
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What makes a lab VM (see [`add_vm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmSpec {
+    /// The index of its host (in the caller's host list).
+    pub host: usize,
+    /// Its user id (below 0x1000: it names the namespace and links).
+    pub user_id: u32,
+    /// Its tenant.
+    pub tenant: u32,
+    /// Its mesh address.
+    pub mesh: Ipv6Addr,
+    /// Its veth MTU.
+    pub mtu: u32,
+}
+
+/// Creates the VM `spec` on fleet host `net` whose mesh address is `host_mesh`, and registers
+/// it in `plane` (that host's data plane): the local VM, its location (this host), the program
+/// on its veth.
+///
+/// # Errors
+/// When a namespace, link, address or route cannot be made, or a map write fails.
+pub fn add_vm(
+    plane: &MeshPlane,
+    net: &HostNet,
+    host_mesh: Ipv6Addr,
+    spec: &VmSpec,
+) -> Result<LabVm, SandboxError> {
+    let VmSpec {
+        host,
+        user_id,
+        tenant,
+        mesh,
+        mtu,
+    } = *spec;
+    if user_id >= 0x1000 {
+        return Err(SandboxError::Unexpected(format!(
+            "lab vm user id {user_id}: at most 0xfff"
+        )));
+    }
+    let hp = &net.prefix;
+    let vm = LabVm {
+        host,
+        ns: format!("{hp}x-vm{user_id:03x}"),
+        user_id,
+        tenant,
+        mesh,
+        veth: format!("{hp}vh{user_id:03x}"),
+    };
+    let peer = format!("{hp}vp{user_id:03x}");
+    netns::create(&vm.ns)?;
+    for key in ["all", "default"] {
+        netns::sysctl(&vm.ns, &format!("net/ipv6/conf/{key}/accept_dad"), "0")?;
+    }
+    let m = mtu.to_string();
+    let hns = net.ns.as_str();
+    netns::ip(
+        hns,
+        &[
+            "link", "add", &vm.veth, "mtu", &m, "type", "veth", "peer", "name", &peer, "mtu", &m,
+            "netns", &vm.ns,
+        ],
+    )?;
+    let ll = |a: Ipv6Addr| format!("{a}/64");
+    netns::ip(
+        hns,
+        &["addr", "add", &ll(HOST_LL), "dev", &vm.veth, "nodad"],
+    )?;
+    netns::ip(hns, &["link", "set", &vm.veth, "up"])?;
+    let ns = vm.ns.as_str();
+    netns::ip(ns, &["link", "set", "lo", "up"])?;
+    netns::ip(ns, &["addr", "add", &ll(VM_LL), "dev", &peer, "nodad"])?;
+    let m128 = format!("{mesh}/128");
+    netns::ip(ns, &["addr", "add", &m128, "dev", &peer, "nodad"])?;
+    netns::ip(ns, &["link", "set", &peer, "up"])?;
+    let hll = HOST_LL.to_string();
+    netns::ip(
+        ns,
+        &["-6", "route", "add", "fdaa::/16", "via", &hll, "dev", &peer],
+    )?;
+    let vll = VM_LL.to_string();
+    netns::ip(
+        hns,
+        &["-6", "route", "add", &m128, "via", &vll, "dev", &vm.veth],
+    )?;
+    plane
+        .put_local(&LocalVm {
+            user_id,
+            veth: vm.veth.clone(),
+            tenant,
+            mesh,
+            via: VM_LL,
+        })
+        .map_err(unexpected("local vm"))?;
+    let loc = Location {
+        host: host_mesh,
+        user_id,
+        tenant,
+    };
+    plane
+        .put_location(mesh, &loc)
+        .map_err(unexpected("location"))?;
+    plane
+        .attach_veth(&vm.veth)
+        .map_err(unexpected("attach veth"))?;
+    Ok(vm)
 }
 
 /// What one sized ICMPv6 echo request got back.
@@ -451,8 +544,5 @@ impl Drop for MeshLab {
             h.daemon.stop();
         }
         self.hosts.clear();
-        // The pins go with the mount; the programs with the namespaces' links.
-        let _ = nix::mount::umount2(&self.bpffs, nix::mount::MntFlags::MNT_DETACH);
-        let _ = std::fs::remove_dir_all(&self.bpffs);
     }
 }

@@ -7,10 +7,10 @@ use std::sync::Mutex;
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
-use ipnet::Ipv6Net;
 use aya::programs::tc::{NlOptions, SchedClassifierLink, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader, Pod};
+use ipnet::Ipv6Net;
 
 use super::maps::{self, Config, Dest, Local};
 use super::{
@@ -309,6 +309,30 @@ impl MeshPlane {
             ignore_missing(m.remove(&Key::new(*len, *addr))).map_err(map_err(maps::WHITELIST))?;
         }
         Ok(())
+    }
+
+    /// The whitelist in the kernel map now, sorted.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn whitelist(&self) -> Result<BTreeSet<Ipv6Net>, MeshError> {
+        let bpf = self.lock();
+        let map = bpf.map(maps::WHITELIST).ok_or(MeshError::Map {
+            map: maps::WHITELIST,
+            source: aya::maps::MapError::InvalidName {
+                name: maps::WHITELIST.into(),
+            },
+        })?;
+        let m = LpmTrie::<_, [u8; 16], u8>::try_from(map).map_err(map_err(maps::WHITELIST))?;
+        m.keys()
+            .map(|k| {
+                k.map(|k| {
+                    let len = u8::try_from(k.prefix_len()).unwrap_or(128);
+                    Ipv6Net::new(Ipv6Addr::from(k.data()), len).unwrap_or_default()
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map_err(map_err(maps::WHITELIST))
     }
 
     fn attach(&self, dev: &str, program: &'static str) -> Result<(), MeshError> {
