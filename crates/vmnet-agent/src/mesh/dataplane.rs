@@ -63,9 +63,10 @@ impl DataPlane {
             .map_err(|e| unavailable(&e))
     }
 
-    /// Writes everything the data plane takes from the mesh settings and the last sync onto
-    /// the WireGuard link `wg` (`ifname`): host address and VM MTU, the program on wg0, the
-    /// mesh range route, the whitelist.
+    /// Writes what the data plane takes from the mesh settings and the last sync: host address
+    /// and VM MTU, the whitelist, and, when `wg.2` says so, the program on the WireGuard link
+    /// (`wg.0`, `wg.1`) and the mesh range route (a sync skips those two netlink round trips
+    /// unless it started the device; every reconcile pass writes them).
     ///
     /// # Errors
     /// `UNAVAILABLE` when a map, the attachment or the route fails; `INTERNAL` for a recorded
@@ -73,8 +74,7 @@ impl DataPlane {
     pub async fn converge(
         &self,
         nl: &rtnetlink::Handle,
-        ifname: &str,
-        wg: Link,
+        wg: (&str, Link, bool),
         mesh: Option<Ipv6Addr>,
         whitelist: &[String],
     ) -> Result<(), Error> {
@@ -86,6 +86,7 @@ impl DataPlane {
                     .map_err(|_| Error::internal(format!("recorded whitelist entry {w:?}")))
             })
             .collect::<Result<_, _>>()?;
+        let (ifname, link, attach) = wg;
         tokio::task::block_in_place(|| -> Result<(), MeshError> {
             if let Some(mesh) = mesh {
                 self.plane.set_host(&MeshHost {
@@ -93,13 +94,18 @@ impl DataPlane {
                     vm_mtu: VM_MTU,
                 })?;
             }
-            self.plane.attach_wg(ifname)?;
+            if attach {
+                self.plane.attach_wg(ifname)?;
+            }
             self.plane.set_whitelist(&nets)
         })
         .map_err(|e| unavailable(&e))?;
-        route::ensure_range_route(nl, wg.index, VM_MTU)
-            .await
-            .map_err(|e| unavailable(&e))
+        if attach {
+            route::ensure_range_route(nl, link.index, VM_MTU)
+                .await
+                .map_err(|e| unavailable(&e))?;
+        }
+        Ok(())
     }
 
     /// The view for `GET /v1/mesh`.

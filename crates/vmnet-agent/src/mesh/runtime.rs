@@ -297,7 +297,7 @@ impl Mesh {
         store_tx!(db, tx => super::conflicts::sync_peers(tx, &want.peers).await)?;
         lap("validate");
         let _g = self.lock.lock().await;
-        let (l, _, pid) = self.ensure_device().await?;
+        let (l, started, pid) = self.ensure_device().await?;
         lap("device");
         let known = self
             .known
@@ -353,8 +353,14 @@ impl Mesh {
         lap("link");
         self.apply(l, &p).await?;
         if let Some(d) = &self.plane {
-            d.converge(&self.nl, &self.s.ifname, l, self.s.mesh_address, &whitelist)
-                .await?;
+            // The program and route only when wg0 is new; every pass writes them anyway.
+            d.converge(
+                &self.nl,
+                (&self.s.ifname, l, started),
+                self.s.mesh_address,
+                &whitelist,
+            )
+            .await?;
         }
         lap("apply");
         // Every row marked leaving (by this sync or an earlier one) is off wg0 now, unless the
@@ -447,8 +453,13 @@ impl Mesh {
         self.finish_leaving(db, &record).await?;
         let whitelist = store_tx!(db, tx => mesh_store::whitelist(tx).await)?;
         if let Some(d) = &self.plane {
-            d.converge(&self.nl, &self.s.ifname, l, self.s.mesh_address, &whitelist)
-                .await?;
+            d.converge(
+                &self.nl,
+                (&self.s.ifname, l, true),
+                self.s.mesh_address,
+                &whitelist,
+            )
+            .await?;
         }
         self.remember(pid, Known::applied(seen, &p), &desired, whitelist);
         let mut repaired = Vec::new();

@@ -19,9 +19,9 @@
 //!
 //! The encapsulation is `bpf_skb_adjust_room` with `BPF_F_ADJ_ROOM_ENCAP_L3_IPV6` (and
 //! `FIXED_GSO`: a TCP segment keeps its size, the VM MTU already leaves room for the 40
-//! bytes). An LWT `xmit` program with `bpf_lwt_push_encap` was the alternative; it sees neither
-//! the ingress veth (for the sender's tenant) nor the wg0 side, so tc is needed anyway and one
-//! mechanism does both.
+//! bytes). An LWT `xmit` program with `bpf_lwt_push_encap` also works on this kernel (a scratch
+//! prototype), but it runs on routes: it sees neither the ingress veth (for the sender's tenant)
+//! nor the wg0 side, so tc is needed anyway and one mechanism does both.
 //!
 //! **MTU**: a packet larger than the VM MTU (1380) is not encapsulated but passed on unchanged
 //! (counted as an `mtu` drop); [`route::ensure_range_route`] routes the mesh range into wg0 with
