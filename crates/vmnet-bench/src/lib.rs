@@ -4,12 +4,14 @@
 //! - [`vms`]: a namespace-mode VM's setup and teardown against the shell `ip`/`nft` baseline;
 //! - [`nft`]: pool mode's nftables full replace and per-instance add/remove;
 //! - [`agent`]: the agent process under N VMs put over its API;
-//! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent;
+//! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent, and
+//!   ([`mesh_forward`]) the data plane's TCP throughput VM to VM against host to host;
 //! - [`metadata`]: the metadata service's listeners in N namespaces polled every 250 ms.
 
 pub mod agent;
 pub mod ipam;
 pub mod mesh;
+pub mod mesh_forward;
 pub mod metadata;
 pub mod nft;
 pub mod procstat;

@@ -39,6 +39,23 @@ pub struct MeshBenchArgs {
     /// Timed runs of each case.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
+    /// What to measure: the syncs, the data plane's forwarding throughput, or both.
+    #[arg(long, value_enum, default_value_t = Case::All)]
+    pub case: Case,
+    /// Forwarding: seconds per iperf3 run.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=60))]
+    pub secs: u32,
+}
+
+/// `vmnet bench mesh --case`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Case {
+    /// `POST /v1/sync` of N peers.
+    Sync,
+    /// TCP VM to VM across hosts against host to host ([`crate::mesh_forward`]).
+    Forwarding,
+    /// Both.
+    All,
 }
 
 /// The sync goals of the issue, in milliseconds: from empty, one change, no-op.
@@ -100,6 +117,16 @@ fn fail(what: &str, o: &SyncOutcome) -> Error {
 /// `UNAVAILABLE` when the fleet or the agent cannot start; `INTERNAL` when an answer is not
 /// what the case must produce.
 pub async fn run(a: MeshBenchArgs) -> Result<(), Error> {
+    if a.case != Case::Sync {
+        let (runs, secs) = (a.runs, a.secs);
+        let table = tokio::task::spawn_blocking(move || crate::mesh_forward::run(runs, secs))
+            .await
+            .map_err(|e| Error::internal(format!("bench mesh forwarding: {e}")))??;
+        print!("{table}");
+        if a.case == Case::Forwarding {
+            return Ok(());
+        }
+    }
     let fleet = Fleet::new(1).map_err(|e| Error::unavailable(format!("bench mesh: fleet: {e}")))?;
     let host = fleet.hosts()[0].clone();
     let ifname = format!("{}wg", host.prefix);

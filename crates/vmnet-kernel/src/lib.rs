@@ -4,6 +4,7 @@
 
 /// Conntrack entries deleted over ctnetlink.
 pub mod conntrack;
+pub mod mesh;
 mod netlink;
 pub mod netns;
 /// The netfilter netlink socket shared by conntrack and the nf_tables element lookups.

@@ -37,6 +37,7 @@ pub mod fleet;
 pub mod fleet_job;
 pub mod guest;
 pub mod helper;
+pub mod mesh_lab;
 pub mod mmds;
 pub mod netns;
 pub mod ns_job;

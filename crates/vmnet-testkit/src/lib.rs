@@ -8,8 +8,8 @@
 //! tests).
 
 pub use vmnet_sandbox::{
-    Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, mmds, netns, postgres, probe, relay,
-    sandbox, sim_guest, tap, traffic,
+    Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, mesh_lab, mmds, netns, postgres,
+    probe, relay, sandbox, sim_guest, tap, traffic,
 };
 
 pub mod nft;

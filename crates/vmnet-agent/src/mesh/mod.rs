@@ -4,6 +4,7 @@
 
 pub mod body;
 pub mod conflicts;
+pub mod dataplane;
 pub mod keys;
 mod known;
 pub mod plan;

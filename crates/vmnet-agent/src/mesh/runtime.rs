@@ -42,6 +42,7 @@ use vmnet_kernel::wg::uapi::{PeerChange, UapiDevice, set_text};
 use vmnet_model::Error;
 
 use super::body::{Own, PeerSpec, SyncBody, WgKey, parse_sync};
+use super::dataplane::DataPlane;
 use super::keys;
 use super::known::{Known, record_of, row_of, seen_of};
 use super::plan::{MeshPlan, RecordPeer, SeenPeer, plan, record_diff};
@@ -85,6 +86,8 @@ pub struct MeshSettings {
     pub state_dir: PathBuf,
     /// The `wireguard-go` executable.
     pub wireguard_go: PathBuf,
+    /// The bpffs directory of the data plane's pinned maps; `None`: no data plane.
+    pub bpf_root: Option<PathBuf>,
 }
 
 /// The mesh interface of this host.
@@ -100,6 +103,8 @@ pub struct Mesh {
     starts: AtomicU64,
     /// What the agent last read or wrote (see [`Known`]); `None` after a failure.
     known: StdMutex<Option<Known>>,
+    /// The BPF data plane, when `bpf_root` is set.
+    plane: Option<DataPlane>,
 }
 
 impl Mesh {
@@ -120,7 +125,9 @@ impl Mesh {
             .map_err(|e| Error::unavailable(format!("netlink socket: {e}")))?;
         tokio::spawn(conn);
         let log = s.state_dir.join(format!("wireguard-go-{}.log", s.ifname));
+        let plane = s.bpf_root.as_deref().map(DataPlane::load).transpose()?;
         Ok(Arc::new(Self {
+            plane,
             daemon: Daemon::new(&s.ifname, &s.wireguard_go, Some(log)),
             public: keys::public_of(&private),
             private,
@@ -290,7 +297,7 @@ impl Mesh {
         store_tx!(db, tx => super::conflicts::sync_peers(tx, &want.peers).await)?;
         lap("validate");
         let _g = self.lock.lock().await;
-        let (l, _, pid) = self.ensure_device().await?;
+        let (l, started, pid) = self.ensure_device().await?;
         lap("device");
         let known = self
             .known
@@ -345,6 +352,16 @@ impl Mesh {
         self.prepare_link(l, &want.peers).await?;
         lap("link");
         self.apply(l, &p).await?;
+        if let Some(d) = &self.plane {
+            // The program and route only when wg0 is new; every pass writes them anyway.
+            d.converge(
+                &self.nl,
+                (&self.s.ifname, l, started),
+                self.s.mesh_address,
+                &whitelist,
+            )
+            .await?;
+        }
         lap("apply");
         // Every row marked leaving (by this sync or an earlier one) is off wg0 now, unless the
         // sync brought it back.
@@ -435,6 +452,15 @@ impl Mesh {
         self.apply(l, &p).await?;
         self.finish_leaving(db, &record).await?;
         let whitelist = store_tx!(db, tx => mesh_store::whitelist(tx).await)?;
+        if let Some(d) = &self.plane {
+            d.converge(
+                &self.nl,
+                (&self.s.ifname, l, true),
+                self.s.mesh_address,
+                &whitelist,
+            )
+            .await?;
+        }
         self.remember(pid, Known::applied(seen, &p), &desired, whitelist);
         let mut repaired = Vec::new();
         if started {
@@ -532,6 +558,7 @@ impl Mesh {
             daemon_starts: self.starts.load(Ordering::Relaxed),
             peers,
             whitelist,
+            data_plane: self.plane.as_ref().map(DataPlane::view).transpose()?,
         })
     }
 }

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use vmnet_kernel::wg::uapi::UapiPeer;
 
 use super::body::WgKey;
+use super::dataplane::DataPlaneView;
 use super::plan::RecordPeer;
 
 /// `GET /v1/mesh`: this host's side of the mesh and every peer on the interface.
@@ -27,6 +28,9 @@ pub struct MeshView {
     pub peers: Vec<PeerView>,
     /// The tenant-0 whitelist of the last sync.
     pub whitelist: Vec<String>,
+    /// The BPF data plane's maps and counters (`vmnet serve --mesh-bpf-root`); absent without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_plane: Option<DataPlaneView>,
 }
 
 /// One peer on the interface (or recorded but missing there).

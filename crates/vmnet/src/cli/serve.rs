@@ -131,6 +131,11 @@ pub struct ServeArgs {
     /// Mesh: the `wireguard-go` executable.
     #[arg(long, default_value = "wireguard-go", requires = "mesh")]
     pub wireguard_go: PathBuf,
+    /// Mesh: run the BPF data plane (encapsulation on wg0, tenant checks, the whitelist) with
+    /// its maps pinned in this directory, which must be on a mounted bpffs (e.g.
+    /// `/sys/fs/bpf/vmnet`). Without it the mesh carries host traffic only.
+    #[arg(long, value_name = "DIR", requires = "mesh")]
+    pub mesh_bpf_root: Option<PathBuf>,
     /// Poll every provider pool in the store (Hetzner Cloud, Proxmox VE) at its interval and
     /// replace its machines' addresses; the pools' states show in `vmnet status`. Run it on one
     /// agent per store.
@@ -314,6 +319,7 @@ async fn start_mesh(
         private_mtu: args.private_mtu,
         state_dir: g.state_dir.clone(),
         wireguard_go: args.wireguard_go.clone(),
+        bpf_root: args.mesh_bpf_root.clone(),
     })?;
     let repaired = mesh.converge(agent.db()).await?;
     tracing::info!(interface = %args.wg_interface, public_key = %mesh.public_key(), ?repaired, "mesh on");

@@ -28,6 +28,8 @@ pub struct Node {
     pub mesh: Ipv6Addr,
     pub key: String,
     pub dir: PathBuf,
+    /// More `vmnet serve` arguments (kept for restarts).
+    pub extra: Vec<String>,
 }
 
 /// The mesh address of host `i`.
@@ -112,7 +114,7 @@ impl Node {
 
     pub async fn restart(&mut self) {
         drop(self.agent.take());
-        let o = options(&self.host, &self.ifname, self.mesh, &self.dir);
+        let o = options(&self.host, &self.ifname, self.mesh, &self.dir).args(self.extra.clone());
         self.agent = Some(
             o.start(Duration::from_secs(30))
                 .await
@@ -148,6 +150,11 @@ pub struct Mesh {
 
 impl Mesh {
     pub async fn start(n: usize) -> Self {
+        Self::start_with(n, |_| Vec::new()).await
+    }
+
+    /// As [`Mesh::start`], each agent with the more arguments `extra` gives for its host.
+    pub async fn start_with(n: usize, extra: impl Fn(&HostNet) -> Vec<String>) -> Self {
         vmnet_testkit::require_root();
         let fleet = Fleet::new(n).expect("fleet");
         let tmp = tempfile::tempdir().unwrap();
@@ -161,7 +168,9 @@ impl Mesh {
         for (h, ifname) in fleet.hosts().iter().zip(&ifnames) {
             let dir = tmp.path().join(&h.prefix);
             std::fs::create_dir_all(&dir).unwrap();
+            let more = extra(h);
             let agent = options(h, ifname, mesh_of(h.index), &dir)
+                .args(more.clone())
                 .start(Duration::from_secs(30))
                 .await
                 .unwrap_or_else(|e| panic!("agent of {}: {e}", h.ns));
@@ -172,6 +181,7 @@ impl Mesh {
                 mesh: mesh_of(h.index),
                 key: String::new(),
                 dir,
+                extra: more,
             };
             node.key = node.view().await.public_key;
             nodes.push(node);

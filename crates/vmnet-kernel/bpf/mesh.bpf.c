@@ -1,0 +1,322 @@
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+//
+// vmnet mesh data plane: VM-to-VM traffic between hosts over the WireGuard interface.
+//
+// mesh_from_vm (tc ingress of a VM's host veth end = every packet the VM sends)
+//   For an IPv6 destination in the mesh range fdaa::/16: look the destination up in `dests`
+//   (unknown: drop), check the tenants of both VMs (and the tenant-0 whitelist), then
+//   - same host: pass (the host's routes deliver it);
+//   - another host: push an outer IPv6 header (this host's mesh address -> the destination
+//     host's mesh address, next header 41, flow label = the destination VM's user id) and pass:
+//     the kernel routes the outer packet through the peer's /128 route into wg0.
+//   A packet bigger than the VM MTU is passed unencapsulated: the mesh range route (MTU locked
+//   at the VM MTU) makes the kernel answer with an ICMPv6 Packet Too Big.
+// mesh_from_wg (tc ingress of wg0 = every packet WireGuard decrypted)
+//   An IPv6-in-IPv6 packet for this host's mesh address: find the local VM by the flow label,
+//   check that the inner source is registered on the outer source host and the tenants match,
+//   strip the outer header and redirect the packet to the VM's host veth end (the neighbour
+//   table fills in the Ethernet header).
+//
+// Pass is TC_ACT_UNSPEC (let later filters run), drop is TC_ACT_SHOT. Drops are counted per
+// reason in `drops` and forwarding decisions in `passes` (mirrored in src/mesh/maps.rs).
+// Every map is pinned by name, so a new agent reuses them and the kernel keeps forwarding while
+// no agent runs.
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/in6.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+
+#define OUTER_HOP_LIMIT 64
+#define FLOW_LABEL_MASK 0xfffff
+
+enum drop_reason {
+	D_TENANT = 0,
+	D_UNKNOWN_DESTINATION,
+	D_MTU,
+	D_UNKNOWN_SOURCE,
+	D_MALFORMED,
+	D_COUNT,
+};
+
+enum pass_kind {
+	P_LOCAL = 0,
+	P_ENCAP,
+	P_DECAP,
+	P_COUNT,
+};
+
+struct addr6 {
+	__u8 a[16];
+};
+
+// config[0]: this host.
+struct mesh_config {
+	struct addr6 host; // this host's mesh address
+	__u32 vm_mtu;      // the largest inner packet (IPv6 header included) carried
+	__u32 pad;
+};
+
+// dests: mesh address -> where the VM lives (this host's VMs too).
+struct dest {
+	struct addr6 host; // the mesh address of the VM's host
+	__u32 user_id;     // the VM's user id on that host (carried in the flow label)
+	__u32 tenant;
+};
+
+// local_vms: user id -> a VM of this host.
+struct local_vm {
+	__u32 ifindex;    // its host veth end
+	__u32 tenant;
+	struct addr6 mesh; // its mesh address
+	struct addr6 via;  // the next hop on the veth (link-local)
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mesh_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct addr6);
+	__type(value, struct dest);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_dests SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct local_vm);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_local_vms SEC(".maps");
+
+// mesh_veths: host veth ifindex -> user id of the VM behind it.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_veths SEC(".maps");
+
+// mesh_whitelist: the prefixes (`POST /v1/sync`'s whitelist) whose tenant-0 VMs cross tenants.
+struct lpm6 {
+	__u32 prefixlen;
+	struct addr6 addr;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lpm6);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_whitelist SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, D_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, P_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_passes SEC(".maps");
+
+static __always_inline void count(void *map, __u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(map, &idx);
+	if (c)
+		*c += 1;
+}
+
+static __always_inline int drop(__u32 reason)
+{
+	count(&mesh_drops, reason);
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int addr_eq(const struct addr6 *x, const struct addr6 *y)
+{
+	const __u64 *a = (const __u64 *)x->a, *b = (const __u64 *)y->a;
+	return a[0] == b[0] && a[1] == b[1];
+}
+
+static __always_inline int whitelisted(__u32 tenant, const struct addr6 *addr)
+{
+	if (tenant != 0)
+		return 0;
+	struct lpm6 key = {.prefixlen = 128};
+	__builtin_memcpy(&key.addr, addr, sizeof(key.addr));
+	return bpf_map_lookup_elem(&mesh_whitelist, &key) != NULL;
+}
+
+// Same tenant, or a whitelisted tenant-0 VM on either end.
+static __always_inline int tenants_ok(__u32 src_tenant, const struct addr6 *src,
+				      __u32 dst_tenant, const struct addr6 *dst)
+{
+	return src_tenant == dst_tenant || whitelisted(src_tenant, src) ||
+	       whitelisted(dst_tenant, dst);
+}
+
+// The length of the largest packet `skb` becomes on the wire (one segment of a GSO packet),
+// IPv6 header included; `ip` starts at offset `l3`.
+static __always_inline __u32 wire_len(struct __sk_buff *skb, struct ipv6hdr *ip, void *end,
+				      __u32 l3)
+{
+	if (!skb->gso_size)
+		return skb->len - l3;
+	__u32 l4 = sizeof(struct tcphdr);
+	if (ip->nexthdr == IPPROTO_TCP) {
+		struct tcphdr *tcp = (void *)(ip + 1);
+		if ((void *)(tcp + 1) <= end)
+			l4 = tcp->doff * 4;
+	} else if (ip->nexthdr == IPPROTO_UDP) {
+		l4 = 8;
+	}
+	return sizeof(*ip) + l4 + skb->gso_size;
+}
+
+SEC("classifier")
+int mesh_from_vm(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IPV6))
+		return TC_ACT_UNSPEC;
+	struct ipv6hdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end)
+		return TC_ACT_UNSPEC;
+	if (ip->daddr.s6_addr[0] != 0xfd || ip->daddr.s6_addr[1] != 0xaa)
+		return TC_ACT_UNSPEC; // not mesh traffic
+
+	__u32 ifindex = skb->ifindex;
+	__u32 *uid = bpf_map_lookup_elem(&mesh_veths, &ifindex);
+	if (!uid)
+		return drop(D_UNKNOWN_SOURCE);
+	struct local_vm *src = bpf_map_lookup_elem(&mesh_local_vms, uid);
+	if (!src)
+		return drop(D_UNKNOWN_SOURCE);
+	struct addr6 daddr;
+	__builtin_memcpy(&daddr, &ip->daddr, sizeof(daddr));
+	struct dest *d = bpf_map_lookup_elem(&mesh_dests, &daddr);
+	if (!d)
+		return drop(D_UNKNOWN_DESTINATION);
+	if (!tenants_ok(src->tenant, &src->mesh, d->tenant, &daddr))
+		return drop(D_TENANT);
+	__u32 zero = 0;
+	struct mesh_config *cfg = bpf_map_lookup_elem(&mesh_config, &zero);
+	if (!cfg || cfg->vm_mtu == 0)
+		return drop(D_UNKNOWN_DESTINATION);
+	if (addr_eq(&d->host, &cfg->host)) {
+		count(&mesh_passes, P_LOCAL);
+		return TC_ACT_UNSPEC;
+	}
+	if (wire_len(skb, ip, end, sizeof(*eth)) > cfg->vm_mtu) {
+		// Unencapsulated, the packet meets the mesh range route's locked MTU: the kernel
+		// sends the VM a Packet Too Big and drops it.
+		count(&mesh_drops, D_MTU);
+		return TC_ACT_UNSPEC;
+	}
+
+	struct ipv6hdr outer = {};
+	__u32 label = d->user_id & FLOW_LABEL_MASK;
+	outer.version = 6;
+	outer.priority = ip->priority;
+	outer.flow_lbl[0] = (ip->flow_lbl[0] & 0xf0) | (label >> 16);
+	outer.flow_lbl[1] = (label >> 8) & 0xff;
+	outer.flow_lbl[2] = label & 0xff;
+	outer.payload_len = bpf_htons((__u16)(skb->len - sizeof(*eth)));
+	outer.nexthdr = IPPROTO_IPV6;
+	outer.hop_limit = OUTER_HOP_LIMIT;
+	__builtin_memcpy(&outer.saddr, &cfg->host, sizeof(outer.saddr));
+	__builtin_memcpy(&outer.daddr, &d->host, sizeof(outer.daddr));
+
+	if (bpf_skb_adjust_room(skb, sizeof(outer), BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO))
+		return drop(D_MALFORMED);
+	if (bpf_skb_store_bytes(skb, sizeof(struct ethhdr), &outer, sizeof(outer), 0))
+		return drop(D_MALFORMED);
+	count(&mesh_passes, P_ENCAP);
+	return TC_ACT_UNSPEC;
+}
+
+SEC("classifier")
+int mesh_from_wg(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	if (skb->protocol != bpf_htons(ETH_P_IPV6))
+		return TC_ACT_UNSPEC;
+	struct ipv6hdr *outer = data;
+	if ((void *)(outer + 1) > end || outer->nexthdr != IPPROTO_IPV6)
+		return TC_ACT_UNSPEC;
+	__u32 zero = 0;
+	struct mesh_config *cfg = bpf_map_lookup_elem(&mesh_config, &zero);
+	if (!cfg)
+		return TC_ACT_UNSPEC;
+	struct addr6 odst, osrc, isrc;
+	__builtin_memcpy(&odst, &outer->daddr, sizeof(odst));
+	if (!addr_eq(&odst, &cfg->host))
+		return TC_ACT_UNSPEC; // not mesh encapsulation for this host
+	struct ipv6hdr *inner = (void *)(outer + 1);
+	if ((void *)(inner + 1) > end)
+		return drop(D_MALFORMED);
+	__builtin_memcpy(&osrc, &outer->saddr, sizeof(osrc));
+	__builtin_memcpy(&isrc, &inner->saddr, sizeof(isrc));
+	__u32 uid = ((__u32)(outer->flow_lbl[0] & 0x0f) << 16) |
+		    ((__u32)outer->flow_lbl[1] << 8) | outer->flow_lbl[2];
+
+	struct local_vm *dst = bpf_map_lookup_elem(&mesh_local_vms, &uid);
+	if (!dst)
+		return drop(D_UNKNOWN_DESTINATION);
+	struct dest *s = bpf_map_lookup_elem(&mesh_dests, &isrc);
+	if (!s || !addr_eq(&s->host, &osrc))
+		return drop(D_UNKNOWN_SOURCE);
+	if (!tenants_ok(s->tenant, &isrc, dst->tenant, &dst->mesh))
+		return drop(D_TENANT);
+	__u32 ifindex = dst->ifindex;
+	struct bpf_redir_neigh nh = {.nh_family = AF_INET6};
+	__builtin_memcpy(nh.ipv6_nh, &dst->via, sizeof(nh.ipv6_nh));
+
+	if (bpf_skb_adjust_room(skb, -(__s32)sizeof(*outer), BPF_ADJ_ROOM_MAC, 0))
+		return drop(D_MALFORMED);
+	// wg0 has no link layer: give the packet an (empty) Ethernet header, which the neighbour
+	// redirect replaces with the veth's.
+	if (bpf_skb_change_head(skb, sizeof(struct ethhdr), 0))
+		return drop(D_MALFORMED);
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return drop(D_MALFORMED);
+	eth->h_proto = bpf_htons(ETH_P_IPV6);
+	count(&mesh_passes, P_DECAP);
+	return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
