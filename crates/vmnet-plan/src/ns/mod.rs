@@ -38,11 +38,15 @@
 //! - the firewall ([`firewall`]): filter chains and sets in the same netns table, and the rules in
 //!   [`VmPlan::firewall`] for the kernel layer's conntrack sweep.
 //!
+//! - packet activity ([`activity`]): with [`NsSettings::activity`], a tc filter of the shared
+//!   activity program on the tap's egress, in [`VmPlan::activity`].
+//!
 //! Later features slot in as more optional sections of [`VmPlan`] (metadata: a document).
 //!
 //! # Limitations
 //! The guest's IPv6 gateway is the link-local `fe80::1` on the tap; the guest image must use it.
 
+pub mod activity;
 mod build;
 pub mod firewall;
 pub mod limits;

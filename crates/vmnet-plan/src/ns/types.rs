@@ -163,6 +163,10 @@ pub struct VmPlan {
     /// sets are in [`Self::nft`].
     #[serde(default)]
     pub firewall: Option<super::firewall::FirewallPlan>,
+    /// The packet-activity filter on the tap ([`super::activity`]); `None` when the settings
+    /// turn activity off.
+    #[serde(default)]
+    pub activity: Option<super::activity::ActivityPlan>,
 }
 
 /// The fields the API reports for a VM (spec item 5: netns, veth names, transit /30, tap, guest
