@@ -60,6 +60,7 @@ use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 use crate::api::error::from_ns;
 use crate::mesh::runtime::Mesh;
 use crate::pool::node::PoolNode;
+mod activity;
 mod fwaudit;
 use crate::provider::poller::Poller;
 mod view;
@@ -99,6 +100,10 @@ pub struct Agent {
     pub(crate) firewall: StdMutex<fwaudit::FirewallRecord>,
     /// The provider pools' poller, when the agent runs it (`--poll-providers`).
     providers: OnceLock<Arc<Poller>>,
+    /// The packet-activity program, when the agent runs it (`--activity-root`).
+    activity: OnceLock<Arc<vmnet_kernel::activity::ActivityRecorder>>,
+    /// When this agent started: the baseline of the activity reports.
+    started: std::time::SystemTime,
 }
 
 impl std::fmt::Debug for Agent {
@@ -186,6 +191,8 @@ impl Agent {
                 per_vm: std::collections::BTreeMap::new(),
             }),
             providers: OnceLock::new(),
+            activity: OnceLock::new(),
+            started: std::time::SystemTime::now(),
         }))
     }
 
