@@ -6,6 +6,7 @@
 //! - [`agent`]: the agent process under N VMs put over its API;
 //! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent.
 
+pub mod activity;
 pub mod agent;
 pub mod ipam;
 pub mod mesh;
@@ -44,6 +45,8 @@ pub enum BenchCmd {
     Agent(agent::AgentBenchArgs),
     /// `POST /v1/sync` of N WireGuard peers: from empty, one change, no-op.
     Mesh(mesh::MeshBenchArgs),
+    /// iperf3 through a VM's path with and without the packet-activity program.
+    Activity(activity::ActivityBenchArgs),
 }
 
 /// Runs `vmnet bench …`; `json` prints JSON instead of a table where the bench supports it.
@@ -57,5 +60,6 @@ pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Nft(a) => Ok(nft::run(json, a).await?),
         BenchCmd::Agent(a) => Ok(agent::run(a).await?),
         BenchCmd::Mesh(a) => Ok(mesh::run(a).await?),
+        BenchCmd::Activity(a) => Ok(activity::run(a).await?),
     }
 }

@@ -190,3 +190,21 @@ pub(super) async fn ifindex(netns: &str, ns: &Handle, dev: &str) -> Result<u32, 
             dev: dev.to_owned(),
         })
 }
+
+/// Deletes the filter running our program from the egress of `plan.dev` (current thread's
+/// namespace); `Ok(false)` when there was none.
+pub(super) fn detach(
+    plan: &ActivityPlan,
+) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
+    match aya::programs::tc::qdisc_detach_program(
+        &plan.dev,
+        TcAttachType::Egress,
+        vmnet_plan::ns::activity::PROGRAM,
+    ) {
+        Ok(()) => Ok(true),
+        Err(aya::programs::tc::TcError::IoError(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(false)
+        }
+        Err(e) => Err(Box::new(e)),
+    }
+}

@@ -383,6 +383,21 @@ impl ActivityRecorder {
         crate::netns::run_in(netns, || filter::attach(prog, plan))?.map_err(attach_err)
     }
 
+    /// Removes the activity filter of `plan` from its device in `netns` (benchmarks, and a
+    /// host turning activity off). `Ok(false)` when there was none.
+    ///
+    /// # Errors
+    /// [`ActivityError::Attach`] when listing or deleting the filter fails.
+    pub fn detach(&self, netns: &str, plan: &ActivityPlan) -> Result<bool, ActivityError> {
+        crate::netns::run_in(netns, || filter::detach(plan))?.map_err(|source| {
+            ActivityError::Attach {
+                netns: netns.to_owned(),
+                dev: plan.dev.clone(),
+                source,
+            }
+        })
+    }
+
     /// Forgets user id `uid`: its time is cleared and its veth registrations removed (call
     /// when the VM is deleted; its filter goes with its tap).
     ///
