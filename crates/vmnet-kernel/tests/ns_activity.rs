@@ -130,6 +130,8 @@ async fn only_tcp_from_the_host_side_moves_activity() {
         T,
     )
     .expect("tcp4 out");
+    // The connection's closing segments (TCP to the guest too) arrive just after the echo.
+    std::thread::sleep(Duration::from_millis(300));
     let t2 = last(&env, 1).expect("activity");
     assert!(t2 > t1, "IPv4 TCP received by the guest moves the time");
     // Nothing else moves it afterwards either.
@@ -180,6 +182,8 @@ async fn a_restarted_agent_replaces_the_program_and_keeps_the_times() {
     let guest = env.guest("web", &plan, &["::/0"], 1380);
     let _echo = EchoService::start(guest.netns(), &[sock("fdaa:1::1", 7)]).expect("echo");
     traffic::tcp_echo(&env.sb.inet(), sock("fdaa:1::1", 7), T).expect("tcp");
+    // Let the connection's closing segments arrive: a stable time to compare.
+    std::thread::sleep(Duration::from_millis(300));
     let t1 = last(&env, 1).expect("active");
     let old_id = env.recorder().program_id();
 
