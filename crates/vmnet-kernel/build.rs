@@ -1,5 +1,5 @@
 //! Compiles each BPF program `bpf/<stem>.bpf.c` with clang into `$OUT_DIR/<stem>.o` (the tap
-//! guard, the mesh data plane, and any program added later). Needs Debian's `clang` and
+//! guard, the mesh data plane, the packet-activity recorder, and any program added later). Needs Debian's `clang` and
 //! `libbpf-dev` (`scripts/install-deps.sh` installs them).
 
 use std::path::{Path, PathBuf};

@@ -61,6 +61,7 @@ use crate::api::error::from_ns;
 use crate::mesh::runtime::Mesh;
 use crate::metadata::MetadataService;
 use crate::pool::node::PoolNode;
+mod activity;
 mod fwaudit;
 mod meta;
 use crate::provider::poller::Poller;
@@ -103,6 +104,10 @@ pub struct Agent {
     providers: OnceLock<Arc<Poller>>,
     /// The metadata service, when the agent serves it (`vmnet serve`).
     metadata: OnceLock<Arc<MetadataService>>,
+    /// The packet-activity program, when the agent runs it (`--activity-root`).
+    activity: OnceLock<Arc<vmnet_kernel::activity::ActivityRecorder>>,
+    /// When this agent started: the baseline of the activity reports.
+    started: std::time::SystemTime,
 }
 
 impl std::fmt::Debug for Agent {
@@ -191,6 +196,8 @@ impl Agent {
             }),
             providers: OnceLock::new(),
             metadata: OnceLock::new(),
+            activity: OnceLock::new(),
+            started: std::time::SystemTime::now(),
         }))
     }
 

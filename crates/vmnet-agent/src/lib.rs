@@ -3,6 +3,7 @@
 //!
 //! The modules, leaves first (no module uses one listed after it):
 //! * [`status`] — the status and VM bodies the agent reports, and the clock of their times.
+//! * [`activity`] — the packet-activity reports and their idle-time rule.
 //! * [`table`] — the text table renderer.
 //! * [`pool`] — pool mode on this host: NICs, seeds and the bcd tables.
 //! * [`provider`] — provider pools: the Hetzner Cloud and Proxmox VE clients and the poller.
@@ -14,6 +15,7 @@
 //! * [`client`] — the API client over the unix socket.
 //! * [`hostspec`] and [`apply`] — the file `vmnet apply` takes and applying it.
 
+pub mod activity;
 pub mod agent;
 pub mod api;
 pub mod apply;

@@ -71,6 +71,10 @@ impl AgentProc {
             .arg("--socket")
             .arg(dir.join("vmnet.sock"))
             .args(["serve", "--netns", host_ns, "--name-prefix", prefix])
+            // Packet activity on: the program on every VM's tap, its maps pinned in the state
+            // dir (removed after the agent stopped, see `StateDir`).
+            .arg("--activity-root")
+            .arg(dir.join(ACTIVITY_DIR))
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -123,8 +127,13 @@ impl StateDir {
     }
 }
 
+/// Where in the state dir the agent pins its packet-activity maps (a bpffs it mounts there).
+const ACTIVITY_DIR: &str = "bpf";
+
 impl Drop for StateDir {
     fn drop(&mut self) {
+        // The agent has stopped (dropped first); its pins and bpffs go before the directory.
+        let _ = vmnet_kernel::activity::remove_root(&self.0.join(ACTIVITY_DIR));
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

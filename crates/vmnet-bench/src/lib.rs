@@ -8,6 +8,7 @@
 //!   ([`mesh_forward`]) the data plane's TCP throughput VM to VM against host to host;
 //! - [`metadata`]: the metadata service's listeners in N namespaces polled every 250 ms.
 
+pub mod activity;
 pub mod agent;
 pub mod ipam;
 pub mod mesh;
@@ -50,6 +51,8 @@ pub enum BenchCmd {
     Mesh(mesh::MeshBenchArgs),
     /// The metadata service: N VMs' listeners polled every 250 ms (CPU, latency, RSS).
     Metadata(metadata::MetadataBenchArgs),
+    /// iperf3 through a VM's path with and without the packet-activity program.
+    Activity(activity::ActivityBenchArgs),
 }
 
 /// Runs `vmnet bench …`; `json` prints JSON instead of a table where the bench supports it.
@@ -64,5 +67,6 @@ pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Agent(a) => Ok(agent::run(a).await?),
         BenchCmd::Mesh(a) => Ok(mesh::run(a).await?),
         BenchCmd::Metadata(a) => Ok(metadata::run(a).await?),
+        BenchCmd::Activity(a) => Ok(activity::run(a).await?),
     }
 }

@@ -2,6 +2,8 @@
 //! taps, nftables), each able to observe the real state, diff it against a plan from
 //! `vmnet-plan` and apply the ordered changes. This crate never decides policy.
 
+/// Packet activity: the shared tc BPF program recording the last host-to-guest TCP per VM.
+pub mod activity;
 /// Conntrack entries deleted over ctnetlink.
 pub mod conntrack;
 pub mod mesh;

@@ -84,6 +84,12 @@ impl Paths {
         }
     }
 
+    /// The bpffs directory the agent pins its packet-activity maps under.
+    #[must_use]
+    pub fn activity_root(&self) -> PathBuf {
+        self.dir.join("bpf")
+    }
+
     /// `sandbox.json`.
     #[must_use]
     pub fn state_file(&self) -> PathBuf {

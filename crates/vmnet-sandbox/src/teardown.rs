@@ -52,6 +52,10 @@ pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
         report.namespaces = sandbox::owned(name);
         sandbox::cleanup(name).map_err(sb_err)?;
     }
+    // The agent (stopped above) pinned its activity maps on a bpffs inside the state dir.
+    if let Err(e) = vmnet_kernel::activity::remove_root(&paths.activity_root()) {
+        return Err(Error::internal(format!("sandbox {name}: {e}")));
+    }
     match std::fs::remove_dir_all(&paths.dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

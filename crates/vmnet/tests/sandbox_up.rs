@@ -218,6 +218,14 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     ] {
         assert_eq!(check(checks, vm, name)["seen"], seen, "{vm} {name}");
     }
+    // Packet activity: moved by TCP from the fake internet, not by pings and UDP.
+    for (name, seen) in [
+        ("activity: ping and UDP from the internet", "not moved ("),
+        ("activity: TCP from the internet", "moved (last_activity 20"),
+    ] {
+        let c = check(checks, "vm-gateway", name);
+        assert!(c["seen"].as_str().unwrap_or("").starts_with(seen), "{c}");
+    }
     // vm-gateway's public limit (10 MiB/s) measured with a short iperf3 download, and counted.
     let lim = check(checks, "vm-gateway", "public limit download");
     assert_eq!(lim["expected"], "10 MiB/s ±5 %", "{lim}");

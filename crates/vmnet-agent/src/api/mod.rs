@@ -53,6 +53,8 @@ fn build() -> Routes {
         .add(Method::PUT, "/v1/vms/{id}", put(vms::put_vm))
         .add(Method::GET, "/v1/vms/{id}", get(vms::get_vm))
         .add(Method::DELETE, "/v1/vms/{id}", delete(vms::delete_vm))
+        .add(Method::GET, "/v1/vms/{id}/activity", get(vms::vm_activity))
+        .add(Method::GET, "/v1/activity", get(vms::activity))
         .add(
             Method::POST,
             "/v1/sync",

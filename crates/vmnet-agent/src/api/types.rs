@@ -1,12 +1,14 @@
 //! Request and response bodies of the API that the agent defines itself (the IPAM results are
 //! the store's own types, serialized as they are). All request bodies refuse unknown fields.
-//! Times are milliseconds since the Unix epoch (`*_unix_ms`).
+//! Times are milliseconds since the Unix epoch (`*_unix_ms`); the activity reports give them in
+//! RFC 3339 as well, as the spec asks.
 //!
 //! The status and VM bodies are defined in [`crate::status`] (the agent and pool mode fill them
 //! in) and re-exported here, so every body of the API has a path under `api::types`.
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::activity::{ActivityList, VmActivity};
 pub use crate::status::{
     AgentStatus, GuardStatus, PoolStatus, ProviderPoolState, ProviderPoolStatus, ReconcileStatus,
     VmCounts, VmState, VmStatus, VmView,

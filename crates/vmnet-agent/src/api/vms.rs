@@ -3,9 +3,10 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 
 use super::error::{ApiError, JsonBytes};
+use crate::activity::{ActivityList, VmActivity};
 use crate::agent::Agent;
 use crate::status::{AgentStatus, VmView};
 
@@ -42,4 +43,21 @@ pub async fn delete_vm(
 /// `GET /v1/status`: counts and the reconcile loop's record.
 pub async fn status(State(a): State<Arc<Agent>>) -> Result<Json<AgentStatus>, ApiError> {
     Ok(Json(a.status().await?))
+}
+
+/// `GET /v1/vms/{id}/activity`: the VM's last packet activity, baseline and idle time.
+pub async fn vm_activity(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Json<VmActivity>, ApiError> {
+    Ok(Json(a.vm_activity(&id).await?))
+}
+
+/// `GET /v1/activity[?idle_secs=N]`: every VM's activity, or those idle at least N seconds.
+pub async fn activity(
+    State(a): State<Arc<Agent>>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<ActivityList>, ApiError> {
+    let idle = crate::activity::parse_query(q.as_deref()).map_err(vmnet_model::Error::invalid)?;
+    Ok(Json(a.activity(idle).await?))
 }

@@ -170,6 +170,7 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     let mut ignored = Vec::new();
     sync_routes(d, plan, &ns, &want, &st, &mut ignored).await?;
     tc::create(&ns, plan, &links).await?;
+    super::activity::install(d, plan, &ns).await?;
     Ok(vec![Change::CreateVm {
         netns: plan.netns.clone(),
     }])

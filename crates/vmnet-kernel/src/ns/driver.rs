@@ -42,6 +42,8 @@ pub struct NetlinkNsDriver {
     pub(super) conntrack: tokio::sync::mpsc::UnboundedSender<Vec<IpAddr>>,
     /// The kept nf_tables sockets of the host namespace (public maps).
     pub(super) host_nft: super::hostnft::HostNft,
+    /// The packet-activity program, when the agent loaded it ([`Self::with_activity`]).
+    pub(super) activity: Option<std::sync::Arc<crate::activity::ActivityRecorder>>,
 }
 
 /// Where the driver stands with the host-wide state (forwarding, router advertisements, the host
@@ -100,7 +102,20 @@ impl NetlinkNsDriver {
             conntrack: super::public_driver::conntrack_worker(worker_ns),
             host_nft,
             host_rules,
+            activity: None,
         })
+    }
+
+    /// This driver, writing each planned activity filter ([`VmPlan::activity`]) with the
+    /// program of `recorder`. Without one, a plan with an activity filter fails as
+    /// [`NsError::Invalid`].
+    #[must_use]
+    pub fn with_activity(
+        mut self,
+        recorder: std::sync::Arc<crate::activity::ActivityRecorder>,
+    ) -> Self {
+        self.activity = Some(recorder);
+        self
     }
 
     /// The settings this driver was built with.
@@ -221,6 +236,11 @@ impl NetlinkNsDriver {
             }
         }
         self.nft_memo.forget_netns(&ns);
+        if let Some(rec) = &self.activity
+            && let Err(e) = rec.forget(uid)
+        {
+            errors.push(e.into());
+        }
         if ns_exists {
             found = true;
             match netns::delete(&ns) {
@@ -393,6 +413,15 @@ impl NetlinkNsDriver {
                         "namespace mode: collecting an orphaned VM failed");
                     errors.push(e);
                 }
+            }
+        }
+        if let Some(rec) = &self.activity {
+            let n = rec.retain(keep)?;
+            if n > 0 {
+                tracing::info!(
+                    registrations = n,
+                    "packet activity: dropped registrations of VMs that are gone"
+                );
             }
         }
         if want.is_empty()

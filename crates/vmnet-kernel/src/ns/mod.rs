@@ -73,6 +73,7 @@
 //! - Each VM with a mesh-via route adds one host rule (`iif <host veth>`); the kernel walks
 //!   rules linearly, so thousands of such VMs cost per-packet rule checks on the host.
 
+mod activity;
 mod apply;
 mod create;
 mod driver;
@@ -357,4 +358,7 @@ pub enum NsError {
     /// The driver needs a tokio runtime.
     #[error("the namespace driver needs a tokio runtime")]
     NoRuntime,
+    /// The packet-activity filter or maps ([`crate::activity`]).
+    #[error(transparent)]
+    Activity(#[from] crate::activity::ActivityError),
 }

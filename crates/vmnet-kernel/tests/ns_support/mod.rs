@@ -7,6 +7,7 @@ use std::net::Ipv6Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use vmnet_kernel::activity::ActivityRecorder;
 use vmnet_kernel::ns::{NetlinkNsDriver, NsDriver};
 use vmnet_model::vm::parse_vm_config;
 use vmnet_plan::ns::{HOST_LINK_LOCAL, NsSettings, VmPlan, plan_vm};
@@ -21,6 +22,8 @@ pub const T: Duration = Duration::from_secs(5);
 pub struct Env {
     pub driver: Arc<dyn NsDriver>,
     pub settings: NsSettings,
+    /// The activity program and its test-unique pin root, with [`Env::with_activity`].
+    pub activity: Option<(Arc<ActivityRecorder>, PinRoot)>,
     // Dropped last: removes every namespace of the sandbox, VM namespaces included.
     pub sb: Sandbox,
 }
@@ -42,8 +45,33 @@ impl Env {
         Self {
             driver: Arc::new(driver),
             settings,
+            activity: None,
             sb,
         }
+    }
+
+    /// As [`Env::new`], with packet activity on: the program loaded with its maps pinned under a
+    /// test-unique bpffs root (removed on drop).
+    pub fn with_activity() -> Self {
+        let mut env = Self::with(|s| s.activity = true);
+        let root = PinRoot(std::env::temp_dir().join(format!("{}-bpf", env.sb.agent_prefix())));
+        let rec = Arc::new(ActivityRecorder::open(&root.0).expect("load the activity program"));
+        env.driver = env.activity_driver(&rec);
+        env.activity = Some((rec, root));
+        env
+    }
+
+    /// A new driver (as a restarted agent makes) with `rec` as its activity program.
+    pub fn activity_driver(&self, rec: &Arc<ActivityRecorder>) -> Arc<dyn NsDriver> {
+        let driver = NetlinkNsDriver::new(self.settings.clone(), Some(self.sb.host()))
+            .expect("driver")
+            .with_activity(Arc::clone(rec));
+        Arc::new(driver)
+    }
+
+    /// The activity program (panics without [`Env::with_activity`]).
+    pub fn recorder(&self) -> &Arc<ActivityRecorder> {
+        &self.activity.as_ref().expect("env with activity").0
     }
 
     /// Plans a VM from its JSON config.
@@ -83,6 +111,17 @@ impl Env {
             ..GuestConfig::default()
         };
         SimGuest::attach(&self.sb, name, &plan.netns, &plan.tap.name, &cfg).expect("guest")
+    }
+}
+
+/// A test-unique bpffs pin root, unpinned, unmounted and removed on drop.
+pub struct PinRoot(pub std::path::PathBuf);
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        if let Err(e) = vmnet_kernel::activity::remove_root(&self.0) {
+            eprintln!("removing the pin root failed: {e}");
+        }
     }
 }
 

@@ -164,6 +164,10 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         &tap.name,
         veth.as_ref().map(|v| v.peer_name.as_str()),
     );
+    let activity = veth
+        .as_ref()
+        .filter(|_| settings.activity)
+        .map(|v| super::activity::plan(&tap.name, &v.peer_name, uid));
     Ok(VmPlan {
         vm_id: cfg.id.clone(),
         user_id: uid,
@@ -190,6 +194,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         public,
         firewall,
         metadata,
+        activity,
     })
 }
 

@@ -39,13 +39,16 @@
 //!   [`VmPlan::firewall`] for the kernel layer's conntrack sweep.
 //!
 //! - the metadata service ([`metadata`]): the document in [`VmPlan::metadata`], and
-//!   169.254.169.254/32 on the tap where the agent serves it.
+//!   169.254.169.254/32 on the tap where the agent serves it;
+//! - packet activity ([`activity`]): with [`NsSettings::activity`], a tc filter of the shared
+//!   activity program on the tap's egress, in [`VmPlan::activity`].
 //!
 //! Later features slot in as more optional sections of [`VmPlan`].
 //!
 //! # Limitations
 //! The guest's IPv6 gateway is the link-local `fe80::1` on the tap; the guest image must use it.
 
+pub mod activity;
 mod build;
 pub mod firewall;
 pub mod limits;

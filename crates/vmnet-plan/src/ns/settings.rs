@@ -36,6 +36,9 @@ pub struct NsSettings {
     pub uplink: Option<String>,
     /// How the upstream reaches public addresses (`--public-neighbors`). Default routed.
     pub public_neighbors: super::public::PublicNeighbors,
+    /// Whether each VM gets the packet-activity filter ([`super::activity`]); the agent turns it
+    /// on when it has loaded the activity program (`--activity-root`). Default false.
+    pub activity: bool,
 }
 
 impl Default for NsSettings {
@@ -51,6 +54,7 @@ impl Default for NsSettings {
             manage_host: true,
             uplink: None,
             public_neighbors: super::public::PublicNeighbors::Routed,
+            activity: false,
         }
     }
 }

@@ -388,3 +388,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn activity_filter_is_planned_on_the_tap_with_the_veth_end_only_when_turned_on() {
+    let on = NsSettings {
+        activity: true,
+        ..NsSettings::default()
+    };
+    let p = plan_vm(&spec_vm(), &on).expect("plan");
+    let a = p.activity.expect("planned");
+    assert_eq!(a.dev, p.tap.name);
+    assert_eq!(a.ingress_dev, p.veth.as_ref().expect("veth").peer_name);
+    assert_eq!(a.user_id, p.user_id);
+    assert_eq!(
+        (a.priority, a.handle),
+        (activity::FILTER_PRIORITY, activity::FILTER_HANDLE)
+    );
+    assert_eq!(
+        plan_vm(&spec_vm(), &NsSettings::default())
+            .expect("plan")
+            .activity,
+        None
+    );
+    // No veth pair (no mesh address): no host path, no filter.
+    let capture = cfg(r#"{"id":"cap","user_id":3,"tenant":1,"network":{"routes":[]}}"#);
+    assert_eq!(plan_vm(&capture, &on).expect("plan").activity, None);
+}

@@ -173,6 +173,10 @@ pub struct VmPlan {
     /// The metadata document and version ([`super::metadata`]).
     #[serde(default)]
     pub metadata: super::metadata::MetadataPlan,
+    /// The packet-activity filter on the tap ([`super::activity`]); `None` when the settings
+    /// turn activity off.
+    #[serde(default)]
+    pub activity: Option<super::activity::ActivityPlan>,
 }
 
 /// The fields the API reports for a VM (spec item 5: netns, veth names, transit /30, tap, guest

@@ -18,7 +18,8 @@
 //!    the guest), and, for a VM with a public limit in force, the [`limits`] checks (a short
 //!    iperf3 download against the limit), the [`metadata`] checks (each guest's own document
 //!    with a token, without one as its version says, and never another VM's whatever headers
-//!    it forges), and two tables: the VMs and the checks.
+//!    it forges), the [`activity`] checks (TCP from the fake internet moves a VM's packet
+//!    activity, pings and UDP do not), and two tables: the VMs and the checks.
 //!
 //! The exit status is non-zero when any check saw something other than what it expected. The
 //! sandbox stays up either way (the agent, echo service and relays keep running in the
@@ -35,6 +36,7 @@
 //! [`crate::up`] hands a pool spec (`"mode": "pool"`) to [`crate::pool_job`] and a fleet spec
 //! (`"mode": "fleet"`) to [`crate::fleet_job`], everything else to [`up`] here.
 
+pub mod activity;
 pub mod checks;
 pub mod firewall;
 pub mod limits;
@@ -177,7 +179,10 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
             sandbox::HOST_UPLINK_IF,
             "--public-neighbors",
             "proxy",
-        ]);
+        ])
+        // Packet activity, its maps pinned in the sandbox's state (removed by `down`).
+        .arg("--activity-root")
+        .arg(paths.activity_root());
     let client = steps::start_agent(paths, &mut st, "agent", agent, timeout).await?;
 
     let report = vmnet_agent::apply::apply_host_spec(&client, spec, false).await?;
@@ -226,6 +231,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     .map_err(|e| Error::internal(format!("checks: {e}")))?
     .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
+    results.extend(activity::run(&client, &inet, &spec.vms, &guest_ns).await);
     let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
     Ok(UpReport {
         sandbox: args.name.clone(),

@@ -75,6 +75,11 @@ pub struct ServeArgs {
     /// on `--uplink`).
     #[arg(long, default_value = "routed", value_parser = parse_public_neighbors)]
     pub public_neighbors: vmnet_plan::ns::PublicNeighbors,
+    /// Record packet activity (`GET /v1/activity`): load the activity BPF program with its maps
+    /// pinned under this bpffs directory (e.g. `/sys/fs/bpf/vmnet`; a bpffs is mounted there if
+    /// it is not on one). A restarted agent given the same directory keeps the recorded times.
+    #[arg(long, value_name = "PATH")]
+    pub activity_root: Option<PathBuf>,
     /// Seconds between periodic reconcile passes (an API change applies its VM itself and does not trigger one).
     #[arg(long, default_value_t = DEFAULT_RECONCILE_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub reconcile_interval_secs: u64,
@@ -218,6 +223,7 @@ impl ServeArgs {
             tap_owner_gid: self.tap_owner.and_then(|(_, g)| g),
             uplink: self.uplink.clone(),
             public_neighbors: self.public_neighbors,
+            activity: self.activity_root.is_some(),
             ..NsSettings::default()
         };
         s.validate()?;
@@ -242,13 +248,28 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         None => None,
     };
     let db = Db::connect(&g.database_url()).await.map_err(from_ipam)?;
-    let driver = Arc::new(NetlinkNsDriver::new(settings.clone(), None).map_err(|e| from_ns(&e))?);
+    let mut driver = NetlinkNsDriver::new(settings.clone(), None).map_err(|e| from_ns(&e))?;
+    let recorder = match &args.activity_root {
+        Some(root) => {
+            let rec = vmnet_kernel::activity::ActivityRecorder::open(root).map_err(|e| {
+                Error::unavailable(format!("--activity-root {}: {}", root.display(), chain(&e)))
+            })?;
+            tracing::info!(root = %root.display(), program = rec.program_id(), "packet activity on");
+            let rec = Arc::new(rec);
+            driver = driver.with_activity(Arc::clone(&rec));
+            Some(rec)
+        }
+        None => None,
+    };
     let agent = Agent::new(
         db,
-        driver,
+        Arc::new(driver),
         settings,
         Duration::from_secs(args.reconcile_interval_secs),
     )?;
+    if let Some(rec) = recorder {
+        agent.set_activity(rec)?;
+    }
     agent.set_firewall_audit_period(Duration::from_secs(args.firewall_audit_secs));
     if !args.no_metadata {
         agent.set_metadata(vmnet_agent::metadata::MetadataService::new(
@@ -387,6 +408,18 @@ async fn start_pool(
         seed_images: seeds::image_tool_available(),
     };
     PoolNode::start(cfg, helper, Arc::new(taps), agent.db(), AUDIT_PERIOD).await
+}
+
+/// An error with its causes, `: `-joined.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cur = c.source();
+    }
+    out
 }
 
 #[cfg(test)]

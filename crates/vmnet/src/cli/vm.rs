@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use vmnet_agent::api::types::{AgentStatus, ApplyReport, VmView};
+use vmnet_agent::api::types::{ActivityList, AgentStatus, ApplyReport, VmActivity, VmView};
 use vmnet_agent::apply::apply_host_spec;
 use vmnet_agent::client::{Client, segment};
 use vmnet_agent::hostspec::HostSpec;
@@ -36,6 +36,15 @@ pub enum VmCmd {
     Delete {
         /// The VM id.
         id: String,
+    },
+    /// Show packet activity: when each VM's guest last received TCP from the host side, and
+    /// how long it has been idle (never counted from before the agent started).
+    Activity {
+        /// One VM id; without it, every VM.
+        id: Option<String>,
+        /// Only VMs idle at least this many seconds (without ID).
+        #[arg(long, value_name = "SECS", conflicts_with = "id")]
+        idle_secs: Option<u64>,
     },
 }
 
@@ -94,6 +103,7 @@ pub async fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
             let views: Vec<VmView> = client.get("/v1/vms").await?;
             show_vms(g.output, &views, false)
         }
+        VmCmd::Activity { id, idle_secs } => activity(g, &client, id, idle_secs).await,
         VmCmd::Delete { id } => {
             let view: VmView = client.delete(&format!("/v1/vms/{}", segment(&id))).await?;
             match g.output {
@@ -473,5 +483,50 @@ pub async fn apply(g: &Global, args: ApplyArgs) -> Result<(), Error> {
         ]);
     }
     print_table(&header, &rows);
+    Ok(())
+}
+
+async fn activity(
+    g: &Global,
+    client: &Client,
+    id: Option<String>,
+    idle_secs: Option<u64>,
+) -> Result<(), Error> {
+    let (baseline, vms) = match id {
+        Some(id) => {
+            let one: VmActivity = client
+                .get(&format!("/v1/vms/{}/activity", segment(&id)))
+                .await?;
+            if g.output == Output::Json {
+                return print_json(&one);
+            }
+            (one.baseline.clone(), vec![one])
+        }
+        None => {
+            let path = idle_secs.map_or_else(
+                || "/v1/activity".to_owned(),
+                |n| format!("/v1/activity?idle_secs={n}"),
+            );
+            let list: ActivityList = client.get(&path).await?;
+            if g.output == Output::Json {
+                return print_json(&list);
+            }
+            (list.baseline, list.vms)
+        }
+    };
+    let rows: Vec<Vec<String>> = vms
+        .iter()
+        .map(|v| {
+            vec![
+                v.id.clone(),
+                v.user_id.to_string(),
+                dash(v.last_activity.as_ref()),
+                v.idle_secs.to_string(),
+            ]
+        })
+        .collect();
+    print_table(&["VM", "USER", "LAST ACTIVITY", "IDLE SECS"], &rows);
+    println!();
+    println!("baseline (agent start): {baseline}");
     Ok(())
 }

@@ -122,6 +122,7 @@ pub fn ns_code(e: &NsError) -> ErrorCode {
         | NsError::Nft { .. }
         | NsError::Missing(_)
         | NsError::Many(_)
+        | NsError::Activity(_)
         | NsError::NoRuntime => ErrorCode::Unavailable,
         // `NsError` is not `#[non_exhaustive]`; a new variant fails to compile here first.
     }

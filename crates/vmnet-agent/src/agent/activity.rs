@@ -1,0 +1,93 @@
+//! The agent's packet-activity reports (`GET /v1/vms/{id}/activity`, `GET /v1/activity`): the
+//! kernel's recorded times ([`ActivityRecorder`]) joined with the stored VMs and the agent's
+//! start as the baseline ([`crate::activity`]).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use vmnet_ipam::vm_store;
+use vmnet_kernel::activity::ActivityRecorder;
+use vmnet_model::Error;
+
+use super::{Agent, store_tx};
+use crate::activity::{ActivityList, VmActivity, rfc3339, view};
+
+impl Agent {
+    /// Turns packet activity on with `recorder` (the program the driver attaches). Set once,
+    /// before serving.
+    ///
+    /// # Errors
+    /// `CONFLICT` when it is already set.
+    pub fn set_activity(&self, recorder: Arc<ActivityRecorder>) -> Result<(), Error> {
+        self.activity
+            .set(recorder)
+            .map_err(|_| Error::conflict("packet activity is already set on this agent"))
+    }
+
+    fn recorder(&self) -> Result<&Arc<ActivityRecorder>, Error> {
+        self.activity.get().ok_or_else(|| {
+            Error::unavailable(
+                "packet activity is off on this agent (start it with --activity-root PATH)",
+            )
+        })
+    }
+
+    /// When this agent started: the activity baseline.
+    #[must_use]
+    pub fn started(&self) -> SystemTime {
+        self.started
+    }
+
+    /// `GET /v1/vms/{id}/activity`.
+    ///
+    /// # Errors
+    /// `NOT_FOUND` for an unknown VM; `UNAVAILABLE` when activity is off or the store or the
+    /// kernel map cannot be read.
+    pub async fn vm_activity(&self, id: &str) -> Result<VmActivity, Error> {
+        let rec = self.recorder()?;
+        let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
+        let row = row.ok_or_else(|| Error::not_found(format!("vm {id} not found")))?;
+        let last = rec
+            .last_of(row.user_id)
+            .map_err(|e| Error::unavailable(format!("vm {id}: read the activity map: {e}")))?;
+        Ok(view(
+            &row.id,
+            row.user_id,
+            last,
+            self.started,
+            SystemTime::now(),
+        ))
+    }
+
+    /// `GET /v1/activity`: every VM, or with `idle_secs` those idle at least that long.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when activity is off or the store or the kernel map cannot be read.
+    pub async fn activity(&self, idle_secs: Option<u64>) -> Result<ActivityList, Error> {
+        let rec = self.recorder()?;
+        let rows = store_tx!(self.db, tx => vm_store::list(tx).await)?;
+        let last = rec
+            .last()
+            .map_err(|e| Error::unavailable(format!("read the activity map: {e}")))?;
+        let now = SystemTime::now();
+        let vms = rows
+            .iter()
+            .map(|r| {
+                view(
+                    &r.id,
+                    r.user_id,
+                    last.get(&r.user_id).copied(),
+                    self.started,
+                    now,
+                )
+            })
+            .filter(|v| idle_secs.is_none_or(|n| v.idle_secs >= n))
+            .collect();
+        Ok(ActivityList {
+            baseline: rfc3339(self.started),
+            baseline_unix_ms: crate::activity::unix_ms(self.started),
+            idle_secs,
+            vms,
+        })
+    }
+}

@@ -1,0 +1,535 @@
+//! Packet activity: the shared BPF program that records, per VM user id, when the guest last
+//! received TCP from the host side (spec: namespaced-vm-networking.md, "Packet activity and
+//! wake"; the program is `bpf/activity.bpf.c`).
+//!
+//! # Design
+//! - One program object per agent: [`ActivityRecorder::open`] loads `activity_out` once and
+//!   every VM's tap gets a `cls_bpf` direct-action filter running it (the plan's
+//!   [`ActivityPlan`]: clsact egress of the tap, fixed priority and handle). Filters are written
+//!   with `RTM_NEWTFILTER` without `NLM_F_EXCL`, so a filter an earlier agent left is swapped to
+//!   the new program atomically: no moment without a filter.
+//! - Maps and program are pinned under a configurable root in bpffs (`<root>/activity_dev`,
+//!   `<root>/activity_last`, `<root>/activity_out`). A starting agent reuses the pinned maps
+//!   (aya's pin-by-name: the kernel object is opened, not re-created) and replaces the program
+//!   pin, so "configure on start replaces the program and keeps its map": recorded times
+//!   survive agent restarts and upgrades. The filters keep the kernel recording while no agent
+//!   runs. If the root is not on a bpffs, one is mounted there.
+//! - The program finds the VM by the packet's ingress device: host traffic enters the VM
+//!   namespace through the VM's veth end, whose ifindex the agent registers → user id in
+//!   `activity_dev`; what the namespace sends itself (the metadata service) has none. Tap
+//!   ifindexes repeat across namespaces; the veth ends get derived, distinct ones (`0x30000000
+//!   + uid`). A netns cookie would name the namespace itself, but measured here, forwarded
+//!   packets on the tap's egress were not found under the cookie `SO_NETNS_COOKIE` gives for
+//!   the VM namespace (`bpf_get_netns_cookie` in a tc program goes by the packet's socket, and
+//!   a forwarded packet has none).
+//! - Times are `CLOCK_BOOTTIME` nanoseconds (`bpf_ktime_get_boot_ns`: monotonic, and counting a
+//!   host suspend, so an idle time never shrinks over one). [`ActivityRecorder::last`]
+//!   converts them to wall-clock time from one reading of both clocks.
+//! - Observe and repair by content: the filter at our priority and handle must be a direct-action
+//!   `bpf` filter running this recorder's program id, and the veth end's ifindex must map to the
+//!   plan's user id; anything else is rewritten (`drift` reports it first).
+//!
+//! # Limitations
+//! - A packet delivered while a VM's namespace is being set up (before its filter and
+//!   registration are written) is not recorded: clients must retry, as the spec says of a starting VM.
+//! - IPv6 packets with more than six extension headers before TCP are not counted.
+//! - A VM whose veth pair could not get its derived ifindex (the host had it in use) has a
+//!   kernel-chosen index in its namespace, which may equal another such VM's: the later
+//!   registration wins and the earlier VM's activity is recorded under the later one's id
+//!   (logged when it happens).
+//! - The time is stored at most once per millisecond per VM (most packets of a busy flow only
+//!   read it), so it is exact to 1 ms.
+
+mod filter;
+mod pins;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use aya::programs::SchedClassifier;
+use aya::{Ebpf, EbpfLoader};
+use rtnetlink::Handle;
+use vmnet_plan::ns::activity::{ActivityPlan, PROGRAM};
+
+use crate::netns::NetnsError;
+
+pub use filter::ObservedFilter;
+pub use pins::{BPF_FS_MAGIC, remove_root};
+
+/// The compiled BPF object.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/activity.o"));
+
+/// The map of VM veth ifindexes → user ids.
+pub(crate) const DEV_MAP: &str = "activity_dev";
+/// The array of last-activity times by user id.
+pub(crate) const LAST_MAP: &str = "activity_last";
+
+/// An activity failure, naming the object.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivityError {
+    /// The pin root could not be prepared (not creatable, bpffs not mountable).
+    #[error("activity pin root {path}: {what}")]
+    Root {
+        /// The root.
+        path: PathBuf,
+        /// What failed.
+        what: String,
+    },
+    /// The BPF object could not be loaded (no BPF support, not root, incompatible pinned map).
+    #[error("load the activity program")]
+    Load(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Attaching the filter to a tap failed.
+    #[error("{netns}: attach the activity filter to {dev}")]
+    Attach {
+        /// The VM namespace.
+        netns: String,
+        /// The device.
+        dev: String,
+        /// What failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Reading the filters of a device failed.
+    #[error("{netns}: read the filters of {dev}")]
+    Observe {
+        /// The VM namespace.
+        netns: String,
+        /// The device.
+        dev: String,
+        /// The netlink error.
+        #[source]
+        source: rtnetlink::Error,
+    },
+    /// A map operation failed.
+    #[error("activity map {map}")]
+    Map {
+        /// The map.
+        map: &'static str,
+        /// What failed.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// The device does not exist in the namespace.
+    #[error("{netns}: no device {dev}")]
+    NoDevice {
+        /// The VM namespace.
+        netns: String,
+        /// The device.
+        dev: String,
+    },
+    /// The namespace could not be entered.
+    #[error("netns")]
+    Netns(#[from] NetnsError),
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> ActivityError {
+    move |source| ActivityError::Map { map, source }
+}
+
+/// The loaded activity program with its pinned maps. All methods are blocking (bpf(2), netlink
+/// from a thread inside the namespace) except [`Self::drift`] and [`Self::sync`], which read
+/// filters over the namespace's rtnetlink handle.
+pub struct ActivityRecorder {
+    root: PathBuf,
+    bpf: Mutex<Ebpf>,
+    prog_id: u32,
+    prog_tag: u64,
+}
+
+impl std::fmt::Debug for ActivityRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActivityRecorder")
+            .field("root", &self.root)
+            .field("prog_id", &self.prog_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One step towards a VM's planned activity state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ActivityFix {
+    /// The filter is missing or not ours: write it (create or replace).
+    Filter(String),
+    /// The VM veth end is not registered under the plan's user id: register ifindex `.0`.
+    Register(u32, String),
+}
+
+impl ActivityFix {
+    /// What differs, in words.
+    #[must_use]
+    pub fn what(&self) -> &str {
+        match self {
+            Self::Filter(w) | Self::Register(_, w) => w,
+        }
+    }
+}
+
+/// `CLOCK_BOOTTIME` now, ns.
+fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on every Linux we run on.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// The wall-clock time of boot-clock reading `t`, given both clocks read now.
+#[must_use]
+pub fn wall_time(t_boot_ns: u64, now_boot_ns: u64, now_wall: SystemTime) -> SystemTime {
+    if t_boot_ns >= now_boot_ns {
+        now_wall
+    } else {
+        now_wall - Duration::from_nanos(now_boot_ns - t_boot_ns)
+    }
+}
+
+impl ActivityRecorder {
+    /// Loads the activity program with its maps pinned under `root` (created, and a bpffs
+    /// mounted on it when it is not on one): maps already pinned there are reused with their
+    /// contents, the program pin is replaced by the new program.
+    ///
+    /// # Errors
+    /// [`ActivityError::Root`], [`ActivityError::Load`] (no BPF support, not root, a pinned map
+    /// of another shape).
+    pub fn open(root: &Path) -> Result<Self, ActivityError> {
+        pins::prepare_root(root)?;
+        let mut bpf = EbpfLoader::new()
+            .default_map_pin_directory(root)
+            .load(OBJECT)
+            .map_err(|e| ActivityError::Load(Box::new(e)))?;
+        let prog: &mut SchedClassifier = bpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| ActivityError::Load(format!("no program {PROGRAM}").into()))?
+            .try_into()
+            .map_err(|e| ActivityError::Load(Box::new(e)))?;
+        prog.load().map_err(|e| ActivityError::Load(Box::new(e)))?;
+        let info = prog.info().map_err(|e| ActivityError::Load(Box::new(e)))?;
+        pins::pin_program(root, prog)?;
+        Ok(Self {
+            root: root.to_owned(),
+            bpf: Mutex::new(bpf),
+            prog_id: info.id(),
+            prog_tag: info.tag(),
+        })
+    }
+
+    /// The kernel id of the loaded program (what every filter must run).
+    #[must_use]
+    pub fn program_id(&self) -> u32 {
+        self.prog_id
+    }
+
+    /// The tag of the loaded program (a hash of its instructions).
+    #[must_use]
+    pub fn program_tag(&self) -> u64 {
+        self.prog_tag
+    }
+
+    /// The pin root.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ebpf> {
+        self.bpf
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What differs between the kernel and `plan` for the VM in namespace `netns` (whose
+    /// rtnetlink handle is `ns`); empty when in sync.
+    ///
+    /// # Errors
+    /// [`ActivityError::NoDevice`], [`ActivityError::Observe`], map errors.
+    pub async fn drift(
+        &self,
+        netns: &str,
+        ns: &Handle,
+        plan: &ActivityPlan,
+    ) -> Result<Vec<ActivityFix>, ActivityError> {
+        let mut fixes = Vec::new();
+        match filter::observe(netns, ns, plan).await? {
+            None => fixes.push(ActivityFix::Filter(format!(
+                "no activity filter on {} egress",
+                plan.dev
+            ))),
+            Some(f) if !f.is_program(self.prog_id) => fixes.push(ActivityFix::Filter(format!(
+                "activity filter on {} egress runs {f}, not program {}",
+                plan.dev, self.prog_id
+            ))),
+            Some(_) => {}
+        }
+        let index = filter::ifindex(netns, ns, &plan.ingress_dev).await?;
+        let registered = self.registered(index)?;
+        if registered != Some(plan.user_id) {
+            fixes.push(ActivityFix::Register(
+                index,
+                format!(
+                    "{} (ifindex {index}) registered as {registered:?}, not user id {}",
+                    plan.ingress_dev, plan.user_id
+                ),
+            ));
+        }
+        Ok(fixes)
+    }
+
+    /// Makes the kernel match `plan` (see [`Self::drift`]) and returns what was fixed.
+    ///
+    /// # Errors
+    /// As [`Self::drift`], and [`ActivityError::Attach`].
+    pub async fn sync(
+        &self,
+        netns: &str,
+        ns: &Handle,
+        plan: &ActivityPlan,
+    ) -> Result<Vec<ActivityFix>, ActivityError> {
+        let fixes = self.drift(netns, ns, plan).await?;
+        for f in &fixes {
+            match f {
+                ActivityFix::Register(index, _) => self.register(*index, plan.user_id)?,
+                ActivityFix::Filter(_) => self.attach(netns, plan)?,
+            }
+        }
+        Ok(fixes)
+    }
+
+    /// The user id registered for VM veth ifindex `index`.
+    fn registered(&self, index: u32) -> Result<Option<u32>, ActivityError> {
+        let bpf = self.lock();
+        let map = bpf.map(DEV_MAP).ok_or(ActivityError::Map {
+            map: DEV_MAP,
+            source: aya::maps::MapError::InvalidName {
+                name: DEV_MAP.into(),
+            },
+        })?;
+        let m = BpfHashMap::<_, u32, u32>::try_from(map).map_err(map_err(DEV_MAP))?;
+        match m.get(&index, 0) {
+            Ok(u) => Ok(Some(u)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err(DEV_MAP)(e)),
+        }
+    }
+
+    /// Registers the VM veth end with ifindex `index` under `uid`, dropping any other index
+    /// registered under the same user id (a veth pair made again may have another).
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn register(&self, index: u32, uid: u32) -> Result<(), ActivityError> {
+        let mut bpf = self.lock();
+        let mut m = dev_map(&mut bpf)?;
+        if let Ok(other) = m.get(&index, 0)
+            && other != uid
+        {
+            tracing::warn!(
+                ifindex = index,
+                user_id = uid,
+                previous = other,
+                "packet activity: a VM veth ifindex was registered for another VM; it is now this one's"
+            );
+        }
+        let stale: Vec<u32> = m
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(c, u)| *u == uid && *c != index)
+            .map(|(c, _)| c)
+            .collect();
+        m.insert(index, uid, 0).map_err(map_err(DEV_MAP))?;
+        for c in stale {
+            ignore_missing(m.remove(&c)).map_err(map_err(DEV_MAP))?;
+        }
+        Ok(())
+    }
+
+    /// The ifindex of `plan`'s VM veth end in `netns`, whose rtnetlink handle is `ns`.
+    ///
+    /// # Errors
+    /// [`ActivityError::NoDevice`], [`ActivityError::Observe`].
+    pub async fn ingress_index(
+        &self,
+        netns: &str,
+        ns: &Handle,
+        plan: &ActivityPlan,
+    ) -> Result<u32, ActivityError> {
+        filter::ifindex(netns, ns, &plan.ingress_dev).await
+    }
+
+    /// Writes the activity filter of `plan` on its device in `netns` (creating the clsact
+    /// qdisc if needed), replacing whatever filter has our priority and handle.
+    ///
+    /// # Errors
+    /// [`ActivityError::Attach`].
+    pub fn attach(&self, netns: &str, plan: &ActivityPlan) -> Result<(), ActivityError> {
+        let mut bpf = self.lock();
+        let attach_err = |source| ActivityError::Attach {
+            netns: netns.to_owned(),
+            dev: plan.dev.clone(),
+            source,
+        };
+        let prog: &mut SchedClassifier = bpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| attach_err(format!("no program {PROGRAM}").into()))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| attach_err(Box::new(e)))?;
+        crate::netns::run_in(netns, || filter::attach(prog, plan))?.map_err(attach_err)
+    }
+
+    /// Removes the activity filter of `plan` from its device in `netns` (benchmarks, and a
+    /// host turning activity off). `Ok(false)` when there was none.
+    ///
+    /// # Errors
+    /// [`ActivityError::Attach`] when listing or deleting the filter fails.
+    pub fn detach(&self, netns: &str, plan: &ActivityPlan) -> Result<bool, ActivityError> {
+        crate::netns::run_in(netns, || filter::detach(plan))?.map_err(|source| {
+            ActivityError::Attach {
+                netns: netns.to_owned(),
+                dev: plan.dev.clone(),
+                source,
+            }
+        })
+    }
+
+    /// Forgets user id `uid`: its time is cleared and its veth registrations removed (call
+    /// when the VM is deleted; its filter goes with its tap).
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn forget(&self, uid: u32) -> Result<(), ActivityError> {
+        let mut bpf = self.lock();
+        let mut m = dev_map(&mut bpf)?;
+        let mine: Vec<u32> = m
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, u)| *u == uid)
+            .map(|(c, _)| c)
+            .collect();
+        for c in mine {
+            ignore_missing(m.remove(&c)).map_err(map_err(DEV_MAP))?;
+        }
+        let mut last = last_map(&mut bpf)?;
+        last.set(uid, 0, 0).map_err(map_err(LAST_MAP))
+    }
+
+    /// Removes the registrations of every user id not in `keep` and clears their times (garbage
+    /// collection after a crash). Returns how many registrations went.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn retain(&self, keep: &[u32]) -> Result<usize, ActivityError> {
+        let keep: std::collections::BTreeSet<u32> = keep.iter().copied().collect();
+        let mut bpf = self.lock();
+        let mut m = dev_map(&mut bpf)?;
+        let gone: Vec<(u32, u32)> = m
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, u)| !keep.contains(u))
+            .collect();
+        for (c, _) in &gone {
+            ignore_missing(m.remove(c)).map_err(map_err(DEV_MAP))?;
+        }
+        let mut last = last_map(&mut bpf)?;
+        for (_, u) in &gone {
+            last.set(*u, 0, 0).map_err(map_err(LAST_MAP))?;
+        }
+        Ok(gone.len())
+    }
+
+    /// The last activity of every user id that has any, as wall-clock times.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn last(&self) -> Result<BTreeMap<u32, SystemTime>, ActivityError> {
+        let mut bpf = self.lock();
+        let last = last_map(&mut bpf)?;
+        let (now_boot, now_wall) = (boottime_ns(), SystemTime::now());
+        let mut out = BTreeMap::new();
+        for (uid, t) in last.iter().filter_map(Result::ok).enumerate() {
+            if t != 0 {
+                let uid = u32::try_from(uid).unwrap_or(u32::MAX);
+                out.insert(uid, wall_time(t, now_boot, now_wall));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The last activity of user id `uid` as the program stored it: `CLOCK_BOOTTIME` ns
+    /// (`None`: never). Exact, for comparing two readings; [`Self::last_of`] converts it.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn last_boot_ns(&self, uid: u32) -> Result<Option<u64>, ActivityError> {
+        let mut bpf = self.lock();
+        let last = last_map(&mut bpf)?;
+        let t = last.get(&uid, 0).map_err(map_err(LAST_MAP))?;
+        Ok((t != 0).then_some(t))
+    }
+
+    /// The last activity of user id `uid`, as wall-clock time (`None`: never, since it was
+    /// registered or the pinned map was made).
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn last_of(&self, uid: u32) -> Result<Option<SystemTime>, ActivityError> {
+        let mut bpf = self.lock();
+        let last = last_map(&mut bpf)?;
+        let t = last.get(&uid, 0).map_err(map_err(LAST_MAP))?;
+        Ok((t != 0).then(|| wall_time(t, boottime_ns(), SystemTime::now())))
+    }
+}
+
+fn dev_map(bpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, u32, u32>, ActivityError> {
+    let map = bpf.map_mut(DEV_MAP).ok_or(ActivityError::Map {
+        map: DEV_MAP,
+        source: aya::maps::MapError::InvalidName {
+            name: DEV_MAP.into(),
+        },
+    })?;
+    BpfHashMap::try_from(map).map_err(map_err(DEV_MAP))
+}
+
+fn last_map(bpf: &mut Ebpf) -> Result<Array<&mut MapData, u64>, ActivityError> {
+    let map = bpf.map_mut(LAST_MAP).ok_or(ActivityError::Map {
+        map: LAST_MAP,
+        source: aya::maps::MapError::InvalidName {
+            name: LAST_MAP.into(),
+        },
+    })?;
+    Array::try_from(map).map_err(map_err(LAST_MAP))
+}
+
+fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
+    match r {
+        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(aya::maps::MapError::SyscallError(e))
+            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_times_convert_to_wall_clock_from_one_reading() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert_eq!(
+            wall_time(7_000_000_000, 10_000_000_000, now),
+            now - Duration::from_secs(3)
+        );
+        // A time from the future (clock read before the program wrote) is now, never later.
+        assert_eq!(wall_time(11_000_000_000, 10_000_000_000, now), now);
+    }
+}
