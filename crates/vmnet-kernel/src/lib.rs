@@ -4,6 +4,8 @@
 
 /// Packet activity: the shared tc BPF program recording the last host-to-guest TCP per VM.
 pub mod activity;
+/// The bpffs the BPF drivers pin on, and what else they share.
+pub mod bpffs;
 /// Conntrack entries deleted over ctnetlink.
 pub mod conntrack;
 pub mod mesh;

@@ -57,7 +57,7 @@ use vmnet_plan::ns::activity::{ActivityPlan, PROGRAM};
 use crate::netns::NetnsError;
 
 pub use filter::ObservedFilter;
-pub use pins::{BPF_FS_MAGIC, remove_root};
+pub use pins::remove_root;
 
 /// The compiled BPF object.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/activity.o"));
@@ -506,17 +506,7 @@ fn last_map(bpf: &mut Ebpf) -> Result<Array<&mut MapData, u64>, ActivityError> {
     Array::try_from(map).map_err(map_err(LAST_MAP))
 }
 
-fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
-    match r {
-        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-        Err(aya::maps::MapError::SyscallError(e))
-            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
-}
+use crate::bpffs::ignore_missing;
 
 #[cfg(test)]
 mod tests {

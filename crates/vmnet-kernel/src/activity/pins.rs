@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use aya::programs::SchedClassifier;
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::mount::{MntFlags, umount2};
 
 use super::ActivityError;
 
@@ -14,9 +14,6 @@ const PINS: [&str; 3] = [
     vmnet_plan::ns::activity::PROGRAM,
 ];
 
-/// `statfs` magic of bpffs.
-pub const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-
 fn root_err(root: &Path, what: impl Into<String>) -> ActivityError {
     ActivityError::Root {
         path: root.to_owned(),
@@ -24,28 +21,9 @@ fn root_err(root: &Path, what: impl Into<String>) -> ActivityError {
     }
 }
 
-fn on_bpffs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| {
-        #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
-        let t = s.filesystem_type().0 as i64;
-        t == BPF_FS_MAGIC
-    })
-}
-
 /// Creates `root` and mounts a bpffs on it when it is not on one already.
 pub(super) fn prepare_root(root: &Path) -> Result<(), ActivityError> {
-    std::fs::create_dir_all(root).map_err(|e| root_err(root, format!("create: {e}")))?;
-    if on_bpffs(root) {
-        return Ok(());
-    }
-    mount(
-        Some("bpf"),
-        root,
-        Some("bpf"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some("mode=0700"),
-    )
-    .map_err(|e| root_err(root, format!("mount bpffs: {e}")))
+    crate::bpffs::mount_bpffs(root).map_err(|e| root_err(root, format!("mount bpffs: {e}")))
 }
 
 /// Pins the loaded program at `<root>/<name>`, replacing an earlier agent's pin.
@@ -70,7 +48,7 @@ pub fn remove_root(root: &Path) -> Result<(), ActivityError> {
     if !root.exists() {
         return Ok(());
     }
-    if on_bpffs(root) {
+    if crate::bpffs::is_bpffs(root) {
         // Only our pins: a fresh bpffs also holds the kernel's own `maps.debug` and
         // `progs.debug` (bpf_preload), which cannot be unlinked and go with the unmount.
         for name in PINS {
@@ -81,7 +59,7 @@ pub fn remove_root(root: &Path) -> Result<(), ActivityError> {
                 Err(e) => return Err(root_err(root, format!("unpin {}: {e}", path.display()))),
             }
         }
-        let parent_bpffs = root.parent().is_some_and(on_bpffs);
+        let parent_bpffs = root.parent().is_some_and(crate::bpffs::is_bpffs);
         if !parent_bpffs {
             umount2(root, MntFlags::MNT_DETACH)
                 .map_err(|e| root_err(root, format!("unmount: {e}")))?;

@@ -40,7 +40,8 @@ mod maps;
 mod plane;
 pub mod route;
 
-pub use plane::{MeshPlane, is_bpffs, mount_bpffs};
+pub use crate::bpffs::{is_bpffs, mount_bpffs};
+pub use plane::MeshPlane;
 
 use std::net::Ipv6Addr;
 

@@ -29,43 +29,7 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> MeshError {
     move |source| MeshError::Map { map, source }
 }
 
-fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
-    match r {
-        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-        Err(aya::maps::MapError::SyscallError(e))
-            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
-}
-
-/// Whether `dir` is a mounted bpffs.
-#[must_use]
-pub fn is_bpffs(dir: &Path) -> bool {
-    nix::sys::statfs::statfs(dir)
-        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
-}
-
-/// Mounts a bpffs instance at `dir` (created when missing) unless one is there already.
-///
-/// # Errors
-/// The `mkdir` or `mount` error.
-pub fn mount_bpffs(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    if is_bpffs(dir) {
-        return Ok(());
-    }
-    nix::mount::mount(
-        Some("bpf"),
-        dir,
-        Some("bpf"),
-        nix::mount::MsFlags::empty(),
-        Some("mode=0700"),
-    )
-    .map_err(std::io::Error::from)
-}
+use crate::bpffs::ignore_missing;
 
 /// The loaded mesh programs of one host namespace. All methods are blocking (netlink and
 /// bpf(2) calls).
@@ -101,7 +65,7 @@ impl MeshPlane {
             root: pin_root.display().to_string(),
             source,
         };
-        if !is_bpffs(pin_root) {
+        if !crate::bpffs::is_bpffs(pin_root) {
             return Err(load_err("not a mounted bpffs".into()));
         }
         let mut bpf = EbpfLoader::new()

@@ -276,17 +276,7 @@ impl Inner {
     }
 }
 
-fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<(), aya::maps::MapError> {
-    match r {
-        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-        Err(aya::maps::MapError::SyscallError(e))
-            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
-}
+use crate::bpffs::ignore_missing;
 
 /// Attaches `prog` to `tap` (in the current namespace) at our priority and handle, replacing a
 /// filter already there, and leaves it attached when the program object goes.
