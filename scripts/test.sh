@@ -26,6 +26,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
+# The kernel tests run the workspace's binaries (vmnet, and vmnet-guest inside a simulated guest):
+# `cargo test` builds only the binaries of packages with integration tests, so build them all first.
+cargo build --workspace --bins --locked
 cargo test --workspace --all-targets --locked --no-fail-fast -- --include-ignored 2>&1 | tee "$log" ||
   status=$?
 awk '/^test result:/ { p += $4; f += $6; i += $8 }

@@ -1,6 +1,8 @@
 //! Public addresses are unique on a host: a VM's `public_ipv4`, or a `public_ipv6` address or
 //! block that another VM holds or overlaps, is refused with `CONFLICT` naming that VM, checked
 //! in the transaction that stores the config (PUTs are serialized by the agent's kernel lock).
+//! Nor may a public address be one of the host's own (its uplink's): the VM would take the
+//! host's inbound traffic ([`check_host`]).
 
 use ipnet::Ipv6Net;
 use vmnet_ipam::IpamError;
@@ -63,6 +65,47 @@ pub async fn check(tx: &mut Tx, cfg: &VmConfig) -> Result<(), IpamError> {
         }
     }
     Ok(())
+}
+
+/// `INVALID_INPUT` when one of `cfg`'s public addresses is an address of the host itself, or its
+/// routed block holds one, as the driver finds them in the host's routing tables.
+///
+/// # Errors
+/// `INVALID_INPUT` naming the VM, the field and the address; the driver's error when the host
+/// cannot be read.
+pub async fn check_host(
+    driver: &dyn vmnet_kernel::ns::NsDriver,
+    cfg: &VmConfig,
+) -> Result<(), vmnet_model::Error> {
+    let mut addrs = Vec::new();
+    addrs.extend(cfg.public_ipv4.map(std::net::IpAddr::V4));
+    addrs.extend(cfg.public_ipv6_mapped().map(std::net::IpAddr::V6));
+    let block = cfg.public_ipv6_block();
+    if addrs.is_empty() && block.is_none() {
+        return Ok(());
+    }
+    let Some(held) = driver
+        .host_address_in(&addrs, block)
+        .await
+        .map_err(|e| crate::api::error::from_ns(&e))?
+    else {
+        return Ok(());
+    };
+    let field = if held.is_ipv4() {
+        "public_ipv4"
+    } else {
+        "public_ipv6"
+    };
+    let what = match block {
+        Some(b) if held.is_ipv6() && cfg.public_ipv6_mapped().is_none() => {
+            format!("{b} holds {held}, an address of this host")
+        }
+        _ => format!("{held} is an address of this host"),
+    };
+    Err(vmnet_model::Error::invalid(format!(
+        "vm {}: {field} {what}: the VM would take the host's own inbound traffic",
+        cfg.id
+    )))
 }
 
 #[cfg(test)]

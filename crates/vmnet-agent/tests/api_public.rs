@@ -81,8 +81,8 @@ async fn a_held_or_overlapping_public_address_is_409_naming_the_holder_and_nothi
         ),
         (
             None,
-            Some("2001:db8::/32"),
-            "public_ipv6 2001:db8::/32 overlaps public_ipv6 2001:db8:7::/56 of vm a",
+            Some("2001:db8:7::/48"),
+            "public_ipv6 2001:db8:7::/48 overlaps public_ipv6 2001:db8:7::/56 of vm a",
         ),
     ] {
         assert_error(

@@ -1,5 +1,6 @@
 //! The agent on a real kernel (root required), driven over its unix socket: bad input of every
-//! kind is answered with the documented status and code while the VM's previous good state stays
+//! kind (the host's own uplink addresses as public addresses among them) is answered with the
+//! documented status and code while the VM's previous good state stays
 //! applied and reachable (real TCP and UDP through NAT from a simulated guest attached to the
 //! VM's tap); a route change through the API keeps the veth (same ifindex) and removing the
 //! IPv4 route via host removes IPv4 reach; DELETE leaves nothing behind (the veth pair gone
@@ -15,7 +16,7 @@ use hyper::Method;
 use serde_json::json;
 use vmnet_agent::api::types::{VmState, VmView};
 use vmnet_testkit::guest::{GuestConfig, GuestRoute6, SimGuest};
-use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_V4};
+use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_V4, HOST_UPLINK_V6};
 use vmnet_testkit::{Sandbox, netns, require_root, traffic};
 
 const T: Duration = Duration::from_secs(3);
@@ -71,6 +72,16 @@ async fn bad_input_keeps_the_good_state_reachable() {
     future["wireguard"] = json!({});
     let mut other = vm("b", 1);
     other["id"] = json!("b2");
+    // The host's own uplink addresses as the VM's public addresses, and a block holding one:
+    // the VM would take the host's inbound traffic.
+    let with = |field: &str, value: String| {
+        let mut v = good.clone();
+        v[field] = json!(value);
+        body(v)
+    };
+    let host_v4 = with("public_ipv4", HOST_UPLINK_V4.to_string());
+    let host_v6 = with("public_ipv6", HOST_UPLINK_V6.to_string());
+    let host_block = with("public_ipv6", "2001:db8::/48".to_owned());
     let cases: Vec<Case> = vec![
         (
             Method::PUT,
@@ -86,6 +97,9 @@ async fn bad_input_keeps_the_good_state_reachable() {
             400,
             "INVALID_INPUT",
         ),
+        (Method::PUT, "/v1/vms/b1", host_v4, 400, "INVALID_INPUT"),
+        (Method::PUT, "/v1/vms/b1", host_v6, 400, "INVALID_INPUT"),
+        (Method::PUT, "/v1/vms/b1", host_block, 400, "INVALID_INPUT"),
         (
             Method::PUT,
             "/v1/vms/b1",

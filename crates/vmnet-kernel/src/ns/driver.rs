@@ -462,6 +462,23 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(self.remove_with(user_id, true))
     }
 
+    fn host_address_in<'a>(
+        &'a self,
+        addrs: &'a [IpAddr],
+        block: Option<ipnet::Ipv6Net>,
+    ) -> BoxFuture<'a, Result<Option<IpAddr>, NsError>> {
+        Box::pin(async move {
+            for a in addrs {
+                if routes::is_local(&self.host, *a).await? {
+                    return Ok(Some(*a));
+                }
+            }
+            let Some(block) = block else { return Ok(None) };
+            let held = routes::local_v6_addrs(&self.host).await?;
+            Ok(held.into_iter().find(|a| block.contains(a)).map(IpAddr::V6))
+        })
+    }
+
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>> {
         Box::pin(self.observe_all())
     }

@@ -136,6 +136,18 @@ pub trait NsDriver: Send + Sync {
     /// What exists on the host with our prefix, by user id.
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>>;
 
+    /// The first of `addrs` that is an address of the host itself (its uplink's, say), or an
+    /// address of the host inside `block`: a VM given it as a public address would take the
+    /// host's own inbound traffic. `None` for a driver that does not manage a host.
+    fn host_address_in<'a>(
+        &'a self,
+        addrs: &'a [std::net::IpAddr],
+        block: Option<ipnet::Ipv6Net>,
+    ) -> BoxFuture<'a, Result<Option<std::net::IpAddr>, NsError>> {
+        let _ = (addrs, block);
+        Box::pin(async { Ok(None) })
+    }
+
     /// Checks the host-wide state (forwarding and router-advertisement sysctls, the host nft
     /// table) and repairs what differs; returns the repairs (empty when in sync, and always for
     /// a driver that does not manage the host).

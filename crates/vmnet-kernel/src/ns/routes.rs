@@ -255,6 +255,62 @@ pub(super) async fn del_route(h: &Handle, r: &KRoute, whereis: &str) -> Result<(
     }
 }
 
+/// Whether `addr` is an address of this namespace (`ip route get` answers a local route).
+pub(super) async fn is_local(h: &Handle, addr: IpAddr) -> Result<bool, NsError> {
+    let mut m = RouteMessage::default();
+    match addr {
+        IpAddr::V4(a) => {
+            m.header.address_family = AddressFamily::Inet;
+            m.header.destination_prefix_length = 32;
+            m.attributes
+                .push(RouteAttribute::Destination(RouteAddress::Inet(a)));
+        }
+        IpAddr::V6(a) => {
+            m.header.address_family = AddressFamily::Inet6;
+            m.header.destination_prefix_length = 128;
+            m.attributes
+                .push(RouteAttribute::Destination(RouteAddress::Inet6(a)));
+        }
+    }
+    let res: Result<Vec<RouteMessage>, _> = h.route().get(m).execute().try_collect().await;
+    match res {
+        Ok(msgs) => Ok(msgs
+            .first()
+            .is_some_and(|m| m.header.kind == RouteType::Local)),
+        Err(e)
+            if matches!(
+                errno(&e),
+                Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ESRCH)
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(nl(format!("route get {addr}"))(e)),
+    }
+}
+
+/// The IPv6 addresses of this namespace: the local routes of its local table (255; filtered by
+/// the kernel on a strict socket).
+pub(super) async fn local_v6_addrs(h: &Handle) -> Result<Vec<Ipv6Addr>, NsError> {
+    let mut m = RouteMessage::default();
+    m.header.address_family = AddressFamily::Inet6;
+    m.attributes.push(RouteAttribute::Table(255));
+    h.route()
+        .get(m)
+        .execute()
+        .try_filter_map(|msg| {
+            let local = msg.header.kind == RouteType::Local;
+            let addr = msg.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet6(v)) => Some(*v),
+                _ => None,
+            });
+            std::future::ready(Ok(addr.filter(|_| local)))
+        })
+        .try_collect()
+        .await
+        .map_err(nl("dump local IPv6 routes"))
+}
+
 /// The FIB entry that routes `addr` from this namespace (`ip route get fibmatch`), as
 /// (entry prefix, gateway, oif), or `None` when nothing routes it.
 pub(super) async fn fib_match(
