@@ -61,11 +61,14 @@ use crate::api::error::from_ns;
 use crate::mesh::runtime::Mesh;
 use crate::metadata::MetadataService;
 use crate::pool::node::PoolNode;
+use crate::provider::poller::Poller;
 mod activity;
+mod change;
 mod fwaudit;
 mod meta;
-use crate::provider::poller::Poller;
 mod view;
+
+use change::{firewall_only_change, limits_only_change};
 
 pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
 
@@ -583,23 +586,4 @@ impl Agent {
             firewall: self.firewall_status(),
         })
     }
-}
-
-/// Whether `new` differs from `old` in its firewall only (and does differ).
-fn firewall_only_change(old: &VmConfig, new: &VmConfig) -> bool {
-    let same_rest = VmConfig {
-        firewall: new.firewall.clone(),
-        ..old.clone()
-    };
-    same_rest == *new && old != new
-}
-
-/// Whether `new` differs from `old` in its throughput limits only (and does differ).
-fn limits_only_change(old: &VmConfig, new: &VmConfig) -> bool {
-    let same_rest = VmConfig {
-        private_network_throughput_mibps: new.private_network_throughput_mibps,
-        public_network_throughput_mibps: new.public_network_throughput_mibps,
-        ..old.clone()
-    };
-    same_rest == *new && old != new
 }

@@ -12,7 +12,8 @@ use super::create::create;
 use super::driver::NetlinkNsDriver;
 use super::links::{configure_fixed, fixed_drift, link_fixes, repair_links};
 use super::observe::{self, Desired, VmState};
-use super::routes::{self, KRoute, KRule};
+use super::routes::{self, KRoute};
+use super::rules::{self, KRule};
 use super::{Change, NsError, Side, inns, public, tc};
 use crate::netns;
 
@@ -297,7 +298,7 @@ pub(super) async fn sync_routes(
     for (side, h, wr, have, label) in rule_sides {
         for r in have.difference(wr) {
             changes.push(Change::DelRule(side, r.to_string()));
-            steps.push(Box::pin(routes::del_rule(h, r, label)));
+            steps.push(Box::pin(rules::del_rule(h, r, label)));
         }
     }
     try_join_all(steps.drain(..)).await?;
@@ -328,7 +329,7 @@ pub(super) async fn sync_routes(
     for (side, h, wr, have, label) in rule_sides {
         for r in wr.difference(have) {
             changes.push(Change::AddRule(side, r.to_string()));
-            steps.push(Box::pin(routes::add_rule(h, r, label)));
+            steps.push(Box::pin(rules::add_rule(h, r, label)));
         }
     }
     try_join_all(steps).await?;

@@ -207,7 +207,7 @@ impl NetlinkNsDriver {
             Ok(rules) => {
                 for r in &rules {
                     found = true;
-                    if let Err(e) = routes::del_rule(&self.host, r, "host").await {
+                    if let Err(e) = super::rules::del_rule(&self.host, r, "host").await {
                         errors.push(e);
                     }
                 }

@@ -89,6 +89,7 @@ mod public;
 mod public_driver;
 mod routes;
 mod rulecache;
+mod rules;
 mod tc;
 
 use std::fmt;

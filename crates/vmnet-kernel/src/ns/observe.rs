@@ -12,8 +12,9 @@ use vmnet_model::vm::MESH_RANGE;
 use vmnet_plan::ns::{MAIN_TABLE, PlannedRoute, RouteKind, VmPlan, names};
 
 use super::nftcheck::{self, ListingMemo};
-use super::routes::{self, KKind, KLink, KRoute, KRule, nl};
+use super::routes::{self, KKind, KLink, KRoute, nl};
 use super::rulecache::RuleCache;
+use super::rules::{self, KRule};
 use super::{NsError, inns};
 use crate::netns;
 
@@ -119,7 +120,7 @@ pub(super) async fn observe_vm(
                 .filter(|r| r.table == MAIN_TABLE || r.table == names::NS_INBOUND_TABLE),
         );
     }
-    st.ns_rules.extend(routes::dump_rules(ns).await?);
+    st.ns_rules.extend(rules::dump_rules(ns).await?);
     let table = names::vm_nft_table(&plan.name_prefix);
     let netns_name = plan.netns.clone();
     let sysctls = plan.ns_sysctls.clone();

@@ -1,5 +1,5 @@
-//! Routes and rules as the kernel sees them (interfaces by index), with conversion to and from
-//! netlink messages, dumps, and small netlink helpers shared by the driver.
+//! Routes as the kernel sees them (interfaces by index), with conversion to and from netlink
+//! messages, dumps, and small netlink helpers shared by the driver (rules: [`super::rules`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -14,7 +14,6 @@ use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
-use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion};
 
 use super::NsError;
@@ -41,14 +40,6 @@ pub(super) enum KKind {
     Via { gw: IpAddr, oif: u32 },
     Throw,
     Unreachable,
-}
-
-/// A rule `iif <iif> lookup <table> pref <priority>` (IPv6).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(super) struct KRule {
-    pub iif: String,
-    pub table: u32,
-    pub priority: u32,
 }
 
 /// The positive errno of a netlink error, if it is one.
@@ -355,75 +346,6 @@ pub(super) async fn fib_match(
     let net = IpNet::new(dst, m.header.destination_prefix_length)
         .map_err(|_| NsError::Missing(format!("route get {addr}: bad prefix")))?;
     Ok(Some((net, gw, oif)))
-}
-
-fn rule_message(r: &KRule) -> RuleMessage {
-    let mut m = RuleMessage::default();
-    m.header.family = AddressFamily::Inet6;
-    m.header.action = RuleAction::ToTable;
-    if let Ok(t) = u8::try_from(r.table) {
-        m.header.table = t;
-    }
-    m.attributes.push(RuleAttribute::Table(r.table));
-    m.attributes.push(RuleAttribute::Priority(r.priority));
-    m.attributes.push(RuleAttribute::Iifname(r.iif.clone()));
-    m
-}
-
-/// The rule of `m` when it has an input interface.
-pub(super) fn krule(m: &RuleMessage) -> Option<KRule> {
-    let mut table = u32::from(m.header.table);
-    let (mut iif, mut priority) = (None, 0);
-    for a in &m.attributes {
-        match a {
-            RuleAttribute::Table(t) => table = *t,
-            RuleAttribute::Iifname(n) => iif = Some(n.clone()),
-            RuleAttribute::Priority(p) => priority = *p,
-            _ => {}
-        }
-    }
-    Some(KRule {
-        iif: iif?,
-        table,
-        priority,
-    })
-}
-
-/// Dumps the IPv6 rules that have an input interface (each message converted as it arrives).
-pub(super) async fn dump_rules(h: &Handle) -> Result<Vec<KRule>, NsError> {
-    h.rule()
-        .get(IpVersion::V6)
-        .execute()
-        .try_filter_map(|m| std::future::ready(Ok(krule(&m))))
-        .try_collect()
-        .await
-        .map_err(nl("dump rules"))
-}
-
-/// Adds a rule (an identical existing rule is fine).
-pub(super) async fn add_rule(h: &Handle, r: &KRule, whereis: &str) -> Result<(), NsError> {
-    let mut req = h.rule().add().v6();
-    *req.message_mut() = rule_message(r);
-    match req.execute().await {
-        Ok(()) => Ok(()),
-        Err(e) if errno(&e) == Some(libc::EEXIST) => Ok(()),
-        Err(e) => Err(nl(format!(
-            "{whereis}: add rule iif {} lookup {}",
-            r.iif, r.table
-        ))(e)),
-    }
-}
-
-/// Deletes a rule; a rule that is already gone is fine.
-pub(super) async fn del_rule(h: &Handle, r: &KRule, whereis: &str) -> Result<(), NsError> {
-    match h.rule().del(rule_message(r)).execute().await {
-        Ok(()) => Ok(()),
-        Err(e) if matches!(errno(&e), Some(libc::ENOENT | libc::ESRCH)) => Ok(()),
-        Err(e) => Err(nl(format!(
-            "{whereis}: delete rule iif {} lookup {}",
-            r.iif, r.table
-        ))(e)),
-    }
 }
 
 /// A link's state as the driver compares it.

@@ -34,7 +34,7 @@ use rtnetlink::{Handle, MulticastGroup};
 
 use super::NsError;
 use super::host::HostNs;
-use super::routes::{self, KRule};
+use super::rules::{self, KRule};
 use crate::netns;
 
 type Events = UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>;
@@ -97,7 +97,7 @@ impl RuleCache {
             st.conn = None;
         }
         let mut c = self.open()?;
-        st.rules = routes::dump_rules(&c.handle).await?.into_iter().collect();
+        st.rules = rules::dump_rules(&c.handle).await?.into_iter().collect();
         apply_queued(&mut c.events, &mut st.rules);
         st.conn = Some(c);
         Ok(guard)
@@ -137,12 +137,12 @@ fn apply_queued(events: &mut Events, rules: &mut BTreeSet<KRule>) -> bool {
         match events.try_recv() {
             Ok((msg, _)) => match msg.payload {
                 NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRule(m)) => {
-                    if let Some(r) = routes::krule(&m) {
+                    if let Some(r) = rules::krule(&m) {
                         rules.insert(r);
                     }
                 }
                 NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelRule(m)) => {
-                    if let Some(r) = routes::krule(&m) {
+                    if let Some(r) = rules::krule(&m) {
                         rules.remove(&r);
                     }
                 }

@@ -308,31 +308,6 @@ impl VmConfig {
         }
         self.validate_public()
     }
-
-    fn validate_public(&self) -> Result<(), ValidationError> {
-        let vm = &self.id;
-        if let Some(a) = self.public_ipv4 {
-            if let Some(m) = public::ipv4_refusal(a) {
-                return Err(ValidationError::rule(format!("vm {vm}: public_ipv4 {m}")));
-            }
-            if !self.ipv4_via_host() {
-                return Err(ValidationError::rule(format!(
-                    "vm {vm}: public_ipv4 {a} needs an IPv4 route via host (e.g. 0.0.0.0/0 via host): its replies leave through the host uplink"
-                )));
-            }
-        }
-        if let Some(n) = self.public_ipv6 {
-            public::check_ipv6(n)
-                .map_err(|m| ValidationError::rule(format!("vm {vm}: public_ipv6 {m}")))?;
-            if !self.ipv6_via_host() {
-                return Err(ValidationError::rule(format!(
-                    "vm {vm}: public_ipv6 {} needs an IPv6 route via host (e.g. ::/0 via host): its replies leave through the host uplink",
-                    public::ipv6_text(&n)
-                )));
-            }
-        }
-        Ok(())
-    }
 }
 
 fn validate_id(id: &str) -> Result<(), ValidationError> {

@@ -20,7 +20,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::Ipv6Net;
 use serde_json::Value;
 
-use super::MESH_RANGE;
+use super::{MESH_RANGE, VmConfig};
+use crate::ValidationError;
 
 /// The IPv4 ranges a public address must not lie in, with the name used in errors.
 const V4_REFUSED: &[(&str, [u8; 4], u8)] = &[
@@ -170,5 +171,34 @@ pub fn ipv6_text(n: &Ipv6Net) -> String {
         n.addr().to_string()
     } else {
         n.to_string()
+    }
+}
+
+impl VmConfig {
+    /// The rules of the module docs for `public_ipv4` and `public_ipv6`, naming the VM and the
+    /// field.
+    pub(super) fn validate_public(&self) -> Result<(), ValidationError> {
+        let vm = &self.id;
+        if let Some(a) = self.public_ipv4 {
+            if let Some(m) = ipv4_refusal(a) {
+                return Err(ValidationError::rule(format!("vm {vm}: public_ipv4 {m}")));
+            }
+            if !self.ipv4_via_host() {
+                return Err(ValidationError::rule(format!(
+                    "vm {vm}: public_ipv4 {a} needs an IPv4 route via host (e.g. 0.0.0.0/0 via host): its replies leave through the host uplink"
+                )));
+            }
+        }
+        if let Some(n) = self.public_ipv6 {
+            check_ipv6(n)
+                .map_err(|m| ValidationError::rule(format!("vm {vm}: public_ipv6 {m}")))?;
+            if !self.ipv6_via_host() {
+                return Err(ValidationError::rule(format!(
+                    "vm {vm}: public_ipv6 {} needs an IPv6 route via host (e.g. ::/0 via host): its replies leave through the host uplink",
+                    ipv6_text(&n)
+                )));
+            }
+        }
+        Ok(())
     }
 }
