@@ -43,7 +43,7 @@
 mod filter;
 mod pins;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -135,6 +135,10 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> ActivityError {
 pub struct ActivityRecorder {
     root: PathBuf,
     bpf: Mutex<Ebpf>,
+    /// The device map's registrations by user id (user id → VM veth ifindexes), read from the
+    /// map once at load and kept with every write since, so registering or forgetting one VM
+    /// never walks the map (a walk is two bpf(2) calls per VM of the host). Locked after `bpf`.
+    by_uid: Mutex<BTreeMap<u32, BTreeSet<u32>>>,
     prog_id: u32,
     prog_tag: u64,
 }
@@ -213,9 +217,11 @@ impl ActivityRecorder {
         prog.load().map_err(|e| ActivityError::Load(Box::new(e)))?;
         let info = prog.info().map_err(|e| ActivityError::Load(Box::new(e)))?;
         pins::pin_program(root, prog)?;
+        let by_uid = index_by_uid(&dev_map(&mut bpf)?);
         Ok(Self {
             root: root.to_owned(),
             bpf: Mutex::new(bpf),
+            by_uid: Mutex::new(by_uid),
             prog_id: info.id(),
             prog_tag: info.tag(),
         })
@@ -241,6 +247,12 @@ impl ActivityRecorder {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ebpf> {
         self.bpf
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn by_uid(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, BTreeSet<u32>>> {
+        self.by_uid
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -327,7 +339,8 @@ impl ActivityRecorder {
     pub fn register(&self, index: u32, uid: u32) -> Result<(), ActivityError> {
         let mut bpf = self.lock();
         let mut m = dev_map(&mut bpf)?;
-        if let Ok(other) = m.get(&index, 0)
+        let previous = m.get(&index, 0).ok();
+        if let Some(other) = previous
             && other != uid
         {
             tracing::warn!(
@@ -337,16 +350,23 @@ impl ActivityRecorder {
                 "packet activity: a VM veth ifindex was registered for another VM; it is now this one's"
             );
         }
-        let stale: Vec<u32> = m
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(c, u)| *u == uid && *c != index)
-            .map(|(c, _)| c)
-            .collect();
         m.insert(index, uid, 0).map_err(map_err(DEV_MAP))?;
+        let mut by_uid = self.by_uid();
+        if let Some(other) = previous.filter(|o| *o != uid)
+            && let Some(theirs) = by_uid.get_mut(&other)
+        {
+            theirs.remove(&index);
+            if theirs.is_empty() {
+                by_uid.remove(&other);
+            }
+        }
+        let mine = by_uid.entry(uid).or_default();
+        let stale: Vec<u32> = mine.iter().copied().filter(|c| *c != index).collect();
         for c in stale {
             ignore_missing(m.remove(&c)).map_err(map_err(DEV_MAP))?;
+            mine.remove(&c);
         }
+        mine.insert(index);
         Ok(())
     }
 
@@ -406,14 +426,12 @@ impl ActivityRecorder {
     pub fn forget(&self, uid: u32) -> Result<(), ActivityError> {
         let mut bpf = self.lock();
         let mut m = dev_map(&mut bpf)?;
-        let mine: Vec<u32> = m
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, u)| *u == uid)
-            .map(|(c, _)| c)
-            .collect();
+        let mine = self.by_uid().remove(&uid).unwrap_or_default();
         for c in mine {
-            ignore_missing(m.remove(&c)).map_err(map_err(DEV_MAP))?;
+            // Only while it is still this VM's: another may have taken the index over since.
+            if m.get(&c, 0).ok() == Some(uid) {
+                ignore_missing(m.remove(&c)).map_err(map_err(DEV_MAP))?;
+            }
         }
         let mut last = last_map(&mut bpf)?;
         last.set(uid, 0, 0).map_err(map_err(LAST_MAP))
@@ -436,6 +454,9 @@ impl ActivityRecorder {
         for (c, _) in &gone {
             ignore_missing(m.remove(c)).map_err(map_err(DEV_MAP))?;
         }
+        // The walk also re-reads the index, so a map edited behind the agent's back is known
+        // again after one garbage collection.
+        *self.by_uid() = index_by_uid(&m);
         let mut last = last_map(&mut bpf)?;
         for (_, u) in &gone {
             last.set(*u, 0, 0).map_err(map_err(LAST_MAP))?;
@@ -494,6 +515,15 @@ fn dev_map(bpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, u32, u32>, Activit
         },
     })?;
     BpfHashMap::try_from(map).map_err(map_err(DEV_MAP))
+}
+
+/// The registrations of the device map by user id (one walk of the map).
+fn index_by_uid(m: &BpfHashMap<&mut MapData, u32, u32>) -> BTreeMap<u32, BTreeSet<u32>> {
+    let mut out: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    for (index, uid) in m.iter().filter_map(Result::ok) {
+        out.entry(uid).or_default().insert(index);
+    }
+    out
 }
 
 fn last_map(bpf: &mut Ebpf) -> Result<Array<&mut MapData, u64>, ActivityError> {
