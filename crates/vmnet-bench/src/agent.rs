@@ -318,7 +318,13 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
             let _: VmView = client
                 .put(&format!("/v1/vms/bench-{uid}"), &vm_body(uid))
                 .await
-                .map_err(|e| Error::internal(format!("PUT vm {uid}: {}", e.message)))?;
+                .map_err(|e| {
+                    Error::internal(format!(
+                        "PUT vm {uid}: {}; the agent log ends:\n{}",
+                        e.message,
+                        log_tail(&log, 40)
+                    ))
+                })?;
             puts.push(t.elapsed());
         }
         next = n + 1;
@@ -346,6 +352,13 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
     drop(sb);
     drop(dir);
     Ok(())
+}
+
+/// The last `n` lines of the agent's log (empty when it cannot be read).
+fn log_tail(log: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn mib(kib: u64) -> String {

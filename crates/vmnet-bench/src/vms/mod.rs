@@ -118,8 +118,9 @@ pub struct Row {
     pub leftover_netns: Option<usize>,
     /// With `--public`: one VM's public mapping added / removed (whole apply), latencies.
     pub mapping: Option<(Vec<Duration>, Vec<Duration>)>,
-    /// With `--firewall`: firewall change latencies, audit pass wall time, tables it rewrote.
-    pub firewall: Option<(Vec<Duration>, Duration, usize)>,
+    /// With `--firewall`: firewall change latencies, the first and the steady audit pass's
+    /// wall times, tables they rewrote.
+    pub firewall: Option<(Vec<Duration>, (Duration, Duration), usize)>,
 }
 
 /// The private and public limits of every bench VM, MiB/s.
@@ -253,11 +254,12 @@ async fn bench_netlink(
             Ok(vm_config_with(uid, CHANGED_PUBLIC, public, Some(variant))?)
         })
         .await?;
-        let (audit, rewritten) = firewall::bench_audit(driver.as_ref(), settings, n, |uid| {
-            Ok(vm_config_with(uid, CHANGED_PUBLIC, public, fw)?)
-        })
-        .await?;
-        Some((change, audit, rewritten))
+        let (first, steady, rewritten) =
+            firewall::bench_audit(driver.as_ref(), settings, n, |uid| {
+                Ok(vm_config_with(uid, CHANGED_PUBLIC, public, fw)?)
+            })
+            .await?;
+        Some((change, (first, steady), rewritten))
     } else {
         None
     };
