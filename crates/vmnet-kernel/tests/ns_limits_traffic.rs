@@ -1,8 +1,13 @@
 //! Throughput limits with real traffic (root required): Debian's iperf3 between a simulated
 //! guest (a namespace behind the VM's tap, through the testkit's frame relay: the real tap path)
 //! and the fake internet (public) or a private peer on the sandbox host's private network
-//! (10.99.0.1, `fdaa:ffff::1`). Every run is short (3 s), so the whole file takes about two
-//! minutes.
+//! (10.99.0.1, `fdaa:ffff::1`). The relay carries GSO frames with virtio-net headers, as a
+//! VMM does, so "unlimited" is shown against the issue's bar: ten times the highest tested
+//! limit (500 MiB/s). Runs are 4-5 s; the whole file takes about three minutes.
+//!
+//! Retries, where honest: an "at least" bar takes the best of up to four runs; a "within
+//! ±5 %" bar is retried (up to three runs) only while the rate is below it, never when it is
+//! above (a shaper that lets too much through fails at once). Failures list every figure.
 
 mod ns_support;
 
@@ -42,7 +47,19 @@ struct World {
     private_v6: Server,
 }
 
+/// Runs the calling thread, and every thread and process it starts from now on (the relay's two
+/// threads, the iperf3 clients and servers), at nice −10. The measuring apparatus (the VMM's
+/// frame relay, the guest's and the peer's iperf3) then gets the CPU before background work (a
+/// compiler, other tests), which would otherwise starve a one-frame-per-system-call UDP path on
+/// two cores. The shaper itself runs in the kernel and gains nothing from it.
+fn favour_the_apparatus() {
+    // SAFETY: plain setpriority(2) on the calling thread (who = 0); the result is checked.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -10) };
+    assert_eq!(rc, 0, "setpriority: {}", std::io::Error::last_os_error());
+}
+
 async fn world(private: u32, public: u32) -> World {
+    favour_the_apparatus();
     let env = Env::new();
     let plan = env.plan(&config(private, public));
     env.driver.apply(&plan).await.expect("apply");
@@ -70,13 +87,13 @@ impl World {
             .expect("limit change");
     }
 
-    fn run(&self, server: &Server, reverse: bool, udp_rate: Option<f64>) -> Measured {
+    fn run(&self, server: &Server, reverse: bool, udp_rate: Option<f64>, secs: u32) -> Measured {
         let ns = self.guest.netns().to_owned();
         iperf::client(
             &ns,
             server,
             Run {
-                secs: 3,
+                secs,
                 reverse,
                 udp_rate,
             },
@@ -88,38 +105,75 @@ fn dir(reverse: bool) -> &'static str {
     if reverse { "download" } else { "upload" }
 }
 
+/// The issue's bar for "unlimited": ten times the highest tested limit, MiB/s.
+const UNLIMITED_BAR: f64 = 10.0 * 50.0;
+/// Tries for an "at least" bar: the best of this many runs counts (other work on the machine
+/// only ever lowers a rate).
+const BEST_OF: usize = 4;
+/// Tries for a "within ±5 %" bar, retried only while the rate is below the bar: a shaper never
+/// makes traffic faster than it lets through, so a rate above the bar fails at once, while a rate
+/// below it can be a sender starved of CPU by other work.
+const TRIES_BELOW: usize = 3;
+/// Seconds per accuracy run (after one omitted second for TCP).
+const SECS: u32 = 4;
+
+/// One accuracy run against a limit of `want` MiB/s: (within the bar, above it). With `ip_check`
+/// the IP-level rate (what a limit counts) must not exceed the limit by more than 5 % either;
+/// the IPv6 runs skip it: GSO frames are counted without the headers of their 2nd and later
+/// segments (see `vmnet_plan::ns::limits`), up to 5.5 % for IPv6 TCP.
+fn accuracy_ok(m: &Measured, want: f64, ip_check: bool) -> (bool, bool) {
+    let ratio = m.mibps / want;
+    // Shaping, not pass-through: UDP offered well above the limit loses the excess. (A download
+    // sender in the fake internet pays for the whole forwarding path in its own system calls
+    // and may not reach twice 50 MiB/s on two busy cores; then there is nothing to drop.)
+    let shaped = m
+        .sent_mibps
+        .is_none_or(|s| s < 1.5 * want || m.lost_percent.is_some_and(|l| l > 25.0));
+    // The limit counts IP packets: their rate stays within 5 % of it too.
+    let ip_ok = !ip_check || m.ip_mibps / want <= 1.05;
+    let ok = (0.95..=1.05).contains(&ratio) && shaped && ip_ok;
+    let above = ratio > 1.05 || !ip_ok || !shaped;
+    (ok, above)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces and runs iperf3 (scripts/test.sh runs it)"]
 async fn each_class_direction_and_protocol_runs_at_its_limit() {
     let _serial = SERIAL.lock().await;
     let mut w = world(0, 0).await;
     let mut table = String::from(
-        "limit  class    direction proto  measured  ip-level  ratio  udp-sent  udp-loss\n",
+        "limit  class    direction proto  measured  ip-level  ratio  udp-sent  udp-loss  tries\n",
     );
     let mut bad = Vec::new();
-    // Unlimited first: the baseline every limit must be far below.
-    let mut unlimited = Vec::new();
+    // Unlimited first: the baseline every limit must be far below, the best of up to
+    // BEST_OF runs of 5 s.
     for (class, server) in [("private", &w.private_v4), ("public", &w.public_v4)] {
         for reverse in [false, true] {
-            // The best of up to four runs: the baseline is the relay's speed, which other work
-            // on the machine lowers (a full suite run once measured 97.9 MiB/s on one try).
-            let mut m = w.run(server, reverse, None);
-            for _ in 0..3 {
-                if m.mibps >= 100.0 {
+            let mut runs = Vec::new();
+            while runs.len() < BEST_OF {
+                let m = w.run(server, reverse, None, 5);
+                runs.push(m.mibps);
+                if m.mibps >= UNLIMITED_BAR {
                     break;
                 }
-                let again = w.run(server, reverse, None);
-                if again.mibps > m.mibps {
-                    m = again;
-                }
             }
+            let best = runs.iter().copied().fold(0.0, f64::max);
             let _ = writeln!(
                 table,
-                "0      {class:8} {:9} tcp    {:8.1}",
+                "0      {class:8} {:9} tcp    {best:8.1}  {:>8}  {:>5}  {:8}  {:8}  {}",
                 dir(reverse),
-                m.mibps
+                "",
+                "",
+                "",
+                "",
+                runs.len()
             );
-            unlimited.push((class, reverse, m.mibps));
+            if best < UNLIMITED_BAR {
+                bad.push(format!(
+                    "unlimited {class} {}: best {best:.1} MiB/s < {UNLIMITED_BAR} (10 x 50); runs {runs:.1?}",
+                    dir(reverse)
+                ));
+            }
         }
     }
     for limit in [10u32, 50] {
@@ -128,11 +182,18 @@ async fn each_class_direction_and_protocol_runs_at_its_limit() {
         for (class, server) in [("private", &w.private_v4), ("public", &w.public_v4)] {
             for reverse in [false, true] {
                 for udp in [false, true] {
-                    let m = w.run(server, reverse, udp.then_some(2.0 * want * MIB));
+                    let mut tries = 0;
+                    let (m, ok) = loop {
+                        tries += 1;
+                        let m = w.run(server, reverse, udp.then_some(2.0 * want * MIB), SECS);
+                        let (ok, above) = accuracy_ok(&m, want, true);
+                        if ok || above || tries == TRIES_BELOW {
+                            break (m, ok);
+                        }
+                    };
                     let ratio = m.mibps / want;
-                    let _ = writeln!(
-                        table,
-                        "{limit:<6} {class:8} {:9} {:6} {:8.2}  {:8.2}  {ratio:5.3}  {:8}  {}",
+                    let line = format!(
+                        "{limit:<6} {class:8} {:9} {:6} {:8.2}  {:8.2}  {ratio:5.3}  {:8}  {:8}  {tries}",
                         dir(reverse),
                         if udp { "udp" } else { "tcp" },
                         m.mibps,
@@ -141,39 +202,16 @@ async fn each_class_direction_and_protocol_runs_at_its_limit() {
                         m.lost_percent
                             .map_or(String::new(), |l| format!("{l:.1} %")),
                     );
-                    // Shaping, not pass-through: UDP offered well above the limit loses the
-                    // excess. (A download sender in the fake internet pays for the whole
-                    // forwarding path in its own system calls and may not reach twice 50 MiB/s
-                    // on two busy cores; then there is nothing to drop.)
-                    let shaped = m
-                        .sent_mibps
-                        .is_none_or(|s| s < 1.5 * want || m.lost_percent.is_some_and(|l| l > 25.0));
-                    if !(0.95..=1.05).contains(&ratio) || !shaped {
-                        bad.push(format!(
-                            "{limit} {class} {} udp={udp}: {:.2}",
-                            dir(reverse),
-                            m.mibps
-                        ));
+                    let _ = writeln!(table, "{line}");
+                    if !ok {
+                        bad.push(format!("outside +-5 % (or not shaped): {line}"));
                     }
                 }
             }
         }
     }
     eprintln!("{table}");
-    // Unlimited must be far above every limit: at least 80 MiB/s, 8 times the lower limit and
-    // well above the higher one. The issue asks for ten times; this path cannot show it: the
-    // guest's frames cross a userspace relay (one frame per system call, no offloads), which
-    // carries about 100 MiB/s upload and 170-240 MiB/s download here, and a full-suite run
-    // measured 97.4-97.9 MiB/s for the best of four uploads.
-    for (class, reverse, mibps) in unlimited {
-        if mibps < 80.0 {
-            bad.push(format!(
-                "unlimited {class} {}: {mibps:.1} < 80 (8 x 10)",
-                dir(reverse)
-            ));
-        }
-    }
-    assert!(bad.is_empty(), "{bad:?}\n{table}");
+    assert!(bad.is_empty(), "{bad:#?}\n{table}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,26 +233,40 @@ async fn both_classes_at_once_each_at_its_own_limit_over_ipv4_and_ipv6() {
             ("public", &w.public_v6, true, 2.0),
         ],
     ] {
-        let results: Vec<Measured> = std::thread::scope(|s| {
-            let handles: Vec<_> = flows
-                .iter()
-                .map(|(_, server, reverse, _)| s.spawn(|| w.run(server, *reverse, None)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("iperf3"))
-                .collect()
-        });
-        for ((class, server, reverse, want), m) in flows.iter().zip(&results) {
-            let ratio = m.mibps / want;
-            ok &= (0.95..=1.05).contains(&ratio);
-            let _ = writeln!(
-                report,
-                "{class} {} via {}: {:.2} MiB/s (limit {want}, ratio {ratio:.3})",
-                dir(*reverse),
-                server.addr,
-                m.mibps
-            );
+        // Retried only while a class is below its bar and none is above (see the file's doc).
+        for tries in 1..=TRIES_BELOW {
+            let results: Vec<Measured> = std::thread::scope(|s| {
+                let handles: Vec<_> = flows
+                    .iter()
+                    .map(|(_, server, reverse, _)| s.spawn(|| w.run(server, *reverse, None, SECS)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("iperf3"))
+                    .collect()
+            });
+            let mut all_ok = true;
+            let mut any_above = false;
+            let mut lines = String::new();
+            for ((class, server, reverse, want), m) in flows.iter().zip(&results) {
+                let ratio = m.mibps / want;
+                let (within, above) = accuracy_ok(m, *want, server.addr.is_ipv4());
+                all_ok &= within;
+                any_above |= above;
+                let _ = writeln!(
+                    lines,
+                    "{class} {} via {}: {:.2} MiB/s, ip-level {:.2} (limit {want}, ratio {ratio:.3}, try {tries})",
+                    dir(*reverse),
+                    server.addr,
+                    m.mibps,
+                    m.ip_mibps,
+                );
+            }
+            if all_ok || any_above || tries == TRIES_BELOW {
+                ok &= all_ok;
+                report.push_str(&lines);
+                break;
+            }
         }
     }
     eprintln!("{report}");
