@@ -69,14 +69,19 @@ pub fn parse_folder(json: &str) -> Result<GuestNet, String> {
     let obj = v
         .as_object()
         .ok_or_else(|| "meta-data is not a folder (JSON object)".to_owned())?;
-    let value = |key: &str| -> Result<&str, String> {
-        match obj.get(key) {
-            None => Err(format!("{key}: missing")),
-            Some(serde_json::Value::String(s)) => Ok(s),
-            Some(_) => Err(format!("{key}: not a string")),
-        }
-    };
-    parse(value("mesh-ipv6")?, value("host-routes")?)
+    parse(field(obj, "mesh-ipv6")?, field(obj, "host-routes")?)
+}
+
+/// The string at `key` of `obj`.
+fn field<'a>(
+    obj: &'a serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Result<&'a str, String> {
+    match obj.get(key) {
+        None => Err(format!("{key}: missing")),
+        Some(serde_json::Value::String(s)) => Ok(s),
+        Some(_) => Err(format!("{key}: not a string")),
+    }
 }
 
 #[cfg(test)]
@@ -96,9 +101,18 @@ mod tests {
             ("\"fdaa::1\"", "not a folder"),
             (r#"{"host-routes":""}"#, "mesh-ipv6: missing"),
             (r#"{"mesh-ipv6":"fdaa::1"}"#, "host-routes: missing"),
-            (r#"{"mesh-ipv6":7,"host-routes":""}"#, "mesh-ipv6: not a string"),
-            (r#"{"mesh-ipv6":"fdaa::1","host-routes":["::/0"]}"#, "not a string"),
-            (r#"{"mesh-ipv6":"2001:db8::1","host-routes":""}"#, "not in fdaa::/16"),
+            (
+                r#"{"mesh-ipv6":7,"host-routes":""}"#,
+                "mesh-ipv6: not a string",
+            ),
+            (
+                r#"{"mesh-ipv6":"fdaa::1","host-routes":["::/0"]}"#,
+                "not a string",
+            ),
+            (
+                r#"{"mesh-ipv6":"2001:db8::1","host-routes":""}"#,
+                "not in fdaa::/16",
+            ),
         ] {
             let e = parse_folder(body).unwrap_err();
             assert!(e.contains(want), "{body:?}: {e}");

@@ -91,7 +91,7 @@ impl Mmds {
             .await
             .map_err(|e| format!("{method} {path}: {e}"))?;
         let mut b = Request::builder()
-            .method(method)
+            .method(method.clone())
             .uri(path)
             .header("host", host);
         for (k, v) in headers {
@@ -108,7 +108,9 @@ impl Mmds {
         let body = Limited::new(resp.into_body(), MAX_BODY_BYTES)
             .collect()
             .await
-            .map_err(|e| format!("{path}: body larger than {MAX_BODY_BYTES} bytes or cut short: {e}"))?
+            .map_err(|e| {
+                format!("{path}: body larger than {MAX_BODY_BYTES} bytes or cut short: {e}")
+            })?
             .to_bytes();
         Ok((status, body))
     }

@@ -33,10 +33,8 @@ impl FakeFetch {
                 }
             }
         }
-        self.0.insert(
-            META_PATH,
-            Ok(serde_json::Value::Object(folder).to_string()),
-        );
+        self.0
+            .insert(META_PATH, Ok(serde_json::Value::Object(folder).to_string()));
     }
 
     /// The folder's raw body.
@@ -164,7 +162,13 @@ fn bad_documents_keep_the_last_good_configuration() {
         assert_eq!(p.applier().system().log.len(), runs, "nothing applied");
     }
     // Bodies that are not the folder's JSON.
-    for body in ["", "fdaa:1::7", "{\"mesh-ipv6\":", "[1,2]", "{\"mesh-ipv6\":1,\"host-routes\":\"\"}"] {
+    for body in [
+        "",
+        "fdaa:1::7",
+        "{\"mesh-ipv6\":",
+        "[1,2]",
+        "{\"mesh-ipv6\":1,\"host-routes\":\"\"}",
+    ] {
         p.fetcher().set_raw(body);
         let out = block(p.poll());
         assert!(matches!(out, Outcome::Kept(_)), "{body:?}: {out:?}");
