@@ -182,6 +182,39 @@ impl Guest {
     }
 }
 
+/// The token request of a simulated guest (vmnet-guest's TTL).
+const TOKEN_REQUEST: &[u8] = b"PUT /latest/api/token HTTP/1.1\r\nHost: 169.254.169.254\r\nX-metadata-token-ttl-seconds: 21600\r\n\r\n";
+
+/// A guest's poll with `token`.
+fn get_request(token: &[u8]) -> Vec<u8> {
+    format!(
+        "GET /latest/meta-data HTTP/1.1\r\nHost: 169.254.169.254\r\nX-metadata-token: {}\r\nAccept: application/json\r\n\r\n",
+        String::from_utf8_lossy(token).trim()
+    )
+    .into_bytes()
+}
+
+/// Connects to the metadata service of the calling thread's current namespace as
+/// `vmnet-guest` does (a token, then one poll) and returns the kept connection (`timeout` per
+/// read).
+///
+/// # Errors
+/// A failed connection, or an answer other than 200.
+pub(crate) fn open_guest(timeout: Duration) -> std::io::Result<TcpStream> {
+    let mut g = Guest {
+        conn: None,
+        get: Vec::new(),
+    };
+    let mut reconnects = 0;
+    let token = g.exchange(TOKEN_REQUEST, &mut reconnects)?;
+    g.exchange(&get_request(&token), &mut reconnects)?;
+    let c = g
+        .conn
+        .ok_or_else(|| std::io::Error::other("no connection kept"))?;
+    c.set_read_timeout(Some(timeout))?;
+    Ok(c)
+}
+
 struct ClientOut {
     latencies: Vec<Duration>,
     errors: u64,
@@ -201,7 +234,6 @@ fn client(
         errors: 0,
         reconnects: 0,
     };
-    let token_req = b"PUT /latest/api/token HTTP/1.1\r\nHost: 169.254.169.254\r\nX-metadata-token-ttl-seconds: 21600\r\n\r\n";
     let mut guests: Vec<Option<Guest>> = Vec::with_capacity(files.len());
     for f in files {
         if setns(f.as_fd(), CloneFlags::CLONE_NEWNET).is_err() {
@@ -213,13 +245,9 @@ fn client(
             conn: None,
             get: Vec::new(),
         };
-        let token = g.exchange(token_req, &mut out.reconnects).ok();
+        let token = g.exchange(TOKEN_REQUEST, &mut out.reconnects).ok();
         guests.push(token.map(|t| {
-            g.get = format!(
-                "GET /latest/meta-data HTTP/1.1\r\nHost: 169.254.169.254\r\nX-metadata-token: {}\r\nAccept: application/json\r\n\r\n",
-                String::from_utf8_lossy(&t).trim()
-            )
-            .into_bytes();
+            g.get = get_request(&t);
             g
         }));
     }

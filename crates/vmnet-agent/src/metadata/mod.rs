@@ -175,11 +175,9 @@ pub fn serve(listener: tokio::net::TcpListener, meta: Arc<VmMeta>) -> JoinHandle
                 // The lifetime is over: answer the request in flight, if any, then close (an
                 // idle keep-alive connection closes at once; the guest reconnects).
                 conn.as_mut().graceful_shutdown();
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(limits::HEADER_TIMEOUT_SECS),
-                    conn,
-                )
-                .await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(limits::HEADER_TIMEOUT_SECS), conn)
+                        .await;
             });
         }
     })
