@@ -2,8 +2,8 @@
 //! metadata connections held open, so the agent's RSS is read under the full load of issue 15.
 //!
 //! - Each VM's config adds, to the plain bench VM (a mesh address, both families via host),
-//!   both throughput limits (private 100, public 20 MiB/s), a public IPv4 (the first 768 VMs:
-//!   the documentation ranges) and a public IPv6 /128, and a 50-prefix firewall (the configs of
+//!   both throughput limits (private 100, public 20 MiB/s), a public IPv4 (the first
+//!   [`PUBLIC_V4_VMS`]) and a public IPv6 /128, and a 50-prefix firewall (the configs of
 //!   `vmnet bench vms --public --firewall`). Metadata and packet activity are on in every bench
 //!   agent. The mesh data plane is not: it needs a WireGuard interface the sandbox host lacks.
 //! - At the last checkpoint every VM's guest is simulated as `vmnet-guest` connects: one
@@ -19,6 +19,10 @@ use vmnet_model::Error;
 use vmnet_plan::ns::{NsSettings, plan_vm};
 
 use crate::vms::{LIMITS, firewall, public};
+
+/// VMs with a public IPv4: 192.0.2.0/24 and 198.51.100.0/24 (the sandbox's uplink is in the
+/// third documentation range); every VM has a public IPv6.
+pub const PUBLIC_V4_VMS: u32 = 512;
 
 /// The body of bench VM `uid` with every feature on.
 #[must_use]
@@ -36,6 +40,12 @@ pub fn vm_body_full(uid: u32) -> Value {
         ]}
     });
     public::add_public(&mut v, uid);
+    if uid > PUBLIC_V4_VMS {
+        // 203.0.113.0/24 holds the sandbox's own uplink addresses, which the agent refuses.
+        if let Some(o) = v.as_object_mut() {
+            o.remove("public_ipv4");
+        }
+    }
     v["firewall"] = firewall::firewall(0);
     v
 }
@@ -88,4 +98,22 @@ pub fn connect_guests(n: u32, prefix: &str, body: impl Fn(u32) -> Value) -> Resu
     })
     .join()
     .map_err(|_| Error::internal("guest connections: thread panicked"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_feature_is_in_a_valid_config() {
+        for uid in [1, PUBLIC_V4_VMS, PUBLIC_V4_VMS + 1, 1000] {
+            let v = vm_body_full(uid);
+            let cfg = vmnet_model::vm::from_value(&v).expect("valid");
+            assert!(cfg.public_ipv6.is_some(), "{uid}");
+            assert_eq!(cfg.public_ipv4.is_some(), uid <= PUBLIC_V4_VMS, "{uid}");
+            assert!(cfg.firewall.as_ref().is_some_and(|f| f.enabled), "{uid}");
+            assert_eq!(cfg.private_network_throughput_mibps, LIMITS.0);
+            assert_eq!(cfg.public_network_throughput_mibps, LIMITS.1);
+        }
+    }
 }
