@@ -87,15 +87,15 @@ pub fn view(
     }
 }
 
-/// Parses the query of `GET /v1/activity`: only `idle_secs`, a whole number of seconds.
+/// Parses the query of `GET /v1/activity`: only `idle_secs`, a whole number of seconds. Names
+/// and values are decoded as `application/x-www-form-urlencoded` (`%31` is `1`, `+` a space).
 ///
 /// # Errors
 /// A sentence naming the parameter (`INVALID_INPUT` at the edge).
 pub fn parse_query(query: Option<&str>) -> Result<Option<u64>, String> {
     let mut idle = None;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match k.as_ref() {
             "idle_secs" => {
                 if idle.is_some() {
                     return Err("query parameter idle_secs: given more than once".into());
@@ -155,11 +155,17 @@ mod tests {
         assert_eq!(parse_query(Some("")), Ok(None));
         assert_eq!(parse_query(Some("idle_secs=0")), Ok(Some(0)));
         assert_eq!(parse_query(Some("idle_secs=600")), Ok(Some(600)));
+        // Percent-decoded, names too.
+        assert_eq!(parse_query(Some("idle_secs=%31")), Ok(Some(1)));
+        assert_eq!(parse_query(Some("idle%5Fsecs=%36%30")), Ok(Some(60)));
         for bad in [
             "idle_secs=-1",
             "idle_secs=",
             "idle_secs=1.5",
             "idle_secs=+3",
+            "idle_secs=%2B3",
+            "idle_secs=%20",
+            "idle_secs=%FF",
             "idle_secs=x",
         ] {
             let e = parse_query(Some(bad)).expect_err(bad);

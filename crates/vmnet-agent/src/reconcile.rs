@@ -305,6 +305,15 @@ impl Agent {
         let mut repaired = None;
         let (applied, error) = match self.driver().apply(&plan).await {
             Ok(changes) => {
+                let upgrades: Vec<String> = changes
+                    .iter()
+                    .filter(|c| !c.is_drift())
+                    .map(ToString::to_string)
+                    .collect();
+                if !upgrades.is_empty() {
+                    tracing::info!(vm = %row.id, changes = ?upgrades, "configure on start: replaced an earlier agent's objects");
+                }
+                let changes: Vec<&Change> = changes.iter().filter(|c| c.is_drift()).collect();
                 if in_sync && !changes.is_empty() {
                     let lines: Vec<String> = changes.iter().map(ToString::to_string).collect();
                     if plan.firewall.is_some()

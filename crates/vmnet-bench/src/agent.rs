@@ -50,6 +50,10 @@ pub struct AgentBenchArgs {
     /// default 100, 500 and 1000.
     #[arg(long)]
     pub count: Vec<u32>,
+    /// Every namespace-mode feature on each VM, and the guests' metadata connections open at the
+    /// last checkpoint ([`crate::agent_load`]).
+    #[arg(long)]
+    pub all_features: bool,
 }
 
 pub use crate::procstat::{ProcUsage, parse_fd_limit, parse_status, proc_usage};
@@ -310,13 +314,20 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
         usage: usage(agent.pid())?,
         pass_ms,
     }];
+    let body = |uid: u32| {
+        if args.all_features {
+            crate::agent_load::vm_body_full(uid)
+        } else {
+            vm_body(uid)
+        }
+    };
     let mut next = 1;
     for &n in &counts {
         let mut puts = Vec::new();
         for uid in next..=n {
             let t = Instant::now();
             let _: VmView = client
-                .put(&format!("/v1/vms/bench-{uid}"), &vm_body(uid))
+                .put(&format!("/v1/vms/bench-{uid}"), &body(uid))
                 .await
                 .map_err(|e| {
                     Error::internal(format!(
@@ -337,17 +348,30 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
             pass_ms,
         });
     }
+    let last_n = counts.last().copied().unwrap_or(0);
+    let guests = if args.all_features {
+        let g = crate::agent_load::connect_guests(last_n, &sb.agent_prefix(), body)?;
+        // Read while every connection is open; they close when `g` is dropped.
+        Some((usage(agent.pid())?, g.open, g.failed))
+    } else {
+        None
+    };
     // The steady-state cost: re-PUT VM 1 unchanged 100 times.
     let mut again = Vec::new();
     for _ in 0..100 {
         let t = Instant::now();
-        let _: VmView = client.put("/v1/vms/bench-1", &vm_body(1)).await?;
+        let _: VmView = client.put("/v1/vms/bench-1", &body(1)).await?;
         again.push(t.elapsed());
     }
     let after = usage(agent.pid())?;
-    let last_n = counts.last().copied().unwrap_or(0);
     let deleted = delete_all(&client, last_n, &sb.host(), &sb.agent_prefix()).await?;
     print!("{}", render(&rows, stats(&again), &after, &deleted));
+    if let Some((u, open, failed)) = &guests {
+        println!(
+            "every feature on (limits, public IPv4+IPv6, 50-prefix firewall, metadata, activity; no mesh data plane); agent RSS at N={last_n} with {open} guests' metadata keep-alive connections open ({failed} failed): {:.1} MiB (target < 64 MiB)",
+            u.rss_kib as f64 / 1024.0
+        );
+    }
     drop(agent);
     drop(sb);
     drop(dir);

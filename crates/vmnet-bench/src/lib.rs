@@ -10,6 +10,7 @@
 
 pub mod activity;
 pub mod agent;
+pub mod agent_load;
 pub mod ipam;
 pub mod mesh;
 pub mod mesh_forward;

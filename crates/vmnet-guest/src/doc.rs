@@ -1,5 +1,5 @@
-//! What the guest agent reads: `meta-data/mesh-ipv6` and `meta-data/host-routes`, checked
-//! before anything is applied.
+//! What the guest agent reads: `meta-data/mesh-ipv6` and `meta-data/host-routes` (both from
+//! one JSON read of the `meta-data` folder), checked before anything is applied.
 
 use std::net::Ipv6Addr;
 
@@ -57,9 +57,67 @@ pub fn parse(mesh: &str, routes: &str) -> Result<GuestNet, String> {
     })
 }
 
+/// Takes the two values out of the JSON form of the `meta-data` folder (an object whose
+/// `mesh-ipv6` and `host-routes` are strings; other keys are ignored), then checks them with
+/// [`parse`].
+///
+/// # Errors
+/// A message naming the missing or mistyped key, or what [`parse`] finds wrong.
+pub fn parse_folder(json: &str) -> Result<GuestNet, String> {
+    let v: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| format!("meta-data is not JSON ({} bytes): {e}", json.len()))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| "meta-data is not a folder (JSON object)".to_owned())?;
+    parse(field(obj, "mesh-ipv6")?, field(obj, "host-routes")?)
+}
+
+/// The string at `key` of `obj`.
+fn field<'a>(
+    obj: &'a serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Result<&'a str, String> {
+    match obj.get(key) {
+        None => Err(format!("{key}: missing")),
+        Some(serde_json::Value::String(s)) => Ok(s),
+        Some(_) => Err(format!("{key}: not a string")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_folder_as_json() {
+        let g = parse_folder(
+            r#"{"instance-id":"a","mesh-ipv6":"fdaa:1::7","host-routes":"0.0.0.0/0\n::/0"}"#,
+        )
+        .unwrap();
+        assert_eq!(g, parse("fdaa:1::7", "0.0.0.0/0\n::/0").unwrap());
+        for (body, want) in [
+            ("", "not JSON"),
+            ("{\"mesh-ipv6\": \"fdaa::1\"", "not JSON"),
+            ("\"fdaa::1\"", "not a folder"),
+            (r#"{"host-routes":""}"#, "mesh-ipv6: missing"),
+            (r#"{"mesh-ipv6":"fdaa::1"}"#, "host-routes: missing"),
+            (
+                r#"{"mesh-ipv6":7,"host-routes":""}"#,
+                "mesh-ipv6: not a string",
+            ),
+            (
+                r#"{"mesh-ipv6":"fdaa::1","host-routes":["::/0"]}"#,
+                "not a string",
+            ),
+            (
+                r#"{"mesh-ipv6":"2001:db8::1","host-routes":""}"#,
+                "not in fdaa::/16",
+            ),
+        ] {
+            let e = parse_folder(body).unwrap_err();
+            assert!(e.contains(want), "{body:?}: {e}");
+        }
+    }
 
     #[test]
     fn good_values() {

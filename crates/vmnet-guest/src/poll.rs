@@ -1,13 +1,12 @@
-//! One poll of the guest agent: read both values, check them, apply when they changed. A bad
-//! or missing document keeps the last good configuration; nothing here panics on input.
+//! One poll of the guest agent: read the `meta-data` folder (one request), check its two
+//! values, apply when they changed. A bad or missing document keeps the last good
+//! configuration; nothing here panics on input.
 
 use crate::doc::{self, GuestNet};
 use crate::fetch::Fetch;
 
-/// The path of the mesh address.
-pub const MESH_PATH: &str = "/latest/meta-data/mesh-ipv6";
-/// The path of the host routes.
-pub const ROUTES_PATH: &str = "/latest/meta-data/host-routes";
+/// The folder read at each poll (as JSON: `mesh-ipv6` and `host-routes` in one answer).
+pub const META_PATH: &str = "/latest/meta-data";
 
 /// How a configuration is applied; faked in tests.
 pub trait Apply {
@@ -71,15 +70,11 @@ impl<F: Fetch, A: Apply> Poller<F, A> {
 
     /// One poll.
     pub async fn poll(&mut self) -> Outcome {
-        let mesh = match self.fetch.fetch(MESH_PATH).await {
+        let folder = match self.fetch.fetch(META_PATH).await {
             Ok(v) => v,
-            Err(e) => return Outcome::Kept(format!("mesh-ipv6: {e}")),
+            Err(e) => return Outcome::Kept(format!("meta-data: {e}")),
         };
-        let routes = match self.fetch.fetch(ROUTES_PATH).await {
-            Ok(v) => v,
-            Err(e) => return Outcome::Kept(format!("host-routes: {e}")),
-        };
-        let net = match doc::parse(&mesh, &routes) {
+        let net = match doc::parse_folder(&folder) {
             Ok(n) => n,
             Err(e) => return Outcome::Kept(e),
         };

@@ -17,13 +17,29 @@ impl Fetch for FakeFetch {
 }
 
 impl FakeFetch {
+    /// The folder as the service would answer it: a value `Err("404 …")` is a missing key, any
+    /// other `Err` is the fetcher's error for the whole read.
     fn set(&mut self, mesh: Result<&str, &str>, routes: Result<&str, &str>) {
+        let mut folder = serde_json::Map::new();
+        for (key, v) in [("mesh-ipv6", mesh), ("host-routes", routes)] {
+            match v {
+                Ok(s) => {
+                    folder.insert(key.into(), s.into());
+                }
+                Err(e) if e.starts_with("404") => {}
+                Err(e) => {
+                    self.0.insert(META_PATH, Err(e.to_owned()));
+                    return;
+                }
+            }
+        }
         self.0
-            .insert(MESH_PATH, mesh.map(str::to_owned).map_err(str::to_owned));
-        self.0.insert(
-            ROUTES_PATH,
-            routes.map(str::to_owned).map_err(str::to_owned),
-        );
+            .insert(META_PATH, Ok(serde_json::Value::Object(folder).to_string()));
+    }
+
+    /// The folder's raw body.
+    fn set_raw(&mut self, body: &str) {
+        self.0.insert(META_PATH, Ok(body.to_owned()));
     }
 }
 
@@ -144,6 +160,19 @@ fn bad_documents_keep_the_last_good_configuration() {
         );
         assert_eq!(p.applied().cloned(), good);
         assert_eq!(p.applier().system().log.len(), runs, "nothing applied");
+    }
+    // Bodies that are not the folder's JSON.
+    for body in [
+        "",
+        "fdaa:1::7",
+        "{\"mesh-ipv6\":",
+        "[1,2]",
+        "{\"mesh-ipv6\":1,\"host-routes\":\"\"}",
+    ] {
+        p.fetcher().set_raw(body);
+        let out = block(p.poll());
+        assert!(matches!(out, Outcome::Kept(_)), "{body:?}: {out:?}");
+        assert_eq!(p.applied().cloned(), good);
     }
     // The document comes back: unchanged, nothing to do.
     p.fetcher().set(Ok("fdaa:1::7"), Ok(""));

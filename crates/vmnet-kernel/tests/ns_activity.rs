@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use ns_support::{Env, T, v6, vm_json};
 use vmnet_kernel::activity::ActivityRecorder;
-use vmnet_kernel::ns::Change;
+use vmnet_kernel::ns::{Change, NetlinkNsDriver, NsDriver};
 use vmnet_testkit::echo::EchoService;
 use vmnet_testkit::probe::Capture;
 use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6};
@@ -205,8 +205,12 @@ async fn a_restarted_agent_replaces_the_program_and_keeps_the_times() {
     let driver = env.activity_driver(&rec);
     let drift = driver.drift(&plan).await.expect("drift");
     assert!(
-        drift.iter().any(|c| matches!(c, Change::Tc { what, .. } if what.contains(&format!("runs bpf program {old_id}")))),
-        "the old program's filter is drift: {drift:?}"
+        drift.iter().any(|c| matches!(c, Change::Upgrade { what, .. } if what.contains(&format!("runs bpf program {old_id}")))),
+        "the old program's filter is to be swapped: {drift:?}"
+    );
+    assert!(
+        drift.iter().all(|c| !c.is_drift()),
+        "swapping an earlier agent's program is configure on start, not drift: {drift:?}"
     );
     driver
         .apply(&plan)
@@ -267,6 +271,46 @@ async fn a_filter_deleted_by_hand_is_drift_and_is_repaired() {
         "{changes:?}"
     );
     assert!(env.driver.drift(&plan).await.expect("drift").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces and loads BPF (scripts/test.sh runs it)"]
+async fn turning_activity_off_detaches_the_filter() {
+    let env = Env::with_activity();
+    let plan = mesh_vm(&env, "web", 1);
+    env.driver.apply(&plan).await.expect("apply");
+    let shown = |plan: &vmnet_plan::ns::VmPlan| {
+        let out = netns::exec(
+            &plan.netns,
+            "tc",
+            &["filter", "show", "dev", &plan.tap.name, "egress"],
+            T,
+        )
+        .expect("tc");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(shown(&plan).contains("activity_out"), "{}", shown(&plan));
+    // The agent restarts with packet activity off: no program loaded, no filter planned.
+    let off = NetlinkNsDriver::new(env.settings.clone(), Some(env.sb.host())).expect("driver");
+    let mut plan_off = plan.clone();
+    plan_off.activity = None;
+    let drift = off.drift(&plan_off).await.expect("drift");
+    assert!(
+        drift
+            .iter()
+            .any(|c| matches!(c, Change::Upgrade { what, .. } if what.contains("detach"))),
+        "{drift:?}"
+    );
+    assert!(drift.iter().all(|c| !c.is_drift()), "not drift: {drift:?}");
+    let changes = off.apply(&plan_off).await.expect("apply with activity off");
+    assert!(
+        changes.iter().any(|c| matches!(c, Change::Upgrade { .. })),
+        "{changes:?}"
+    );
+    assert!(!shown(&plan).contains("activity_out"), "{}", shown(&plan));
+    assert!(off.drift(&plan_off).await.expect("drift").is_empty());
+    // Applying again changes nothing.
+    assert!(off.apply(&plan_off).await.expect("apply").is_empty());
 }
 
 /// One IPv6 TCP segment with a fixed header and `marker` as payload, sent from `ns` to `dst`

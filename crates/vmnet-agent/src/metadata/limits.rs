@@ -4,8 +4,8 @@
 
 use std::time::Instant;
 
-/// Requests per second a VM may make, sustained (the guest agent makes 8: two reads every
-/// 250 ms).
+/// Requests per second a VM may make, sustained (the guest agent makes 4: one read of the
+/// `meta-data` folder every 250 ms).
 pub const RATE_PER_SEC: f64 = 100.0;
 /// Requests a VM may make at once after being idle.
 pub const BURST: f64 = 200.0;

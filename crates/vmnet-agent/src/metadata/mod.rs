@@ -18,8 +18,11 @@
 //!   stored. An agent restart re-creates them all in its first full pass.
 //! - Per VM, a token bucket ([`limits::RATE_PER_SEC`], [`limits::BURST`]) answers `429` beyond
 //!   its rate, at most [`limits::MAX_CONNECTIONS`] connections are open at once (more are closed
-//!   on accept), each for at most [`limits::CONNECTION_LIFETIME_SECS`]; a connection reaches the
-//!   service only once its request data arrived (`TCP_DEFER_ACCEPT`). Refused work costs a
+//!   on accept), each for at most [`limits::CONNECTION_LIFETIME_SECS`] (then closed gracefully:
+//!   the request in flight is answered first); a connection reaches the service only once its
+//!   request data arrived (`TCP_DEFER_ACCEPT`). Connections are HTTP/1.1 keep-alive, as
+//!   `vmnet-guest` uses them: a poll costs one request on an open connection, not a TCP
+//!   connection's setup and teardown. Refused work costs a
 //!   flooding guest's own budget, not another VM's: each VM's connections are separate tasks.
 //! - The version (v1 or v2, [`mmds`]) is the VM's `metadata.version`, else the host default
 //!   (`vmnet serve --metadata-version`, default v2).
@@ -161,13 +164,20 @@ pub fn serve(listener: tokio::net::TcpListener, meta: Arc<VmMeta>) -> JoinHandle
                     .header_read_timeout(Duration::from_secs(limits::HEADER_TIMEOUT_SECS))
                     .max_buf_size(16 * 1024)
                     .serve_connection(TokioIo::new(stream), svc);
+                tokio::pin!(conn);
                 let life =
                     tokio::time::sleep(Duration::from_secs(limits::CONNECTION_LIFETIME_SECS));
                 tokio::select! {
-                    _ = conn => {}
+                    _ = conn.as_mut() => return,
                     () = life => {}
-                    _ = gone.changed() => {}
+                    _ = gone.changed() => return,
                 }
+                // The lifetime is over: answer the request in flight, if any, then close (an
+                // idle keep-alive connection closes at once; the guest reconnects).
+                conn.as_mut().graceful_shutdown();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(limits::HEADER_TIMEOUT_SECS), conn)
+                        .await;
             });
         }
     })

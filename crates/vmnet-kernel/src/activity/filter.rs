@@ -39,6 +39,16 @@ impl ObservedFilter {
     pub fn is_program(&self, id: u32) -> bool {
         self.kind == "bpf" && self.direct_action && self.prog_id == Some(id)
     }
+
+    /// Whether this is a direct-action bpf filter running a program named as ours
+    /// ([`vmnet_plan::ns::activity::PROGRAM`]), whatever its id: the activity program an
+    /// earlier agent loaded.
+    #[must_use]
+    pub fn is_activity_program(&self) -> bool {
+        self.kind == "bpf"
+            && self.direct_action
+            && self.prog_name.as_deref() == Some(vmnet_plan::ns::activity::PROGRAM)
+    }
 }
 
 impl fmt::Display for ObservedFilter {

@@ -157,6 +157,9 @@ impl std::fmt::Debug for ActivityRecorder {
 pub enum ActivityFix {
     /// The filter is missing or not ours: write it (create or replace).
     Filter(String),
+    /// The filter runs the activity program an earlier agent loaded (an agent restart): swap
+    /// it to this recorder's program, as configure on start does. Not drift.
+    Upgrade(String),
     /// The VM veth end is not registered under the plan's user id: register ifindex `.0`.
     Register(u32, String),
 }
@@ -166,9 +169,43 @@ impl ActivityFix {
     #[must_use]
     pub fn what(&self) -> &str {
         match self {
-            Self::Filter(w) | Self::Register(_, w) => w,
+            Self::Filter(w) | Self::Upgrade(w) | Self::Register(_, w) => w,
         }
     }
+}
+
+/// The activity filter (a direct-action `bpf` filter running a program named
+/// [`PROGRAM`], at the planned priority and handle) on the egress of `tap` in `netns` (whose
+/// rtnetlink handle is `ns`), whichever agent loaded its program; `None` when there is none or
+/// no such device. Needs no loaded program: a host with packet activity off finds the filters
+/// an earlier agent left.
+///
+/// # Errors
+/// [`ActivityError::Observe`].
+pub async fn leftover_filter(
+    netns: &str,
+    ns: &Handle,
+    tap: &str,
+) -> Result<Option<ObservedFilter>, ActivityError> {
+    let p = vmnet_plan::ns::activity::plan(tap, "", 0);
+    match filter::observe(netns, ns, &p).await {
+        Ok(Some(f)) if f.is_activity_program() => Ok(Some(f)),
+        Ok(_) | Err(ActivityError::NoDevice { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes the activity filter of `plan` from its device in `netns` (no loaded program
+/// needed). `Ok(false)` when there was none.
+///
+/// # Errors
+/// [`ActivityError::Attach`] when listing or deleting the filter fails.
+pub fn detach_filter(netns: &str, plan: &ActivityPlan) -> Result<bool, ActivityError> {
+    crate::netns::run_in(netns, || filter::detach(plan))?.map_err(|source| ActivityError::Attach {
+        netns: netns.to_owned(),
+        dev: plan.dev.clone(),
+        source,
+    })
 }
 
 /// `CLOCK_BOOTTIME` now, ns.
@@ -274,6 +311,12 @@ impl ActivityRecorder {
                 "no activity filter on {} egress",
                 plan.dev
             ))),
+            Some(f) if !f.is_program(self.prog_id) && f.is_activity_program() => {
+                fixes.push(ActivityFix::Upgrade(format!(
+                    "activity filter on {} egress runs {f}, an earlier agent's program: swapped to program {}",
+                    plan.dev, self.prog_id
+                )));
+            }
             Some(f) if !f.is_program(self.prog_id) => fixes.push(ActivityFix::Filter(format!(
                 "activity filter on {} egress runs {f}, not program {}",
                 plan.dev, self.prog_id
@@ -308,7 +351,7 @@ impl ActivityRecorder {
         for f in &fixes {
             match f {
                 ActivityFix::Register(index, _) => self.register(*index, plan.user_id)?,
-                ActivityFix::Filter(_) => self.attach(netns, plan)?,
+                ActivityFix::Filter(_) | ActivityFix::Upgrade(_) => self.attach(netns, plan)?,
             }
         }
         Ok(fixes)
@@ -409,13 +452,7 @@ impl ActivityRecorder {
     /// # Errors
     /// [`ActivityError::Attach`] when listing or deleting the filter fails.
     pub fn detach(&self, netns: &str, plan: &ActivityPlan) -> Result<bool, ActivityError> {
-        crate::netns::run_in(netns, || filter::detach(plan))?.map_err(|source| {
-            ActivityError::Attach {
-                netns: netns.to_owned(),
-                dev: plan.dev.clone(),
-                source,
-            }
-        })
+        detach_filter(netns, plan)
     }
 
     /// Forgets user id `uid`: its time is cleared and its veth registrations removed (call

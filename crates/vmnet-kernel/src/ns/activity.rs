@@ -1,6 +1,8 @@
 //! The VM's packet-activity filter ([`vmnet_plan::ns::activity`]) through the driver's
 //! [`ActivityRecorder`](crate::activity::ActivityRecorder): written at create, read back and
-//! repaired on every apply, reported by drift, forgotten on remove.
+//! repaired on every apply, reported by drift, forgotten on remove. A VM planned without one
+//! (the host has packet activity off, or the VM has no veth pair) has an activity filter an
+//! earlier agent left detached ([`Change::Upgrade`]: configure on start, not drift).
 
 use rtnetlink::Handle;
 use vmnet_plan::ns::VmPlan;
@@ -27,9 +29,17 @@ fn recorder<'a>(
 }
 
 fn change(a: &ActivityPlan, f: &ActivityFix) -> Change {
-    Change::Tc {
-        dev: a.dev.clone(),
-        what: format!("activity: {}", f.what()),
+    let what = format!("activity: {}", f.what());
+    if matches!(f, ActivityFix::Upgrade(_)) {
+        Change::Upgrade {
+            dev: a.dev.clone(),
+            what,
+        }
+    } else {
+        Change::Tc {
+            dev: a.dev.clone(),
+            what,
+        }
     }
 }
 
@@ -47,6 +57,23 @@ pub(super) async fn install(
     Ok(())
 }
 
+/// For a VM planned without an activity filter: the one an earlier agent left on its tap, to
+/// be detached.
+async fn leftover(plan: &VmPlan, ns: &Handle) -> Result<Vec<Change>, NsError> {
+    let tap = &plan.tap.name;
+    Ok(crate::activity::leftover_filter(&plan.netns, ns, tap)
+        .await?
+        .map(|f| {
+            vec![Change::Upgrade {
+                dev: tap.clone(),
+                what: format!(
+                    "activity: packet activity is off for this VM: detach the activity filter on {tap} egress ({f})"
+                ),
+            }]
+        })
+        .unwrap_or_default())
+}
+
 /// What differs from the plan, as changes.
 pub(super) async fn drift(
     d: &NetlinkNsDriver,
@@ -54,7 +81,7 @@ pub(super) async fn drift(
     ns: &Handle,
 ) -> Result<Vec<Change>, NsError> {
     let Some((r, a)) = recorder(d, plan)? else {
-        return Ok(Vec::new());
+        return leftover(plan, ns).await;
     };
     let fixes = r.drift(&plan.netns, ns, a).await?;
     Ok(fixes.iter().map(|f| change(a, f)).collect())
@@ -67,7 +94,13 @@ pub(super) async fn sync(
     ns: &Handle,
 ) -> Result<Vec<Change>, NsError> {
     let Some((r, a)) = recorder(d, plan)? else {
-        return Ok(Vec::new());
+        let changes = leftover(plan, ns).await?;
+        if !changes.is_empty() {
+            let p = vmnet_plan::ns::activity::plan(&plan.tap.name, "", 0);
+            crate::activity::detach_filter(&plan.netns, &p)?;
+            tracing::info!(vm = %plan.vm_id, "packet activity off: detached the VM's activity filter");
+        }
+        return Ok(changes);
     };
     let fixes = r.sync(&plan.netns, ns, a).await?;
     if !fixes.is_empty() {

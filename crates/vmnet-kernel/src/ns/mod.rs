@@ -282,11 +282,30 @@ pub enum Change {
         /// What was done.
         what: String,
     },
+    /// Replaced an object an earlier agent wrote with this agent's version of it, as
+    /// configure on start does (e.g. a VM's activity filter swapped to the newly loaded
+    /// program after an agent restart). Not drift: nothing was changed behind the agent's back
+    /// ([`Change::is_drift`]).
+    Upgrade {
+        /// The device in the VM netns.
+        dev: String,
+        /// What was replaced.
+        what: String,
+    },
     /// Removed the VM's objects.
     RemoveVm {
         /// The user id.
         user_id: u32,
     },
+}
+
+impl Change {
+    /// Whether this change repairs drift (something changed behind the agent's back) when made
+    /// to a VM whose config was already applied: every change but [`Change::Upgrade`].
+    #[must_use]
+    pub fn is_drift(&self) -> bool {
+        !matches!(self, Self::Upgrade { .. })
+    }
 }
 
 impl fmt::Display for Change {
@@ -309,6 +328,7 @@ impl fmt::Display for Change {
                 differences.join("; ")
             ),
             Self::Tc { dev, what } => write!(f, "vm: tc {dev}: {what}"),
+            Self::Upgrade { dev, what } => write!(f, "vm: upgrade {dev}: {what}"),
             Self::RemoveVm { user_id } => write!(f, "remove vm user id {user_id}"),
         }
     }

@@ -219,6 +219,10 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                 firewall_text(v),
                 s.firewall_repairs
             );
+            println!(
+                "metadata:     {}",
+                metadata_text(v.config.metadata.as_ref())
+            );
             println!("last error:   {}", dash(s.last_error.as_ref()));
         }
     }
@@ -242,6 +246,15 @@ fn limits(c: &vmnet_model::vm::VmConfig) -> String {
         }
     };
     format!("private {} / public {}", one(p), one(q))
+}
+
+/// The metadata service version the VM's guest talks to: `v1`, `v2`, or `host default` when
+/// the config names none (`vmnet serve --metadata-version`).
+fn metadata_text(m: Option<&vmnet_model::vm::metadata::MetadataConfig>) -> String {
+    m.and_then(|m| m.version).map_or_else(
+        || "host default (serve --metadata-version)".to_owned(),
+        |v| v.to_string(),
+    )
 }
 
 /// `off`, or `on: N inbound, M outbound rules`, `(not filtering)` while not in force.
@@ -529,4 +542,26 @@ async fn activity(
     println!();
     println!("baseline (agent start): {baseline}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use vmnet_model::vm::metadata::{MetadataConfig, MetadataVersion};
+
+    use super::metadata_text;
+
+    #[test]
+    fn the_metadata_version_is_shown() {
+        let v1 = MetadataConfig {
+            version: Some(MetadataVersion::V1),
+        };
+        assert_eq!(metadata_text(Some(&v1)), "v1");
+        let v2 = MetadataConfig {
+            version: Some(MetadataVersion::V2),
+        };
+        assert_eq!(metadata_text(Some(&v2)), "v2");
+        let none = MetadataConfig { version: None };
+        assert!(metadata_text(Some(&none)).starts_with("host default"));
+        assert!(metadata_text(None).starts_with("host default"));
+    }
 }
