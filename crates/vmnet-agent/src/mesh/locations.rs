@@ -250,10 +250,10 @@ impl Locations {
         }
         let row = vm.row(self.host, at);
         st.locals.insert(vm.mesh, (vm, at));
-        if let Some(db) = self.registry.get() {
-            if let Err(e) = store_tx!(db, tx => mesh_vms::register(tx, &row).await) {
-                self.failed(&format!("register {}", row.mesh_address), &e);
-            }
+        if let Some(db) = self.registry.get()
+            && let Err(e) = store_tx!(db, tx => mesh_vms::register(tx, &row).await)
+        {
+            self.failed(&format!("register {}", row.mesh_address), &e);
         }
         let n = st.locals.len();
         self.note(|v| v.local = n);
