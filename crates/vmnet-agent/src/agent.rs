@@ -65,6 +65,7 @@ use crate::provider::poller::Poller;
 mod activity;
 mod change;
 mod fwaudit;
+mod meshvms;
 mod meta;
 mod view;
 
@@ -440,6 +441,7 @@ impl Agent {
             }
         }
         self.sync_metadata(&plan);
+        self.mesh_vm_up(&cfg, &plan, prev_good.as_ref()).await;
         // A changed user id leaves the old names behind: remove them now.
         if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
             && let Err(e) = self.driver.remove_deferred(old.user_id).await
@@ -530,6 +532,13 @@ impl Agent {
             if applied.user_id != view.config.user_id {
                 uids.push(applied.user_id);
             }
+        }
+        self.mesh_vm_down(&view.config).await;
+        if let Some(a) = row.applied.as_deref()
+            && let Ok(applied) = decode(&row, a, "applied")
+            && applied.mesh_ipv6 != view.config.mesh_ipv6
+        {
+            self.mesh_vm_down(&applied).await;
         }
         for uid in uids {
             // The kernel may finish destroying the devices after the answer; an immediate

@@ -124,6 +124,20 @@ impl Agent {
                     Err(e) => o.errors.push(format!("mesh: {}", e.message)),
                 }
             }
+            // Its VMs: every veth's program and local entry, this host's registrations, the
+            // locations from the whole set.
+            if mesh.located().is_some() {
+                let vms = match self.mesh_locals().await {
+                    Ok(l) => mesh.converge_vms(l).await.map(|(_, r)| r),
+                    Err(e) => Err(e),
+                };
+                if let Ok(o) = &mut result {
+                    match vms {
+                        Ok(r) => o.repaired.extend(r),
+                        Err(e) => o.errors.push(format!("mesh registrations: {}", e.message)),
+                    }
+                }
+            }
         }
         let took = u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX);
         if let Ok(mut r) = self.record.lock() {

@@ -57,6 +57,7 @@ pub mod leases;
 mod locks;
 pub mod loss;
 pub mod mesh_store;
+pub mod mesh_vms;
 pub mod placement;
 pub mod providers;
 pub mod ranges;

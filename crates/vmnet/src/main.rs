@@ -92,7 +92,7 @@ enum Command {
     #[command(subcommand)]
     Bench(vmnet_bench::BenchCmd),
     /// Run the agent: HTTP API on a unix socket and the reconcile loop.
-    Serve(cli::serve::ServeArgs),
+    Serve(Box<cli::serve::ServeArgs>),
     /// VM network configs held by the agent (namespace mode).
     #[command(subcommand)]
     Vm(cli::vm::VmCmd),
@@ -156,7 +156,7 @@ async fn run(cli: Cli) -> Result<(), Error> {
         Command::Bench(c) => vmnet_bench::run(g.output == Output::Json, c)
             .await
             .map_err(from_bench),
-        Command::Serve(a) => cli::serve::run(g, a).await,
+        Command::Serve(a) => cli::serve::run(g, *a).await,
         Command::Vm(c) => cli::vm::vm(g, c).await,
         Command::Mesh(c) => cli::mesh::mesh(g, c).await,
         Command::Status => cli::vm::status(g).await,

@@ -1,9 +1,10 @@
 //! The agent's mesh data plane with real packets (root required): two fleet hosts, each with
-//! `vmnet serve --mesh --mesh-bpf-root DIR` (a bpffs the test mounts). The agent loads the
+//! `vmnet serve --mesh --mesh-bpf-root DIR` (a bpffs the test mounts) and one shared PostgreSQL
+//! registration store. The agent loads the
 //! programs, attaches the decapsulating one to wg0 and writes its mesh address and the
-//! whitelist of each `POST /v1/sync`. The test adds a VM per host through the same pinned maps
-//! (the agent does not register VMs yet): a tenant-0 VM reaches a tenant-1 VM on the other host
-//! only while a sync whitelists it, and a sync without it stops it before it answers.
+//! whitelist of each `POST /v1/sync`. The test puts a VM on each host through its agent (which
+//! registers it): a tenant-0 VM reaches a tenant-1 VM on the other host only while a sync
+//! whitelists it, and a sync without it stops it before it answers.
 //! `GET /v1/mesh` shows the data plane's counters.
 
 mod mesh_support;
@@ -11,18 +12,58 @@ mod mesh_support;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use mesh_support::{Mesh, answers, body_for};
+use mesh_support::{Mesh, Node, answers, body_for};
 use serde_json::json;
-use vmnet_kernel::mesh::{Location, MeshPlane};
+use vmnet_agent::status::VmView;
+use vmnet_kernel::mesh::MeshPlane;
 use vmnet_testkit::echo::EchoService;
-use vmnet_testkit::mesh_lab::{BpffsMount, LabVm, VM_MTU, VmSpec, add_vm};
-use vmnet_testkit::traffic;
+use vmnet_testkit::guest::{GuestConfig, GuestRoute6, SimGuest};
+use vmnet_testkit::mesh_lab::BpffsMount;
+use vmnet_testkit::{netns, traffic};
 
 const T: Duration = Duration::from_secs(2);
 const PORT: u16 = 7000;
 
-fn tcp(from: &LabVm, to: &LabVm) -> bool {
-    traffic::tcp_echo(&from.ns, SocketAddr::new(IpAddr::V6(to.mesh), PORT), T).is_ok()
+struct Vm {
+    mesh: Ipv6Addr,
+    guest: SimGuest,
+    _echo: EchoService,
+}
+
+/// A VM made through `n`'s agent with a simulated guest serving the echo on its mesh address.
+async fn vm(n: &Node, id: &str, uid: u32, tenant: u32, mesh: Ipv6Addr) -> Vm {
+    let body = json!({"id": id, "user_id": uid, "tenant": tenant, "mesh_ipv6": mesh.to_string()});
+    let v: VmView = n
+        .client()
+        .put(&format!("/v1/vms/{id}"), &body)
+        .await
+        .unwrap_or_else(|e| panic!("put {id}: {e}"));
+    let ns = format!("{}x-g{id}", n.host.prefix);
+    netns::create(&ns).expect("guest netns");
+    let cfg = GuestConfig {
+        mesh_ipv6: Some(mesh),
+        routes_v6: vec![GuestRoute6 {
+            destination: "fdaa::/16".into(),
+            via: Some(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)),
+        }],
+        ..GuestConfig::default()
+    };
+    let guest = SimGuest::attach_in(&ns, &v.status.netns, &v.status.tap, &cfg).expect("guest");
+    let echo = EchoService::start(&ns, &[SocketAddr::new(IpAddr::V6(mesh), PORT)]).expect("echo");
+    Vm {
+        mesh,
+        guest,
+        _echo: echo,
+    }
+}
+
+fn tcp(from: &Vm, to: &Vm) -> bool {
+    traffic::tcp_echo(
+        from.guest.netns(),
+        SocketAddr::new(IpAddr::V6(to.mesh), PORT),
+        T,
+    )
+    .is_ok()
 }
 
 /// Syncs every node with the others and `whitelist`.
@@ -40,11 +81,17 @@ async fn a_sync_whitelist_opens_and_closes_tenant_zero_across_hosts() {
     vmnet_testkit::require_root();
     let bpffs = BpffsMount::new(&format!("agent{}", std::process::id())).expect("bpffs");
     let root = |prefix: &str| bpffs.path().join(prefix);
+    // The hosts share one registration store (with their own SQLite, every VM would be local).
+    let registry = vmnet_testkit::postgres::PgCluster::shared()
+        .fresh_database_url()
+        .expect("database");
     let m = Mesh::start_with(2, |h| {
         let dir = bpffs.dir(&h.prefix).expect("pin dir");
         vec![
             "--mesh-bpf-root".to_owned(),
             dir.to_str().unwrap().to_owned(),
+            "--mesh-registry".to_owned(),
+            registry.clone(),
         ]
     })
     .await;
@@ -56,49 +103,16 @@ async fn a_sync_whitelist_opens_and_closes_tenant_zero_across_hosts() {
         .iter()
         .map(|n| MeshPlane::load(Some(&n.host.ns), &root(&n.host.prefix)).expect("plane"))
         .collect();
-    let z = add_vm(
-        &planes[0],
-        &n0.host,
-        n0.mesh,
-        &VmSpec {
-            host: 0,
-            user_id: 3,
-            tenant: 0,
-            mesh: Ipv6Addr::new(0xfdaa, 1, 0, 0, 0, 0, 0, 3),
-            mtu: VM_MTU,
-        },
-    )
-    .expect("z");
-    let c = add_vm(
-        &planes[1],
-        &n1.host,
-        n1.mesh,
-        &VmSpec {
-            host: 1,
-            user_id: 1,
-            tenant: 1,
-            mesh: Ipv6Addr::new(0xfdaa, 2, 0, 0, 0, 0, 0, 1),
-            mtu: VM_MTU,
-        },
-    )
-    .expect("c");
-    for (vm, host) in [(&z, n0.mesh), (&c, n1.mesh)] {
-        let loc = Location {
-            host,
-            user_id: vm.user_id,
-            tenant: vm.tenant,
-        };
-        for p in &planes {
-            p.put_location(vm.mesh, &loc).expect("location");
+    // The VMs are the agents' (PUT), which register them: no map is written by the test.
+    let z = vm(n0, "z3", 3, 0, Ipv6Addr::new(0xfdaa, 1, 0, 0, 0, 0, 0, 3)).await;
+    let c = vm(n1, "c1", 1, 1, Ipv6Addr::new(0xfdaa, 2, 0, 0, 0, 0, 0, 1)).await;
+    for p in &planes {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while p.locations().expect("locations").len() < 2 {
+            assert!(std::time::Instant::now() < deadline, "both VMs located");
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
-    let _echo: Vec<EchoService> = [&z, &c]
-        .iter()
-        .map(|vm| {
-            EchoService::start(&vm.ns, &[SocketAddr::new(IpAddr::V6(vm.mesh), PORT)]).expect("echo")
-        })
-        .collect();
-
     assert!(!tcp(&z, &c), "tenant 0 crosses without a whitelist");
     sync_whitelist(&m, &["fdaa:1::/120"]).await;
     let counters = || {

@@ -1,5 +1,5 @@
 //! The mesh routes: `POST /v1/sync` (the complete managed peer set and the whitelist) and
-//! `GET /v1/mesh`.
+//! `GET /v1/mesh`, and `POST /v1/mesh/vms/sync` (this host's VM registrations written again).
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use axum::extract::State;
 
 use super::error::{ApiError, JsonBytes};
 use crate::agent::Agent;
-use crate::mesh::view::{MeshView, SyncOutcome};
+use crate::mesh::view::{MeshView, SyncOutcome, VmSyncOutcome};
 
 /// The largest `POST /v1/sync` body: room for 10,000 peers and their whitelist, so that a sync
 /// of 10,001 peers is refused by its count with `INVALID_INPUT`, not by its size.
@@ -27,4 +27,13 @@ pub async fn sync(
 pub async fn get_mesh(State(a): State<Arc<Agent>>) -> Result<Json<MeshView>, ApiError> {
     let mesh = a.mesh()?;
     Ok(Json(mesh.view(a.db()).await?))
+}
+
+/// `POST /v1/mesh/vms/sync`: register this host's complete VM state again.
+pub async fn vm_sync(State(a): State<Arc<Agent>>) -> Result<Json<VmSyncOutcome>, ApiError> {
+    let r = a.mesh_vm_sync().await?;
+    Ok(Json(VmSyncOutcome {
+        written: r.written,
+        removed: r.removed,
+    }))
 }

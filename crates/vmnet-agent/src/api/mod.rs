@@ -61,6 +61,7 @@ fn build() -> Routes {
             post(mesh::sync).layer(DefaultBodyLimit::max(mesh::SYNC_BODY_LIMIT_BYTES)),
         )
         .add(Method::GET, "/v1/mesh", get(mesh::get_mesh))
+        .add(Method::POST, "/v1/mesh/vms/sync", post(mesh::vm_sync))
         .add(Method::GET, "/v1/pools", get(ipam::list_pools))
         .add(Method::GET, "/v1/pools/{id}", get(ipam::get_pool))
         .add(Method::PUT, "/v1/pools/{id}/range", put(ipam::set_range))

@@ -6,8 +6,8 @@
 //! step is idempotent), so a sync that removes a whitelist entry takes effect before it answers
 //! and a pass repairs a program or route removed behind the agent's back.
 //!
-//! Not yet here (issue 14, later slices): VM registrations (the agent does not attach the VM-side
-//! program to veths nor write locations; tests drive [`MeshPlane`] directly).
+//! The VMs' part (the VM-side program on each veth, the local VMs and the locations from the
+//! fleet's registrations) is [`super::locations`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
@@ -36,7 +36,7 @@ pub struct DataPlaneView {
     pub passes: BTreeMap<String, u64>,
 }
 
-fn unavailable(e: &MeshError) -> Error {
+pub(crate) fn unavailable(e: &MeshError) -> Error {
     let mut msg = format!("mesh data plane: {e}");
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
@@ -61,6 +61,12 @@ impl DataPlane {
         MeshPlane::load(None, root)
             .map(|plane| Self { plane })
             .map_err(|e| unavailable(&e))
+    }
+
+    /// The loaded programs and maps.
+    #[must_use]
+    pub fn plane(&self) -> &MeshPlane {
+        &self.plane
     }
 
     /// Writes what the data plane takes from the mesh settings and the last sync: host address

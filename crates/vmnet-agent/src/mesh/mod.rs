@@ -7,6 +7,8 @@ pub mod conflicts;
 pub mod dataplane;
 pub mod keys;
 mod known;
+pub mod locations;
 pub mod plan;
+pub mod registry;
 pub mod runtime;
 pub mod view;

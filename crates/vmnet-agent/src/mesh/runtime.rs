@@ -36,6 +36,7 @@ use ipnet::IpNet;
 use tokio::sync::Mutex;
 use vmnet_ipam::Db;
 use vmnet_ipam::mesh_store::{self, MeshPeerRow};
+use vmnet_kernel::mesh::MeshPlane;
 use vmnet_kernel::wg::daemon::Daemon;
 use vmnet_kernel::wg::link::{self, Link};
 use vmnet_kernel::wg::uapi::{PeerChange, UapiDevice, set_text};
@@ -45,6 +46,7 @@ use super::body::{Own, PeerSpec, SyncBody, WgKey, parse_sync};
 use super::dataplane::DataPlane;
 use super::keys;
 use super::known::{Known, record_of, row_of, seen_of};
+use super::locations::Locations;
 use super::plan::{MeshPlan, RecordPeer, SeenPeer, plan, record_diff};
 use super::view::{MeshView, PeerView, SyncOutcome};
 use crate::agent::store_tx;
@@ -105,6 +107,8 @@ pub struct Mesh {
     known: StdMutex<Option<Known>>,
     /// The BPF data plane, when `bpf_root` is set.
     plane: Option<DataPlane>,
+    /// The VMs' registrations and locations, with the data plane and a mesh address.
+    locations: Option<Locations>,
 }
 
 impl Mesh {
@@ -126,7 +130,9 @@ impl Mesh {
         tokio::spawn(conn);
         let log = s.state_dir.join(format!("wireguard-go-{}.log", s.ifname));
         let plane = s.bpf_root.as_deref().map(DataPlane::load).transpose()?;
+        let locations = plane.as_ref().and(s.mesh_address).map(Locations::new);
         Ok(Arc::new(Self {
+            locations,
             plane,
             daemon: Daemon::new(&s.ifname, &s.wireguard_go, Some(log)),
             public: keys::public_of(&private),
@@ -138,6 +144,12 @@ impl Mesh {
             known: StdMutex::new(None),
             s,
         }))
+    }
+
+    /// The registrations with the data plane they write, when both run.
+    #[must_use]
+    pub fn located(&self) -> Option<(&Locations, &MeshPlane)> {
+        Some((self.locations.as_ref()?, self.plane.as_ref()?.plane()))
     }
 
     /// This host's public key.
@@ -559,6 +571,7 @@ impl Mesh {
             peers,
             whitelist,
             data_plane: self.plane.as_ref().map(DataPlane::view).transpose()?,
+            registrations: self.locations.as_ref().map(Locations::view),
         })
     }
 }

@@ -31,6 +31,9 @@ pub struct MeshView {
     /// The BPF data plane's maps and counters (`vmnet serve --mesh-bpf-root`); absent without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_plane: Option<DataPlaneView>,
+    /// The VM registrations this host knows (with the data plane and a mesh address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registrations: Option<super::locations::RegistrationsView>,
 }
 
 /// One peer on the interface (or recorded but missing there).
@@ -116,4 +119,13 @@ pub struct SyncOutcome {
     pub routes_removed: usize,
     /// Whitelist entries stored.
     pub whitelist: usize,
+}
+
+/// The answer of `POST /v1/mesh/vms/sync`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmSyncOutcome {
+    /// Mesh addresses whose registration was missing or differed and was written.
+    pub written: Vec<String>,
+    /// Mesh addresses this host registered but no longer has (removed).
+    pub removed: Vec<String>,
 }

@@ -220,6 +220,14 @@ impl MeshPlane {
         self.hash::<u32, u32, _>(maps::VETHS, |m| m.insert(ifindex, vm.user_id, 0))
     }
 
+    /// The user ids of the local VMs in the kernel map now, sorted.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn local_user_ids(&self) -> Result<BTreeSet<u32>, MeshError> {
+        self.hash::<u32, Local, _>(maps::LOCAL_VMS, |m| m.keys().collect())
+    }
+
     /// Removes local VM `user_id` (and its veth entry); a missing one is fine.
     ///
     /// # Errors

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use vmnet_agent::client::Client;
-use vmnet_agent::mesh::view::{MeshView, SyncOutcome};
+use vmnet_agent::mesh::view::{MeshView, SyncOutcome, VmSyncOutcome};
 use vmnet_agent::table::render;
 use vmnet_model::Error;
 
@@ -24,6 +24,17 @@ pub enum MeshCmd {
         /// "whitelist": […]}`.
         file: PathBuf,
     },
+    /// This host's VM registrations.
+    #[command(subcommand)]
+    Vm(MeshVmCmd),
+}
+
+/// `vmnet mesh vm …`
+#[derive(Debug, Subcommand)]
+pub enum MeshVmCmd {
+    /// Register the complete local state again: this host's rows in the registration store
+    /// made equal to its VMs, and the locations rewritten (`POST /v1/mesh/vms/sync`).
+    Sync,
 }
 
 fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Error> {
@@ -132,6 +143,18 @@ pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
                 o.routes_added,
                 o.routes_removed,
                 o.whitelist
+            );
+            Ok(())
+        }
+        MeshCmd::Vm(MeshVmCmd::Sync) => {
+            let o: VmSyncOutcome = client.post("/v1/mesh/vms/sync", None::<&()>).await?;
+            if g.output == Output::Json {
+                return print_json(&o);
+            }
+            println!(
+                "registrations: {} written, {} removed",
+                o.written.len(),
+                o.removed.len()
             );
             Ok(())
         }

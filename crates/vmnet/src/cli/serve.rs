@@ -141,6 +141,12 @@ pub struct ServeArgs {
     /// `/sys/fs/bpf/vmnet`). Without it the mesh carries host traffic only.
     #[arg(long, value_name = "DIR", requires = "mesh")]
     pub mesh_bpf_root: Option<PathBuf>,
+    /// Mesh: the store of the fleet's VM registrations, `postgres://…` shared by the fleet's
+    /// agents (each writes only its own rows; changes arrive by `LISTEN`/`NOTIFY`). Default:
+    /// this agent's own database (with SQLite, every VM is local). Registrations need
+    /// `--mesh-bpf-root` and `--mesh-address`.
+    #[arg(long, value_name = "URL", requires = "mesh")]
+    pub mesh_registry: Option<String>,
     /// Poll every provider pool in the store (Hetzner Cloud, Proxmox VE) at its interval and
     /// replace its machines' addresses; the pools' states show in `vmnet status`. Run it on one
     /// agent per store.
@@ -308,7 +314,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     let result = server::serve(router, unix, &g.socket, tcp, server::shutdown_signal()).await;
     agent.stop_loop(reconciler).await;
     // wireguard-go keeps running: a restarted agent adopts it without interrupting tunnels.
-    if let Some(w) = watch {
+    for w in watch.into_iter().flatten() {
         w.abort();
     }
     if let Some(p) = poller {
@@ -319,12 +325,12 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
 }
 
 /// Starts the mesh: the device configured from the record, then the watch task that restarts
-/// it when it dies.
+/// it when it dies and, with registrations, the task listening for the fleet's changes.
 async fn start_mesh(
     g: &Global,
     args: &ServeArgs,
     agent: &Arc<Agent>,
-) -> Result<tokio::task::JoinHandle<()>, Error> {
+) -> Result<Vec<tokio::task::JoinHandle<()>>, Error> {
     if let Some(a) = args.mesh_address
         && !vmnet_agent::mesh::body::mesh_range().contains(&a)
     {
@@ -344,8 +350,24 @@ async fn start_mesh(
     })?;
     let repaired = mesh.converge(agent.db()).await?;
     tracing::info!(interface = %args.wg_interface, public_key = %mesh.public_key(), ?repaired, "mesh on");
+    let mut tasks = Vec::new();
+    if let Some((l, _)) = mesh.located() {
+        let registry = match &args.mesh_registry {
+            Some(url) => Db::connect(url)
+                .await
+                .map_err(|e| Error::unavailable(format!("--mesh-registry: {e}")))?,
+            None => agent.db().clone(),
+        };
+        l.set_registry(registry);
+        tasks.push(tokio::spawn(Arc::clone(&mesh).listen()));
+    } else if args.mesh_registry.is_some() {
+        return Err(Error::invalid(
+            "--mesh-registry needs --mesh-bpf-root and --mesh-address (registrations feed the data plane)",
+        ));
+    }
     agent.set_mesh(Arc::clone(&mesh))?;
-    Ok(tokio::spawn(mesh.watch(agent.db().clone())))
+    tasks.push(tokio::spawn(mesh.watch(agent.db().clone())));
+    Ok(tasks)
 }
 
 /// The root helper command: `--pool-helper`, else `vmnet-pool-helper` next to this executable,

@@ -1,0 +1,503 @@
+//! Where the fleet's VMs live (spec "Atlas WG Mesh"; design `design/mesh.md`, "Locations"): this
+//! host's VMs registered in the shared store ([`vmnet_ipam::mesh_vms`]), and the data plane's
+//! maps written from every registration.
+//!
+//! # Design
+//! - **Registering.** A VM with a veth pair is registered (mesh address, tenant, this host, its
+//!   user id, its public IPv6 block, whether it is a gateway) when the agent applied it
+//!   ([`Locations::vm_up`]) and unregistered before its pair is removed ([`Locations::vm_down`]).
+//!   Each full reconcile pass makes the store's rows of this host equal to the local VMs
+//!   ([`Locations::converge`], writing only what differs), so a registration lost to a store
+//!   outage is made again; `vmnet mesh vm sync` runs the same step at once. A host is its mesh
+//!   address (`--mesh-address`): it writes only the rows naming it.
+//! - **Locations.** The data plane's location map holds the winner of every registered mesh
+//!   address ([`vmnet_ipam::mesh_vms::resolve`]: oldest claim, then smallest host; the losers
+//!   are logged), this host's VMs taken from memory rather than from the store (so a VM applied
+//!   while the store is down is reachable locally at once). Each write is a diff against the
+//!   kernel map. Every full pass re-reads the whole set; on PostgreSQL a notification
+//!   ([`vmnet_ipam::mesh_vms::CHANNEL`]) makes the agent re-read at once ([`Locations::refresh`]),
+//!   so a peer learns a change in about one round trip.
+//! - **Outage.** When the store cannot be read the maps stay as they were: forwarding goes on
+//!   with what the host knew; local changes still reach the maps directly.
+//! - **Local VMs.** For each, the VM-side program is attached to its host veth (replacing ours
+//!   in place, so a pass repairs a removed filter) and its local entry (veth, tenant, next hop)
+//!   written; entries of VMs that are gone are removed.
+//!
+//! The gateway flag: a VM that routes `::/0` via the host (it can carry traffic out for others).
+//!
+//! # Limitations
+//! - The VM-side filter is repaired by every full pass, not observed as part of the VM's plan.
+//! - Locations are exact mesh addresses: public blocks and gateway routes are registered but
+//!   the data plane does not yet forward to them across hosts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv6Addr;
+use std::sync::{Mutex as StdMutex, OnceLock};
+
+use ipnet::{IpNet, Ipv6Net};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+use vmnet_ipam::Db;
+use vmnet_ipam::mesh_vms::{self, Conflict, MeshVmRow, Replaced};
+use vmnet_kernel::mesh::{LocalVm, Location, MeshError, MeshPlane};
+use vmnet_model::Error;
+use vmnet_model::vm::{Via, VmConfig};
+use vmnet_plan::ns::PEER_LINK_LOCAL;
+use vmnet_plan::ns::VmPlan;
+
+use super::dataplane::unavailable;
+use crate::agent::store_tx;
+use crate::status::now_ms;
+
+/// One VM of this host as the mesh registers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReg {
+    /// Its mesh address.
+    pub mesh: Ipv6Addr,
+    /// Its user id.
+    pub user_id: u32,
+    /// Its tenant.
+    pub tenant: u32,
+    /// The host end of its veth pair.
+    pub veth: String,
+    /// Its public IPv6 block, if any.
+    pub public_block: Option<Ipv6Net>,
+    /// Whether it routes `::/0` via the host.
+    pub gateway: bool,
+}
+
+impl LocalReg {
+    /// The registration of a VM applied as `plan` from `cfg`; `None` for a VM without a mesh
+    /// address (no veth pair).
+    #[must_use]
+    pub fn of(cfg: &VmConfig, plan: &VmPlan) -> Option<Self> {
+        let veth = plan.veth.as_ref()?;
+        Some(Self {
+            mesh: cfg.mesh_ipv6?,
+            user_id: cfg.user_id,
+            tenant: cfg.tenant,
+            veth: veth.host_name.clone(),
+            public_block: cfg.public_ipv6_block(),
+            gateway: cfg.network.routes.iter().any(|r| {
+                r.via == Via::Host && matches!(r.destination, IpNet::V6(n) if n.prefix_len() == 0)
+            }),
+        })
+    }
+
+    fn row(&self, host: Ipv6Addr, registered_at: i64) -> MeshVmRow {
+        MeshVmRow {
+            host: host.to_string(),
+            mesh_address: self.mesh.to_string(),
+            user_id: self.user_id,
+            tenant: self.tenant,
+            public_block: self.public_block.map(|b| b.to_string()),
+            gateway: self.gateway,
+            registered_at,
+        }
+    }
+
+    fn local(&self) -> LocalVm {
+        LocalVm {
+            user_id: self.user_id,
+            veth: self.veth.clone(),
+            tenant: self.tenant,
+            mesh: self.mesh,
+            via: PEER_LINK_LOCAL,
+        }
+    }
+}
+
+/// `GET /v1/mesh`'s `registrations`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistrationsView {
+    /// This host (its mesh address), as its rows name it.
+    pub host: String,
+    /// Registrations known: every row of the last read (this host's from memory).
+    pub known: usize,
+    /// Of them, this host's VMs.
+    pub local: usize,
+    /// Mesh addresses claimed by more than one host (`winner` and `losers` are hosts).
+    pub conflicts: Vec<ConflictView>,
+    /// Milliseconds since the Unix epoch of the last successful read of the store.
+    pub last_read_at_unix_ms: Option<i64>,
+    /// The last read or write failure, cleared by the next success.
+    pub last_error: Option<String>,
+}
+
+/// One conflict of [`RegistrationsView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConflictView {
+    /// The mesh address.
+    pub mesh_address: String,
+    /// The host whose claim is in force.
+    pub winner: String,
+    /// The hosts whose claims are not.
+    pub losers: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// This host's VMs by mesh address, with the time of their first registration.
+    locals: BTreeMap<Ipv6Addr, (LocalReg, i64)>,
+    /// The other hosts' rows of the last read.
+    others: Vec<MeshVmRow>,
+    /// This host's rows of the last read, used only until the first full pass gave `locals`
+    /// (an agent that just started keeps its VMs' locations).
+    own_stored: Vec<MeshVmRow>,
+    /// Whether a full pass set `locals`.
+    seeded: bool,
+    conflicts: Vec<Conflict>,
+}
+
+/// This host's VM registrations and the locations the data plane holds.
+#[derive(Debug)]
+pub struct Locations {
+    host: Ipv6Addr,
+    registry: OnceLock<Db>,
+    state: Mutex<State>,
+    view: StdMutex<RegistrationsView>,
+}
+
+fn plane_err(e: &MeshError) -> Error {
+    unavailable(e)
+}
+
+impl Locations {
+    /// The locations of host `host` (its mesh address); registrations wait for
+    /// [`Locations::set_registry`].
+    #[must_use]
+    pub fn new(host: Ipv6Addr) -> Self {
+        Self {
+            host,
+            registry: OnceLock::new(),
+            state: Mutex::new(State::default()),
+            view: StdMutex::new(RegistrationsView {
+                host: host.to_string(),
+                ..RegistrationsView::default()
+            }),
+        }
+    }
+
+    /// Sets the shared store of registrations (once; later calls are ignored).
+    pub fn set_registry(&self, db: Db) {
+        let _ = self.registry.set(db);
+    }
+
+    /// The shared store, once set.
+    #[must_use]
+    pub fn registry(&self) -> Option<&Db> {
+        self.registry.get()
+    }
+
+    fn note(&self, f: impl FnOnce(&mut RegistrationsView)) {
+        if let Ok(mut v) = self.view.lock() {
+            f(&mut v);
+        }
+    }
+
+    fn failed(&self, what: &str, e: &Error) {
+        tracing::warn!(host = %self.host, "mesh registrations: {what}: {}", e.message);
+        let msg = format!("{what}: {}", e.message);
+        self.note(|v| v.last_error = Some(msg));
+    }
+
+    /// The view for `GET /v1/mesh`.
+    #[must_use]
+    pub fn view(&self) -> RegistrationsView {
+        self.view.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    fn put_local(&self, plane: &MeshPlane, l: &LocalReg) -> Result<(), Error> {
+        tokio::task::block_in_place(|| {
+            plane.attach_veth(&l.veth)?;
+            plane.put_local(&l.local())
+        })
+        .map_err(|e| plane_err(&e))
+    }
+
+    /// After `vm` was applied: the VM-side program on its veth, its local entry and location,
+    /// its registration. A store failure is logged (the next full pass registers it).
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the data plane fails.
+    pub async fn vm_up(&self, plane: &MeshPlane, vm: LocalReg) -> Result<(), Error> {
+        let mut st = self.state.lock().await;
+        // A VM that changed its mesh address leaves its old one.
+        let old: Vec<Ipv6Addr> = st
+            .locals
+            .iter()
+            .filter(|(m, (l, _))| **m != vm.mesh && l.user_id == vm.user_id)
+            .map(|(m, _)| *m)
+            .collect();
+        for m in old {
+            st.locals.remove(&m);
+            self.unregister(plane, m).await;
+        }
+        self.put_local(plane, &vm)?;
+        let at = st.locals.get(&vm.mesh).map_or_else(now_ms, |(_, at)| *at);
+        let loc = Location {
+            host: self.host,
+            user_id: vm.user_id,
+            tenant: vm.tenant,
+        };
+        let older_elsewhere = st
+            .conflicts
+            .iter()
+            .any(|c| c.mesh_address == vm.mesh.to_string() && c.winner != self.host.to_string());
+        if !older_elsewhere {
+            tokio::task::block_in_place(|| plane.put_location(vm.mesh, &loc))
+                .map_err(|e| plane_err(&e))?;
+        }
+        let row = vm.row(self.host, at);
+        st.locals.insert(vm.mesh, (vm, at));
+        if let Some(db) = self.registry.get()
+            && let Err(e) = store_tx!(db, tx => mesh_vms::register(tx, &row).await)
+        {
+            self.failed(&format!("register {}", row.mesh_address), &e);
+        }
+        let n = st.locals.len();
+        self.note(|v| v.local = n);
+        Ok(())
+    }
+
+    async fn unregister(&self, plane: &MeshPlane, mesh: Ipv6Addr) {
+        let own = self.host;
+        let r = tokio::task::block_in_place(|| -> Result<(), MeshError> {
+            if plane.locations()?.get(&mesh).is_some_and(|l| l.host == own) {
+                plane.remove_location(mesh)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            self.failed(&format!("location of {mesh}"), &plane_err(&e));
+        }
+        if let Some(db) = self.registry.get() {
+            let (h, m) = (self.host.to_string(), mesh.to_string());
+            if let Err(e) = store_tx!(db, tx => mesh_vms::unregister(tx, &h, &m).await) {
+                self.failed(&format!("unregister {mesh}"), &e);
+            }
+        }
+    }
+
+    /// Before the veth pair of VM `user_id` (mesh address `mesh`) goes: its registration, its
+    /// location (when it points here) and its local entry. A store failure is logged (the next
+    /// full pass removes the row).
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the data plane fails.
+    pub async fn vm_down(
+        &self,
+        plane: &MeshPlane,
+        mesh: Ipv6Addr,
+        user_id: u32,
+    ) -> Result<(), Error> {
+        let mut st = self.state.lock().await;
+        st.locals.remove(&mesh);
+        self.unregister(plane, mesh).await;
+        tokio::task::block_in_place(|| plane.remove_local(user_id)).map_err(|e| plane_err(&e))?;
+        let n = st.locals.len();
+        self.note(|v| v.local = n);
+        Ok(())
+    }
+
+    /// A full pass (and `vmnet mesh vm sync`): `vms` are all of this host's VMs. Every one's
+    /// program and local entry are written, stale local entries removed, this host's rows in
+    /// the store made equal to `vms`, and the locations rewritten from the whole set. Returns
+    /// what the store write changed and one line per repair.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the data plane or the store fails (the maps then keep what they had,
+    /// local VMs written).
+    pub async fn converge(
+        &self,
+        plane: &MeshPlane,
+        vms: Vec<LocalReg>,
+    ) -> Result<(Replaced, Vec<String>), Error> {
+        let mut st = self.state.lock().await;
+        let mut repaired = Vec::new();
+        for vm in &vms {
+            self.put_local(plane, vm)?;
+        }
+        let keep: BTreeSet<u32> = vms.iter().map(|v| v.user_id).collect();
+        let stale: Vec<u32> = tokio::task::block_in_place(|| plane.local_user_ids())
+            .map_err(|e| plane_err(&e))?
+            .into_iter()
+            .filter(|u| !keep.contains(u))
+            .collect();
+        for u in stale {
+            tokio::task::block_in_place(|| plane.remove_local(u)).map_err(|e| plane_err(&e))?;
+            repaired.push(format!("mesh: stale local vm {u} removed"));
+        }
+        // The store's rows first: a VM registered before this agent started keeps its age.
+        self.read(&mut st).await?;
+        let now = now_ms();
+        let stored: BTreeMap<String, i64> = st
+            .own_stored
+            .iter()
+            .map(|r| (r.mesh_address.clone(), r.registered_at))
+            .collect();
+        let locals: BTreeMap<Ipv6Addr, (LocalReg, i64)> = vms
+            .into_iter()
+            .map(|v| {
+                let at = st
+                    .locals
+                    .get(&v.mesh)
+                    .map(|(_, at)| *at)
+                    .or_else(|| stored.get(&v.mesh.to_string()).copied())
+                    .unwrap_or(now);
+                (v.mesh, (v, at))
+            })
+            .collect();
+        st.locals = locals;
+        st.seeded = true;
+        let replaced = match self.registry.get() {
+            Some(db) => {
+                let host = self.host.to_string();
+                let own: Vec<MeshVmRow> = st
+                    .locals
+                    .values()
+                    .map(|(l, at)| l.row(self.host, *at))
+                    .collect();
+                let r = store_tx!(db, tx => mesh_vms::replace_host(tx, &host, &own).await);
+                match r {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.failed("write this host's registrations", &e);
+                        return Err(e);
+                    }
+                }
+            }
+            None => Replaced::default(),
+        };
+        repaired.extend(
+            replaced
+                .written
+                .iter()
+                .map(|a| format!("mesh: registration {a} written")),
+        );
+        repaired.extend(
+            replaced
+                .removed
+                .iter()
+                .map(|a| format!("mesh: stale registration {a} removed")),
+        );
+        repaired.extend(self.write_maps(plane, &mut st)?);
+        Ok((replaced, repaired))
+    }
+
+    /// Re-reads every registration and rewrites the locations (after a notification).
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the store or a map fails (the maps then keep what they had).
+    pub async fn refresh(&self, plane: &MeshPlane) -> Result<Vec<String>, Error> {
+        let mut st = self.state.lock().await;
+        self.read(&mut st).await?;
+        self.write_maps(plane, &mut st)
+    }
+
+    /// Reads every registration into `st`.
+    async fn read(&self, st: &mut State) -> Result<(), Error> {
+        let Some(db) = self.registry.get() else {
+            return Ok(());
+        };
+        match store_tx!(db, tx => mesh_vms::list(tx).await) {
+            Ok(rows) => {
+                let own = self.host.to_string();
+                let (mine, others) = rows.into_iter().partition(|r| r.host == own);
+                st.others = others;
+                st.own_stored = mine;
+                self.note(|v| {
+                    v.last_read_at_unix_ms = Some(now_ms());
+                    v.last_error = None;
+                });
+                Ok(())
+            }
+            Err(e) => {
+                self.failed("read the registrations", &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Rewrites the location map from `st`: the other hosts' rows and this host's VMs (before
+    /// the first full pass, this host's stored rows too).
+    fn write_maps(&self, plane: &MeshPlane, st: &mut State) -> Result<Vec<String>, Error> {
+        let mut rows = st.others.clone();
+        if !st.seeded {
+            rows.extend(
+                st.own_stored
+                    .iter()
+                    .filter(|r| !st.locals.keys().any(|m| m.to_string() == r.mesh_address))
+                    .cloned(),
+            );
+        }
+        rows.extend(st.locals.values().map(|(l, at)| l.row(self.host, *at)));
+        let (winners, conflicts) = mesh_vms::resolve(&rows);
+        for c in conflicts.iter().filter(|c| !st.conflicts.contains(c)) {
+            tracing::warn!(
+                mesh_address = %c.mesh_address, winner = %c.winner, losers = ?c.losers,
+                "mesh: conflicting registrations of one address; the oldest claim wins"
+            );
+        }
+        let desired = locations_of(&winners)?;
+        let (known, local) = (rows.len(), st.locals.len());
+        let cv = conflicts
+            .iter()
+            .map(|c| ConflictView {
+                mesh_address: c.mesh_address.clone(),
+                winner: c.winner.clone(),
+                losers: c.losers.clone(),
+            })
+            .collect();
+        st.conflicts = conflicts;
+        self.note(|v| {
+            v.known = known;
+            v.local = local;
+            v.conflicts = cv;
+        });
+        tokio::task::block_in_place(|| set_locations(plane, &desired)).map_err(|e| plane_err(&e))
+    }
+}
+
+/// The location map of `winners` (mesh address → row); `CORRUPT`-like `INTERNAL` for a stored
+/// address that does not parse.
+fn locations_of(
+    winners: &BTreeMap<String, MeshVmRow>,
+) -> Result<BTreeMap<Ipv6Addr, Location>, Error> {
+    winners
+        .values()
+        .map(|r| {
+            let parse = |s: &str| {
+                s.parse::<Ipv6Addr>().map_err(|_| {
+                    Error::internal(format!("mesh registration: stored address {s:?}"))
+                })
+            };
+            Ok((
+                parse(&r.mesh_address)?,
+                Location {
+                    host: parse(&r.host)?,
+                    user_id: r.user_id,
+                    tenant: r.tenant,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Makes the location map `desired`: new and changed entries written first, then the others
+/// removed. Returns nothing to report (locations follow the store; they are not repairs).
+fn set_locations(
+    plane: &MeshPlane,
+    desired: &BTreeMap<Ipv6Addr, Location>,
+) -> Result<Vec<String>, MeshError> {
+    let have = plane.locations()?;
+    for (m, l) in desired {
+        if have.get(m) != Some(l) {
+            plane.put_location(*m, l)?;
+        }
+    }
+    for m in have.keys().filter(|m| !desired.contains_key(m)) {
+        plane.remove_location(*m)?;
+    }
+    Ok(Vec::new())
+}
