@@ -85,6 +85,12 @@ system_info:
   network:
     renderers: [ networkd ]
     activators: [ networkd ]
+# C.UTF-8 is built into libc (no locales package); the module list is trimmed to what a
+# sandbox guest needs (every module costs seconds under TCG).
+locale: C.UTF-8
+cloud_init_modules: [ bootcmd, write_files, set_hostname, update_hostname, update_etc_hosts, users_groups ]
+cloud_config_modules: [ runcmd ]
+cloud_final_modules: [ scripts_per_once, scripts_user, final_message ]
 EOF
 
 # Namespace mode (kernel command line vmnet.mode=ns, cloud-init=disabled): the spec's fixed guest
@@ -117,12 +123,17 @@ systemctl --root="$root" enable vmnet-guest.service >/dev/null 2>&1
 cat >"$root/usr/local/sbin/vmnet-cmd" <<'EOF'
 #!/bin/bash
 port=/dev/virtio-ports/vmnet.cmd
-exec 3<>"$port"
 out=$(mktemp)
-while IFS=' ' read -r id secs cmd <&3; do
-  printf %s "$cmd" | base64 -d >"$out.sh" 2>/dev/null || { printf '%s 126 \n' "$id" >&3; continue; }
-  timeout -k 2 "$secs" bash "$out.sh" >"$out" 2>&1 </dev/null
-  printf '%s %s %s\n' "$id" "$?" "$(base64 -w0 "$out")" >&3
+# The port reads end-of-file while no host side is connected: reopen and wait.
+while true; do
+  exec 3<>"$port"
+  while IFS=' ' read -r id secs cmd <&3; do
+    printf %s "$cmd" | base64 -d >"$out.sh" 2>/dev/null || { printf '%s 126 \n' "$id" >&3; continue; }
+    timeout -k 2 "$secs" bash "$out.sh" >"$out" 2>&1 </dev/null
+    printf '%s %s %s\n' "$id" "$?" "$(base64 -w0 "$out")" >&3
+  done
+  exec 3>&-
+  sleep 0.2
 done
 EOF
 chmod 0755 "$root/usr/local/sbin/vmnet-cmd"
@@ -130,6 +141,7 @@ cat >"$root/etc/systemd/system/vmnet-cmd.service" <<'EOF'
 [Unit]
 Description=vmnet sandbox command channel (virtio-serial port vmnet.cmd)
 DefaultDependencies=no
+StartLimitIntervalSec=0
 ConditionPathExists=/dev/virtio-ports/vmnet.cmd
 After=systemd-udevd.service
 
