@@ -110,3 +110,56 @@ impl Channel {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    use std::time::Duration;
+
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD as B64;
+
+    use super::Channel;
+
+    /// A fake guest side: answers each request with `ID STATUS BASE64(output)`, first sending
+    /// an answer to a stale ID; the script `exit 3` gives status 3, anything else echoes it.
+    #[test]
+    fn runs_commands_and_skips_stale_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cmd.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let guest = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut w = s.try_clone().unwrap();
+            for line in BufReader::new(s).lines() {
+                let line = line.unwrap();
+                let mut p = line.splitn(3, ' ');
+                let (id, secs, cmd) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
+                assert!(secs.parse::<u64>().unwrap() >= 1);
+                let script = String::from_utf8(B64.decode(cmd).unwrap()).unwrap();
+                let status = if script == "exit 3" { 3 } else { 0 };
+                let out = B64.encode(format!("ran: {script}\n"));
+                writeln!(w, "0 0 {}", B64.encode("stale")).unwrap();
+                writeln!(w, "{id} {status} {out}").unwrap();
+            }
+        });
+        let mut ch = Channel::connect(&path).unwrap();
+        let r = ch.run("ip -br a", Duration::from_secs(2)).unwrap();
+        assert_eq!((r.status, r.output.as_str()), (0, "ran: ip -br a\n"));
+        let r = ch.run("exit 3", Duration::from_secs(2)).unwrap();
+        assert_eq!(r.status, 3);
+        drop(ch);
+        guest.join().unwrap();
+    }
+
+    #[test]
+    fn a_guest_that_does_not_answer_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cmd.sock");
+        let _listener = UnixListener::bind(&path).unwrap();
+        let mut ch = Channel::connect(&path).unwrap();
+        let e = ch.run("true", Duration::from_secs(1)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    }
+}
