@@ -29,9 +29,16 @@ status=0
 # The kernel tests run the workspace's binaries (vmnet, and vmnet-guest inside a simulated guest):
 # `cargo test` builds only the binaries of packages with integration tests, so build them all first.
 cargo build --workspace --bins --locked
-cargo test --workspace --all-targets --locked --no-fail-fast -- --include-ignored 2>&1 | tee "$log" ||
-  status=$?
-awk '/^test result:/ { p += $4; f += $6; i += $8 }
-     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i; exit (f > 0 || i > 0) }' "$log" ||
+# The real-guest test boots qemu guests (building the guest image on first use, cached in
+# /var/cache/vmnet-guest): without /dev/kvm it is skipped and counted so, which fails the run.
+skip=() kvm_skipped=0
+if [ ! -e /dev/kvm ]; then
+  echo "no /dev/kvm: the real-guest test (kvm_guests_in_the_pool_sandbox) is skipped" >&2
+  skip=(--skip kvm_guests_in_the_pool_sandbox) kvm_skipped=1
+fi
+cargo test --workspace --all-targets --locked --no-fail-fast -- --include-ignored "${skip[@]}" 2>&1 |
+  tee "$log" || status=$?
+awk -v extra="$kvm_skipped" '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { i += extra; printf "tests: %d passed, %d failed, %d skipped\n", p, f, i; exit (f > 0 || i > 0) }' "$log" ||
   status=1
 exit "$status"

@@ -14,6 +14,8 @@
 //! - [`mmds`]: raw requests to the metadata service from inside a guest namespace.
 //! - [`traffic`]: TCP/UDP echo clients, ICMP ping and command runs inside a namespace, each with
 //!   a timeout.
+//! - [`kvm`]: real guests (`--guests kvm`): qemu on the VMs' taps, the guest image, the command
+//!   channel and the pool-mode checks run inside the guests.
 //! - [`postgres`]: a throwaway PostgreSQL cluster on a unix socket.
 //! - [`agent`]: the agent (`vmnet serve --netns …`) as a child process, ready when its API
 //!   answers, stopped by its pid on drop; the one start-up routine of the jobs, benchmarks and
@@ -37,6 +39,7 @@ pub mod fleet;
 pub mod fleet_job;
 pub mod guest;
 pub mod helper;
+pub mod kvm;
 pub mod mesh_lab;
 pub mod mmds;
 pub mod netns;

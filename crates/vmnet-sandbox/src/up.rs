@@ -85,9 +85,15 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
             &args.name,
             &args.root,
             Duration::from_secs(args.timeout_secs),
+            args.guests,
             interrupts,
         )
         .await;
+    }
+    if args.guests == crate::kvm::GuestKind::Kvm {
+        return Err(Error::invalid(
+            "vmnet up --sandbox --guests kvm: real guests run for pool-mode specs only so far (\"mode\": \"pool\")",
+        ));
     }
     if crate::fleet_job::is_fleet_spec(&text) {
         return crate::fleet_job::up(json, &args, &text, interrupts).await;

@@ -21,13 +21,15 @@
 //! status non-zero when any check saw something other than expected.
 
 mod agent;
-mod checks;
+pub mod checks;
 mod report;
 mod spec;
 
 use std::path::Path;
 use std::time::Duration;
 
+use crate::kvm::pool::KvmGuest;
+use crate::kvm::{self, Accel, GuestImage, GuestKind, Vm, VmConfig};
 use crate::netns as tk;
 use crate::relay::Relay;
 use crate::sandbox::{HOST_UPLINK_V4, Sandbox};
@@ -60,6 +62,7 @@ pub async fn up_pool(
     name: &str,
     root: &Path,
     timeout: Duration,
+    guests: GuestKind,
     mut interrupts: crate::state::Interrupts,
 ) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
@@ -78,7 +81,7 @@ pub async fn up_pool(
     let result = tokio::select! {
         biased;
         why = interrupts.wait() => Err(crate::state::interrupted_error(why, name)),
-        r = run(&spec, &bridge, name, &paths, timeout) => r,
+        r = run(&spec, &bridge, name, &paths, timeout, guests) => r,
     };
     let _ = std::fs::remove_dir_all(&paths.dir);
     let report = result?;
@@ -108,8 +111,14 @@ async fn run(
     name: &str,
     paths: &Paths,
     timeout: Duration,
+    kind: GuestKind,
 ) -> Result<PoolReport, Error> {
     let dir = &paths.dir;
+    let kvm = match kind {
+        GuestKind::Kvm => Some(kvm_setup()?),
+        GuestKind::Sim => None,
+    };
+    let mut vms: Vec<KvmGuest> = Vec::new();
     let range_net: ipnet::Ipv4Net = spec
         .pool
         .cidr
@@ -202,6 +211,44 @@ async fn run(
             let network_config = std::fs::read_to_string(&seed_file)
                 .map_err(|e| Error::internal(format!("{}: {e}", seed_file.display())))?;
             let mac: MacAddr = nic.mac.parse()?;
+            if let Some((image, accel)) = &kvm {
+                let seed_iso = nics
+                    .seed_dir
+                    .as_deref()
+                    .map(|d| std::path::Path::new(d).join("seed.iso"))
+                    .filter(|p| p.is_file())
+                    .ok_or_else(|| {
+                        Error::unavailable(format!(
+                            "instance {}: no seed.iso (genisoimage missing?)",
+                            i.instance_id
+                        ))
+                    })?;
+                let cfg = VmConfig {
+                    name: i.instance_id.clone(),
+                    netns: host.clone(),
+                    nic_args: nics.runtime.qemu_args.clone(),
+                    seed_iso: Some(seed_iso),
+                    cmdline_extra: String::new(),
+                    memory_mib: 384,
+                };
+                let vm = Vm::start(&cfg, image, *accel, dir)?;
+                st.procs.push(Proc {
+                    role: format!("qemu {}", i.instance_id),
+                    pid: vm.pid(),
+                });
+                paths.save(&st)?;
+                rows.push(row(addr.to_string(), &nic.tap, &nic.mac, "cloud-init"));
+                vms.push(KvmGuest {
+                    id: i.instance_id.clone(),
+                    vm,
+                    ch: None,
+                    mac,
+                    ip4: addr,
+                    policy: i.policy,
+                    ready_secs: None,
+                });
+                continue;
+            }
             let ns = sb
                 .add_netns(&format!("g{}", guests.len()))
                 .map_err(|e| Error::unavailable(chain(&e)))?;
@@ -240,7 +287,24 @@ async fn run(
     }
     .await;
     let mut checks = Vec::new();
-    if let (Ok(()), Some(r)) = (&outcome, &range) {
+    if let (Ok(()), Some(r), Some(_)) = (&outcome, &range, &kvm) {
+        let pl = &placement;
+        let vms = &mut vms;
+        checks = tokio::task::block_in_place(|| {
+            let mut all = checks::run(&[], r, pl);
+            all.extend(kvm::pool::wait_booted(vms, KVM_BOOT_WAIT));
+            all.extend(kvm::pool::run(vms, r, &spec.pool.dns));
+            all
+        });
+        for g in vms.iter() {
+            if let Some(s) = g.ready_secs {
+                eprintln!(
+                    "{}: network-ready (cloud-init done) {s:.1} s after its qemu started",
+                    g.id
+                );
+            }
+        }
+    } else if let (Ok(()), Some(r)) = (&outcome, &range) {
         let (gs, pl) = (&guests, &placement);
         let rt = tokio::runtime::Handle::current();
         let agent = &agent;
@@ -275,6 +339,7 @@ async fn run(
         });
     }
     drop(relays);
+    drop(vms);
     // Deleting the instances through the API removes their taps, rules and seeds.
     for id in &created {
         if let Err(e) = agent.delete_instance(id).await {
@@ -296,6 +361,18 @@ async fn run(
         instances: rows,
         checks,
     })
+}
+
+/// How long real guests get to boot and finish cloud-init (TCG on a loaded host is slow).
+const KVM_BOOT_WAIT: Duration = Duration::from_secs(600);
+
+/// The guest image (built or found in its cache) and the accelerator, warning on TCG.
+fn kvm_setup() -> Result<(GuestImage, Accel), Error> {
+    let (accel, why) = Accel::detect();
+    if let Some(why) = why {
+        eprintln!("warning: real guests run under TCG (emulation, slow): {why}");
+    }
+    Ok((GuestImage::find_or_build()?, accel))
 }
 
 /// How long the gap check waits for the agent's audit (one 5 s period and some slack).

@@ -1,0 +1,262 @@
+//! Real guests for `vmnet up --sandbox --guests kvm`: Linux VMs booted by `qemu-system-x86_64`
+//! on the taps vmnet made, from the image `scripts/guest-image.sh` builds (Debian's cloud
+//! kernel, an ext4 root with systemd-networkd, cloud-init and vmnet-guest).
+//!
+//! - [`image`]: the cached image (built on first use).
+//! - [`Vm`]: one guest — its qcow2 overlay over the read-only cached root, its serial console log
+//!   and command-channel socket, all in the sandbox state directory; qemu runs in the namespace
+//!   that holds the tap (`ip netns exec`), in its own process group, and is stopped by pid on
+//!   drop (and by `vmnet down --sandbox`, which finds it in `sandbox.json`: its command line
+//!   names the state directory).
+//! - [`chan`]: the command channel (virtio-serial).
+//! - [`pool`]: the pool-mode checks run from inside the guests.
+//!
+//! # Acceleration
+//! KVM when `/dev/kvm` is there and usable by a stock kernel; otherwise TCG with a warning. A host
+//! whose KVM is `kvm_pvm` (pagetable-based virtualisation inside a VM) runs only guests built for
+//! PVM, so there TCG is used too. `VMNET_GUEST_ACCEL=kvm|tcg` overrides the choice.
+
+pub mod chan;
+pub mod image;
+pub mod pool;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use std::os::unix::process::CommandExt;
+
+use vmnet_model::Error;
+
+pub use self::chan::{Channel, Ran};
+pub use self::image::GuestImage;
+
+/// Which guests `vmnet up --sandbox` attaches to the VMs' taps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GuestKind {
+    /// Simulated guests: a namespace per VM joined to its tap by a frame relay.
+    #[default]
+    Sim,
+    /// Real Linux guests under qemu (KVM, or TCG with a warning).
+    Kvm,
+}
+
+/// How qemu runs the guest's CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualisation.
+    Kvm,
+    /// Emulation (slow; a warning is printed).
+    Tcg,
+}
+
+impl Accel {
+    /// The choice for this host (see the module docs) and, for TCG, why.
+    #[must_use]
+    pub fn detect() -> (Self, Option<String>) {
+        match std::env::var("VMNET_GUEST_ACCEL").as_deref() {
+            Ok("kvm") => return (Self::Kvm, None),
+            Ok("tcg") => return (Self::Tcg, Some("VMNET_GUEST_ACCEL=tcg".into())),
+            _ => {}
+        }
+        if !Path::new("/dev/kvm").exists() {
+            return (Self::Tcg, Some("no /dev/kvm".into()));
+        }
+        if Path::new("/sys/module/kvm_pvm").exists() {
+            return (
+                Self::Tcg,
+                Some("this host's KVM is kvm_pvm, which boots only PVM guest kernels".into()),
+            );
+        }
+        (Self::Kvm, None)
+    }
+
+    fn args(self) -> [&'static str; 4] {
+        match self {
+            // arch-capabilities off: nested hosts refuse MSR 0x10a and qemu aborts.
+            Self::Kvm => ["-accel", "kvm", "-cpu", "host,-arch-capabilities"],
+            Self::Tcg => ["-accel", "tcg,thread=multi", "-cpu", "max"],
+        }
+    }
+}
+
+/// How one guest boots.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// A short name (file names in the state directory).
+    pub name: String,
+    /// The namespace qemu runs in (the one holding the tap).
+    pub netns: String,
+    /// The NIC arguments, as `GET /v1/instances/{id}/nics` gives them (`runtime.qemu_args`), or
+    /// built for namespace mode.
+    pub nic_args: Vec<String>,
+    /// The NoCloud seed image (`seed.iso`), when the guest boots with cloud-init.
+    pub seed_iso: Option<PathBuf>,
+    /// Extra kernel command line words (`cloud-init=disabled vmnet.mode=ns`).
+    pub cmdline_extra: String,
+    /// Guest memory, MiB.
+    pub memory_mib: u32,
+}
+
+/// A running guest (stopped on drop).
+pub struct Vm {
+    /// Its name.
+    pub name: String,
+    /// When qemu was started.
+    pub started: std::time::Instant,
+    pid: u32,
+    child: Option<std::process::Child>,
+    marker: String,
+    /// The serial console log.
+    pub console: PathBuf,
+    /// The command channel socket.
+    pub socket: PathBuf,
+    overlay: PathBuf,
+}
+
+impl Vm {
+    /// Starts qemu for `cfg` with `image`, its files under `dir` (the sandbox state directory).
+    ///
+    /// # Errors
+    /// `INTERNAL` when the overlay cannot be made or qemu not started.
+    pub fn start(
+        cfg: &VmConfig,
+        image: &GuestImage,
+        accel: Accel,
+        dir: &Path,
+    ) -> Result<Self, Error> {
+        let vmdir = dir.join("vms").join(&cfg.name);
+        std::fs::create_dir_all(&vmdir)
+            .map_err(|e| Error::internal(format!("{}: {e}", vmdir.display())))?;
+        let overlay = vmdir.join("overlay.qcow2");
+        let out = Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+            .arg(&image.rootfs)
+            .arg(&overlay)
+            .output()
+            .map_err(|e| Error::internal(format!("qemu-img: {e}")))?;
+        if !out.status.success() {
+            return Err(Error::internal(format!(
+                "qemu-img create {}: {}",
+                overlay.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let console = vmdir.join("console.log");
+        let socket = vmdir.join("cmd.sock");
+        let log = vmdir.join("qemu.log");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &cfg.netns, "qemu-system-x86_64"])
+            .args([
+                "-machine",
+                "q35",
+                "-m",
+                &cfg.memory_mib.to_string(),
+                "-smp",
+                "1",
+            ])
+            .args(accel.args())
+            .args([
+                "-nodefaults",
+                "-no-user-config",
+                "-display",
+                "none",
+                "-no-reboot",
+            ])
+            .arg("-kernel")
+            .arg(&image.kernel)
+            .arg("-initrd")
+            .arg(&image.initrd)
+            .arg("-append")
+            .arg(format!(
+                "root=LABEL=vmroot rw console=ttyS0 panic=-1 net.ifnames=0 {}",
+                cfg.cmdline_extra
+            ))
+            .arg("-drive")
+            .arg(format!("file={},if=virtio,format=qcow2", overlay.display()))
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .args(["-device", "virtio-serial-pci", "-chardev"])
+            .arg(format!(
+                "socket,id=cmd,path={},server=on,wait=off",
+                socket.display()
+            ))
+            .args(["-device", "virtserialport,chardev=cmd,name=vmnet.cmd"])
+            .args(&cfg.nic_args);
+        if let Some(seed) = &cfg.seed_iso {
+            cmd.arg("-drive").arg(format!(
+                "file={},if=virtio,format=raw,readonly=on,media=cdrom",
+                seed.display()
+            ));
+        }
+        let logf = std::fs::File::create(&log)
+            .map_err(|e| Error::internal(format!("{}: {e}", log.display())))?;
+        let errf = logf
+            .try_clone()
+            .map_err(|e| Error::internal(format!("{}: {e}", log.display())))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(logf)
+            .stderr(errf)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| Error::internal(format!("cannot start qemu for {}: {e}", cfg.name)))?;
+        Ok(Self {
+            name: cfg.name.clone(),
+            started: std::time::Instant::now(),
+            pid: child.id(),
+            child: Some(child),
+            marker: vmdir.display().to_string(),
+            console,
+            socket,
+            overlay,
+        })
+    }
+
+    /// qemu's pid.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Connects the command channel and waits until the guest answers on it; the channel and
+    /// the time it took.
+    ///
+    /// # Errors
+    /// `INTERNAL` naming the VM, with the tail of its console, when it does not answer within
+    /// `timeout` or qemu exited.
+    pub fn channel(&self, timeout: Duration) -> Result<(Channel, Duration), Error> {
+        let start = std::time::Instant::now();
+        let fail = |what: String| {
+            Error::internal(format!(
+                "guest {}: {what}; console: {}; qemu: {}",
+                self.name,
+                crate::state::log_tail(&self.console),
+                crate::state::log_tail(&self.overlay.with_file_name("qemu.log"))
+            ))
+        };
+        let mut ch = loop {
+            match Channel::connect(&self.socket) {
+                Ok(c) => break c,
+                Err(e) if start.elapsed() > Duration::from_secs(10) => {
+                    return Err(fail(format!("command socket: {e}")));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        ch.wait_ready(timeout.saturating_sub(start.elapsed()))
+            .map_err(|e| fail(e.to_string()))?;
+        Ok((ch, start.elapsed()))
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = crate::state::stop(self.pid, &self.marker);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.overlay);
+    }
+}
