@@ -69,11 +69,14 @@ pub(super) fn replace_table(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), Ns
         if let Some(fw) = &plan.firewall {
             sweep_here(&name, fw);
         }
-        // No generation is read here: closing that socket right after a commit that deleted
-        // the old table would hold the netns's nf_tables commit lock while the kernel waits for
-        // the release, and with it the VM's next change. The next observe reads it.
+        let generation = crate::nftgen::read_here().ok();
         let listing = nftcheck::or_empty(nft.list_table("inet", &table)?);
-        memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
+        memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)?;
+        // As read back, the table is this plan's (equal to it, or its remembered form).
+        if let Some(g) = generation {
+            memo.found_in_sync(&key, &plan.nft_fingerprint, g);
+        }
+        Ok(())
     })?
 }
 
