@@ -60,11 +60,6 @@ impl NfnlSocket {
         })
     }
 
-    /// The socket's descriptor (for socket options).
-    pub(crate) fn raw_fd(&self) -> i32 {
-        std::os::fd::AsRawFd::as_raw_fd(&self.sock)
-    }
-
     /// Sends one request of `family` with netlink `flags`; returns its sequence number.
     pub(crate) fn send(
         &mut self,

@@ -69,14 +69,8 @@ pub(super) fn replace_table(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), Ns
         if let Some(fw) = &plan.firewall {
             sweep_here(&name, fw);
         }
-        let generation = crate::nftgen::read_here().ok();
         let listing = nftcheck::or_empty(nft.list_table("inet", &table)?);
-        memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)?;
-        // As read back, the table is this plan's (equal to it, or its remembered form).
-        if let Some(g) = generation {
-            memo.found_in_sync(&key, &plan.nft_fingerprint, g);
-        }
-        Ok(())
+        memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
     })?
 }
 
@@ -91,34 +85,16 @@ pub(super) async fn audit(
         return Ok(None);
     }
     let table = names::vm_nft_table(&plan.name_prefix);
-    let key = nftcheck::key(&plan.netns, "inet", &table);
     let name = plan.netns.clone();
-    let fp = plan.nft_fingerprint.as_str();
-    let memo = &d.nft_memo;
-    // The generation first (see `crate::nftgen`): unmoved since the table was found as planned,
-    // nothing in the netns changed and the listing is skipped.
-    let (generation, listing) = netns::run_in(&plan.netns, || {
-        let generation = crate::nftgen::read_here().ok();
-        if generation.is_some_and(|g| memo.unchanged(&key, fp, g)) {
-            return (generation, None);
-        }
-        (generation, Some(inns::list_table(&name, "inet", &table)))
-    })?;
-    let Some(listing) = listing else {
-        return Ok(None);
-    };
-    let drift = memo.drift(
+    let listing = netns::run_in(&plan.netns, move || inns::list_table(&name, "inet", &table))??;
+    let key = nftcheck::key(&plan.netns, "inet", &names::vm_nft_table(&plan.name_prefix));
+    let drift = d.nft_memo.drift(
         &plan.netns,
         &key,
         &plan.nft_fingerprint,
         &plan.nft,
-        &nftcheck::or_empty(listing?),
+        &nftcheck::or_empty(listing),
     )?;
-    if drift.is_empty()
-        && let Some(g) = generation
-    {
-        memo.found_in_sync(&key, fp, g);
-    }
     if drift.is_empty() {
         return Ok(None);
     }

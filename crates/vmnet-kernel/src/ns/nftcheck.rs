@@ -9,12 +9,6 @@
 //! from the plan: that listing then counts as in sync, so such a table is re-applied at most once
 //! per plan and driver, never on every pass. The differences are logged once, naming them, so
 //! the normalization can learn the shape.
-//!
-//! A table found in sync is also remembered with the namespace's nf_tables generation read
-//! just before its listing ([`crate::nftgen`]): while the generation has not moved, nothing in
-//! that namespace changed, so the next observe or audit skips the listing and the comparison
-//! ([`ListingMemo::unchanged`]). Any commit there, ours or anyone's, moves the generation and
-//! brings the full comparison back.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,15 +17,11 @@ use serde_json::{Value, json};
 use vmnet_plan::nftdiff::{NftCompareError, canonical_listing, diff_plan};
 
 use super::NsError;
-use crate::nftgen::NftGeneration;
 
 /// Remembered listings: table key (`<netns> <family> <name>`) → (plan fingerprint, canonical
-/// listing); and the tables found in sync: key → (plan fingerprint, generation).
+/// listing).
 #[derive(Debug, Default)]
-pub(super) struct ListingMemo(
-    Mutex<HashMap<String, (String, String)>>,
-    Mutex<HashMap<String, (String, NftGeneration)>>,
-);
+pub(super) struct ListingMemo(Mutex<HashMap<String, (String, String)>>);
 
 fn compare_err(netns: &str) -> impl Fn(NftCompareError) -> NsError + '_ {
     move |e| NsError::Nft {
@@ -50,26 +40,6 @@ impl ListingMemo {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn checked(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, NftGeneration)>> {
-        self.1
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Whether table `key` was found in sync with plan `fp` at generation `now` (so, the
-    /// generation not having moved since, it still is).
-    pub(super) fn unchanged(&self, key: &str, fp: &str, now: NftGeneration) -> bool {
-        self.checked()
-            .get(key)
-            .is_some_and(|(cfp, g)| cfp == fp && *g == now)
-    }
-
-    /// Records that table `key` was found in sync with plan `fp` by a listing read after
-    /// generation `at` was read.
-    pub(super) fn found_in_sync(&self, key: &str, fp: &str, at: NftGeneration) {
-        self.checked().insert(key.to_owned(), (fp.to_owned(), at));
     }
 
     /// The differences between `planned` (fingerprint `fp`) and `listing` of the table `key` in
@@ -124,7 +94,6 @@ impl ListingMemo {
     pub(super) fn forget_netns(&self, netns: &str) {
         let prefix = format!("{netns} ");
         self.lock().retain(|k, _| !k.starts_with(&prefix));
-        self.checked().retain(|k, _| !k.starts_with(&prefix));
     }
 }
 
@@ -152,22 +121,6 @@ mod tests {
             {"chain": {"family": "ip", "table": "t", "name": "c", "handle": 2}},
             {"rule": {"family": "ip", "table": "t", "chain": "c", "handle": 3,
                 "expr": [{"xt-note": "v9"}, {verdict: null}]}}]})
-    }
-
-    #[test]
-    fn a_table_found_in_sync_is_unchanged_only_at_that_generation_plan_and_netns() {
-        let m = ListingMemo::default();
-        let k = key("ns1", "inet", "t");
-        let g = |netns_cookie, id| NftGeneration { netns_cookie, id };
-        assert!(!m.unchanged(&k, "fp1", g(7, 3)));
-        m.found_in_sync(&k, "fp1", g(7, 3));
-        assert!(m.unchanged(&k, "fp1", g(7, 3)));
-        // Any commit in the namespace, another plan, or a namespace made again: compare again.
-        assert!(!m.unchanged(&k, "fp1", g(7, 4)));
-        assert!(!m.unchanged(&k, "fp2", g(7, 3)));
-        assert!(!m.unchanged(&k, "fp1", g(8, 3)));
-        m.forget_netns("ns1");
-        assert!(!m.unchanged(&k, "fp1", g(7, 3)));
     }
 
     #[test]

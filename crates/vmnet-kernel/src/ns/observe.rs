@@ -122,31 +122,16 @@ pub(super) async fn observe_vm(
     }
     st.ns_rules.extend(rules::dump_rules(ns).await?);
     let table = names::vm_nft_table(&plan.name_prefix);
-    let key = nftcheck::key(&plan.netns, "inet", &table);
     let netns_name = plan.netns.clone();
     let sysctls = plan.ns_sysctls.clone();
-    let fp = plan.nft_fingerprint.as_str();
-    let (bad, generation, listing) = netns::run_in(&plan.netns, || {
+    let (bad, listing) = netns::run_in(&plan.netns, move || {
         let bad = inns::sysctls_differ(&sysctls);
-        // Read before the listing: a change after it moves the generation past this one.
-        let generation = crate::nftgen::read_here().ok();
-        if generation.is_some_and(|g| memo.unchanged(&key, fp, g)) {
-            return (bad, generation, None);
-        }
-        (
-            bad,
-            generation,
-            Some(inns::list_table(&netns_name, "inet", &table)),
-        )
+        (bad, inns::list_table(&netns_name, "inet", &table))
     })?;
     st.sysctls_bad = bad;
-    let Some(listing) = listing else {
-        // Nothing in the netns changed since its table was found as planned.
-        st.nft_applied = Some(plan.nft_fingerprint.clone());
-        return observe_host_side(plan, host, host_rules, st).await;
-    };
     let listing = listing?;
     st.nft_applied = listing.as_ref().and_then(applied_fingerprint);
+    let key = nftcheck::key(&plan.netns, "inet", &names::vm_nft_table(&plan.name_prefix));
     st.nft_drift = memo.drift(
         &plan.netns,
         &key,
@@ -154,22 +139,6 @@ pub(super) async fn observe_vm(
         &plan.nft,
         &nftcheck::or_empty(listing),
     )?;
-    if st.nft_drift.is_empty()
-        && let Some(g) = generation
-    {
-        memo.found_in_sync(&key, fp, g);
-    }
-    observe_host_side(plan, host, host_rules, st).await
-}
-
-/// The host side of [`observe_vm`]: the VM's host veth with its addresses and routes, its
-/// routing table and its rules.
-async fn observe_host_side(
-    plan: &VmPlan,
-    host: &Handle,
-    host_rules: &RuleCache,
-    mut st: VmState,
-) -> Result<VmState, NsError> {
     let host_name =
         vmnet_plan::ns::name(&plan.name_prefix, names::NameKind::HostVeth, plan.user_id);
     st.host_link = routes::link_by_name(host, &host_name).await?;
