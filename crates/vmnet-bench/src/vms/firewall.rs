@@ -61,8 +61,7 @@ pub async fn bench_change(
 
 /// Two audit passes over VMs `1..=n` (plans made beforehand, as the agent's are per VM): the
 /// wall time of the first (each table listed and compared: none was read back since it was
-/// made) and of the second (the steady state of an unchanged host: each netns's nf_tables
-/// generation read, see `vmnet_kernel::nftgen`), and how many tables either rewrote (none
+/// made) and of the second (the steady state of an unchanged host), and how many tables either rewrote (none
 /// must be).
 ///
 /// # Errors
