@@ -15,9 +15,8 @@
 //! [`LEFTOVER_WAIT`]) until the host shows no object of the agent's prefix any more: the kernel
 //! may finish a VM's device teardown after the DELETE was answered, but nothing may stay.
 //!
-//! It prints the targets of the issue: RSS < 64 MiB at 1000 VMs, descriptors a fixed set plus one
-//! metadata listener per VM (under the agent's raised limit), a new VM's PUT ≤ 4 ms and a DELETE ≤ 5 ms median over all N, each with the median of
-//! its last 100 within 1.2× of its first 100.
+//! It prints the targets: RSS < 64 MiB at 1000 VMs, descriptors a fixed set plus one metadata
+//! listener per VM, PUT ≤ 4 ms and DELETE ≤ 5 ms median, last 100 within 1.2× of first 100.
 //!
 //! # Cleanup
 //! The agent is stopped by its pid (SIGTERM, then SIGKILL after 5 s) and reaped by a guard, also

@@ -1,10 +1,8 @@
 //! The mesh interface on this host: `wireguard-go` supervised, the managed peers and their /128
-//! routes converged to the record (`POST /v1/sync`, every reconcile pass, every restart of the
-//! device).
+//! routes converged to the record (`POST /v1/sync`, every pass, every restart of the device).
 //!
 //! # Design
-//! - One lock serializes every change (sync, pass, restart), so a sync's answer reflects its own
-//!   apply and a restart never races a sync.
+//! - One lock serializes every change (sync, pass, restart): a sync's answer reflects its apply.
 //! - A sync is validated whole ([`super::body`]), planned against the record and what wg0 shows
 //!   ([`super::plan`]) and refused before anything changes when invalid or in conflict with a
 //!   foreign peer. The record is written *before* wg0 (peers that left stay recorded as
