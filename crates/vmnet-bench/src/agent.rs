@@ -19,13 +19,11 @@
 //! listener per VM, PUT ≤ 4 ms and DELETE ≤ 5 ms median, last 100 within 1.2× of first 100.
 //!
 //! # Cleanup
-//! The agent is stopped by its pid (SIGTERM, then SIGKILL after 5 s) and reaped by a guard, also
-//! on error; the sandbox guard then deletes every namespace of the sandbox (with the VMs' links),
-//! and the state directory is removed.
+//! The agent is stopped by pid (SIGTERM, SIGKILL after 5 s) and reaped by a guard, also on error;
+//! the sandbox guard deletes its namespaces, then the state directory goes.
 //!
 //! # Limitations
-//! The reconcile interval is the agent's default: its periodic full passes also run while the
-//! PUTs and DELETEs are measured (one VM at a time, interleaved with them), as on a live host.
+//! The agent's periodic full passes run while PUTs and DELETEs are measured, as on a live host.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
