@@ -16,16 +16,25 @@ packages=(
   python3-requests python3-jsonpatch python3-netifaces
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
+missing_packages() {
+  missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+}
+
+# Two passes: installing one package can make apt remove another that conflicts with it (a
+# machine image with qemu-utils from backports loses it to Debian's qemu-system-x86), and the
+# second pass installs the matching version.
+export DEBIAN_FRONTEND=noninteractive
+updated=0
+for pass in 1 2; do
+  missing_packages
+  ((${#missing[@]})) || break
+  echo "installing (pass $pass): ${missing[*]}"
+  if ((!updated)); then apt-get update -q && updated=1; fi
   apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+done
 
 # Debian's postgresql package tries to start a system cluster; vmnet never uses it (tests start
 # their own cluster on a unix socket). Nothing else to start here.
