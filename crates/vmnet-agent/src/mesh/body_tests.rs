@@ -156,3 +156,13 @@ fn keys_print_as_base64_and_hex() {
     assert_eq!(k.to_string(), key(0xab));
     assert_eq!(k.to_hex(), "ab".repeat(32));
 }
+
+#[test]
+fn a_body_that_is_not_an_object_is_refused_without_naming_internal_types() {
+    for v in [json!([]), json!("peers"), json!(3)] {
+        let m = refused(&v, "expected a JSON object");
+        assert!(!m.contains("RawSync"), "{m}");
+    }
+    let m = refused(&json!({"peers": [], "extra": 1}), "unknown field `extra`");
+    assert!(!m.contains("RawSync"), "{m}");
+}

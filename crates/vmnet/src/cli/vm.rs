@@ -96,6 +96,7 @@ pub async fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
             show_vms(g.output, std::slice::from_ref(&view), true)
         }
         VmCmd::Get { id } => {
+            non_empty(&id)?;
             let view: VmView = client.get(&format!("/v1/vms/{}", segment(&id))).await?;
             show_vms(g.output, std::slice::from_ref(&view), true)
         }
@@ -105,6 +106,7 @@ pub async fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
         }
         VmCmd::Activity { id, idle_secs } => activity(g, &client, id, idle_secs).await,
         VmCmd::Delete { id } => {
+            non_empty(&id)?;
             let view: VmView = client.delete(&format!("/v1/vms/{}", segment(&id))).await?;
             match g.output {
                 Output::Json => print_json(&view),
@@ -118,6 +120,14 @@ pub async fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
             }
         }
     }
+}
+
+/// An empty id would address the collection (`/v1/vms/`), which has no such route.
+fn non_empty(id: &str) -> Result<(), Error> {
+    if id.is_empty() {
+        return Err(Error::invalid("vm id must not be empty"));
+    }
+    Ok(())
 }
 
 fn dash<T: ToString>(v: Option<T>) -> String {
