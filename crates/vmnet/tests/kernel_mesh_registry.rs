@@ -5,7 +5,9 @@
 //! the agents. Checked: same tenant across hosts (TCP, UDP, ICMPv6 both ways), another tenant
 //! dropped and counted on both hosts, a registration reaching the peers within 1 s (measured), a
 //! VM moved from host B to host C reached at C within 1 s with nothing of it left on B, and a
-//! TCP stream across hosts flowing through an agent restart.
+//! TCP stream across hosts flowing through an agent restart; a conflicting claim of one mesh
+//! address by a second host (the oldest claim stays in force everywhere, the conflict is
+//! reported), and `vmnet mesh vm sync` restoring a host's rows deleted from the store by hand.
 
 mod mesh_support;
 
@@ -126,7 +128,9 @@ async fn drops(n: &Node, reason: &str) -> u64 {
 #[ignore = "needs root: builds network namespaces, mounts a bpffs, runs wireguard-go and PostgreSQL"]
 async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
     vmnet_testkit::require_root();
-    let registry = PgCluster::shared().fresh_database_url().expect("database");
+    let pg = PgCluster::shared();
+    let db = pg.fresh_database().expect("database");
+    let registry = pg.url(&db);
     let bpffs = BpffsMount::new(&format!("reg{}", std::process::id())).expect("bpffs");
     let mut m = Mesh::start_with(3, |h| {
         let dir = bpffs.dir(&h.prefix).expect("pin dir");
@@ -312,4 +316,59 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
     let v = b.view().await.registrations.expect("registrations");
     assert_eq!(v.local, 2, "B registers b1 and b2 only: {v:?}");
     assert!(v.conflicts.is_empty(), "{v:?}");
+
+    // A conflicting claim through the agents: C puts a VM on a1's mesh address. The oldest claim
+    // (A's) stays in force on every host, C reports the conflict, and B still reaches a1 at A.
+    let a = &m.nodes[0];
+    let _dup: VmView = put(c, "cdup", 6, 1, a1.mesh).await;
+    let reported = mesh_support::eventually(Duration::from_secs(3), || async {
+        c.view().await.registrations.is_some_and(|r| {
+            r.conflicts
+                .iter()
+                .any(|k| k.mesh_address == a1.mesh.to_string() && k.winner == a.mesh.to_string())
+        })
+    })
+    .await;
+    assert!(
+        reported,
+        "C reports the conflict: {:?}",
+        c.view().await.registrations
+    );
+    for p in &planes {
+        assert_eq!(located_on(p, a1.mesh), Some(a.mesh), "a1 stays at A");
+    }
+    assert!(tcp(&b1, &a1), "b1 -> a1 at A despite C's claim");
+
+    // `vmnet mesh vm sync` after A's rows were deleted from the store by hand: A's claims come
+    // back with their original times (so A's still wins over C's newer claim), and B reaches a1.
+    let sql = |q: String| pg.psql(&db, &q).expect("psql");
+    let select = format!(
+        "SELECT mesh_address, registered_at FROM mesh_vms WHERE host = '{}' ORDER BY mesh_address",
+        a.mesh
+    );
+    let before = sql(select.clone());
+    assert_eq!(before.lines().count(), 2, "A's rows: {before}");
+    sql(format!("DELETE FROM mesh_vms WHERE host = '{}'", a.mesh));
+    let out = std::process::Command::new(mesh_support::VMNET)
+        .arg("--socket")
+        .arg(a.dir.join("vmnet.sock"))
+        .args(["mesh", "vm", "sync"])
+        .output()
+        .expect("vmnet mesh vm sync");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.starts_with("registrations: "),
+        "mesh vm sync: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("mesh vm sync after A's rows were deleted: {}", text.trim());
+    assert_eq!(sql(select), before, "A's claims restored as they were");
+    assert!(
+        within(Duration::from_secs(2), || located_on(&planes[1], a1.mesh)
+            == Some(a.mesh)
+            && tcp(&b1, &a1))
+        .is_some(),
+        "B reaches a1 at A after the sync: {:?}",
+        planes[1].locations()
+    );
 }
