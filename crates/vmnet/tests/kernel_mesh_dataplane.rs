@@ -9,62 +9,14 @@
 
 mod mesh_support;
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::Ipv6Addr;
 use std::time::Duration;
 
-use mesh_support::{Mesh, Node, answers, body_for};
+use mesh_support::vms::{tcp, vm};
+use mesh_support::{Mesh, answers, body_for};
 use serde_json::json;
-use vmnet_agent::status::VmView;
 use vmnet_kernel::mesh::MeshPlane;
-use vmnet_testkit::echo::EchoService;
-use vmnet_testkit::guest::{GuestConfig, GuestRoute6, SimGuest};
 use vmnet_testkit::mesh_lab::BpffsMount;
-use vmnet_testkit::{netns, traffic};
-
-const T: Duration = Duration::from_secs(2);
-const PORT: u16 = 7000;
-
-struct Vm {
-    mesh: Ipv6Addr,
-    guest: SimGuest,
-    _echo: EchoService,
-}
-
-/// A VM made through `n`'s agent with a simulated guest serving the echo on its mesh address.
-async fn vm(n: &Node, id: &str, uid: u32, tenant: u32, mesh: Ipv6Addr) -> Vm {
-    let body = json!({"id": id, "user_id": uid, "tenant": tenant, "mesh_ipv6": mesh.to_string()});
-    let v: VmView = n
-        .client()
-        .put(&format!("/v1/vms/{id}"), &body)
-        .await
-        .unwrap_or_else(|e| panic!("put {id}: {e}"));
-    let ns = format!("{}x-g{id}", n.host.prefix);
-    netns::create(&ns).expect("guest netns");
-    let cfg = GuestConfig {
-        mesh_ipv6: Some(mesh),
-        routes_v6: vec![GuestRoute6 {
-            destination: "fdaa::/16".into(),
-            via: Some(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)),
-        }],
-        ..GuestConfig::default()
-    };
-    let guest = SimGuest::attach_in(&ns, &v.status.netns, &v.status.tap, &cfg).expect("guest");
-    let echo = EchoService::start(&ns, &[SocketAddr::new(IpAddr::V6(mesh), PORT)]).expect("echo");
-    Vm {
-        mesh,
-        guest,
-        _echo: echo,
-    }
-}
-
-fn tcp(from: &Vm, to: &Vm) -> bool {
-    traffic::tcp_echo(
-        from.guest.netns(),
-        SocketAddr::new(IpAddr::V6(to.mesh), PORT),
-        T,
-    )
-    .is_ok()
-}
 
 /// Syncs every node with the others and `whitelist`.
 async fn sync_whitelist(m: &Mesh, whitelist: &[&str]) {

@@ -17,70 +17,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use mesh_support::vms::{PORT, Vm, guest, put, tcp, vm};
 use mesh_support::{Mesh, Node, answers};
-use serde_json::json;
 use vmnet_agent::status::VmView;
 use vmnet_kernel::mesh::MeshPlane;
-use vmnet_testkit::echo::EchoService;
-use vmnet_testkit::guest::{GuestConfig, GuestRoute6, SimGuest};
 use vmnet_testkit::mesh_lab::BpffsMount;
 use vmnet_testkit::postgres::PgCluster;
 use vmnet_testkit::{netns, traffic};
 
 const T: Duration = Duration::from_secs(2);
-const PORT: u16 = 7000;
 const STREAM_PORT: u16 = 7001;
-
-struct Vm {
-    mesh: Ipv6Addr,
-    guest: SimGuest,
-    _echo: EchoService,
-}
 
 fn mesh_addr(host: u16, n: u16) -> Ipv6Addr {
     Ipv6Addr::new(0xfdaa, 0x100 + host, 0, 0, 0, 0, 0, n)
-}
-
-async fn put(n: &Node, id: &str, uid: u32, tenant: u32, mesh: Ipv6Addr) -> VmView {
-    let body = json!({"id": id, "user_id": uid, "tenant": tenant, "mesh_ipv6": mesh.to_string()});
-    n.client()
-        .put(&format!("/v1/vms/{id}"), &body)
-        .await
-        .unwrap_or_else(|e| panic!("put {id}: {e}\n{}", n.logs()))
-}
-
-fn guest(n: &Node, v: &VmView, name: &str, mesh: Ipv6Addr) -> Vm {
-    let ns = format!("{}x-g{name}", n.host.prefix);
-    netns::create(&ns).expect("guest netns");
-    let cfg = GuestConfig {
-        mesh_ipv6: Some(mesh),
-        routes_v6: vec![GuestRoute6 {
-            destination: "fdaa::/16".into(),
-            via: Some(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)),
-        }],
-        ..GuestConfig::default()
-    };
-    let guest = SimGuest::attach_in(&ns, &v.status.netns, &v.status.tap, &cfg).expect("guest");
-    let echo = EchoService::start(&ns, &[SocketAddr::new(IpAddr::V6(mesh), PORT)]).expect("echo");
-    Vm {
-        mesh,
-        guest,
-        _echo: echo,
-    }
-}
-
-async fn vm(n: &Node, id: &str, uid: u32, tenant: u32, mesh: Ipv6Addr) -> Vm {
-    let v = put(n, id, uid, tenant, mesh).await;
-    guest(n, &v, id, mesh)
-}
-
-fn tcp(from: &Vm, to: &Vm) -> bool {
-    traffic::tcp_echo(
-        from.guest.netns(),
-        SocketAddr::new(IpAddr::V6(to.mesh), PORT),
-        T,
-    )
-    .is_ok()
 }
 
 fn udp(from: &Vm, to: &Vm) -> bool {

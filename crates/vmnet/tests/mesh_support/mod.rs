@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod vms;
+
 use std::net::{IpAddr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
