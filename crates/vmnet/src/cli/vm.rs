@@ -214,12 +214,14 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                         if l.applied { "" } else { " (not applied)" },
                     )
                 };
+                // The class and direction as the API spells them (`private`, `download`).
+                let class = format!("{:?}", l.class).to_lowercase();
+                let direction = format!("{:?}", l.direction).to_lowercase();
                 println!(
-                    "limit:        {:?} {:?} {rate}{state}{}",
-                    l.class,
-                    l.direction,
-                    match (l.bytes, l.drops) {
-                        (Some(b), Some(d)) => format!(", {b} bytes, {d} drops"),
+                    "limit:        {class} {direction} {rate}{state}{}",
+                    match (l.bytes, l.packets, l.drops) {
+                        (Some(b), Some(p), Some(d)) =>
+                            format!(", {b} bytes, {p} packets, {d} drops"),
                         _ => String::new(),
                     }
                 );
