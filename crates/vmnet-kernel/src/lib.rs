@@ -15,6 +15,8 @@ pub mod netns;
 pub mod nfnl;
 /// Keyed lookups of nf_tables set and map elements over netlink.
 pub mod nftelem;
+/// The nf_tables generation of a namespace: has anything there changed?
+pub mod nftgen;
 pub mod ns;
 pub mod tap;
 pub mod wg;

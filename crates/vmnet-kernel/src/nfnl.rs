@@ -1,6 +1,7 @@
 //! One netfilter netlink socket (`NETLINK_NETFILTER`) with request/answer handling, shared by
-//! the conntrack deletions ([`crate::conntrack`]) and the nf_tables element lookups
-//! ([`crate::nftelem`]), on the message types of `netlink-packet-netfilter`.
+//! the conntrack deletions ([`crate::conntrack`]), the nf_tables element lookups
+//! ([`crate::nftelem`]) and the nf_tables generation reads ([`crate::nftgen`]), on the message
+//! types of `netlink-packet-netfilter`.
 
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::{
@@ -47,8 +48,14 @@ pub(crate) struct NfnlSocket {
 }
 
 impl NfnlSocket {
-    /// Opens and binds the socket.
+    /// Opens and binds the socket, with a 64 KiB receive buffer (dumps).
     pub(crate) fn open() -> Result<Self, NetfilterError> {
+        Self::open_with_buffer(1 << 16)
+    }
+
+    /// Opens and binds the socket, with a receive buffer of `len` bytes: enough for the
+    /// largest datagram of the answers it will read (a longer one is cut and fails to decode).
+    pub(crate) fn open_with_buffer(len: usize) -> Result<Self, NetfilterError> {
         let mut sock = Socket::new(NETLINK_NETFILTER).map_err(io("open socket"))?;
         sock.bind_auto().map_err(io("bind"))?;
         sock.connect(&SocketAddr::new(0, 0))
@@ -56,8 +63,27 @@ impl NfnlSocket {
         Ok(Self {
             sock,
             seq: 0,
-            buf: vec![0; 1 << 16],
+            buf: vec![0; len],
         })
+    }
+
+    /// Moves the socket to the lowest free descriptor number at or above `min` (the same
+    /// socket under a new, close-on-exec descriptor; the old one is closed, which does not close
+    /// the socket). Where that fails (e.g. `min` at or above `RLIMIT_NOFILE`) it stays where it
+    /// is. For sockets kept by the thousand: libnftables waits for its answers with `select(2)`,
+    /// which takes descriptors below `FD_SETSIZE` (1024) only, so those are left free for it.
+    pub(crate) fn move_fd_above(&mut self, min: i32) {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        if self.sock.as_raw_fd() >= min {
+            return;
+        }
+        let Ok(fd) = nix::fcntl::fcntl(&self.sock, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(min))
+        else {
+            return;
+        };
+        // SAFETY: `fd` is a descriptor fcntl(2) just made for this socket; nothing else owns it.
+        let moved = unsafe { Socket::from_raw_fd(fd) };
+        drop(std::mem::replace(&mut self.sock, moved));
     }
 
     /// Sends one request of `family` with netlink `flags`; returns its sequence number.

@@ -114,6 +114,7 @@ enum Command {
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    raise_nofile_limit();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
@@ -176,6 +177,20 @@ fn restore_sigpipe() {
     // no memory.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Raises the soft limit of open files (`RLIMIT_NOFILE`) to the hard limit. The agent (and a
+/// bench running its driver) keeps descriptors per VM — the metadata listener and the nf_tables
+/// generation socket of each VM netns — so 1,000 VMs take over 2,000, past the soft limit of
+/// 1,024 a service manager usually sets. A failure leaves the limit as it was (logged later by
+/// whatever runs out).
+fn raise_nofile_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
 }
 

@@ -65,7 +65,7 @@ async fn apply_links_routes_nft(
             return Ok((changes, None));
         }
     };
-    let before = observe::observe_vm(plan, &ns, &d.host, &d.host_rules, &d.nft_memo).await?;
+    let before = observe::observe_vm(d, plan, &ns).await?;
     let mut changes = Vec::new();
     if let Err(e) = repair_and_converge(d, plan, &ns, &before, &mut changes).await {
         tracing::warn!(vm = %plan.vm_id, error = %e, "apply failed; restoring the previous routes and rules");
@@ -91,7 +91,7 @@ async fn repair_and_converge(
         return converge(d, plan, ns, before, changes).await;
     }
     changes.extend(fixed);
-    let now = observe::observe_vm(plan, ns, &d.host, &d.host_rules, &d.nft_memo).await?;
+    let now = observe::observe_vm(d, plan, ns).await?;
     converge(d, plan, ns, &now, changes).await
 }
 
@@ -108,7 +108,7 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
             what: format!("{}: unusable netns", plan.netns),
         }]);
     };
-    let st = observe::observe_vm(plan, &ns, &d.host, &d.host_rules, &d.nft_memo).await?;
+    let st = observe::observe_vm(d, plan, &ns).await?;
     let mut changes = Vec::new();
     if let Some(what) = d.host_drift().await? {
         changes.push(Change::Repair { what });
@@ -193,7 +193,7 @@ async fn restore(
     ns: &Handle,
     before: &VmState,
 ) -> Result<(), NsError> {
-    let now = observe::observe_vm(plan, ns, &d.host, &d.host_rules, &d.nft_memo).await?;
+    let now = observe::observe_vm(d, plan, ns).await?;
     let want = Desired {
         ns_routes: before
             .ns_routes

@@ -11,6 +11,7 @@ use std::net::IpAddr;
 
 use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_host};
 
+use super::gens::NftGens;
 use super::host::{self, HostNs};
 use super::nftcheck::ListingMemo;
 use super::routes;
@@ -31,6 +32,8 @@ pub struct NetlinkNsDriver {
     host_plan: Option<HostPlan>,
     host_ready: tokio::sync::Mutex<HostState>,
     pub(super) nft_memo: ListingMemo,
+    /// The kept generation socket of each VM netns and its in-sync record (see `gens`).
+    pub(super) nft_gens: NftGens,
     /// The host's VM rules, kept from the kernel's notifications (see [`super::rulecache`]).
     pub(super) host_rules: RuleCache,
     /// The uplinks found so far (see `host::ra_uplinks`).
@@ -97,6 +100,7 @@ impl NetlinkNsDriver {
             host,
             host_ready: tokio::sync::Mutex::new(HostState::default()),
             nft_memo: ListingMemo::default(),
+            nft_gens: NftGens::default(),
             uplinks_seen: std::sync::Mutex::new(BTreeSet::new()),
             deferred: StdMutex::new(HashMap::new()),
             conntrack: super::public_driver::conntrack_worker(worker_ns),
@@ -236,6 +240,8 @@ impl NetlinkNsDriver {
             }
         }
         self.nft_memo.forget_netns(&ns);
+        // Before the unmount: the kept socket holds the namespace (and the veth pair in it).
+        self.nft_gens.close(&ns);
         if let Some(rec) = &self.activity
             && let Err(e) = rec.forget(uid)
         {

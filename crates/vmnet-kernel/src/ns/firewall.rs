@@ -11,7 +11,9 @@
 //!   undisturbed. Connections of the netns itself (the metadata service, link-local traffic)
 //!   are not the filter's and are kept ([`vmnet_plan::ns::firewall::FirewallPlan::direction`]).
 //! - [`audit`] reads one VM's table, compares it with the plan by content and replaces it when
-//!   it differs: the agent's firewall audit, cheaper than a full reconcile of the VM.
+//!   it differs: the agent's firewall audit, cheaper than a full reconcile of the VM. A table
+//!   found as planned is not read again while its netns's nf_tables generation stays where it
+//!   was then (`gens`): the steady audit is one generation read per VM.
 //!
 //! # Limitations
 //! A conntrack dump walks the kernel's whole hash table (several ms); it is skipped while the
@@ -55,47 +57,73 @@ pub(super) fn sweep_here(netns: &str, fw: &FirewallPlan) -> usize {
 }
 
 /// Replaces the VM's netns table with the plan's in one transaction (then sweeps conntrack when
-/// the firewall filters), on a thread inside the netns, and remembers the listing read back.
+/// the firewall filters), on a thread inside the netns, and remembers the listing read back;
+/// records the table as planned at the generation our commit made, when it made exactly one
+/// (see `gens`).
 pub(super) fn replace_table(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), NsError> {
     let table = names::vm_nft_table(&plan.name_prefix);
     let key = nftcheck::key(&plan.netns, "inet", &table);
     let name = plan.netns.clone();
     let memo = &d.nft_memo;
+    let gens = &d.nft_gens;
     netns::run_in(&plan.netns, || -> Result<(), NsError> {
         // One libnftables context for the transaction and the read-back: a context costs its
         // set-up and, once it committed, a socket close that waits for the kernel.
         let nft = inns::NftSession::here(&name)?;
-        nft.json(&plan.nft)?;
+        let before = gens.read_here(&name);
+        if let Err(e) = nft.json(&plan.nft) {
+            gens.forget_sync(&name);
+            return Err(e);
+        }
+        let after = gens.read_here(&name);
         if let Some(fw) = &plan.firewall {
             sweep_here(&name, fw);
         }
-        let listing = nftcheck::or_empty(nft.list_table("inet", &table)?);
-        memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
+        // As read back, the table is this plan's (equal to it, or its remembered form).
+        let res = nft.list_table("inet", &table).and_then(|listing| {
+            let listing = nftcheck::or_empty(listing);
+            memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
+        });
+        gens.after_commit(&name, &plan.nft_fingerprint, before, after, res.is_ok());
+        res
     })?
 }
 
 /// Compares the VM's netns table with the plan by content and replaces it when it differs;
 /// returns the differences replaced (`None` when in sync, or when the netns does not exist:
-/// the reconcile pass makes it).
+/// the reconcile pass makes it). A table found as planned at the netns's current nf_tables
+/// generation is not listed again (see `gens`).
 pub(super) async fn audit(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
 ) -> Result<Option<Vec<String>>, NsError> {
+    let fp = plan.nft_fingerprint.as_str();
+    if d.nft_gens.unchanged(&plan.netns, fp) {
+        return Ok(None);
+    }
     if !netns::exists(&plan.netns) {
         return Ok(None);
     }
     let table = names::vm_nft_table(&plan.name_prefix);
+    let key = nftcheck::key(&plan.netns, "inet", &table);
     let name = plan.netns.clone();
-    let listing = netns::run_in(&plan.netns, move || inns::list_table(&name, "inet", &table))??;
-    let key = nftcheck::key(&plan.netns, "inet", &names::vm_nft_table(&plan.name_prefix));
+    let gens = &d.nft_gens;
+    // The generation first: a change after it moves the netns past the one recorded.
+    let (generation, listing) = netns::run_in(&plan.netns, || {
+        let generation = gens.read_here(&name);
+        (generation, inns::list_table(&name, "inet", &table))
+    })?;
     let drift = d.nft_memo.drift(
         &plan.netns,
         &key,
-        &plan.nft_fingerprint,
+        fp,
         &plan.nft,
-        &nftcheck::or_empty(listing),
+        &nftcheck::or_empty(listing?),
     )?;
     if drift.is_empty() {
+        if let Some(g) = generation {
+            gens.found_in_sync(&plan.netns, fp, g);
+        }
         return Ok(None);
     }
     tracing::warn!(vm = %plan.vm_id, differences = ?drift, "firewall audit: the VM's table was changed behind the agent's back; replacing it");

@@ -78,6 +78,7 @@ mod apply;
 mod create;
 mod driver;
 mod firewall;
+mod gens;
 mod host;
 mod hostnft;
 mod inns;

@@ -11,9 +11,9 @@ use rtnetlink::{Handle, IpVersion};
 use vmnet_model::vm::MESH_RANGE;
 use vmnet_plan::ns::{MAIN_TABLE, PlannedRoute, RouteKind, VmPlan, names};
 
-use super::nftcheck::{self, ListingMemo};
+use super::driver::NetlinkNsDriver;
+use super::nftcheck;
 use super::routes::{self, KKind, KLink, KRoute, nl};
-use super::rulecache::RuleCache;
 use super::rules::{self, KRule};
 use super::{NsError, inns};
 use crate::netns;
@@ -96,14 +96,13 @@ pub(super) async fn link_addrs(h: &Handle, index: u32) -> Result<HashSet<KAddr>,
 }
 
 /// Reads the VM's state: netns links, addresses, routes, rules, sysctls and nft table (compared
-/// with the plan by content, see [`super::nftcheck`]) through `ns`; its host veth, host routes
-/// and rules through `host`.
+/// with the plan by content, see [`super::nftcheck`]; not listed while the netns's nf_tables
+/// generation stays where the table was last found as planned, see `gens`) through `ns`; its
+/// host veth, host routes and rules through the driver's host handle.
 pub(super) async fn observe_vm(
+    d: &NetlinkNsDriver,
     plan: &VmPlan,
     ns: &Handle,
-    host: &Handle,
-    host_rules: &RuleCache,
-    memo: &ListingMemo,
 ) -> Result<VmState, NsError> {
     let mut st = VmState::default();
     for l in routes::dump_links(ns).await? {
@@ -122,23 +121,45 @@ pub(super) async fn observe_vm(
     }
     st.ns_rules.extend(rules::dump_rules(ns).await?);
     let table = names::vm_nft_table(&plan.name_prefix);
+    let key = nftcheck::key(&plan.netns, "inet", &table);
     let netns_name = plan.netns.clone();
     let sysctls = plan.ns_sysctls.clone();
-    let (bad, listing) = netns::run_in(&plan.netns, move || {
+    let fp = plan.nft_fingerprint.as_str();
+    let gens = &d.nft_gens;
+    let (bad, read) = netns::run_in(&plan.netns, || {
         let bad = inns::sysctls_differ(&sysctls);
-        (bad, inns::list_table(&netns_name, "inet", &table))
+        if gens.unchanged(&netns_name, fp) {
+            return (bad, None);
+        }
+        // Read before the listing: a change after it moves the generation past this one.
+        let generation = gens.read_here(&netns_name);
+        (
+            bad,
+            Some((generation, inns::list_table(&netns_name, "inet", &table))),
+        )
     })?;
     st.sysctls_bad = bad;
-    let listing = listing?;
-    st.nft_applied = listing.as_ref().and_then(applied_fingerprint);
-    let key = nftcheck::key(&plan.netns, "inet", &names::vm_nft_table(&plan.name_prefix));
-    st.nft_drift = memo.drift(
-        &plan.netns,
-        &key,
-        &plan.nft_fingerprint,
-        &plan.nft,
-        &nftcheck::or_empty(listing),
-    )?;
+    match read {
+        // Nothing in the netns changed since its table was found as planned.
+        None => st.nft_applied = Some(plan.nft_fingerprint.clone()),
+        Some((generation, listing)) => {
+            let listing = listing?;
+            st.nft_applied = listing.as_ref().and_then(applied_fingerprint);
+            st.nft_drift = d.nft_memo.drift(
+                &plan.netns,
+                &key,
+                fp,
+                &plan.nft,
+                &nftcheck::or_empty(listing),
+            )?;
+            if st.nft_drift.is_empty()
+                && let Some(g) = generation
+            {
+                gens.found_in_sync(&plan.netns, fp, g);
+            }
+        }
+    }
+    let host = &d.host;
     let host_name =
         vmnet_plan::ns::name(&plan.name_prefix, names::NameKind::HostVeth, plan.user_id);
     st.host_link = routes::link_by_name(host, &host_name).await?;
@@ -153,7 +174,7 @@ pub(super) async fn observe_vm(
         st.host_routes
             .extend(routes::dump_routes(host, v, Some(plan.host_table), None).await?);
     }
-    st.host_rules.extend(host_rules.of(&host_name).await?);
+    st.host_rules.extend(d.host_rules.of(&host_name).await?);
     Ok(st)
 }
 
