@@ -462,13 +462,13 @@ pub fn render(rows: &[AgentRow], again: Stats, after: &ProcUsage, del: &DeletePh
     if let Some(r) = rows.last() {
         let _ = writeln!(
             out,
-            "open descriptors at N={}: {} (one metadata listener per VM plus a fixed set; limit {}): {}",
+            "open descriptors at N={}: {} (per VM a metadata listener and an nf_tables generation socket, plus a fixed set; limit {}): {}",
             r.n,
             r.usage.fds,
             r.usage
                 .fd_limit
                 .map_or_else(|| "unlimited".to_owned(), |l| l.to_string()),
-            if r.usage.fds < u64::from(r.n) + 256 {
+            if r.usage.fds < 2 * u64::from(r.n) + 256 {
                 "ok"
             } else {
                 "HIGH"
