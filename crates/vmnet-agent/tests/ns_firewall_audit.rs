@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use vmnet_kernel::ns::{NetlinkNsDriver, NsDriver};
 use vmnet_plan::ns::{NsSettings, plan_vm};
 use vmnet_testkit::Sandbox;
-use vmnet_testkit::nft::nft;
+use vmnet_testkit::nft::{last_rule_handle, nft};
 
 /// The handle of table `inet <table>` in `ns`: a replacement (delete, add) gives it a new one.
 fn table_handle(ns: &str, table: &str) -> u64 {
@@ -25,19 +25,6 @@ fn table_handle(ns: &str, table: &str) -> u64 {
         .unwrap()
         .iter()
         .find_map(|i| i["table"]["handle"].as_u64())
-        .unwrap()
-}
-
-/// The handle of the last rule of `chain`.
-fn last_rule(ns: &str, table: &str, chain: &str) -> u64 {
-    let out = nft(ns, &["-j", "list", "chain", "inet", table, chain]).unwrap();
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v["nftables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find_map(|i| i["rule"]["handle"].as_u64())
         .unwrap()
 }
 
@@ -90,7 +77,7 @@ async fn each_hand_edit_of_the_filter_is_replaced_within_the_audit_period() {
         "an untouched table is not rewritten"
     );
 
-    let del = last_rule(&ns, &table, "fw_in").to_string();
+    let del = last_rule_handle(&ns, &table, "fw_in").unwrap().to_string();
     let edits: [(&str, Vec<&str>); 3] = [
         (
             "accept-all rule added",

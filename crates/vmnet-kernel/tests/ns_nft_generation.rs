@@ -11,10 +11,10 @@ mod ns_support;
 use std::time::{Duration, Instant};
 
 use ns_support::{Env, link_info};
-use serde_json::{Value, json};
+use serde_json::json;
 use vmnet_kernel::netns;
 use vmnet_plan::ns::VmPlan;
-use vmnet_testkit::nft::nft;
+use vmnet_testkit::nft::{last_rule_handle, nft};
 
 fn fw_vm(env: &Env, uid: u32, inbound: &str) -> VmPlan {
     let v = json!({"id": format!("g{uid:x}"), "user_id": uid, "tenant": 1,
@@ -25,20 +25,6 @@ fn fw_vm(env: &Env, uid: u32, inbound: &str) -> VmPlan {
                         {"protocol": "tcp", "ports": "22", "prefixes": ["2001:db8::/32"]}],
             "outbound": [{"protocol": "any", "prefixes": ["0.0.0.0/0", "::/0"]}]}});
     env.plan(&v.to_string())
-}
-
-/// The handle of the last rule of chain `chain` of table `inet <table>` in `ns`.
-fn last_rule(ns: &str, table: &str, chain: &str) -> String {
-    let out = nft(ns, &["-j", "list", "chain", "inet", table, chain]).unwrap();
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v["nftables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find_map(|i| i["rule"]["handle"].as_u64())
-        .unwrap()
-        .to_string()
 }
 
 /// Polls until the host link `name` is gone; fails after `within`.
@@ -84,7 +70,7 @@ async fn a_table_edited_after_it_was_found_in_sync_is_still_repaired() {
         assert_eq!(env.driver.audit_table(&plan).await.unwrap(), None, "{what}");
         match what {
             "rule deleted" => {
-                let h = last_rule(&ns, &t, "fw_in");
+                let h = last_rule_handle(&ns, &t, "fw_in").unwrap().to_string();
                 nft(&ns, &["delete", "rule", "inet", &t, "fw_in", "handle", &h]).unwrap();
             }
             "set element swapped" => {

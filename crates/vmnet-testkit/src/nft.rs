@@ -21,6 +21,23 @@ pub fn nft(ns: &str, args: &[&str]) -> Result<String, SandboxError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The handle of the last rule of chain `chain` of table `inet <table>` in `ns` (from
+/// `nft -a list chain`).
+///
+/// # Errors
+/// When nft fails or the chain has no rule.
+pub fn last_rule_handle(ns: &str, table: &str, chain: &str) -> Result<u64, SandboxError> {
+    let out = nft(ns, &["-a", "list", "chain", "inet", table, chain])?;
+    out.lines()
+        .rev()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("chain ") && !l.starts_with("table "))
+        .find_map(|l| l.rsplit_once("# handle ")?.1.trim().parse().ok())
+        .ok_or_else(|| {
+            SandboxError::Unexpected(format!("{ns}: chain inet {table} {chain} has no rule"))
+        })
+}
+
 /// One kind of hand edit of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Edit {
