@@ -64,8 +64,6 @@ async fn world(private: u32, public: u32) -> World {
     let plan = env.plan(&config(private, public));
     env.driver.apply(&plan).await.expect("apply");
     let peer = iperf::private_peer(&env.sb);
-    iperf::receive_elsewhere(&env.sb.host(), vmnet_testkit::sandbox::HOST_UPLINK_IF);
-    iperf::receive_elsewhere(&env.sb.host(), iperf::PRIVATE_HOST_IF);
     let guest = env.guest("lim", &plan, &["::/0"], 1380);
     let inet = env.sb.inet();
     World {

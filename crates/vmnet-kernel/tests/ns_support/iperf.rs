@@ -15,8 +15,6 @@ pub const MIB: f64 = 1_048_576.0;
 pub const PRIVATE_V4: &str = "10.99.0.1";
 /// The private peer's IPv6 address (a mesh address, routed by the sandbox host).
 pub const PRIVATE_V6: &str = "fdaa:ffff::1";
-/// The sandbox host's end of the private peer's link.
-pub const PRIVATE_HOST_IF: &str = "priv0";
 
 /// A namespace `<prefix>x-priv` on a private network behind the sandbox host: 10.99.0.1/24 and
 /// `fdaa:ffff::1/64`, default routes via the host (10.99.0.2, `fdaa:ffff::2`).
@@ -26,21 +24,12 @@ pub fn private_peer(sb: &Sandbox) -> String {
     netns::ip(
         &host,
         &[
-            "link",
-            "add",
-            PRIVATE_HOST_IF,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &ns,
+            "link", "add", "priv0", "type", "veth", "peer", "name", "eth0", "netns", &ns,
         ],
     )
     .expect("veth");
     for (n, dev, v4, v6) in [
-        (&host, PRIVATE_HOST_IF, "10.99.0.2/24", "fdaa:ffff::2/64"),
+        (&host, "priv0", "10.99.0.2/24", "fdaa:ffff::2/64"),
         (&ns, "eth0", "10.99.0.1/24", "fdaa:ffff::1/64"),
     ] {
         netns::ip(n, &["addr", "add", v4, "dev", dev]).expect("v4");
@@ -56,33 +45,6 @@ pub fn private_peer(sb: &Sandbox) -> String {
     ns
 }
 
-/// The CPU the peers' iperf3 servers run on, and the one [`receive_elsewhere`] moves a link's
-/// receive processing to: (sender, receiver). `None` on a one-CPU machine.
-fn cpus() -> Option<(u32, u32)> {
-    let n = std::thread::available_parallelism().map_or(1, usize::from);
-    (n >= 2).then_some((0, 1))
-}
-
-/// Moves the receive processing of `dev` in `ns` (the sandbox host's end of a peer's link) off
-/// the sending CPU with RPS, as a real host's NIC does with its interrupts: a veth otherwise
-/// forwards every packet inside the sender's own system call, so a download sender in the fake
-/// internet would pay for the sandbox host's whole forwarding path and the shaper, and could not
-/// offer UDP at twice 50 MiB/s on two cores. Only the throwaway namespace's link changes; on a
-/// one-CPU machine nothing does.
-pub fn receive_elsewhere(ns: &str, dev: &str) {
-    let Some((_, rx)) = cpus() else { return };
-    let script = format!(
-        "echo {:x} > /sys/class/net/{dev}/queues/rx-0/rps_cpus",
-        1u32 << rx
-    );
-    let out = netns::exec(ns, "sh", &["-c", &script], Duration::from_secs(5)).expect("rps");
-    assert!(
-        out.status.success(),
-        "{ns}: {script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// An `iperf3 -s` in a namespace, killed when dropped.
 pub struct Server {
     child: Child,
@@ -93,18 +55,20 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts a server on `addr:port` in `ns` (serving one test after the other), pinned to the
-    /// sending CPU of [`receive_elsewhere`] on a machine with two or more.
+    /// Starts a server on `addr:port` in `ns` (serving one test after the other).
     pub fn start(ns: &str, addr: &str, port: u16) -> Self {
-        let port_arg = port.to_string();
-        let mut argv = vec!["netns", "exec", ns];
-        let cpu = cpus().map(|(tx, _)| tx.to_string());
-        if let Some(cpu) = &cpu {
-            argv.extend(["taskset", "-c", cpu]);
-        }
-        argv.extend(["iperf3", "-s", "-B", addr, "-p", &port_arg]);
         let child = Command::new("ip")
-            .args(&argv)
+            .args([
+                "netns",
+                "exec",
+                ns,
+                "iperf3",
+                "-s",
+                "-B",
+                addr,
+                "-p",
+                &port.to_string(),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
