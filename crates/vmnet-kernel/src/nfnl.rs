@@ -3,7 +3,7 @@
 //! ([`crate::nftelem`]) and the nf_tables generation reads ([`crate::nftgen`]), on the message
 //! types of `netlink-packet-netfilter`.
 
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
 };
@@ -34,6 +34,10 @@ pub enum NetfilterError {
     #[error("netfilter netlink: unreadable message: {0}")]
     Decode(String),
 }
+
+/// The nfnetlink subsystem id of nf_tables (`NFNL_SUBSYS_NFTABLES`), the resource id of a
+/// batch's begin and end messages.
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
 fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> NetfilterError {
     move |source| NetfilterError::Io { op, source }
@@ -105,6 +109,97 @@ impl NfnlSocket {
         nl.serialize(&mut out);
         self.sock.send(&out, 0).map_err(io("send"))?;
         Ok(self.seq)
+    }
+
+    /// Sends `msgs` as one nf_tables transaction: `NFNL_MSG_BATCH_BEGIN`, the messages (each
+    /// with netlink `flags` and `NLM_F_ACK`), `NFNL_MSG_BATCH_END`, in one datagram (the kernel
+    /// reads a batch from one). Then waits for every message's answer: the kernel commits the
+    /// whole batch or none of it.
+    ///
+    /// # Errors
+    /// [`NetfilterError::Kernel`] (naming `op`) with the first error answered (the batch was
+    /// not committed); socket and decode failures.
+    pub(crate) fn transaction(
+        &mut self,
+        msgs: Vec<(NetfilterProtoFamily, NetfilterMessageInner, u16)>,
+        op: &str,
+    ) -> Result<(), NetfilterError> {
+        use netlink_packet_core::NLM_F_ACK;
+        use netlink_packet_netfilter::none::ControlMessage;
+        let mut out = Vec::new();
+        let mut push =
+            |this: &mut Self, header: NetfilterHeader, inner: NetfilterMessageInner, flags: u16| {
+                this.seq = this.seq.wrapping_add(1);
+                let mut nl = NetlinkMessage::from(NetfilterMessage::new(header, inner));
+                nl.header.flags = flags;
+                nl.header.sequence_number = this.seq;
+                nl.finalize();
+                let at = out.len();
+                out.resize(at + nl.header.length as usize, 0);
+                nl.serialize(&mut out[at..]);
+                this.seq
+            };
+        let control = NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
+        let begin = push(
+            self,
+            control.clone(),
+            ControlMessage::BatchBegin.into(),
+            NLM_F_REQUEST,
+        );
+        let mut waiting = std::collections::BTreeSet::new();
+        for (family, inner, flags) in msgs {
+            let seq = push(
+                self,
+                NetfilterHeader::new(family, 0, 0),
+                inner,
+                flags | NLM_F_ACK,
+            );
+            waiting.insert(seq);
+        }
+        push(
+            self,
+            control,
+            ControlMessage::BatchEnd.into(),
+            NLM_F_REQUEST,
+        );
+        self.sock.send(&out, 0).map_err(io("send"))?;
+        // Error answers carry the request they answer: room for the largest one.
+        let mut buf = vec![0; out.len().max(self.buf.len()) + 4096];
+        let mut first_error = None;
+        while !waiting.is_empty() {
+            let n = self
+                .sock
+                .recv(&mut &mut buf[..], 0)
+                .map_err(io("receive"))?;
+            let mut off = 0;
+            while off < n {
+                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[off..n])
+                    .map_err(|e| NetfilterError::Decode(e.to_string()))?;
+                let len = msg.header.length as usize;
+                if len == 0 {
+                    return Err(NetfilterError::Decode("zero-length message".into()));
+                }
+                off += len;
+                let seq = msg.header.sequence_number;
+                let NetlinkPayload::Error(e) = msg.payload else {
+                    continue;
+                };
+                let failed = (e.raw_code() != 0).then(|| NetfilterError::Kernel {
+                    op: op.to_owned(),
+                    code: e.to_io(),
+                });
+                if seq == begin {
+                    // The whole batch was refused (or its commit failed): no other answer comes.
+                    return Err(failed.unwrap_or_else(|| {
+                        NetfilterError::Decode("an acknowledgement of the batch begin".into())
+                    }));
+                }
+                if waiting.remove(&seq) && first_error.is_none() {
+                    first_error = failed;
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Receives until the answer to `seq` is complete (its acknowledgement, error or end of

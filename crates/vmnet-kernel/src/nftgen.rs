@@ -113,6 +113,11 @@ impl GenSocket {
         self.netns
     }
 
+    /// The socket, for a transaction in its namespace (e.g. an element batch).
+    pub(crate) fn nfnl(&mut self) -> &mut NfnlSocket {
+        &mut self.sock
+    }
+
     /// The namespace's nf_tables generation now: the count of its committed transactions.
     ///
     /// # Errors

@@ -18,6 +18,7 @@ use vmnet_plan::ns::VmPlan;
 use vmnet_testkit::echo::EchoService;
 use vmnet_testkit::guest::SimGuest;
 use vmnet_testkit::netns;
+use vmnet_testkit::nft::nft;
 use vmnet_testkit::sandbox::{
     ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4, HOST_UPLINK_V6, INET_UPLINK_IF,
 };
@@ -97,6 +98,35 @@ fn the_rules() -> Value {
             {"protocol": "icmp", "prefixes": ["198.51.100.0/24"]}]})
 }
 
+/// What passes inbound under [`the_rules`]: tcp 22 from A only; the range at its edges, from
+/// both; udp 53 from anyone; ICMP from B (IPv4) and anyone (ICMPv6).
+const THE_RULES_IN: [&str; 17] = [
+    "203.0.113.1 tcp 22",
+    "203.0.113.1 tcp 8000",
+    "203.0.113.1 tcp 8100",
+    "203.0.113.1 udp 53",
+    "203.0.113.9 tcp 8000",
+    "203.0.113.9 tcp 8100",
+    "203.0.113.9 udp 53",
+    "203.0.113.9 icmp",
+    "2001:db8:0:1::1 tcp 22",
+    "2001:db8:0:1::1 tcp 8000",
+    "2001:db8:0:1::1 tcp 8100",
+    "2001:db8:0:1::1 udp 53",
+    "2001:db8:0:1::1 icmp",
+    "2001:db8:0:1::9 tcp 8000",
+    "2001:db8:0:1::9 tcp 8100",
+    "2001:db8:0:1::9 udp 53",
+    "2001:db8:0:1::9 icmp",
+];
+
+/// What the guest reaches outside under [`the_rules`].
+const THE_RULES_OUT: [&str; 3] = [
+    "198.51.100.10 tcp 7",
+    "198.51.100.10 icmp",
+    "2001:db8:100::10 udp 7",
+];
+
 /// What arrives at the guest from each client, by (client, protocol, port); and what the guest
 /// reaches outside.
 struct Seen {
@@ -161,39 +191,9 @@ async fn allowed_traffic_arrives_and_nothing_else_in_either_direction() {
     assert_eq!(env.driver.drift(&plan).await.expect("drift"), vec![]);
     let (g, _svc) = guest(&env, &plan);
     let seen = probe(&env, &g);
-    assert_eq!(
-        passed(&seen.inbound),
-        [
-            // tcp 22 from A only; the range at its edges, from both; udp 53 from anyone; ICMP
-            // from B (IPv4) and anyone (ICMPv6).
-            "203.0.113.1 tcp 22",
-            "203.0.113.1 tcp 8000",
-            "203.0.113.1 tcp 8100",
-            "203.0.113.1 udp 53",
-            "203.0.113.9 tcp 8000",
-            "203.0.113.9 tcp 8100",
-            "203.0.113.9 udp 53",
-            "203.0.113.9 icmp",
-            "2001:db8:0:1::1 tcp 22",
-            "2001:db8:0:1::1 tcp 8000",
-            "2001:db8:0:1::1 tcp 8100",
-            "2001:db8:0:1::1 udp 53",
-            "2001:db8:0:1::1 icmp",
-            "2001:db8:0:1::9 tcp 8000",
-            "2001:db8:0:1::9 tcp 8100",
-            "2001:db8:0:1::9 udp 53",
-            "2001:db8:0:1::9 icmp",
-        ]
-    );
+    assert_eq!(passed(&seen.inbound), THE_RULES_IN);
     // Outbound: the replies of allowed connections come back with no inbound rule for them.
-    assert_eq!(
-        passed(&seen.outbound),
-        [
-            "198.51.100.10 tcp 7",
-            "198.51.100.10 icmp",
-            "2001:db8:100::10 udp 7"
-        ]
-    );
+    assert_eq!(passed(&seen.outbound), THE_RULES_OUT);
     // An ICMP error for an allowed flow passes (related): a UDP datagram the guest may send to
     // a closed port is answered with port unreachable, seen as a refusal.
     let refused = netns::run_in(g.netns(), || {
@@ -316,7 +316,9 @@ async fn tightening_cuts_the_open_connections_it_no_longer_admits_and_keeps_the_
     let tight = json!({"enabled": true, "inbound": [
         {"protocol": "tcp", "ports": "8000", "prefixes": ["0.0.0.0/0", "::/0"]}]});
     let plan = vm(&env, &tight);
-    env.driver.apply(&plan).await.expect("tighten");
+    // A firewall-only change (as a PUT makes it): one element batch, then the sweep.
+    let changes = env.driver.apply_table(&plan).await.expect("tighten");
+    assert!(by_elements(&changes), "{changes:?}");
     assert!(
         line_echo(&mut s8000, "after"),
         "an admitted connection goes on"
@@ -335,6 +337,77 @@ async fn tightening_cuts_the_open_connections_it_no_longer_admits_and_keeps_the_
     assert_eq!(env.driver.apply(&plan).await.expect("re-apply"), vec![]);
     assert!(line_echo(&mut s8000, "again"));
     let _ = v6;
+}
+
+/// Whether `changes` (of `apply_table`) say the firewall went in as one element batch.
+fn by_elements(changes: &[vmnet_kernel::ns::Change]) -> bool {
+    format!("{changes:?}").contains("set elements")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+async fn a_changed_firewall_of_the_same_shape_goes_in_as_one_element_batch() {
+    let env = Env::new();
+    world(&env);
+    let inet = env.sb.inet();
+    let _echo = env.sb.start_echo().expect("echo");
+    let empty = vm(&env, &json!({"enabled": true}));
+    env.driver.apply(&empty).await.expect("apply");
+    let (g, _svc) = guest(&env, &empty);
+    // From empty sets to the rules: only the set elements change.
+    let plan = vm(&env, &the_rules());
+    assert_eq!(plan.nft_shape, empty.nft_shape);
+    let changes = env.driver.apply_table(&plan).await.expect("change");
+    assert!(by_elements(&changes), "{changes:?}");
+    // nft lists what the plan says (the batch wrote what libnftables would have), and a
+    // full apply finds nothing to do.
+    assert_eq!(env.driver.audit_table(&plan).await.expect("audit"), None);
+    assert_eq!(env.driver.apply(&plan).await.expect("re-apply"), vec![]);
+    let seen = probe(&env, &g);
+    assert_eq!(passed(&seen.inbound), THE_RULES_IN);
+    assert_eq!(passed(&seen.outbound), THE_RULES_OUT);
+    // `any` rules: the single-field interval sets, a /32 and a /64.
+    let any = vm(
+        &env,
+        &json!({"enabled": true, "inbound": [
+            {"protocol": "any", "prefixes": ["203.0.113.9/32", "2001:db8:0:1::/64"]}]}),
+    );
+    let changes = env.driver.apply_table(&any).await.expect("change to any");
+    assert!(by_elements(&changes), "{changes:?}");
+    let at = |a: &str, p: u16| SocketAddr::new(ip(a), p);
+    assert!(tcp_ok(&inet, Some(ip(B4)), at(PUB4, 23), T), "any from B");
+    assert!(!tcp_ok(&inet, Some(ip(A4)), at(PUB4, 23), NO), "not from A");
+    assert!(
+        tcp_ok(&inet, Some(ip(A6)), at(PUB6, 7999), T),
+        "any from the /64"
+    );
+    assert_eq!(env.driver.audit_table(&any).await.expect("audit"), None);
+    // A change by hand moves the netns's generation: the next change replaces the table whole
+    // (and so removes the hand-made element).
+    let t = vmnet_plan::ns::names::vm_nft_table(&any.name_prefix);
+    nft(
+        &any.netns,
+        &[
+            "add",
+            "element",
+            "inet",
+            &t,
+            "fw_in4_any",
+            "{ 203.0.113.1 }",
+        ],
+    )
+    .expect("hand edit");
+    let changes = env
+        .driver
+        .apply_table(&plan)
+        .await
+        .expect("change after edit");
+    assert!(!by_elements(&changes), "{changes:?}");
+    assert_eq!(env.driver.audit_table(&plan).await.expect("audit"), None);
+    assert!(
+        !tcp_ok(&inet, Some(ip(A4)), at(PUB4, 23), NO),
+        "the hand edit is gone"
+    );
 }
 
 /// A mesh VM without routes: its guest reaches the other VMs' mesh addresses only.

@@ -169,7 +169,7 @@ async fn converge(
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
     sync_routes(d, plan, ns, &want, st, changes).await?;
     if !st.nft_drift.is_empty() {
-        if st.nft_applied.as_deref() == Some(plan.nft_fingerprint.as_str()) {
+        if st.nft_applied.as_deref() == Some(plan.nft_shape.as_str()) {
             tracing::warn!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table not as planned; replacing it");
         } else {
             // Made from another plan: the VM's config changed (or an older agent made it).

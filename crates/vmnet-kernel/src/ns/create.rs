@@ -16,6 +16,7 @@ use super::observe::{self, VmState};
 use super::routes::{self, KLink, nl};
 use super::{Change, NsError, inns, tc};
 use crate::netns;
+use crate::nftgen::GenSocket;
 
 /// The ifindex both veth ends are created with (`IFINDEX_BASE + uid`, on the host and in the VM
 /// netns), so configuring them needs no lookup; if the host has that index in use already the
@@ -124,7 +125,7 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     let (mounted_tx, mounted_rx) = tokio::sync::oneshot::channel::<()>();
     let p = plan.clone();
     let work = tokio::task::spawn_blocking(move || {
-        netns::create_and_run(&p.netns, || -> Result<(Handle, u32), NsError> {
+        netns::create_and_run(&p.netns, || -> Result<Made, NsError> {
             let _ = mounted_tx.send(());
             in_new_netns(&p, &rt)
         })
@@ -137,8 +138,16 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         add_veth(d, plan, v).await
     };
     let (veth, work) = tokio::join!(veth, work);
-    let (ns, tap_index) =
+    let Made {
+        ns,
+        tap_index,
+        generation,
+    } =
         work.map_err(|_| NsError::Netns(netns::NetnsError::ThreadPanicked(plan.netns.clone())))???;
+    if let Some((sock, ids)) = generation {
+        let plan_ids = (plan.nft_fingerprint.as_str(), plan.nft_shape.as_str());
+        d.nft_gens.adopt_created(&plan.netns, sock, ids, plan_ids);
+    }
     let veth_index = veth?;
     // What was just made, so configuring it needs no read-back.
     let mut st = VmState::default();
@@ -176,10 +185,22 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     }])
 }
 
+/// What the thread in the new netns made.
+struct Made {
+    /// A netlink socket bound to the netns.
+    ns: Handle,
+    /// The tap's ifindex.
+    tap_index: u32,
+    /// An nf_tables generation socket of the netns with the generation read before and after
+    /// the table's transaction (`None` when it could not be opened or read: the table is then
+    /// listed at the next check, as without one).
+    generation: Option<(GenSocket, (u32, u32))>,
+}
+
 /// The work on the thread that just created the VM's netns: tap (persistent, owner, MTU, up),
-/// lo up, sysctls, the nft table (one transaction) and a netlink socket bound to the netns.
-/// Returns the socket's handle and the tap's ifindex.
-fn in_new_netns(plan: &VmPlan, rt: &tokio::runtime::Handle) -> Result<(Handle, u32), NsError> {
+/// lo up, sysctls, the nft table (one transaction, its generation read around it) and a
+/// netlink socket bound to the netns.
+fn in_new_netns(plan: &VmPlan, rt: &tokio::runtime::Handle) -> Result<Made, NsError> {
     let tap_err = |op| {
         let name = plan.tap.name.clone();
         move |source| NsError::Tap { name, op, source }
@@ -191,7 +212,14 @@ fn in_new_netns(plan: &VmPlan, rt: &tokio::runtime::Handle) -> Result<(Handle, u
     inns::write_sysctls(&plan.netns, &plan.ns_sysctls)?;
     // A fresh netns has no table yet: skip the replace prologue (a delete makes closing the nft
     // socket slow), keep the rest of the one transaction.
+    let mut gen_sock = GenSocket::open_here().ok();
+    let before = gen_sock.as_mut().and_then(|s| s.read().ok());
     inns::run_nft(&plan.netns, &without_replace_prologue(&plan.nft))?;
+    let after = gen_sock.as_mut().and_then(|s| s.read().ok());
+    let generation = match (gen_sock, before, after) {
+        (Some(s), Some(b), Some(a)) => Some((s, (b, a))),
+        _ => None,
+    };
     let _guard = rt.enter();
     let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
         NsError::Netns(netns::NetnsError::Io {
@@ -201,7 +229,11 @@ fn in_new_netns(plan: &VmPlan, rt: &tokio::runtime::Handle) -> Result<(Handle, u
         })
     })?;
     rt.spawn(conn);
-    Ok((h, tap_index))
+    Ok(Made {
+        ns: h,
+        tap_index,
+        generation,
+    })
 }
 
 /// The transaction without its leading `add table` + `delete table` pair.

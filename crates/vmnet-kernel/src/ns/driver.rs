@@ -515,10 +515,15 @@ impl NsDriver for NetlinkNsDriver {
             if !netns::exists(&plan.netns) {
                 return super::apply::apply(self, plan).await;
             }
-            super::firewall::replace_table(self, plan)?;
+            let what = if super::firewall::change_elements(self, plan)? {
+                "the firewall changed (its set elements, in one batch)"
+            } else {
+                super::firewall::replace_table(self, plan)?;
+                "the firewall changed"
+            };
             Ok(vec![Change::ReplaceNft {
                 fingerprint: plan.nft_fingerprint.clone(),
-                differences: vec!["the firewall changed".into()],
+                differences: vec![what.into()],
             }])
         })
     }

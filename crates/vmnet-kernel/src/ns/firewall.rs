@@ -56,6 +56,37 @@ pub(super) fn sweep_here(netns: &str, fw: &FirewallPlan) -> usize {
     }
 }
 
+/// Applies a changed firewall as one element batch when the VM's table is known to be of the
+/// plan's shape at the netns's current generation (see [`super::fwbatch`] and `gens`), then
+/// sweeps conntrack; `Ok(false)` when it is not (replace the table whole). A refused batch
+/// (nothing committed) is logged and also answers `Ok(false)`.
+///
+/// # Errors
+/// [`NsError`] when the netns cannot be entered for the sweep.
+pub(super) fn change_elements(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<bool, NsError> {
+    let Some(fw) = &plan.firewall else {
+        return Ok(false);
+    };
+    let table = names::vm_nft_table(&plan.name_prefix);
+    let sets = fw.sets();
+    let done = d.nft_gens.change_elements(
+        &plan.netns,
+        (&plan.nft_fingerprint, &plan.nft_shape),
+        |sock| super::fwbatch::replace(sock, &table, &sets),
+    );
+    match done {
+        Ok(super::gens::ElementChange::Done) => {}
+        Ok(super::gens::ElementChange::NotEligible) => return Ok(false),
+        Err(e) => {
+            tracing::warn!(vm = %plan.vm_id, error = %e, "firewall: the element batch was refused; replacing the table");
+            return Ok(false);
+        }
+    }
+    let name = plan.netns.clone();
+    netns::run_in(&plan.netns, || sweep_here(&name, fw))?;
+    Ok(true)
+}
+
 /// Replaces the VM's netns table with the plan's in one transaction (then sweeps conntrack when
 /// the firewall filters), on a thread inside the netns, and remembers the listing read back;
 /// records the table as planned at the generation our commit made, when it made exactly one
@@ -84,7 +115,13 @@ pub(super) fn replace_table(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), Ns
             let listing = nftcheck::or_empty(listing);
             memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
         });
-        gens.after_commit(&name, &plan.nft_fingerprint, before, after, res.is_ok());
+        gens.after_commit(
+            &name,
+            (&plan.nft_fingerprint, &plan.nft_shape),
+            before,
+            after,
+            res.is_ok(),
+        );
         res
     })?
 }
@@ -122,7 +159,7 @@ pub(super) async fn audit(
     )?;
     if drift.is_empty() {
         if let Some(g) = generation {
-            gens.found_in_sync(&plan.netns, fp, g);
+            gens.found_in_sync(&plan.netns, (fp, &plan.nft_shape), g);
         }
         return Ok(None);
     }

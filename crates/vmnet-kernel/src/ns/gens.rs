@@ -13,8 +13,12 @@
 //!   so the next check lists again (never a wrong skip). After our own transaction the table
 //!   is recorded only when the generation moved by exactly that one commit (read before and
 //!   after it) and the listing read back is the plan's.
-//! - One socket per VM netns, opened on the first thread that enters the netns for a listing
-//!   and kept until the VM goes: [`NftGens::close`] (the driver's removal, DELETE and garbage
+//! - A firewall change of the recorded shape goes in as one element batch over the kept socket
+//!   ([`NftGens::change_elements`]) when nothing else committed since the record; the table is
+//!   then recorded unlisted (the next check lists it). A create records its table the same way
+//!   when its transaction was the only commit in the new netns ([`NftGens::adopt_created`]).
+//! - One socket per VM netns, opened by the create (or on the first thread that enters the
+//!   netns for a listing) and kept until the VM goes: [`NftGens::close`] (the driver's removal, DELETE and garbage
 //!   collection) closes it synchronously, so the deleted netns, and the host veth end with it,
 //!   is destroyed as soon as the kernel gets to it. A netns path that no longer names the
 //!   socket's namespace (deleted by hand, made again) closes the socket and drops the record
@@ -42,8 +46,28 @@ pub(super) struct Generation {
 
 struct Kept {
     sock: GenSocket,
-    /// The plan fingerprint and the generation at which the table was found as planned.
-    synced: Option<(String, u32)>,
+    synced: Option<Synced>,
+}
+
+/// The table as last known: made or found as planned at generation `at`.
+struct Synced {
+    /// The plan's fingerprint.
+    fp: String,
+    /// The plan's shape fingerprint.
+    shape: String,
+    /// The generation.
+    at: u32,
+    /// Whether a listing showed it so (`false` after an element batch: the next check lists).
+    listed: bool,
+}
+
+/// What [`NftGens::change_elements`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ElementChange {
+    /// The batch was committed.
+    Done,
+    /// The table is not known to be of that shape at the current generation: replace it whole.
+    NotEligible,
 }
 
 /// The kept sockets and records, by netns name (see the module docs).
@@ -79,12 +103,14 @@ impl NftGens {
             drop(stale);
             return false;
         }
-        let Some((sfp, at)) = kept.synced.as_ref().map(|(f, g)| (f.clone(), *g)) else {
+        let Some(at) = kept
+            .synced
+            .as_ref()
+            .filter(|s| s.listed && s.fp == fp)
+            .map(|s| s.at)
+        else {
             return false;
         };
-        if sfp != fp {
-            return false;
-        }
         match kept.sock.read() {
             Ok(id) => id == at,
             Err(e) => {
@@ -142,25 +168,77 @@ impl NftGens {
         res
     }
 
-    /// Records that the table of `netns` was found as planned by `fp` by a listing read after
-    /// generation `at` was read. Ignored when the kept socket is not the one `at` was read
-    /// over (closed or replaced meanwhile).
-    pub(super) fn found_in_sync(&self, netns: &str, fp: &str, at: Generation) {
+    /// Records that the table of `netns` was found as planned by `fp` (shape `shape`) by a
+    /// listing read after generation `at` was read. Ignored when the kept socket is not the one
+    /// `at` was read over (closed or replaced meanwhile).
+    pub(super) fn found_in_sync(&self, netns: &str, (fp, shape): (&str, &str), at: Generation) {
         if let Some(kept) = self.lock().get_mut(netns)
             && kept.sock.netns() == at.netns
         {
-            kept.synced = Some((fp.to_owned(), at.id));
+            kept.synced = Some(Synced {
+                fp: fp.to_owned(),
+                shape: shape.to_owned(),
+                at: at.id,
+                listed: true,
+            });
         }
     }
 
-    /// After our own transaction: records the table as planned by `fp` when the generation
+    /// Changes the table of `netns`, known to be of shape `shape` at the generation the netns
+    /// is at now, into plan `fp` of the same shape by `batch` (one transaction over the kept
+    /// socket, from any thread). Records the table as `fp` when the generation moved by exactly
+    /// that commit, to be listed at the next check. [`ElementChange::NotEligible`] (nothing
+    /// sent) when no socket is kept, its path names another namespace, nothing is recorded, the
+    /// recorded shape differs or anything committed since.
+    ///
+    /// # Errors
+    /// `batch`'s error (nothing was committed; the record is dropped).
+    pub(super) fn change_elements(
+        &self,
+        netns: &str,
+        (fp, shape): (&str, &str),
+        batch: impl FnOnce(&mut crate::nfnl::NfnlSocket) -> Result<(), crate::nfnl::NetfilterError>,
+    ) -> Result<ElementChange, crate::nfnl::NetfilterError> {
+        let now = NsId::of_path(&netns::path(netns)).ok();
+        let mut map = self.lock();
+        let Some(kept) = map.get_mut(netns) else {
+            return Ok(ElementChange::NotEligible);
+        };
+        let Some(at) = kept
+            .synced
+            .as_ref()
+            .filter(|s| s.shape == shape && now == Some(kept.sock.netns()))
+            .map(|s| s.at)
+        else {
+            return Ok(ElementChange::NotEligible);
+        };
+        // Nothing committed since: the table is the recorded one. The kept socket serializes
+        // this with the other checks of this netns (under the map's lock: a few round trips).
+        if kept.sock.read().ok() != Some(at) {
+            kept.synced = None;
+            return Ok(ElementChange::NotEligible);
+        }
+        kept.synced = None;
+        batch(kept.sock.nfnl())?;
+        if kept.sock.read().ok() == Some(at.wrapping_add(1)) {
+            kept.synced = Some(Synced {
+                fp: fp.to_owned(),
+                shape: shape.to_owned(),
+                at: at.wrapping_add(1),
+                listed: false,
+            });
+        }
+        Ok(ElementChange::Done)
+    }
+
+    /// After our own transaction: records the table as planned by `plan` (fingerprint, shape) when the generation
     /// moved by exactly one commit from `before` to `after` (no one else's between) and the
     /// listing read back after `after` was the plan's (`listed_in_sync`); otherwise drops any
     /// record, so the next check lists the table.
     pub(super) fn after_commit(
         &self,
         netns: &str,
-        fp: &str,
+        plan: (&str, &str),
         before: Option<Generation>,
         after: Option<Generation>,
         listed_in_sync: bool,
@@ -169,10 +247,32 @@ impl NftGens {
             (Some(b), Some(a))
                 if listed_in_sync && b.netns == a.netns && a.id == b.id.wrapping_add(1) =>
             {
-                self.found_in_sync(netns, fp, a);
+                self.found_in_sync(netns, plan, a);
             }
             _ => self.forget_sync(netns),
         }
+    }
+
+    /// Keeps `sock`, opened in the netns `netns` just created, and records its table as plan
+    /// `fp` (shape `shape`) when our create's transaction was the only commit there (the
+    /// generation read over `sock` went from `before` to `after` = `before` + 1). Recorded
+    /// unlisted: the next check lists the table, and a firewall change may go in as an element
+    /// batch before that. A socket kept for an earlier namespace of that name is closed.
+    pub(super) fn adopt_created(
+        &self,
+        netns: &str,
+        sock: GenSocket,
+        (before, after): (u32, u32),
+        (fp, shape): (&str, &str),
+    ) {
+        let synced = (after == before.wrapping_add(1)).then(|| Synced {
+            fp: fp.to_owned(),
+            shape: shape.to_owned(),
+            at: after,
+            listed: false,
+        });
+        let stale = self.lock().insert(netns.to_owned(), Kept { sock, synced });
+        drop(stale);
     }
 
     /// Drops the record of `netns` (keeps its socket): the next check lists the table.

@@ -78,6 +78,7 @@ mod apply;
 mod create;
 mod driver;
 mod firewall;
+mod fwbatch;
 mod gens;
 mod host;
 mod hostnft;
@@ -173,9 +174,12 @@ pub trait NsDriver: Send + Sync {
     }
 
     /// Applies a plan that differs from the applied one in its netns nft table only (a changed
-    /// firewall): the table is replaced in one transaction (with the conntrack sweep of
-    /// [`NsDriver::audit_table`]), without the full observe of [`NsDriver::apply`]; a VM whose
-    /// netns does not exist is a full `apply`. The next reconcile pass reads everything back.
+    /// firewall): when the table is known to be the previous plan's, of the same shape, at the
+    /// netns's current nf_tables generation, the firewall's set elements are replaced in one
+    /// element batch over netlink; otherwise the table is replaced in one transaction. Either
+    /// way with the conntrack sweep of [`NsDriver::audit_table`], without the full observe of
+    /// [`NsDriver::apply`]; a VM whose netns does not exist is a full `apply`. The next
+    /// reconcile pass or audit reads everything back.
     fn apply_table<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
         self.apply(plan)
     }

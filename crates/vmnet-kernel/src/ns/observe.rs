@@ -32,8 +32,8 @@ pub(super) struct VmState {
     pub sysctls_bad: Vec<String>,
     /// How the netns nft table differs from the plan (one line each; empty when in sync).
     pub nft_drift: Vec<String>,
-    /// The plan fingerprint the netns nft table was made from (the `vmnet:<fingerprint>`
-    /// comment of its first rule), when it carries one.
+    /// The shape fingerprint of the plan the netns nft table was made from (the
+    /// `vmnet:<shape>` comment of its first rule), when it carries one.
     pub nft_applied: Option<String>,
     pub host_link: Option<KLink>,
     pub host_addrs: HashSet<KAddr>,
@@ -141,7 +141,7 @@ pub(super) async fn observe_vm(
     st.sysctls_bad = bad;
     match read {
         // Nothing in the netns changed since its table was found as planned.
-        None => st.nft_applied = Some(plan.nft_fingerprint.clone()),
+        None => st.nft_applied = Some(plan.nft_shape.clone()),
         Some((generation, listing)) => {
             let listing = listing?;
             st.nft_applied = listing.as_ref().and_then(applied_fingerprint);
@@ -155,7 +155,7 @@ pub(super) async fn observe_vm(
             if st.nft_drift.is_empty()
                 && let Some(g) = generation
             {
-                gens.found_in_sync(&plan.netns, fp, g);
+                gens.found_in_sync(&plan.netns, (fp, &plan.nft_shape), g);
             }
         }
     }

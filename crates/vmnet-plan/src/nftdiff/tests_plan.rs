@@ -29,7 +29,7 @@ fn listing_with_fp(name: &str, fp: &str) -> Value {
 }
 
 fn vm_nat() -> (Value, Value) {
-    let (plan, fp) = vm_ruleset(
+    let (plan, _, fp) = vm_ruleset(
         "vmn",
         1380,
         Some(("vmnp0001", "10.200.0.6".parse().unwrap())),
@@ -62,7 +62,7 @@ fn one(d: &[Difference]) -> &Difference {
 fn our_rulesets_equal_what_nft_lists_for_them() {
     let (plan, listing) = vm_nat();
     assert_eq!(diff_plan(&plan, &listing).unwrap(), []);
-    let (plan, fp) = vm_ruleset("vmn", 1380, None, None, None);
+    let (plan, _, fp) = vm_ruleset("vmn", 1380, None, None, None);
     assert_eq!(
         diff_plan(&plan, &listing_with_fp("nft-1.0.6-vm.json", &fp)).unwrap(),
         []

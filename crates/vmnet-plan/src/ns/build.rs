@@ -144,7 +144,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
             super::firewall::local_addresses(GATEWAY_IPV4, v.peer_ipv4.addr()),
         )
     });
-    let (nft, nft_fingerprint) = nft::vm_ruleset(
+    let (nft, nft_fingerprint, nft_shape) = nft::vm_ruleset(
         &table,
         settings.mtu,
         veth.as_ref()
@@ -188,6 +188,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         host_rules,
         nft,
         nft_fingerprint,
+        nft_shape,
         host_table,
         name_prefix: p.to_owned(),
         limits,

@@ -2,7 +2,7 @@
 //! happen": in the VM namespace, on what is forwarded between the tap and the veth, after DNAT).
 //!
 //! # Design
-//! The filter is three more chains and up to twelve sets in the VM's table `inet <prefix>`, so
+//! The filter is three more chains and twelve sets in the VM's table `inet <prefix>`, so
 //! it is replaced in the same transaction as the rest of that table:
 //!
 //! - `filter` (filter hook forward, priority 0, after the netns DNAT at prerouting, so an
@@ -19,9 +19,10 @@
 //!   - `…_port`: `ip saddr . meta l4proto . th dport` for `tcp`/`udp` with ports.
 //!
 //!   `meta l4proto` and `th` are the layer-4 protocol and header after any IPv6 extension
-//!   header, so an ICMPv6 echo with a hop-by-hop header is matched by an `icmp` rule. Only the
-//!   sets with elements (and their rules) are written: a lookup costs the same for 1 or 50
-//!   prefixes, and a VM's table stays small.
+//!   header, so an ICMPv6 echo with a hop-by-hop header is matched by an `icmp` rule. All twelve
+//!   sets and their lookups are written whatever the rules ([`sets`]): a lookup costs the same
+//!   for 0 or 50 prefixes, and a changed firewall then changes set elements only (the kernel
+//!   layer applies that as one element batch).
 //! - Interval sets refuse overlapping elements, so the elements are made disjoint, keeping what
 //!   they match: a prefix inside another of the same kind and protocol is dropped (`any`,
 //!   `proto`); for ports, each prefix keeps only the ports none of the prefixes containing it
@@ -40,6 +41,10 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use vmnet_model::vm::firewall::{Firewall, FirewallRule, PortRange, Protocol};
+
+pub mod sets;
+
+use sets::{FwElement, FwSet, FwSetKind};
 
 /// IP protocol numbers the firewall matches on.
 pub const IPPROTO_ICMP: u8 = 1;
@@ -109,6 +114,12 @@ impl FirewallPlan {
         })
     }
 
+    /// The twelve sets of the filter, with their elements ([`sets::sets`]).
+    #[must_use]
+    pub fn sets(&self) -> Vec<FwSet> {
+        sets::sets(&self.inbound, &self.outbound)
+    }
+
     /// Which way a tracked connection (original source and destination, and the source of its
     /// replies) runs through the filter, or `None` when it is not forwarded between the tap and
     /// the veth (to or from the netns itself, link-local, multicast).
@@ -148,27 +159,6 @@ pub fn plan(fw: Option<&Firewall>, guest: Vec<IpNet>, local: Vec<IpAddr>) -> Opt
         guest,
         local,
     })
-}
-
-fn is_v4(n: &IpNet) -> bool {
-    matches!(n, IpNet::V4(_))
-}
-
-/// A prefix as an nft set element: the address when full length, else a prefix object.
-fn prefix_elem(n: &IpNet) -> Value {
-    if n.prefix_len() == n.max_prefix_len() {
-        Value::String(n.addr().to_string())
-    } else {
-        json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}})
-    }
-}
-
-fn port_elem(p: PortRange) -> Value {
-    if p.first == p.last {
-        json!(p.first)
-    } else {
-        json!({"range": [p.first, p.last]})
-    }
 }
 
 /// `prefixes` without any prefix that lies inside another of them (sorted, deduplicated).
@@ -255,60 +245,6 @@ pub fn disjoint_ports(by_prefix: &BTreeMap<IpNet, Vec<PortRange>>) -> Vec<(IpNet
     out
 }
 
-/// The nft protocol name of a rule's layer-4 match in one family.
-fn l4_name(p: Protocol, v4: bool) -> &'static str {
-    match (p, v4) {
-        (Protocol::Tcp, _) => "tcp",
-        (Protocol::Udp, _) => "udp",
-        (Protocol::Icmp, true) => "icmp",
-        (Protocol::Icmp | Protocol::Any, false) => "ipv6-icmp",
-        (Protocol::Any, true) => "icmp",
-    }
-}
-
-/// The sets of one direction and family: (kind, elements).
-fn sets_of(rules: &[FirewallRule], v4: bool) -> Vec<(&'static str, Vec<Value>)> {
-    let mut any = BTreeSet::new();
-    let mut proto: BTreeMap<&'static str, BTreeSet<IpNet>> = BTreeMap::new();
-    let mut port: BTreeMap<&'static str, BTreeMap<IpNet, Vec<PortRange>>> = BTreeMap::new();
-    for r in rules {
-        for n in r.prefixes.iter().filter(|n| is_v4(n) == v4) {
-            match (r.protocol, r.ports) {
-                (Protocol::Any, _) => {
-                    any.insert(*n);
-                }
-                (p, None) => {
-                    proto.entry(l4_name(p, v4)).or_default().insert(*n);
-                }
-                (p, Some(ports)) => port
-                    .entry(l4_name(p, v4))
-                    .or_default()
-                    .entry(*n)
-                    .or_default()
-                    .push(ports),
-            }
-        }
-    }
-    let any: Vec<Value> = outermost(&any).iter().map(prefix_elem).collect();
-    let proto: Vec<Value> = proto
-        .iter()
-        .flat_map(|(name, ps)| {
-            outermost(ps)
-                .into_iter()
-                .map(move |n| json!({"concat": [prefix_elem(&n), name]}))
-        })
-        .collect();
-    let port: Vec<Value> = port
-        .iter()
-        .flat_map(|(name, by)| {
-            disjoint_ports(by)
-                .into_iter()
-                .map(move |(n, r)| json!({"concat": [prefix_elem(&n), name, port_elem(r)]}))
-        })
-        .collect();
-    vec![("any", any), ("proto", proto), ("port", port)]
-}
-
 /// The nft commands of the filter (chains, sets, rules) in table `inet <table>`, for a VM whose
 /// veth end in the netns is `peer` and whose tap is `tap`; appended to the VM table's
 /// transaction.
@@ -337,45 +273,46 @@ pub fn nft_commands(table: &str, peer: &str, tap: &str, fw: &FirewallPlan) -> Ve
         rule("filter", ifs(tap, peer, "fw_out")),
     ];
     let mut rules = Vec::new();
-    for (dir, chain, list, field) in [
-        ("in", "fw_in", &fw.inbound, "saddr"),
-        ("out", "fw_out", &fw.outbound, "daddr"),
-    ] {
-        for (v4, proto, fam, addr_type) in [
-            (true, "ip", "4", "ipv4_addr"),
-            (false, "ip6", "6", "ipv6_addr"),
-        ] {
-            for (kind, elems) in sets_of(list, v4) {
-                if elems.is_empty() {
-                    continue;
-                }
-                let name = format!("fw_{dir}{fam}_{kind}");
-                let addr = json!({"payload": {"protocol": proto, "field": field}});
-                let l4 = json!({"meta": {"key": "l4proto"}});
-                let dport = json!({"payload": {"protocol": "th", "field": "dport"}});
-                let (ty, left) = match kind {
-                    "any" => (json!(addr_type), addr),
-                    "proto" => (
-                        json!([addr_type, "inet_proto"]),
-                        json!({"concat": [addr, l4]}),
-                    ),
-                    _ => (
-                        json!([addr_type, "inet_proto", "inet_service"]),
-                        json!({"concat": [addr, l4, dport]}),
-                    ),
-                };
-                cmds.push(
-                    json!({"add": {"set": {"family": "inet", "table": t, "name": name,
-                    "type": ty, "flags": ["interval"], "elem": elems}}}),
-                );
-                rules.push(rule(
-                    chain,
-                    json!([{"match": {"op": "==", "left": left, "right": format!("@{name}")}},
-                        {"accept": null}]),
-                ));
-            }
+    for set in fw.sets() {
+        let (chain, field) = if set.name.starts_with("fw_in") {
+            ("fw_in", "saddr")
+        } else {
+            ("fw_out", "daddr")
+        };
+        let (proto, addr_type) = if set.v4 {
+            ("ip", "ipv4_addr")
+        } else {
+            ("ip6", "ipv6_addr")
+        };
+        let addr = json!({"payload": {"protocol": proto, "field": field}});
+        let l4 = json!({"meta": {"key": "l4proto"}});
+        let dport = json!({"payload": {"protocol": "th", "field": "dport"}});
+        let (ty, left) = match set.kind {
+            FwSetKind::Any => (json!(addr_type), addr),
+            FwSetKind::Proto => (
+                json!([addr_type, "inet_proto"]),
+                json!({"concat": [addr, l4]}),
+            ),
+            FwSetKind::Port => (
+                json!([addr_type, "inet_proto", "inet_service"]),
+                json!({"concat": [addr, l4, dport]}),
+            ),
+        };
+        let mut decl = json!({"family": "inet", "table": t, "name": set.name,
+            "type": ty, "flags": ["interval"]});
+        if !set.elements.is_empty() {
+            decl["elem"] = set.elements.iter().map(FwElement::to_json).collect();
         }
-        rules.push(rule(chain, json!([{"drop": null}])));
+        cmds.push(json!({"add": {"set": decl}}));
+        rules.push(rule(
+            chain,
+            json!([{"match": {"op": "==", "left": left, "right": format!("@{}", set.name)}},
+                {"accept": null}]),
+        ));
+        // The last set of a direction: the direction's drop.
+        if set.kind == FwSetKind::Port && !set.v4 {
+            rules.push(rule(chain, json!([{"drop": null}])));
+        }
     }
     cmds.extend(rules);
     cmds

@@ -124,34 +124,63 @@ fn the_example_becomes_one_lookup_per_family_and_kind_then_drop() {
         set(&p, "fw_out4_any").unwrap()["flags"],
         json!(["interval"])
     );
-    // Only sets with elements are written.
-    assert!(set(&p, "fw_in4_any").is_none() && set(&p, "fw_out4_port").is_none());
+    // Every set is declared, empty or not: the table's shape does not depend on the rules.
+    assert_eq!(added(&p, "set").len(), 12);
+    assert!(set(&p, "fw_in4_any").unwrap().get("elem").is_none());
+    assert!(set(&p, "fw_out4_port").unwrap().get("elem").is_none());
     let fw_in = rules_of(&p, "fw_in");
-    assert_eq!(fw_in.len(), 5);
+    assert_eq!(fw_in.len(), 7);
     assert_eq!(
-        fw_in[1],
+        fw_in[2],
         json!([{"match": {"op": "==", "left": {"concat": [
                 {"payload": {"protocol": "ip", "field": "saddr"}},
                 {"meta": {"key": "l4proto"}},
                 {"payload": {"protocol": "th", "field": "dport"}}]},
             "right": "@fw_in4_port"}}, {"accept": null}])
     );
-    assert_eq!(fw_in[4], json!([{"drop": null}]));
+    assert_eq!(fw_in[6], json!([{"drop": null}]));
     let fw_out = rules_of(&p, "fw_out");
     assert_eq!(
         fw_out[0],
         json!([{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}},
             "right": "@fw_out4_any"}}, {"accept": null}])
     );
-    assert_eq!(fw_out.len(), 3);
+    assert_eq!(fw_out.len(), 7);
+}
+
+#[test]
+fn another_firewall_changes_the_set_elements_and_keeps_the_shape() {
+    let a = plan_of(serde_json::from_str(EXAMPLE).unwrap());
+    let b = plan_of(json!({"enabled": true, "inbound": [
+        {"protocol": "udp", "ports": "53-54", "prefixes": ["192.0.2.0/24"]}]}));
+    let empty = plan_of(json!({"enabled": true}));
+    assert_ne!(a.nft_fingerprint, b.nft_fingerprint);
+    assert_eq!(a.nft_shape, b.nft_shape);
+    assert_eq!(a.nft_shape, empty.nft_shape);
+    // The shape is the first rule's comment; turning the firewall off is another shape.
+    let off = plan_of(Value::Null);
+    assert_ne!(off.nft_shape, a.nft_shape);
+    let comment = added(&a, "rule")[0]["comment"].clone();
+    assert_eq!(comment, json!(format!("vmnet:{}", a.nft_shape)));
+    // The typed sets are what the JSON holds.
+    let sets = a.firewall.as_ref().unwrap().sets();
+    assert_eq!(sets.len(), 12);
+    for s in &sets {
+        let elems: Vec<Value> = s.elements.iter().map(|e| e.to_json()).collect();
+        let want = set(&a, &s.name).unwrap().get("elem").cloned();
+        assert_eq!(want.unwrap_or(json!([])), json!(elems), "{}", s.name);
+    }
 }
 
 #[test]
 fn an_empty_list_is_drop_only() {
     let p = plan_of(json!({"enabled": true}));
-    assert_eq!(rules_of(&p, "fw_in"), vec![json!([{"drop": null}])]);
-    assert_eq!(rules_of(&p, "fw_out"), vec![json!([{"drop": null}])]);
-    assert!(added(&p, "set").is_empty());
+    assert_eq!(rules_of(&p, "fw_in").last(), Some(&json!([{"drop": null}])));
+    assert_eq!(
+        rules_of(&p, "fw_out").last(),
+        Some(&json!([{"drop": null}]))
+    );
+    assert!(added(&p, "set").iter().all(|s| s.get("elem").is_none()));
 }
 
 #[test]

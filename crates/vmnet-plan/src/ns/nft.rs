@@ -35,8 +35,9 @@ fn mss_rule(table: &str, nfproto: &str, mss: u32) -> Value {
 /// `nat` is `Some((peer veth, transit address))`, chain `postrouting` (nat, srcnat) with
 /// `oifname <peer> ip saddr 172.16.0.0/30 snat to <transit address>`.
 ///
-/// Returns the transaction and its fingerprint (also written as the comment of the first rule, so
-/// read-back compares one string).
+/// Returns the transaction, its fingerprint (over all of it) and its shape fingerprint (over all
+/// of it but the firewall's set elements), the latter written as the comment of the first rule:
+/// a firewall change applied as set elements leaves that rule as it was.
 /// With `dnat` (`Some((peer veth, transit address))`, a VM with a public IPv4) also chain
 /// `prerouting` passing the transit address on to the guest
 /// ([`super::public::ns_dnat`]). With `firewall` (`Some((peer veth, tap, plan))`) also the
@@ -47,7 +48,7 @@ pub fn vm_ruleset(
     nat: Option<(&str, Ipv4Addr)>,
     dnat: Option<(&str, Ipv4Addr)>,
     firewall: Option<(&str, &str, &super::firewall::FirewallPlan)>,
-) -> (Value, String) {
+) -> (Value, String, String) {
     let mut cmds = replace_table("inet", table);
     cmds.push(
         json!({"add": {"chain": {"family": "inet", "table": table, "name": "mss",
@@ -73,9 +74,26 @@ pub fn vm_ruleset(
     if let Some((peer, tap, fw)) = firewall {
         cmds.extend(super::firewall::nft_commands(table, peer, tap, fw));
     }
+    let shape = fingerprint(&without_fw_elements(&cmds));
+    cmds[4]["add"]["rule"]["comment"] = Value::String(format!("{FINGERPRINT_PREFIX}{shape}"));
     let fp = fingerprint(&cmds);
-    cmds[4]["add"]["rule"]["comment"] = Value::String(format!("{FINGERPRINT_PREFIX}{fp}"));
-    (json!({"nftables": cmds}), fp)
+    (json!({"nftables": cmds}), fp, shape)
+}
+
+/// `cmds` with the elements of the firewall's sets left out: what a firewall change of the same
+/// shape leaves as it was.
+fn without_fw_elements(cmds: &[Value]) -> Vec<Value> {
+    cmds.iter()
+        .map(|c| {
+            let mut c = c.clone();
+            if let Some(set) = c["add"].get_mut("set").and_then(Value::as_object_mut)
+                && set["name"].as_str().is_some_and(|n| n.starts_with("fw_"))
+            {
+                set.remove("elem");
+            }
+            c
+        })
+        .collect()
 }
 
 fn fingerprint(cmds: &[Value]) -> String {

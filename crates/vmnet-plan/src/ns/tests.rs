@@ -245,7 +245,7 @@ fn nft_snapshot_with_nat() {
         {"delete": {"table": {"family": "inet", "name": "vmn"}}},
         {"add": {"table": {"family": "inet", "name": "vmn"}}},
         {"add": {"chain": {"family": "inet", "table": "vmn", "name": "mss", "type": "filter", "hook": "forward", "prio": -150, "policy": "accept"}}},
-        {"add": {"rule": {"family": "inet", "table": "vmn", "chain": "mss", "comment": format!("vmnet:{}", p.nft_fingerprint), "expr": [
+        {"add": {"rule": {"family": "inet", "table": "vmn", "chain": "mss", "comment": format!("vmnet:{}", p.nft_shape), "expr": [
             {"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": "ipv4"}},
             {"match": {"op": "in", "left": {"payload": {"protocol": "tcp", "field": "flags"}}, "right": "syn"}},
             {"match": {"op": ">", "left": {"tcp option": {"name": "maxseg", "field": "size"}}, "right": 1340}},

@@ -155,8 +155,12 @@ pub struct VmPlan {
     pub host_rules: Vec<PlannedRule>,
     /// The nftables transaction for the netns (`nft -j` input), replacing table `inet <prefix>`.
     pub nft: serde_json::Value,
-    /// A fingerprint of [`Self::nft`], stored as the first rule's comment for read-back.
+    /// A fingerprint of all of [`Self::nft`] (16 hex digits).
     pub nft_fingerprint: String,
+    /// A fingerprint of [`Self::nft`] without the firewall's set elements, stored as the first
+    /// rule's comment (`vmnet:<shape>`): two plans of the same shape differ in those elements
+    /// only, and the kernel layer changes one into the other as an element batch.
+    pub nft_shape: String,
     /// The host table of this VM (`host_table_base + uid`).
     pub host_table: u32,
     /// The name prefix (for the nft table name).
