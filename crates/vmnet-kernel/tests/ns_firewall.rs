@@ -408,6 +408,30 @@ async fn a_changed_firewall_of_the_same_shape_goes_in_as_one_element_batch() {
         !tcp_ok(&inet, Some(ip(A4)), at(PUB4, 23), NO),
         "the hand edit is gone"
     );
+    // Back to `any`, then one prefix more: each batch writes only what differs (the elements
+    // both firewalls hold stay), and nft lists exactly the plan after each.
+    let any2 = vm(
+        &env,
+        &json!({"enabled": true, "inbound": [
+            {"protocol": "any", "prefixes": ["203.0.113.9/32", "203.0.113.1/32", "2001:db8:0:1::/64"]}]}),
+    );
+    for p in [&any, &any2] {
+        let changes = env.driver.apply_table(p).await.expect("change");
+        assert!(by_elements(&changes), "{changes:?}");
+        assert_eq!(env.driver.audit_table(p).await.expect("audit"), None);
+    }
+    assert!(
+        tcp_ok(&inet, Some(ip(A4)), at(PUB4, 23), T),
+        "any from A now"
+    );
+    assert!(
+        tcp_ok(&inet, Some(ip(B4)), at(PUB4, 23), T),
+        "any from B still"
+    );
+    assert!(
+        tcp_ok(&inet, Some(ip(A6)), at(PUB6, 7999), T),
+        "any from the /64 still"
+    );
 }
 
 /// A mesh VM without routes: its guest reaches the other VMs' mesh addresses only.

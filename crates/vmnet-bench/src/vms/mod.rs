@@ -120,7 +120,7 @@ pub struct Row {
     pub mapping: Option<(Vec<Duration>, Vec<Duration>)>,
     /// With `--firewall`: firewall change latencies, the first and the steady audit pass's
     /// wall times, tables they rewrote.
-    pub firewall: Option<(Vec<Duration>, (Duration, Duration), usize)>,
+    pub firewall: Option<(firewall::Changes, (Duration, Duration), usize)>,
 }
 
 /// The private and public limits of every bench VM, MiB/s.
@@ -558,7 +558,16 @@ mod tests {
         let (add, remove) = public.mapping.as_ref().expect("mapping timed");
         assert_eq!((add.len(), remove.len()), (20, 20));
         let (change, _, rewritten) = public.firewall.as_ref().expect("firewall timed");
-        assert_eq!((change.len(), *rewritten), (40, 0));
+        // Every change after the create is of the same shape: each one element batch.
+        assert_eq!(
+            (
+                change.times.len(),
+                change.one.len(),
+                change.batched,
+                *rewritten
+            ),
+            (40, 40, 80, 0)
+        );
         let text = render(&[public]);
         assert!(text.contains("one VM's public mapping at N=3"), "{text}");
         assert!(text.contains("firewall audit pass over 3 VMs"), "{text}");

@@ -145,8 +145,7 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     } =
         work.map_err(|_| NsError::Netns(netns::NetnsError::ThreadPanicked(plan.netns.clone())))???;
     if let Some((sock, ids)) = generation {
-        let plan_ids = (plan.nft_fingerprint.as_str(), plan.nft_shape.as_str());
-        d.nft_gens.adopt_created(&plan.netns, sock, ids, plan_ids);
+        d.nft_gens.adopt_created(&plan.netns, sock, ids, plan);
     }
     let veth_index = veth?;
     // What was just made, so configuring it needs no read-back.

@@ -69,11 +69,9 @@ pub(super) fn change_elements(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<bool
     };
     let table = names::vm_nft_table(&plan.name_prefix);
     let sets = fw.sets();
-    let done = d.nft_gens.change_elements(
-        &plan.netns,
-        (&plan.nft_fingerprint, &plan.nft_shape),
-        |sock| super::fwbatch::replace(sock, &table, &sets),
-    );
+    let done = d.nft_gens.change_elements(&plan.netns, plan, |sock, old| {
+        super::fwbatch::replace(sock, &table, old, &sets)
+    });
     match done {
         Ok(super::gens::ElementChange::Done) => {}
         Ok(super::gens::ElementChange::NotEligible) => return Ok(false),
@@ -115,13 +113,7 @@ pub(super) fn replace_table(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), Ns
             let listing = nftcheck::or_empty(listing);
             memo.after_apply(&name, &key, &plan.nft_fingerprint, &plan.nft, &listing)
         });
-        gens.after_commit(
-            &name,
-            (&plan.nft_fingerprint, &plan.nft_shape),
-            before,
-            after,
-            res.is_ok(),
-        );
+        gens.after_commit(&name, plan, before, after, res.is_ok());
         res
     })?
 }
@@ -159,7 +151,7 @@ pub(super) async fn audit(
     )?;
     if drift.is_empty() {
         if let Some(g) = generation {
-            gens.found_in_sync(&plan.netns, (fp, &plan.nft_shape), g);
+            gens.found_in_sync(&plan.netns, plan, g);
         }
         return Ok(None);
     }

@@ -11,8 +11,13 @@
 //! - `…_any` is a single-field interval set: a prefix is a start element (its network address)
 //!   and an end element one past its last address, flagged `NFT_SET_ELEM_INTERVAL_END` (none
 //!   when the prefix reaches the top of the address space), as nft sends them.
-//! - Per set: `NFT_MSG_DELSETELEM` without elements (the kernel flushes the set), then
-//!   `NFT_MSG_NEWSETELEM` with the new elements (none for an empty set).
+//! - Per set, when what the set holds now is known (recorded with the table's generation, see
+//!   `gens`): `NFT_MSG_DELSETELEM` with the elements that go, then `NFT_MSG_NEWSETELEM` with
+//!   those that come; the elements both hold are not touched. Removing an element of a
+//!   concatenated interval set (the kernel's pipapo type) rebuilds that set's lookup tables in
+//!   the commit, about 0.1 ms each for a 50-prefix firewall, so a change costs what it changes.
+//!   When it is not known: `NFT_MSG_DELSETELEM` without elements (the kernel flushes the set),
+//!   then every element.
 
 use std::net::IpAddr;
 
@@ -69,9 +74,17 @@ fn concat_key(e: &FwElement, last: bool) -> Vec<u8> {
 
 /// The elements of one set as the kernel takes them.
 pub(super) fn encode(set: &FwSet) -> Vec<Encoded> {
+    encode_elements(set.kind, set.elements.iter())
+}
+
+/// `elements` of a set of `kind` as the kernel takes them.
+fn encode_elements<'a>(
+    kind: FwSetKind,
+    elements: impl Iterator<Item = &'a FwElement>,
+) -> Vec<Encoded> {
     let mut out = Vec::new();
-    for e in &set.elements {
-        match set.kind {
+    for e in elements {
+        match kind {
             FwSetKind::Any => {
                 out.push(Encoded {
                     key: addr_bytes(e.prefix.network()),
@@ -110,9 +123,13 @@ fn element(e: Encoded) -> ListAttribute<SetElementAttribute> {
     ListAttribute::Element(attrs)
 }
 
-/// The messages that flush each of `sets` in table `inet <table>` and write its elements.
+/// The messages that make the firewall sets of table `inet <table>` hold `sets`. With `old`,
+/// what the sets hold now (the same sets, the same shape), only the difference is written: an
+/// element of a concatenated interval set costs the kernel a rebuild of the set's lookup table
+/// to remove, so the elements both hold stay. Without it, each set is flushed and written whole.
 pub(super) fn messages(
     table: &str,
+    old: Option<&[FwSet]>,
     sets: &[FwSet],
 ) -> Vec<(NetfilterProtoFamily, NetfilterMessageInner, u16)> {
     let mut msgs = Vec::new();
@@ -123,38 +140,69 @@ pub(super) fn messages(
                 SetElementList::Set(set.name.clone()),
             ]
         };
-        msgs.push((
-            NetfilterProtoFamily::Inet,
-            NfTablesMessage::DeleteSetElement(SetElementMessage { attributes: head() }).into(),
-            NLM_F_REQUEST,
-        ));
-        let elements: Vec<_> = encode(set).into_iter().map(element).collect();
-        if elements.is_empty() {
-            continue;
+        let with = |elements: Vec<Encoded>| {
+            let mut attributes = head();
+            attributes.push(SetElementList::Elements(
+                elements.into_iter().map(element).collect(),
+            ));
+            SetElementMessage { attributes }
+        };
+        let before = old.and_then(|o| o.iter().find(|s| s.name == set.name && s.kind == set.kind));
+        let added = match before {
+            Some(before) => {
+                let gone: Vec<_> = before
+                    .elements
+                    .iter()
+                    .filter(|e| !set.elements.contains(e))
+                    .collect();
+                if !gone.is_empty() {
+                    let m = with(encode_elements(set.kind, gone.into_iter()));
+                    msgs.push((
+                        NetfilterProtoFamily::Inet,
+                        NfTablesMessage::DeleteSetElement(m).into(),
+                        NLM_F_REQUEST,
+                    ));
+                }
+                encode_elements(
+                    set.kind,
+                    set.elements.iter().filter(|e| !before.elements.contains(e)),
+                )
+            }
+            None => {
+                // No elements: the kernel flushes the set.
+                msgs.push((
+                    NetfilterProtoFamily::Inet,
+                    NfTablesMessage::DeleteSetElement(SetElementMessage { attributes: head() })
+                        .into(),
+                    NLM_F_REQUEST,
+                ));
+                encode(set)
+            }
+        };
+        if !added.is_empty() {
+            msgs.push((
+                NetfilterProtoFamily::Inet,
+                NfTablesMessage::NewSetElement(with(added)).into(),
+                NLM_F_REQUEST | NLM_F_CREATE,
+            ));
         }
-        let mut attributes = head();
-        attributes.push(SetElementList::Elements(elements));
-        msgs.push((
-            NetfilterProtoFamily::Inet,
-            NfTablesMessage::NewSetElement(SetElementMessage { attributes }).into(),
-            NLM_F_REQUEST | NLM_F_CREATE,
-        ));
     }
     msgs
 }
 
-/// Replaces the elements of `sets` in table `inet <table>` of the socket's namespace in one
-/// transaction.
+/// Makes the firewall sets of table `inet <table>` of the socket's namespace hold `sets`, in
+/// one transaction ([`messages`]; `old`: what they hold now, when known).
 ///
 /// # Errors
 /// The kernel refusing the batch (nothing committed), or the socket failing.
 pub(super) fn replace(
     sock: &mut NfnlSocket,
     table: &str,
+    old: Option<&[FwSet]>,
     sets: &[FwSet],
 ) -> Result<(), NetfilterError> {
     sock.transaction(
-        messages(table, sets),
+        messages(table, old, sets),
         &format!("replace the firewall elements of {table}"),
     )
 }
@@ -247,14 +295,54 @@ mod tests {
             set(FwSetKind::Any, vec![]),
             set(FwSetKind::Proto, vec![el("10.0.0.0/8", Some(1), None)]),
         ];
-        let kinds: Vec<&str> = messages("vmn", &sets)
-            .iter()
-            .map(|(_, m, _)| match m {
-                NetfilterMessageInner::NfTables(NfTablesMessage::DeleteSetElement(_)) => "flush",
-                NetfilterMessageInner::NfTables(NfTablesMessage::NewSetElement(_)) => "add",
-                _ => "other",
+        assert_eq!(
+            kinds(&messages("vmn", None, &sets)),
+            ["flush", "flush", "add 1"]
+        );
+    }
+
+    /// Each message's kind, and how many elements it carries.
+    fn kinds(msgs: &[(NetfilterProtoFamily, NetfilterMessageInner, u16)]) -> Vec<String> {
+        msgs.iter()
+            .map(|(_, m, _)| {
+                let (what, m) = match m {
+                    NetfilterMessageInner::NfTables(NfTablesMessage::DeleteSetElement(m)) => {
+                        ("del", m)
+                    }
+                    NetfilterMessageInner::NfTables(NfTablesMessage::NewSetElement(m)) => {
+                        ("add", m)
+                    }
+                    _ => return "other".to_owned(),
+                };
+                let n = m.attributes.iter().find_map(|a| match a {
+                    SetElementList::Elements(e) => Some(e.len()),
+                    _ => None,
+                });
+                match (what, n) {
+                    ("del", None) => "flush".to_owned(),
+                    (w, Some(n)) => format!("{w} {n}"),
+                    (w, None) => w.to_owned(),
+                }
             })
-            .collect();
-        assert_eq!(kinds, ["flush", "flush", "add"]);
+            .collect()
+    }
+
+    #[test]
+    fn with_the_sets_as_they_are_only_the_difference_is_written() {
+        let a = el("10.0.0.0/8", None, None);
+        let b = el("192.0.2.0/24", None, None);
+        let c = el("198.51.100.0/24", None, None);
+        let old = [set(FwSetKind::Any, vec![a, b])];
+        // b stays; a goes (its start and end elements), c comes.
+        let new = [set(FwSetKind::Any, vec![b, c])];
+        assert_eq!(
+            kinds(&messages("vmn", Some(&old), &new)),
+            ["del 2", "add 2"]
+        );
+        // Unchanged: nothing to send for the set.
+        assert!(messages("vmn", Some(&old), &old).is_empty());
+        // Emptied: only the removal.
+        let empty = [set(FwSetKind::Any, vec![])];
+        assert_eq!(kinds(&messages("vmn", Some(&old), &empty)), ["del 4"]);
     }
 }

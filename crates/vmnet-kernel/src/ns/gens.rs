@@ -32,7 +32,10 @@
 //! limit at start).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use vmnet_plan::ns::VmPlan;
+use vmnet_plan::ns::firewall::sets::FwSet;
 
 use crate::netns;
 use crate::nftgen::{GenSocket, NsId};
@@ -59,6 +62,21 @@ struct Synced {
     at: u32,
     /// Whether a listing showed it so (`false` after an element batch: the next check lists).
     listed: bool,
+    /// The plan's firewall sets (what the table's sets hold): an element batch writes only what
+    /// differs from them.
+    sets: Option<Arc<[FwSet]>>,
+}
+
+impl Synced {
+    fn of(plan: &VmPlan, at: u32, listed: bool) -> Self {
+        Self {
+            fp: plan.nft_fingerprint.clone(),
+            shape: plan.nft_shape.clone(),
+            at,
+            listed,
+            sets: plan.firewall.as_ref().map(|f| f.sets().into()),
+        }
+    }
 }
 
 /// What [`NftGens::change_elements`] did.
@@ -168,26 +186,23 @@ impl NftGens {
         res
     }
 
-    /// Records that the table of `netns` was found as planned by `fp` (shape `shape`) by a
-    /// listing read after generation `at` was read. Ignored when the kept socket is not the one
-    /// `at` was read over (closed or replaced meanwhile).
-    pub(super) fn found_in_sync(&self, netns: &str, (fp, shape): (&str, &str), at: Generation) {
+    /// Records that the table of `netns` was found as `plan` says by a listing read after
+    /// generation `at` was read. Ignored when the kept socket is not the one `at` was read over
+    /// (closed or replaced meanwhile).
+    pub(super) fn found_in_sync(&self, netns: &str, plan: &VmPlan, at: Generation) {
+        let synced = Synced::of(plan, at.id, true);
         if let Some(kept) = self.lock().get_mut(netns)
             && kept.sock.netns() == at.netns
         {
-            kept.synced = Some(Synced {
-                fp: fp.to_owned(),
-                shape: shape.to_owned(),
-                at: at.id,
-                listed: true,
-            });
+            kept.synced = Some(synced);
         }
     }
 
-    /// Changes the table of `netns`, known to be of shape `shape` at the generation the netns
-    /// is at now, into plan `fp` of the same shape by `batch` (one transaction over the kept
-    /// socket, from any thread). Records the table as `fp` when the generation moved by exactly
-    /// that commit, to be listed at the next check. [`ElementChange::NotEligible`] (nothing
+    /// Changes the table of `netns`, known to be of `plan`'s shape at the generation the netns
+    /// is at now, into `plan` by `batch` (one transaction over the kept socket, from any
+    /// thread), given the firewall sets the table holds now (`None` when not known). Records
+    /// the table as `plan` when the generation moved by exactly that commit, to be listed at
+    /// the next check. [`ElementChange::NotEligible`] (nothing
     /// sent) when no socket is kept, its path names another namespace, nothing is recorded, the
     /// recorded shape differs or anything committed since.
     ///
@@ -196,19 +211,23 @@ impl NftGens {
     pub(super) fn change_elements(
         &self,
         netns: &str,
-        (fp, shape): (&str, &str),
-        batch: impl FnOnce(&mut crate::nfnl::NfnlSocket) -> Result<(), crate::nfnl::NetfilterError>,
+        plan: &VmPlan,
+        batch: impl FnOnce(
+            &mut crate::nfnl::NfnlSocket,
+            Option<&[FwSet]>,
+        ) -> Result<(), crate::nfnl::NetfilterError>,
     ) -> Result<ElementChange, crate::nfnl::NetfilterError> {
+        let next = Synced::of(plan, 0, false);
         let now = NsId::of_path(&netns::path(netns)).ok();
         let mut map = self.lock();
         let Some(kept) = map.get_mut(netns) else {
             return Ok(ElementChange::NotEligible);
         };
-        let Some(at) = kept
+        let Some((at, old)) = kept
             .synced
             .as_ref()
-            .filter(|s| s.shape == shape && now == Some(kept.sock.netns()))
-            .map(|s| s.at)
+            .filter(|s| s.shape == next.shape && now == Some(kept.sock.netns()))
+            .map(|s| (s.at, s.sets.clone()))
         else {
             return Ok(ElementChange::NotEligible);
         };
@@ -219,26 +238,24 @@ impl NftGens {
             return Ok(ElementChange::NotEligible);
         }
         kept.synced = None;
-        batch(kept.sock.nfnl())?;
+        batch(kept.sock.nfnl(), old.as_deref())?;
         if kept.sock.read().ok() == Some(at.wrapping_add(1)) {
             kept.synced = Some(Synced {
-                fp: fp.to_owned(),
-                shape: shape.to_owned(),
                 at: at.wrapping_add(1),
-                listed: false,
+                ..next
             });
         }
         Ok(ElementChange::Done)
     }
 
-    /// After our own transaction: records the table as planned by `plan` (fingerprint, shape) when the generation
+    /// After our own transaction: records the table as planned by `plan` when the generation
     /// moved by exactly one commit from `before` to `after` (no one else's between) and the
     /// listing read back after `after` was the plan's (`listed_in_sync`); otherwise drops any
     /// record, so the next check lists the table.
     pub(super) fn after_commit(
         &self,
         netns: &str,
-        plan: (&str, &str),
+        plan: &VmPlan,
         before: Option<Generation>,
         after: Option<Generation>,
         listed_in_sync: bool,
@@ -253,8 +270,8 @@ impl NftGens {
         }
     }
 
-    /// Keeps `sock`, opened in the netns `netns` just created, and records its table as plan
-    /// `fp` (shape `shape`) when our create's transaction was the only commit there (the
+    /// Keeps `sock`, opened in the netns `netns` just created, and records its table as `plan`
+    /// when our create's transaction was the only commit there (the
     /// generation read over `sock` went from `before` to `after` = `before` + 1). Recorded
     /// unlisted: the next check lists the table, and a firewall change may go in as an element
     /// batch before that. A socket kept for an earlier namespace of that name is closed.
@@ -263,14 +280,9 @@ impl NftGens {
         netns: &str,
         sock: GenSocket,
         (before, after): (u32, u32),
-        (fp, shape): (&str, &str),
+        plan: &VmPlan,
     ) {
-        let synced = (after == before.wrapping_add(1)).then(|| Synced {
-            fp: fp.to_owned(),
-            shape: shape.to_owned(),
-            at: after,
-            listed: false,
-        });
+        let synced = (after == before.wrapping_add(1)).then(|| Synced::of(plan, after, false));
         let stale = self.lock().insert(netns.to_owned(), Kept { sock, synced });
         drop(stale);
     }

@@ -155,7 +155,7 @@ pub(super) async fn observe_vm(
             if st.nft_drift.is_empty()
                 && let Some(g) = generation
             {
-                gens.found_in_sync(&plan.netns, (fp, &plan.nft_shape), g);
+                gens.found_in_sync(&plan.netns, plan, g);
             }
         }
     }
