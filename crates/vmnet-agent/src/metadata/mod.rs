@@ -27,6 +27,7 @@
 //! - The version (v1 or v2, [`mmds`]) is the VM's `metadata.version`, else the host default
 //!   (`vmnet serve --metadata-version`, default v2).
 
+pub mod answers;
 pub mod limits;
 pub mod mmds;
 pub mod tokens;
@@ -47,14 +48,21 @@ use vmnet_model::vm::metadata::MetadataVersion;
 use vmnet_plan::ns::VmPlan;
 use vmnet_plan::ns::metadata::{METADATA_IPV4, METADATA_PORT};
 
+use self::answers::Document;
 use self::limits::TokenBucket;
 use self::tokens::TokenStore;
+
+/// A VM's document and version, replaced together.
+#[derive(Debug)]
+struct Served {
+    doc: Arc<Document>,
+    version: MetadataVersion,
+}
 
 /// What one VM's listener serves, shared by its connections.
 #[derive(Debug)]
 pub struct VmMeta {
-    doc: RwLock<Arc<Value>>,
-    version: RwLock<MetadataVersion>,
+    served: RwLock<Served>,
     tokens: Mutex<TokenStore>,
     bucket: Mutex<TokenBucket>,
     conns: Arc<Semaphore>,
@@ -71,8 +79,10 @@ impl VmMeta {
     #[must_use]
     pub fn new(doc: Value, version: MetadataVersion) -> Arc<Self> {
         Arc::new(Self {
-            doc: RwLock::new(Arc::new(doc)),
-            version: RwLock::new(version),
+            served: RwLock::new(Served {
+                doc: Arc::new(Document::new(doc)),
+                version,
+            }),
             tokens: Mutex::new(TokenStore::default()),
             bucket: Mutex::new(TokenBucket::new(Instant::now())),
             conns: Arc::new(Semaphore::new(limits::MAX_CONNECTIONS)),
@@ -82,26 +92,25 @@ impl VmMeta {
         })
     }
 
-    /// Replaces the document and version (the next request sees them).
+    /// Replaces the document and version (the next request sees them); the document's answers
+    /// are serialised here, once, not per request ([`answers`]).
     pub fn set(&self, doc: Value, version: MetadataVersion) {
-        if let Ok(mut d) = self.doc.write() {
-            *d = Arc::new(doc);
-        }
-        if let Ok(mut v) = self.version.write() {
-            *v = version;
+        let doc = Arc::new(Document::new(doc));
+        if let Ok(mut s) = self.served.write() {
+            *s = Served { doc, version };
         }
     }
 
     /// The document served now.
     #[must_use]
-    pub fn document(&self) -> Arc<Value> {
-        self.doc
-            .read()
-            .map(|d| Arc::clone(&d))
-            .unwrap_or_else(|_| Arc::new(Value::Null))
+    pub fn document(&self) -> Arc<Document> {
+        self.served.read().map_or_else(
+            |_| Arc::new(Document::new(Value::Null)),
+            |s| Arc::clone(&s.doc),
+        )
     }
 
-    /// Answers one request (rate limit, then [`mmds::respond`]).
+    /// Answers one request (rate limit, then [`mmds::respond_document`]).
     pub fn answer<B>(&self, req: &hyper::Request<B>) -> mmds::MmdsResponse {
         let now = Instant::now();
         let allowed = self.bucket.lock().is_ok_and(|mut b| b.take(now));
@@ -109,9 +118,16 @@ impl VmMeta {
         if !allowed {
             self.limited.fetch_add(1, Ordering::Relaxed);
         }
-        let doc = self.document();
-        let version = self.version.read().map(|v| *v).unwrap_or_default();
-        mmds::respond(
+        let (doc, version) = self.served.read().map_or_else(
+            |_| {
+                (
+                    Arc::new(Document::new(Value::Null)),
+                    MetadataVersion::default(),
+                )
+            },
+            |s| (Arc::clone(&s.doc), s.version),
+        );
+        mmds::respond_document(
             &doc,
             version,
             &self.tokens,
