@@ -28,6 +28,7 @@
 //!   (`vmnet serve --metadata-version`, default v2).
 
 pub mod answers;
+pub mod fds;
 pub mod limits;
 pub mod mmds;
 pub mod tokens;
@@ -153,8 +154,8 @@ pub fn serve(listener: tokio::net::TcpListener, meta: Arc<VmMeta>) -> JoinHandle
         // Never sent on; dropped with this task, which completes every connection's `changed()`.
         let (alive, _) = tokio::sync::watch::channel(());
         loop {
-            let stream = match listener.accept().await {
-                Ok((s, _)) => s,
+            let stream = match fds::accept(&listener).await {
+                Ok(s) => s,
                 Err(e) => {
                     // E.g. EMFILE: back off instead of spinning.
                     tracing::warn!("metadata: accept failed: {e}");
@@ -225,7 +226,8 @@ fn defer_accept(l: &std::net::TcpListener, secs: libc::c_int) -> std::io::Result
 }
 
 /// Binds `169.254.169.254:80` inside the netns `netns` and returns the listener (registered
-/// with the current tokio runtime) and the netns inode it lives in.
+/// with the current tokio runtime, its descriptor at [`fds::FD_MIN`] or above where the
+/// open-files limit allows) and the netns inode it lives in.
 ///
 /// # Errors
 /// A message when the netns cannot be entered or the address cannot be bound (e.g. it is not
@@ -240,6 +242,7 @@ pub fn bind_in(netns: &str) -> Result<(tokio::net::TcpListener, u64), String> {
     })
     .map_err(|e| format!("{netns}: {e}"))?
     .map_err(|e| format!("{netns}: bind {METADATA_IPV4}:{METADATA_PORT}: {e}"))?;
+    let std_listener = fds::move_above(std_listener, fds::FD_MIN);
     std_listener
         .set_nonblocking(true)
         .map_err(|e| format!("{netns}: {e}"))?;
