@@ -10,7 +10,11 @@
 //!   arrived on, never its source address or any header: a guest can only ever reach its own
 //!   netns, so it can only ever read its own document.
 //! - The document lives in memory ([`VmMeta`]); [`MetadataService::sync`] replaces it when a
-//!   VM's config changes (after the apply), so the next request sees the change at once.
+//!   VM's config changes (after the apply), so the next request sees the change at once. Its
+//!   folders' answers are serialised then, once ([`answers`]): a poll is a lookup, not a
+//!   serialisation.
+//! - Listeners and accepted connections take descriptors of 1024 and above ([`fds`]), leaving
+//!   the numbers below `FD_SETSIZE` to libnftables in this process.
 //! - Listeners follow the VM: [`MetadataService::sync`] creates one when the VM has none, or
 //!   when its netns is a different one than the listener's (the netns was re-created: compared
 //!   by inode); [`MetadataService::remove`] closes it when the VM is deleted;
