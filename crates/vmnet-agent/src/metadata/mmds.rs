@@ -21,11 +21,12 @@ use std::time::Instant;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Response, StatusCode};
 use serde_json::Value;
 use vmnet_model::vm::metadata::MetadataVersion;
 
+use super::answers::Document;
 use super::tokens::{TokenStore, parse_ttl};
 
 /// The path that hands out session tokens.
@@ -38,10 +39,23 @@ pub const TTL_HEADERS: [&str; 2] = [
     "x-aws-ec2-metadata-token-ttl-seconds",
 ];
 
+/// [`TOKEN_HEADERS`] as header names (looked up without parsing a name per request).
+static TOKEN_NAMES: [HeaderName; 2] = [
+    HeaderName::from_static(TOKEN_HEADERS[0]),
+    HeaderName::from_static(TOKEN_HEADERS[1]),
+];
+/// [`TTL_HEADERS`] as header names.
+static TTL_NAMES: [HeaderName; 2] = [
+    HeaderName::from_static(TTL_HEADERS[0]),
+    HeaderName::from_static(TTL_HEADERS[1]),
+];
+static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// A response of the service.
 pub type MmdsResponse = Response<Full<Bytes>>;
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> MmdsResponse {
+/// A `text/plain` response (a `&'static str` body is not copied).
+pub(super) fn text(status: StatusCode, body: impl Into<Bytes>) -> MmdsResponse {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
     r.headers_mut()
@@ -49,15 +63,33 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> MmdsResponse {
     r
 }
 
-fn first<'a>(h: &'a HeaderMap, names: &[&str]) -> Option<&'a str> {
+/// A `200` `application/json` response.
+pub(super) fn json(body: Bytes) -> MmdsResponse {
+    let mut r = Response::new(Full::new(body));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The `501` of a plain-text `GET` of a leaf that is not a string.
+pub(super) fn unsupported() -> MmdsResponse {
+    text(
+        StatusCode::NOT_IMPLEMENTED,
+        "Cannot retrieve value. The value has an unsupported type.",
+    )
+}
+
+fn first<'a>(h: &'a HeaderMap, names: &[HeaderName]) -> Option<&'a str> {
     names
         .iter()
-        .find_map(|n| h.get(*n))
+        .find_map(|n| h.get(n))
         .map(|v| v.to_str().unwrap_or(""))
 }
 
 /// Collapses `//` runs and drops one trailing `/` (not of the root).
-fn sanitize(path: &str) -> String {
+pub(super) fn sanitize(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     for c in path.chars() {
         if c == '/' && out.ends_with('/') {
@@ -72,7 +104,7 @@ fn sanitize(path: &str) -> String {
 }
 
 /// The plain-text (IMDS) form of a value, `None` for a leaf that is not a string.
-fn imds(v: &Value) -> Option<String> {
+pub(super) fn imds(v: &Value) -> Option<String> {
     match v {
         Value::Object(m) => Some(
             m.iter()
@@ -91,13 +123,14 @@ fn imds(v: &Value) -> Option<String> {
     }
 }
 
-fn wants_json(h: &HeaderMap) -> bool {
+pub(super) fn wants_json(h: &HeaderMap) -> bool {
     h.get_all(header::ACCEPT)
         .iter()
         .any(|v| v.to_str().is_ok_and(|s| s.contains("application/json")))
 }
 
-fn get(doc: &Value, path: &str, headers: &HeaderMap) -> MmdsResponse {
+/// The answer to an authorised `GET path` of `doc`, looked up and serialised now.
+pub(super) fn get(doc: &Value, path: &str, headers: &HeaderMap) -> MmdsResponse {
     let clean = sanitize(path);
     let pointer = if clean == "/" { "" } else { clean.as_str() };
     let Some(v) = doc.pointer(pointer) else {
@@ -107,24 +140,16 @@ fn get(doc: &Value, path: &str, headers: &HeaderMap) -> MmdsResponse {
         );
     };
     if wants_json(headers) {
-        let mut r = text(StatusCode::OK, v.to_string());
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        return r;
+        return json(v.to_string().into());
     }
     match imds(v) {
         Some(body) => text(StatusCode::OK, body),
-        None => text(
-            StatusCode::NOT_IMPLEMENTED,
-            "Cannot retrieve value. The value has an unsupported type.",
-        ),
+        None => unsupported(),
     }
 }
 
 fn put(tokens: &mut TokenStore, path: &str, headers: &HeaderMap, now: Instant) -> MmdsResponse {
-    if headers.contains_key("x-forwarded-for") {
+    if headers.contains_key(&FORWARDED_FOR) {
         return text(
             StatusCode::BAD_REQUEST,
             "Invalid header. Reason: Unsupported header name. Key: X-Forwarded-For",
@@ -136,7 +161,7 @@ fn put(tokens: &mut TokenStore, path: &str, headers: &HeaderMap, now: Instant) -
             format!("Resource not found: {path}."),
         );
     }
-    let Some(ttl) = first(headers, &TTL_HEADERS) else {
+    let Some(ttl) = first(headers, &TTL_NAMES) else {
         return text(
             StatusCode::BAD_REQUEST,
             "Token time to live value not found. Use `X-metadata-token-ttl-seconds` header to specify the token's lifetime.",
@@ -166,13 +191,36 @@ pub struct Asked<'a> {
 }
 
 /// Answers one request of a VM whose document is `doc`, speaking `version`, with its token
-/// store `tokens`; `allowed` is the verdict of the VM's rate limit for this request.
+/// store `tokens`; `allowed` is the verdict of the VM's rate limit for this request. A `GET`
+/// serialises its answer now; [`respond_document`] answers the same from pre-serialised ones.
 pub fn respond(
     doc: &Value,
     version: MetadataVersion,
     tokens: &std::sync::Mutex<TokenStore>,
     allowed: bool,
     asked: Asked<'_>,
+) -> MmdsResponse {
+    answer(version, tokens, allowed, asked, |p, h| get(doc, p, h))
+}
+
+/// [`respond`] for a [`Document`]: a `GET` of a node it holds is a lookup of its
+/// pre-serialised answer (the same status, headers and body).
+pub fn respond_document(
+    doc: &Document,
+    version: MetadataVersion,
+    tokens: &std::sync::Mutex<TokenStore>,
+    allowed: bool,
+    asked: Asked<'_>,
+) -> MmdsResponse {
+    answer(version, tokens, allowed, asked, |p, h| doc.get(p, h))
+}
+
+fn answer(
+    version: MetadataVersion,
+    tokens: &std::sync::Mutex<TokenStore>,
+    allowed: bool,
+    asked: Asked<'_>,
+    get: impl FnOnce(&str, &HeaderMap) -> MmdsResponse,
 ) -> MmdsResponse {
     let Asked {
         method,
@@ -191,7 +239,7 @@ pub fn respond(
     };
     match *method {
         Method::GET => {
-            match (first(headers, &TOKEN_HEADERS), version) {
+            match (first(headers, &TOKEN_NAMES), version) {
                 (Some(t), _) if tokens.valid(t, now) => {}
                 (Some(_), _) => return text(StatusCode::UNAUTHORIZED, "MMDS token not valid."),
                 (None, MetadataVersion::V1) => {}
@@ -203,7 +251,7 @@ pub fn respond(
                 }
             }
             drop(tokens);
-            get(doc, path, headers)
+            get(path, headers)
         }
         Method::PUT => put(&mut tokens, path, headers, now),
         _ => {

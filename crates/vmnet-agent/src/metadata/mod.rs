@@ -10,7 +10,11 @@
 //!   arrived on, never its source address or any header: a guest can only ever reach its own
 //!   netns, so it can only ever read its own document.
 //! - The document lives in memory ([`VmMeta`]); [`MetadataService::sync`] replaces it when a
-//!   VM's config changes (after the apply), so the next request sees the change at once.
+//!   VM's config changes (after the apply), so the next request sees the change at once. Its
+//!   folders' answers are serialised then, once ([`answers`]): a poll is a lookup, not a
+//!   serialisation.
+//! - Listeners and accepted connections take descriptors of 1024 and above ([`fds`]), leaving
+//!   the numbers below `FD_SETSIZE` to libnftables in this process.
 //! - Listeners follow the VM: [`MetadataService::sync`] creates one when the VM has none, or
 //!   when its netns is a different one than the listener's (the netns was re-created: compared
 //!   by inode); [`MetadataService::remove`] closes it when the VM is deleted;
@@ -27,6 +31,8 @@
 //! - The version (v1 or v2, [`mmds`]) is the VM's `metadata.version`, else the host default
 //!   (`vmnet serve --metadata-version`, default v2).
 
+pub mod answers;
+pub mod fds;
 pub mod limits;
 pub mod mmds;
 pub mod tokens;
@@ -47,14 +53,21 @@ use vmnet_model::vm::metadata::MetadataVersion;
 use vmnet_plan::ns::VmPlan;
 use vmnet_plan::ns::metadata::{METADATA_IPV4, METADATA_PORT};
 
+use self::answers::Document;
 use self::limits::TokenBucket;
 use self::tokens::TokenStore;
+
+/// A VM's document and version, replaced together.
+#[derive(Debug)]
+struct Served {
+    doc: Arc<Document>,
+    version: MetadataVersion,
+}
 
 /// What one VM's listener serves, shared by its connections.
 #[derive(Debug)]
 pub struct VmMeta {
-    doc: RwLock<Arc<Value>>,
-    version: RwLock<MetadataVersion>,
+    served: RwLock<Served>,
     tokens: Mutex<TokenStore>,
     bucket: Mutex<TokenBucket>,
     conns: Arc<Semaphore>,
@@ -71,8 +84,10 @@ impl VmMeta {
     #[must_use]
     pub fn new(doc: Value, version: MetadataVersion) -> Arc<Self> {
         Arc::new(Self {
-            doc: RwLock::new(Arc::new(doc)),
-            version: RwLock::new(version),
+            served: RwLock::new(Served {
+                doc: Arc::new(Document::new(doc)),
+                version,
+            }),
             tokens: Mutex::new(TokenStore::default()),
             bucket: Mutex::new(TokenBucket::new(Instant::now())),
             conns: Arc::new(Semaphore::new(limits::MAX_CONNECTIONS)),
@@ -82,26 +97,25 @@ impl VmMeta {
         })
     }
 
-    /// Replaces the document and version (the next request sees them).
+    /// Replaces the document and version (the next request sees them); the document's answers
+    /// are serialised here, once, not per request ([`answers`]).
     pub fn set(&self, doc: Value, version: MetadataVersion) {
-        if let Ok(mut d) = self.doc.write() {
-            *d = Arc::new(doc);
-        }
-        if let Ok(mut v) = self.version.write() {
-            *v = version;
+        let doc = Arc::new(Document::new(doc));
+        if let Ok(mut s) = self.served.write() {
+            *s = Served { doc, version };
         }
     }
 
     /// The document served now.
     #[must_use]
-    pub fn document(&self) -> Arc<Value> {
-        self.doc
-            .read()
-            .map(|d| Arc::clone(&d))
-            .unwrap_or_else(|_| Arc::new(Value::Null))
+    pub fn document(&self) -> Arc<Document> {
+        self.served.read().map_or_else(
+            |_| Arc::new(Document::new(Value::Null)),
+            |s| Arc::clone(&s.doc),
+        )
     }
 
-    /// Answers one request (rate limit, then [`mmds::respond`]).
+    /// Answers one request (rate limit, then [`mmds::respond_document`]).
     pub fn answer<B>(&self, req: &hyper::Request<B>) -> mmds::MmdsResponse {
         let now = Instant::now();
         let allowed = self.bucket.lock().is_ok_and(|mut b| b.take(now));
@@ -109,9 +123,16 @@ impl VmMeta {
         if !allowed {
             self.limited.fetch_add(1, Ordering::Relaxed);
         }
-        let doc = self.document();
-        let version = self.version.read().map(|v| *v).unwrap_or_default();
-        mmds::respond(
+        let (doc, version) = self.served.read().map_or_else(
+            |_| {
+                (
+                    Arc::new(Document::new(Value::Null)),
+                    MetadataVersion::default(),
+                )
+            },
+            |s| (Arc::clone(&s.doc), s.version),
+        );
+        mmds::respond_document(
             &doc,
             version,
             &self.tokens,
@@ -137,8 +158,8 @@ pub fn serve(listener: tokio::net::TcpListener, meta: Arc<VmMeta>) -> JoinHandle
         // Never sent on; dropped with this task, which completes every connection's `changed()`.
         let (alive, _) = tokio::sync::watch::channel(());
         loop {
-            let stream = match listener.accept().await {
-                Ok((s, _)) => s,
+            let stream = match fds::accept(&listener).await {
+                Ok(s) => s,
                 Err(e) => {
                     // E.g. EMFILE: back off instead of spinning.
                     tracing::warn!("metadata: accept failed: {e}");
@@ -209,7 +230,8 @@ fn defer_accept(l: &std::net::TcpListener, secs: libc::c_int) -> std::io::Result
 }
 
 /// Binds `169.254.169.254:80` inside the netns `netns` and returns the listener (registered
-/// with the current tokio runtime) and the netns inode it lives in.
+/// with the current tokio runtime, its descriptor at [`fds::FD_MIN`] or above where the
+/// open-files limit allows) and the netns inode it lives in.
 ///
 /// # Errors
 /// A message when the netns cannot be entered or the address cannot be bound (e.g. it is not
@@ -224,6 +246,7 @@ pub fn bind_in(netns: &str) -> Result<(tokio::net::TcpListener, u64), String> {
     })
     .map_err(|e| format!("{netns}: {e}"))?
     .map_err(|e| format!("{netns}: bind {METADATA_IPV4}:{METADATA_PORT}: {e}"))?;
+    let std_listener = fds::move_above(std_listener, fds::FD_MIN);
     std_listener
         .set_nonblocking(true)
         .map_err(|e| format!("{netns}: {e}"))?;
