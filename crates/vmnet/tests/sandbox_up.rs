@@ -210,6 +210,17 @@ fn up_runs_the_main_job_and_down_removes_everything() {
             "no reach",
         ),
         ("vm-firewall", "firewall ipv6 udp echo out", "no reach"),
+        // A PUT with one more rule opens port 8 to the client; a PUT of the original closes it.
+        (
+            "vm-firewall",
+            "firewall change by PUT: tcp 8 from internet to 203.0.113.58",
+            "from 203.0.113.1",
+        ),
+        (
+            "vm-firewall",
+            "firewall changed back by PUT: tcp 8 from internet to 203.0.113.58",
+            "no reach",
+        ),
         (
             "vm-behind-gateway",
             "gateway 2000::/3 via vm-gateway",

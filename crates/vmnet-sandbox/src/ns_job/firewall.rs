@@ -42,7 +42,8 @@ pub fn filtered(vms: &[VmConfig]) -> Vec<&VmConfig> {
         .collect()
 }
 
-fn tcp(ns: &str, to: SocketAddr) -> String {
+/// A TCP echo from netns `ns` to `to`: `from <peer address>`, `no reach`, or the error.
+pub(super) fn tcp(ns: &str, to: SocketAddr) -> String {
     match traffic::try_tcp_echo(ns, to, TIMEOUT) {
         Ok(Some(r)) => format!("from {}", r.peer.ip()),
         Ok(None) => NO_REACH.to_owned(),

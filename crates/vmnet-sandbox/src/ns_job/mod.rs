@@ -39,6 +39,7 @@
 pub mod activity;
 pub mod checks;
 pub mod firewall;
+pub mod fwchange;
 pub mod limits;
 pub mod metadata;
 pub mod public;
@@ -230,6 +231,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     .await
     .map_err(|e| Error::internal(format!("checks: {e}")))?
     .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
+    results.extend(fwchange::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(activity::run(&client, &inet, &spec.vms, &guest_ns).await);
     let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
