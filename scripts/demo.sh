@@ -18,6 +18,8 @@ status=0
 "$bin" up --sandbox "${1:-examples/host.json}" --name "$name" || status=$?
 if [ "${KEEP:-0}" != 1 ] && [ "$status" != 4 ]; then
   # Exit 3 (NOT_FOUND): `up` failed before building anything or removed its partial sandbox.
+  # `vmnet up` leaves its sandbox up; the demo takes it down unless KEEP=1.
+  echo "demo: taking sandbox $name down now (KEEP=1 scripts/demo.sh leaves it up, as \`vmnet up\` alone does)"
   down=0
   "$bin" down --sandbox --name "$name" || down=$?
   if [ "$down" != 0 ] && [ "$down" != 3 ] && [ "$status" = 0 ]; then

@@ -307,7 +307,7 @@ impl Agent {
     /// `NOT_FOUND` for an unknown VM; `UNAVAILABLE` on a store failure.
     pub async fn get_vm(&self, id: &str) -> Result<VmView, Error> {
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
-        let row = row.ok_or_else(|| Error::not_found(format!("vm {id} not found")))?;
+        let row = row.ok_or_else(|| vm_not_found(id))?;
         let mut view = self.view(&row)?;
         // The counters of the limits in force, read from the kernel.
         if view.status.limits.iter().any(|l| l.applied)
@@ -524,7 +524,7 @@ impl Agent {
         let _api = ApiChange::new(self);
         let _guard = self.kernel_lock.lock().await;
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
-        let row = row.ok_or_else(|| Error::not_found(format!("vm {id} not found")))?;
+        let row = row.ok_or_else(|| vm_not_found(id))?;
         let view = self.view(&row)?;
         let mut uids = vec![view.config.user_id];
         if let Some(a) = row.applied.as_deref() {
@@ -594,5 +594,14 @@ impl Agent {
             pool,
             firewall: self.firewall_status(),
         })
+    }
+}
+
+/// The answer for an id that names no stored VM: `INVALID_INPUT` when it could never name one
+/// (the rule a PUT applies), else `NOT_FOUND`.
+pub(crate) fn vm_not_found(id: &str) -> Error {
+    match vmnet_model::vm::validate_vm_id(id) {
+        Err(e) => e.into(),
+        Ok(()) => Error::not_found(format!("vm {id} not found")),
     }
 }

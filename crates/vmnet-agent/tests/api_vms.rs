@@ -61,6 +61,15 @@ async fn put_get_list_delete() {
         "NOT_FOUND",
         &["vm vm-1"],
     );
+    // An id no PUT would take is refused as such, as a PUT refuses it, not "not found".
+    for method in [Method::GET, Method::DELETE] {
+        assert_error(
+            &h.call(method.clone(), "/v1/vms/..%2F..%2Fetc", None).await,
+            400,
+            "INVALID_INPUT",
+            &["../../etc", "only A-Z a-z 0-9"],
+        );
+    }
 }
 
 #[tokio::test]

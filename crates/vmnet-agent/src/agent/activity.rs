@@ -9,7 +9,7 @@ use vmnet_ipam::vm_store;
 use vmnet_kernel::activity::ActivityRecorder;
 use vmnet_model::Error;
 
-use super::{Agent, store_tx};
+use super::{Agent, store_tx, vm_not_found};
 use crate::activity::{ActivityList, VmActivity, rfc3339, view};
 
 impl Agent {
@@ -46,7 +46,7 @@ impl Agent {
     pub async fn vm_activity(&self, id: &str) -> Result<VmActivity, Error> {
         let rec = self.recorder()?;
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
-        let row = row.ok_or_else(|| Error::not_found(format!("vm {id} not found")))?;
+        let row = row.ok_or_else(|| vm_not_found(id))?;
         let last = rec
             .last_of(row.user_id)
             .map_err(|e| Error::unavailable(format!("vm {id}: read the activity map: {e}")))?;

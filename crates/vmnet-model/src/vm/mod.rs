@@ -231,7 +231,7 @@ impl VmConfig {
     /// # Errors
     /// `INVALID_INPUT` naming the VM and the field path.
     pub fn validate(&self) -> Result<(), ValidationError> {
-        validate_id(&self.id)?;
+        validate_vm_id(&self.id)?;
         let vm = &self.id;
         if self.user_id > MAX_USER_ID {
             return Err(ValidationError::rule(format!(
@@ -310,7 +310,12 @@ impl VmConfig {
     }
 }
 
-fn validate_id(id: &str) -> Result<(), ValidationError> {
+/// Checks a VM id: 1 to [`MAX_VM_ID_LEN`] bytes of `[A-Za-z0-9._-]` (the rule a config's `id`
+/// follows; the API also applies it to the id of a path that names no stored VM).
+///
+/// # Errors
+/// `INVALID_INPUT` naming the id: `vm "a/b": id contains '/'; only A-Z a-z 0-9 . _ - are allowed`.
+pub fn validate_vm_id(id: &str) -> Result<(), ValidationError> {
     if id.is_empty() {
         return Err(ValidationError::rule("vm: id must not be empty"));
     }
@@ -365,7 +370,7 @@ pub fn from_value(value: &Value) -> Result<VmConfig, ValidationError> {
         }
         None => return Err(ValidationError::rule("vm: id is required")),
     };
-    validate_id(&id)?;
+    validate_vm_id(&id)?;
     let vm = &id;
     let bad = |field: &str, msg: &str| ValidationError::rule(format!("vm {vm}: {field} {msg}"));
     for key in top.keys() {
