@@ -4,11 +4,13 @@
 //! Nor may a public address be one of the host's own (its uplink's): the VM would take the
 //! host's inbound traffic ([`check_host`]).
 
+use std::net::Ipv4Addr;
+
 use ipnet::Ipv6Net;
 use vmnet_ipam::IpamError;
 use vmnet_ipam::db::Tx;
 use vmnet_ipam::vm_store;
-use vmnet_model::vm::{VmConfig, parse_vm_config};
+use vmnet_model::vm::VmConfig;
 
 fn text6(n: Ipv6Net) -> String {
     if n.prefix_len() == 128 {
@@ -18,18 +20,61 @@ fn text6(n: Ipv6Net) -> String {
     }
 }
 
-/// The conflict between `cfg` and another VM's config `other` (id `other_id`), if any.
+/// The public addresses a VM's config holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// `public_ipv4`.
+    pub v4: Option<Ipv4Addr>,
+    /// `public_ipv6` (an address as its /128, or a routed block).
+    pub v6: Option<Ipv6Net>,
+}
+
+/// A stored config's public fields as text, everything else skipped unparsed.
+#[derive(serde::Deserialize)]
+struct HeldText {
+    public_ipv4: Option<String>,
+    public_ipv6: Option<String>,
+}
+
+impl Held {
+    /// What `cfg` holds.
+    #[must_use]
+    pub fn of(cfg: &VmConfig) -> Self {
+        Self {
+            v4: cfg.public_ipv4,
+            v6: cfg.public_ipv6,
+        }
+    }
+
+    /// What a stored (validated) config holds, read from its JSON without validating the rest
+    /// of it: a PUT compares with every stored VM that has a public address, and a whole
+    /// parse of each (a firewall of 50 prefixes included) would make it grow with their
+    /// number. `None` when the fields do not parse.
+    #[must_use]
+    pub fn from_json(json: &str) -> Option<Self> {
+        let t: HeldText = serde_json::from_str(json).ok()?;
+        let v4 = t.public_ipv4.map(|a| a.parse()).transpose().ok()?;
+        let v6 = match t.public_ipv6 {
+            None => None,
+            Some(s) if s.contains('/') => Some(s.parse().ok()?),
+            Some(s) => Some(Ipv6Net::from(s.parse::<std::net::Ipv6Addr>().ok()?)),
+        };
+        Some(Self { v4, v6 })
+    }
+}
+
+/// The conflict between `cfg` and what another VM (id `other_id`) holds, if any.
 #[must_use]
-pub fn conflict(cfg: &VmConfig, other_id: &str, other: &VmConfig) -> Option<IpamError> {
+pub fn conflict(cfg: &VmConfig, other_id: &str, other: &Held) -> Option<IpamError> {
     let vm = &cfg.id;
-    if let (Some(a), Some(b)) = (cfg.public_ipv4, other.public_ipv4)
+    if let (Some(a), Some(b)) = (cfg.public_ipv4, other.v4)
         && a == b
     {
         return Some(IpamError::Conflict(format!(
             "vm {vm}: public_ipv4 {a} is already used by vm {other_id}"
         )));
     }
-    if let (Some(a), Some(b)) = (cfg.public_ipv6, other.public_ipv6)
+    if let (Some(a), Some(b)) = (cfg.public_ipv6, other.v6)
         && (a.contains(&b) || b.contains(&a))
     {
         let what = if a == b {
@@ -55,9 +100,9 @@ pub async fn check(tx: &mut Tx, cfg: &VmConfig) -> Result<(), IpamError> {
         return Ok(());
     }
     for (id, json) in vm_store::with_public(tx, &cfg.id).await? {
-        // A stored config that no longer parses holds nothing we can compare; the agent reports
-        // it elsewhere.
-        let Ok(other) = parse_vm_config(json.as_bytes()) else {
+        // A stored config whose public fields do not parse holds nothing we can compare; the
+        // agent reports it elsewhere.
+        let Some(other) = Held::from_json(&json) else {
             continue;
         };
         if let Some(e) = conflict(cfg, &id, &other) {
@@ -110,7 +155,25 @@ pub async fn check_host(
 
 #[cfg(test)]
 mod tests {
+    use vmnet_model::vm::parse_vm_config;
+
     use super::*;
+
+    #[test]
+    fn a_stored_config_holds_what_its_parse_holds() {
+        for public in [
+            r#","public_ipv4":"203.0.113.5","public_ipv6":"2001:db8:7::/56""#,
+            r#","public_ipv6":"2001:db8:7:5::1""#,
+            r#","public_ipv4":"198.51.100.9""#,
+            "",
+        ] {
+            let cfg = vm("a", 1, public);
+            let stored = serde_json::to_string(&cfg).unwrap();
+            assert_eq!(Held::from_json(&stored), Some(Held::of(&cfg)), "{stored}");
+        }
+        assert_eq!(Held::from_json(r#"{"public_ipv4":"300.1.1.1"}"#), None);
+        assert_eq!(Held::from_json("not json"), None);
+    }
 
     fn vm(id: &str, uid: u32, public: &str) -> VmConfig {
         parse_vm_config(format!(
@@ -127,7 +190,7 @@ mod tests {
             r#","public_ipv4":"203.0.113.5","public_ipv6":"2001:db8:7::/56""#,
         );
         let msg = |b: &VmConfig| {
-            conflict(b, "a", &a).map(|e| {
+            conflict(b, "a", &Held::of(&a)).map(|e| {
                 let e = crate::api::error::from_ipam(e);
                 (e.code, e.message)
             })
