@@ -70,6 +70,7 @@ mod meta;
 mod view;
 
 use change::{firewall_only_change, limits_only_change};
+use view::vm_not_found;
 
 pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
 
@@ -594,14 +595,5 @@ impl Agent {
             pool,
             firewall: self.firewall_status(),
         })
-    }
-}
-
-/// The answer for an id that names no stored VM: `INVALID_INPUT` when it could never name one
-/// (the rule a PUT applies), else `NOT_FOUND`.
-pub(crate) fn vm_not_found(id: &str) -> Error {
-    match vmnet_model::vm::validate_vm_id(id) {
-        Err(e) => e.into(),
-        Ok(()) => Error::not_found(format!("vm {id} not found")),
     }
 }

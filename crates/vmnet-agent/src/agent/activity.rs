@@ -9,7 +9,8 @@ use vmnet_ipam::vm_store;
 use vmnet_kernel::activity::ActivityRecorder;
 use vmnet_model::Error;
 
-use super::{Agent, store_tx, vm_not_found};
+use super::view::vm_not_found;
+use super::{Agent, store_tx};
 use crate::activity::{ActivityList, VmActivity, rfc3339, view};
 
 impl Agent {

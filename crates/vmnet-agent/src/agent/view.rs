@@ -179,3 +179,12 @@ fn limit_rows(plan: &vmnet_plan::ns::VmPlan) -> Vec<LimitStatus> {
     }
     out
 }
+
+/// The answer for an id that names no stored VM: `INVALID_INPUT` when it could never name one
+/// (the rule a PUT applies), else `NOT_FOUND`.
+pub(crate) fn vm_not_found(id: &str) -> Error {
+    match vmnet_model::vm::validate_vm_id(id) {
+        Err(e) => e.into(),
+        Ok(()) => Error::not_found(format!("vm {id} not found")),
+    }
+}
