@@ -29,7 +29,7 @@ fi
 packages=(
   systemd systemd-sysv systemd-resolved udev dbus
   linux-image-cloud-amd64 initramfs-tools
-  cloud-init iproute2 iperf3 iputils-ping netbase procps
+  cloud-init iproute2 iperf3 iputils-ping netbase procps systemd-timesyncd
   python3
 )
 cache="${VMNET_GUEST_CACHE:-/var/cache/vmnet-guest}"

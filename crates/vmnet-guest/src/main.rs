@@ -60,7 +60,10 @@ struct NetworkdApply(networkd::Networkd<networkd::RealSystem>);
 
 impl Apply for NetworkdApply {
     async fn apply(&mut self, net: &GuestNet) -> Result<(), String> {
-        self.0.apply(net)
+        for e in self.0.apply(net)? {
+            eprintln!("vmnet-guest: applied; a reset failed (not retried): {e}");
+        }
+        Ok(())
     }
 }
 

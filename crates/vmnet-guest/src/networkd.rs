@@ -1,13 +1,20 @@
 //! Applying a [`GuestNet`] through systemd-networkd: a drop-in for the guest interface's
 //! `.network` file, written atomically, then the reload and the resets.
 //!
-//! The command sequence, in order (each must succeed before the next):
+//! The command sequence, in order. The first two apply the network and must succeed (else the
+//! apply fails and is retried at the next poll):
 //! 1. `networkctl reload` — networkd re-reads its files;
-//! 2. `networkctl reconfigure <if>` — and re-applies them to the interface now;
+//! 2. `networkctl reconfigure <if>` — and re-applies them to the interface now.
+//!
+//! Then the resets, each run once per apply whatever the others gave. A reset that fails (an
+//! image without systemd-timesyncd, a resolver that is not running) is logged and does not fail
+//! the apply: retrying it would reconfigure the interface again every poll, taking its routes
+//! down each time, for a service that is not there. (A real guest showed exactly that.)
 //! 3. `resolvectl flush-caches` and `resolvectl reset-server-features` — systemd-resolved
 //!    forgets answers and the feature level it backed off to while the VM was suspended;
-//! 4. `systemctl restart systemd-timesyncd` — timesyncd starts polling again at its shortest
-//!    interval (after a resume it sits at a long back-off and the clock is off by the pause).
+//! 4. `systemctl try-restart systemd-timesyncd` — timesyncd, when running, starts polling again
+//!    at its shortest interval (after a resume it sits at a long back-off and the clock is off
+//!    by the pause).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -103,19 +110,29 @@ pub fn render(net: &GuestNet) -> String {
     s
 }
 
-/// The commands run after the drop-in is written, in order (module docs).
+fn owned(v: Vec<Vec<&str>>) -> Vec<Vec<String>> {
+    v.into_iter()
+        .map(|v| v.into_iter().map(str::to_owned).collect())
+        .collect()
+}
+
+/// The commands that apply the drop-in, in order; each must succeed (module docs).
 #[must_use]
 pub fn commands(ifname: &str) -> Vec<Vec<String>> {
-    [
+    owned(vec![
         vec!["networkctl", "reload"],
         vec!["networkctl", "reconfigure", ifname],
+    ])
+}
+
+/// The resets run after [`commands`], each once, failures logged only (module docs).
+#[must_use]
+pub fn resets() -> Vec<Vec<String>> {
+    owned(vec![
         vec!["resolvectl", "flush-caches"],
         vec!["resolvectl", "reset-server-features"],
-        vec!["systemctl", "restart", "systemd-timesyncd"],
-    ]
-    .into_iter()
-    .map(|v| v.into_iter().map(str::to_owned).collect())
-    .collect()
+        vec!["systemctl", "try-restart", "systemd-timesyncd"],
+    ])
 }
 
 /// Applies [`GuestNet`]s through networkd.
@@ -143,17 +160,24 @@ impl<S: System> Networkd<S> {
         &self.path
     }
 
-    /// Writes the drop-in and runs the [`commands`]; stops at the first failure.
+    /// Writes the drop-in and runs the [`commands`], stopping at the first failure, then every
+    /// one of the [`resets`]; the resets that failed, as messages (logged by the caller).
     ///
     /// # Errors
-    /// The first failure.
-    pub fn apply(&mut self, net: &GuestNet) -> Result<(), String> {
+    /// The first failure of the drop-in write or the [`commands`].
+    pub fn apply(&mut self, net: &GuestNet) -> Result<Vec<String>, String> {
         self.sys.write_atomic(&self.path, &render(net))?;
         for argv in commands(&self.ifname) {
             let args: Vec<&str> = argv.iter().map(String::as_str).collect();
             self.sys.run(&args)?;
         }
-        Ok(())
+        Ok(resets()
+            .iter()
+            .filter_map(|argv| {
+                let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+                self.sys.run(&args).err()
+            })
+            .collect())
     }
 
     #[cfg(test)]

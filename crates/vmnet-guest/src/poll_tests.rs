@@ -67,7 +67,7 @@ impl System for FakeSystem {
 
 impl Apply for Networkd<FakeSystem> {
     async fn apply(&mut self, net: &GuestNet) -> Result<(), String> {
-        Networkd::apply(self, net)
+        Networkd::apply(self, net).map(|_| ())
     }
 }
 
@@ -109,7 +109,7 @@ fn a_change_writes_then_reloads_then_resets_in_order() {
             "networkctl reconfigure eth0",
             "resolvectl flush-caches",
             "resolvectl reset-server-features",
-            "systemctl restart systemd-timesyncd",
+            "systemctl try-restart systemd-timesyncd",
         ]
     );
     // Unchanged: nothing more is written or run.
@@ -188,4 +188,34 @@ fn a_failed_apply_is_retried() {
     assert_eq!(p.applied(), None);
     p.apply.sys_mut().fail = None;
     assert!(matches!(block(p.poll()), Outcome::Applied(_)));
+}
+
+#[test]
+fn a_failed_reset_is_logged_not_retried() {
+    // An image without systemd-timesyncd: the reset fails, the network is applied all the same,
+    // and the next poll does not reconfigure the interface again.
+    let mut p = poller();
+    p.fetcher().set(Ok("fdaa:1::7"), Ok(""));
+    p.apply.sys_mut().fail = Some("systemctl");
+    let net = GuestNet {
+        mesh_ipv6: "fdaa:1::7".parse().unwrap(),
+        host_routes: Vec::new(),
+    };
+    assert_eq!(
+        Networkd::apply(&mut p.apply, &net),
+        Ok(vec!["systemctl failed".to_owned()])
+    );
+    assert!(matches!(block(p.poll()), Outcome::Applied(_)));
+    let runs = p.applier().system().log.len();
+    assert_eq!(block(p.poll()), Outcome::Unchanged);
+    assert_eq!(p.applier().system().log.len(), runs, "nothing run again");
+    // A failed resolver reset does not stop the time-sync reset after it.
+    p.apply.sys_mut().fail = Some("resolvectl");
+    p.fetcher().set(Ok("fdaa:1::8"), Ok(""));
+    assert!(matches!(block(p.poll()), Outcome::Applied(_)));
+    let log = &p.applier().system().log;
+    assert_eq!(
+        log.last().unwrap(),
+        "systemctl try-restart systemd-timesyncd"
+    );
 }
