@@ -29,12 +29,13 @@ status=0
 # The kernel tests run the workspace's binaries (vmnet, and vmnet-guest inside a simulated guest):
 # `cargo test` builds only the binaries of packages with integration tests, so build them all first.
 cargo build --workspace --bins --locked
-# The real-guest test boots qemu guests (building the guest image on first use, cached in
-# /var/cache/vmnet-guest): without /dev/kvm it is skipped and counted so, which fails the run.
+# The real-guest tests (one per mode) boot qemu guests (building the guest image on first use,
+# cached in /var/cache/vmnet-guest): without /dev/kvm they are skipped and counted so, which
+# fails the run.
 skip=() kvm_skipped=0
 if [ ! -e /dev/kvm ]; then
-  echo "no /dev/kvm: the real-guest test (kvm_guests_in_the_pool_sandbox) is skipped" >&2
-  skip=(--skip kvm_guests_in_the_pool_sandbox) kvm_skipped=1
+  echo "no /dev/kvm: the real-guest tests (kvm_guests_in_the_pool_sandbox, kvm_guests_in_the_namespace_sandbox) are skipped" >&2
+  skip=(--skip kvm_guests_in_the_pool_sandbox --skip kvm_guests_in_the_namespace_sandbox) kvm_skipped=2
 fi
 cargo test --workspace --all-targets --locked --no-fail-fast -- --include-ignored "${skip[@]}" 2>&1 |
   tee "$log" || status=$?

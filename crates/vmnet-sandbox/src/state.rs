@@ -454,6 +454,14 @@ pub fn stop_with(
     while is_ours(pid, marker) && !is_zombie(pid) {
         if start.elapsed() > grace {
             let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+            // Gone (or a zombie) within moments of SIGKILL; wait for that, briefly.
+            let killed = Instant::now();
+            while is_ours(pid, marker)
+                && !is_zombie(pid)
+                && killed.elapsed() < Duration::from_secs(2)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             break;
         }
         std::thread::sleep(Duration::from_millis(20));

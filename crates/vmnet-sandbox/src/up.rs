@@ -90,12 +90,12 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
         )
         .await;
     }
-    if args.guests == crate::kvm::GuestKind::Kvm {
-        return Err(Error::invalid(
-            "vmnet up --sandbox --guests kvm: real guests run for pool-mode specs only so far (\"mode\": \"pool\")",
-        ));
-    }
     if crate::fleet_job::is_fleet_spec(&text) {
+        if args.guests == crate::kvm::GuestKind::Kvm {
+            return Err(Error::invalid(
+                "vmnet up --sandbox --guests kvm: real guests run for single-host specs (namespace or pool mode), not fleet specs (\"mode\": \"fleet\")",
+            ));
+        }
         return crate::fleet_job::up(json, &args, &text, interrupts).await;
     }
     crate::ns_job::up(json, &args, &text, interrupts).await

@@ -10,6 +10,7 @@
 //!   names the state directory).
 //! - [`chan`]: the command channel (virtio-serial).
 //! - [`pool`]: the pool-mode checks run from inside the guests.
+//! - [`ns`], [`ns_traffic`]: the namespace-mode checks run from inside the guests.
 //!
 //! # Acceleration
 //! KVM when `/dev/kvm` is there and usable by a stock kernel; otherwise TCG with a warning. A host
@@ -18,6 +19,8 @@
 
 pub mod chan;
 pub mod image;
+pub mod ns;
+pub mod ns_traffic;
 pub mod pool;
 
 use std::path::{Path, PathBuf};
@@ -80,6 +83,18 @@ impl Accel {
     }
 }
 
+/// The guest image (built or found in its cache) and the accelerator, warning on TCG.
+///
+/// # Errors
+/// `UNAVAILABLE` when the image cannot be built or found.
+pub fn setup() -> Result<(GuestImage, Accel), Error> {
+    let (accel, why) = Accel::detect();
+    if let Some(why) = why {
+        eprintln!("warning: real guests run under TCG (emulation, slow): {why}");
+    }
+    Ok((GuestImage::find_or_build()?, accel))
+}
+
 /// How one guest boots.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -112,6 +127,7 @@ pub struct Vm {
     /// The command channel socket.
     pub socket: PathBuf,
     overlay: PathBuf,
+    detached: bool,
 }
 
 impl Vm {
@@ -210,6 +226,7 @@ impl Vm {
             console,
             socket,
             overlay,
+            detached: false,
         })
     }
 
@@ -250,8 +267,20 @@ impl Vm {
     }
 }
 
+impl Vm {
+    /// Leaves the guest running after this process ends (the sandbox stays up): it is stopped by
+    /// pid when the sandbox goes (`vmnet down --sandbox`, from the state file).
+    pub fn detach(mut self) {
+        self.child = None;
+        self.detached = true;
+    }
+}
+
 impl Drop for Vm {
     fn drop(&mut self) {
+        if self.detached {
+            return;
+        }
         let _ = crate::state::stop(self.pid, &self.marker);
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

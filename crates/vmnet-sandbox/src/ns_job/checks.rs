@@ -19,13 +19,13 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use super::probes;
 use crate::echo::EchoService;
 use crate::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6};
 use crate::{SandboxError, netns, traffic};
 use ipnet::IpNet;
 use serde::Serialize;
 use vmnet_agent::table::render as render_table;
-use vmnet_model::error::chain;
 use vmnet_model::vm::{Route, Via};
 
 /// The guest's IPv6 gateway: the link-local address on every tap.
@@ -35,7 +35,7 @@ pub const PROBE_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 
 /// What a check that must not connect expects.
 pub const NO_REACH: &str = "no reach";
 
-const TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the checks need to know about one VM and its simulated guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,7 +150,7 @@ pub fn probe_in(dst: &IpNet) -> Option<Ipv6Addr> {
     Some(Ipv6Addr::from(u128::from(net.network()).wrapping_add(1)))
 }
 
-fn from(ip: impl Into<IpAddr>) -> String {
+pub(super) fn from(ip: impl Into<IpAddr>) -> String {
     format!("from {}", ip.into())
 }
 
@@ -255,75 +255,6 @@ pub fn plan_checks(vms: &[GuestInfo]) -> (Vec<CheckPlan>, Vec<(usize, Ipv6Addr)>
     (out, probes)
 }
 
-fn seen_reply(r: Result<Option<traffic::EchoReply>, SandboxError>) -> String {
-    match r {
-        Ok(Some(reply)) => from(reply.peer.ip()),
-        Ok(None) => NO_REACH.into(),
-        Err(e) => format!("error: {}", chain(&e)),
-    }
-}
-
-fn run_mss(guest_ns: &str, target: SocketAddr, advmss: u16) -> String {
-    let (dst, gw, fam) = match target.ip() {
-        IpAddr::V4(a) => (
-            format!("{a}/32"),
-            crate::guest::GATEWAY_V4.to_string(),
-            "-4",
-        ),
-        IpAddr::V6(a) => (format!("{a}/128"), GUEST_GW_V6.to_string(), "-6"),
-    };
-    let adv = advmss.to_string();
-    let add = [
-        "route", "add", &dst, "via", &gw, "dev", "eth0", "advmss", &adv,
-    ];
-    if let Err(e) = netns::ip(guest_ns, &[&[fam][..], &add[..]].concat()) {
-        return format!("error: {}", chain(&e));
-    }
-    let seen = match traffic::try_tcp_echo(guest_ns, target, TIMEOUT) {
-        Ok(Some(r)) => r
-            .syn_mss
-            .map_or_else(|| "no mss option".into(), |m| format!("syn mss {m}")),
-        Ok(None) => NO_REACH.into(),
-        Err(e) => format!("error: {}", chain(&e)),
-    };
-    let _ = netns::ip(guest_ns, &[fam, "route", "del", &dst]);
-    seen
-}
-
-fn nat_rule(k: &KernelNames) -> String {
-    match netns::exec(
-        &k.vm_ns,
-        "nft",
-        &["list", "table", "inet", &k.nft_table],
-        TIMEOUT,
-    ) {
-        Ok(out) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            if text.contains(" snat ") || text.contains("masquerade") {
-                "snat".into()
-            } else {
-                "none".into()
-            }
-        }
-        Ok(out) => format!("error: {}", String::from_utf8_lossy(&out.stderr).trim()),
-        Err(e) => format!("error: {}", chain(&e)),
-    }
-}
-
-fn veth_mtu(k: &KernelNames) -> String {
-    let Some(veth) = &k.veth_host else {
-        return "no veth".into();
-    };
-    match netns::ip(&k.host_ns, &["link", "show", "dev", veth]) {
-        Ok(text) => text
-            .split_whitespace()
-            .skip_while(|w| *w != "mtu")
-            .nth(1)
-            .map_or_else(|| "no mtu".into(), str::to_owned),
-        Err(e) => format!("error: {}", chain(&e)),
-    }
-}
-
 /// Runs the planned checks from the guests: starts echo services on each guest's mesh address
 /// and the gateway probes (which the gateway guests get on `lo`), then runs each check.
 ///
@@ -369,20 +300,13 @@ pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, SandboxError> {
                     }
                     r = traffic::try_tcp_echo(&v.guest_ns, t, TIMEOUT);
                 }
-                seen_reply(r)
+                probes::seen_reply(r)
             }
-            Probe::Udp(t) => seen_reply(traffic::try_udp_echo(&v.guest_ns, t, TIMEOUT)),
-            Probe::InetTcp(t) | Probe::InetUdp(t) => {
-                let ns = v.public.as_ref().map_or("", |p| p.inet_ns.as_str());
-                seen_reply(if matches!(p.probe, Probe::InetTcp(_)) {
-                    traffic::try_tcp_echo(ns, t, TIMEOUT)
-                } else {
-                    traffic::try_udp_echo(ns, t, TIMEOUT)
-                })
+            Probe::Udp(t) => probes::seen_reply(traffic::try_udp_echo(&v.guest_ns, t, TIMEOUT)),
+            Probe::InetTcp(_) | Probe::InetUdp(_) | Probe::NatRule | Probe::VethMtu => {
+                probes::run_host_probe(v, &p.probe)
             }
-            Probe::Mss { target, advmss } => run_mss(&v.guest_ns, target, advmss),
-            Probe::NatRule => v.kernel.as_ref().map_or_else(|| "-".into(), nat_rule),
-            Probe::VethMtu => v.kernel.as_ref().map_or_else(|| "-".into(), veth_mtu),
+            Probe::Mss { target, advmss } => probes::run_mss(&v.guest_ns, target, advmss),
             Probe::Gateway { target, gateway } => {
                 let _ = traffic::try_udp_echo(&v.guest_ns, target, TIMEOUT);
                 let log = services[gateway]

@@ -21,6 +21,9 @@
 //!    it forges), the [`activity`] checks (TCP from the fake internet moves a VM's packet
 //!    activity, pings and UDP do not), and two tables: the VMs and the checks.
 //!
+//! With `--guests kvm`, step 4 boots a real Linux guest per VM instead and the checks are those of
+//! [`kvm`], run from inside the guests.
+//!
 //! The exit status is non-zero when any check saw something other than what it expected. The
 //! sandbox stays up either way (the agent, echo service and relays keep running in the
 //! background, their pids recorded in `/run/vmnet-sandbox/<name>/sandbox.json`); `vmnet down
@@ -40,8 +43,10 @@ pub mod activity;
 pub mod checks;
 pub mod firewall;
 pub mod fwchange;
+pub mod kvm;
 pub mod limits;
 pub mod metadata;
+pub mod probes;
 pub mod public;
 pub(crate) mod steps;
 
@@ -186,19 +191,27 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         .arg(paths.activity_root());
     let client = steps::start_agent(paths, &mut st, "agent", agent, timeout).await?;
 
-    let report = vmnet_agent::apply::apply_host_spec(&client, spec, false).await?;
-    for item in &report.items {
+    let applied = vmnet_agent::apply::apply_host_spec(&client, spec, false).await?;
+    for item in &applied.items {
         eprintln!("applied {} {}: {}", item.kind, item.id, item.result);
+    }
+    let host = (
+        args.name.as_str(),
+        host_ns.as_str(),
+        sandbox::HOST_UPLINK_V4,
+    );
+    if args.guests == crate::kvm::GuestKind::Kvm {
+        let mut views = Vec::new();
+        for vm in &spec.vms {
+            views.push(steps::wait_applied(&client, &vm.id, timeout).await?);
+        }
+        let (rows, checks) = kvm::run(paths, &mut st, &client, &views, host, &inet).await?;
+        return Ok(report(args, paths, rows, checks));
     }
     let mut guests = Vec::new();
     let mut rows = Vec::new();
     for vm in &spec.vms {
         let v = steps::wait_applied(&client, &vm.id, timeout).await?;
-        let host = (
-            args.name.as_str(),
-            host_ns.as_str(),
-            sandbox::HOST_UPLINK_V4,
-        );
         let (mut guest, row) = steps::attach_guest(paths, &mut st, host, &v, timeout)?;
         guest.public = public::public_check(
             &v.config,
@@ -234,14 +247,18 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     results.extend(fwchange::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(activity::run(&client, &inet, &spec.vms, &guest_ns).await);
+    Ok(report(args, paths, rows, results))
+}
+
+fn report(args: &UpArgs, paths: &Paths, vms: Vec<VmRow>, checks: Vec<CheckResult>) -> UpReport {
     let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
-    Ok(UpReport {
+    UpReport {
         sandbox: args.name.clone(),
         client_hint: client_hint(&socket),
         socket,
-        vms: rows,
-        checks: results,
-    })
+        vms,
+        checks,
+    }
 }
 
 /// `VMNET_SOCKET=<socket> <this executable> status`.

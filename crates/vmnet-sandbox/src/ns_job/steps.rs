@@ -43,7 +43,7 @@ pub struct VmRow {
     pub mesh: String,
     /// Routes, `dst via x` joined by `, `.
     pub routes: String,
-    /// The simulated guest's namespace.
+    /// The simulated guest's namespace, or `qemu <pid>` for a real guest.
     pub guest_ns: String,
 }
 
@@ -177,9 +177,20 @@ pub(crate) fn attach_guest(
     let cfg = guest_config(v)?;
     crate::guest::configure(&guest_ns, crate::guest::GUEST_IF, &cfg)
         .map_err(|e| Error::internal(format!("guest of vm {}: {}", v.config.id, chain(&e))))?;
-    let info = GuestInfo {
+    let info = guest_info((prefix, host_ns, uplink_v4), v, &guest_ns);
+    Ok((info, vm_row(v, &guest_ns)))
+}
+
+/// What the checks need of the applied VM `v` of the agent with `prefix` in `host_ns`, whose
+/// guest runs in `guest_ns` (simulated guests; empty for real ones).
+pub(crate) fn guest_info(
+    (prefix, host_ns, uplink_v4): (&str, &str, Ipv4Addr),
+    v: &VmView,
+    guest_ns: &str,
+) -> GuestInfo {
+    GuestInfo {
         vm: v.config.id.clone(),
-        guest_ns: guest_ns.clone(),
+        guest_ns: guest_ns.to_owned(),
         mesh: v.config.mesh_ipv6,
         routes: v.config.network.routes.clone(),
         uplink_v4,
@@ -190,8 +201,7 @@ pub(crate) fn attach_guest(
             nft_table: prefix.to_owned(),
         }),
         public: None,
-    };
-    Ok((info, vm_row(v, &guest_ns)))
+    }
 }
 
 /// How the simulated guest of `v` configures itself: the status's MAC, address, gateway and MTU;
@@ -235,7 +245,8 @@ fn guest_config(v: &VmView) -> Result<GuestConfig, Error> {
     })
 }
 
-fn vm_row(v: &VmView, guest_ns: &str) -> VmRow {
+/// The VM table row of `v`, whose guest is `guest_ns` (a namespace, or how a real guest runs).
+pub(crate) fn vm_row(v: &VmView, guest_ns: &str) -> VmRow {
     let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
     let veth = match (&v.status.veth_host, &v.status.veth_ns) {
         (Some(h), Some(n)) => format!("{h}/{n}"),

@@ -29,7 +29,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::kvm::pool::KvmGuest;
-use crate::kvm::{self, Accel, GuestImage, GuestKind, Vm, VmConfig};
+use crate::kvm::{self, GuestKind, Vm, VmConfig};
 use crate::netns as tk;
 use crate::relay::Relay;
 use crate::sandbox::{HOST_UPLINK_V4, Sandbox};
@@ -115,7 +115,7 @@ async fn run(
 ) -> Result<PoolReport, Error> {
     let dir = &paths.dir;
     let kvm = match kind {
-        GuestKind::Kvm => Some(kvm_setup()?),
+        GuestKind::Kvm => Some(kvm::setup()?),
         GuestKind::Sim => None,
     };
     let mut vms: Vec<KvmGuest> = Vec::new();
@@ -365,15 +365,6 @@ async fn run(
 
 /// How long real guests get to boot and finish cloud-init (TCG on a loaded host is slow).
 const KVM_BOOT_WAIT: Duration = Duration::from_secs(600);
-
-/// The guest image (built or found in its cache) and the accelerator, warning on TCG.
-fn kvm_setup() -> Result<(GuestImage, Accel), Error> {
-    let (accel, why) = Accel::detect();
-    if let Some(why) = why {
-        eprintln!("warning: real guests run under TCG (emulation, slow): {why}");
-    }
-    Ok((GuestImage::find_or_build()?, accel))
-}
 
 /// How long the gap check waits for the agent's audit (one 5 s period and some slack).
 const AUDIT_WAIT: Duration = Duration::from_secs(6);

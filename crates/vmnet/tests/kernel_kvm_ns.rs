@@ -1,0 +1,149 @@
+//! `vmnet up --sandbox --guests kvm examples/ns-kvm.json` end to end (root, `/dev/kvm`): two real
+//! Linux guests booted by qemu in their VMs' namespaces on the taps the agent made; networkd puts
+//! the image's guest address on, `vmnet-guest` the mesh address and host routes from the
+//! metadata service; NAT, the MSS clamp, IPv6 via host, public addresses, the mesh between the
+//! guests, a large download and the public limit (iperf3 in the guest) are checked from inside
+//! them, and a mesh address change by `PUT` is applied in the running guest. Then `down` stops
+//! the guests by pid and leaves no namespace. The guest image is built by
+//! `scripts/guest-image.sh` on first use and cached. `scripts/test.sh` skips this test (and counts
+//! it skipped) on a machine without `/dev/kvm`.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use vmnet_testkit::{require_root, sandbox};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vmnet");
+
+fn vmnet(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run vmnet")
+}
+
+/// Removes the sandbox (and so the guests) even when the test fails half-way.
+struct Guard {
+    name: String,
+    root: PathBuf,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let root = self.root.display().to_string();
+        let _ = vmnet(&["down", "--sandbox", "--name", &self.name, "--root", &root]);
+        let _ = sandbox::cleanup(&self.name);
+    }
+}
+
+#[test]
+#[ignore = "needs root: builds network namespaces and boots qemu guests (scripts/test.sh runs it)"]
+fn kvm_guests_in_the_namespace_sandbox() {
+    require_root();
+    assert!(
+        std::path::Path::new("/dev/kvm").exists(),
+        "this test needs /dev/kvm (scripts/test.sh skips it without)"
+    );
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/ns-kvm.json");
+    let name = sandbox::unique_prefix("kn");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("sandboxes");
+    let root_s = root.display().to_string();
+    let guard = Guard {
+        name: name.clone(),
+        root: root.clone(),
+    };
+    let out = vmnet(&[
+        "--output",
+        "json",
+        "up",
+        "--sandbox",
+        "--guests",
+        "kvm",
+        spec,
+        "--name",
+        &name,
+        "--root",
+        &root_s,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "vmnet up failed: {stderr}\n{stdout}");
+    let v: Value = serde_json::from_str(&stdout).expect("JSON report");
+    let checks = v["checks"].as_array().expect("checks");
+    assert!(checks.iter().all(|c| c["ok"] == true), "{checks:#?}");
+    let seen = |vm: &str, name: &str| {
+        checks
+            .iter()
+            .find(|c| c["vm"] == vm && c["check"] == name)
+            .unwrap_or_else(|| panic!("no check {name:?} of {vm}: {checks:#?}"))["seen"]
+            .as_str()
+            .expect("seen")
+            .to_owned()
+    };
+    let g = "vm-gateway";
+    assert_eq!(seen(g, "booted: guest address on eth0"), "172.16.0.2/30");
+    assert_eq!(
+        seen(g, "booted: vmnet-guest put the mesh address on eth0"),
+        "fdaa:1::7/128"
+    );
+    assert_eq!(seen(g, "host routes from metadata"), "default, fdaa::/16");
+    assert_eq!(seen(g, "ipv4 tcp echo"), "from 203.0.113.57");
+    assert_eq!(seen(g, "ipv4 mss clamp"), "syn mss 1340");
+    assert_eq!(seen(g, "ipv6 tcp echo"), "from 2001:db8:0:1::57");
+    assert_eq!(seen(g, "public ipv4 tcp from internet"), "from 203.0.113.1");
+    assert_eq!(seen(g, "mesh -> vm-isolated"), "from fdaa:1::7");
+    assert_eq!(
+        seen(
+            g,
+            "large download through the mss clamp (iperf3 in the guest)"
+        ),
+        "4 MiB received"
+    );
+    let i = "vm-isolated";
+    assert_eq!(seen(i, "ipv4 tcp echo"), "no reach");
+    assert_eq!(seen(i, "mesh -> vm-gateway"), "from fdaa:1::8");
+    assert_eq!(
+        seen(i, "mesh address change by PUT, in the running guest"),
+        "fdaa:1::8008/128"
+    );
+    assert_eq!(
+        seen(i, "mesh -> vm-isolated at its old address, from vm-gateway"),
+        "no reach"
+    );
+    assert_eq!(seen(i, "mesh address changed back by PUT"), "fdaa:1::8/128");
+    // The guests run on after `up` (the sandbox stays up) and `down` stops them by pid.
+    let pids: Vec<u32> = v["vms"]
+        .as_array()
+        .expect("vms")
+        .iter()
+        .map(|r| {
+            r["guest_ns"].as_str().expect("guest_ns")["qemu ".len()..]
+                .parse()
+                .expect("qemu pid")
+        })
+        .collect();
+    assert_eq!(pids.len(), 2);
+    assert!(
+        pids.iter()
+            .all(|p| std::path::Path::new(&format!("/proc/{p}")).exists()),
+        "the guests stay up with the sandbox"
+    );
+    let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    // Gone, or a zombie that init reaps in a moment.
+    let running = |p: &u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, r)| !r.starts_with('Z'))
+        })
+    };
+    assert!(!pids.iter().any(running), "qemu left running after down");
+    assert!(
+        vmnet_sandbox::netns::list(&name).is_empty(),
+        "namespaces left behind"
+    );
+    drop(guard);
+}
