@@ -6,11 +6,14 @@
 //! - [`agent`]: the agent process under N VMs put over its API;
 //! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent, and
 //!   ([`mesh_forward`]) the data plane's TCP throughput VM to VM against host to host;
-//! - [`metadata`]: the metadata service's listeners in N namespaces polled every 250 ms.
+//! - [`metadata`]: the metadata service's listeners in N namespaces polled every 250 ms;
+//! - [`guests`]: real namespace-mode guests: boot to network-ready, TCP throughput through
+//!   vmnet's path against a bare tap, and with a limit.
 
 pub mod activity;
 pub mod agent;
 pub mod agent_load;
+pub mod guests;
 pub mod ipam;
 pub mod mesh;
 pub mod mesh_forward;
@@ -54,6 +57,8 @@ pub enum BenchCmd {
     Metadata(metadata::MetadataBenchArgs),
     /// iperf3 through a VM's path with and without the packet-activity program.
     Activity(activity::ActivityBenchArgs),
+    /// Real namespace-mode guests (qemu): boot to network-ready, throughput against a bare tap.
+    Guests(guests::GuestsBenchArgs),
 }
 
 /// Runs `vmnet bench …`; `json` prints JSON instead of a table where the bench supports it.
@@ -69,5 +74,6 @@ pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Mesh(a) => Ok(mesh::run(a).await?),
         BenchCmd::Metadata(a) => Ok(metadata::run(a).await?),
         BenchCmd::Activity(a) => Ok(activity::run(a).await?),
+        BenchCmd::Guests(a) => Ok(guests::run(a).await?),
     }
 }

@@ -117,8 +117,9 @@ pub(super) async fn run(
 }
 
 /// The VM whose mesh address the change check moves (index into `vms`) and the peer that
-/// probes it: the first VM with a mesh address, no firewall and no VM routing via it, and
-/// another such VM of the same tenant.
+/// probes it: the first VM with a mesh address, no firewall and no VM routing via it (one
+/// without public addresses if there is one), and another VM with a mesh address and no
+/// firewall of the same tenant.
 #[must_use]
 pub fn change_pair(vms: &[VmConfig]) -> Option<(usize, usize)> {
     let plain =
@@ -128,7 +129,11 @@ pub fn change_pair(vms: &[VmConfig]) -> Option<(usize, usize)> {
             .flat_map(|w| &w.network.routes)
             .any(|r| Some(r.via) == m.map(Via::Mesh))
     };
-    let m = vms.iter().position(|v| plain(v) && !gateway(v.mesh_ipv6))?;
+    // A VM without public addresses first: its move touches nothing but the mesh.
+    let public = |v: &VmConfig| v.public_ipv4.is_some() || v.public_ipv6.is_some();
+    let m = (0..vms.len())
+        .filter(|&i| plain(&vms[i]) && !gateway(vms[i].mesh_ipv6))
+        .min_by_key(|&i| public(&vms[i]))?;
     let p = vms
         .iter()
         .enumerate()
@@ -245,6 +250,19 @@ mod tests {
         // vm-gateway carries vm-behind-gateway's route; vm-firewall filters: vm-isolated moves.
         assert_eq!(vms[m].id, "vm-isolated");
         assert_eq!(vms[p].id, "vm-gateway");
+    }
+
+    #[test]
+    fn the_two_vm_example_moves_the_vm_without_public_addresses() {
+        let spec = include_str!("../../../../examples/ns-kvm.json");
+        let vms = vmnet_agent::hostspec::HostSpec::parse("ns-kvm.json", spec)
+            .expect("example spec")
+            .vms;
+        let (m, p) = change_pair(&vms).expect("a pair");
+        assert_eq!(
+            (vms[m].id.as_str(), vms[p].id.as_str()),
+            ("vm-isolated", "vm-gateway")
+        );
     }
 
     #[test]
