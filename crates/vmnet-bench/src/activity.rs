@@ -16,7 +16,6 @@
 //! The sandbox guard deletes every namespace (the VM's filter goes with its tap); the iperf3
 //! server is killed by its pid; the pin root is unpinned, unmounted and removed.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +26,8 @@ use vmnet_model::vm::parse_vm_config;
 use vmnet_plan::ns::{HOST_LINK_LOCAL, NsSettings, plan_vm};
 use vmnet_sandbox::guest::{GuestConfig, GuestRoute6, SimGuest};
 use vmnet_sandbox::netns;
+
+use crate::iperf::Server;
 
 /// Arguments of `vmnet bench activity`.
 #[derive(Debug, clap::Args)]
@@ -40,17 +41,7 @@ pub struct ActivityBenchArgs {
 }
 
 const MESH: &str = "fdaa:1::1";
-const PORT: &str = "5201";
-
-/// The iperf3 server in the guest, killed by its pid on drop.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+const PORT: u16 = 5201;
 
 /// Unpins, unmounts and removes the pin root on drop.
 struct PinRoot(std::path::PathBuf);
@@ -68,12 +59,13 @@ fn internal(what: &str) -> impl Fn(String) -> Error + '_ {
 /// One iperf3 download into the guest, MiB/s of payload received.
 fn download(inet: &str, secs: u32) -> Result<f64, Error> {
     let t = secs.to_string();
+    let port = PORT.to_string();
     let mut last = String::new();
     for _ in 0..20 {
         let out = netns::exec(
             inet,
             "iperf3",
-            &["-c", MESH, "-p", PORT, "-t", &t, "-O", "1", "-J"],
+            &["-c", MESH, "-p", &port, "-t", &t, "-O", "1", "-J"],
             Duration::from_secs(u64::from(secs) + 30),
         )
         .map_err(|e| Error::internal(format!("iperf3 -c: {e}")))?;
@@ -149,25 +141,10 @@ pub async fn run(args: ActivityBenchArgs) -> Result<(), Error> {
     };
     let guest = SimGuest::attach(&sb, "g", &plan.netns, &plan.tap.name, &guest_cfg)
         .map_err(|e| Error::internal(format!("guest: {e}")))?;
-    let _server = Server(
-        Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                guest.netns(),
-                "iperf3",
-                "-s",
-                "-B",
-                MESH,
-                "-p",
-                PORT,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| Error::internal(format!("iperf3 -s: {e}")))?,
-    );
+    let mesh: std::net::Ipv6Addr = MESH
+        .parse()
+        .map_err(|e| Error::internal(format!("{MESH}: {e}")))?;
+    let _server = Server::start(guest.netns(), mesh, PORT)?;
     let inet = sb.inet();
     let mut rows = Vec::new();
     for round in 1..=args.rounds {

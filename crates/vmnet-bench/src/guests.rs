@@ -22,13 +22,14 @@
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use vmnet_agent::api::types::VmView;
 use vmnet_agent::client::Client;
 use vmnet_model::Error;
+
+use crate::iperf::Server;
 use vmnet_sandbox::agent::AgentOptions;
 use vmnet_sandbox::kvm::ns::{self as kns, NsGuest};
 use vmnet_sandbox::kvm::{self, Accel, GuestImage, Vm, VmConfig};
@@ -62,31 +63,6 @@ const BOOT_WAIT: Duration = Duration::from_secs(600);
 
 fn unavailable(what: &str) -> impl Fn(String) -> Error + '_ {
     move |e| Error::unavailable(format!("bench guests: {what}: {e}"))
-}
-
-/// An iperf3 server in a namespace, killed on drop.
-struct Server(Child);
-
-impl Server {
-    fn start(ns: &str, addr: Ipv4Addr) -> Result<Self, Error> {
-        Command::new("ip")
-            .args(["netns", "exec", ns, "iperf3", "-s", "-B"])
-            .arg(addr.to_string())
-            .args(["-p", &PORT.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map(Self)
-            .map_err(|e| unavailable("iperf3 -s")(e.to_string()))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn vm_config(limit: u32) -> Value {
@@ -237,8 +213,8 @@ pub async fn run(a: GuestsBenchArgs) -> Result<(), Error> {
     let bare_ns = bare_tap(&sb)?;
     let mut vg = boot("vmnet", &ns, &tap, &mac, img)?;
     let mut bg = boot("bare", &bare_ns, "tap0", &mac, img)?;
-    let _s1 = Server::start(&sb.inet(), ECHO_V4)?;
-    let _s2 = Server::start(&bare_ns, BARE_GW)?;
+    let _s1 = Server::start(&sb.inet(), ECHO_V4, PORT)?;
+    let _s2 = Server::start(&bare_ns, BARE_GW, PORT)?;
     let (mut via, mut bare) = (Vec::new(), Vec::new());
     tokio::task::block_in_place(|| -> Result<(), Error> {
         ready(&mut vg, &want_mesh, "-6")?;

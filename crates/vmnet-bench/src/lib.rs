@@ -15,6 +15,7 @@ pub mod agent;
 pub mod agent_load;
 pub mod guests;
 pub mod ipam;
+pub mod iperf;
 pub mod mesh;
 pub mod mesh_forward;
 pub mod metadata;

@@ -15,13 +15,14 @@
 
 use std::fmt::Write as _;
 use std::net::Ipv6Addr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 use vmnet_model::Error;
 use vmnet_sandbox::mesh_lab::{MeshLab, VM_MTU};
 use vmnet_sandbox::netns;
+
+use crate::iperf::Server;
 
 /// The goal: VM-to-VM throughput over host-to-host throughput.
 pub const GOAL_RATIO: f64 = 0.9;
@@ -30,31 +31,6 @@ const PORT: u16 = 5201;
 
 fn unavailable(what: &str) -> impl Fn(vmnet_sandbox::SandboxError) -> Error + '_ {
     move |e| Error::unavailable(format!("bench mesh forwarding: {what}: {e}"))
-}
-
-/// An `iperf3 -s` in a namespace, killed on drop.
-struct Server(Child);
-
-impl Server {
-    fn start(ns: &str, addr: Ipv6Addr) -> Result<Self, Error> {
-        Command::new("ip")
-            .args(["netns", "exec", ns, "iperf3", "-s", "-B"])
-            .arg(addr.to_string())
-            .args(["-p", &PORT.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map(Self)
-            .map_err(|e| Error::unavailable(format!("bench mesh forwarding: iperf3 -s: {e}")))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// One iperf3 TCP run from `ns` to `addr`: the receiver's rate in MiB/s.
@@ -114,8 +90,8 @@ pub fn run(runs: u32, secs: u32) -> Result<String, Error> {
     }
     lab.wait_tunnels().map_err(unavailable("tunnels"))?;
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
-    let _hs = Server::start(&h1.net.ns, h1.mesh)?;
-    let _vs = Server::start(&c.ns, c.mesh)?;
+    let _hs = Server::start(&h1.net.ns, h1.mesh, PORT)?;
+    let _vs = Server::start(&c.ns, c.mesh, PORT)?;
     let before = h0
         .plane
         .passes()

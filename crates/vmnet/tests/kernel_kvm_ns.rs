@@ -8,31 +8,11 @@
 //! `scripts/guest-image.sh` on first use and cached. `scripts/test.sh` skips this test (and counts
 //! it skipped) on a machine without `/dev/kvm`.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
 use serde_json::Value;
 use vmnet_testkit::{require_root, sandbox};
 
-const BIN: &str = env!("CARGO_BIN_EXE_vmnet");
-
-fn vmnet(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run vmnet")
-}
-
-/// Removes the sandbox (and so the guests) even when the test fails half-way.
-struct Guard {
-    name: String,
-    root: PathBuf,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let root = self.root.display().to_string();
-        let _ = vmnet(&["down", "--sandbox", "--name", &self.name, "--root", &root]);
-        let _ = sandbox::cleanup(&self.name);
-    }
-}
+mod sandbox_support;
+use sandbox_support::{Guard, vmnet};
 
 #[test]
 #[ignore = "needs root: builds network namespaces and boots qemu guests (scripts/test.sh runs it)"]

@@ -4,33 +4,18 @@
 //! no process, no state directory.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value;
 use vmnet_testkit::{require_root, sandbox};
+
+mod sandbox_support;
+use sandbox_support::{Guard, vmnet};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vmnet");
 
 fn host_spec() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/host.json")
-}
-
-fn vmnet(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run vmnet")
-}
-
-/// Removes the sandbox even when the test fails half-way.
-struct Guard {
-    name: String,
-    root: PathBuf,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let root = self.root.display().to_string();
-        let _ = vmnet(&["down", "--sandbox", "--name", &self.name, "--root", &root]);
-        let _ = sandbox::cleanup(&self.name);
-    }
 }
 
 fn our_processes(marker: &str) -> Vec<String> {

@@ -67,6 +67,27 @@ pub fn download_mibps(inet: &str, guest_ns: &str) -> Result<f64, String> {
     result.map_err(|_| format!("iperf3: {last}"))
 }
 
+/// The check `name` of VM `vm`: a `measured` download rate (MiB/s, or why there is none)
+/// against its public limit, ±5 %.
+#[must_use]
+pub fn rate_check(vm: &VmConfig, name: &str, measured: Result<f64, String>) -> CheckResult {
+    let limit = f64::from(vm.public_network_throughput_mibps);
+    let (seen, ok) = match measured {
+        Ok(m) => (
+            format!("{m:.2} MiB/s"),
+            (0.95..=1.05).contains(&(m / limit)),
+        ),
+        Err(e) => (e, false),
+    };
+    CheckResult {
+        vm: vm.id.clone(),
+        check: name.into(),
+        expected: format!("{limit} MiB/s ±5 %"),
+        seen,
+        ok,
+    }
+}
+
 /// Runs the checks for every limited VM; `guests` maps a VM id to its guest namespace.
 pub async fn run(
     client: &Client,
@@ -79,25 +100,11 @@ pub async fn run(
         let Some((_, guest_ns)) = guests.iter().find(|(id, _)| *id == vm.id) else {
             continue;
         };
-        let limit = f64::from(vm.public_network_throughput_mibps);
         let (inet, ns) = (inet.to_owned(), guest_ns.clone());
         let measured = tokio::task::spawn_blocking(move || download_mibps(&inet, &ns))
             .await
             .unwrap_or_else(|e| Err(e.to_string()));
-        let (seen, ok) = match measured {
-            Ok(m) => (
-                format!("{m:.2} MiB/s"),
-                (0.95..=1.05).contains(&(m / limit)),
-            ),
-            Err(e) => (e, false),
-        };
-        out.push(CheckResult {
-            vm: vm.id.clone(),
-            check: "public limit download".into(),
-            expected: format!("{limit} MiB/s ±5 %"),
-            seen,
-            ok,
-        });
+        out.push(rate_check(vm, "public limit download", measured));
         let bytes = client
             .get::<vmnet_agent::status::VmView>(&format!("/v1/vms/{}", vm.id))
             .await
