@@ -30,7 +30,8 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub timeout_secs: u64,
     /// The guests on the VMs' taps: `sim` (namespaces joined by a frame relay) or `kvm` (real
-    /// Linux guests under qemu, booted from `scripts/guest-image.sh`'s image; pool-mode specs).
+    /// Linux guests under qemu, booted from `scripts/guest-image.sh`'s image; pool-mode and
+    /// namespace-mode specs, not fleet specs).
     #[arg(long, value_enum, default_value_t = crate::kvm::GuestKind::Sim)]
     pub guests: crate::kvm::GuestKind,
 }
