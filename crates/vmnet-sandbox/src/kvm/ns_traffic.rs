@@ -7,36 +7,22 @@
 //! | `large download through the mss clamp (iperf3 in the guest)` | `4 MiB received`: per VM with an IPv4 route via host and no firewall |
 //! | `public limit download (iperf3 in the guest)` | `L MiB/s ±5 %`: 3 s after 1 s of slow start, per VM with a public limit `L` in force and no firewall |
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use vmnet_model::vm::VmConfig;
 
 use super::ns::NsGuest;
 use crate::ns_job::checks::CheckResult;
-use crate::ns_job::limits::{IPERF_PORT, limited, rate_check};
+use crate::ns_job::limits::{IPERF_PORT, iperf_server_once, limited, rate_check};
 use crate::sandbox::ECHO_V4;
 
 /// Bytes of the large download.
 const LARGE_BYTES: u64 = 4 * 1_048_576;
 
-fn iperf_server(inet: &str) -> Result<Child, String> {
-    let (port, addr) = (IPERF_PORT.to_string(), ECHO_V4.to_string());
-    Command::new("ip")
-        .args([
-            "netns", "exec", inet, "iperf3", "-s", "-1", "-B", &addr, "-p", &port,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("iperf3 -s: {e}"))
-}
-
 /// Runs `iperf3 -c <echo v4> -R <args> -J` in guest `g` against a one-off server in `inet`,
 /// retrying while the server is not up yet; the client's JSON report.
 fn download(g: &mut NsGuest, inet: &str, args: &str) -> Result<serde_json::Value, String> {
-    let mut server = iperf_server(inet)?;
+    let mut server = iperf_server_once(inet)?;
     let script = format!(
         "ip route add {ECHO_V4}/32 via 172.16.0.1 dev eth0 advmss 1460 2>/dev/null\n\
          iperf3 -c {ECHO_V4} -p {IPERF_PORT} -R {args} -J --connect-timeout 2000\n\

@@ -7,7 +7,7 @@
 //! | `public limit download` | `L MiB/s ±5 %`: TCP payload the guest receives in 3 s (after 1 s of slow start), for a limit of `L` |
 //! | `public limit counters` | `bytes > 0`: `GET /v1/vms/{id}` reports the public download class's bytes |
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use vmnet_agent::client::Client;
@@ -30,12 +30,14 @@ pub fn limited(vms: &[VmConfig]) -> Vec<&VmConfig> {
         .collect()
 }
 
-/// Receives from an iperf3 server at [`ECHO_V4`] in `inet` for 3 s in `guest_ns`; the payload
-/// rate in MiB/s, or why it could not be measured.
-pub fn download_mibps(inet: &str, guest_ns: &str) -> Result<f64, String> {
-    let port = IPERF_PORT.to_string();
-    let addr = ECHO_V4.to_string();
-    let mut server = Command::new("ip")
+/// Starts a one-off iperf3 server (`-s -1`) at [`ECHO_V4`]:[`IPERF_PORT`] in the fake internet
+/// `inet`; the caller kills it when done.
+///
+/// # Errors
+/// Why `iperf3 -s` could not start.
+pub fn iperf_server_once(inet: &str) -> Result<Child, String> {
+    let (port, addr) = (IPERF_PORT.to_string(), ECHO_V4.to_string());
+    Command::new("ip")
         .args([
             "netns", "exec", inet, "iperf3", "-s", "-1", "-B", &addr, "-p", &port,
         ])
@@ -43,7 +45,15 @@ pub fn download_mibps(inet: &str, guest_ns: &str) -> Result<f64, String> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("iperf3 -s: {e}"))?;
+        .map_err(|e| format!("iperf3 -s: {e}"))
+}
+
+/// Receives from an iperf3 server at [`ECHO_V4`] in `inet` for 3 s in `guest_ns`; the payload
+/// rate in MiB/s, or why it could not be measured.
+pub fn download_mibps(inet: &str, guest_ns: &str) -> Result<f64, String> {
+    let port = IPERF_PORT.to_string();
+    let addr = ECHO_V4.to_string();
+    let mut server = iperf_server_once(inet)?;
     let mut last = String::new();
     let mut result = Err(String::new());
     for _ in 0..20 {
