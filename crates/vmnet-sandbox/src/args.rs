@@ -10,8 +10,8 @@ pub const DEFAULT_ROOT: &str = "/run/vmnet-sandbox";
 /// Arguments of `vmnet up`.
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
-    /// Run in a sandbox: throwaway namespaces, a fake internet, simulated guests (required; no
-    /// other mode exists).
+    /// Run in a sandbox: throwaway namespaces, a fake internet, and guests on the VMs' taps
+    /// (simulated, or real with `--guests kvm`) (required; no other mode exists).
     #[arg(long)]
     pub sandbox: bool,
     /// The host spec to apply (the default falls back to the built-in copy of

@@ -75,9 +75,12 @@ impl GuestImage {
             .map(|d| d.join("vmnet-guest"))
             .find(|p| p.is_file())
             .ok_or_else(|| {
+                // The hint builds the guest agent in this executable's profile.
+                let release = bin_dir.ends_with("release");
                 Error::unavailable(format!(
-                    "no vmnet-guest next to {} (cargo build -p vmnet-guest)",
-                    exe.display()
+                    "no vmnet-guest next to {} (cargo build{} -p vmnet-guest)",
+                    exe.display(),
+                    if release { " --release" } else { "" }
                 ))
             })?;
         let out = Command::new(&script)
