@@ -176,16 +176,6 @@ pub fn expected_routes(host_routes6: &[String]) -> String {
     v.join(", ")
 }
 
-fn result(vm: &str, check: &str, expected: String, seen: String) -> CheckResult {
-    CheckResult {
-        vm: vm.to_owned(),
-        check: check.to_owned(),
-        ok: seen == expected,
-        expected,
-        seen,
-    }
-}
-
 /// Waits for every guest (booted in parallel) within `timeout` of its qemu's start: its command
 /// channel, the guest address, the mesh address vmnet-guest applies and its host routes; then
 /// starts the echo service in it. Three checks per guest.
@@ -197,7 +187,7 @@ pub fn wait_ready(guests: &mut [NsGuest], timeout: Duration) -> Vec<CheckResult>
         match g.vm.channel(left()) {
             Ok((ch, _)) => g.ch = Some(ch),
             Err(e) => {
-                out.push(result(
+                out.push(CheckResult::new(
                     &g.id,
                     "booted: guest address on eth0",
                     GUEST_CIDR.into(),
@@ -207,7 +197,7 @@ pub fn wait_ready(guests: &mut [NsGuest], timeout: Duration) -> Vec<CheckResult>
             }
         }
         let v4 = g.wait_addresses(GUEST_CIDR, "-4", left());
-        out.push(result(
+        out.push(CheckResult::new(
             &g.id,
             "booted: guest address on eth0",
             GUEST_CIDR.into(),
@@ -216,7 +206,7 @@ pub fn wait_ready(guests: &mut [NsGuest], timeout: Duration) -> Vec<CheckResult>
         if let Some(m) = g.mesh {
             let want = format!("{m}/128");
             let seen = g.wait_addresses(&want, "-6", left());
-            out.push(result(
+            out.push(CheckResult::new(
                 &g.id,
                 "booted: vmnet-guest put the mesh address on eth0",
                 want,
@@ -226,7 +216,7 @@ pub fn wait_ready(guests: &mut [NsGuest], timeout: Duration) -> Vec<CheckResult>
         g.ready_secs = Some(g.vm.started.elapsed().as_secs_f64());
         if g.mesh.is_some() {
             let routes = g.routes_via_host();
-            out.push(result(
+            out.push(CheckResult::new(
                 &g.id,
                 "host routes from metadata",
                 expected_routes(&g.host_routes6),
@@ -241,7 +231,12 @@ pub fn wait_ready(guests: &mut [NsGuest], timeout: Duration) -> Vec<CheckResult>
             Duration::from_secs(20),
         );
         if started != "started" {
-            out.push(result(&g.id, "echo service", "started".into(), started));
+            out.push(CheckResult::new(
+                &g.id,
+                "echo service",
+                "started".into(),
+                started,
+            ));
         }
     }
     out

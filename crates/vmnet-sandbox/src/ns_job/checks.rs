@@ -130,6 +130,20 @@ pub struct CheckResult {
     pub ok: bool,
 }
 
+impl CheckResult {
+    /// The check `check` of VM `vm`: ok when `seen` is `expected`.
+    #[must_use]
+    pub fn new(vm: &str, check: &str, expected: String, seen: String) -> Self {
+        Self {
+            vm: vm.to_owned(),
+            check: check.to_owned(),
+            ok: seen == expected,
+            expected,
+            seen,
+        }
+    }
+}
+
 /// The route of `routes` that carries `dst` (longest prefix wins), if any.
 #[must_use]
 pub fn route_for(routes: &[Route], dst: IpAddr) -> Option<&Route> {

@@ -14,16 +14,6 @@ use crate::mmds::{get_request, get_with_token, request};
 const TIMEOUT: Duration = Duration::from_secs(2);
 const ID_PATH: &str = "/latest/meta-data/instance-id";
 
-fn result(vm: &str, check: &str, expected: String, seen: String) -> CheckResult {
-    CheckResult {
-        vm: vm.to_owned(),
-        check: check.to_owned(),
-        ok: seen == expected,
-        expected,
-        seen,
-    }
-}
-
 fn seen(r: Result<crate::mmds::MmdsReply, crate::SandboxError>) -> String {
     match r {
         Ok(r) if r.status == 200 => r.body,
@@ -39,13 +29,13 @@ pub fn run(vms: &[(VmConfig, String)], default: MetadataVersion) -> Vec<CheckRes
     let mut out = Vec::new();
     for (cfg, ns) in vms {
         let vm = cfg.id.as_str();
-        out.push(result(
+        out.push(CheckResult::new(
             vm,
             "metadata own instance-id (v2 token)",
             vm.to_owned(),
             seen(get_with_token(ns, ID_PATH, TIMEOUT)),
         ));
-        out.push(result(
+        out.push(CheckResult::new(
             vm,
             "metadata own mesh-ipv6 (v2 token)",
             cfg.mesh_ipv6
@@ -53,7 +43,7 @@ pub fn run(vms: &[(VmConfig, String)], default: MetadataVersion) -> Vec<CheckRes
             seen(get_with_token(ns, "/latest/meta-data/mesh-ipv6", TIMEOUT)),
         ));
         let version = cfg.metadata.and_then(|m| m.version).unwrap_or(default);
-        out.push(result(
+        out.push(CheckResult::new(
             vm,
             &format!("metadata without token ({version})"),
             match version {
@@ -75,7 +65,7 @@ pub fn run(vms: &[(VmConfig, String)], default: MetadataVersion) -> Vec<CheckRes
                 .unwrap_or_default();
             forged.push(token);
             let h: Vec<&str> = forged.iter().map(String::as_str).collect();
-            out.push(result(
+            out.push(CheckResult::new(
                 vm,
                 &format!("metadata not {}'s (forged headers)", other.id),
                 vm.to_owned(),
