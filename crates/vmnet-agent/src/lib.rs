@@ -21,6 +21,7 @@ pub mod api;
 pub mod apply;
 pub mod client;
 pub mod hostspec;
+pub mod malloc;
 pub mod mesh;
 pub mod metadata;
 pub mod pool;

@@ -139,7 +139,7 @@ impl Agent {
                 }
             }
         }
-        release_free_memory();
+        crate::malloc::release_free();
         let took = u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX);
         if let Ok(mut r) = self.record.lock() {
             r.passes += 1;
@@ -434,17 +434,5 @@ impl Agent {
                 break;
             }
         }
-    }
-}
-
-/// Gives the memory the allocator holds free back to the system (glibc `malloc_trim`), once per
-/// pass. The per-VM kernel work runs on short threads inside each namespace, and glibc gives
-/// such threads their own arenas; the libnftables contexts freed there (~0.7 MiB each) stayed
-/// in those arenas as resident memory the agent no longer used.
-fn release_free_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only returns free heap memory to the kernel; 0 keeps no padding.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
