@@ -1,10 +1,13 @@
-//! `vmnet bench guests`: real namespace-mode guests (the image of `scripts/guest-image.sh`, under
-//! KVM, or TCG with a warning) on a throwaway sandbox host with the agent (`vmnet serve`) in it.
+//! `vmnet bench guests`: real guests (the image of `scripts/guest-image.sh`, under KVM, or TCG
+//! with a warning) on throwaway sandbox hosts with the agent (`vmnet serve`) in them.
 //!
-//! - **Boot to network-ready**, `boots` times, one guest at a time on the same VM's tap: from
-//!   qemu's start until the guest has the mesh address `vmnet-guest` applied from the metadata
-//!   service (so the whole chain: boot, networkd, the metadata service, the drop-in) — median,
-//!   min and max.
+//! - **Boot to network-ready, namespace mode**, `boots` times, one guest at a time on the same
+//!   VM's tap: from qemu's start until the guest has the mesh address `vmnet-guest` applied from
+//!   the metadata service (so the whole chain: boot, networkd, the metadata service, the
+//!   drop-in) — median, min and max.
+//! - **Boot to network-ready, pool mode**, `boots` times on one pool-mode instance's tap: from
+//!   qemu's start until cloud-init configured the lease and the default route on `eth0`
+//!   ([`crate::guests_pool`]) — median, min and max.
 //! - **Throughput, no limits**: iperf3 in the guest downloading from the fake internet through
 //!   vmnet's whole path (tap, VM namespace with its nft table, NAT, veth, host routes), against
 //!   the same image's guest on a bare tap in a bare namespace (iperf3 server on the tap's
@@ -12,9 +15,6 @@
 //!   goal: at least 0.9).
 //! - **With a limit**: the VM's public download limit set by `PUT` to `limit_mibps`, then the same
 //!   download; the median rate against the limit.
-//!
-//! Pool-mode boots are not measured here (the pool-mode real-guest job prints each guest's
-//! time to cloud-init done).
 //!
 //! # Cleanup
 //! Each guest is stopped by pid on drop (the qemu process group), the agent by its guard, the
@@ -39,7 +39,7 @@ use vmnet_sandbox::sandbox::ECHO_V4;
 /// Arguments of `vmnet bench guests`.
 #[derive(Debug, clap::Args)]
 pub struct GuestsBenchArgs {
-    /// Boots measured (one at a time).
+    /// Boots measured per mode (one at a time).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub boots: u32,
     /// iperf3 runs per path.
@@ -172,8 +172,8 @@ async fn put(c: &Client, limit: u32) -> Result<VmView, Error> {
 /// Runs the command and prints its table.
 ///
 /// # Errors
-/// `INVALID_INPUT` when not root; `UNAVAILABLE` when the sandbox, the image, qemu or iperf3
-/// cannot be set up; `INTERNAL` when a guest does not get ready.
+/// `INVALID_INPUT` when not root; `UNAVAILABLE` when a sandbox, the image, qemu, iperf3 or the
+/// pool-mode seed cannot be set up; `INTERNAL` when a guest does not get ready.
 pub async fn run(a: GuestsBenchArgs) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
@@ -206,15 +206,15 @@ pub async fn run(a: GuestsBenchArgs) -> Result<(), Error> {
     for i in 0..a.boots {
         let mut g = boot(&format!("boot{i}"), &ns, &tap, &mac, img)?;
         let s = tokio::task::block_in_place(|| ready(&mut g, &want_mesh, "-6"))?;
-        eprintln!("boot {}: network ready in {s:.1} s", i + 1);
+        eprintln!("namespace-mode boot {}: network ready in {s:.1} s", i + 1);
         boots.push(s);
     }
 
     let bare_ns = bare_tap(&sb)?;
     let mut vg = boot("vmnet", &ns, &tap, &mac, img)?;
     let mut bg = boot("bare", &bare_ns, "tap0", &mac, img)?;
-    let _s1 = Server::start(&sb.inet(), ECHO_V4, PORT)?;
-    let _s2 = Server::start(&bare_ns, BARE_GW, PORT)?;
+    let s1 = Server::start(&sb.inet(), ECHO_V4, PORT)?;
+    let s2 = Server::start(&bare_ns, BARE_GW, PORT)?;
     let (mut via, mut bare) = (Vec::new(), Vec::new());
     tokio::task::block_in_place(|| -> Result<(), Error> {
         ready(&mut vg, &want_mesh, "-6")?;
@@ -232,51 +232,94 @@ pub async fn run(a: GuestsBenchArgs) -> Result<(), Error> {
             .map(|_| download(&mut vg, ECHO_V4, a.secs))
             .collect()
     })?;
+    drop((vg, s1, s2, agent, sb));
+    let pool_boots = crate::guests_pool::boots(a.boots, img, BOOT_WAIT).await?;
 
     let accel_s = match accel {
         Accel::Kvm => "KVM",
         Accel::Tcg => "TCG (emulated: figures are the emulator's, not the network's)",
     };
-    println!("vmnet bench guests: namespace mode, real guests under {accel_s}");
-    println!(
-        "{:<52} {:>12} {:>12} {:>12}",
-        "FIGURE", "MEDIAN", "MIN", "MAX"
-    );
-    let row = |name: &str, v: &[f64], unit: &str| {
-        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = v.iter().copied().fold(0.0, f64::max);
-        println!(
-            "{name:<52} {:>12} {:>12} {:>12}",
-            format!("{:.1} {unit}", median(v)),
-            format!("{min:.1} {unit}"),
-            format!("{max:.1} {unit}")
-        );
-    };
-    row(
-        &format!("boot to network-ready ({} boots)", a.boots),
-        &boots,
-        "s",
-    );
-    row("iperf3 download, vmnet's path, no limit", &via, "MiB/s");
-    row(
-        "iperf3 download, bare tap in a bare namespace",
-        &bare,
-        "MiB/s",
-    );
-    row(
-        &format!("iperf3 download, public limit {} MiB/s", a.limit_mibps),
-        &limited,
-        "MiB/s",
-    );
+    println!("vmnet bench guests: real guests under {accel_s}");
+    let rows = [
+        Row {
+            name: format!(
+                "boot to network-ready, namespace mode: qemu start to the mesh address from metadata on eth0 ({} boots)",
+                a.boots
+            ),
+            values: boots,
+            unit: "s",
+        },
+        Row {
+            name: format!(
+                "boot to network-ready, pool mode: qemu start to cloud-init's lease address and default route on eth0 ({} boots)",
+                a.boots
+            ),
+            values: pool_boots,
+            unit: "s",
+        },
+        Row {
+            name: "iperf3 download, vmnet's path, no limit".into(),
+            values: via.clone(),
+            unit: "MiB/s",
+        },
+        Row {
+            name: "iperf3 download, bare tap in a bare namespace".into(),
+            values: bare.clone(),
+            unit: "MiB/s",
+        },
+        Row {
+            name: format!("iperf3 download, public limit {} MiB/s", a.limit_mibps),
+            values: limited.clone(),
+            unit: "MiB/s",
+        },
+    ];
+    print!("{}", table(&rows));
     let ratio = median(&via) / median(&bare).max(1e-9);
     println!(
         "vmnet / bare: {ratio:.2} (goal ≥ {GOAL_RATIO}: {}); limited / limit: {:.2}",
         if ratio >= GOAL_RATIO { "met" } else { "missed" },
         median(&limited) / f64::from(a.limit_mibps)
     );
-    drop(vg);
-    drop(agent);
     Ok(())
+}
+
+/// One row of the table: a figure's name, its samples and their unit (`s`, `MiB/s`).
+pub struct Row {
+    /// What was measured.
+    pub name: String,
+    /// The samples (at least one).
+    pub values: Vec<f64>,
+    /// Their unit.
+    pub unit: &'static str,
+}
+
+/// The table `vmnet bench guests` prints: a header and one line per row with the median, min
+/// and max to one decimal with the unit; the first column as wide as the longest name.
+#[must_use]
+pub fn table(rows: &[Row]) -> String {
+    let w = rows
+        .iter()
+        .map(|r| r.name.chars().count())
+        .chain(std::iter::once(6))
+        .max()
+        .unwrap_or(6);
+    let mut out = format!(
+        "{:<w$} {:>12} {:>12} {:>12}\n",
+        "FIGURE", "MEDIAN", "MIN", "MAX"
+    );
+    for r in rows {
+        let min = r.values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = r.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let u = r.unit;
+        out.push_str(&format!(
+            "{:<w$} {:>12} {:>12} {:>12}\n",
+            r.name,
+            format!("{:.1} {u}", median(&r.values)),
+            format!("{min:.1} {u}"),
+            format!("{max:.1} {u}")
+        ));
+    }
+    out
 }
 
 /// Removes the bench's state directory (the guests' overlays and consoles) on drop.
@@ -285,5 +328,53 @@ struct DirGuard(PathBuf);
 impl Drop for DirGuard {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_none() {
+        assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < 1e-9);
+        assert!((median(&[4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < 1e-9);
+        assert!(median(&[]).abs() < 1e-9);
+    }
+
+    #[test]
+    fn table_has_a_row_per_mode_with_median_min_max() {
+        let rows = [
+            Row {
+                name: "boot to network-ready, namespace mode (3 boots)".into(),
+                values: vec![47.0, 43.04, 62.7],
+                unit: "s",
+            },
+            Row {
+                name: "boot to network-ready, pool mode (3 boots)".into(),
+                values: vec![80.0, 75.5, 90.26],
+                unit: "s",
+            },
+        ];
+        let t = table(&rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        let w = rows[0].name.len();
+        assert_eq!(
+            lines[0],
+            format!(
+                "{:<w$} {:>12} {:>12} {:>12}",
+                "FIGURE", "MEDIAN", "MIN", "MAX"
+            )
+        );
+        assert_eq!(
+            lines[1],
+            format!(
+                "{:<w$} {:>12} {:>12} {:>12}",
+                rows[0].name, "47.0 s", "43.0 s", "62.7 s"
+            )
+        );
+        assert!(lines[2].starts_with("boot to network-ready, pool mode (3 boots)   "));
+        assert!(lines[2].ends_with("      80.0 s       75.5 s       90.3 s"));
     }
 }

@@ -7,13 +7,14 @@
 //! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent, and
 //!   ([`mesh_forward`]) the data plane's TCP throughput VM to VM against host to host;
 //! - [`metadata`]: the metadata service's listeners in N namespaces polled every 250 ms;
-//! - [`guests`]: real namespace-mode guests: boot to network-ready, TCP throughput through
-//!   vmnet's path against a bare tap, and with a limit.
+//! - [`guests`]: real guests: boot to network-ready in namespace mode and ([`guests_pool`]) in
+//!   pool mode, TCP throughput through vmnet's path against a bare tap, and with a limit.
 
 pub mod activity;
 pub mod agent;
 pub mod agent_load;
 pub mod guests;
+pub mod guests_pool;
 pub mod ipam;
 pub mod iperf;
 pub mod mesh;
@@ -58,7 +59,7 @@ pub enum BenchCmd {
     Metadata(metadata::MetadataBenchArgs),
     /// iperf3 through a VM's path with and without the packet-activity program.
     Activity(activity::ActivityBenchArgs),
-    /// Real namespace-mode guests (qemu): boot to network-ready, throughput against a bare tap.
+    /// Real guests (qemu): boot to network-ready per mode, throughput against a bare tap.
     Guests(guests::GuestsBenchArgs),
 }
 

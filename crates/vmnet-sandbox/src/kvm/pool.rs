@@ -9,6 +9,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
+use vmnet_model::Error;
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
 use vmnet_model::pool::IpRange;
 
@@ -31,13 +32,53 @@ pub struct KvmGuest {
     pub ip4: Ipv4Addr,
     /// Its policy.
     pub policy: NetworkPolicy,
-    /// Seconds from qemu's start to cloud-init done (network configured), once known.
+    /// Seconds from qemu's start to network-ready, once known: cloud-init done
+    /// ([`wait_booted`]), or its lease and default route seen on `eth0`
+    /// ([`KvmGuest::wait_network`]).
     pub ready_secs: Option<f64>,
+}
+
+/// The guest's global IPv4 addresses on `eth0`, `addr/len`, one a line.
+const LEASE: &str = "ip -4 -o addr show dev eth0 scope global | awk '{print $4}'";
+/// The guest's IPv4 default route, `via GATEWAY`.
+const ROUTE: &str = "ip -4 route show default | awk '{print $2, $3}'";
+
+/// What [`LEASE`] shows once cloud-init configured `lease` in a range of prefix length `prefix`.
+#[must_use]
+pub fn want_lease(lease: Ipv4Addr, prefix: u8) -> String {
+    format!("{lease}/{prefix}")
+}
+
+/// What [`ROUTE`] shows once cloud-init configured the default route via `gateway`.
+#[must_use]
+pub fn want_route(gateway: Ipv4Addr) -> String {
+    format!("via {gateway}")
+}
+
+/// The script that polls, every 200 ms up to `tries` times, until `eth0` has exactly `lease`
+/// and the default route is `route`, then prints both as seen, the lines of [`LEASE`], a line
+/// `--`, the lines of [`ROUTE`] (read back by [`split_network`]).
+fn poll_network_script(lease: &str, route: &str, tries: u128) -> String {
+    format!(
+        "for i in $(seq {tries}); do [ \"$({LEASE})\" = '{lease}' ] && [ \"$({ROUTE})\" = '{route}' ] && break; sleep 0.2; done\n{LEASE}; echo --; {ROUTE}"
+    )
+}
+
+/// The lease lines and the route lines of [`poll_network_script`]'s output, each joined by
+/// spaces (empty when the guest showed none); all of it as the lease when there is no `--`
+/// line (an error from the channel).
+fn split_network(out: &str) -> (String, String) {
+    let join = |v: &[&str]| v.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+    let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+    match lines.iter().position(|l| l.trim() == "--") {
+        Some(i) => (join(&lines[..i]), join(&lines[i + 1..])),
+        None => (join(&lines), String::new()),
+    }
 }
 
 impl KvmGuest {
     /// Runs `script` in the guest; its output (trimmed), or `error: …`.
-    fn sh(&mut self, script: &str, timeout: Duration) -> String {
+    pub fn sh(&mut self, script: &str, timeout: Duration) -> String {
         match self.ch.as_mut() {
             None => "error: no command channel".into(),
             Some(ch) => match ch.run(script, timeout) {
@@ -45,6 +86,61 @@ impl KvmGuest {
                 Err(e) => format!("error: {e}"),
             },
         }
+    }
+
+    /// Connects the command channel once the guest answers on it, within `timeout` of its
+    /// qemu's start.
+    ///
+    /// # Errors
+    /// As [`Vm::channel`]: `INTERNAL` with the tail of the console.
+    pub fn connect(&mut self, timeout: Duration) -> Result<(), Error> {
+        let left = timeout.saturating_sub(self.vm.started.elapsed());
+        let (ch, _) = self.vm.channel(left)?;
+        self.ch = Some(ch);
+        Ok(())
+    }
+
+    /// The lease on `eth0` as the guest shows it (`addr/len`; see [`want_lease`]).
+    pub fn lease(&mut self) -> String {
+        self.sh(LEASE, Duration::from_secs(10))
+    }
+
+    /// The default route as the guest shows it (`via GATEWAY`; see [`want_route`]).
+    pub fn default_route(&mut self) -> String {
+        self.sh(ROUTE, Duration::from_secs(10))
+    }
+
+    /// Waits until cloud-init configured the network: the command channel, then `eth0` with
+    /// exactly `lease` (`addr/len`) and the default route `route` (`via GATEWAY`), polled in
+    /// the guest every 200 ms, all within `timeout` of qemu's start. The seconds from qemu's
+    /// start to the moment both were seen (also kept in `ready_secs`).
+    ///
+    /// # Errors
+    /// `INTERNAL` naming the guest when the channel does not answer, or with what `eth0` had
+    /// when `timeout` passed.
+    pub fn wait_network(
+        &mut self,
+        lease: &str,
+        route: &str,
+        timeout: Duration,
+    ) -> Result<f64, Error> {
+        self.connect(timeout)?;
+        let left = timeout
+            .saturating_sub(self.vm.started.elapsed())
+            .max(Duration::from_secs(5));
+        let script = poll_network_script(lease, route, left.as_millis() / 200 + 1);
+        let seen = self.sh(&script, left + Duration::from_secs(5));
+        let secs = self.vm.started.elapsed().as_secs_f64();
+        let (got_lease, got_route) = split_network(&seen);
+        if got_lease != lease || got_route != route {
+            return Err(Error::internal(format!(
+                "guest {}: eth0 has {got_lease:?} and the default route {got_route:?}, not {lease} and {route}; console: {}",
+                self.id,
+                crate::state::log_tail(&self.vm.console)
+            )));
+        }
+        self.ready_secs = Some(secs);
+        Ok(secs)
     }
 }
 
@@ -54,11 +150,9 @@ pub fn wait_booted(guests: &mut [KvmGuest], timeout: Duration) -> Vec<Check> {
     let mut out = Vec::new();
     for g in guests.iter_mut() {
         let started = g.vm.started;
-        let left = timeout.saturating_sub(started.elapsed());
-        let seen = match g.vm.channel(left) {
+        let seen = match g.connect(timeout) {
             Err(e) => e.message,
-            Ok((ch, _)) => {
-                g.ch = Some(ch);
+            Ok(()) => {
                 let left = timeout
                     .saturating_sub(started.elapsed())
                     .max(Duration::from_secs(5));
@@ -101,19 +195,16 @@ pub fn run(guests: &mut [KvmGuest], range: &IpRange, dns: &[String]) -> Vec<Chec
     let prefix = range.cidr.prefix_len();
     let t = Duration::from_secs(10);
     for g in guests.iter_mut().filter(|g| g.ch.is_some()) {
-        let addr = g.sh(
-            "ip -4 -o addr show dev eth0 scope global | awk '{print $4}'",
-            t,
-        );
+        let addr = g.lease();
         out.push(check(
             format!("{}: cloud-init put the lease on eth0", g.id),
-            format!("{}/{prefix}", g.ip4),
+            want_lease(g.ip4, prefix),
             addr,
         ));
-        let route = g.sh("ip -4 route show default | awk '{print $2, $3}'", t);
+        let route = g.default_route();
         out.push(check(
             format!("{}: default route", g.id),
-            format!("via {}", range.gateway),
+            want_route(range.gateway),
             route,
         ));
         let ns = g.sh("resolvectl dns eth0 | sed 's/^[^:]*: *//'", t);
@@ -320,4 +411,42 @@ fn spoofs(a: &mut KvmGuest, b: &mut KvmGuest) -> Vec<Check> {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn want_strings_are_what_ip_and_awk_show() {
+        assert_eq!(want_lease(Ipv4Addr::new(10, 0, 0, 2), 29), "10.0.0.2/29");
+        assert_eq!(want_route(Ipv4Addr::new(10, 0, 0, 1)), "via 10.0.0.1");
+    }
+
+    #[test]
+    fn poll_script_compares_both_and_prints_both() {
+        let s = poll_network_script("10.0.0.2/29", "via 10.0.0.1", 5);
+        assert!(s.starts_with("for i in $(seq 5); do "));
+        assert!(s.contains(&format!("[ \"$({LEASE})\" = '10.0.0.2/29' ]")));
+        assert!(s.contains(&format!("[ \"$({ROUTE})\" = 'via 10.0.0.1' ]")));
+        assert!(s.ends_with(&format!("\n{LEASE}; echo --; {ROUTE}")));
+    }
+
+    #[test]
+    fn split_network_reads_lease_and_route() {
+        let ok = split_network("10.0.0.2/29\n--\nvia 10.0.0.1");
+        assert_eq!(ok, ("10.0.0.2/29".into(), "via 10.0.0.1".into()));
+        assert_eq!(
+            split_network("--\nvia 10.0.0.1"),
+            (String::new(), "via 10.0.0.1".into())
+        );
+        assert_eq!(
+            split_network("10.0.0.2/29\n10.0.0.9/29\n--"),
+            ("10.0.0.2/29 10.0.0.9/29".into(), String::new())
+        );
+        assert_eq!(
+            split_network("error: timed out"),
+            ("error: timed out".into(), String::new())
+        );
+    }
 }

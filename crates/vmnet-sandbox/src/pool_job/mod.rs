@@ -20,7 +20,7 @@
 //! The sandbox (agent, namespaces, taps, database) is removed before the command returns. Exit
 //! status non-zero when any check saw something other than expected.
 
-mod agent;
+pub mod agent;
 pub mod checks;
 mod report;
 mod spec;
@@ -105,6 +105,62 @@ pub async fn up_pool(
     Ok(())
 }
 
+/// Makes the pool bridge `bridge` in `sb`'s host with the range's gateway on it (`range` the
+/// range's network), and routes the range from the fake internet via the host's uplink.
+///
+/// # Errors
+/// `INTERNAL` naming the `ip` command that failed.
+pub fn host_bridge(
+    sb: &Sandbox,
+    spec: &PoolSpec,
+    bridge: &IfName,
+    range: &ipnet::Ipv4Net,
+) -> Result<(), Error> {
+    let host = sb.host();
+    let gw_cidr = format!("{}/{}", spec.pool.gateway, range.prefix_len());
+    let br = bridge.as_str();
+    let ipf = internal("sandbox bridge");
+    tk::ip(&host, &["link", "add", br, "type", "bridge"]).map_err(|e| ipf(chain(&e)))?;
+    tk::ip(&host, &["addr", "add", &gw_cidr, "dev", br]).map_err(|e| ipf(chain(&e)))?;
+    tk::ip(&host, &["link", "set", br, "up"]).map_err(|e| ipf(chain(&e)))?;
+    tk::ip(
+        &sb.inet(),
+        &[
+            "route",
+            "add",
+            &range.trunc().to_string(),
+            "via",
+            &HOST_UPLINK_V4.to_string(),
+        ],
+    )
+    .map_err(|e| ipf(chain(&e)))?;
+    Ok(())
+}
+
+/// How the real guest of instance `id` boots in namespace `host_ns`: `nics`' qemu arguments
+/// (`GET /v1/instances/{id}/nics`) and the NoCloud `seed.iso` the agent wrote, 384 MiB.
+///
+/// # Errors
+/// `UNAVAILABLE` when there is no `seed.iso` (genisoimage missing on the host).
+pub fn kvm_config(id: &str, host_ns: &str, nics: &InstanceNics) -> Result<VmConfig, Error> {
+    let seed_iso = nics
+        .seed_dir
+        .as_deref()
+        .map(|d| Path::new(d).join("seed.iso"))
+        .filter(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::unavailable(format!("instance {id}: no seed.iso (genisoimage missing?)"))
+        })?;
+    Ok(VmConfig {
+        name: id.to_owned(),
+        netns: host_ns.to_owned(),
+        nic_args: nics.runtime.qemu_args.clone(),
+        seed_iso: Some(seed_iso),
+        cmdline_extra: String::new(),
+        memory_mib: 384,
+    })
+}
+
 async fn run(
     spec: &PoolSpec,
     bridge: &IfName,
@@ -138,23 +194,7 @@ async fn run(
         ..SandboxState::default()
     };
     paths.save(&st)?;
-    let gw_cidr = format!("{}/{}", spec.pool.gateway, range_net.prefix_len());
-    let br = bridge.as_str();
-    let ipf = internal("sandbox bridge");
-    tk::ip(&host, &["link", "add", br, "type", "bridge"]).map_err(|e| ipf(chain(&e)))?;
-    tk::ip(&host, &["addr", "add", &gw_cidr, "dev", br]).map_err(|e| ipf(chain(&e)))?;
-    tk::ip(&host, &["link", "set", br, "up"]).map_err(|e| ipf(chain(&e)))?;
-    tk::ip(
-        &sb.inet(),
-        &[
-            "route",
-            "add",
-            &range_net.trunc().to_string(),
-            "via",
-            &HOST_UPLINK_V4.to_string(),
-        ],
-    )
-    .map_err(|e| ipf(chain(&e)))?;
+    host_bridge(&sb, spec, bridge, &range_net)?;
 
     let agent = PoolAgent::start(spec, &host, name, dir, timeout).await?;
     // Recorded so `vmnet down --sandbox` can stop it should this process die without cleaning up.
@@ -212,25 +252,7 @@ async fn run(
                 .map_err(|e| Error::internal(format!("{}: {e}", seed_file.display())))?;
             let mac: MacAddr = nic.mac.parse()?;
             if let Some((image, accel)) = &kvm {
-                let seed_iso = nics
-                    .seed_dir
-                    .as_deref()
-                    .map(|d| std::path::Path::new(d).join("seed.iso"))
-                    .filter(|p| p.is_file())
-                    .ok_or_else(|| {
-                        Error::unavailable(format!(
-                            "instance {}: no seed.iso (genisoimage missing?)",
-                            i.instance_id
-                        ))
-                    })?;
-                let cfg = VmConfig {
-                    name: i.instance_id.clone(),
-                    netns: host.clone(),
-                    nic_args: nics.runtime.qemu_args.clone(),
-                    seed_iso: Some(seed_iso),
-                    cmdline_extra: String::new(),
-                    memory_mib: 384,
-                };
+                let cfg = kvm_config(&i.instance_id, &host, &nics)?;
                 let vm = Vm::start(&cfg, image, *accel, dir)?;
                 st.procs.push(Proc {
                     role: format!("qemu {}", i.instance_id),
