@@ -310,11 +310,13 @@ impl VmConfig {
     }
 }
 
-/// Checks a VM id: 1 to [`MAX_VM_ID_LEN`] bytes of `[A-Za-z0-9._-]` (the rule a config's `id`
+/// Checks a VM id: 1 to [`MAX_VM_ID_LEN`] bytes of `[A-Za-z0-9._-]`, starting with a letter or
+/// digit, so `.` and `..` are refused (the rule a config's `id`
 /// follows; the API also applies it to the id of a path that names no stored VM).
 ///
 /// # Errors
-/// `INVALID_INPUT` naming the id: `vm "a/b": id contains '/'; only A-Z a-z 0-9 . _ - are allowed`.
+/// `INVALID_INPUT` naming the id: `vm "a/b": id contains '/'; only A-Z a-z 0-9 . _ - are allowed`,
+/// `vm "..": id must start with a letter or digit`.
 pub fn validate_vm_id(id: &str) -> Result<(), ValidationError> {
     if id.is_empty() {
         return Err(ValidationError::rule("vm: id must not be empty"));
@@ -332,6 +334,12 @@ pub fn validate_vm_id(id: &str) -> Result<(), ValidationError> {
     {
         return Err(ValidationError::rule(format!(
             "vm {id:?}: id contains {c:?}; only A-Z a-z 0-9 . _ - are allowed"
+        )));
+    }
+    // `.` and `..` are path segments, not names: an id starts as every other id does.
+    if !id.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err(ValidationError::rule(format!(
+            "vm {id:?}: id must start with a letter or digit"
         )));
     }
     Ok(())

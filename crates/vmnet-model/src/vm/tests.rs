@@ -96,6 +96,20 @@ fn rule_id_charset() {
 }
 
 #[test]
+fn rule_id_starts_with_a_letter_or_digit() {
+    for id in [".", "..", ".hidden", "-x", "_x"] {
+        assert_eq!(
+            err(&format!(r#"{{"id":"{id}","user_id":1,"tenant":0}}"#)),
+            format!("vm {id:?}: id must start with a letter or digit"),
+            "{id}"
+        );
+    }
+    for id in ["a.", "0..1", "x_-."] {
+        assert!(validate_vm_id(id).is_ok(), "{id}");
+    }
+}
+
+#[test]
 fn rule_user_id_range() {
     assert_eq!(
         err(r#"{"id":"vm-7","user_id":65536,"tenant":0}"#),
