@@ -300,6 +300,9 @@ impl Store for Db {
     }
 }
 
+/// How long a PostgreSQL request waits for a pooled connection by default.
+const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl Db {
     /// Connects to `sqlite://PATH` or `postgres://…` (also `postgresql://`) with default pool
     /// sizes (SQLite 4, PostgreSQL 10) and runs the migrations.
@@ -316,6 +319,20 @@ impl Db {
     /// # Errors
     /// As [`Db::connect`].
     pub async fn connect_with(url: &str, max_connections: Option<u32>) -> Result<Db, IpamError> {
+        Self::connect_timeout(url, max_connections, DEFAULT_ACQUIRE_TIMEOUT).await
+    }
+
+    /// Like [`Db::connect_with`], with PostgreSQL's pool waiting at most `acquire_timeout` for a
+    /// connection (sqlx keeps retrying a refused connection until then): a store that is down
+    /// fails each request after that time instead of the default 30 s. SQLite ignores it.
+    ///
+    /// # Errors
+    /// As [`Db::connect`].
+    pub async fn connect_timeout(
+        url: &str,
+        max_connections: Option<u32>,
+        acquire_timeout: Duration,
+    ) -> Result<Db, IpamError> {
         if url.starts_with("sqlite:") {
             let opts = SqliteConnectOptions::from_str(url).map_err(|e| IpamError::Url {
                 url: url.to_owned(),
@@ -371,7 +388,7 @@ impl Db {
             })?;
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections.unwrap_or(10))
-                .acquire_timeout(Duration::from_secs(30))
+                .acquire_timeout(acquire_timeout)
                 .connect_with(opts)
                 .await
                 .map_err(IpamError::Connect)?;

@@ -44,6 +44,21 @@ pub struct PgCluster {
     stdin: Mutex<Option<ChildStdin>>,
     child: Mutex<Child>,
     next_db: AtomicU64,
+    /// The server's `-o` options (kept for [`PgCluster::start_server`]).
+    options: String,
+}
+
+/// The server options of a cluster in `dir`: unix socket only, in `dir`.
+fn server_options(dir: &Path, durable: bool) -> String {
+    let extra = if durable {
+        ""
+    } else {
+        " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    };
+    format!(
+        "-c listen_addresses='' -c unix_socket_directories='{}' -c max_connections=400{extra}",
+        dir.display()
+    )
 }
 
 /// The newest `/usr/lib/postgresql/<version>/bin` that has `initdb`, `pg_ctl`, `createdb` and `psql`.
@@ -82,10 +97,9 @@ pub fn find_bin_dir() -> Result<PathBuf> {
 
 const WATCHDOG: &str = r#"
 trap '' INT TERM HUP
-D="$1"; BIN="$2"; EXTRA="$3"
+D="$1"; BIN="$2"; OPTS="$3"
 "$BIN/initdb" -A trust -U postgres -E UTF8 --locale=C -D "$D/data" >"$D/initdb.log" 2>&1 || exit 1
-"$BIN/pg_ctl" -D "$D/data" -l "$D/server.log" -w -t 60 \
-  -o "-c listen_addresses='' -c unix_socket_directories='$D' -c max_connections=400 $EXTRA" start >/dev/null 2>&1 || exit 1
+"$BIN/pg_ctl" -D "$D/data" -l "$D/server.log" -w -t 60 -o "$OPTS" start >/dev/null 2>&1 || exit 1
 echo READY
 while read -r _; do :; done
 "$BIN/pg_ctl" -D "$D/data" -m immediate stop >/dev/null 2>&1
@@ -106,17 +120,13 @@ impl PgCluster {
             .context("creating a temp dir")?
             .keep();
         let mut cmd = Command::new("/bin/sh");
-        let extra = if opts.durable {
-            ""
-        } else {
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        };
+        let options = server_options(&dir, opts.durable);
         cmd.arg("-c")
             .arg(WATCHDOG)
             .arg("vmnet-pg-watchdog")
             .arg(&dir)
             .arg(&bin)
-            .arg(extra);
+            .arg(&options);
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -153,7 +163,57 @@ impl PgCluster {
             stdin: Mutex::new(stdin),
             child: Mutex::new(child),
             next_db: AtomicU64::new(0),
+            options,
         })
+    }
+
+    /// Stops the server (`pg_ctl stop -m fast`) and keeps the cluster, for outage tests: clients
+    /// are disconnected and new connections refused until [`PgCluster::start_server`].
+    ///
+    /// # Errors
+    /// When `pg_ctl` fails (its output is in the error).
+    pub fn stop_server(&self) -> Result<()> {
+        self.pg_ctl(&["-m", "fast", "stop"])
+    }
+
+    /// Starts the server stopped by [`PgCluster::stop_server`] again, with the same settings
+    /// and socket, and waits until it accepts connections.
+    ///
+    /// # Errors
+    /// When `pg_ctl` fails (its output is in the error).
+    pub fn start_server(&self) -> Result<()> {
+        let log = self.dir.join("server.log");
+        let log = log.to_str().context("cluster path is not UTF-8")?;
+        self.pg_ctl(&["-l", log, "-w", "-t", "60", "-o", &self.options, "start"])
+    }
+
+    /// Runs `pg_ctl -D <data> ARGS` as the cluster's owner.
+    fn pg_ctl(&self, args: &[&str]) -> Result<()> {
+        let mut cmd = Command::new(self.bin.join("pg_ctl"));
+        cmd.arg("-D")
+            .arg(self.dir.join("data"))
+            .args(args)
+            .stdin(Stdio::null())
+            .current_dir(&self.dir);
+        if nix::unistd::geteuid().is_root() {
+            let user = nix::unistd::User::from_name("postgres")
+                .context("looking up the postgres user")?
+                .context("no `postgres` OS user")?;
+            cmd.uid(user.uid.as_raw())
+                .gid(user.gid.as_raw())
+                .env("HOME", &self.dir)
+                .env("USER", "postgres");
+        }
+        let out = cmd.output().context("running pg_ctl")?;
+        if !out.status.success() {
+            bail!(
+                "pg_ctl {}: {}{}",
+                args.last().copied().unwrap_or_default(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
     }
 
     /// The process-wide test cluster (fast, non-durable settings), started on first use and
@@ -299,7 +359,6 @@ impl DetachedPg {
                 // Its own process group: a Ctrl-C meant for `vmnet up` does not reach it.
                 .process_group(0);
         };
-        let d = dir.display().to_string();
         let mut initdb = Command::new(bin.join("initdb"));
         initdb
             .args([
@@ -329,10 +388,7 @@ impl DetachedPg {
             .arg("-l")
             .arg(dir.join("server.log"))
             .args(["-w", "-t", "60", "-o"])
-            .arg(format!(
-                "-c listen_addresses='' -c unix_socket_directories='{d}' -c fsync=off \
-                 -c synchronous_commit=off -c full_page_writes=off"
-            ))
+            .arg(server_options(dir, false))
             .arg("start");
         as_postgres(&mut start);
         if !start.status().context("running pg_ctl start")?.success() {

@@ -7,17 +7,16 @@
 //! VM moved from host B to host C located at C within 1 s and reached there, with nothing of it
 //! left on B; a TCP stream across hosts flowing through an agent restart; a conflicting claim of
 //! one mesh address by a second host (the oldest claim stays in force everywhere, the conflict
-//! is reported); and `vmnet mesh vm sync` restoring a host's rows deleted from the store by hand.
+//! is reported); `vmnet mesh vm sync` restoring a host's rows deleted from the store by hand; a
+//! stream through a `kill -9` of an agent; and PostgreSQL stopped for 10 s (the stream flows, an
+//! agent starts during the outage, a VM made then is known on the other hosts once it is back).
 
 mod mesh_support;
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use mesh_support::vms::{PORT, Vm, guest, put, tcp, vm};
+use mesh_support::vms::{PORT, Stream, Vm, guest, put, tcp, vm};
 use mesh_support::{Mesh, Node, answers};
 use vmnet_agent::status::VmView;
 use vmnet_kernel::mesh::MeshPlane;
@@ -162,62 +161,13 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
     );
 
     // A stream from A to B's b1 through an agent restart on B.
-    let listener = netns::run_in(b1.guest.netns(), || {
-        TcpListener::bind(SocketAddr::new(IpAddr::V6(b1.mesh), STREAM_PORT))
-    })
-    .expect("netns")
-    .expect("listen");
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().expect("accept");
-        let mut buf = [0u8; 4096];
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if s.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-    });
-    let target = SocketAddr::new(IpAddr::V6(b1.mesh), STREAM_PORT);
-    let mut client = netns::run_in(a1.guest.netns(), || TcpStream::connect_timeout(&target, T))
-        .expect("netns")
-        .expect("connect");
-    client
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = Arc::clone(&stop);
-    let streamer = std::thread::spawn(move || -> Result<(u64, Duration), String> {
-        let mut worst = Duration::ZERO;
-        let mut n = 0u64;
-        let msg = [7u8; 512];
-        let mut back = [0u8; 512];
-        while !stop2.load(Ordering::Relaxed) {
-            let t = Instant::now();
-            client.write_all(&msg).map_err(|e| format!("write: {e}"))?;
-            client
-                .read_exact(&mut back)
-                .map_err(|e| format!("read: {e}"))?;
-            worst = worst.max(t.elapsed());
-            n += 1;
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok((n, worst))
-    });
+    let stream = Stream::start(&a1, &b1, STREAM_PORT);
     std::thread::sleep(Duration::from_millis(500));
     m.nodes[1].restart().await;
     std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Relaxed);
-    let (rounds, worst) = streamer
-        .join()
-        .unwrap()
-        .expect("the stream survived the restart");
+    let (rounds, worst) = stream.finish().expect("the stream survived the restart");
     eprintln!("stream through B's agent restart: {rounds} round trips, worst {worst:?}");
     assert!(worst < Duration::from_secs(1), "stall {worst:?}");
-    drop(server);
     let (b, c) = (&m.nodes[1], &m.nodes[2]);
 
     // Move b3 from B to C (deleted, created with another user id): reached at C within 1 s.
@@ -323,4 +273,67 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
         "B reaches a1 at A after the sync: {:?}",
         planes[1].locations()
     );
+
+    // `kill -9` of A's agent under a stream from a1 to b1: forwarding lives in the kernel (the
+    // pinned programs and maps, wireguard-go), so the stream goes on; the restarted agent takes
+    // the data plane over without a reset.
+    let stream = Stream::start(&a1, &b1, STREAM_PORT + 1);
+    std::thread::sleep(Duration::from_millis(300));
+    m.nodes[0].kill9_and_restart().await;
+    std::thread::sleep(Duration::from_secs(2));
+    let (rounds, worst) = stream
+        .finish()
+        .expect("the stream survived kill -9 of A's agent");
+    eprintln!("stream through kill -9 of A's agent: {rounds} round trips, worst {worst:?}");
+    assert!(worst < Duration::from_secs(1), "stall {worst:?}");
+
+    // PostgreSQL stopped for 10 s: established cross-host traffic keeps flowing, an agent
+    // started meanwhile starts (and keeps connecting), a VM made meanwhile is applied at once,
+    // and its registration reaches the other hosts once the store is back.
+    let stream = Stream::start(&a1, &b1, STREAM_PORT + 2);
+    let outage = Instant::now();
+    pg.stop_server().expect("stop PostgreSQL");
+    m.nodes[2].restart().await;
+    let put_at = Instant::now();
+    let b4_view = put(&m.nodes[1], "b4", 7, 1, mesh_addr(1, 4)).await;
+    let put_took = put_at.elapsed();
+    let b4 = guest(&m.nodes[1], &b4_view, "b4", mesh_addr(1, 4));
+    assert!(
+        put_took < Duration::from_secs(5),
+        "a PUT during the outage answered in {put_took:?}"
+    );
+    assert!(
+        tcp(&b1, &b4),
+        "b4 reached on its own host during the outage"
+    );
+    assert!(tcp(&b1, &a1), "b1 -> a1 across hosts during the outage");
+    std::thread::sleep(Duration::from_secs(10).saturating_sub(outage.elapsed()));
+    assert_eq!(
+        located_on(&planes[0], b4.mesh),
+        None,
+        "A cannot know b4 while the store is down"
+    );
+    pg.start_server().expect("start PostgreSQL again");
+    let back = Instant::now();
+    let known = within(Duration::from_secs(5), || {
+        located_on(&planes[0], b4.mesh) == Some(m.nodes[1].mesh)
+            && located_on(&planes[2], b4.mesh) == Some(m.nodes[1].mesh)
+    });
+    eprintln!(
+        "store outage of {:?}: PUT of b4 answered in {put_took:?}; b4 known on A and C {known:?} after the store came back",
+        back.duration_since(outage)
+    );
+    assert!(
+        known.is_some(),
+        "b4 known on A and C within 5 s of the store's return: A {:?} C {:?}\n{}",
+        located_on(&planes[0], b4.mesh),
+        located_on(&planes[2], b4.mesh),
+        m.nodes[1].logs()
+    );
+    assert!(tcp(&a1, &b4), "a1 -> b4 across hosts after the outage");
+    let (rounds, worst) = stream
+        .finish()
+        .expect("the stream survived the store outage");
+    eprintln!("stream through the store outage: {rounds} round trips, worst {worst:?}");
+    assert!(worst < Duration::from_secs(1), "stall {worst:?}");
 }

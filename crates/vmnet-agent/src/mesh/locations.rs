@@ -18,7 +18,13 @@
 //!   ([`vmnet_ipam::mesh_vms::CHANNEL`]) makes the agent re-read at once ([`Locations::refresh`]),
 //!   so a peer learns a change in about one round trip.
 //! - **Outage.** When the store cannot be read the maps stay as they were: forwarding goes on
-//!   with what the host knew; local changes still reach the maps directly.
+//!   with what the host knew; local changes still reach the maps directly. A registration that
+//!   could not be written is not lost: every (re)connection of the PostgreSQL listener first
+//!   makes this host's rows equal to its VMs ([`Locations::resync`]), so the peers learn what
+//!   changed during the outage as soon as the store is back, not at the next full pass. An agent
+//!   started while the store is unreachable starts all the same ([`Locations::await_registry`]):
+//!   until the store answers, a full pass writes the local VMs only and reports the store as
+//!   unavailable, and the other hosts' locations stay as the kernel kept them.
 //! - **Local VMs.** For each, the VM-side program is attached to its host veth (replacing ours
 //!   in place, so a pass repairs a removed filter) and its local entry (veth, tenant, next hop)
 //!   written; entries of VMs that are gone are removed.
@@ -32,6 +38,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex as StdMutex, OnceLock};
 
 use ipnet::{IpNet, Ipv6Net};
@@ -154,6 +161,11 @@ struct State {
 pub struct Locations {
     host: Ipv6Addr,
     registry: OnceLock<Db>,
+    /// A store is configured but not connected yet ([`Locations::await_registry`]).
+    awaiting: AtomicBool,
+    /// The last store request failed and none has succeeded since: a VM's own registration
+    /// write is skipped instead of waiting for the store (the next resync or pass writes it).
+    store_down: AtomicBool,
     state: Mutex<State>,
     view: StdMutex<RegistrationsView>,
 }
@@ -170,6 +182,8 @@ impl Locations {
         Self {
             host,
             registry: OnceLock::new(),
+            awaiting: AtomicBool::new(false),
+            store_down: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             view: StdMutex::new(RegistrationsView {
                 host: host.to_string(),
@@ -181,11 +195,32 @@ impl Locations {
     /// Sets the shared store of registrations (once; later calls are ignored).
     pub fn set_registry(&self, db: Db) {
         let _ = self.registry.set(db);
+        self.awaiting.store(false, Ordering::Release);
+    }
+
+    /// Marks the shared store as configured but not reachable yet (the agent started during a
+    /// store outage and keeps connecting). Until [`Locations::set_registry`], reads fail with
+    /// `UNAVAILABLE`, so no pass rewrites the maps without the other hosts' rows.
+    pub fn await_registry(&self) {
+        if self.registry.get().is_none() {
+            self.awaiting.store(true, Ordering::Release);
+        }
     }
 
     /// The shared store, once set.
     #[must_use]
     pub fn registry(&self) -> Option<&Db> {
+        self.registry.get()
+    }
+
+    /// The store for one VM's registration write: `None` without one, or while the last store
+    /// request failed (the write is made by the next [`Locations::resync`] or full pass
+    /// instead, so an apply never waits for a store that is down).
+    fn store(&self) -> Option<&Db> {
+        if self.store_down.load(Ordering::Acquire) {
+            tracing::debug!(host = %self.host, "mesh registrations: store down; this write waits for the resync");
+            return None;
+        }
         self.registry.get()
     }
 
@@ -196,6 +231,7 @@ impl Locations {
     }
 
     fn failed(&self, what: &str, e: &Error) {
+        self.store_down.store(true, Ordering::Release);
         tracing::warn!(host = %self.host, "mesh registrations: {what}: {}", e.message);
         let msg = format!("{what}: {}", e.message);
         self.note(|v| v.last_error = Some(msg));
@@ -250,10 +286,11 @@ impl Locations {
         }
         let row = vm.row(self.host, at);
         st.locals.insert(vm.mesh, (vm, at));
-        if let Some(db) = self.registry.get()
-            && let Err(e) = store_tx!(db, tx => mesh_vms::register(tx, &row).await)
-        {
-            self.failed(&format!("register {}", row.mesh_address), &e);
+        if let Some(db) = self.store() {
+            match store_tx!(db, tx => mesh_vms::register(tx, &row).await) {
+                Ok(_) => self.store_down.store(false, Ordering::Release),
+                Err(e) => self.failed(&format!("register {}", row.mesh_address), &e),
+            }
         }
         let n = st.locals.len();
         self.note(|v| v.local = n);
@@ -271,10 +308,11 @@ impl Locations {
         if let Err(e) = r {
             self.failed(&format!("location of {mesh}"), &plane_err(&e));
         }
-        if let Some(db) = self.registry.get() {
+        if let Some(db) = self.store() {
             let (h, m) = (self.host.to_string(), mesh.to_string());
-            if let Err(e) = store_tx!(db, tx => mesh_vms::unregister(tx, &h, &m).await) {
-                self.failed(&format!("unregister {mesh}"), &e);
+            match store_tx!(db, tx => mesh_vms::unregister(tx, &h, &m).await) {
+                Ok(_) => self.store_down.store(false, Ordering::Release),
+                Err(e) => self.failed(&format!("unregister {mesh}"), &e),
             }
         }
     }
@@ -350,25 +388,7 @@ impl Locations {
             .collect();
         st.locals = locals;
         st.seeded = true;
-        let replaced = match self.registry.get() {
-            Some(db) => {
-                let host = self.host.to_string();
-                let own: Vec<MeshVmRow> = st
-                    .locals
-                    .values()
-                    .map(|(l, at)| l.row(self.host, *at))
-                    .collect();
-                let r = store_tx!(db, tx => mesh_vms::replace_host(tx, &host, &own).await);
-                match r {
-                    Ok(r) => r,
-                    Err(e) => {
-                        self.failed("write this host's registrations", &e);
-                        return Err(e);
-                    }
-                }
-            }
-            None => Replaced::default(),
-        };
+        let replaced = self.write_own(&st).await?;
         repaired.extend(
             replaced
                 .written
@@ -385,6 +405,55 @@ impl Locations {
         Ok((replaced, repaired))
     }
 
+    /// Makes this host's rows in the store equal to `st.locals` (writing only what differs);
+    /// nothing without a store.
+    async fn write_own(&self, st: &State) -> Result<Replaced, Error> {
+        let Some(db) = self.registry.get() else {
+            return Ok(Replaced::default());
+        };
+        let host = self.host.to_string();
+        let own: Vec<MeshVmRow> = st
+            .locals
+            .values()
+            .map(|(l, at)| l.row(self.host, *at))
+            .collect();
+        let r =
+            store_tx!(db, tx => mesh_vms::replace_host(tx, &host, &own).await).map_err(|e| {
+                self.failed("write this host's registrations", &e);
+                e
+            })?;
+        self.store_down.store(false, Ordering::Release);
+        Ok(r)
+    }
+
+    /// After the store (re)connected: this host's rows made equal to its VMs (once a full pass
+    /// has seeded them; registrations that failed during an outage are written now), then every
+    /// registration re-read and the locations rewritten. Returns one line per row written or
+    /// removed.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the store or a map fails (the maps then keep what they had).
+    pub async fn resync(&self, plane: &MeshPlane) -> Result<Vec<String>, Error> {
+        let mut st = self.state.lock().await;
+        let mut done = Vec::new();
+        if st.seeded {
+            let r = self.write_own(&st).await?;
+            done.extend(
+                r.written
+                    .iter()
+                    .map(|a| format!("registration {a} written")),
+            );
+            done.extend(
+                r.removed
+                    .iter()
+                    .map(|a| format!("registration {a} removed")),
+            );
+        }
+        self.read(&mut st).await?;
+        self.write_maps(plane, &mut st)?;
+        Ok(done)
+    }
+
     /// Re-reads every registration and rewrites the locations (after a notification).
     ///
     /// # Errors
@@ -398,10 +467,18 @@ impl Locations {
     /// Reads every registration into `st`.
     async fn read(&self, st: &mut State) -> Result<(), Error> {
         let Some(db) = self.registry.get() else {
+            if self.awaiting.load(Ordering::Acquire) {
+                let e = Error::unavailable(
+                    "the registration store (--mesh-registry) is not connected yet",
+                );
+                self.failed("read the registrations", &e);
+                return Err(e);
+            }
             return Ok(());
         };
         match store_tx!(db, tx => mesh_vms::list(tx).await) {
             Ok(rows) => {
+                self.store_down.store(false, Ordering::Release);
                 let own = self.host.to_string();
                 let (mine, others) = rows.into_iter().partition(|r| r.host == own);
                 st.others = others;

@@ -60,9 +60,11 @@ impl Mesh {
         l.converge(p, vms).await
     }
 
-    /// Listens for registration changes on a PostgreSQL store and re-reads them at each one
-    /// (and after every reconnection, notifications being lost meanwhile). Returns at once on
-    /// SQLite or without registrations; otherwise runs until aborted.
+    /// Listens for registration changes on a PostgreSQL store and re-reads them at each one.
+    /// After every (re)connection (notifications were lost meanwhile, and this host's own
+    /// writes may have failed) it writes this host's rows again where they differ and re-reads
+    /// everything ([`super::locations::Locations::resync`]). Returns at once on SQLite or
+    /// without registrations; otherwise runs until aborted.
     pub async fn listen(self: Arc<Self>) {
         let Some((l, _)) = self.located() else { return };
         let Some(db) = l.registry().cloned() else {
@@ -78,7 +80,7 @@ impl Mesh {
                     continue;
                 }
             };
-            self.reread().await;
+            self.resync().await;
             loop {
                 match listener.try_recv().await {
                     Ok(Some(_)) => {
@@ -97,6 +99,19 @@ impl Mesh {
                         break;
                     }
                 }
+            }
+        }
+    }
+
+    /// On each (re)connection: this host's rows written again where they differ (a registration
+    /// made during an outage reaches the peers now), then everything re-read.
+    async fn resync(&self) {
+        if let Some((l, p)) = self.located() {
+            match l.resync(p).await {
+                Ok(done) if !done.is_empty() => {
+                    tracing::info!(changes = ?done, "mesh registrations: store (re)connected; this host's rows written again");
+                }
+                Ok(_) | Err(_) => {}
             }
         }
     }

@@ -353,13 +353,37 @@ async fn start_mesh(
     let mut tasks = Vec::new();
     if let Some((l, _)) = mesh.located() {
         let registry = match &args.mesh_registry {
-            Some(url) => Db::connect(url)
-                .await
-                .map_err(|e| Error::unavailable(format!("--mesh-registry: {e}")))?,
-            None => agent.db().clone(),
+            Some(url) => match connect_registry(url).await {
+                Ok(db) => Some(db),
+                // Unreachable: start all the same (forwarding goes on with what the kernel
+                // kept) and keep connecting; the listener starts once connected.
+                Err(e) if e.retryable => {
+                    tracing::warn!(
+                        "--mesh-registry: {}; starting without it and connecting again every {:?}",
+                        e.message,
+                        vmnet_agent::mesh::registry::LISTEN_RETRY
+                    );
+                    l.await_registry();
+                    None
+                }
+                Err(e) => return Err(Error::invalid(format!("--mesh-registry: {}", e.message))),
+            },
+            None => Some(agent.db().clone()),
         };
-        l.set_registry(registry);
-        tasks.push(tokio::spawn(Arc::clone(&mesh).listen()));
+        if let Some(db) = registry {
+            l.set_registry(db);
+            tasks.push(tokio::spawn(Arc::clone(&mesh).listen()));
+        } else if let Some(url) = args.mesh_registry.clone() {
+            let mesh = Arc::clone(&mesh);
+            tasks.push(tokio::spawn(async move {
+                let db = keep_connecting(&url).await;
+                if let Some((l, _)) = mesh.located() {
+                    l.set_registry(db);
+                    tracing::info!("--mesh-registry: connected");
+                }
+                mesh.listen().await;
+            }));
+        }
     } else if args.mesh_registry.is_some() {
         return Err(Error::invalid(
             "--mesh-registry needs --mesh-bpf-root and --mesh-address (registrations feed the data plane)",
@@ -368,6 +392,52 @@ async fn start_mesh(
     agent.set_mesh(Arc::clone(&mesh))?;
     tasks.push(tokio::spawn(mesh.watch(agent.db().clone())));
     Ok(tasks)
+}
+
+/// How long a registration request waits for the shared store before it fails: an apply that
+/// registers a VM during a store outage waits at most this long (and later ones not at all,
+/// see `Locations`), instead of sqlx's default 30 s.
+const REGISTRY_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Why the registration store could not be opened, and whether trying again can help (the
+/// server unreachable or not ready) or not (a malformed URL or an unknown scheme).
+struct RegistryError {
+    message: String,
+    retryable: bool,
+}
+
+async fn connect_registry(url: &str) -> Result<Db, RegistryError> {
+    Db::connect_timeout(url, None, REGISTRY_ACQUIRE_TIMEOUT)
+        .await
+        .map_err(|e| RegistryError {
+            retryable: matches!(
+                e,
+                vmnet_ipam::IpamError::Connect(_) | vmnet_ipam::IpamError::Migrate(_)
+            ),
+            message: vmnet_model::error::chain(&e),
+        })
+}
+
+/// Connects to the registration store, trying again every `LISTEN_RETRY` until it answers
+/// (a warning each minute while it does not).
+async fn keep_connecting(url: &str) -> Db {
+    let started = std::time::Instant::now();
+    let mut warned = started;
+    loop {
+        tokio::time::sleep(vmnet_agent::mesh::registry::LISTEN_RETRY).await;
+        match connect_registry(url).await {
+            Ok(db) => return db,
+            Err(e) if warned.elapsed() >= std::time::Duration::from_secs(60) => {
+                warned = std::time::Instant::now();
+                tracing::warn!(
+                    "--mesh-registry: still unreachable after {:?}: {}",
+                    started.elapsed(),
+                    e.message
+                );
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// The root helper command: `--pool-helper`, else `vmnet-pool-helper` next to this executable,

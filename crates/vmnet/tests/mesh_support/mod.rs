@@ -114,8 +114,24 @@ impl Node {
         self.client().post("/v1/sync", Some(body)).await
     }
 
+    /// `kill -9` of the agent (nothing of it runs its shutdown), then a fresh start.
+    pub async fn kill9_and_restart(&mut self) {
+        let mut a = self.agent.take().expect("agent running");
+        let status = a.sigkill().expect("SIGKILL the agent");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "the agent died of SIGKILL: {status:?}"
+        );
+        self.start_again().await;
+    }
+
     pub async fn restart(&mut self) {
         drop(self.agent.take());
+        self.start_again().await;
+    }
+
+    async fn start_again(&mut self) {
         let o = options(&self.host, &self.ifname, self.mesh, &self.dir).args(self.extra.clone());
         self.agent = Some(
             o.start(Duration::from_secs(30))

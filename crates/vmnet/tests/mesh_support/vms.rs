@@ -1,8 +1,12 @@
 //! VMs made through a node's agent, each with a simulated guest behind its tap that serves a TCP
 //! and UDP echo on its mesh address ([`PORT`]) and routes `fdaa::/16` via the host.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use vmnet_agent::status::VmView;
@@ -70,4 +74,73 @@ pub fn tcp(from: &Vm, to: &Vm) -> bool {
         T,
     )
     .is_ok()
+}
+
+/// A TCP stream from one guest to another's mesh address: 512-byte round trips every 20 ms,
+/// each waiting at most 5 s for its echo.
+pub struct Stream {
+    stop: Arc<AtomicBool>,
+    client: JoinHandle<Result<(u64, Duration), String>>,
+    _server: JoinHandle<()>,
+}
+
+impl Stream {
+    /// Starts the stream from `from` to `to` on `port` (an echo server in `to`'s guest).
+    pub fn start(from: &Vm, to: &Vm, port: u16) -> Self {
+        let at = SocketAddr::new(IpAddr::V6(to.mesh), port);
+        let listener = netns::run_in(to.guest.netns(), || TcpListener::bind(at))
+            .expect("netns")
+            .expect("listen");
+        let server = std::thread::spawn(move || {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if s.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        let mut client = netns::run_in(from.guest.netns(), || TcpStream::connect_timeout(&at, T))
+            .expect("netns")
+            .expect("connect");
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("read timeout");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let client = std::thread::spawn(move || -> Result<(u64, Duration), String> {
+            let (mut worst, mut n) = (Duration::ZERO, 0u64);
+            let msg = [7u8; 512];
+            let mut back = [0u8; 512];
+            while !stop2.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                client.write_all(&msg).map_err(|e| format!("write: {e}"))?;
+                client
+                    .read_exact(&mut back)
+                    .map_err(|e| format!("read: {e}"))?;
+                worst = worst.max(t.elapsed());
+                n += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok((n, worst))
+        });
+        Self {
+            stop,
+            client,
+            _server: server,
+        }
+    }
+
+    /// Stops the stream; its round trips and the slowest one, or why it broke.
+    pub fn finish(self) -> Result<(u64, Duration), String> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.client.join().expect("stream thread")
+    }
 }
