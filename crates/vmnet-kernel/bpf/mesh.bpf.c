@@ -4,18 +4,33 @@
 //
 // mesh_from_vm (tc ingress of a VM's host veth end = every packet the VM sends)
 //   For an IPv6 destination in the mesh range fdaa::/16: look the destination up in `dests`
-//   (unknown: drop), check the tenants of both VMs (and the tenant-0 whitelist), then
+//   (unknown: drop), check the tenants of both VMs (and the tenant-0 whitelist; not for a
+//   packet from an address of the sending VM's own public block: public traffic), then
 //   - same host: pass (the host's routes deliver it);
 //   - another host: push an outer IPv6 header (this host's mesh address -> the destination
 //     host's mesh address, next header 41, flow label = the destination VM's user id) and pass:
 //     the kernel routes the outer packet through the peer's /128 route into wg0.
 //   A packet bigger than the VM MTU is passed unencapsulated: the mesh range route (MTU locked
 //   at the VM MTU) makes the kernel answer with an ICMPv6 Packet Too Big.
+//   Any other IPv6 destination from a registered VM:
+//   - inside a VM's public IPv6 block (`blocks`, longest prefix): that VM is its owner. On
+//     another host the packet is carried there as above (the flow label names the owner); a
+//     block is public, so no tenant check. On this host: pass (the block's host route).
+//   - else the host's own routing decides (`bpf_fib_lookup` as the packet would be forwarded:
+//     the VM's policy rule and table first): a route via a gateway VM's mesh address (`2000::/3
+//     via fdaa:1::56`) whose VM lives on another host is carried to that host, the flow label
+//     naming the gateway VM, after the same tenant check as mesh traffic; a gateway that is
+//     not registered: drop. Everything else (the uplink, a gateway on this host) passes.
+//   Too big for the tunnel: dropped and counted (the VM MTU keeps this from happening).
 // mesh_from_wg (tc ingress of wg0 = every packet WireGuard decrypted)
 //   An IPv6-in-IPv6 packet for this host's mesh address: find the local VM by the flow label,
-//   check that the inner source is registered on the outer source host and the tenants match,
-//   strip the outer header and redirect the packet to the VM's host veth end (the neighbour
-//   table fills in the Ethernet header).
+//   check that the inner source is registered on the outer source host (its mesh address, or an
+//   address of its public block) and the tenants match (not for public traffic: to an address
+//   of the VM's own public block, or from one of the sender's), strip the outer header and redirect the packet to
+//   the VM's host veth end (the neighbour table fills in the Ethernet header). An inner source
+//   that is neither is what a gateway VM forwards (an internet host's reply): accepted only when
+//   the outer source host has a registered gateway VM of the destination VM's tenant
+//   (`gateways`).
 //
 // Pass is TC_ACT_UNSPEC (let later filters run), drop is TC_ACT_SHOT. Drops are counted per
 // reason in `drops` and forwarding decisions in `passes` (mirrored in src/mesh/maps.rs).
@@ -38,6 +53,8 @@
 
 #define OUTER_HOP_LIMIT 64
 #define FLOW_LABEL_MASK 0xfffff
+// bpf_fib_lookup flag of kernel 6.3 (the build's uapi headers may be older).
+#define FIB_LOOKUP_SKIP_NEIGH (1U << 2)
 
 enum drop_reason {
 	D_TENANT = 0,
@@ -130,6 +147,31 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mesh_whitelist SEC(".maps");
 
+// mesh_gateways: (host, tenant) present when that host runs a gateway VM of that tenant.
+struct gw_key {
+	struct addr6 host;
+	__u32 tenant;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct gw_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_gateways SEC(".maps");
+
+// mesh_blocks: public IPv6 block -> the VM that owns it (longest prefix).
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lpm6);
+	__type(value, struct dest);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_blocks SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, D_COUNT);
@@ -182,6 +224,19 @@ static __always_inline int tenants_ok(__u32 src_tenant, const struct addr6 *src,
 	       whitelisted(dst_tenant, dst);
 }
 
+static __always_inline int in_mesh(const struct addr6 *a)
+{
+	return a->a[0] == 0xfd && a->a[1] == 0xaa;
+}
+
+// The VM owning the public block that holds `addr`, or NULL.
+static __always_inline struct dest *block_owner(const struct addr6 *addr)
+{
+	struct lpm6 key = {.prefixlen = 128};
+	__builtin_memcpy(&key.addr, addr, sizeof(key.addr));
+	return bpf_map_lookup_elem(&mesh_blocks, &key);
+}
+
 // The length of the largest packet `skb` becomes on the wire (one segment of a GSO packet),
 // IPv6 header included; `ip` starts at offset `l3`.
 static __always_inline __u32 wire_len(struct __sk_buff *skb, struct ipv6hdr *ip, void *end,
@@ -200,6 +255,76 @@ static __always_inline __u32 wire_len(struct __sk_buff *skb, struct ipv6hdr *ip,
 	return sizeof(*ip) + l4 + skb->gso_size;
 }
 
+// Pushes the outer IPv6 header towards `d`'s host (flow label: `d`'s user id) and passes.
+static __always_inline int encapsulate(struct __sk_buff *skb, struct ipv6hdr *ip,
+				       const struct mesh_config *cfg, const struct dest *d)
+{
+	struct ipv6hdr outer = {};
+	__u32 label = d->user_id & FLOW_LABEL_MASK;
+	outer.version = 6;
+	outer.priority = ip->priority;
+	outer.flow_lbl[0] = (ip->flow_lbl[0] & 0xf0) | (label >> 16);
+	outer.flow_lbl[1] = (label >> 8) & 0xff;
+	outer.flow_lbl[2] = label & 0xff;
+	outer.payload_len = bpf_htons((__u16)(skb->len - sizeof(struct ethhdr)));
+	outer.nexthdr = IPPROTO_IPV6;
+	outer.hop_limit = OUTER_HOP_LIMIT;
+	__builtin_memcpy(&outer.saddr, &cfg->host, sizeof(outer.saddr));
+	__builtin_memcpy(&outer.daddr, &d->host, sizeof(outer.daddr));
+
+	if (bpf_skb_adjust_room(skb, sizeof(outer), BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO))
+		return drop(D_MALFORMED);
+	if (bpf_skb_store_bytes(skb, sizeof(struct ethhdr), &outer, sizeof(outer), 0))
+		return drop(D_MALFORMED);
+	count(&mesh_passes, P_ENCAP);
+	return TC_ACT_UNSPEC;
+}
+
+// A packet from a local VM to a destination outside the mesh range: a public block of a VM on
+// another host, or a route via a gateway VM on another host, is carried there; the rest passes.
+static __always_inline int from_vm_outside_mesh(struct __sk_buff *skb, struct ipv6hdr *ip,
+						void *end, const struct addr6 *daddr)
+{
+	__u32 ifindex = skb->ifindex;
+	__u32 *uid = bpf_map_lookup_elem(&mesh_veths, &ifindex);
+	if (!uid)
+		return TC_ACT_UNSPEC; // not a registered VM: the host's routes decide
+	struct local_vm *src = bpf_map_lookup_elem(&mesh_local_vms, uid);
+	__u32 zero = 0;
+	struct mesh_config *cfg = bpf_map_lookup_elem(&mesh_config, &zero);
+	if (!src || !cfg || cfg->vm_mtu == 0)
+		return TC_ACT_UNSPEC;
+	struct dest *d = block_owner(daddr);
+	if (!d) {
+		struct bpf_fib_lookup fib = {};
+		fib.family = AF_INET6;
+		fib.ifindex = ifindex;
+		fib.l4_protocol = ip->nexthdr;
+		__builtin_memcpy(fib.ipv6_src, &ip->saddr, sizeof(fib.ipv6_src));
+		__builtin_memcpy(fib.ipv6_dst, daddr, sizeof(fib.ipv6_dst));
+		long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), FIB_LOOKUP_SKIP_NEIGH);
+		if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+			return TC_ACT_UNSPEC;
+		struct addr6 gw;
+		__builtin_memcpy(&gw, fib.ipv6_dst, sizeof(gw));
+		if (!in_mesh(&gw))
+			return TC_ACT_UNSPEC; // the uplink, or a gateway VM on this host
+		d = bpf_map_lookup_elem(&mesh_dests, &gw);
+		if (!d)
+			return drop(D_UNKNOWN_DESTINATION);
+		if (!tenants_ok(src->tenant, &src->mesh, d->tenant, &gw))
+			return drop(D_TENANT);
+	}
+	if (addr_eq(&d->host, &cfg->host)) {
+		count(&mesh_passes, P_LOCAL);
+		return TC_ACT_UNSPEC;
+	}
+	if (wire_len(skb, ip, end, sizeof(struct ethhdr)) > cfg->vm_mtu)
+		return drop(D_MTU);
+	return encapsulate(skb, ip, cfg, d);
+}
+
 SEC("classifier")
 int mesh_from_vm(struct __sk_buff *skb)
 {
@@ -211,8 +336,10 @@ int mesh_from_vm(struct __sk_buff *skb)
 	struct ipv6hdr *ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > end)
 		return TC_ACT_UNSPEC;
-	if (ip->daddr.s6_addr[0] != 0xfd || ip->daddr.s6_addr[1] != 0xaa)
-		return TC_ACT_UNSPEC; // not mesh traffic
+	struct addr6 daddr;
+	__builtin_memcpy(&daddr, &ip->daddr, sizeof(daddr));
+	if (!in_mesh(&daddr))
+		return from_vm_outside_mesh(skb, ip, end, &daddr);
 
 	__u32 ifindex = skb->ifindex;
 	__u32 *uid = bpf_map_lookup_elem(&mesh_veths, &ifindex);
@@ -221,12 +348,16 @@ int mesh_from_vm(struct __sk_buff *skb)
 	struct local_vm *src = bpf_map_lookup_elem(&mesh_local_vms, uid);
 	if (!src)
 		return drop(D_UNKNOWN_SOURCE);
-	struct addr6 daddr;
-	__builtin_memcpy(&daddr, &ip->daddr, sizeof(daddr));
 	struct dest *d = bpf_map_lookup_elem(&mesh_dests, &daddr);
 	if (!d)
 		return drop(D_UNKNOWN_DESTINATION);
-	if (!tenants_ok(src->tenant, &src->mesh, d->tenant, &daddr))
+	// From an address of the sending VM's own public block: public traffic (a block answers
+	// anyone), no tenant check.
+	struct addr6 saddr;
+	__builtin_memcpy(&saddr, &ip->saddr, sizeof(saddr));
+	struct dest *own = in_mesh(&saddr) ? NULL : block_owner(&saddr);
+	int from_block = own && own->user_id == *uid;
+	if (!from_block && !tenants_ok(src->tenant, &src->mesh, d->tenant, &daddr))
 		return drop(D_TENANT);
 	__u32 zero = 0;
 	struct mesh_config *cfg = bpf_map_lookup_elem(&mesh_config, &zero);
@@ -242,27 +373,7 @@ int mesh_from_vm(struct __sk_buff *skb)
 		count(&mesh_drops, D_MTU);
 		return TC_ACT_UNSPEC;
 	}
-
-	struct ipv6hdr outer = {};
-	__u32 label = d->user_id & FLOW_LABEL_MASK;
-	outer.version = 6;
-	outer.priority = ip->priority;
-	outer.flow_lbl[0] = (ip->flow_lbl[0] & 0xf0) | (label >> 16);
-	outer.flow_lbl[1] = (label >> 8) & 0xff;
-	outer.flow_lbl[2] = label & 0xff;
-	outer.payload_len = bpf_htons((__u16)(skb->len - sizeof(*eth)));
-	outer.nexthdr = IPPROTO_IPV6;
-	outer.hop_limit = OUTER_HOP_LIMIT;
-	__builtin_memcpy(&outer.saddr, &cfg->host, sizeof(outer.saddr));
-	__builtin_memcpy(&outer.daddr, &d->host, sizeof(outer.daddr));
-
-	if (bpf_skb_adjust_room(skb, sizeof(outer), BPF_ADJ_ROOM_MAC,
-				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO))
-		return drop(D_MALFORMED);
-	if (bpf_skb_store_bytes(skb, sizeof(struct ethhdr), &outer, sizeof(outer), 0))
-		return drop(D_MALFORMED);
-	count(&mesh_passes, P_ENCAP);
-	return TC_ACT_UNSPEC;
+	return encapsulate(skb, ip, cfg, d);
 }
 
 SEC("classifier")
@@ -294,11 +405,34 @@ int mesh_from_wg(struct __sk_buff *skb)
 	struct local_vm *dst = bpf_map_lookup_elem(&mesh_local_vms, &uid);
 	if (!dst)
 		return drop(D_UNKNOWN_DESTINATION);
+	// The inner source: a VM's mesh address, or an address of its public block, registered on
+	// the host that sent the packet.
 	struct dest *s = bpf_map_lookup_elem(&mesh_dests, &isrc);
-	if (!s || !addr_eq(&s->host, &osrc))
-		return drop(D_UNKNOWN_SOURCE);
-	if (!tenants_ok(s->tenant, &isrc, dst->tenant, &dst->mesh))
-		return drop(D_TENANT);
+	int from_block = 0;
+	if (!s && !in_mesh(&isrc)) {
+		s = block_owner(&isrc);
+		from_block = s != NULL;
+	}
+	// An address of the destination VM's own public block is public: no tenant check.
+	struct addr6 idst;
+	__builtin_memcpy(&idst, &inner->daddr, sizeof(idst));
+	struct dest *b = in_mesh(&idst) ? NULL : block_owner(&idst);
+	int public_block = b && b->user_id == uid && addr_eq(&b->host, &cfg->host);
+	if (s) {
+		if (!addr_eq(&s->host, &osrc))
+			return drop(D_UNKNOWN_SOURCE);
+		if (!public_block && !from_block &&
+		    !tenants_ok(s->tenant, &isrc, dst->tenant, &dst->mesh))
+			return drop(D_TENANT);
+	} else {
+		// Forwarded by a gateway VM: its host must run one of the destination's tenant.
+		if (in_mesh(&isrc))
+			return drop(D_UNKNOWN_SOURCE);
+		struct gw_key gk = {.tenant = dst->tenant};
+		__builtin_memcpy(&gk.host, &osrc, sizeof(gk.host));
+		if (!public_block && !bpf_map_lookup_elem(&mesh_gateways, &gk))
+			return drop(D_UNKNOWN_SOURCE);
+	}
 	__u32 ifindex = dst->ifindex;
 	struct bpf_redir_neigh nh = {.nh_family = AF_INET6};
 	__builtin_memcpy(nh.ipv6_nh, &dst->via, sizeof(nh.ipv6_nh));

@@ -29,30 +29,35 @@
 //!   in place, so a pass repairs a removed filter) and its local entry (veth, tenant, next hop)
 //!   written; entries of VMs that are gone are removed.
 //!
+//! - **Blocks and gateways.** The winners' public IPv6 blocks go to the data plane's block map
+//!   ([`super::wanted::blocks_of`]), so a VM on another host reaches a block through the mesh.
+//!   Routes via a gateway VM need no map of their own: the data plane asks the host's routing
+//!   for the next hop and carries the packet to the host where that gateway's mesh address
+//!   lives.
+//!
 //! The gateway flag: a VM that routes `::/0` via the host (it can carry traffic out for others).
 //!
 //! # Limitations
 //! - The VM-side filter is repaired by every full pass, not observed as part of the VM's plan.
-//! - Locations are exact mesh addresses: public blocks and gateway routes are registered but
-//!   the data plane does not yet forward to them across hosts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex as StdMutex, OnceLock};
 
-use ipnet::{IpNet, Ipv6Net};
+use ipnet::Ipv6Net;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use vmnet_ipam::Db;
 use vmnet_ipam::mesh_vms::{self, Conflict, MeshVmRow, Replaced};
 use vmnet_kernel::mesh::{LocalVm, Location, MeshError, MeshPlane};
 use vmnet_model::Error;
-use vmnet_model::vm::{Via, VmConfig};
+use vmnet_model::vm::VmConfig;
 use vmnet_plan::ns::PEER_LINK_LOCAL;
 use vmnet_plan::ns::VmPlan;
 
 use super::dataplane::unavailable;
+use super::wanted::{blocks_of, gateways_of, locations_of, set_locations};
 use crate::agent::store_tx;
 use crate::status::now_ms;
 
@@ -85,9 +90,7 @@ impl LocalReg {
             tenant: cfg.tenant,
             veth: veth.host_name.clone(),
             public_block: cfg.public_ipv6_block(),
-            gateway: cfg.network.routes.iter().any(|r| {
-                r.via == Via::Host && matches!(r.destination, IpNet::V6(n) if n.prefix_len() == 0)
-            }),
+            gateway: cfg.default_v6_via_host(),
         })
     }
 
@@ -517,6 +520,8 @@ impl Locations {
             );
         }
         let desired = locations_of(&winners)?;
+        let blocks = blocks_of(&winners)?;
+        let gateways = gateways_of(&winners)?;
         let (known, local) = (rows.len(), st.locals.len());
         let cv = conflicts
             .iter()
@@ -532,49 +537,12 @@ impl Locations {
             v.local = local;
             v.conflicts = cv;
         });
-        tokio::task::block_in_place(|| set_locations(plane, &desired)).map_err(|e| plane_err(&e))
-    }
-}
-
-/// The location map of `winners` (mesh address → row); `CORRUPT`-like `INTERNAL` for a stored
-/// address that does not parse.
-fn locations_of(
-    winners: &BTreeMap<String, MeshVmRow>,
-) -> Result<BTreeMap<Ipv6Addr, Location>, Error> {
-    winners
-        .values()
-        .map(|r| {
-            let parse = |s: &str| {
-                s.parse::<Ipv6Addr>().map_err(|_| {
-                    Error::internal(format!("mesh registration: stored address {s:?}"))
-                })
-            };
-            Ok((
-                parse(&r.mesh_address)?,
-                Location {
-                    host: parse(&r.host)?,
-                    user_id: r.user_id,
-                    tenant: r.tenant,
-                },
-            ))
+        tokio::task::block_in_place(|| {
+            set_locations(plane, &desired)?;
+            plane.set_blocks(&blocks)?;
+            plane.set_gateways(&gateways)
         })
-        .collect()
-}
-
-/// Makes the location map `desired`: new and changed entries written first, then the others
-/// removed. Returns nothing to report (locations follow the store; they are not repairs).
-fn set_locations(
-    plane: &MeshPlane,
-    desired: &BTreeMap<Ipv6Addr, Location>,
-) -> Result<Vec<String>, MeshError> {
-    let have = plane.locations()?;
-    for (m, l) in desired {
-        if have.get(m) != Some(l) {
-            plane.put_location(*m, l)?;
-        }
+        .map_err(|e| plane_err(&e))?;
+        Ok(Vec::new())
     }
-    for m in have.keys().filter(|m| !desired.contains_key(m)) {
-        plane.remove_location(*m)?;
-    }
-    Ok(Vec::new())
 }

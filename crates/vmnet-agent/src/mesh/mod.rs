@@ -12,3 +12,4 @@ pub mod plan;
 pub mod registry;
 pub mod runtime;
 pub mod view;
+mod wanted;

@@ -30,6 +30,14 @@ pub(super) struct Local {
     pub via: [u8; 16],
 }
 
+/// `struct gw_key`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct GwKey {
+    pub host: [u8; 16],
+    pub tenant: u32,
+}
+
 // SAFETY: plain `repr(C)` structs of integers and byte arrays without padding, matching the C
 // structs field for field.
 unsafe impl Pod for Config {}
@@ -37,11 +45,15 @@ unsafe impl Pod for Config {}
 unsafe impl Pod for Dest {}
 // SAFETY: as above.
 unsafe impl Pod for Local {}
+// SAFETY: as above.
+unsafe impl Pod for GwKey {}
 
 pub(super) const CONFIG: &str = "mesh_config";
 pub(super) const DESTS: &str = "mesh_dests";
 pub(super) const LOCAL_VMS: &str = "mesh_local_vms";
 pub(super) const VETHS: &str = "mesh_veths";
 pub(super) const WHITELIST: &str = "mesh_whitelist";
+pub(super) const BLOCKS: &str = "mesh_blocks";
+pub(super) const GATEWAYS: &str = "mesh_gateways";
 pub(super) const DROPS: &str = "mesh_drops";
 pub(super) const PASSES: &str = "mesh_passes";

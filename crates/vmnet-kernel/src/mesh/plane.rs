@@ -12,7 +12,7 @@ use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader, Pod};
 use ipnet::Ipv6Net;
 
-use super::maps::{self, Config, Dest, Local};
+use super::maps::{self, Config, Dest, GwKey, Local};
 use super::{
     DROP_REASONS, FILTER_HANDLE, FILTER_PRIORITY, LocalVm, Location, MAX_USER_ID, MeshError,
     MeshHost, PASS_KINDS,
@@ -305,6 +305,114 @@ impl MeshPlane {
             })
             .collect::<Result<_, _>>()
             .map_err(map_err(maps::WHITELIST))
+    }
+
+    fn blocks_map<T>(
+        &self,
+        f: impl FnOnce(&mut LpmTrie<&mut MapData, [u8; 16], Dest>) -> Result<T, aya::maps::MapError>,
+    ) -> Result<T, MeshError> {
+        let mut bpf = self.lock();
+        let map = bpf.map_mut(maps::BLOCKS).ok_or(MeshError::Map {
+            map: maps::BLOCKS,
+            source: aya::maps::MapError::InvalidName {
+                name: maps::BLOCKS.into(),
+            },
+        })?;
+        let mut m = LpmTrie::try_from(map).map_err(map_err(maps::BLOCKS))?;
+        f(&mut m).map_err(map_err(maps::BLOCKS))
+    }
+
+    /// Makes the public-block map `blocks` (block → the VM that owns it): new and changed
+    /// entries written first, then stale ones removed, diffed against the kernel map. A packet
+    /// from a VM to an address in a block on another host is carried there, and one arriving
+    /// for a local VM's own block passes without the tenant check.
+    ///
+    /// # Errors
+    /// [`MeshError::Invalid`] for a user id over [`MAX_USER_ID`]; a map error.
+    pub fn set_blocks(&self, blocks: &BTreeMap<Ipv6Net, Location>) -> Result<(), MeshError> {
+        if let Some((n, l)) = blocks.iter().find(|(_, l)| l.user_id > MAX_USER_ID) {
+            return Err(MeshError::Invalid(format!(
+                "block {n}: user_id {} does not fit the 20-bit flow label",
+                l.user_id
+            )));
+        }
+        let have = self.blocks()?;
+        self.blocks_map(|m| {
+            for (n, l) in blocks.iter().filter(|(n, l)| have.get(n) != Some(l)) {
+                let v = Dest {
+                    host: octets(l.host),
+                    user_id: l.user_id,
+                    tenant: l.tenant,
+                };
+                let key = Key::new(u32::from(n.prefix_len()), n.network().octets());
+                m.insert(&key, v, 0)?;
+            }
+            for n in have.keys().filter(|n| !blocks.contains_key(n)) {
+                let key = Key::new(u32::from(n.prefix_len()), n.network().octets());
+                ignore_missing(m.remove(&key))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The public-block map in the kernel now.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn blocks(&self) -> Result<BTreeMap<Ipv6Net, Location>, MeshError> {
+        self.blocks_map(|m| {
+            m.iter()
+                .map(|r| {
+                    r.map(|(k, v)| {
+                        let len = u8::try_from(k.prefix_len()).unwrap_or(128);
+                        (
+                            Ipv6Net::new(Ipv6Addr::from(k.data()), len).unwrap_or_default(),
+                            Location {
+                                host: Ipv6Addr::from(v.host),
+                                user_id: v.user_id,
+                                tenant: v.tenant,
+                            },
+                        )
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Makes the gateway map `gateways`: each (host mesh address, tenant) that runs a gateway
+    /// VM of that tenant, diffed against the kernel map. A packet forwarded by a gateway VM
+    /// (an inner source outside the mesh and every block) is accepted from a host only for a
+    /// destination VM of a tenant that host has a gateway for.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn set_gateways(&self, gateways: &BTreeSet<(Ipv6Addr, u32)>) -> Result<(), MeshError> {
+        let have = self.gateways()?;
+        let key = |(h, t): &(Ipv6Addr, u32)| GwKey {
+            host: octets(*h),
+            tenant: *t,
+        };
+        self.hash::<GwKey, u8, _>(maps::GATEWAYS, |m| {
+            for g in gateways.difference(&have) {
+                m.insert(key(g), 1, 0)?;
+            }
+            for g in have.difference(gateways) {
+                ignore_missing(m.remove(&key(g)))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The gateway map in the kernel now: (host mesh address, tenant) pairs.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn gateways(&self) -> Result<BTreeSet<(Ipv6Addr, u32)>, MeshError> {
+        self.hash::<GwKey, u8, _>(maps::GATEWAYS, |m| {
+            m.keys()
+                .map(|k| k.map(|k| (Ipv6Addr::from(k.host), k.tenant)))
+                .collect()
+        })
     }
 
     fn attach(&self, dev: &str, program: &'static str) -> Result<(), MeshError> {

@@ -198,6 +198,14 @@ impl VmConfig {
                     ipv6_text(&n)
                 )));
             }
+            // A block is reached from anywhere (the internet, and VMs on other hosts through
+            // the mesh), so every reply must be able to leave: spec "Atlas WG Mesh", a VM with a
+            // block routes ::/0 through the host.
+            if n.prefix_len() < 128 && !self.default_v6_via_host() {
+                return Err(ValidationError::rule(format!(
+                    "vm {vm}: public_ipv6 {n} is a block: a VM that owns a block needs the route ::/0 via host (its replies to any address leave through the host uplink)"
+                )));
+            }
         }
         Ok(())
     }

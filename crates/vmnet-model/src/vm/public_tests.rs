@@ -80,6 +80,21 @@ fn rule_public_ipv6_needs_an_ipv6_route_via_host() {
 }
 
 #[test]
+fn rule_a_block_needs_the_default_route_via_host() {
+    let narrower = r#"{"destination":"2000::/3","via":"host"}"#;
+    assert_eq!(
+        err(&cfg(r#","public_ipv6":"2001:db8:7::/56""#, narrower)),
+        "vm vm-7: public_ipv6 2001:db8:7::/56 is a block: a VM that owns a block needs the route ::/0 via host (its replies to any address leave through the host uplink)"
+    );
+    // A /128 is mapped by the host: any IPv6 route via host will do.
+    assert!(parse_vm_config(cfg(r#","public_ipv6":"2001:db8::7""#, narrower).as_bytes()).is_ok());
+    let default = r#"{"destination":"::/0","via":"host"}"#;
+    assert!(
+        parse_vm_config(cfg(r#","public_ipv6":"2001:db8:7::/56""#, default).as_bytes()).is_ok()
+    );
+}
+
+#[test]
 fn rule_public_ipv4_is_global_unicast() {
     let cases = [
         ("10.1.2.3", "10.1.2.3 lies in the private range 10.0.0.0/8"),

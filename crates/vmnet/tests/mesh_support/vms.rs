@@ -30,6 +30,22 @@ pub struct Vm {
     _echo: EchoService,
 }
 
+impl Vm {
+    /// A VM's guest made elsewhere (its echo service running).
+    pub fn new(mesh: Ipv6Addr, guest: SimGuest, echo: EchoService) -> Self {
+        Self {
+            mesh,
+            guest,
+            _echo: echo,
+        }
+    }
+
+    /// The guest's echo service (what it saw).
+    pub fn echo(&self) -> &EchoService {
+        &self._echo
+    }
+}
+
 /// `PUT /v1/vms/{id}` on `n`: a namespace-mode VM with a mesh address and a tenant.
 pub async fn put(n: &Node, id: &str, uid: u32, tenant: u32, mesh: Ipv6Addr) -> VmView {
     let body = json!({"id": id, "user_id": uid, "tenant": tenant, "mesh_ipv6": mesh.to_string()});
