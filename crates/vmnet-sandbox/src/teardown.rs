@@ -52,6 +52,10 @@ pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
         report.namespaces = sandbox::owned(name);
         sandbox::cleanup(name).map_err(sb_err)?;
     }
+    // A fleet's agents pinned their mesh maps on a bpffs in each host's state dir.
+    if is_fleet {
+        let _ = crate::fleet_job::mesh::unmount_bpf(&paths.dir);
+    }
     // The agent (stopped above) pinned its activity maps on a bpffs inside the state dir.
     if let Err(e) = vmnet_kernel::activity::remove_root(&paths.activity_root()) {
         return Err(Error::internal(format!("sandbox {name}: {e}")));

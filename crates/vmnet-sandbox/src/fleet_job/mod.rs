@@ -17,10 +17,14 @@
 //!    --database-url …`, socket and state under `<state dir>/<host name>/`), its VMs applied
 //!    through its API, a simulated guest per VM (as the single-host job does) and the single-host
 //!    guest checks ([`crate::ns_job::checks`]) with the host's uplink address as the NAT source;
-//! 4. the mesh ([`mesh`]): each agent runs its WireGuard interface (`wireguard-go`); once every
-//!    host is up, each is synced with the others over the private network;
-//! 5. the checks across hosts ([`checks`], and every host's mesh address answering across the
-//!    interface); then a table per host (VMs, guest checks) and the fleet's checks.
+//! 4. the mesh ([`mesh`]): each agent runs its WireGuard interface (`wireguard-go`) and the
+//!    mesh's data plane (BPF maps pinned on a bpffs in its state directory, VM registrations in
+//!    the cluster's shared database `mesh`); once every host is up, each is synced with the
+//!    others over the private network;
+//! 5. the checks across hosts ([`checks`], every host's mesh address answering across the
+//!    interface, and TCP from every VM's guest to every VM's mesh address on the other hosts:
+//!    answered within a tenant, dropped between tenants); then a table per host (VMs, guest
+//!    checks) and the fleet's checks.
 //!
 //! The exit status is non-zero when any check saw something other than expected; the sandbox
 //! stays up either way, its pids (agents, echo service, relays, PostgreSQL) in `sandbox.json`.
@@ -83,6 +87,9 @@ pub struct HostReport {
     /// Its VMs with public addresses, for the checks across hosts.
     #[serde(skip)]
     pub public_guests: Vec<public::PublicGuest>,
+    /// Its VMs with a veth pair and their guests, for the VM-to-VM checks across hosts.
+    #[serde(skip)]
+    pub mesh_guests: Vec<mesh::MeshGuest>,
 }
 
 /// What `up` prints with `--output json` for a fleet spec.
@@ -207,9 +214,13 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
     }
     paths.save(&st)?;
 
+    // The fleet's VM registrations: one database every agent's data plane shares.
+    pg.create_database(mesh::REGISTRY_DB)
+        .map_err(|e| Error::internal(format!("PostgreSQL: {e:#}")))?;
+    let registry = pg.url(mesh::REGISTRY_DB);
     let mut hosts = Vec::new();
     for (h, net) in spec.hosts.iter().zip(nets.iter().cloned()) {
-        hosts.push(bring_up_host(paths, &mut st, &pg, h, net, timeout).await?);
+        hosts.push(bring_up_host(paths, &mut st, (&pg, &registry), h, net, timeout).await?);
     }
     let clients: Vec<(String, HostNet, vmnet_agent::client::Client)> = hosts
         .iter()
@@ -230,10 +241,15 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
         .iter()
         .flat_map(|h| h.public_guests.iter().cloned())
         .collect();
+    let mesh_guests: Vec<mesh::MeshGuest> = hosts
+        .iter()
+        .flat_map(|h| h.mesh_guests.iter().cloned())
+        .collect();
     let checks = tokio::task::spawn_blocking(move || {
         let mut c = checks::run(&inet, &pairs)?;
         c.extend(public::run(&public_guests)?);
         c.extend(mesh::checks(&pairs));
+        c.extend(mesh::vm_checks(&mesh_guests)?);
         Ok::<_, crate::SandboxError>(c)
     })
     .await
@@ -251,7 +267,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
 async fn bring_up_host(
     paths: &Paths,
     st: &mut SandboxState,
-    pg: &DetachedPg,
+    (pg, registry): (&DetachedPg, &str),
     h: &FleetHostSpec,
     net: HostNet,
     timeout: Duration,
@@ -262,8 +278,11 @@ async fn bring_up_host(
     let url = pg.url(&database);
     let dir = paths.dir.join(&h.name);
     let role = format!("agent-{}", h.name);
+    let bpf = dir.join(mesh::MESH_BPF_DIR);
+    mesh::mount_bpf(&bpf)
+        .map_err(|e| Error::internal(format!("host {}: {}", h.name, chain(&e))))?;
     let agent = AgentOptions::new(&net.ns, &net.prefix, &dir)
-        .args(mesh::agent_args(&net))
+        .args(mesh::agent_args(&net, &bpf, registry))
         .database_url(url)
         .log(paths.log(&role))
         // Public addresses come from the host's block, reached as the fake internet treats it.
@@ -286,6 +305,7 @@ async fn bring_up_host(
     let mut guests = Vec::new();
     let mut vms = Vec::new();
     let mut public_guests = Vec::new();
+    let mut mesh_guests = Vec::new();
     for vm in &h.vms {
         let v = steps::wait_applied(&client, &vm.id, timeout).await?;
         let host = (net.prefix.as_str(), net.ns.as_str(), net.uplink_v4);
@@ -300,6 +320,15 @@ async fn bring_up_host(
                 mesh,
                 ipv4: p.ipv4,
                 ipv6: p.ipv6,
+            });
+        }
+        if let (Some(mesh), true) = (v.config.mesh_ipv6, v.status.veth_host.is_some()) {
+            mesh_guests.push(mesh::MeshGuest {
+                host: h.name.clone(),
+                vm: v.config.id.clone(),
+                guest_ns: guest.guest_ns.clone(),
+                mesh,
+                tenant: v.config.tenant,
             });
         }
         guests.push(guest);
@@ -324,6 +353,7 @@ async fn bring_up_host(
         vms,
         checks,
         public_guests,
+        mesh_guests,
     })
 }
 
@@ -440,6 +470,7 @@ mod tests {
                 ok: true,
             }],
             public_guests: Vec::new(),
+            mesh_guests: Vec::new(),
         };
         let r = FleetReport {
             sandbox: "fq".into(),
