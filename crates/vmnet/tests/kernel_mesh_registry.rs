@@ -68,6 +68,25 @@ fn located_on(plane: &MeshPlane, mesh: Ipv6Addr) -> Option<Ipv6Addr> {
     plane.locations().ok()?.get(&mesh).map(|l| l.host)
 }
 
+/// The id of the BPF program in our mesh filter on `dev`'s ingress in `ns` (`tc` shows
+/// `… bpf … id N`).
+fn filter_prog_id(ns: &str, dev: &str) -> Option<u32> {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", ns, "tc", "filter", "show", "dev", dev, "ingress",
+        ])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "id" {
+            return words.next()?.parse().ok();
+        }
+    }
+    None
+}
+
 async fn drops(n: &Node, reason: &str) -> u64 {
     n.view().await.data_plane.expect("data_plane").drops[reason]
 }
@@ -160,14 +179,26 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
         "b3 known on A and C within 1 s"
     );
 
-    // A stream from A to B's b1 through an agent restart on B.
+    // A stream from A to B's b1 through an agent restart on B. The new agent loads its programs
+    // afresh and swaps them into the filters of the running mesh (configure on start): the
+    // filter on B's WireGuard interface runs another program id afterwards, and the stream
+    // never stalls.
+    let (b_ns, b_wg) = (m.nodes[1].host.ns.clone(), m.nodes[1].ifname.clone());
+    let before = filter_prog_id(&b_ns, &b_wg).expect("B's wg filter");
     let stream = Stream::start(&a1, &b1, STREAM_PORT);
     std::thread::sleep(Duration::from_millis(500));
     m.nodes[1].restart().await;
     std::thread::sleep(Duration::from_secs(2));
     let (rounds, worst) = stream.finish().expect("the stream survived the restart");
-    eprintln!("stream through B's agent restart: {rounds} round trips, worst {worst:?}");
+    let after = filter_prog_id(&b_ns, &b_wg).expect("B's wg filter after the restart");
+    eprintln!(
+        "stream through B's agent restart: {rounds} round trips, worst {worst:?}; wg filter program {before} -> {after}"
+    );
     assert!(worst < Duration::from_secs(1), "stall {worst:?}");
+    assert_ne!(
+        before, after,
+        "the restarted agent replaced the program in place"
+    );
     let (b, c) = (&m.nodes[1], &m.nodes[2]);
 
     // Move b3 from B to C (deleted, created with another user id): reached at C within 1 s.

@@ -173,10 +173,22 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
     // VM to VM across hosts over the mesh's data plane: within tenant 2 (web-2 and app-2 on
     // host-2, web-3 on host-3) answered from the source's mesh address; across tenants dropped.
     for (h, c) in [
-        ("host-3", "vm web-3 -> web-2 on host-2 (mesh, tenant 2 -> 2)"),
-        ("host-3", "vm web-3 -> app-2 on host-2 (mesh, tenant 2 -> 2)"),
-        ("host-2", "vm app-2 -> web-3 on host-3 (mesh, tenant 2 -> 2)"),
-        ("host-1", "vm web-1 -> web-2 on host-2 (mesh, tenant 1 -> 2)"),
+        (
+            "host-3",
+            "vm web-3 -> web-2 on host-2 (mesh, tenant 2 -> 2)",
+        ),
+        (
+            "host-3",
+            "vm web-3 -> app-2 on host-2 (mesh, tenant 2 -> 2)",
+        ),
+        (
+            "host-2",
+            "vm app-2 -> web-3 on host-3 (mesh, tenant 2 -> 2)",
+        ),
+        (
+            "host-1",
+            "vm web-1 -> web-2 on host-2 (mesh, tenant 1 -> 2)",
+        ),
         ("host-2", "vm web-2 -> db-1 on host-1 (mesh, tenant 2 -> 1)"),
     ] {
         assert!(has(h, c), "{h}: {c}: {checks:#?}");
@@ -188,11 +200,19 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
             .map(|x| x["seen"].as_str().unwrap_or_default().to_owned())
     };
     assert_eq!(
-        seen("host-3", "vm web-3 -> web-2 on host-2 (mesh, tenant 2 -> 2)").as_deref(),
+        seen(
+            "host-3",
+            "vm web-3 -> web-2 on host-2 (mesh, tenant 2 -> 2)"
+        )
+        .as_deref(),
         Some("from fdaa:3::7")
     );
     assert_eq!(
-        seen("host-1", "vm web-1 -> web-2 on host-2 (mesh, tenant 1 -> 2)").as_deref(),
+        seen(
+            "host-1",
+            "vm web-1 -> web-2 on host-2 (mesh, tenant 1 -> 2)"
+        )
+        .as_deref(),
         Some("no reach")
     );
     let wg: Vec<String> = (1..=3)
