@@ -45,6 +45,9 @@ pub struct MeshBenchArgs {
     /// Forwarding: seconds per iperf3 run.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=60))]
     pub secs: u32,
+    /// Propagation: registrations in the store on each of two other hosts.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=20000))]
+    pub vms: u32,
 }
 
 /// `vmnet bench mesh --case`.
@@ -54,7 +57,9 @@ pub enum Case {
     Sync,
     /// TCP VM to VM across hosts against host to host ([`crate::mesh_forward`]).
     Forwarding,
-    /// Both.
+    /// A VM registration reaching another host ([`crate::mesh_propagation`]).
+    Propagation,
+    /// All three.
     All,
 }
 
@@ -117,6 +122,12 @@ fn fail(what: &str, o: &SyncOutcome) -> Error {
 /// `UNAVAILABLE` when the fleet or the agent cannot start; `INTERNAL` when an answer is not
 /// what the case must produce.
 pub async fn run(a: MeshBenchArgs) -> Result<(), Error> {
+    if matches!(a.case, Case::Propagation | Case::All) {
+        print!("{}", crate::mesh_propagation::run(a.vms, a.runs).await?);
+        if a.case == Case::Propagation {
+            return Ok(());
+        }
+    }
     if a.case != Case::Sync {
         let (runs, secs) = (a.runs, a.secs);
         let table = tokio::task::spawn_blocking(move || crate::mesh_forward::run(runs, secs))
