@@ -212,16 +212,6 @@ impl VmConfig {
             .any(|r| r.via == Via::Host && matches!(r.destination, IpNet::V6(_)))
     }
 
-    /// Whether the config routes `::/0` via host (a gateway VM; required of a VM that owns a
-    /// public IPv6 block).
-    #[must_use]
-    pub fn default_v6_via_host(&self) -> bool {
-        self.network
-            .routes
-            .iter()
-            .any(|r| r.via == Via::Host && r.destination == IpNet::V6(ipnet::Ipv6Net::default()))
-    }
-
     /// The mapped public IPv6 address (`public_ipv6` given as an address, a /128).
     #[must_use]
     pub fn public_ipv6_mapped(&self) -> Option<Ipv6Addr> {

@@ -175,6 +175,16 @@ pub fn ipv6_text(n: &Ipv6Net) -> String {
 }
 
 impl VmConfig {
+    /// Whether the config routes `::/0` via host (a gateway VM; required of a VM that owns a
+    /// public IPv6 block).
+    #[must_use]
+    pub fn default_v6_via_host(&self) -> bool {
+        self.network.routes.iter().any(|r| {
+            r.via == super::Via::Host
+                && r.destination == ipnet::IpNet::V6(ipnet::Ipv6Net::default())
+        })
+    }
+
     /// The rules of the module docs for `public_ipv4` and `public_ipv6`, naming the VM and the
     /// field.
     pub(super) fn validate_public(&self) -> Result<(), ValidationError> {
