@@ -25,7 +25,7 @@ use vmnet_kernel::mesh::MeshPlane;
 use vmnet_model::Error;
 use vmnet_sandbox::Fleet;
 use vmnet_sandbox::agent::{AgentOptions, AgentProc};
-use vmnet_sandbox::fleet_job::mesh::{host_mesh, ifname, stop_devices, sync_all};
+use vmnet_sandbox::fleet_job::mesh::{agent_args, host_mesh, stop_devices, sync_all};
 use vmnet_sandbox::mesh_lab::BpffsMount;
 use vmnet_sandbox::postgres::{PgCluster, PgOptions};
 
@@ -95,17 +95,7 @@ pub async fn run(vms: u32, runs: u32) -> Result<String, Error> {
         std::fs::create_dir_all(&dir).map_err(|e| unavailable("state dir")(e.to_string()))?;
         let agent = AgentOptions::new(&h.ns, &h.prefix, &dir)
             .exe(&exe)
-            .args([
-                "--mesh".to_owned(),
-                "--wg-interface".to_owned(),
-                ifname(&h.prefix),
-                "--mesh-address".to_owned(),
-                host_mesh(h).to_string(),
-                "--mesh-bpf-root".to_owned(),
-                pins.display().to_string(),
-                "--mesh-registry".to_owned(),
-                registry.clone(),
-            ])
+            .args(agent_args(h, &pins, &registry))
             .start(Duration::from_secs(30))
             .await?;
         agents.push(agent);
