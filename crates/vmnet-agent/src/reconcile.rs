@@ -184,7 +184,8 @@ impl Agent {
             rows.into_iter().map(|r| r.id).collect()
         };
         let mut out = PassOutcome::default();
-        if full {
+        // A host without VMs has no host-wide state to keep (gc removes it with the last VM).
+        if full && !ids.is_empty() {
             self.yield_to_api().await;
             let _kernel = self.kernel_lock.lock().await;
             match self.driver().repair_host().await {

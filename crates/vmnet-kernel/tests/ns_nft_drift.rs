@@ -138,4 +138,17 @@ async fn every_hand_edit_of_the_host_table_is_seen_and_repaired_by_one_host_repa
         }
         reaches(&guest, &format!("after repairing {edit:?}"));
     }
+    // The last VM gone, gc removes the host table, and later reconcile passes leave the empty
+    // host alone (a table made on every pass only to be removed again was a found defect).
+    drop(guest);
+    env.driver.remove(plan.user_id).await.unwrap();
+    env.driver.gc(&[]).await.unwrap();
+    let list = || vmnet_testkit::nft::nft(&env.sb.host(), &["list", "tables"]).unwrap();
+    assert!(!list().contains(&table), "gc removed the host table");
+    for _ in 0..2 {
+        assert!(env.driver.repair_host().await.unwrap().is_empty());
+        assert!(!list().contains(&table), "an idle host stays without it");
+    }
+    env.driver.apply(&plan).await.unwrap();
+    assert!(list().contains(&table), "the next VM brings it back");
 }

@@ -60,6 +60,9 @@ struct HostState {
     /// repair. Before that, a difference is drift only when the host table exists (an earlier
     /// agent made it); making it on a host without one is the set-up, not a repair.
     established: bool,
+    /// Garbage collection found no VM and removed the host-wide state: reconcile passes leave
+    /// the host alone (no table made only to be removed again) until the next VM's apply.
+    idle: bool,
 }
 
 /// How long after a deferred removal ([`NsDriver::remove_deferred`]) garbage collection leaves
@@ -154,6 +157,7 @@ impl NetlinkNsDriver {
         *state = HostState {
             ready: true,
             established: true,
+            idle: false,
         };
         Ok(repaired)
     }
@@ -439,7 +443,10 @@ impl NetlinkNsDriver {
                 tracing::info!(table = %p.nft_table, reason = "no VM is left on this host",
                     "namespace mode: removed the host masquerade table");
             }
-            *state = HostState::default();
+            *state = HostState {
+                idle: true,
+                ..HostState::default()
+            };
         } else if !want.is_empty() {
             self.host_ready.lock().await.ready = false;
             self.ensure_host().await?;
@@ -540,7 +547,13 @@ impl NsDriver for NetlinkNsDriver {
 
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
         Box::pin(async {
-            self.host_ready.lock().await.ready = false;
+            {
+                let mut state = self.host_ready.lock().await;
+                if state.idle {
+                    return Ok(Vec::new());
+                }
+                state.ready = false;
+            }
             Ok(self
                 .ensure_host()
                 .await?

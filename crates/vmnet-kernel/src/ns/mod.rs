@@ -153,7 +153,8 @@ pub trait NsDriver: Send + Sync {
 
     /// Checks the host-wide state (forwarding and router-advertisement sysctls, the host nft
     /// table) and repairs what differs; returns the repairs (empty when in sync, and always for
-    /// a driver that does not manage the host).
+    /// a driver that does not manage the host). A host whose last VM garbage collection removed
+    /// is left alone until the next VM's apply.
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
