@@ -115,7 +115,8 @@ impl HostSpec {
     ///
     /// # Errors
     /// `INVALID_INPUT`, always starting `host spec <what>: `:
-    /// - `not valid JSON: <error> at line L column C` for text that is not JSON;
+    /// - `not valid JSON: <error> at line L column C` for text that is not JSON, or that repeats
+    ///   a key within one object (`duplicate key "vms"`: the last would otherwise win silently);
     /// - `must be a JSON object` for any other top level (`[]`, a string, a number…), so an
     ///   empty array is never taken for an empty spec (which `apply --prune` would turn into
     ///   deleting every VM);
@@ -128,9 +129,11 @@ impl HostSpec {
     ///   (`vms: vm b: mesh_ipv6 fdaa:1::1 is already used by vm a`).
     pub fn parse(what: &str, text: &str) -> Result<Self, ValidationError> {
         let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|source| ValidationError::Json {
-                what: format!("host spec {what}: not valid JSON"),
-                source,
+            vmnet_model::json::from_slice(text.as_bytes()).map_err(|source| {
+                ValidationError::Json {
+                    what: format!("host spec {what}: not valid JSON"),
+                    source,
+                }
             })?;
         let Some(object) = value.as_object() else {
             return Err(ValidationError::rule(format!(

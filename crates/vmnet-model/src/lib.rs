@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod ids;
+pub mod json;
 pub mod nic;
 pub mod pool;
 pub mod vm;

@@ -348,11 +348,11 @@ pub fn validate_vm_id(id: &str) -> Result<(), ValidationError> {
 /// Parses and validates a VM config document (JSON bytes).
 ///
 /// # Errors
-/// `INVALID_INPUT` for malformed JSON, wrong types, unknown fields, fields of later issues
+/// `INVALID_INPUT` for malformed JSON (an object that repeats a key included), wrong types, unknown fields, fields of later issues
 /// ("… is not supported yet") and every rule of the module docs; the message names the VM (when
 /// its id could be read) and the field path.
 pub fn parse_vm_config(json: &[u8]) -> Result<VmConfig, ValidationError> {
-    let value: Value = serde_json::from_slice(json).map_err(|source| ValidationError::Json {
+    let value: Value = crate::json::from_slice(json).map_err(|source| ValidationError::Json {
         what: "vm: malformed JSON".into(),
         source,
     })?;

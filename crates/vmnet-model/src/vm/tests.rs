@@ -449,3 +449,9 @@ fn validate_refuses_a_too_large_limit_built_in_code() {
         "{e}"
     );
 }
+
+#[test]
+fn a_repeated_key_is_refused_not_last_wins() {
+    let e = err(r#"{"id": "vm-7", "user_id": 1, "tenant": 1, "tenant": 2}"#);
+    assert!(e.contains("duplicate key \"tenant\""), "{e}");
+}
