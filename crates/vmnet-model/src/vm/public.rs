@@ -202,18 +202,30 @@ impl VmConfig {
         if let Some(n) = self.public_ipv6 {
             check_ipv6(n)
                 .map_err(|m| ValidationError::rule(format!("vm {vm}: public_ipv6 {m}")))?;
-            if !self.ipv6_via_host() {
-                return Err(ValidationError::rule(format!(
-                    "vm {vm}: public_ipv6 {} needs an IPv6 route via host (e.g. ::/0 via host): its replies leave through the host uplink",
-                    ipv6_text(&n)
-                )));
-            }
+            // The default route through something else (a mesh gateway VM) is named, so the
+            // user sees which route to change.
+            let other_default = self
+                .network
+                .routes
+                .iter()
+                .find(|r| {
+                    r.via != super::Via::Host
+                        && r.destination == ipnet::IpNet::V6(ipnet::Ipv6Net::default())
+                })
+                .map(|r| format!(" (its ::/0 goes via {} instead)", r.via))
+                .unwrap_or_default();
             // A block is reached from anywhere (the internet, and VMs on other hosts through
             // the mesh), so every reply must be able to leave: spec "Atlas WG Mesh", a VM with a
             // block routes ::/0 through the host.
             if n.prefix_len() < 128 && !self.default_v6_via_host() {
                 return Err(ValidationError::rule(format!(
-                    "vm {vm}: public_ipv6 {n} is a block: a VM that owns a block needs the route ::/0 via host (its replies to any address leave through the host uplink)"
+                    "vm {vm}: public_ipv6 {n} is a block: a VM that owns a block needs the route ::/0 via host{other_default}: its replies to any address leave through the host uplink"
+                )));
+            }
+            if !self.ipv6_via_host() {
+                return Err(ValidationError::rule(format!(
+                    "vm {vm}: public_ipv6 {} needs an IPv6 route via host (e.g. ::/0 via host){other_default}: its replies leave through the host uplink",
+                    ipv6_text(&n)
                 )));
             }
         }

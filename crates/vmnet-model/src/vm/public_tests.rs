@@ -75,7 +75,11 @@ fn rule_public_ipv6_needs_an_ipv6_route_via_host() {
         r#"{"destination":"0.0.0.0/0","via":"host"},{"destination":"::/0","via":"fdaa:1::56"}"#;
     assert_eq!(
         err(&cfg(r#","public_ipv6":"2001:db8:7::/56""#, via_gateway)),
-        "vm vm-7: public_ipv6 2001:db8:7::/56 needs an IPv6 route via host (e.g. ::/0 via host): its replies leave through the host uplink"
+        "vm vm-7: public_ipv6 2001:db8:7::/56 is a block: a VM that owns a block needs the route ::/0 via host (its ::/0 goes via fdaa:1::56 instead): its replies to any address leave through the host uplink"
+    );
+    assert_eq!(
+        err(&cfg(r#","public_ipv6":"2001:db8::7""#, via_gateway)),
+        "vm vm-7: public_ipv6 2001:db8::7 needs an IPv6 route via host (e.g. ::/0 via host) (its ::/0 goes via fdaa:1::56 instead): its replies leave through the host uplink"
     );
 }
 
@@ -84,7 +88,7 @@ fn rule_a_block_needs_the_default_route_via_host() {
     let narrower = r#"{"destination":"2000::/3","via":"host"}"#;
     assert_eq!(
         err(&cfg(r#","public_ipv6":"2001:db8:7::/56""#, narrower)),
-        "vm vm-7: public_ipv6 2001:db8:7::/56 is a block: a VM that owns a block needs the route ::/0 via host (its replies to any address leave through the host uplink)"
+        "vm vm-7: public_ipv6 2001:db8:7::/56 is a block: a VM that owns a block needs the route ::/0 via host: its replies to any address leave through the host uplink"
     );
     // A /128 is mapped by the host: any IPv6 route via host will do.
     assert!(parse_vm_config(cfg(r#","public_ipv6":"2001:db8::7""#, narrower).as_bytes()).is_ok());
