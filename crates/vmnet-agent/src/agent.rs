@@ -365,6 +365,7 @@ impl Agent {
         let _api = ApiChange::new(self);
         let _guard = self.kernel_lock.lock().await;
         crate::public::check_host(self.driver.as_ref(), &cfg).await?;
+        self.mesh_claim_free(&cfg).await?;
         let mesh = cfg.mesh_ipv6.map(|m| m.to_string());
         // Reads only. The conflict checks come before the apply: applying a user id another VM
         // holds would take over that VM's kernel objects.

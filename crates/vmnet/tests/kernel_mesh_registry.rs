@@ -5,9 +5,9 @@
 //! the agents. Checked: same tenant across hosts (TCP, UDP, ICMPv6 both ways), another tenant
 //! dropped and counted on both hosts, a registration reaching the peers within 1 s (measured), a
 //! VM moved from host B to host C located at C within 1 s and reached there, with nothing of it
-//! left on B; a TCP stream across hosts flowing through an agent restart; a conflicting claim of
-//! one mesh address by a second host (the oldest claim stays in force everywhere, the conflict
-//! is reported); `vmnet mesh vm sync` restoring a host's rows deleted from the store by hand; a
+//! left on B; a TCP stream across hosts flowing through an agent restart; a second claim of one
+//! mesh address refused by the agent (`CONFLICT`), and one that got in anyway losing everywhere
+//! (the oldest claim stays in force, the conflict is reported); `vmnet mesh vm sync` restoring a host's rows deleted from the store by hand; a
 //! stream through a `kill -9` of an agent; and PostgreSQL stopped for 10 s (the stream flows, an
 //! agent starts during the outage, a VM made then is known on the other hosts once it is back).
 
@@ -250,10 +250,32 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
     assert_eq!(v.local, 2, "B registers b1 and b2 only: {v:?}");
     assert!(v.conflicts.is_empty(), "{v:?}");
 
-    // A conflicting claim through the agents: C puts a VM on a1's mesh address. The oldest claim
-    // (A's) stays in force on every host, C reports the conflict, and B still reaches a1 at A.
+    // A second claim of a1's mesh address: C's agent refuses a VM on it (CONFLICT naming A), and
+    // a claim that still gets in (two hosts racing, one of them cut off from the store; made here
+    // by a row of a host that is not running) loses everywhere: the oldest claim (A's) stays in
+    // force, the conflict is reported, and B still reaches a1 at A.
     let a = &m.nodes[0];
-    let _dup: VmView = put(c, "cdup", 6, 1, a1.mesh).await;
+    let refused = c
+        .client()
+        .put::<VmView>(
+            "/v1/vms/cdup",
+            &serde_json::json!({"id": "cdup", "user_id": 6, "tenant": 1,
+                                "mesh_ipv6": a1.mesh.to_string()}),
+        )
+        .await
+        .expect_err("C refuses a VM on a1's mesh address");
+    assert_eq!(refused.code, vmnet_model::ErrorCode::Conflict, "{refused}");
+    assert!(refused.message.contains(&a.mesh.to_string()), "{refused}");
+    let racer = "fdaa:ffff::99";
+    pg.psql(
+        &db,
+        &format!(
+            "INSERT INTO mesh_vms (host, mesh_address, user_id, tenant, gateway, registered_at) \
+             VALUES ('{racer}', '{}', 6, 1, 0, (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT)",
+            a1.mesh
+        ),
+    )
+    .expect("insert a racing claim");
     let reported = mesh_support::eventually(Duration::from_secs(3), || async {
         c.view().await.registrations.is_some_and(|r| {
             r.conflicts
@@ -273,7 +295,7 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
     assert!(tcp(&b1, &a1), "b1 -> a1 at A despite C's claim");
 
     // `vmnet mesh vm sync` after A's rows were deleted from the store by hand: A's claims come
-    // back with their original times (so A's still wins over C's newer claim), and B reaches a1.
+    // back with their original times (so A's still wins over the racer's newer claim), and B reaches a1.
     let sql = |q: String| pg.psql(&db, &q).expect("psql");
     let select = format!(
         "SELECT mesh_address, registered_at FROM mesh_vms WHERE host = '{}' ORDER BY mesh_address",

@@ -27,6 +27,30 @@ impl Agent {
         }
     }
 
+    /// `CONFLICT` when another host registered `cfg`'s mesh address first (spec "Atlas WG
+    /// Mesh": one mesh address, one VM in the fleet). Read from the registrations the agent last
+    /// read (refreshed on every PostgreSQL notification and every full pass), so it adds no
+    /// store round trip to a PUT.
+    ///
+    /// # Errors
+    /// `CONFLICT` naming the address and the host that holds it.
+    pub(crate) async fn mesh_claim_free(&self, cfg: &VmConfig) -> Result<(), Error> {
+        let (Some(m), Some(mesh)) = (self.mesh.get(), cfg.mesh_ipv6) else {
+            return Ok(());
+        };
+        let Some((loc, _)) = m.located() else {
+            return Ok(());
+        };
+        match loc.claimed_elsewhere(mesh).await {
+            Some(host) => Err(Error::conflict(format!(
+                "vm {}: mesh_ipv6 {mesh} is registered by host {host} (another VM of the \
+                     mesh holds it)",
+                cfg.id
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Before `cfg`'s veth pair is removed: its registration goes (a failure is logged; the
     /// next full pass removes it).
     pub(crate) async fn mesh_vm_down(&self, cfg: &VmConfig) {

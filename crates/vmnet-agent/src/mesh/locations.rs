@@ -254,6 +254,28 @@ impl Locations {
         .map_err(|e| plane_err(&e))
     }
 
+    /// The host that holds `mesh` by an older claim than this host's (from the last read of the
+    /// shared store; `None` when no other host registered it, or this host's own claim is the
+    /// older). A VM given such an address would lose the conflict and be unreachable over the
+    /// mesh, so its PUT is refused instead ([`crate::Agent::put_vm`]).
+    pub async fn claimed_elsewhere(&self, mesh: Ipv6Addr) -> Option<String> {
+        let st = self.state.lock().await;
+        let text = mesh.to_string();
+        let mine = st
+            .locals
+            .get(&mesh)
+            .map(|(_, at)| (*at, self.host.to_string()));
+        st.others
+            .iter()
+            .filter(|r| r.mesh_address == text)
+            .filter(|r| {
+                mine.as_ref()
+                    .is_none_or(|m| (r.registered_at, &r.host) < (m.0, &m.1))
+            })
+            .min_by_key(|r| (r.registered_at, r.host.clone()))
+            .map(|r| r.host.clone())
+    }
+
     /// After `vm` was applied: the VM-side program on its veth, its local entry and location,
     /// its registration. A store failure is logged (the next full pass registers it).
     ///
