@@ -5,7 +5,8 @@
 //! - [`nft`]: pool mode's nftables full replace and per-instance add/remove;
 //! - [`agent`]: the agent process under N VMs put over its API;
 //! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent, and
-//!   ([`mesh_forward`]) the data plane's TCP throughput VM to VM against host to host, and
+//!   ([`mesh_forward`]) the data plane's TCP throughput VM to VM against host to host and
+//!   ([`mesh_cost`]) its programs' cost per packet, and
 //!   ([`mesh_propagation`]) how fast a VM registration reaches another host;
 //! - [`metadata`]: the metadata service's listeners in N namespaces polled every 250 ms;
 //! - [`guests`]: real guests: boot to network-ready in namespace mode and ([`guests_pool`]) in
@@ -19,6 +20,7 @@ pub mod guests_pool;
 pub mod ipam;
 pub mod iperf;
 pub mod mesh;
+pub mod mesh_cost;
 pub mod mesh_forward;
 pub mod mesh_propagation;
 pub mod metadata;

@@ -3,7 +3,8 @@
 //! `vmnet_kernel::mesh` ([`MeshLab`]); one VM of tenant 1 on each. In the same run, alternately,
 //! iperf3 measures host to host (mesh address to mesh address over wg0, no encapsulation) and VM
 //! to VM across the hosts (encapsulated by the programs, the same wg0), `runs` times each for
-//! `secs` seconds. The table shows the median of each and their ratio (the goal: at least 0.9).
+//! `secs` seconds. The table shows the median of each and their ratio (the goal: at least 0.9),
+//! then the programs' cost per packet on the same lab ([`crate::mesh_cost`]).
 //!
 //! The VM path carries 40 bytes more per packet (1380-byte VM packets in 1420-byte outer
 //! ones), so the ratio's ceiling from header overhead alone is 1320/1360 = 0.97 (TCP payload
@@ -143,5 +144,26 @@ pub fn run(runs: u32, secs: u32) -> Result<String, Error> {
         "ratio VM/host {ratio:.2} (goal >= {GOAL_RATIO}: {}); packets encapsulated on the sender meanwhile: {encapsulated}",
         if ratio >= GOAL_RATIO { "met" } else { "missed" }
     );
+    let cost = crate::mesh_cost::run(&lab, &a, &c)?;
+    let _ = writeln!(
+        out,
+        "\nper-packet cost of the programs (BPF_PROG_TEST_RUN, 1380-byte packets, {} single runs each)",
+        crate::mesh_cost::RUNS
+    );
+    let _ = writeln!(
+        out,
+        "{:<44} {:<13} {:>10} {:>10}",
+        "decision", "program", "median ns", "p99 ns"
+    );
+    for r in &cost {
+        let _ = writeln!(
+            out,
+            "{:<44} {:<13} {:>10} {:>10}",
+            r.case,
+            r.program,
+            r.median.as_nanos(),
+            r.p99.as_nanos()
+        );
+    }
     Ok(out)
 }

@@ -42,6 +42,7 @@ pub mod route;
 
 pub use crate::bpffs::{is_bpffs, mount_bpffs};
 pub use plane::MeshPlane;
+pub use plane::cost::{Side, TestRunCost};
 
 use std::net::Ipv6Addr;
 
@@ -138,6 +139,15 @@ pub enum MeshError {
         /// What failed.
         #[source]
         source: aya::maps::MapError,
+    },
+    /// The kernel refused a test run of a program ([`MeshPlane::test_run`]).
+    #[error("test run of {program}")]
+    TestRun {
+        /// The program.
+        program: &'static str,
+        /// What failed.
+        #[source]
+        source: aya::programs::ProgramError,
     },
     /// A value does not fit the data plane (a user id over 20 bits).
     #[error("{0}")]

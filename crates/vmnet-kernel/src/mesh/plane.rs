@@ -1,5 +1,7 @@
 //! [`MeshPlane`]: the loaded mesh programs of one host namespace and their pinned maps.
 
+pub mod cost;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
@@ -65,8 +67,16 @@ impl MeshPlane {
             root: pin_root.display().to_string(),
             source,
         };
+        if !pin_root.is_dir() {
+            return Err(load_err(
+                "no such directory (make it and mount a bpffs on it: mount -t bpf bpf <dir>)"
+                    .into(),
+            ));
+        }
         if !crate::bpffs::is_bpffs(pin_root) {
-            return Err(load_err("not a mounted bpffs".into()));
+            return Err(load_err(
+                "not a mounted bpffs (mount one: mount -t bpf bpf <dir>)".into(),
+            ));
         }
         let mut bpf = EbpfLoader::new()
             .default_map_pin_directory(pin_root)

@@ -1,0 +1,260 @@
+//! The mesh programs' cost per packet, part of `vmnet bench mesh --case forwarding`: each
+//! forwarding decision run by the kernel (`BPF_PROG_TEST_RUN`, [`MeshPlane::test_run`]) on a
+//! 1380-byte VM packet against the lab hosts' real maps, one packet per run (a run changes the
+//! packet it is given, so repeating one run would measure another path), [`RUNS`] runs per
+//! case, the median shown. Each case asserts the verdict it measures, so a number always
+//! belongs to the path it names.
+//!
+//! Cases: on host A, a VM's packet to a VM on host B (encapsulated), to a VM of another tenant
+//! (dropped), to an address outside the mesh (the host's route lookup, passed on); on host B,
+//! an encapsulated packet from host A's side for a local VM (checked, decapsulated,
+//! redirected). The decapsulation case's sender is a registration of host `fdaa:0:86dd::1`
+//! (see [`vmnet_kernel::mesh::Side`] on why its address has those bytes).
+
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
+use vmnet_kernel::mesh::{Location, MeshPlane, Side};
+use vmnet_model::Error;
+use vmnet_sandbox::mesh_lab::{LabVm, MeshLab};
+use vmnet_sandbox::netns;
+
+/// Single-packet runs per case.
+pub const RUNS: usize = 20_000;
+
+/// The VM packet size, IPv6 header included (the VM MTU).
+const PACKET: usize = 1380;
+
+/// tc verdicts.
+const UNSPEC: i32 = -1;
+const SHOT: i32 = 2;
+const REDIRECT: i32 = 7;
+
+/// The sending host of the decapsulation case (bytes 4–5 read as the IPv6 ether type).
+const SENDER: Ipv6Addr = Ipv6Addr::new(0xfdaa, 0, 0x86dd, 0, 0, 0, 0, 1);
+/// A VM of another tenant (registered on host B), and one behind [`SENDER`].
+const OTHER_TENANT: Ipv6Addr = Ipv6Addr::new(0xfdaa, 0xc0, 0, 0, 0, 0, 0, 2);
+const REMOTE: Ipv6Addr = Ipv6Addr::new(0xfdaa, 0xc0, 0, 0, 0, 0, 0, 9);
+/// An address outside the mesh, routed by host A to its wg0.
+const OUTSIDE: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xc057, 0, 0, 0, 0, 1);
+
+/// One measured case.
+#[derive(Debug, Clone)]
+pub struct CostRow {
+    /// The decision measured.
+    pub case: &'static str,
+    /// The program.
+    pub program: &'static str,
+    /// Median time of one run.
+    pub median: Duration,
+    /// 99th percentile of one run.
+    pub p99: Duration,
+}
+
+/// An IPv6 packet of `len` bytes (TCP, no options) from `src` to `dst`.
+#[must_use]
+pub fn ipv6_tcp(src: Ipv6Addr, dst: Ipv6Addr, len: usize) -> Vec<u8> {
+    let mut p = vec![0u8; len.max(60)];
+    p[0] = 0x60;
+    let payload = u16::try_from(p.len() - 40).unwrap_or(u16::MAX);
+    p[4..6].copy_from_slice(&payload.to_be_bytes());
+    p[6] = 6; // TCP
+    p[7] = 64;
+    p[8..24].copy_from_slice(&src.octets());
+    p[24..40].copy_from_slice(&dst.octets());
+    p[40..42].copy_from_slice(&40000u16.to_be_bytes());
+    p[42..44].copy_from_slice(&5201u16.to_be_bytes());
+    p[52] = 5 << 4; // data offset: 5 words
+    p[53] = 0x10; // ACK
+    p
+}
+
+/// `packet` in an Ethernet frame (IPv6 ether type), as a VM's veth delivers it.
+#[must_use]
+pub fn ethernet(packet: &[u8]) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x06, 0, 0xac, 0x10, 0, 2, 0x86, 0xdd];
+    f.extend_from_slice(packet);
+    f
+}
+
+/// `inner` encapsulated as the mesh sends it: an outer IPv6 header from `from` to `to`, the
+/// destination VM's user id in the flow label, next header 41 (IPv6).
+#[must_use]
+pub fn encapsulated(from: Ipv6Addr, to: Ipv6Addr, user_id: u32, inner: &[u8]) -> Vec<u8> {
+    let mut p = vec![0u8; 40];
+    let label = user_id & 0xf_ffff;
+    p[0] = 0x60;
+    p[1] = u8::try_from(label >> 16).unwrap_or(0);
+    p[2] = u8::try_from((label >> 8) & 0xff).unwrap_or(0);
+    p[3] = u8::try_from(label & 0xff).unwrap_or(0);
+    let payload = u16::try_from(inner.len()).unwrap_or(u16::MAX);
+    p[4..6].copy_from_slice(&payload.to_be_bytes());
+    p[6] = 41;
+    p[7] = 64;
+    p[8..24].copy_from_slice(&from.octets());
+    p[24..40].copy_from_slice(&to.octets());
+    p.extend_from_slice(inner);
+    p
+}
+
+fn err(what: &str) -> impl Fn(vmnet_kernel::mesh::MeshError) -> Error + '_ {
+    move |e| {
+        Error::unavailable(format!(
+            "bench mesh forwarding: cost: {what}: {}",
+            vmnet_model::error::chain(&e)
+        ))
+    }
+}
+
+/// [`RUNS`] single runs of `side` on `frame` arriving on `dev`; each must end in `want`.
+fn measure(
+    plane: &MeshPlane,
+    side: Side,
+    dev: &str,
+    frame: &[u8],
+    want: i32,
+    case: &'static str,
+) -> Result<CostRow, Error> {
+    let mut times = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let r = plane.test_run(side, dev, frame, 1).map_err(err(case))?;
+        if r.verdict != want {
+            return Err(Error::internal(format!(
+                "bench mesh forwarding: cost: {case}: verdict {} (expected {want})",
+                r.verdict
+            )));
+        }
+        times.push(r.per_packet);
+    }
+    times.sort_unstable();
+    Ok(CostRow {
+        case,
+        program: match side {
+            Side::FromVm => "mesh_from_vm",
+            Side::FromWg => "mesh_from_wg",
+        },
+        median: times[times.len() / 2],
+        p99: times[times.len() * 99 / 100],
+    })
+}
+
+/// Measures every case with VM `a` (tenant 1) on host 0 and VM `c` (tenant 1) on host 1.
+///
+/// # Errors
+/// `UNAVAILABLE` when a map write, route or run fails; `INTERNAL` when a case ends in another
+/// verdict than its own (or an encapsulation was not counted).
+pub fn run(lab: &MeshLab, a: &LabVm, c: &LabVm) -> Result<Vec<CostRow>, Error> {
+    let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let mut rows = Vec::new();
+
+    let to_c = ethernet(&ipv6_tcp(a.mesh, c.mesh, PACKET));
+    let before = h0.plane.passes().map_err(err("counters"))?["encapsulated"];
+    rows.push(measure(
+        &h0.plane,
+        Side::FromVm,
+        &a.veth,
+        &to_c,
+        UNSPEC,
+        "VM to a VM on another host: encapsulated",
+    )?);
+    let after = h0.plane.passes().map_err(err("counters"))?["encapsulated"];
+    if after - before < RUNS as u64 {
+        return Err(Error::internal(format!(
+            "bench mesh forwarding: cost: {} of {RUNS} runs encapsulated",
+            after - before
+        )));
+    }
+
+    let other = Location {
+        host: h1.mesh,
+        user_id: 2,
+        tenant: a.tenant + 1,
+    };
+    h0.plane
+        .put_location(OTHER_TENANT, &other)
+        .map_err(err("location"))?;
+    let to_other = ethernet(&ipv6_tcp(a.mesh, OTHER_TENANT, PACKET));
+    rows.push(measure(
+        &h0.plane,
+        Side::FromVm,
+        &a.veth,
+        &to_other,
+        SHOT,
+        "VM to another tenant: dropped",
+    )?);
+
+    let route = format!("{OUTSIDE}/48");
+    netns::ip(
+        &h0.net.ns,
+        &["-6", "route", "replace", &route, "dev", &h0.wg],
+    )
+    .map_err(|e| Error::unavailable(format!("bench mesh forwarding: cost: route: {e}")))?;
+    let out = ethernet(&ipv6_tcp(a.mesh, OUTSIDE, PACKET));
+    rows.push(measure(
+        &h0.plane,
+        Side::FromVm,
+        &a.veth,
+        &out,
+        UNSPEC,
+        "VM to outside the mesh: route lookup",
+    )?);
+
+    let remote = Location {
+        host: SENDER,
+        user_id: 9,
+        tenant: c.tenant,
+    };
+    h1.plane
+        .put_location(REMOTE, &remote)
+        .map_err(err("location"))?;
+    let wire = encapsulated(
+        SENDER,
+        h1.mesh,
+        c.user_id,
+        &ipv6_tcp(REMOTE, c.mesh, PACKET),
+    );
+    rows.push(measure(
+        &h1.plane,
+        Side::FromWg,
+        &h1.wg,
+        &wire,
+        REDIRECT,
+        "from wg0 to a local VM: decapsulated",
+    )?);
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_decapsulation_sender_reads_as_an_ipv6_ether_type() {
+        let f = encapsulated(
+            SENDER,
+            Ipv6Addr::LOCALHOST,
+            0x1_2345,
+            &ipv6_tcp(REMOTE, REMOTE, 80),
+        );
+        assert_eq!(&f[12..14], &[0x86, 0xdd], "bytes 12-13 of the outer header");
+        assert_eq!(f[0] >> 4, 6);
+        assert_eq!(
+            (u32::from(f[1] & 0x0f) << 16) | (u32::from(f[2]) << 8) | u32::from(f[3]),
+            0x1_2345
+        );
+        assert_eq!(u16::from_be_bytes([f[4], f[5]]), 80);
+        assert_eq!(f[6], 41);
+    }
+
+    #[test]
+    fn a_vm_frame_is_ethernet_then_ipv6_of_the_given_length() {
+        let f = ethernet(&ipv6_tcp(REMOTE, OUTSIDE, PACKET));
+        assert_eq!(f.len(), 14 + PACKET);
+        assert_eq!(&f[12..14], &[0x86, 0xdd]);
+        assert_eq!(
+            u16::from_be_bytes([f[18], f[19]]),
+            u16::try_from(PACKET - 40).unwrap()
+        );
+        assert_eq!(&f[14 + 24..14 + 40], &OUTSIDE.octets());
+    }
+}
