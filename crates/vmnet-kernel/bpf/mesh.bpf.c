@@ -51,7 +51,9 @@
 #define AF_INET6 10
 #endif
 
+#ifndef OUTER_HOP_LIMIT // a build may set another (the upgrade test builds one with 63)
 #define OUTER_HOP_LIMIT 64
+#endif
 #define FLOW_LABEL_MASK 0xfffff
 // bpf_fib_lookup flag of kernel 6.3 (the build's uapi headers may be older).
 #define FIB_LOOKUP_SKIP_NEIGH (1U << 2)

@@ -4,14 +4,15 @@
 //! The namespaces, guests, echo services and traffic checks are the sandbox's own
 //! ([`vmnet_sandbox`]); this crate re-exports them under the paths the tests use and adds what
 //! only tests need: [`require_root`], [`ra::RouterAdvertiser`] (a router sending IPv6 router
-//! advertisements for SLAAC on a link) and [`nft::Target`] (hand edits of an nft table for drift
-//! tests).
+//! advertisements for SLAAC on a link), [`nft::Target`] (hand edits of an nft table for drift
+//! tests) and [`bpf::mesh_object`] (another build of the mesh programs).
 
 pub use vmnet_sandbox::{
     Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, mesh_lab, mmds, netns, postgres,
     probe, relay, sandbox, sim_guest, tap, traffic,
 };
 
+pub mod bpf;
 pub mod nft;
 pub mod ra;
 

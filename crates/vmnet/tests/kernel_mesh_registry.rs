@@ -5,7 +5,8 @@
 //! the agents. Checked: same tenant across hosts (TCP, UDP, ICMPv6 both ways), another tenant
 //! dropped and counted on both hosts, a registration reaching the peers within 1 s (measured), a
 //! VM moved from host B to host C located at C within 1 s and reached there, with nothing of it
-//! left on B; a TCP stream across hosts flowing through an agent restart; a second claim of one
+//! left on B; a TCP stream across hosts flowing through an agent restart, and through a swap of
+//! a host's filters to another build of the programs and its agent's restart back; a second claim of one
 //! mesh address refused by the agent (`CONFLICT`), and one that got in anyway losing everywhere
 //! (the oldest claim stays in force, the conflict is reported); `vmnet mesh vm sync` restoring a host's rows deleted from the store by hand; a
 //! stream through a `kill -9` of an agent; and PostgreSQL stopped for 10 s (the stream flows, an
@@ -68,9 +69,10 @@ fn located_on(plane: &MeshPlane, mesh: Ipv6Addr) -> Option<Ipv6Addr> {
     plane.locations().ok()?.get(&mesh).map(|l| l.host)
 }
 
-/// The id of the BPF program in our mesh filter on `dev`'s ingress in `ns` (`tc` shows
-/// `… bpf … id N`).
-fn filter_prog_id(ns: &str, dev: &str) -> Option<u32> {
+/// The id and tag of the BPF program in our mesh filter (handle 0x3e54) on `dev`'s ingress in
+/// `ns` (`tc` shows `… handle 0x3e54 … id N … tag T`): the id changes with every load, the tag (a hash of the
+/// instructions) only with another build.
+fn filter_prog(ns: &str, dev: &str) -> Option<(u32, String)> {
     let out = std::process::Command::new("ip")
         .args([
             "netns", "exec", ns, "tc", "filter", "show", "dev", dev, "ingress",
@@ -78,13 +80,22 @@ fn filter_prog_id(ns: &str, dev: &str) -> Option<u32> {
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut words = text.split_whitespace();
-    while let Some(w) = words.next() {
-        if w == "id" {
-            return words.next()?.parse().ok();
+    // Ours only: other filters (the packet-activity program) may sit on the same hook.
+    let line = text.lines().find(|l| l.contains("handle 0x3e54"))?;
+    let after = |key: &str| {
+        let mut words = line.split_whitespace();
+        while let Some(w) = words.next() {
+            if w == key {
+                return words.next().map(str::to_owned);
+            }
         }
-    }
-    None
+        None
+    };
+    Some((after("id")?.parse().ok()?, after("tag")?))
+}
+
+fn filter_prog_id(ns: &str, dev: &str) -> Option<u32> {
+    filter_prog(ns, dev).map(|(id, _)| id)
 }
 
 async fn drops(n: &Node, reason: &str) -> u64 {
@@ -199,6 +210,53 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
         before, after,
         "the restarted agent replaced the program in place"
     );
+    // An agent started with a changed BPF program: A's filters run another build (the outer
+    // hop limit 63 instead of 64, as an older vmnet's would: the encapsulating program differs,
+    // the decapsulating one is the same code) loaded by hand under a stream from a1 to b1, then
+    // A's agent restarts and swaps its own build back in. The program tag (a hash of the
+    // instructions) of a1's veth filter shows which build runs, the program ids show every
+    // swap; the stream never stalls.
+    let (a_ns, a_wg) = (m.nodes[0].host.ns.clone(), m.nodes[0].ifname.clone());
+    let a1_veth = m.nodes[0]
+        .client()
+        .get::<VmView>("/v1/vms/a1")
+        .await
+        .expect("get a1")
+        .status
+        .veth_host
+        .expect("a1 has a veth");
+    let pins = bpffs.path().join(&m.nodes[0].host.prefix);
+    let (own_id, own) = filter_prog(&a_ns, &a1_veth).expect("a1's veth filter");
+    let wg_own = filter_prog_id(&a_ns, &a_wg).expect("A's wg filter");
+    let changed = vmnet_testkit::bpf::mesh_object(&["-DOUTER_HOP_LIMIT=63"]);
+    let stream = Stream::start(&a1, &b1, STREAM_PORT + 3);
+    std::thread::sleep(Duration::from_millis(300));
+    let older = MeshPlane::load_object(Some(&a_ns), &pins, &changed).expect("load the other build");
+    older.attach_wg(&a_wg).expect("swap A's wg filter");
+    older.attach_veth(&a1_veth).expect("swap a1's veth filter");
+    let (_, other) = filter_prog(&a_ns, &a1_veth).expect("a1's veth filter");
+    assert_ne!(own, other, "another build runs on a1's veth");
+    let wg_other = filter_prog_id(&a_ns, &a_wg).expect("A's wg filter");
+    assert_ne!(
+        wg_own, wg_other,
+        "the other build's program runs on A's wg0"
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    m.nodes[0].restart().await;
+    std::thread::sleep(Duration::from_secs(2));
+    let (rounds, worst) = stream.finish().expect("the stream survived both swaps");
+    let (back_id, back) = filter_prog(&a_ns, &a1_veth).expect("a1's veth filter");
+    eprintln!(
+        "stream through a swap to another build (veth filter tag {own} -> {other}) and A's agent restart back (-> {back}, program id {own_id} -> {back_id}): {rounds} round trips, worst {worst:?}"
+    );
+    assert!(worst < Duration::from_secs(1), "stall {worst:?}");
+    assert_eq!(back, own, "A's agent put its own build back on a1's veth");
+    let wg_back = filter_prog_id(&a_ns, &a_wg).expect("A's wg filter");
+    assert!(
+        wg_back != wg_other && wg_back != wg_own,
+        "A's agent loaded its programs afresh into wg0's filter"
+    );
+    drop(older);
     let (b, c) = (&m.nodes[1], &m.nodes[2]);
 
     // Move b3 from B to C (deleted, created with another user id): reached at C within 1 s.

@@ -63,6 +63,20 @@ impl MeshPlane {
     /// [`MeshError::Load`] without BPF support or privileges, or when `pin_root` is not a
     /// bpffs.
     pub fn load(ns: Option<&str>, pin_root: &Path) -> Result<Self, MeshError> {
+        Self::load_object(ns, pin_root, OBJECT)
+    }
+
+    /// Like [`MeshPlane::load`], from `object`, another build of the same programs (an ELF
+    /// object of `bpf/mesh.bpf.c` with the same maps): attaching its programs replaces the ones
+    /// in the filters in place, as an upgrade of vmnet does.
+    ///
+    /// # Errors
+    /// As [`MeshPlane::load`]; [`MeshError::Load`] also when `object` is not such an object.
+    pub fn load_object(
+        ns: Option<&str>,
+        pin_root: &Path,
+        object: &[u8],
+    ) -> Result<Self, MeshError> {
         let load_err = |source: Box<dyn std::error::Error + Send + Sync>| MeshError::Load {
             root: pin_root.display().to_string(),
             source,
@@ -80,7 +94,7 @@ impl MeshPlane {
         }
         let mut bpf = EbpfLoader::new()
             .default_map_pin_directory(pin_root)
-            .load(OBJECT)
+            .load(object)
             .map_err(|e| load_err(Box::new(e)))?;
         for name in [FROM_VM, FROM_WG] {
             let prog: &mut SchedClassifier = bpf
