@@ -47,9 +47,7 @@ impl Held {
     }
 
     /// What a stored (validated) config holds, read from its JSON without validating the rest
-    /// of it: a PUT compares with every stored VM that has a public address, and a whole
-    /// parse of each (a firewall of 50 prefixes included) would make it grow with their
-    /// number. `None` when the fields do not parse.
+    /// of it (a firewall of 50 prefixes included). `None` when the fields do not parse.
     #[must_use]
     pub fn from_json(json: &str) -> Option<Self> {
         let t: HeldText = serde_json::from_str(json).ok()?;
@@ -91,7 +89,8 @@ pub fn conflict(cfg: &VmConfig, other_id: &str, other: &Held) -> Option<IpamErro
     None
 }
 
-/// `CONFLICT` when another stored VM holds or overlaps one of `cfg`'s public addresses.
+/// `CONFLICT` when another stored VM holds or overlaps one of `cfg`'s public addresses (read
+/// through the store's index: the rows that could conflict, not every VM).
 ///
 /// # Errors
 /// `CONFLICT` naming the other VM; `UNAVAILABLE` on a store failure.
@@ -99,7 +98,9 @@ pub async fn check(tx: &mut Tx, cfg: &VmConfig) -> Result<(), IpamError> {
     if cfg.public_ipv4.is_none() && cfg.public_ipv6.is_none() {
         return Ok(());
     }
-    for (id, json) in vm_store::with_public(tx, &cfg.id).await? {
+    for (id, json) in
+        vm_store::public_candidates(tx, &cfg.id, cfg.public_ipv4, cfg.public_ipv6).await?
+    {
         // A stored config whose public fields do not parse holds nothing we can compare; the
         // agent reports it elsewhere.
         let Some(other) = Held::from_json(&json) else {

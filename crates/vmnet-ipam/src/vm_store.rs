@@ -11,6 +11,14 @@
 //! `mesh` (the config's `mesh_ipv6`, migration 0101) is unique across rows too: two VMs with one
 //! mesh address would fight over the host route to it. Both are enforced by unique indexes, so
 //! two concurrent writers cannot both win; the violation maps to `CONFLICT`.
+//!
+//! A config's public addresses are kept in indexed columns too (migration 0140), written from
+//! the config by every write here, so [`public_candidates`] reads only the rows that could
+//! conflict with a PUT's addresses: its cost does not grow with the number of VMs.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use ipnet::Ipv6Net;
 
 use crate::error::IpamError;
 
@@ -174,16 +182,23 @@ pub async fn put(
     now_ms: i64,
 ) -> Result<Option<VmRow>, IpamError> {
     let before = get_if_free(tx, id, user_id, mesh).await?;
+    let cols = PublicCols::of(config);
     on_tx!(tx, c => sqlx::query(
-        "INSERT INTO vm_configs (id, user_id, mesh, config, updated_at) VALUES ($1, $2, $3, $4, $5) \
+        "INSERT INTO vm_configs (id, user_id, mesh, config, updated_at, public_v4, public_v6_lo, \
+         public_v6_hi) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
          ON CONFLICT (id) DO UPDATE SET user_id = excluded.user_id, mesh = excluded.mesh, \
-         config = excluded.config, updated_at = excluded.updated_at",
+         config = excluded.config, updated_at = excluded.updated_at, \
+         public_v4 = excluded.public_v4, public_v6_lo = excluded.public_v6_lo, \
+         public_v6_hi = excluded.public_v6_hi",
     )
     .bind(id)
     .bind(i64::from(user_id))
     .bind(mesh)
     .bind(config)
     .bind(now_ms)
+    .bind(&cols.v4)
+    .bind(cols.v6.as_ref().map(|r| &r.0))
+    .bind(cols.v6.as_ref().map(|r| &r.1))
     .execute(&mut **c)
     .await
     .map(|r| r.rows_affected()))
@@ -200,12 +215,14 @@ pub async fn put(
 /// `CONFLICT` when another VM holds the row's user id or mesh address; `UNAVAILABLE` on a
 /// database failure.
 pub async fn save(tx: &mut Tx, row: &VmRow) -> Result<(), IpamError> {
+    let cols = PublicCols::of(&row.config);
     on_tx!(tx, c => sqlx::query(
-        "INSERT INTO vm_configs (id, user_id, mesh, config, applied, last_error, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+        "INSERT INTO vm_configs (id, user_id, mesh, config, applied, last_error, updated_at, \
+         public_v4, public_v6_lo, public_v6_hi) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
          ON CONFLICT (id) DO UPDATE SET user_id = excluded.user_id, mesh = excluded.mesh, \
          config = excluded.config, applied = excluded.applied, last_error = excluded.last_error, \
-         updated_at = excluded.updated_at",
+         updated_at = excluded.updated_at, public_v4 = excluded.public_v4, \
+         public_v6_lo = excluded.public_v6_lo, public_v6_hi = excluded.public_v6_hi",
     )
     .bind(&row.id)
     .bind(i64::from(row.user_id))
@@ -214,6 +231,9 @@ pub async fn save(tx: &mut Tx, row: &VmRow) -> Result<(), IpamError> {
     .bind(&row.applied)
     .bind(&row.last_error)
     .bind(row.updated_at)
+    .bind(&cols.v4)
+    .bind(cols.v6.as_ref().map(|r| &r.0))
+    .bind(cols.v6.as_ref().map(|r| &r.1))
     .execute(&mut **c)
     .await
     .map(|r| r.rows_affected()))
@@ -221,17 +241,104 @@ pub async fn save(tx: &mut Tx, row: &VmRow) -> Result<(), IpamError> {
     Ok(())
 }
 
-/// The id and desired config of every other VM whose config may hold a public address (its
-/// JSON mentions `public_ipv`), for the caller's overlap check within the same transaction.
+/// The id and desired config of every other VM that may hold `v4` or an address of `v6` (an
+/// address as its /128, or a block), for the caller's exact check within the same transaction:
+/// the VM with `v4`, the VMs whose IPv6 range starts inside `v6`'s, and the one whose range
+/// starts last before it (stored ranges do not overlap, so no other can reach into `v6`), plus
+/// rows written before migration 0140 that hold an IPv6 not yet in its columns. Index lookups
+/// only: the cost does not grow with the number of stored VMs.
 ///
 /// # Errors
 /// `UNAVAILABLE` on a database failure.
-pub async fn with_public(tx: &mut Tx, except_id: &str) -> Result<Vec<(String, String)>, IpamError> {
-    on_tx!(tx, c => sqlx::query_as("SELECT id, config FROM vm_configs WHERE id <> $1 AND config LIKE '%public_ipv%' ORDER BY id")
-        .bind(except_id)
-        .fetch_all(&mut **c)
-        .await)
-    .map_err(db_err)
+pub async fn public_candidates(
+    tx: &mut Tx,
+    except_id: &str,
+    v4: Option<Ipv4Addr>,
+    v6: Option<Ipv6Net>,
+) -> Result<Vec<(String, String)>, IpamError> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    if let Some(a) = v4 {
+        let rows: Vec<(String, String)> = on_tx!(tx, c => sqlx::query_as(
+            "SELECT id, config FROM vm_configs WHERE public_v4 = $2 AND id <> $1")
+            .bind(except_id)
+            .bind(a.to_string())
+            .fetch_all(&mut **c)
+            .await)
+        .map_err(db_err)?;
+        out.extend(rows);
+    }
+    if let Some(n) = v6 {
+        let (lo, hi) = v6_range(n);
+        let inside: Vec<(String, String)> = on_tx!(tx, c => sqlx::query_as(
+            "SELECT id, config FROM vm_configs WHERE public_v6_lo >= $2 AND public_v6_lo <= $3 \
+             AND id <> $1")
+            .bind(except_id)
+            .bind(&lo)
+            .bind(&hi)
+            .fetch_all(&mut **c)
+            .await)
+        .map_err(db_err)?;
+        let before: Vec<(String, String)> = on_tx!(tx, c => sqlx::query_as(
+            "SELECT id, config FROM vm_configs WHERE public_v6_lo < $2 AND id <> $1 \
+             ORDER BY public_v6_lo DESC LIMIT 1")
+            .bind(except_id)
+            .bind(&lo)
+            .fetch_all(&mut **c)
+            .await)
+        .map_err(db_err)?;
+        let legacy: Vec<(String, String)> = on_tx!(tx, c => sqlx::query_as(
+            "SELECT id, config FROM vm_configs WHERE public_v6_lo IS NULL \
+             AND config LIKE '%\"public_ipv6\"%' AND id <> $1")
+            .bind(except_id)
+            .fetch_all(&mut **c)
+            .await)
+        .map_err(db_err)?;
+        out.extend(inside.into_iter().chain(before).chain(legacy));
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The first and last address of `n` as 32 lowercase hex digits (text order is address
+/// order), as the `public_v6_lo` and `public_v6_hi` columns hold them.
+#[must_use]
+pub fn v6_range(n: Ipv6Net) -> (String, String) {
+    let hex = |a: Ipv6Addr| format!("{:032x}", u128::from(a));
+    (hex(n.network()), hex(n.broadcast()))
+}
+
+/// The indexed public columns of a config (migration 0140), read from its JSON (the rest of
+/// it skipped): empty when the fields are absent or do not parse.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct PublicCols {
+    v4: Option<String>,
+    v6: Option<(String, String)>,
+}
+
+impl PublicCols {
+    fn of(config: &str) -> Self {
+        #[derive(serde::Deserialize)]
+        struct Fields {
+            public_ipv4: Option<String>,
+            public_ipv6: Option<String>,
+        }
+        let Ok(f) = serde_json::from_str::<Fields>(config) else {
+            return Self::default();
+        };
+        let v6 = f.public_ipv6.and_then(|s| {
+            s.parse::<Ipv6Net>()
+                .ok()
+                .or_else(|| s.parse::<Ipv6Addr>().ok().map(Ipv6Net::from))
+        });
+        Self {
+            v4: f
+                .public_ipv4
+                .and_then(|a| a.parse::<Ipv4Addr>().ok())
+                .map(|a| a.to_string()),
+            v6: v6.map(v6_range),
+        }
+    }
 }
 
 /// Every stored VM's id and mesh address (canonical IPv6 text), for the VMs that have one.
@@ -282,9 +389,10 @@ pub async fn restore(tx: &mut Tx, id: &str, before: Option<&VmRow>) -> Result<()
         delete(tx, id).await?;
         return Ok(());
     };
+    let cols = PublicCols::of(&b.config);
     on_tx!(tx, c => sqlx::query(
         "UPDATE vm_configs SET user_id = $2, mesh = $7, config = $3, applied = $4, last_error = $5, \
-         updated_at = $6 WHERE id = $1",
+         updated_at = $6, public_v4 = $8, public_v6_lo = $9, public_v6_hi = $10 WHERE id = $1",
     )
     .bind(id)
     .bind(i64::from(b.user_id))
@@ -293,6 +401,9 @@ pub async fn restore(tx: &mut Tx, id: &str, before: Option<&VmRow>) -> Result<()
     .bind(&b.last_error)
     .bind(b.updated_at)
     .bind(&b.mesh)
+    .bind(&cols.v4)
+    .bind(cols.v6.as_ref().map(|r| &r.0))
+    .bind(cols.v6.as_ref().map(|r| &r.1))
     .execute(&mut **c)
     .await
     .map(|r| r.rows_affected()))
@@ -308,4 +419,30 @@ pub async fn delete(tx: &mut Tx, id: &str) -> Result<bool, IpamError> {
     let res = on_tx!(tx, c => sqlx::query("DELETE FROM vm_configs WHERE id = $1").bind(id).execute(&mut **c).await.map(|r| r.rows_affected()))
         .map_err(db_err)?;
     Ok(res > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_columns_come_from_the_config_and_order_as_addresses() {
+        let c = PublicCols::of(
+            r#"{"id":"a","firewall":{"enabled":false},"public_ipv4":"203.0.113.7","public_ipv6":"2001:db8:7::/56"}"#,
+        );
+        assert_eq!(c.v4.as_deref(), Some("203.0.113.7"));
+        let (lo, hi) = c.v6.unwrap();
+        assert_eq!(lo, "20010db8000700000000000000000000");
+        assert_eq!(hi, "20010db8000700ffffffffffffffffff");
+        let one = PublicCols::of(r#"{"public_ipv6":"2001:db8::9"}"#)
+            .v6
+            .unwrap();
+        assert_eq!(one.0, one.1, "an address is its /128");
+        assert!(
+            v6_range("2001:db8::a/128".parse().unwrap()).0 > one.0,
+            "hex order is address order"
+        );
+        assert_eq!(PublicCols::of("{}"), PublicCols::default());
+        assert_eq!(PublicCols::of("not json"), PublicCols::default());
+    }
 }

@@ -208,11 +208,84 @@ async fn exercise_save(db: &Db) {
     );
 }
 
+/// The candidates of a public address check: only the rows that could conflict, found through
+/// the indexed columns every write keeps (migration 0140), whatever was stored before.
+async fn exercise_public(db: &Db) {
+    let cfg = |v4: &str, v6: &str| {
+        let mut s = String::from(r#"{"firewall":{"enabled":true,"inbound":[]}"#);
+        if !v4.is_empty() {
+            s.push_str(&format!(r#","public_ipv4":"{v4}""#));
+        }
+        if !v6.is_empty() {
+            s.push_str(&format!(r#","public_ipv6":"{v6}""#));
+        }
+        s.push('}');
+        s
+    };
+    let mut tx = db.begin().await.unwrap();
+    let rows = [
+        ("p1", "203.0.113.1", "2001:db8:1::/56"),
+        ("p2", "", "2001:db8:2::5"),
+        ("p3", "203.0.113.3", "2001:db8:3::/48"),
+        ("p4", "", ""),
+    ];
+    for (i, (id, v4, v6)) in (300u32..).zip(rows) {
+        vm_store::put(&mut tx, id, i, None, &cfg(v4, v6), 1)
+            .await
+            .unwrap();
+    }
+    // p2 rewritten by `save`: the columns follow the config.
+    let mut p2 = vm_store::get(&mut tx, "p2").await.unwrap().unwrap();
+    p2.config = cfg("", "2001:db8:2::6");
+    vm_store::save(&mut tx, &p2).await.unwrap();
+    let ids = |v: Vec<(String, String)>| v.into_iter().map(|(id, _)| id).collect::<Vec<_>>();
+    let net = |s: &str| Some(s.parse().unwrap());
+    let cand = async |tx: &mut vmnet_ipam::db::Tx, v4: Option<&str>, v6: Option<ipnet::Ipv6Net>| {
+        ids(
+            vm_store::public_candidates(tx, "new", v4.map(|a| a.parse().unwrap()), v6)
+                .await
+                .unwrap(),
+        )
+    };
+    assert_eq!(cand(&mut tx, Some("203.0.113.3"), None).await, ["p3"]);
+    assert!(cand(&mut tx, Some("203.0.113.9"), None).await.is_empty());
+    // Inside p1's block: p1 starts last before it.
+    assert_eq!(
+        cand(&mut tx, None, net("2001:db8:1:5::1/128")).await,
+        ["p1"]
+    );
+    // A /32 holding every block: each starts inside it.
+    assert_eq!(
+        cand(&mut tx, None, net("2001:db8::/32")).await,
+        ["p1", "p2", "p3"]
+    );
+    // p2's new address (not its old one), and p1 starting last before it.
+    assert_eq!(
+        cand(&mut tx, None, net("2001:db8:2::6/128")).await,
+        ["p1", "p2"]
+    );
+    assert_eq!(cand(&mut tx, None, net("2001:db8:2::5/128")).await, ["p1"]);
+    assert_eq!(
+        ids(
+            vm_store::public_candidates(&mut tx, "p2", None, net("2001:db8:2::6/128"))
+                .await
+                .unwrap()
+        ),
+        ["p1"],
+        "a VM is not its own candidate (the one before is p1, which a caller then compares)"
+    );
+    for id in ["p1", "p2", "p3", "p4"] {
+        vm_store::delete(&mut tx, id).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
 #[tokio::test]
 async fn sqlite() {
     let s = common::sqlite().await;
     exercise(&s.db).await;
     exercise_save(&s.db).await;
+    exercise_public(&s.db).await;
 }
 
 #[tokio::test]
@@ -220,6 +293,7 @@ async fn postgres() {
     let s = common::postgres().await;
     exercise(&s.db).await;
     exercise_save(&s.db).await;
+    exercise_public(&s.db).await;
 }
 
 /// Rows stored before migration 0101, two of them sharing a mesh address.
