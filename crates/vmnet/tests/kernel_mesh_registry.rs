@@ -5,12 +5,14 @@
 //! the agents. Checked: same tenant across hosts (TCP, UDP, ICMPv6 both ways), another tenant
 //! dropped and counted on both hosts, a registration reaching the peers within 1 s (measured), a
 //! VM moved from host B to host C located at C within 1 s and reached there, with nothing of it
-//! left on B; a TCP stream across hosts flowing through an agent restart, and through a swap of
-//! a host's filters to another build of the programs and its agent's restart back; a second claim of one
-//! mesh address refused by the agent (`CONFLICT`), and one that got in anyway losing everywhere
-//! (the oldest claim stays in force, the conflict is reported); `vmnet mesh vm sync` restoring a host's rows deleted from the store by hand; a
-//! stream through a `kill -9` of an agent; and PostgreSQL stopped for 10 s (the stream flows, an
-//! agent starts during the outage, a VM made then is known on the other hosts once it is back).
+//! left on B; a TCP stream across hosts flowing through an agent restart, and through a swap
+//! of a host's filters to another build of the programs and its agent's restart back; a second
+//! claim of one mesh address refused by the agent (`CONFLICT`), and one that got in anyway
+//! losing everywhere (the oldest claim stays in force, the conflict is reported); a VM's filter
+//! deleted by hand found missing and attached again by the next pass; `vmnet mesh vm sync`
+//! restoring a host's rows deleted from the store by hand; a stream through a `kill -9` of an
+//! agent; and PostgreSQL stopped for 10 s (the stream flows, an agent starts during the outage,
+//! a VM made then is known on the other hosts once it is back).
 
 mod mesh_support;
 
@@ -383,6 +385,52 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
         .is_some(),
         "B reaches a1 at A after the sync: {:?}",
         planes[1].locations()
+    );
+
+    // a1's VM-side filter deleted by hand: the agent's next full pass (here
+    // `vmnet mesh vm sync`, the same step) finds the filter missing, attaches it and logs the
+    // repair; a pass that finds it in place leaves it alone (same program id).
+    let a1_veth = m.nodes[0]
+        .client()
+        .get::<VmView>("/v1/vms/a1")
+        .await
+        .expect("get a1")
+        .status
+        .veth_host
+        .expect("a1 has a veth");
+    let a_ns = m.nodes[0].host.ns.clone();
+    netns::exec(
+        &a_ns,
+        "tc",
+        &[
+            "filter", "del", "dev", &a1_veth, "ingress", "pref", "10", "handle", "0x3e54", "bpf",
+        ],
+        Duration::from_secs(5),
+    )
+    .expect("delete a1's filter");
+    assert_eq!(filter_prog_id(&a_ns, &a1_veth), None, "deleted");
+    let sync = || {
+        std::process::Command::new(mesh_support::VMNET)
+            .arg("--socket")
+            .arg(m.nodes[0].dir.join("vmnet.sock"))
+            .args(["mesh", "vm", "sync"])
+            .output()
+            .expect("vmnet mesh vm sync")
+    };
+    assert!(sync().status.success());
+    let back = filter_prog_id(&a_ns, &a1_veth).expect("the pass attached a1's filter again");
+    assert!(
+        m.nodes[0]
+            .logs()
+            .contains(&format!("VM-side filter on {a1_veth} was missing")),
+        "the repair is logged"
+    );
+    assert!(tcp(&a1, &b1), "a1 -> b1 after the repair");
+    assert!(sync().status.success());
+    assert_eq!(
+        filter_prog_id(&a_ns, &a1_veth),
+        Some(back),
+        "a filter in place is left alone"
     );
 
     // `kill -9` of A's agent under a stream from a1 to b1: forwarding lives in the kernel (the

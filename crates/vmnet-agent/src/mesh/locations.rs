@@ -25,9 +25,11 @@
 //!   started while the store is unreachable starts all the same ([`Locations::await_registry`]):
 //!   until the store answers, a full pass writes the local VMs only and reports the store as
 //!   unavailable, and the other hosts' locations stay as the kernel kept them.
-//! - **Local VMs.** For each, the VM-side program is attached to its host veth (replacing ours
-//!   in place, so a pass repairs a removed filter) and its local entry (veth, tenant, next hop)
-//!   written; entries of VMs that are gone are removed.
+//! - **Local VMs.** For each, the filter on its host veth is read back (an ingress filter dump
+//!   of that device): one running this agent's VM-side program is left alone; a missing one,
+//!   or one running another program (a previous agent's, swapped in place at start-up), gets
+//!   this agent's attached, and after the first pass that counts as a repair. Its local entry
+//!   (veth, tenant, next hop) is written; entries of VMs that are gone are removed.
 //!
 //! - **Blocks and gateways.** The winners' public IPv6 blocks go to the data plane's block map
 //!   ([`super::wanted::blocks_of`]), so a VM on another host reaches a block through the mesh.
@@ -36,9 +38,6 @@
 //!   lives.
 //!
 //! The gateway flag: a VM that routes `::/0` via the host (it can carry traffic out for others).
-//!
-//! # Limitations
-//! - The VM-side filter is repaired by every full pass, not observed as part of the VM's plan.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv6Addr;
@@ -159,6 +158,17 @@ struct State {
     conflicts: Vec<Conflict>,
 }
 
+/// What a VM's host veth filter was found running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FilterState {
+    /// This plane's VM-side program.
+    Ours,
+    /// No mesh filter.
+    Missing,
+    /// Another program (a previous agent's), or it could not be read.
+    Other,
+}
+
 /// This host's VM registrations and the locations the data plane holds.
 #[derive(Debug)]
 pub struct Locations {
@@ -252,6 +262,25 @@ impl Locations {
             plane.put_local(&l.local())
         })
         .map_err(|e| plane_err(&e))
+    }
+
+    /// What VM `vm`'s host veth filter runs, read from the kernel (`ours`: this plane's program
+    /// id). A failed read counts as another program (the caller re-attaches).
+    async fn vm_filter(
+        &self,
+        plane: &MeshPlane,
+        nl: &rtnetlink::Handle,
+        vm: &LocalReg,
+        ours: u32,
+    ) -> FilterState {
+        let Ok(index) = tokio::task::block_in_place(|| plane.device_index(&vm.veth)) else {
+            return FilterState::Other;
+        };
+        match vmnet_kernel::mesh::filter::filter_program(nl, index).await {
+            Ok(Some(id)) if id == ours => FilterState::Ours,
+            Ok(None) => FilterState::Missing,
+            Ok(Some(_)) | Err(_) => FilterState::Other,
+        }
     }
 
     /// The host that holds `mesh` by an older claim than this host's (from the last read of the
@@ -374,12 +403,37 @@ impl Locations {
     pub async fn converge(
         &self,
         plane: &MeshPlane,
+        nl: &rtnetlink::Handle,
         vms: Vec<LocalReg>,
     ) -> Result<(Replaced, Vec<String>), Error> {
         let mut st = self.state.lock().await;
         let mut repaired = Vec::new();
+        let ours =
+            tokio::task::block_in_place(|| plane.vm_program_id()).map_err(|e| plane_err(&e))?;
         for vm in &vms {
-            self.put_local(plane, vm)?;
+            match self.vm_filter(plane, nl, vm, ours).await {
+                FilterState::Ours => {
+                    tokio::task::block_in_place(|| plane.put_local(&vm.local()))
+                        .map_err(|e| plane_err(&e))?;
+                }
+                found => {
+                    self.put_local(plane, vm)?;
+                    // Before the first pass, another program is the previous agent's: swapping
+                    // it is the start-up, not a repair.
+                    if st.seeded || found == FilterState::Missing {
+                        let what = format!(
+                            "mesh: VM-side filter on {} {}; attached this agent's",
+                            vm.veth,
+                            match found {
+                                FilterState::Missing => "was missing",
+                                _ => "ran another program",
+                            }
+                        );
+                        tracing::warn!(vm_user_id = vm.user_id, "{what}");
+                        repaired.push(what);
+                    }
+                }
+            }
         }
         let keep: BTreeSet<u32> = vms.iter().map(|v| v.user_id).collect();
         let stale: Vec<u32> = tokio::task::block_in_place(|| plane.local_user_ids())

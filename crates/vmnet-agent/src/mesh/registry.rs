@@ -57,7 +57,7 @@ impl Mesh {
                 "this agent registers no VMs (it needs --mesh-bpf-root and --mesh-address)",
             )
         })?;
-        l.converge(p, vms).await
+        l.converge(p, &self.nl, vms).await
     }
 
     /// Listens for registration changes on a PostgreSQL store and re-reads them at each one.

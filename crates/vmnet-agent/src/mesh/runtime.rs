@@ -97,7 +97,7 @@ pub struct Mesh {
     private: WgKey,
     public: WgKey,
     daemon: Daemon,
-    nl: rtnetlink::Handle,
+    pub(super) nl: rtnetlink::Handle,
     lock: Mutex<()>,
     mtu: AtomicU32,
     starts: AtomicU64,

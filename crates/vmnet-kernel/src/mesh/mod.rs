@@ -36,6 +36,7 @@
 //! **Fail closed**: a mesh destination not in the locations map, a veth without a local VM
 //! entry, an unregistered inner source on wg0: dropped and counted ([`DROP_REASONS`]).
 
+pub mod filter;
 mod maps;
 mod plane;
 pub mod route;

@@ -488,6 +488,30 @@ impl MeshPlane {
         })
     }
 
+    /// The kernel's id of this plane's VM-side program (`mesh_from_vm`): what a VM's filter
+    /// runs when this plane attached it ([`super::filter::filter_program`] reads a filter's).
+    ///
+    /// # Errors
+    /// [`MeshError::Invalid`] when the program is not loaded.
+    pub fn vm_program_id(&self) -> Result<u32, MeshError> {
+        let bpf = self.lock();
+        let prog: &SchedClassifier = bpf
+            .program(FROM_VM)
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| MeshError::Invalid(format!("no program {FROM_VM}")))?;
+        prog.info()
+            .map(|i| i.id())
+            .map_err(|e| MeshError::Invalid(format!("{FROM_VM}: {e}")))
+    }
+
+    /// The ifindex of device `dev` in the plane's namespace.
+    ///
+    /// # Errors
+    /// [`MeshError::NoDevice`].
+    pub fn device_index(&self, dev: &str) -> Result<u32, MeshError> {
+        self.ifindex(dev)
+    }
+
     /// Attaches the VM-side program to the ingress of host veth end `veth` (replacing ours if
     /// present, next to any other filter).
     ///
