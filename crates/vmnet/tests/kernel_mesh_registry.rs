@@ -2,9 +2,9 @@
 //! hosts, each with `vmnet serve --mesh --mesh-bpf-root DIR --mesh-registry URL`, all sharing one
 //! throwaway PostgreSQL database (the test cluster on its unix socket). VMs are created through
 //! `PUT /v1/vms` (namespace mode, a simulated guest behind each tap); nothing writes the maps but
-//! the agents. Checked: same tenant across hosts (TCP, UDP, ICMPv6 both ways), another tenant
-//! dropped and counted on both hosts, a registration reaching the peers within 1 s (measured), a
-//! VM moved from host B to host C located at C within 1 s and reached there, with nothing of it
+//! the agents. Checked: same tenant across hosts (TCP, UDP, ICMPv6 both ways; a capture on the
+//! private network sees no VM address in clear), another tenant dropped and counted on both
+//! hosts, a registration reaching the peers within 1 s (measured), a VM moved from host B to host C located at C within 1 s and reached there, with nothing of it
 //! left on B; a TCP stream across hosts flowing through an agent restart, and through a swap
 //! of a host's filters to another build of the programs and its agent's restart back; a second
 //! claim of one mesh address refused by the agent (`CONFLICT`), and one that got in anyway
@@ -25,6 +25,7 @@ use vmnet_agent::status::VmView;
 use vmnet_kernel::mesh::MeshPlane;
 use vmnet_testkit::mesh_lab::BpffsMount;
 use vmnet_testkit::postgres::PgCluster;
+use vmnet_testkit::probe::Capture;
 use vmnet_testkit::{netns, traffic};
 
 const T: Duration = Duration::from_secs(2);
@@ -155,11 +156,29 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
             p.locations()
         );
     }
+    // A capture on the private network (each host's port on its bridge) while they talk: the
+    // tunnel's UDP is there, no VM address in clear.
+    let private = m.fleet.private_ns();
+    let caps: Vec<Capture> = [a, b]
+        .iter()
+        .map(|n| Capture::start(&private, &format!("h{}", n.host.index)).expect("capture"))
+        .collect();
     for (x, y) in [(&a1, &b1), (&b1, &a1), (&a2, &b2), (&b2, &a2)] {
         assert!(tcp(x, y), "tcp {} -> {}\n{}", x.mesh, y.mesh, a.logs());
         assert!(udp(x, y), "udp {} -> {}", x.mesh, y.mesh);
         assert!(ping(x, y), "icmpv6 {} -> {}", x.mesh, y.mesh);
     }
+    let frames: Vec<Vec<u8>> = caps.iter().flat_map(Capture::frames).collect();
+    assert!(frames.len() >= 12, "captured {} frames", frames.len());
+    for v in all {
+        let octets = v.mesh.octets();
+        assert!(
+            !frames.iter().any(|f| f.windows(16).any(|w| w == octets)),
+            "{} in clear on the private network",
+            v.mesh
+        );
+    }
+    drop(caps);
     let (ta, tb) = (drops(a, "tenant").await, drops(b, "tenant").await);
     for (x, y) in [(&a1, &b2), (&b2, &a1), (&a2, &b1), (&b1, &a2)] {
         assert!(!tcp(x, y), "another tenant: tcp {} -> {}", x.mesh, y.mesh);
