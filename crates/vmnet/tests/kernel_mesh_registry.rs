@@ -3,16 +3,16 @@
 //! throwaway PostgreSQL database (the test cluster on its unix socket). VMs are created through
 //! `PUT /v1/vms` (namespace mode, a simulated guest behind each tap); nothing writes the maps but
 //! the agents. Checked: same tenant across hosts (TCP, UDP, ICMPv6 both ways; a capture on the
-//! private network sees no VM address in clear), another tenant dropped and counted on both
-//! hosts, a registration reaching the peers within 1 s (measured), a VM moved from host B to
-//! host C located at C within 1 s and reached there, with nothing of it left on B; a TCP stream across hosts flowing through an agent restart, and through a swap
-//! of a host's filters to another build of the programs and its agent's restart back; a second
-//! claim of one mesh address refused by the agent (`CONFLICT`), and one that got in anyway
-//! losing everywhere (the oldest claim stays in force, the conflict is reported); a VM's filter
-//! deleted by hand found missing and attached again by the next pass; `vmnet mesh vm sync`
-//! restoring a host's rows deleted from the store by hand; a stream through a `kill -9` of an
-//! agent; and PostgreSQL stopped for 10 s (the stream flows, an agent starts during the outage,
-//! a VM made then is known on the other hosts once it is back).
+//! private network sees no VM address in clear), another tenant dropped and counted on both hosts,
+//! a registration reaching the peers within 1 s (measured), a VM moved from host B to host C
+//! located at C within 1 s and reached there, with nothing of it left on B; a TCP stream across
+//! hosts flowing through an agent restart, and through a swap of a host's filters to another build
+//! of the programs and its agent's restart back; a second claim of one mesh address refused by the
+//! agent (`CONFLICT`), and one that got in anyway losing everywhere (the oldest claim stays in
+//! force, the conflict is reported); a VM's filter deleted by hand found missing and attached again
+//! by the next pass; `vmnet mesh vm sync` restoring a host's rows deleted from the store by hand; a
+//! stream through a `kill -9` of an agent; and PostgreSQL stopped for 10 s (the stream flows, an
+//! agent starts during the outage, a VM made then is known on the other hosts once it is back).
 
 mod mesh_support;
 
