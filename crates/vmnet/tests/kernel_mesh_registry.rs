@@ -406,9 +406,9 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
         planes[1].locations()
     );
 
-    // a1's VM-side filter deleted by hand: the agent's next full pass (here
-    // `vmnet mesh vm sync`, the same step) finds the filter missing, attaches it and logs the
-    // repair; a pass that finds it in place leaves it alone (same program id).
+    // a1's VM-side filter deleted by hand: the agent's next full pass (every second here) finds
+    // it missing, attaches it and logs the repair; a pass that finds it in place (and `vmnet
+    // mesh vm sync`, the same step) leaves it alone: the same program id stays.
     let a1_veth = m.nodes[0]
         .client()
         .get::<VmView>("/v1/vms/a1")
@@ -428,16 +428,14 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
     )
     .expect("delete a1's filter");
     assert_eq!(filter_prog_id(&a_ns, &a1_veth), None, "deleted");
-    let sync = || {
-        std::process::Command::new(mesh_support::VMNET)
-            .arg("--socket")
-            .arg(m.nodes[0].dir.join("vmnet.sock"))
-            .args(["mesh", "vm", "sync"])
-            .output()
-            .expect("vmnet mesh vm sync")
-    };
-    assert!(sync().status.success());
-    let back = filter_prog_id(&a_ns, &a1_veth).expect("the pass attached a1's filter again");
+    let repaired = within(Duration::from_secs(3), || {
+        filter_prog_id(&a_ns, &a1_veth).is_some()
+    });
+    assert!(
+        repaired.is_some(),
+        "the next pass attached a1's filter again"
+    );
+    let back = filter_prog_id(&a_ns, &a1_veth);
     assert!(
         m.nodes[0]
             .logs()
@@ -445,11 +443,18 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
         "the repair is logged"
     );
     assert!(tcp(&a1, &b1), "a1 -> b1 after the repair");
-    assert!(sync().status.success());
+    let out = std::process::Command::new(mesh_support::VMNET)
+        .arg("--socket")
+        .arg(m.nodes[0].dir.join("vmnet.sock"))
+        .args(["mesh", "vm", "sync"])
+        .output()
+        .expect("vmnet mesh vm sync");
+    assert!(out.status.success());
+    std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
         filter_prog_id(&a_ns, &a1_veth),
-        Some(back),
-        "a filter in place is left alone"
+        back,
+        "a filter in place is left alone by passes and syncs"
     );
 
     // `kill -9` of A's agent under a stream from a1 to b1: forwarding lives in the kernel (the
