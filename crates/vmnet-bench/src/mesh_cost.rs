@@ -6,7 +6,8 @@
 //! belongs to the path it names.
 //!
 //! Cases: on host A, a VM's packet to a VM on host B (encapsulated), to a VM of another tenant
-//! (dropped), to an address outside the mesh (the host's route lookup, passed on); on host B,
+//! (dropped), to an address outside the mesh (passed on to the host's routes at once; and, for a
+//! VM with a route via a gateway VM, after the host's route lookup); on host B,
 //! an encapsulated packet from host A's side for a local VM (checked, decapsulated,
 //! redirected). The decapsulation case's sender is a registration of host `fdaa:0:86dd::1`
 //! (see [`vmnet_kernel::mesh::Side`] on why its address has those bytes).
@@ -14,9 +15,9 @@
 use std::net::Ipv6Addr;
 use std::time::Duration;
 
-use vmnet_kernel::mesh::{Location, MeshPlane, Side};
+use vmnet_kernel::mesh::{LocalVm, Location, MeshPlane, Side};
 use vmnet_model::Error;
-use vmnet_sandbox::mesh_lab::{LabVm, MeshLab};
+use vmnet_sandbox::mesh_lab::{LabVm, MeshLab, VM_LL};
 use vmnet_sandbox::netns;
 
 /// Single-packet runs per case.
@@ -196,8 +197,31 @@ pub fn run(lab: &MeshLab, a: &LabVm, c: &LabVm) -> Result<Vec<CostRow>, Error> {
         &a.veth,
         &out,
         UNSPEC,
-        "VM to outside the mesh: route lookup",
+        "VM to outside the mesh: no gateway route",
     )?);
+    let with_gateway = |routes_via_mesh| LocalVm {
+        user_id: a.user_id,
+        veth: a.veth.clone(),
+        tenant: a.tenant,
+        mesh: a.mesh,
+        via: VM_LL,
+        routes_via_mesh,
+    };
+    h0.plane
+        .put_local(&with_gateway(true))
+        .map_err(err("local vm"))?;
+    let looked_up = measure(
+        &h0.plane,
+        Side::FromVm,
+        &a.veth,
+        &out,
+        UNSPEC,
+        "VM with a gateway route to outside: route lookup",
+    );
+    h0.plane
+        .put_local(&with_gateway(false))
+        .map_err(err("local vm"))?;
+    rows.push(looked_up?);
 
     let remote = Location {
         host: SENDER,

@@ -134,6 +134,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mesh_veths SEC(".maps");
 
+// mesh_via_vms: user ids of the local VMs with a route via a mesh address (a gateway VM). Only
+// their packets to outside the mesh ask the host's routing (bpf_fib_lookup) for a gateway; every
+// other VM's internet traffic is left to the host's routes without that cost.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_via_vms SEC(".maps");
+
 // mesh_whitelist: the prefixes (`POST /v1/sync`'s whitelist) whose tenant-0 VMs cross tenants.
 struct lpm6 {
 	__u32 prefixlen;
@@ -299,6 +310,8 @@ static __always_inline int from_vm_outside_mesh(struct __sk_buff *skb, struct ip
 		return TC_ACT_UNSPEC;
 	struct dest *d = block_owner(daddr);
 	if (!d) {
+		if (!bpf_map_lookup_elem(&mesh_via_vms, uid))
+			return TC_ACT_UNSPEC; // no route via a gateway VM: the host's routes decide
 		struct bpf_fib_lookup fib = {};
 		fib.family = AF_INET6;
 		fib.ifindex = ifindex;

@@ -432,6 +432,8 @@ pub fn add_vm(
             tenant,
             mesh,
             via: VM_LL,
+            // The lab's VMs route only the mesh range: no gateway lookups.
+            routes_via_mesh: false,
         })
         .map_err(unexpected("local vm"))?;
     let loc = Location {

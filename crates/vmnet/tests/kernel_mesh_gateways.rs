@@ -192,6 +192,13 @@ async fn gateway_vms_and_public_blocks_are_reached_across_hosts() {
         plane_a.blocks(),
         plane_a.gateways()
     );
+    // Only v and w (a route via the gateway's mesh address) have their packets to outside the
+    // mesh looked up in A's routing; u's go to the host's routes without that cost.
+    assert_eq!(
+        plane_a.via_user_ids().expect("via map"),
+        [1, 2].into_iter().collect(),
+        "A's VMs with a route via a mesh address"
+    );
 
     // The gateway on B carries 2000::/3 for v on A: the probe answers, and sees v's address.
     let from_v = Some(IpAddr::V6(v.mesh));

@@ -75,6 +75,8 @@ pub struct LocalReg {
     pub public_block: Option<Ipv6Net>,
     /// Whether it routes `::/0` via the host.
     pub gateway: bool,
+    /// Whether it has a route via a mesh address (a gateway VM).
+    pub routes_via_mesh: bool,
 }
 
 impl LocalReg {
@@ -90,6 +92,11 @@ impl LocalReg {
             veth: veth.host_name.clone(),
             public_block: cfg.public_ipv6_block(),
             gateway: cfg.default_v6_via_host(),
+            routes_via_mesh: cfg
+                .network
+                .routes
+                .iter()
+                .any(|r| matches!(r.via, vmnet_model::vm::Via::Mesh(_))),
         })
     }
 
@@ -112,6 +119,7 @@ impl LocalReg {
             tenant: self.tenant,
             mesh: self.mesh,
             via: PEER_LINK_LOCAL,
+            routes_via_mesh: self.routes_via_mesh,
         }
     }
 }

@@ -52,6 +52,7 @@ pub(super) const CONFIG: &str = "mesh_config";
 pub(super) const DESTS: &str = "mesh_dests";
 pub(super) const LOCAL_VMS: &str = "mesh_local_vms";
 pub(super) const VETHS: &str = "mesh_veths";
+pub(super) const VIA_VMS: &str = "mesh_via_vms";
 pub(super) const WHITELIST: &str = "mesh_whitelist";
 pub(super) const BLOCKS: &str = "mesh_blocks";
 pub(super) const GATEWAYS: &str = "mesh_gateways";

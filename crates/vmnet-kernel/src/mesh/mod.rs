@@ -101,6 +101,9 @@ pub struct LocalVm {
     pub mesh: Ipv6Addr,
     /// The next hop towards it on the veth (the peer end's link-local address).
     pub via: Ipv6Addr,
+    /// Whether it has a route via a mesh address (a gateway VM): only then does the data plane
+    /// ask the host's routing where its packets to outside the mesh go (map `mesh_via_vms`).
+    pub routes_via_mesh: bool,
 }
 
 /// The largest user id the flow label carries.

@@ -241,6 +241,13 @@ impl MeshPlane {
             via: octets(vm.via),
         };
         self.hash::<u32, Local, _>(maps::LOCAL_VMS, |m| m.insert(vm.user_id, v, 0))?;
+        self.hash::<u32, u8, _>(maps::VIA_VMS, |m| {
+            if vm.routes_via_mesh {
+                m.insert(vm.user_id, 1, 0)
+            } else {
+                ignore_missing(m.remove(&vm.user_id))
+            }
+        })?;
         self.hash::<u32, u32, _>(maps::VETHS, |m| m.insert(ifindex, vm.user_id, 0))
     }
 
@@ -250,6 +257,15 @@ impl MeshPlane {
     /// A map error.
     pub fn local_user_ids(&self) -> Result<BTreeSet<u32>, MeshError> {
         self.hash::<u32, Local, _>(maps::LOCAL_VMS, |m| m.keys().collect())
+    }
+
+    /// The user ids of the local VMs with a route via a mesh address (map `mesh_via_vms`),
+    /// sorted.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn via_user_ids(&self) -> Result<BTreeSet<u32>, MeshError> {
+        self.hash::<u32, u8, _>(maps::VIA_VMS, |m| m.keys().collect())
     }
 
     /// Removes local VM `user_id` (and its veth entry); a missing one is fine.
@@ -270,6 +286,7 @@ impl MeshPlane {
                 }
             })?;
         }
+        self.hash::<u32, u8, _>(maps::VIA_VMS, |m| ignore_missing(m.remove(&user_id)))?;
         self.hash::<u32, Local, _>(maps::LOCAL_VMS, |m| ignore_missing(m.remove(&user_id)))
     }
 
