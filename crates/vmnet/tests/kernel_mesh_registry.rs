@@ -409,15 +409,6 @@ async fn agents_register_vms_and_the_mesh_carries_their_traffic() {
     // a1's VM-side filter deleted by hand: the agent's next full pass (every second here) finds
     // it missing, attaches it and logs the repair; a pass that finds it in place (and `vmnet
     // mesh vm sync`, the same step) leaves it alone: the same program id stays.
-    let a1_veth = m.nodes[0]
-        .client()
-        .get::<VmView>("/v1/vms/a1")
-        .await
-        .expect("get a1")
-        .status
-        .veth_host
-        .expect("a1 has a veth");
-    let a_ns = m.nodes[0].host.ns.clone();
     netns::exec(
         &a_ns,
         "tc",

@@ -30,7 +30,7 @@ impl Agent {
     /// `CONFLICT` when another host registered `cfg`'s mesh address first (spec "Atlas WG
     /// Mesh": one mesh address, one VM in the fleet). Read from the registrations the agent last
     /// read (refreshed on every PostgreSQL notification and every full pass), so it adds no
-    /// store round trip to a PUT.
+    /// store round trip to a PUT, except to confirm a conflict it finds.
     ///
     /// # Errors
     /// `CONFLICT` naming the address and the host that holds it.
@@ -38,9 +38,18 @@ impl Agent {
         let (Some(m), Some(mesh)) = (self.mesh.get(), cfg.mesh_ipv6) else {
             return Ok(());
         };
-        let Some((loc, _)) = m.located() else {
+        let Some((loc, plane)) = m.located() else {
             return Ok(());
         };
+        if loc.claimed_elsewhere(mesh).await.is_none() {
+            return Ok(());
+        }
+        // The claim may be gone already (a VM moved here from that host, its removal not yet
+        // read): read the registrations again before refusing. A store that cannot be read
+        // leaves the answer from the last read.
+        if let Err(e) = loc.refresh(plane).await {
+            tracing::warn!(vm = %cfg.id, "mesh: re-reading the registrations failed: {}", e.message);
+        }
         match loc.claimed_elsewhere(mesh).await {
             Some(host) => Err(Error::conflict(format!(
                 "vm {}: mesh_ipv6 {mesh} is registered by host {host} (another VM of the \

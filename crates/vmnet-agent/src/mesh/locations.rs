@@ -44,85 +44,19 @@ use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex as StdMutex, OnceLock};
 
-use ipnet::Ipv6Net;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use vmnet_ipam::Db;
 use vmnet_ipam::mesh_vms::{self, Conflict, MeshVmRow, Replaced};
-use vmnet_kernel::mesh::{LocalVm, Location, MeshError, MeshPlane};
+use vmnet_kernel::mesh::{Location, MeshError, MeshPlane};
 use vmnet_model::Error;
-use vmnet_model::vm::VmConfig;
-use vmnet_plan::ns::PEER_LINK_LOCAL;
-use vmnet_plan::ns::VmPlan;
 
 use super::dataplane::unavailable;
+pub use super::localvm::LocalReg;
+use super::localvm::{FilterState, filter_state};
 use super::wanted::{blocks_of, gateways_of, locations_of, set_locations};
 use crate::agent::store_tx;
 use crate::status::now_ms;
-
-/// One VM of this host as the mesh registers it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalReg {
-    /// Its mesh address.
-    pub mesh: Ipv6Addr,
-    /// Its user id.
-    pub user_id: u32,
-    /// Its tenant.
-    pub tenant: u32,
-    /// The host end of its veth pair.
-    pub veth: String,
-    /// Its public IPv6 block, if any.
-    pub public_block: Option<Ipv6Net>,
-    /// Whether it routes `::/0` via the host.
-    pub gateway: bool,
-    /// Whether it has a route via a mesh address (a gateway VM).
-    pub routes_via_mesh: bool,
-}
-
-impl LocalReg {
-    /// The registration of a VM applied as `plan` from `cfg`; `None` for a VM without a mesh
-    /// address (no veth pair).
-    #[must_use]
-    pub fn of(cfg: &VmConfig, plan: &VmPlan) -> Option<Self> {
-        let veth = plan.veth.as_ref()?;
-        Some(Self {
-            mesh: cfg.mesh_ipv6?,
-            user_id: cfg.user_id,
-            tenant: cfg.tenant,
-            veth: veth.host_name.clone(),
-            public_block: cfg.public_ipv6_block(),
-            gateway: cfg.default_v6_via_host(),
-            routes_via_mesh: cfg
-                .network
-                .routes
-                .iter()
-                .any(|r| matches!(r.via, vmnet_model::vm::Via::Mesh(_))),
-        })
-    }
-
-    fn row(&self, host: Ipv6Addr, registered_at: i64) -> MeshVmRow {
-        MeshVmRow {
-            host: host.to_string(),
-            mesh_address: self.mesh.to_string(),
-            user_id: self.user_id,
-            tenant: self.tenant,
-            public_block: self.public_block.map(|b| b.to_string()),
-            gateway: self.gateway,
-            registered_at,
-        }
-    }
-
-    fn local(&self) -> LocalVm {
-        LocalVm {
-            user_id: self.user_id,
-            veth: self.veth.clone(),
-            tenant: self.tenant,
-            mesh: self.mesh,
-            via: PEER_LINK_LOCAL,
-            routes_via_mesh: self.routes_via_mesh,
-        }
-    }
-}
 
 /// `GET /v1/mesh`'s `registrations`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,17 +98,6 @@ struct State {
     /// Whether a full pass set `locals`.
     seeded: bool,
     conflicts: Vec<Conflict>,
-}
-
-/// What a VM's host veth filter was found running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FilterState {
-    /// This plane's VM-side program.
-    Ours,
-    /// No mesh filter.
-    Missing,
-    /// Another program (a previous agent's), or it could not be read.
-    Other,
 }
 
 /// This host's VM registrations and the locations the data plane holds.
@@ -270,25 +193,6 @@ impl Locations {
             plane.put_local(&l.local())
         })
         .map_err(|e| plane_err(&e))
-    }
-
-    /// What VM `vm`'s host veth filter runs, read from the kernel (`ours`: this plane's program
-    /// id). A failed read counts as another program (the caller re-attaches).
-    async fn vm_filter(
-        &self,
-        plane: &MeshPlane,
-        nl: &rtnetlink::Handle,
-        vm: &LocalReg,
-        ours: u32,
-    ) -> FilterState {
-        let Ok(index) = tokio::task::block_in_place(|| plane.device_index(&vm.veth)) else {
-            return FilterState::Other;
-        };
-        match vmnet_kernel::mesh::filter::filter_program(nl, index).await {
-            Ok(Some(id)) if id == ours => FilterState::Ours,
-            Ok(None) => FilterState::Missing,
-            Ok(Some(_)) | Err(_) => FilterState::Other,
-        }
     }
 
     /// The host that holds `mesh` by an older claim than this host's (from the last read of the
@@ -419,7 +323,7 @@ impl Locations {
         let ours =
             tokio::task::block_in_place(|| plane.vm_program_id()).map_err(|e| plane_err(&e))?;
         for vm in &vms {
-            match self.vm_filter(plane, nl, vm, ours).await {
+            match filter_state(plane, nl, &vm.veth, ours).await {
                 FilterState::Ours => {
                     tokio::task::block_in_place(|| plane.put_local(&vm.local()))
                         .map_err(|e| plane_err(&e))?;

@@ -7,6 +7,7 @@ pub mod conflicts;
 pub mod dataplane;
 pub mod keys;
 mod known;
+mod localvm;
 pub mod locations;
 pub mod plan;
 pub mod registry;
