@@ -113,8 +113,10 @@ pub async fn check(tx: &mut Tx, cfg: &VmConfig) -> Result<(), IpamError> {
     Ok(())
 }
 
-/// `INVALID_INPUT` when one of `cfg`'s public addresses is an address of the host itself, or its
-/// routed block holds one, as the driver finds them in the host's routing tables.
+/// `INVALID_INPUT` when one of `cfg`'s public addresses is one the host's own network needs
+/// (the gateway of one of its routes, a broadcast or subnet-router anycast address, the network
+/// address of its subnet), or an address of the host itself, or its routed block holds one, as
+/// the driver finds them in the host's routing tables.
 ///
 /// # Errors
 /// `INVALID_INPUT` naming the VM, the field and the address; the driver's error when the host
@@ -129,6 +131,21 @@ pub async fn check_host(
     let block = cfg.public_ipv6_block();
     if addrs.is_empty() && block.is_none() {
         return Ok(());
+    }
+    if let Some((a, why)) = driver
+        .uplink_reserved(&addrs)
+        .await
+        .map_err(|e| crate::api::error::from_ns(&e))?
+    {
+        let field = if a.is_ipv4() {
+            "public_ipv4"
+        } else {
+            "public_ipv6"
+        };
+        return Err(vmnet_model::Error::invalid(format!(
+            "vm {}: {field} {a} is {why}: no VM may hold it",
+            cfg.id
+        )));
     }
     let Some(held) = driver
         .host_address_in(&addrs, block)

@@ -117,12 +117,30 @@ pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
     check_name(&args.name)?;
     refuse_fleet_host(&args.name)?;
     let paths = Paths::new(&args.root, &args.name);
-    if !paths.dir.exists() && sandbox::owned(&args.name).is_empty() && !pg_dir(&args.name).exists()
-    {
+    let owned = sandbox::owned(&args.name);
+    // Without its state, a sandbox is known by namespaces only a sandbox makes (its host, its
+    // fake internet, its `x-` helpers). Names like `<name>n0042` alone are an agent's VMs, which
+    // may be any agent's whose --name-prefix is this name: never deleted here.
+    let sandbox_made = owned.iter().any(|n| {
+        n.strip_prefix(args.name.as_str())
+            .is_some_and(|rest| rest == "host" || rest == "inet" || rest.starts_with("x-"))
+    });
+    if !paths.dir.exists() && !sandbox_made && !pg_dir(&args.name).exists() {
+        let vms = if owned.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} namespaces named like an agent's VMs ({}) are left alone: remove those \
+                 VMs through their agent",
+                owned.len(),
+                owned.join(" ")
+            )
+        };
         return Err(Error::not_found(format!(
-            "no sandbox {} is up (no {} and no namespaces {}…)",
+            "no sandbox {} is up (no {}, no namespace {}host or {}inet){vms}",
             args.name,
             paths.dir.display(),
+            args.name,
             args.name
         )));
     }
@@ -138,9 +156,10 @@ pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
             for p in &report.stopped {
                 println!("stopped {p}");
             }
+            let n = report.namespaces.len();
             println!(
-                "deleted {} namespaces: {}",
-                report.namespaces.len(),
+                "deleted {n} namespace{}: {}",
+                if n == 1 { "" } else { "s" },
                 report.namespaces.join(" ")
             );
         }

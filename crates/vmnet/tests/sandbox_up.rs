@@ -398,4 +398,18 @@ fn prefix_related_sandboxes_are_neither_removed_nor_created() {
     assert_eq!(sandbox::leftovers(&long), Vec::<String>::new());
     drop(sb);
     assert_eq!(sandbox::leftovers(&short), Vec::<String>::new());
+
+    // The trial's other bug: an agent's VM namespace named `<short>n0042` (an agent run with
+    // --name-prefix <short>, no sandbox at all) was deleted by `down --name <short>`. Without a
+    // state directory or a namespace only a sandbox makes, `down` finds nothing and touches it
+    // not.
+    let vm_ns = format!("{short}n0042");
+    vmnet_testkit::netns::create(&vm_ns).expect("an agent's VM netns");
+    let down = vmnet(&["down", "--sandbox", "--name", &short, "--root", &root_s]);
+    let err = String::from_utf8_lossy(&down.stderr);
+    let kept = vmnet_testkit::netns::exists(&vm_ns);
+    let _ = vmnet_testkit::netns::delete(&vm_ns);
+    assert_eq!(down.status.code(), Some(3), "{err}");
+    assert!(err.contains(&vm_ns) && err.contains("left alone"), "{err}");
+    assert!(kept, "down deleted an agent's VM namespace");
 }

@@ -128,8 +128,9 @@ pub struct Own {
 /// # Errors
 /// `INVALID_INPUT` naming the peer (by index and key) or whitelist entry and the field.
 pub fn parse_sync(body: &[u8], own: &Own) -> Result<SyncBody, Error> {
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| Error::invalid(format!("sync body: {e}")))?;
+    // Strict: a peer with two `public_key`s (or any repeated key) is refused, not last-wins.
+    let value: serde_json::Value = vmnet_model::json::from_slice(body)
+        .map_err(|e| Error::invalid(format!("sync body: {e}")))?;
     if !value.is_object() {
         return Err(Error::invalid(
             "sync body: expected a JSON object {\"peers\": [...], \"whitelist\": [...]}",

@@ -166,3 +166,15 @@ fn a_body_that_is_not_an_object_is_refused_without_naming_internal_types() {
     let m = refused(&json!({"peers": [], "extra": 1}), "unknown field `extra`");
     assert!(!m.contains("RawSync"), "{m}");
 }
+
+#[test]
+fn a_peer_with_a_repeated_key_is_refused_not_last_wins() {
+    let body = format!(
+        r#"{{"peers": [{{"public_key": "{}", "public_key": "{}", "endpoint": "[fd00:10::2]:51820", "mesh_address": "fdaa::2"}}]}}"#,
+        key(2),
+        key(3)
+    );
+    let e = parse_sync(body.as_bytes(), &own()).expect_err("refused");
+    assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput, "{e}");
+    assert!(e.message.contains("duplicate key \"public_key\""), "{e}");
+}

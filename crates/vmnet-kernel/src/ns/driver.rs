@@ -492,6 +492,61 @@ impl NsDriver for NetlinkNsDriver {
         })
     }
 
+    fn uplink_reserved<'a>(
+        &'a self,
+        addrs: &'a [IpAddr],
+    ) -> BoxFuture<'a, Result<Option<(IpAddr, String)>, NsError>> {
+        Box::pin(async move {
+            for a in addrs {
+                use netlink_packet_route::route::RouteType;
+                let what = match routes::route_type(&self.host, *a).await? {
+                    Some(RouteType::Broadcast) => Some("a broadcast address"),
+                    Some(RouteType::Anycast) => Some("a subnet-router anycast address"),
+                    _ => None,
+                };
+                if let Some(what) = what {
+                    return Ok(Some((*a, format!("{what} of the host's network"))));
+                }
+                // Only an address on a subnet the host is on (a connected route, no gateway)
+                // can be its gateway or a subnet edge. A VM's own mapped address routes
+                // through a /32 or /128 of its own and never matches.
+                if let Some((net, None, oif)) = routes::fib_entry(&self.host, *a).await? {
+                    if let Some(dst) = routes::route_via(&self.host, oif, *a).await? {
+                        let what = if dst.prefix_len() == 0 {
+                            "the gateway of the host's default route".to_owned()
+                        } else {
+                            format!("the gateway of the host's route to {dst}")
+                        };
+                        return Ok(Some((*a, what)));
+                    }
+                    let why = match net {
+                        ipnet::IpNet::V4(n) if n.prefix_len() < 31 => {
+                            if IpAddr::V4(n.network()) == *a {
+                                Some(format!("the network address of the host's subnet {n}"))
+                            } else if IpAddr::V4(n.broadcast()) == *a {
+                                Some(format!("the broadcast address of the host's subnet {n}"))
+                            } else {
+                                None
+                            }
+                        }
+                        ipnet::IpNet::V6(n)
+                            if n.prefix_len() < 127 && IpAddr::V6(n.network()) == *a =>
+                        {
+                            Some(format!(
+                                "the subnet-router anycast address of the host's subnet {n}"
+                            ))
+                        }
+                        _ => None,
+                    };
+                    if let Some(why) = why {
+                        return Ok(Some((*a, why)));
+                    }
+                }
+            }
+            Ok(None)
+        })
+    }
+
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>> {
         Box::pin(self.observe_all())
     }

@@ -136,6 +136,19 @@ pub trait NsDriver: Send + Sync {
         self.remove(user_id)
     }
 
+    /// The first of `addrs` that the host's own network needs, with why: the gateway of its
+    /// default route, or the network or broadcast address of a subnet it is on (IPv6: the
+    /// subnet-router anycast address). A VM given it as a public address would capture the
+    /// host's route to the internet, or an address no host may hold. `None` for a driver that
+    /// does not manage a host.
+    fn uplink_reserved<'a>(
+        &'a self,
+        addrs: &'a [std::net::IpAddr],
+    ) -> BoxFuture<'a, Result<Option<(std::net::IpAddr, String)>, NsError>> {
+        let _ = addrs;
+        Box::pin(async { Ok(None) })
+    }
+
     /// What exists on the host with our prefix, by user id.
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>>;
 

@@ -248,6 +248,12 @@ pub(super) async fn del_route(h: &Handle, r: &KRoute, whereis: &str) -> Result<(
 
 /// Whether `addr` is an address of this namespace (`ip route get` answers a local route).
 pub(super) async fn is_local(h: &Handle, addr: IpAddr) -> Result<bool, NsError> {
+    Ok(route_type(h, addr).await? == Some(RouteType::Local))
+}
+
+/// The type of the route `ip route get` answers for `addr` (local, broadcast, unicast…), or
+/// `None` when nothing routes it.
+pub(super) async fn route_type(h: &Handle, addr: IpAddr) -> Result<Option<RouteType>, NsError> {
     let mut m = RouteMessage::default();
     match addr {
         IpAddr::V4(a) => {
@@ -265,16 +271,14 @@ pub(super) async fn is_local(h: &Handle, addr: IpAddr) -> Result<bool, NsError> 
     }
     let res: Result<Vec<RouteMessage>, _> = h.route().get(m).execute().try_collect().await;
     match res {
-        Ok(msgs) => Ok(msgs
-            .first()
-            .is_some_and(|m| m.header.kind == RouteType::Local)),
+        Ok(msgs) => Ok(msgs.first().map(|m| m.header.kind)),
         Err(e)
             if matches!(
                 errno(&e),
                 Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ESRCH)
             ) =>
         {
-            Ok(false)
+            Ok(None)
         }
         Err(e) => Err(nl(format!("route get {addr}"))(e)),
     }
@@ -308,12 +312,71 @@ pub(super) async fn fib_match(
     h: &Handle,
     addr: Ipv6Addr,
 ) -> Result<Option<(IpNet, Option<IpAddr>, u32)>, NsError> {
+    fib_entry(h, IpAddr::V6(addr)).await
+}
+
+/// The destination of the first main-table route out of link `oif` whose gateway is `gw`, of
+/// any protocol (a default route `ip route add` made, a DHCP client's…), or `None`. A dump
+/// filtered by the kernel to `oif` on a strict socket.
+pub(super) async fn route_via(h: &Handle, oif: u32, gw: IpAddr) -> Result<Option<IpNet>, NsError> {
     let mut m = RouteMessage::default();
-    m.header.address_family = AddressFamily::Inet6;
-    m.header.destination_prefix_length = 128;
-    m.header.flags.insert(RouteFlags::FibMatch);
+    m.header.address_family = match gw {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    };
     m.attributes
-        .push(RouteAttribute::Destination(RouteAddress::Inet6(addr)));
+        .push(RouteAttribute::Table(vmnet_plan::ns::MAIN_TABLE));
+    m.attributes.push(RouteAttribute::Oif(oif));
+    let found: Vec<IpNet> = h
+        .route()
+        .get(m)
+        .execute()
+        .try_filter_map(|msg| {
+            let via = msg
+                .attributes
+                .iter()
+                .any(|a| matches!(a, RouteAttribute::Gateway(g) if route_ip(g) == Some(gw)));
+            let dst = msg
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    RouteAttribute::Destination(d) => route_ip(d),
+                    _ => None,
+                })
+                .unwrap_or(match gw {
+                    IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                    IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                });
+            let net = IpNet::new(dst, msg.header.destination_prefix_length).ok();
+            std::future::ready(Ok(net.filter(|_| via)))
+        })
+        .try_collect()
+        .await
+        .map_err(nl("dump routes via a gateway"))?;
+    Ok(found.into_iter().next())
+}
+
+/// [`fib_match`] for either family.
+pub(super) async fn fib_entry(
+    h: &Handle,
+    addr: IpAddr,
+) -> Result<Option<(IpNet, Option<IpAddr>, u32)>, NsError> {
+    let mut m = RouteMessage::default();
+    match addr {
+        IpAddr::V4(a) => {
+            m.header.address_family = AddressFamily::Inet;
+            m.header.destination_prefix_length = 32;
+            m.attributes
+                .push(RouteAttribute::Destination(RouteAddress::Inet(a)));
+        }
+        IpAddr::V6(a) => {
+            m.header.address_family = AddressFamily::Inet6;
+            m.header.destination_prefix_length = 128;
+            m.attributes
+                .push(RouteAttribute::Destination(RouteAddress::Inet6(a)));
+        }
+    }
+    m.header.flags.insert(RouteFlags::FibMatch);
     let res: Result<Vec<RouteMessage>, _> = h.route().get(m).execute().try_collect().await;
     let msgs = match res {
         Ok(m) => m,
@@ -333,7 +396,11 @@ pub(super) async fn fib_match(
     if m.header.kind != RouteType::Unicast {
         return Ok(None);
     }
-    let (mut dst, mut gw, mut oif) = (IpAddr::V6(Ipv6Addr::UNSPECIFIED), None, None);
+    let unspecified = match addr {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    let (mut dst, mut gw, mut oif) = (unspecified, None, None);
     for a in &m.attributes {
         match a {
             RouteAttribute::Destination(d) => dst = route_ip(d).unwrap_or(dst),

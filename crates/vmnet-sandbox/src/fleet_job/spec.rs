@@ -96,8 +96,9 @@ impl FleetSpec {
     /// `INVALID_INPUT` starting `fleet spec <file>: ` and naming the field.
     pub fn parse(file: &str, text: &str) -> Result<Self, ValidationError> {
         let bad = |m: String| ValidationError::rule(format!("fleet spec {file}: {m}"));
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        // Strict: a key given twice is refused, not last-wins.
+        let v: serde_json::Value = vmnet_model::json::from_slice(text.as_bytes())
+            .map_err(|e| bad(format!("not valid JSON: {e}")))?;
         if !v.is_object() {
             return Err(bad("must be a JSON object".into()));
         }
@@ -181,6 +182,10 @@ mod tests {
             ("[]".into(), "must be a JSON object"),
             ("{".into(), "not valid JSON"),
             (with(r#""fleet""#, r#""Fleet""#), "mode \"Fleet\""),
+            (
+                with(r#""mode": "fleet""#, r#""mode": "pool", "mode": "fleet""#),
+                "duplicate key \"mode\"",
+            ),
             (
                 with(r#""name": "host-2""#, r#""name": "host-1""#),
                 "hosts[1]: name \"host-1\" appears twice",

@@ -61,8 +61,9 @@ impl PoolSpec {
     /// `INVALID_INPUT` naming the file and the field.
     pub fn parse(file: &str, text: &str) -> Result<Self, ValidationError> {
         let bad = |m: String| ValidationError::rule(format!("pool spec {file}: {m}"));
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        // Strict: a key given twice (two "mode"s, two "pool"s) is refused, not last-wins.
+        let v: serde_json::Value = vmnet_model::json::from_slice(text.as_bytes())
+            .map_err(|e| bad(format!("not valid JSON: {e}")))?;
         if !v.is_object() {
             return Err(bad("must be a JSON object".into()));
         }
