@@ -3,6 +3,7 @@
 //! CAPACITY_UNAVAILABLE — plus reachability by policy, every spoof attempt, the drift gap and
 //! the teardown, expected and seen, all through the real agent.
 
+use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 #[test]
@@ -201,12 +202,21 @@ fn an_early_interrupt_leaves_nothing() {
             let name = vmnet_testkit::sandbox::unique_prefix(tag);
             let tmp = tempfile::tempdir().expect("tempdir");
             let root = tmp.path().display().to_string();
-            let child = Command::new(env!("CARGO_BIN_EXE_vmnet"))
-                .args(["up", "--sandbox", &spec, "--name", &name, "--root", &root])
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmnet"));
+            cmd.args(["up", "--sandbox", &spec, "--name", &name, "--root", &root])
                 .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("run vmnet");
+                .stderr(std::process::Stdio::piped());
+            // SIGINT at its default in the child, whatever this process inherited: a suite
+            // started in the background (`nohup`, `&` in a script) ignores it, and an `up`
+            // signalled before it installs its handler would then run to the end.
+            // SAFETY: between fork and exec only `signal`, which is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::signal(libc::SIGINT, libc::SIG_DFL);
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().expect("run vmnet");
             std::thread::sleep(std::time::Duration::from_millis(delay_ms));
             let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
             nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
