@@ -180,5 +180,30 @@ async fn bad_input_keeps_the_good_state_reachable() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A second agent on the same socket is refused before it touches anything: given a
+    // database it cannot reach, it still answers with the socket conflict (the trial saw a
+    // refused agent replace the pinned activity program before it refused).
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .arg("--socket")
+        .arg(dir.join("vmnet.sock"))
+        .args([
+            "--database-url",
+            "postgres://nobody@localhost/none?host=/nonexistent-vmnet-test",
+            "serve",
+            "--netns",
+            &sb.host(),
+        ])
+        .output()
+        .expect("a second agent");
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{err}");
+    assert!(
+        err.contains("another agent is listening on it"),
+        "refused for the socket first: {err}"
+    );
+    client
+        .get::<Vec<VmView>>("/v1/vms")
+        .await
+        .expect("the first agent still answers");
     assert!(agent.sigterm().expect("SIGTERM the agent").success());
 }

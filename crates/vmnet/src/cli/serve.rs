@@ -253,6 +253,9 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         Some(addr) => Some(server::bind_tcp(addr).await.map_err(from_server)?),
         None => None,
     };
+    // The socket first: a second agent for the same socket is refused before it touches
+    // anything (the trial saw a refused agent replace the pinned activity program first).
+    let unix = server::bind_unix(&g.socket).await.map_err(from_server)?;
     let db = Db::connect(&g.database_url()).await.map_err(from_ipam)?;
     let mut driver = NetlinkNsDriver::new(settings.clone(), None).map_err(|e| from_ns(&e))?;
     let recorder = match &args.activity_root {
@@ -282,7 +285,6 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
             args.metadata_version,
         ))?;
     }
-    let unix = server::bind_unix(&g.socket).await.map_err(from_server)?;
     tracing::info!(
         socket = %g.socket.display(),
         listen = ?args.listen,
