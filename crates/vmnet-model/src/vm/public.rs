@@ -153,13 +153,21 @@ pub(super) fn check_ipv6(net: Ipv6Net) -> Result<(), String> {
             net.trunc()
         ));
     }
+    let too_large = || {
+        format!(
+            "{net} is larger than a /{MAX_BLOCK_PREFIX}; a VM's routed block is at most a /{MAX_BLOCK_PREFIX}"
+        )
+    };
+    // A huge prefix (`::/0`, `::/1`) overlaps some special range whatever it is: its size is
+    // the mistake to name. A smaller one is named by the range it lies in, if any.
+    if net.prefix_len() < 8 {
+        return Err(too_large());
+    }
     if let Some(m) = ipv6_refusal(net) {
         return Err(m);
     }
     if net.prefix_len() < MAX_BLOCK_PREFIX {
-        return Err(format!(
-            "{net} is larger than a /{MAX_BLOCK_PREFIX}; a VM's routed block is at most a /{MAX_BLOCK_PREFIX}"
-        ));
+        return Err(too_large());
     }
     Ok(())
 }

@@ -189,7 +189,6 @@ fn rule_public_ipv6_is_global_unicast() {
             "::ffff:203.0.113.1",
             "::ffff:203.0.113.1 lies in the IPv4-mapped range ::ffff:0:0/96",
         ),
-        ("::/0", "::/0 overlaps the mesh range fdaa::/16"),
         ("100::1", "100::1 lies in the discard-only range 100::/64"),
         (
             "2001::1",
@@ -268,4 +267,13 @@ fn validate_checks_a_struct_built_by_hand() {
             .message()
             .contains("not canonical")
     );
+}
+
+#[test]
+fn a_huge_ipv6_prefix_is_named_by_its_size() {
+    let e = err(&cfg(
+        r#","public_ipv6":"::/0""#,
+        r#"{"destination":"::/0","via":"host"}"#,
+    ));
+    assert!(e.contains("::/0 is larger than a /48"), "{e}");
 }
