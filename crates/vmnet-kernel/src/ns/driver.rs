@@ -365,7 +365,12 @@ impl NetlinkNsDriver {
                 );
             }
         }
+        // A per-VM routing table carries no prefix (it is numbered by user id): it counts as
+        // ours only beside an object that carries ours (its netns, veth or rule), so an agent
+        // with another prefix in the same namespace never finds its tables orphaned here. A
+        // table left alone (no rule selects it any more) routes nothing.
         let base = self.settings.host_table_base;
+        let mut tables: BTreeSet<u32> = BTreeSet::new();
         for v in [IpVersion::V4, IpVersion::V6] {
             for r in routes::dump_routes(&self.host, v, None, None).await? {
                 if let Some(uid) = r
@@ -373,8 +378,13 @@ impl NetlinkNsDriver {
                     .checked_sub(base)
                     .filter(|u| *u <= vmnet_model::vm::MAX_USER_ID)
                 {
-                    entry(&mut by_uid, uid);
+                    tables.insert(uid);
                 }
+            }
+        }
+        for uid in tables {
+            if by_uid.contains_key(&uid) {
+                entry(&mut by_uid, uid);
             }
         }
         // A VM whose netns and veth pair are gone (removed by hand, or by a reboot) while its
