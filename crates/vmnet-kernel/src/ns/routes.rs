@@ -251,9 +251,8 @@ pub(super) async fn is_local(h: &Handle, addr: IpAddr) -> Result<bool, NsError> 
     Ok(route_type(h, addr).await? == Some(RouteType::Local))
 }
 
-/// The type of the route `ip route get` answers for `addr` (local, broadcast, unicast…), or
-/// `None` when nothing routes it.
-pub(super) async fn route_type(h: &Handle, addr: IpAddr) -> Result<Option<RouteType>, NsError> {
+/// An `ip route get` request for `addr` (a full-length destination of its family).
+fn get_message(addr: IpAddr) -> RouteMessage {
     let mut m = RouteMessage::default();
     match addr {
         IpAddr::V4(a) => {
@@ -269,6 +268,13 @@ pub(super) async fn route_type(h: &Handle, addr: IpAddr) -> Result<Option<RouteT
                 .push(RouteAttribute::Destination(RouteAddress::Inet6(a)));
         }
     }
+    m
+}
+
+/// The type of the route `ip route get` answers for `addr` (local, broadcast, unicast…), or
+/// `None` when nothing routes it.
+pub(super) async fn route_type(h: &Handle, addr: IpAddr) -> Result<Option<RouteType>, NsError> {
+    let m = get_message(addr);
     let res: Result<Vec<RouteMessage>, _> = h.route().get(m).execute().try_collect().await;
     match res {
         Ok(msgs) => Ok(msgs.first().map(|m| m.header.kind)),
@@ -361,21 +367,7 @@ pub(super) async fn fib_entry(
     h: &Handle,
     addr: IpAddr,
 ) -> Result<Option<(IpNet, Option<IpAddr>, u32)>, NsError> {
-    let mut m = RouteMessage::default();
-    match addr {
-        IpAddr::V4(a) => {
-            m.header.address_family = AddressFamily::Inet;
-            m.header.destination_prefix_length = 32;
-            m.attributes
-                .push(RouteAttribute::Destination(RouteAddress::Inet(a)));
-        }
-        IpAddr::V6(a) => {
-            m.header.address_family = AddressFamily::Inet6;
-            m.header.destination_prefix_length = 128;
-            m.attributes
-                .push(RouteAttribute::Destination(RouteAddress::Inet6(a)));
-        }
-    }
+    let mut m = get_message(addr);
     m.header.flags.insert(RouteFlags::FibMatch);
     let res: Result<Vec<RouteMessage>, _> = h.route().get(m).execute().try_collect().await;
     let msgs = match res {
