@@ -14,9 +14,9 @@ use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_hos
 use super::gens::NftGens;
 use super::host::{self, HostNs};
 use super::nftcheck::ListingMemo;
-use super::routes;
 use super::rulecache::RuleCache;
 use super::{BoxFuture, Change, NsDriver, NsError, ObservedVm, apply};
+use super::{lookup, routes};
 use crate::netns;
 
 /// The real namespace-mode driver for one host.
@@ -490,71 +490,14 @@ impl NsDriver for NetlinkNsDriver {
         addrs: &'a [IpAddr],
         block: Option<ipnet::Ipv6Net>,
     ) -> BoxFuture<'a, Result<Option<IpAddr>, NsError>> {
-        Box::pin(async move {
-            for a in addrs {
-                if routes::is_local(&self.host, *a).await? {
-                    return Ok(Some(*a));
-                }
-            }
-            let Some(block) = block else { return Ok(None) };
-            let held = routes::local_v6_addrs(&self.host).await?;
-            Ok(held.into_iter().find(|a| block.contains(a)).map(IpAddr::V6))
-        })
+        Box::pin(lookup::host_address_in(&self.host, addrs, block))
     }
 
     fn uplink_reserved<'a>(
         &'a self,
         addrs: &'a [IpAddr],
     ) -> BoxFuture<'a, Result<Option<(IpAddr, String)>, NsError>> {
-        Box::pin(async move {
-            for a in addrs {
-                use netlink_packet_route::route::RouteType;
-                let what = match routes::route_type(&self.host, *a).await? {
-                    Some(RouteType::Broadcast) => Some("a broadcast address"),
-                    Some(RouteType::Anycast) => Some("a subnet-router anycast address"),
-                    _ => None,
-                };
-                if let Some(what) = what {
-                    return Ok(Some((*a, format!("{what} of the host's network"))));
-                }
-                // Only an address on a subnet the host is on (a connected route, no gateway)
-                // can be its gateway or a subnet edge. A VM's own mapped address routes
-                // through a /32 or /128 of its own and never matches.
-                if let Some((net, None, oif)) = routes::fib_entry(&self.host, *a).await? {
-                    if let Some(dst) = routes::route_via(&self.host, oif, *a).await? {
-                        let what = if dst.prefix_len() == 0 {
-                            "the gateway of the host's default route".to_owned()
-                        } else {
-                            format!("the gateway of the host's route to {dst}")
-                        };
-                        return Ok(Some((*a, what)));
-                    }
-                    let why = match net {
-                        ipnet::IpNet::V4(n) if n.prefix_len() < 31 => {
-                            if IpAddr::V4(n.network()) == *a {
-                                Some(format!("the network address of the host's subnet {n}"))
-                            } else if IpAddr::V4(n.broadcast()) == *a {
-                                Some(format!("the broadcast address of the host's subnet {n}"))
-                            } else {
-                                None
-                            }
-                        }
-                        ipnet::IpNet::V6(n)
-                            if n.prefix_len() < 127 && IpAddr::V6(n.network()) == *a =>
-                        {
-                            Some(format!(
-                                "the subnet-router anycast address of the host's subnet {n}"
-                            ))
-                        }
-                        _ => None,
-                    };
-                    if let Some(why) = why {
-                        return Ok(Some((*a, why)));
-                    }
-                }
-            }
-            Ok(None)
-        })
+        Box::pin(lookup::uplink_reserved(&self.host, addrs))
     }
 
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>> {

@@ -84,6 +84,7 @@ mod host;
 mod hostnft;
 mod inns;
 mod links;
+mod lookup;
 mod nftcheck;
 mod observe;
 mod proxy;

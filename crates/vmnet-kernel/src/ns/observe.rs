@@ -289,7 +289,7 @@ async fn host_kind(
             // The gateway VM is reached through whatever route the host has for its mesh address,
             // provided that route is a mesh route (inside fdaa::/16) and not this VM itself.
             let own_oif = host_link.map(|l| l.index);
-            match routes::fib_match(host, *mesh).await? {
+            match super::lookup::fib_match(host, *mesh).await? {
                 Some((IpNet::V6(net), gw, oif))
                     if MESH_RANGE.contains(&net) && Some(oif) != own_oif =>
                 {
