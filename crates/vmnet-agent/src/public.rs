@@ -10,6 +10,7 @@ use ipnet::Ipv6Net;
 use vmnet_ipam::IpamError;
 use vmnet_ipam::db::Tx;
 use vmnet_ipam::vm_store;
+use vmnet_kernel::ns::HostUse;
 use vmnet_model::vm::VmConfig;
 
 fn text6(n: Ipv6Net) -> String {
@@ -132,23 +133,8 @@ pub async fn check_host(
     if addrs.is_empty() && block.is_none() {
         return Ok(());
     }
-    if let Some((a, why)) = driver
-        .uplink_reserved(&addrs)
-        .await
-        .map_err(|e| crate::api::error::from_ns(&e))?
-    {
-        let field = if a.is_ipv4() {
-            "public_ipv4"
-        } else {
-            "public_ipv6"
-        };
-        return Err(vmnet_model::Error::invalid(format!(
-            "vm {}: {field} {a} is {why}: no VM may hold it",
-            cfg.id
-        )));
-    }
-    let Some(held) = driver
-        .host_address_in(&addrs, block)
+    let Some((held, used)) = driver
+        .host_use(&addrs, block)
         .await
         .map_err(|e| crate::api::error::from_ns(&e))?
     else {
@@ -159,6 +145,12 @@ pub async fn check_host(
     } else {
         "public_ipv6"
     };
+    if let HostUse::Reserved(why) = used {
+        return Err(vmnet_model::Error::invalid(format!(
+            "vm {}: {field} {held} is {why}: no VM may hold it",
+            cfg.id
+        )));
+    }
     let what = match block {
         Some(b) if held.is_ipv6() && cfg.public_ipv6_mapped().is_none() => {
             format!("{b} holds {held}, an address of this host")

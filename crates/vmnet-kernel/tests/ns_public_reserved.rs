@@ -10,13 +10,18 @@ mod ns_support;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ns_support::Env;
+use vmnet_kernel::ns::HostUse;
 use vmnet_testkit::sandbox::{INET_UPLINK_V4, INET_UPLINK_V6};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn the_gateway_and_the_subnet_edges_are_reserved() {
     let env = Env::new();
-    let reserved = async |a: IpAddr| env.driver.uplink_reserved(&[a]).await.unwrap();
+    let reserved = async |a: IpAddr| match env.driver.host_use(&[a], None).await.unwrap() {
+        Some((at, HostUse::Reserved(why))) => Some((at, why)),
+        Some((at, HostUse::Own)) => Some((at, "own".to_owned())),
+        None => None,
+    };
     let (a, why) = reserved(IpAddr::V4(INET_UPLINK_V4))
         .await
         .expect("the gateway");
@@ -36,6 +41,14 @@ async fn the_gateway_and_the_subnet_edges_are_reserved() {
     assert!(why6.contains("gateway"), "{why6}");
     let anycast = reserved(IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, 0))).await;
     assert!(anycast.is_some_and(|(_, w)| w.contains("subnet-router anycast")));
+    // The host's own uplink address is its own, not reserved.
+    assert_eq!(
+        reserved(IpAddr::V4(vmnet_testkit::sandbox::HOST_UPLINK_V4)).await,
+        Some((
+            IpAddr::V4(vmnet_testkit::sandbox::HOST_UPLINK_V4),
+            "own".to_owned()
+        ))
+    );
     for free in [
         IpAddr::V4(Ipv4Addr::new(203, 0, 113, 57)),
         IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9)),

@@ -16,7 +16,7 @@ use hyper::Method;
 use serde_json::json;
 use vmnet_agent::api::types::{VmState, VmView};
 use vmnet_testkit::guest::{GuestConfig, GuestRoute6, SimGuest};
-use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_V4, HOST_UPLINK_V6};
+use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_V4, HOST_UPLINK_V6, INET_UPLINK_V4};
 use vmnet_testkit::{Sandbox, netns, require_root, traffic};
 
 const T: Duration = Duration::from_secs(3);
@@ -180,6 +180,31 @@ async fn bad_input_keeps_the_good_state_reachable() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Public addresses the host uses: its own uplink address, and its default gateway (the
+    // trial's bug: accepted, and every other VM's public traffic went to that VM). Both are
+    // refused with INVALID_INPUT naming the VM, the field and the use; nothing is stored.
+    for (addr, what) in [
+        (HOST_UPLINK_V4, "is an address of this host"),
+        (INET_UPLINK_V4, "is the gateway of the host's default route"),
+    ] {
+        let mut bad = vm("p", 2);
+        bad["public_ipv4"] = json!(addr.to_string());
+        let e = client
+            .put::<VmView>("/v1/vms/p2", &bad)
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput, "{e}");
+        assert!(
+            e.message
+                .contains(&format!("vm p2: public_ipv4 {addr} {what}")),
+            "{e}"
+        );
+    }
+    assert!(
+        client.get::<VmView>("/v1/vms/p2").await.is_err(),
+        "nothing stored"
+    );
+
     // A second agent on the same socket is refused before it touches anything: given a
     // database it cannot reach, it still answers with the socket conflict (the trial saw a
     // refused agent replace the pinned activity program before it refused).

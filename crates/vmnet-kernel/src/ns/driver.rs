@@ -485,19 +485,12 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(self.remove_with(user_id, true))
     }
 
-    fn host_address_in<'a>(
+    fn host_use<'a>(
         &'a self,
         addrs: &'a [IpAddr],
         block: Option<ipnet::Ipv6Net>,
-    ) -> BoxFuture<'a, Result<Option<IpAddr>, NsError>> {
-        Box::pin(lookup::host_address_in(&self.host, addrs, block))
-    }
-
-    fn uplink_reserved<'a>(
-        &'a self,
-        addrs: &'a [IpAddr],
-    ) -> BoxFuture<'a, Result<Option<(IpAddr, String)>, NsError>> {
-        Box::pin(lookup::uplink_reserved(&self.host, addrs))
+    ) -> BoxFuture<'a, Result<Option<(IpAddr, lookup::HostUse)>, NsError>> {
+        Box::pin(lookup::host_use(&self.host, addrs, block))
     }
 
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>> {

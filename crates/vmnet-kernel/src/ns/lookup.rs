@@ -1,7 +1,7 @@
 //! Single questions to a namespace's routing, one `ip route get` (or a dump the kernel filters
 //! to one link) each: is an address local, which FIB entry routes it, which route goes through
 //! a gateway. The driver asks them of the host when it checks a VM's public addresses
-//! ([`host_address_in`], [`uplink_reserved`]) and its mesh gateways.
+//! ([`host_use`]) and its mesh gateways.
 
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -16,67 +16,75 @@ use rtnetlink::Handle;
 use super::NsError;
 use super::routes::{errno, nl, route_ip};
 
-/// The first of `addrs` that is an address of the namespace of `h`, or else an address of it
-/// inside `block` (see [`super::NsDriver::host_address_in`]).
-pub(super) async fn host_address_in(
+/// What the host uses an address for, so that no VM may hold it as a public address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostUse {
+    /// An address of the host itself (its uplink's, say): the VM would take the host's own
+    /// inbound traffic.
+    Own,
+    /// An address the host's network needs, described (`the gateway of the host's default
+    /// route`, `a broadcast address of the host's network`, `the network address of the host's
+    /// subnet 203.0.113.0/24`): the host would send its own traffic to the VM, or the address
+    /// is no host's to hold.
+    Reserved(String),
+}
+
+/// The first of `addrs`, or of the host's addresses inside `block`, that the namespace of `h`
+/// uses (see [`super::NsDriver::host_use`]). One `ip route get` per address; a dump filtered
+/// to one link only for an address on a subnet the host is on.
+pub(super) async fn host_use(
     h: &Handle,
     addrs: &[IpAddr],
     block: Option<ipnet::Ipv6Net>,
-) -> Result<Option<IpAddr>, NsError> {
+) -> Result<Option<(IpAddr, HostUse)>, NsError> {
     for a in addrs {
-        if is_local(h, *a).await? {
-            return Ok(Some(*a));
+        if let Some(u) = use_of(h, *a).await? {
+            return Ok(Some((*a, u)));
         }
     }
     let Some(block) = block else { return Ok(None) };
     let held = local_v6_addrs(h).await?;
-    Ok(held.into_iter().find(|a| block.contains(a)).map(IpAddr::V6))
+    Ok(held
+        .into_iter()
+        .find(|a| block.contains(a))
+        .map(|a| (IpAddr::V6(a), HostUse::Own)))
 }
 
-/// The first of `addrs` that the network of `h` needs, with why (see
-/// [`super::NsDriver::uplink_reserved`]).
-pub(super) async fn uplink_reserved(
-    h: &Handle,
-    addrs: &[IpAddr],
-) -> Result<Option<(IpAddr, String)>, NsError> {
-    for a in addrs {
-        let what = match route_type(h, *a).await? {
-            Some(RouteType::Broadcast) => Some("a broadcast address"),
-            Some(RouteType::Anycast) => Some("a subnet-router anycast address"),
-            _ => None,
+/// What the host uses `a` for, if anything.
+async fn use_of(h: &Handle, a: IpAddr) -> Result<Option<HostUse>, NsError> {
+    let reserved = |what: &str| {
+        Ok(Some(HostUse::Reserved(format!(
+            "{what} of the host's network"
+        ))))
+    };
+    match route_type(h, a).await? {
+        Some(RouteType::Local) => return Ok(Some(HostUse::Own)),
+        Some(RouteType::Broadcast) => return reserved("a broadcast address"),
+        Some(RouteType::Anycast) => return reserved("a subnet-router anycast address"),
+        _ => {}
+    }
+    // Only an address on a subnet the host is on (a connected route, no gateway) can be its
+    // gateway or the subnet's network address. A VM's own mapped address routes through a /32
+    // or /128 of its own and never matches.
+    let Some((net, None, oif)) = fib_entry(h, a).await? else {
+        return Ok(None);
+    };
+    if let Some(dst) = route_via(h, oif, a).await? {
+        let what = if dst.prefix_len() == 0 {
+            "the gateway of the host's default route".to_owned()
+        } else {
+            format!("the gateway of the host's route to {dst}")
         };
-        if let Some(what) = what {
-            return Ok(Some((*a, format!("{what} of the host's network"))));
-        }
-        // Only an address on a subnet the host is on (a connected route, no gateway) can be its
-        // gateway or the subnet's network address. A VM's own mapped address routes through a
-        // /32 or /128 of its own and never matches.
-        let Some((net, None, oif)) = fib_entry(h, *a).await? else {
-            continue;
-        };
-        if let Some(dst) = route_via(h, oif, *a).await? {
-            let what = if dst.prefix_len() == 0 {
-                "the gateway of the host's default route".to_owned()
-            } else {
-                format!("the gateway of the host's route to {dst}")
-            };
-            return Ok(Some((*a, what)));
-        }
-        // The kernel lists a subnet's broadcast (and, forwarding on, IPv6 subnet-router anycast)
-        // address as such, caught above; its network address only here.
-        if net.prefix_len() < net.max_prefix_len() - 1 && net.network() == *a {
-            return Ok(Some((
-                *a,
-                format!("the network address of the host's subnet {net}"),
-            )));
-        }
+        return Ok(Some(HostUse::Reserved(what)));
+    }
+    // The kernel lists a subnet's broadcast (and, forwarding on, its IPv6 subnet-router anycast)
+    // address as such, caught above; its network address only here.
+    if net.prefix_len() < net.max_prefix_len() - 1 && net.network() == a {
+        return Ok(Some(HostUse::Reserved(format!(
+            "the network address of the host's subnet {net}"
+        ))));
     }
     Ok(None)
-}
-
-/// Whether `addr` is an address of this namespace (`ip route get` answers a local route).
-async fn is_local(h: &Handle, addr: IpAddr) -> Result<bool, NsError> {
-    Ok(route_type(h, addr).await? == Some(RouteType::Local))
 }
 
 /// An `ip route get` request for `addr` (a full-length destination of its family).

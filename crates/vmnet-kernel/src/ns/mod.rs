@@ -102,6 +102,7 @@ use std::pin::Pin;
 use vmnet_plan::ns::{PlannedRule, VmPlan};
 
 pub use driver::{NetlinkNsDriver, TEARDOWN_GRACE};
+pub use lookup::HostUse;
 pub use tc::LimitCounters;
 
 /// A boxed future, so [`NsDriver`] is object safe (`Arc<dyn NsDriver>`).
@@ -137,30 +138,18 @@ pub trait NsDriver: Send + Sync {
         self.remove(user_id)
     }
 
-    /// The first of `addrs` that the host's own network needs, with why: the gateway of its
-    /// default route, or the network or broadcast address of a subnet it is on (IPv6: the
-    /// subnet-router anycast address). A VM given it as a public address would capture the
-    /// host's route to the internet, or an address no host may hold. `None` for a driver that
-    /// does not manage a host.
-    fn uplink_reserved<'a>(
-        &'a self,
-        addrs: &'a [std::net::IpAddr],
-    ) -> BoxFuture<'a, Result<Option<(std::net::IpAddr, String)>, NsError>> {
-        let _ = addrs;
-        Box::pin(async { Ok(None) })
-    }
-
     /// What exists on the host with our prefix, by user id.
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>>;
 
-    /// The first of `addrs` that is an address of the host itself (its uplink's, say), or an
-    /// address of the host inside `block`: a VM given it as a public address would take the
-    /// host's own inbound traffic. `None` for a driver that does not manage a host.
-    fn host_address_in<'a>(
+    /// Why one of `addrs`, or an address inside `block`, may not be a VM's public address on
+    /// this host: the first such address and what the host uses it for ([`HostUse`]), one route
+    /// lookup per address. `None` when all are free, and always for a driver that does not
+    /// manage a host.
+    fn host_use<'a>(
         &'a self,
         addrs: &'a [std::net::IpAddr],
         block: Option<ipnet::Ipv6Net>,
-    ) -> BoxFuture<'a, Result<Option<std::net::IpAddr>, NsError>> {
+    ) -> BoxFuture<'a, Result<Option<(std::net::IpAddr, HostUse)>, NsError>> {
         let _ = (addrs, block);
         Box::pin(async { Ok(None) })
     }
