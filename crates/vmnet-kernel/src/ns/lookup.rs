@@ -30,8 +30,8 @@ pub enum HostUse {
 }
 
 /// The first of `addrs`, or of the host's addresses inside `block`, that the namespace of `h`
-/// uses (see [`super::NsDriver::host_use`]). One `ip route get` per address; a dump filtered
-/// to one link only for an address on a subnet the host is on.
+/// uses (see [`super::NsDriver::host_use`]). One `ip route get` per address; for an address on
+/// a subnet the host is on, also a `fibmatch` lookup and a dump filtered to that link.
 pub(super) async fn host_use(
     h: &Handle,
     addrs: &[IpAddr],

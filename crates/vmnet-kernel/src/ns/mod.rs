@@ -143,8 +143,8 @@ pub trait NsDriver: Send + Sync {
 
     /// Why one of `addrs`, or an address inside `block`, may not be a VM's public address on
     /// this host: the first such address and what the host uses it for ([`HostUse`]), one route
-    /// lookup per address. `None` when all are free, and always for a driver that does not
-    /// manage a host.
+    /// lookup per address (more only for an address on one of the host's subnets). `None` when
+    /// all are free, and always for a driver that does not manage a host.
     fn host_use<'a>(
         &'a self,
         addrs: &'a [std::net::IpAddr],
