@@ -316,9 +316,9 @@ async fn tightening_cuts_the_open_connections_it_no_longer_admits_and_keeps_the_
     let tight = json!({"enabled": true, "inbound": [
         {"protocol": "tcp", "ports": "8000", "prefixes": ["0.0.0.0/0", "::/0"]}]});
     let plan = vm(&env, &tight);
-    // A firewall-only change (as a PUT makes it): one element batch, then the sweep.
+    // A firewall-only change (as a PUT makes it): one rule batch, then the sweep.
     let changes = env.driver.apply_table(&plan).await.expect("tighten");
-    assert!(by_elements(&changes), "{changes:?}");
+    assert!(by_batch(&changes), "{changes:?}");
     assert!(
         line_echo(&mut s8000, "after"),
         "an admitted connection goes on"
@@ -339,14 +339,14 @@ async fn tightening_cuts_the_open_connections_it_no_longer_admits_and_keeps_the_
     let _ = v6;
 }
 
-/// Whether `changes` (of `apply_table`) say the firewall went in as one element batch.
-fn by_elements(changes: &[vmnet_kernel::ns::Change]) -> bool {
-    format!("{changes:?}").contains("set elements")
+/// Whether `changes` (of `apply_table`) say the firewall went in as one rule batch.
+fn by_batch(changes: &[vmnet_kernel::ns::Change]) -> bool {
+    format!("{changes:?}").contains("its rules, in one batch")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
-async fn a_changed_firewall_of_the_same_shape_goes_in_as_one_element_batch() {
+async fn a_changed_firewall_of_the_same_shape_goes_in_as_one_rule_batch() {
     let env = Env::new();
     world(&env);
     let inet = env.sb.inet();
@@ -354,11 +354,11 @@ async fn a_changed_firewall_of_the_same_shape_goes_in_as_one_element_batch() {
     let empty = vm(&env, &json!({"enabled": true}));
     env.driver.apply(&empty).await.expect("apply");
     let (g, _svc) = guest(&env, &empty);
-    // From empty sets to the rules: only the set elements change.
+    // From no rules to the rules: only the rules of fw_in and fw_out change.
     let plan = vm(&env, &the_rules());
     assert_eq!(plan.nft_shape, empty.nft_shape);
     let changes = env.driver.apply_table(&plan).await.expect("change");
-    assert!(by_elements(&changes), "{changes:?}");
+    assert!(by_batch(&changes), "{changes:?}");
     // nft lists what the plan says (the batch wrote what libnftables would have), and a
     // full apply finds nothing to do.
     assert_eq!(env.driver.audit_table(&plan).await.expect("audit"), None);
@@ -373,7 +373,7 @@ async fn a_changed_firewall_of_the_same_shape_goes_in_as_one_element_batch() {
             {"protocol": "any", "prefixes": ["203.0.113.9/32", "2001:db8:0:1::/64"]}]}),
     );
     let changes = env.driver.apply_table(&any).await.expect("change to any");
-    assert!(by_elements(&changes), "{changes:?}");
+    assert!(by_batch(&changes), "{changes:?}");
     let at = |a: &str, p: u16| SocketAddr::new(ip(a), p);
     assert!(tcp_ok(&inet, Some(ip(B4)), at(PUB4, 23), T), "any from B");
     assert!(!tcp_ok(&inet, Some(ip(A4)), at(PUB4, 23), NO), "not from A");
@@ -383,17 +383,20 @@ async fn a_changed_firewall_of_the_same_shape_goes_in_as_one_element_batch() {
     );
     assert_eq!(env.driver.audit_table(&any).await.expect("audit"), None);
     // A change by hand moves the netns's generation: the next change replaces the table whole
-    // (and so removes the hand-made element).
+    // (and so removes the hand-made rule).
     let t = vmnet_plan::ns::names::vm_nft_table(&any.name_prefix);
     nft(
         &any.netns,
         &[
-            "add",
-            "element",
+            "insert",
+            "rule",
             "inet",
             &t,
-            "fw_in4_any",
-            "{ 203.0.113.1 }",
+            "fw_in",
+            "ip",
+            "saddr",
+            "203.0.113.1",
+            "accept",
         ],
     )
     .expect("hand edit");
@@ -402,14 +405,14 @@ async fn a_changed_firewall_of_the_same_shape_goes_in_as_one_element_batch() {
         .apply_table(&plan)
         .await
         .expect("change after edit");
-    assert!(!by_elements(&changes), "{changes:?}");
+    assert!(!by_batch(&changes), "{changes:?}");
     assert_eq!(env.driver.audit_table(&plan).await.expect("audit"), None);
     assert!(
         !tcp_ok(&inet, Some(ip(A4)), at(PUB4, 23), NO),
         "the hand edit is gone"
     );
-    // Back to `any`, then one prefix more: each batch writes only what differs (the elements
-    // both firewalls hold stay), and nft lists exactly the plan after each.
+    // Back to `any`, then one prefix more: each goes in as one rule batch, and nft lists
+    // exactly the plan after each.
     let any2 = vm(
         &env,
         &json!({"enabled": true, "inbound": [
@@ -417,7 +420,7 @@ async fn a_changed_firewall_of_the_same_shape_goes_in_as_one_element_batch() {
     );
     for p in [&any, &any2] {
         let changes = env.driver.apply_table(p).await.expect("change");
-        assert!(by_elements(&changes), "{changes:?}");
+        assert!(by_batch(&changes), "{changes:?}");
         assert_eq!(env.driver.audit_table(p).await.expect("audit"), None);
     }
     assert!(

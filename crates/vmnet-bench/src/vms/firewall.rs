@@ -1,7 +1,7 @@
 //! `vmnet bench vms --firewall`: every VM gets a firewall of [`PREFIXES`] prefix entries, and at
 //! each N one VM's firewall is changed to another 50-prefix firewall and back
-//! ([`NsDriver::apply_table`], as a PUT changing only the firewall does: the VM's set elements
-//! in one netlink batch when the table is known to be of the same shape, else the table replaced
+//! ([`NsDriver::apply_table`], as a PUT changing only the firewall does: the VM's two rule
+//! chains in one netlink batch when the table is known to be of the same shape, else the table replaced
 //! in one transaction; the line counts which), and one firewall audit pass over every VM is timed
 //! ([`NsDriver::audit_table`] each: a listing and a content comparison, nothing rewritten).
 
@@ -49,13 +49,13 @@ pub struct Changes {
     pub times: Vec<Duration>,
     /// The latency of each change of one prefix (variant 0 to [`ONE_PREFIX_CHANGED`] and back).
     pub one: Vec<Duration>,
-    /// How many of either went in as one element batch (the rest replaced the table).
+    /// How many of either went in as one rule batch (the rest replaced the table).
     pub batched: usize,
 }
 
 /// Changes VM `uid`'s firewall (set up with variant 0) to variant 1 and back [`CHANGE_ROUNDS`]
 /// times each, then to [`ONE_PREFIX_CHANGED`] and back as often; the latencies of every change
-/// and how many were element batches.
+/// and how many were rule batches.
 ///
 /// # Errors
 /// `INTERNAL` when an apply fails.
@@ -83,7 +83,7 @@ pub async fn bench_change(
             } else {
                 out.one.push(took);
             }
-            if format!("{changes:?}").contains("set elements") {
+            if format!("{changes:?}").contains("its rules, in one batch") {
                 out.batched += 1;
             }
         }
@@ -141,7 +141,7 @@ pub fn lines(
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let share = steady.as_secs_f64() / 60.0 * 100.0;
     format!(
-        "50-prefix firewall change at N={n}: every prefix and port: median {:.2} ms (p99 {:.2}); one prefix: median {:.2} ms (p99 {:.2}); {} changes, {} as one element batch; target <= 1 ms: {}\n\
+        "50-prefix firewall change at N={n}: every prefix and port: median {:.2} ms (p99 {:.2}); one prefix: median {:.2} ms (p99 {:.2}); {} changes, {} as one rule batch; target <= 1 ms: {}\n\
          firewall audit pass over {n} VMs: first {:.1} ms (every table listed), then {:.1} ms ({:.3} ms per VM, {rewritten} tables rewritten), {share:.3} % of a core at once a minute (target < 1 %): {}\n",
         c.median,
         c.p99,

@@ -558,7 +558,7 @@ mod tests {
         let (add, remove) = public.mapping.as_ref().expect("mapping timed");
         assert_eq!((add.len(), remove.len()), (20, 20));
         let (change, _, rewritten) = public.firewall.as_ref().expect("firewall timed");
-        // Every change after the create is of the same shape: each one element batch.
+        // Every change after the create is of the same shape: each one rule batch.
         assert_eq!(
             (
                 change.times.len(),

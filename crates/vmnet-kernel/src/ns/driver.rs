@@ -523,8 +523,8 @@ impl NsDriver for NetlinkNsDriver {
             if !netns::exists(&plan.netns) {
                 return super::apply::apply(self, plan).await;
             }
-            let what = if super::firewall::change_elements(self, plan)? {
-                "the firewall changed (its set elements, in one batch)"
+            let what = if super::firewall::change_rules(self, plan)? {
+                "the firewall changed (its rules, in one batch)"
             } else {
                 super::firewall::replace_table(self, plan)?;
                 "the firewall changed"

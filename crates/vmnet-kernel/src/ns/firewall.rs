@@ -56,27 +56,27 @@ pub(super) fn sweep_here(netns: &str, fw: &FirewallPlan) -> usize {
     }
 }
 
-/// Applies a changed firewall as one element batch when the VM's table is known to be of the
+/// Applies a changed firewall as one rule batch when the VM's table is known to be of the
 /// plan's shape at the netns's current generation (see [`super::fwbatch`] and `gens`), then
 /// sweeps conntrack; `Ok(false)` when it is not (replace the table whole). A refused batch
 /// (nothing committed) is logged and also answers `Ok(false)`.
 ///
 /// # Errors
 /// [`NsError`] when the netns cannot be entered for the sweep.
-pub(super) fn change_elements(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<bool, NsError> {
+pub(super) fn change_rules(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<bool, NsError> {
     let Some(fw) = &plan.firewall else {
         return Ok(false);
     };
     let table = names::vm_nft_table(&plan.name_prefix);
-    let sets = fw.sets();
-    let done = d.nft_gens.change_elements(&plan.netns, plan, |sock, old| {
-        super::fwbatch::replace(sock, &table, old, &sets)
+    let rules = fw.rules();
+    let done = d.nft_gens.change_firewall(&plan.netns, plan, |sock| {
+        super::fwbatch::replace(sock, &table, &rules)
     });
     match done {
-        Ok(super::gens::ElementChange::Done) => {}
-        Ok(super::gens::ElementChange::NotEligible) => return Ok(false),
+        Ok(super::gens::FirewallChange::Done) => {}
+        Ok(super::gens::FirewallChange::NotEligible) => return Ok(false),
         Err(e) => {
-            tracing::warn!(vm = %plan.vm_id, error = %e, "firewall: the element batch was refused; replacing the table");
+            tracing::warn!(vm = %plan.vm_id, error = %e, "firewall: the rule batch was refused; replacing the table");
             return Ok(false);
         }
     }

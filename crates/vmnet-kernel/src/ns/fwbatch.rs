@@ -1,348 +1,367 @@
-//! A firewall change of the same shape as one nf_tables element batch over netlink: the
-//! elements of the VM table's twelve firewall sets flushed and written anew, in one
-//! transaction, on the netns's kept netfilter socket (no libnftables context, no listing).
+//! A firewall change of the same shape as one nf_tables batch over netlink: the VM table's
+//! `fw_in` and `fw_out` flushed and their rules written anew, in one transaction, on the
+//! netns's kept netfilter socket (no libnftables context, no listing).
 //!
 //! # Design
-//! - Key encoding as the kernel stores it: each field of a concatenation takes a multiple of
-//!   4 bytes (an address 4 or 16, the IP protocol 1 byte then 3 zero, a port 2 bytes in network
-//!   order then 2 zero).
-//! - `…_proto` and `…_port` are concatenations with intervals: each element carries its first
-//!   key (`NFTA_SET_ELEM_KEY`) and its last (`NFTA_SET_ELEM_KEY_END`), as nft sends them.
-//! - `…_any` is a single-field interval set: a prefix is a start element (its network address)
-//!   and an end element one past its last address, flagged `NFT_SET_ELEM_INTERVAL_END` (none
-//!   when the prefix reaches the top of the address space), as nft sends them.
-//! - Per set, when what the set holds now is known (recorded with the table's generation, see
-//!   `gens`): `NFT_MSG_DELSETELEM` with the elements that go, then `NFT_MSG_NEWSETELEM` with
-//!   those that come; the elements both hold are not touched. Removing an element of a
-//!   concatenated interval set (the kernel's pipapo type) rebuilds that set's lookup tables in
-//!   the commit, about 0.1 ms each for a 50-prefix firewall, so a change costs what it changes.
-//!   When it is not known: `NFT_MSG_DELSETELEM` without elements (the kernel flushes the set),
-//!   then every element.
+//! - Each rule is encoded as nft 1.0.6 encodes the same rule from the plan's JSON (checked
+//!   with `nft --debug=netlink`), so the table lists back exactly as the plan says:
+//!   - the family: `meta load nfproto => reg 1`, `cmp eq reg 1 <2 | 10>`;
+//!   - the peer prefix: a payload load of the network header at the address's offset (12 or
+//!     16 for IPv4 source or destination, 8 or 24 for IPv6). A prefix of whole bytes loads only
+//!     those bytes and compares them; any other length (and `/0`) loads the whole address,
+//!     masks it (`bitwise`) and compares the network address;
+//!   - the protocol: `meta load l4proto => reg 1`, `cmp eq reg 1 <proto>`;
+//!   - the port: a payload load of 2 bytes at transport header + 2, then `cmp eq` (one port)
+//!     or `cmp gte` and `cmp lte` (a range), in network byte order;
+//!   - the verdict: `immediate reg 0 accept` (or `drop`, the chains' last rule).
+//! - `NFT_MSG_DELRULE` with a chain and no handle flushes that chain; each `NFT_MSG_NEWRULE`
+//!   appends (`NLM_F_APPEND`), so the chains end as the plan orders them.
 
 use std::net::IpAddr;
 
-use ipnet::IpNet;
-use netlink_packet_core::{DefaultNla, NLM_F_CREATE, NLM_F_REQUEST};
+use netlink_packet_core::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
 use netlink_packet_netfilter::nftables::{
-    DataAttribute, ListAttribute, NfTablesMessage, SetElementAttribute, SetElementFlags,
-    SetElementList, SetElementMessage,
+    Bitwise, Cmp, DataAttribute, ExpressionAttribute, Expressions, Immediate, ListAttribute, Meta,
+    MetaKey, NfTablesMessage, Operator, Payload, Register, RuleAttribute, RuleMessage, Verdict,
+    VerdictAttribute,
 };
 use netlink_packet_netfilter::{NetfilterMessageInner, NetfilterProtoFamily};
-use vmnet_plan::ns::firewall::sets::{FwElement, FwSet, FwSetKind};
+use vmnet_plan::ns::firewall::rules::{CHAIN_IN, CHAIN_OUT, FwRule};
 
 use crate::nfnl::{NetfilterError, NfnlSocket};
 
-/// `NFTA_DATA_VALUE`, the value inside `NFTA_SET_ELEM_KEY_END`.
-const NFTA_DATA_VALUE: u16 = 1;
+/// `NFT_PAYLOAD_NETWORK_HEADER`.
+const NETWORK_HEADER: u32 = 1;
+/// `NFT_PAYLOAD_TRANSPORT_HEADER`.
+const TRANSPORT_HEADER: u32 = 2;
+/// `NFPROTO_IPV4`, `NFPROTO_IPV6`.
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+/// `NF_DROP`, `NF_ACCEPT`.
+const NF_DROP: u32 = 0;
+const NF_ACCEPT: u32 = 1;
 
-/// One element as sent: its key, its closing key (concatenations) and whether it ends an
-/// interval (single-field interval sets).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Encoded {
-    pub key: Vec<u8>,
-    pub key_end: Option<Vec<u8>>,
-    pub interval_end: bool,
+type Expr = ListAttribute<ExpressionAttribute>;
+
+fn meta(key: MetaKey) -> Expr {
+    Expressions::Meta(vec![
+        Meta::DestinationRegister(Register::Reg1),
+        Meta::Key(key),
+    ])
+    .into()
 }
 
-fn addr_bytes(a: IpAddr) -> Vec<u8> {
-    match a {
-        IpAddr::V4(v) => v.octets().to_vec(),
-        IpAddr::V6(v) => v.octets().to_vec(),
+fn cmp(op: Operator, data: Vec<u8>) -> Expr {
+    Expressions::Cmp(vec![
+        Cmp::SourceRegister(Register::Reg1),
+        Cmp::Op(op),
+        Cmp::Data(DataAttribute::Value(data)),
+    ])
+    .into()
+}
+
+fn payload(base: u32, offset: u32, len: u32) -> Expr {
+    Expressions::Payload(vec![
+        Payload::DestinationRegister(Register::Reg1),
+        Payload::Base(base),
+        Payload::Offset(offset),
+        Payload::Len(len),
+    ])
+    .into()
+}
+
+fn verdict(code: u32) -> Expr {
+    Expressions::Immediate(vec![
+        Immediate::DestinationRegister(Register::Verdict),
+        Immediate::Data(DataAttribute::Verdict(vec![VerdictAttribute::Code(
+            Verdict::Other(code),
+        )])),
+    ])
+    .into()
+}
+
+/// The expressions of one accept rule (see the module docs).
+fn expressions(rule: &FwRule) -> Vec<Expr> {
+    let p = rule.prefix;
+    let (nfproto, bytes, offset, width) = match (p.network(), rule.peer_is_source()) {
+        (IpAddr::V4(a), true) => (NFPROTO_IPV4, a.octets().to_vec(), 12, 4),
+        (IpAddr::V4(a), false) => (NFPROTO_IPV4, a.octets().to_vec(), 16, 4),
+        (IpAddr::V6(a), true) => (NFPROTO_IPV6, a.octets().to_vec(), 8, 16),
+        (IpAddr::V6(a), false) => (NFPROTO_IPV6, a.octets().to_vec(), 24, 16),
+    };
+    let len = p.prefix_len();
+    let mut out = vec![meta(MetaKey::Nfproto), cmp(Operator::Equal, vec![nfproto])];
+    if len > 0 && len.is_multiple_of(8) {
+        out.push(payload(NETWORK_HEADER, offset, u32::from(len / 8)));
+        out.push(cmp(Operator::Equal, bytes[..usize::from(len / 8)].to_vec()));
+    } else {
+        let mask: Vec<u8> = match p.netmask() {
+            IpAddr::V4(m) => m.octets().to_vec(),
+            IpAddr::V6(m) => m.octets().to_vec(),
+        };
+        out.push(payload(NETWORK_HEADER, offset, width));
+        out.push(
+            Expressions::Bitwise(vec![
+                Bitwise::SourceRegister(Register::Reg1),
+                Bitwise::DestinationRegister(Register::Reg1),
+                Bitwise::Length(width),
+                Bitwise::Mask(DataAttribute::Value(mask)),
+                Bitwise::Xor(DataAttribute::Value(vec![0; bytes.len()])),
+            ])
+            .into(),
+        );
+        out.push(cmp(Operator::Equal, bytes));
     }
-}
-
-/// The address one past `a`, or `None` at the top of its family.
-fn next_addr(a: IpAddr) -> Option<IpAddr> {
-    match a {
-        IpAddr::V4(v) => u32::from(v).checked_add(1).map(|n| IpAddr::V4(n.into())),
-        IpAddr::V6(v) => u128::from(v).checked_add(1).map(|n| IpAddr::V6(n.into())),
-    }
-}
-
-/// The concatenated key of a `proto`/`port` element at its first (`last == false`) or last
-/// values.
-fn concat_key(e: &FwElement, last: bool) -> Vec<u8> {
-    let p: IpNet = e.prefix;
-    let mut key = addr_bytes(if last { p.broadcast() } else { p.network() });
-    key.extend([e.l4proto.unwrap_or(0), 0, 0, 0]);
-    if let Some(r) = e.ports {
-        key.extend((if last { r.last } else { r.first }).to_be_bytes());
-        key.extend([0, 0]);
-    }
-    key
-}
-
-/// The elements of one set as the kernel takes them.
-pub(super) fn encode(set: &FwSet) -> Vec<Encoded> {
-    encode_elements(set.kind, set.elements.iter())
-}
-
-/// `elements` of a set of `kind` as the kernel takes them.
-fn encode_elements<'a>(
-    kind: FwSetKind,
-    elements: impl Iterator<Item = &'a FwElement>,
-) -> Vec<Encoded> {
-    let mut out = Vec::new();
-    for e in elements {
-        match kind {
-            FwSetKind::Any => {
-                out.push(Encoded {
-                    key: addr_bytes(e.prefix.network()),
-                    key_end: None,
-                    interval_end: false,
-                });
-                if let Some(end) = next_addr(e.prefix.broadcast()) {
-                    out.push(Encoded {
-                        key: addr_bytes(end),
-                        key_end: None,
-                        interval_end: true,
-                    });
-                }
+    if let Some(proto) = rule.l4proto {
+        out.push(meta(MetaKey::L4Proto));
+        out.push(cmp(Operator::Equal, vec![proto]));
+        if let Some(r) = rule.ports {
+            out.push(payload(TRANSPORT_HEADER, 2, 2));
+            if r.first == r.last {
+                out.push(cmp(Operator::Equal, r.first.to_be_bytes().to_vec()));
+            } else {
+                out.push(cmp(
+                    Operator::GreatherThanEqual,
+                    r.first.to_be_bytes().to_vec(),
+                ));
+                out.push(cmp(Operator::LessThanEqual, r.last.to_be_bytes().to_vec()));
             }
-            FwSetKind::Proto | FwSetKind::Port => out.push(Encoded {
-                key: concat_key(e, false),
-                key_end: Some(concat_key(e, true)),
-                interval_end: false,
-            }),
         }
     }
+    out.push(verdict(NF_ACCEPT));
     out
 }
 
-fn element(e: Encoded) -> ListAttribute<SetElementAttribute> {
-    let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(e.key))];
-    if let Some(end) = e.key_end {
-        attrs.push(SetElementAttribute::KeyEnd(vec![DefaultNla::new(
-            NFTA_DATA_VALUE,
-            end,
-        )]));
+fn rule_message(table: &str, chain: &str, expr: Option<Vec<Expr>>) -> RuleMessage {
+    let mut attributes = vec![
+        RuleAttribute::Table(table.to_owned()),
+        RuleAttribute::Chain(chain.to_owned()),
+    ];
+    if let Some(expr) = expr {
+        attributes.push(RuleAttribute::Expressions(expr));
     }
-    if e.interval_end {
-        attrs.push(SetElementAttribute::Flags(SetElementFlags::IntervalEnd));
-    }
-    ListAttribute::Element(attrs)
+    RuleMessage { attributes }
 }
 
-/// The messages that make the firewall sets of table `inet <table>` hold `sets`. With `old`,
-/// what the sets hold now (the same sets, the same shape), only the difference is written: an
-/// element of a concatenated interval set costs the kernel a rebuild of the set's lookup table
-/// to remove, so the elements both hold stay. Without it, each set is flushed and written whole.
+/// The messages that make `fw_in` and `fw_out` of table `inet <table>` hold `rules` (each
+/// chain flushed, its rules appended in order, then its `drop`).
 pub(super) fn messages(
     table: &str,
-    old: Option<&[FwSet]>,
-    sets: &[FwSet],
+    rules: &[FwRule],
 ) -> Vec<(NetfilterProtoFamily, NetfilterMessageInner, u16)> {
     let mut msgs = Vec::new();
-    for set in sets {
-        let head = || {
-            vec![
-                SetElementList::Table(table.to_owned()),
-                SetElementList::Set(set.name.clone()),
-            ]
-        };
-        let with = |elements: Vec<Encoded>| {
-            let mut attributes = head();
-            attributes.push(SetElementList::Elements(
-                elements.into_iter().map(element).collect(),
-            ));
-            SetElementMessage { attributes }
-        };
-        let before = old.and_then(|o| o.iter().find(|s| s.name == set.name && s.kind == set.kind));
-        let added = match before {
-            Some(before) => {
-                let gone: Vec<_> = before
-                    .elements
-                    .iter()
-                    .filter(|e| !set.elements.contains(e))
-                    .collect();
-                if !gone.is_empty() {
-                    let m = with(encode_elements(set.kind, gone.into_iter()));
-                    msgs.push((
-                        NetfilterProtoFamily::Inet,
-                        NfTablesMessage::DeleteSetElement(m).into(),
-                        NLM_F_REQUEST,
-                    ));
-                }
-                encode_elements(
-                    set.kind,
-                    set.elements.iter().filter(|e| !before.elements.contains(e)),
-                )
-            }
-            None => {
-                // No elements: the kernel flushes the set.
-                msgs.push((
-                    NetfilterProtoFamily::Inet,
-                    NfTablesMessage::DeleteSetElement(SetElementMessage { attributes: head() })
-                        .into(),
-                    NLM_F_REQUEST,
-                ));
-                encode(set)
-            }
-        };
-        if !added.is_empty() {
+    for chain in [CHAIN_IN, CHAIN_OUT] {
+        msgs.push((
+            NetfilterProtoFamily::Inet,
+            NfTablesMessage::DeleteRule(rule_message(table, chain, None)).into(),
+            NLM_F_REQUEST,
+        ));
+        let exprs = rules
+            .iter()
+            .filter(|r| r.chain() == chain)
+            .map(expressions)
+            .chain(std::iter::once(vec![verdict(NF_DROP)]));
+        for expr in exprs {
             msgs.push((
                 NetfilterProtoFamily::Inet,
-                NfTablesMessage::NewSetElement(with(added)).into(),
-                NLM_F_REQUEST | NLM_F_CREATE,
+                NfTablesMessage::NewRule(rule_message(table, chain, Some(expr))).into(),
+                NLM_F_REQUEST | NLM_F_CREATE | NLM_F_APPEND,
             ));
         }
     }
     msgs
 }
 
-/// Makes the firewall sets of table `inet <table>` of the socket's namespace hold `sets`, in
-/// one transaction ([`messages`]; `old`: what they hold now, when known).
+/// Makes `fw_in` and `fw_out` of table `inet <table>` of the socket's namespace hold `rules`,
+/// in one transaction ([`messages`]).
 ///
 /// # Errors
 /// The kernel refusing the batch (nothing committed), or the socket failing.
 pub(super) fn replace(
     sock: &mut NfnlSocket,
     table: &str,
-    old: Option<&[FwSet]>,
-    sets: &[FwSet],
+    rules: &[FwRule],
 ) -> Result<(), NetfilterError> {
     sock.transaction(
-        messages(table, old, sets),
-        &format!("replace the firewall elements of {table}"),
+        messages(table, rules),
+        &format!("replace the firewall rules of {table}"),
     )
 }
 
 #[cfg(test)]
 mod tests {
     use vmnet_model::vm::firewall::PortRange;
+    use vmnet_plan::ns::firewall::FlowDirection;
 
     use super::*;
 
-    fn set(kind: FwSetKind, elements: Vec<FwElement>) -> FwSet {
-        FwSet {
-            name: "fw_in4_x".into(),
-            v4: true,
-            kind,
-            elements,
-        }
-    }
-
-    fn el(p: &str, l4proto: Option<u8>, ports: Option<(u16, u16)>) -> FwElement {
-        FwElement {
+    fn rule(dir: FlowDirection, p: &str, l4: Option<u8>, ports: Option<(u16, u16)>) -> FwRule {
+        FwRule {
+            direction: dir,
             prefix: p.parse().unwrap(),
-            l4proto,
+            l4proto: l4,
             ports: ports.map(|(first, last)| PortRange { first, last }),
         }
     }
 
-    #[test]
-    fn a_prefix_is_a_start_and_an_end_one_past_it() {
-        let got = encode(&set(
-            FwSetKind::Any,
-            vec![
-                el("10.1.0.0/16", None, None),
-                el("255.255.255.0/24", None, None),
-            ],
-        ));
-        assert_eq!(
-            got,
-            vec![
-                Encoded {
-                    key: vec![10, 1, 0, 0],
-                    key_end: None,
-                    interval_end: false
-                },
-                Encoded {
-                    key: vec![10, 2, 0, 0],
-                    key_end: None,
-                    interval_end: true
-                },
-                // The top of the address space has no end element.
-                Encoded {
-                    key: vec![255, 255, 255, 0],
-                    key_end: None,
-                    interval_end: false
-                },
-            ]
-        );
-        let v6 = encode(&set(
-            FwSetKind::Any,
-            vec![el("2001:db8::1/128", None, None)],
-        ));
-        assert_eq!(v6.len(), 2);
-        assert_eq!(v6[1].key[15], 2);
-        assert!(v6[1].interval_end);
-    }
-
-    #[test]
-    fn concatenations_pad_each_field_to_four_bytes_and_carry_their_last_key() {
-        let got = encode(&set(
-            FwSetKind::Port,
-            vec![el("203.0.113.0/24", Some(6), Some((8000, 8100)))],
-        ));
-        assert_eq!(
-            got,
-            vec![Encoded {
-                key: vec![203, 0, 113, 0, 6, 0, 0, 0, 0x1f, 0x40, 0, 0],
-                key_end: Some(vec![203, 0, 113, 255, 6, 0, 0, 0, 0x1f, 0xa4, 0, 0]),
-                interval_end: false,
-            }]
-        );
-        let proto = encode(&set(FwSetKind::Proto, vec![el("::/0", Some(58), None)]));
-        assert_eq!(proto[0].key.len(), 20);
-        assert_eq!(proto[0].key[16], 58);
-        assert_eq!(proto[0].key_end.as_ref().unwrap()[..16], [0xff; 16]);
-    }
-
-    #[test]
-    fn each_set_is_flushed_then_written_and_an_empty_one_only_flushed() {
-        let sets = [
-            set(FwSetKind::Any, vec![]),
-            set(FwSetKind::Proto, vec![el("10.0.0.0/8", Some(1), None)]),
-        ];
-        assert_eq!(
-            kinds(&messages("vmn", None, &sets)),
-            ["flush", "flush", "add 1"]
-        );
-    }
-
-    /// Each message's kind, and how many elements it carries.
-    fn kinds(msgs: &[(NetfilterProtoFamily, NetfilterMessageInner, u16)]) -> Vec<String> {
-        msgs.iter()
-            .map(|(_, m, _)| {
-                let (what, m) = match m {
-                    NetfilterMessageInner::NfTables(NfTablesMessage::DeleteSetElement(m)) => {
-                        ("del", m)
-                    }
-                    NetfilterMessageInner::NfTables(NfTablesMessage::NewSetElement(m)) => {
-                        ("add", m)
-                    }
-                    _ => return "other".to_owned(),
+    /// The expressions' names and, for payloads and comparisons, what they load or compare.
+    fn shape(expr: &[Expr]) -> Vec<String> {
+        expr.iter()
+            .map(|e| {
+                let ListAttribute::Element(attrs) = e else {
+                    return "?".into();
                 };
-                let n = m.attributes.iter().find_map(|a| match a {
-                    SetElementList::Elements(e) => Some(e.len()),
-                    _ => None,
-                });
-                match (what, n) {
-                    ("del", None) => "flush".to_owned(),
-                    (w, Some(n)) => format!("{w} {n}"),
-                    (w, None) => w.to_owned(),
-                }
+                attrs
+                    .iter()
+                    .find_map(|a| match a {
+                        ExpressionAttribute::Data(Expressions::Payload(p)) => {
+                            let n = |f: fn(&Payload) -> Option<u32>| {
+                                p.iter().find_map(f).unwrap_or(u32::MAX)
+                            };
+                            Some(format!(
+                                "payload {}@{}+{}",
+                                n(|x| match x {
+                                    Payload::Len(v) => Some(*v),
+                                    _ => None,
+                                }),
+                                n(|x| match x {
+                                    Payload::Base(v) => Some(*v),
+                                    _ => None,
+                                }),
+                                n(|x| match x {
+                                    Payload::Offset(v) => Some(*v),
+                                    _ => None,
+                                })
+                            ))
+                        }
+                        ExpressionAttribute::Data(Expressions::Cmp(c)) => {
+                            c.iter().find_map(|x| match x {
+                                Cmp::Data(DataAttribute::Value(v)) => Some(format!("cmp {v:?}")),
+                                _ => None,
+                            })
+                        }
+                        ExpressionAttribute::Name(n) if n != "payload" && n != "cmp" => {
+                            Some(n.clone())
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or_default()
             })
             .collect()
     }
 
     #[test]
-    fn with_the_sets_as_they_are_only_the_difference_is_written() {
-        let a = el("10.0.0.0/8", None, None);
-        let b = el("192.0.2.0/24", None, None);
-        let c = el("198.51.100.0/24", None, None);
-        let old = [set(FwSetKind::Any, vec![a, b])];
-        // b stays; a goes (its start and end elements), c comes.
-        let new = [set(FwSetKind::Any, vec![b, c])];
-        assert_eq!(
-            kinds(&messages("vmn", Some(&old), &new)),
-            ["del 2", "add 2"]
+    fn a_whole_byte_prefix_loads_only_its_bytes() {
+        let r = rule(
+            FlowDirection::Inbound,
+            "10.0.0.0/8",
+            Some(6),
+            Some((8000, 8100)),
         );
-        // Unchanged: nothing to send for the set.
-        assert!(messages("vmn", Some(&old), &old).is_empty());
-        // Emptied: only the removal.
-        let empty = [set(FwSetKind::Any, vec![])];
-        assert_eq!(kinds(&messages("vmn", Some(&old), &empty)), ["del 4"]);
+        assert_eq!(
+            shape(&expressions(&r)),
+            [
+                "meta",
+                "cmp [2]",
+                "payload 1@1+12",
+                "cmp [10]",
+                "meta",
+                "cmp [6]",
+                "payload 2@2+2",
+                "cmp [31, 64]",
+                "cmp [31, 164]",
+                "immediate"
+            ]
+        );
+        let one = rule(
+            FlowDirection::Outbound,
+            "2001:db8::1/128",
+            Some(17),
+            Some((53, 53)),
+        );
+        let s = shape(&expressions(&one));
+        assert_eq!(s[2], "payload 16@1+24");
+        assert_eq!(s[6], "payload 2@2+2");
+        assert_eq!(s[7], "cmp [0, 53]");
+        assert_eq!(s.len(), 9);
+    }
+
+    #[test]
+    fn another_prefix_is_masked_and_zero_is_a_prefix_too() {
+        for (p, load) in [
+            ("192.0.2.128/25", "payload 4@1+12"),
+            ("0.0.0.0/0", "payload 4@1+12"),
+        ] {
+            let r = rule(FlowDirection::Inbound, p, Some(1), None);
+            assert_eq!(
+                shape(&expressions(&r)),
+                [
+                    "meta",
+                    "cmp [2]",
+                    load,
+                    "bitwise",
+                    &format!(
+                        "cmp {:?}",
+                        match p {
+                            "0.0.0.0/0" => vec![0u8, 0, 0, 0],
+                            _ => vec![192, 0, 2, 128],
+                        }
+                    ),
+                    "meta",
+                    "cmp [1]",
+                    "immediate"
+                ],
+                "{p}"
+            );
+        }
+        let any6 = rule(FlowDirection::Outbound, "::/0", None, None);
+        assert_eq!(
+            shape(&expressions(&any6))[..4],
+            ["meta", "cmp [10]", "payload 16@1+24", "bitwise"]
+        );
+    }
+
+    #[test]
+    fn each_chain_is_flushed_then_filled_in_order_and_ends_in_drop() {
+        let rules = [
+            rule(FlowDirection::Inbound, "10.0.0.0/8", None, None),
+            rule(FlowDirection::Outbound, "::/0", None, None),
+            rule(FlowDirection::Inbound, "192.0.2.0/24", Some(6), None),
+        ];
+        let kinds: Vec<String> = messages("vmn", &rules)
+            .iter()
+            .map(|(_, m, flags)| match m {
+                NetfilterMessageInner::NfTables(NfTablesMessage::DeleteRule(r)) => {
+                    format!("flush {}", chain_of(r))
+                }
+                NetfilterMessageInner::NfTables(NfTablesMessage::NewRule(r)) => {
+                    assert_ne!(flags & NLM_F_APPEND, 0);
+                    format!("add {}", chain_of(r))
+                }
+                _ => "other".into(),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "flush fw_in",
+                "add fw_in",
+                "add fw_in",
+                "add fw_in",
+                "flush fw_out",
+                "add fw_out",
+                "add fw_out"
+            ]
+        );
+    }
+
+    fn chain_of(r: &RuleMessage) -> String {
+        r.attributes
+            .iter()
+            .find_map(|a| match a {
+                RuleAttribute::Chain(c) => Some(c.clone()),
+                _ => None,
+            })
+            .unwrap_or_default()
     }
 }

@@ -13,8 +13,8 @@
 //!   so the next check lists again (never a wrong skip). After our own transaction the table
 //!   is recorded only when the generation moved by exactly that one commit (read before and
 //!   after it) and the listing read back is the plan's.
-//! - A firewall change of the recorded shape goes in as one element batch over the kept socket
-//!   ([`NftGens::change_elements`]) when nothing else committed since the record; the table is
+//! - A firewall change of the recorded shape goes in as one rule batch over the kept socket
+//!   ([`NftGens::change_firewall`]) when nothing else committed since the record; the table is
 //!   then recorded unlisted (the next check lists it). A create records its table the same way
 //!   when its transaction was the only commit in the new netns ([`NftGens::adopt_created`]).
 //! - One socket per VM netns, opened by the create (or on the first thread that enters the
@@ -32,10 +32,9 @@
 //! limit at start).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use vmnet_plan::ns::VmPlan;
-use vmnet_plan::ns::firewall::sets::FwSet;
 
 use crate::netns;
 use crate::nftgen::{GenSocket, NsId};
@@ -60,11 +59,8 @@ struct Synced {
     shape: String,
     /// The generation.
     at: u32,
-    /// Whether a listing showed it so (`false` after an element batch: the next check lists).
+    /// Whether a listing showed it so (`false` after a rule batch: the next check lists).
     listed: bool,
-    /// The plan's firewall sets (what the table's sets hold): an element batch writes only what
-    /// differs from them.
-    sets: Option<Arc<[FwSet]>>,
 }
 
 impl Synced {
@@ -74,14 +70,13 @@ impl Synced {
             shape: plan.nft_shape.clone(),
             at,
             listed,
-            sets: plan.firewall.as_ref().map(|f| f.sets().into()),
         }
     }
 }
 
-/// What [`NftGens::change_elements`] did.
+/// What [`NftGens::change_firewall`] did.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum ElementChange {
+pub(super) enum FirewallChange {
     /// The batch was committed.
     Done,
     /// The table is not known to be of that shape at the current generation: replace it whole.
@@ -200,52 +195,49 @@ impl NftGens {
 
     /// Changes the table of `netns`, known to be of `plan`'s shape at the generation the netns
     /// is at now, into `plan` by `batch` (one transaction over the kept socket, from any
-    /// thread), given the firewall sets the table holds now (`None` when not known). Records
+    /// thread). Records
     /// the table as `plan` when the generation moved by exactly that commit, to be listed at
-    /// the next check. [`ElementChange::NotEligible`] (nothing
+    /// the next check. [`FirewallChange::NotEligible`] (nothing
     /// sent) when no socket is kept, its path names another namespace, nothing is recorded, the
     /// recorded shape differs or anything committed since.
     ///
     /// # Errors
     /// `batch`'s error (nothing was committed; the record is dropped).
-    pub(super) fn change_elements(
+    pub(super) fn change_firewall(
         &self,
         netns: &str,
         plan: &VmPlan,
-        batch: impl FnOnce(
-            &mut crate::nfnl::NfnlSocket,
-            Option<&[FwSet]>,
-        ) -> Result<(), crate::nfnl::NetfilterError>,
-    ) -> Result<ElementChange, crate::nfnl::NetfilterError> {
+        batch: impl FnOnce(&mut crate::nfnl::NfnlSocket) -> Result<(), crate::nfnl::NetfilterError>,
+    ) -> Result<FirewallChange, crate::nfnl::NetfilterError> {
         let next = Synced::of(plan, 0, false);
         let now = NsId::of_path(&netns::path(netns)).ok();
         let mut map = self.lock();
         let Some(kept) = map.get_mut(netns) else {
-            return Ok(ElementChange::NotEligible);
+            return Ok(FirewallChange::NotEligible);
         };
-        let Some((at, old)) = kept
+        let Some(at) = kept
             .synced
             .as_ref()
             .filter(|s| s.shape == next.shape && now == Some(kept.sock.netns()))
-            .map(|s| (s.at, s.sets.clone()))
+            .map(|s| s.at)
         else {
-            return Ok(ElementChange::NotEligible);
+            return Ok(FirewallChange::NotEligible);
         };
         // Nothing committed since: the table is the recorded one. The kept socket serializes
         // this with the other checks of this netns (under the map's lock: a few round trips).
         if kept.sock.read().ok() != Some(at) {
             kept.synced = None;
-            return Ok(ElementChange::NotEligible);
+            return Ok(FirewallChange::NotEligible);
         }
         kept.synced = None;
-        batch(kept.sock.nfnl(), old.as_deref())?;
+        batch(kept.sock.nfnl())?;
         if kept.sock.read().ok() == Some(at.wrapping_add(1)) {
             kept.synced = Some(Synced {
                 at: at.wrapping_add(1),
                 ..next
             });
         }
-        Ok(ElementChange::Done)
+        Ok(FirewallChange::Done)
     }
 
     /// After our own transaction: records the table as planned by `plan` when the generation
@@ -273,7 +265,7 @@ impl NftGens {
     /// Keeps `sock`, opened in the netns `netns` just created, and records its table as `plan`
     /// when our create's transaction was the only commit there (the
     /// generation read over `sock` went from `before` to `after` = `before` + 1). Recorded
-    /// unlisted: the next check lists the table, and a firewall change may go in as an element
+    /// unlisted: the next check lists the table, and a firewall change may go in as a rule
     /// batch before that. A socket kept for an earlier namespace of that name is closed.
     pub(super) fn adopt_created(
         &self,

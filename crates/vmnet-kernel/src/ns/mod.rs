@@ -179,8 +179,8 @@ pub trait NsDriver: Send + Sync {
 
     /// Applies a plan that differs from the applied one in its netns nft table only (a changed
     /// firewall): when the table is known to be the previous plan's, of the same shape, at the
-    /// netns's current nf_tables generation, the firewall's set elements are replaced in one
-    /// element batch over netlink; otherwise the table is replaced in one transaction. Either
+    /// netns's current nf_tables generation, the firewall's two rule chains are flushed and
+    /// written in one batch over netlink; otherwise the table is replaced in one transaction. Either
     /// way with the conntrack sweep of [`NsDriver::audit_table`], without the full observe of
     /// [`NsDriver::apply`]; a VM whose netns does not exist is a full `apply`. The next
     /// reconcile pass or audit reads everything back.

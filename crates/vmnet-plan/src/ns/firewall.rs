@@ -2,31 +2,23 @@
 //! happen": in the VM namespace, on what is forwarded between the tap and the veth, after DNAT).
 //!
 //! # Design
-//! The filter is three more chains and twelve sets in the VM's table `inet <prefix>`, so
-//! it is replaced in the same transaction as the rest of that table:
+//! The filter is three more chains in the VM's table `inet <prefix>`, so it is replaced in the
+//! same transaction as the rest of that table:
 //!
 //! - `filter` (filter hook forward, priority 0, after the netns DNAT at prerouting, so an
 //!   inbound rule sees the guest's port; policy accept): `ct state established,related accept`,
 //!   then `iifname <veth> oifname <tap> jump fw_in` and `iifname <tap> oifname <veth> jump
 //!   fw_out`. Nothing else is forwarded; the guest link's own traffic (ARP, NDP, the metadata
 //!   service: input and output of the netns) never reaches a forward hook.
-//! - `fw_in` / `fw_out`: one set lookup per family and kind, then `drop`. The sets (`fw_in4_any`,
-//!   `fw_in4_proto`, `fw_in4_port`, and `6`, and the same for `out`; the peer address is the
-//!   source inbound and the destination outbound):
-//!   - `…_any`: `ip saddr` (prefix intervals) for rules of protocol `any`;
-//!   - `…_proto`: `ip saddr . meta l4proto` for `icmp` (ICMP in the IPv4 set, ICMPv6 in the IPv6
-//!     one) and for `tcp`/`udp` without ports;
-//!   - `…_port`: `ip saddr . meta l4proto . th dport` for `tcp`/`udp` with ports.
-//!
-//!   `meta l4proto` and `th` are the layer-4 protocol and header after any IPv6 extension
-//!   header, so an ICMPv6 echo with a hop-by-hop header is matched by an `icmp` rule. All twelve
-//!   sets and their lookups are written whatever the rules ([`sets`]): a lookup costs the same
-//!   for 0 or 50 prefixes, and a changed firewall then changes set elements only (the kernel
-//!   layer applies that as one element batch).
-//! - Interval sets refuse overlapping elements, so the elements are made disjoint, keeping what
-//!   they match: a prefix inside another of the same kind and protocol is dropped (`any`,
-//!   `proto`); for ports, each prefix keeps only the ports none of the prefixes containing it
-//!   has, merged into maximal ranges ([`disjoint_ports`]).
+//! - `fw_in` / `fw_out`: one accept rule per configured rule and prefix, in the configured
+//!   order ([`rules`]), then `drop`. The peer address is the source inbound and the destination
+//!   outbound; `icmp` is `meta l4proto icmp` for an IPv4 prefix and `ipv6-icmp` for an IPv6 one.
+//!   `meta l4proto` and `th`/`tcp`/`udp dport` are the layer-4 protocol and header after any
+//!   IPv6 extension header, so an ICMPv6 echo with a hop-by-hop header is matched by an `icmp`
+//!   rule.
+//! - The table's *shape* (everything but the rules of `fw_in` and `fw_out`) does not depend on
+//!   the rules: a changed firewall changes those two chains only, and the kernel layer can apply
+//!   that as one small batch (flush both chains, add the rules) without libnftables.
 //!
 //! [`FirewallPlan::admits`] is the same decision on one connection, for removing the conntrack
 //! entries a tightened firewall would not admit (the kernel layer).
@@ -34,17 +26,16 @@
 //! # Limitations
 //! A VM without a mesh address has no veth, forwards nothing and gets no filter.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use vmnet_model::vm::firewall::{Firewall, FirewallRule, PortRange, Protocol};
+use vmnet_model::vm::firewall::{Firewall, FirewallRule, Protocol};
 
-pub mod sets;
+pub mod rules;
 
-use sets::{FwElement, FwSet, FwSetKind};
+use rules::{CHAIN_IN, CHAIN_OUT, FwRule};
 
 /// IP protocol numbers the firewall matches on.
 pub const IPPROTO_ICMP: u8 = 1;
@@ -114,10 +105,10 @@ impl FirewallPlan {
         })
     }
 
-    /// The twelve sets of the filter, with their elements ([`sets::sets`]).
+    /// The accept rules of `fw_in` and `fw_out` ([`rules::rules`]).
     #[must_use]
-    pub fn sets(&self) -> Vec<FwSet> {
-        sets::sets(&self.inbound, &self.outbound)
+    pub fn rules(&self) -> Vec<FwRule> {
+        rules::rules(&self.inbound, &self.outbound)
     }
 
     /// Which way a tracked connection (original source and destination, and the source of its
@@ -161,91 +152,7 @@ pub fn plan(fw: Option<&Firewall>, guest: Vec<IpNet>, local: Vec<IpAddr>) -> Opt
     })
 }
 
-/// `prefixes` without any prefix that lies inside another of them (sorted, deduplicated).
-fn outermost(prefixes: &BTreeSet<IpNet>) -> Vec<IpNet> {
-    prefixes
-        .iter()
-        .filter(|p| !prefixes.iter().any(|q| q != *p && q.contains(*p)))
-        .copied()
-        .collect()
-}
-
-/// Sorted, merged (adjacent and overlapping joined) inclusive ranges.
-fn merge(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
-    ranges.sort_unstable();
-    let mut out: Vec<(u32, u32)> = Vec::new();
-    for (a, b) in ranges {
-        match out.last_mut() {
-            Some(last) if a <= last.1 + 1 => last.1 = last.1.max(b),
-            _ => out.push((a, b)),
-        }
-    }
-    out
-}
-
-/// `have` without what `minus` covers (both merged).
-fn subtract(have: &[(u32, u32)], minus: &[(u32, u32)]) -> Vec<(u32, u32)> {
-    let mut out = Vec::new();
-    for &(a, b) in have {
-        let mut start = a;
-        for &(c, d) in minus {
-            if d < start || c > b {
-                continue;
-            }
-            if c > start {
-                out.push((start, c - 1));
-            }
-            start = start.max(d + 1);
-            if start > b {
-                break;
-            }
-        }
-        if start <= b {
-            out.push((start, b));
-        }
-    }
-    out
-}
-
-/// Port elements made disjoint: for each prefix, the merged ranges of its rules minus the ports
-/// of every prefix containing it. An address and port matched before is matched by exactly one
-/// element after: the outermost prefix holding that port.
-#[must_use]
-pub fn disjoint_ports(by_prefix: &BTreeMap<IpNet, Vec<PortRange>>) -> Vec<(IpNet, PortRange)> {
-    let merged: BTreeMap<IpNet, Vec<(u32, u32)>> = by_prefix
-        .iter()
-        .map(|(p, rs)| {
-            (
-                *p,
-                merge(
-                    rs.iter()
-                        .map(|r| (u32::from(r.first), u32::from(r.last)))
-                        .collect(),
-                ),
-            )
-        })
-        .collect();
-    let mut out = Vec::new();
-    for (p, ranges) in &merged {
-        let outer = merge(
-            merged
-                .iter()
-                .filter(|(q, _)| *q != p && q.contains(p))
-                .flat_map(|(_, rs)| rs.iter().copied())
-                .collect(),
-        );
-        for (a, b) in subtract(ranges, &outer) {
-            let (first, last) = (
-                u16::try_from(a).unwrap_or(u16::MAX),
-                u16::try_from(b).unwrap_or(u16::MAX),
-            );
-            out.push((*p, PortRange { first, last }));
-        }
-    }
-    out
-}
-
-/// The nft commands of the filter (chains, sets, rules) in table `inet <table>`, for a VM whose
+/// The nft commands of the filter (chains and rules) in table `inet <table>`, for a VM whose
 /// veth end in the netns is `peer` and whose tap is `tap`; appended to the VM table's
 /// transaction.
 #[must_use]
@@ -272,49 +179,18 @@ pub fn nft_commands(table: &str, peer: &str, tap: &str, fw: &FirewallPlan) -> Ve
         rule("filter", ifs(peer, tap, "fw_in")),
         rule("filter", ifs(tap, peer, "fw_out")),
     ];
-    let mut rules = Vec::new();
-    for set in fw.sets() {
-        let (chain, field) = if set.name.starts_with("fw_in") {
-            ("fw_in", "saddr")
-        } else {
-            ("fw_out", "daddr")
-        };
-        let (proto, addr_type) = if set.v4 {
-            ("ip", "ipv4_addr")
-        } else {
-            ("ip6", "ipv6_addr")
-        };
-        let addr = json!({"payload": {"protocol": proto, "field": field}});
-        let l4 = json!({"meta": {"key": "l4proto"}});
-        let dport = json!({"payload": {"protocol": "th", "field": "dport"}});
-        let (ty, left) = match set.kind {
-            FwSetKind::Any => (json!(addr_type), addr),
-            FwSetKind::Proto => (
-                json!([addr_type, "inet_proto"]),
-                json!({"concat": [addr, l4]}),
-            ),
-            FwSetKind::Port => (
-                json!([addr_type, "inet_proto", "inet_service"]),
-                json!({"concat": [addr, l4, dport]}),
-            ),
-        };
-        let mut decl = json!({"family": "inet", "table": t, "name": set.name,
-            "type": ty, "flags": ["interval"]});
-        if !set.elements.is_empty() {
-            decl["elem"] = set.elements.iter().map(FwElement::to_json).collect();
-        }
-        cmds.push(json!({"add": {"set": decl}}));
-        rules.push(rule(
-            chain,
-            json!([{"match": {"op": "==", "left": left, "right": format!("@{}", set.name)}},
-                {"accept": null}]),
-        ));
-        // The last set of a direction: the direction's drop.
-        if set.kind == FwSetKind::Port && !set.v4 {
-            rules.push(rule(chain, json!([{"drop": null}])));
-        }
+    for (chain, dir) in [
+        (CHAIN_IN, FlowDirection::Inbound),
+        (CHAIN_OUT, FlowDirection::Outbound),
+    ] {
+        cmds.extend(
+            fw.rules()
+                .iter()
+                .filter(|r| r.direction == dir)
+                .map(|r| rule(chain, r.to_json())),
+        );
+        cmds.push(rule(chain, json!([{"drop": null}])));
     }
-    cmds.extend(rules);
     cmds
 }
 

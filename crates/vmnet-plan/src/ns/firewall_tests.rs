@@ -1,14 +1,12 @@
-//! Unit tests of the firewall plan ([`super::firewall`]): the chains and sets in the VM table,
-//! disjoint interval elements, and the decision the conntrack sweep uses.
+//! Unit tests of the firewall plan ([`super::firewall`]): the chains and rules in the VM table,
+//! and the decision the conntrack sweep uses.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use serde_json::{Value, json};
-use vmnet_model::vm::firewall::PortRange;
 use vmnet_model::vm::parse_vm_config;
 
-use super::firewall::{FlowDirection, disjoint_ports};
+use super::firewall::FlowDirection;
 use super::*;
 
 fn plan_of(fw: Value) -> VmPlan {
@@ -34,10 +32,6 @@ fn added<'a>(p: &'a VmPlan, kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-fn set<'a>(p: &'a VmPlan, name: &str) -> Option<&'a Value> {
-    added(p, "set").into_iter().find(|s| s["name"] == name)
-}
-
 fn rules_of(p: &VmPlan, chain: &str) -> Vec<Value> {
     added(p, "rule")
         .into_iter()
@@ -59,7 +53,6 @@ fn a_disabled_or_absent_firewall_adds_nothing_to_the_table() {
     let off = plan_of(off);
     assert!(none.firewall.is_none() && off.firewall.is_none());
     assert_eq!(none.nft, off.nft);
-    assert!(added(&off, "set").is_empty());
     let chains: Vec<&Value> = added(&off, "chain").iter().map(|c| &c["name"]).collect();
     assert!(!chains.iter().any(|c| *c == "filter"), "{chains:?}");
 }
@@ -93,63 +86,64 @@ fn the_filter_hooks_forward_after_dnat_and_dispatches_tap_and_veth_traffic() {
 }
 
 #[test]
-fn the_example_becomes_one_lookup_per_family_and_kind_then_drop() {
+fn the_example_becomes_one_rule_per_prefix_then_drop() {
     let p = plan_of(serde_json::from_str(EXAMPLE).unwrap());
+    let m = |proto: &str, field: &str, right: Value| json!({"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": field}}, "right": right}});
+    let l4 = |name: &str| json!({"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": name}});
+    let pfx = |a: &str, l: u8| json!({"prefix": {"addr": a, "len": l}});
+    let accept = json!({"accept": null});
     assert_eq!(
-        set(&p, "fw_in4_port").unwrap()["elem"],
-        json!([{"concat": [{"prefix": {"addr": "198.51.100.0", "len": 24}}, "tcp", 22]}])
+        rules_of(&p, "fw_in"),
+        vec![
+            json!([
+                m("ip", "saddr", pfx("198.51.100.0", 24)),
+                m("tcp", "dport", json!(22)),
+                accept
+            ]),
+            json!([
+                m("ip6", "saddr", pfx("2001:db8::", 32)),
+                m("tcp", "dport", json!(22)),
+                accept
+            ]),
+            json!([m("ip", "saddr", pfx("0.0.0.0", 0)), l4("icmp"), accept]),
+            json!([m("ip6", "saddr", pfx("::", 0)), l4("ipv6-icmp"), accept]),
+            json!([{"drop": null}]),
+        ]
     );
     assert_eq!(
-        set(&p, "fw_in4_port").unwrap()["type"],
-        json!(["ipv4_addr", "inet_proto", "inet_service"])
+        rules_of(&p, "fw_out"),
+        vec![
+            json!([m("ip", "daddr", pfx("0.0.0.0", 0)), accept]),
+            json!([m("ip6", "daddr", pfx("::", 0)), accept]),
+            json!([{"drop": null}]),
+        ]
     );
+    // A port range, a full-length prefix, a protocol without ports, and a repeated rule.
+    let q = plan_of(json!({"enabled": true, "inbound": [
+        {"protocol": "udp", "ports": "53-54", "prefixes": ["192.0.2.7/32", "2001:db8::1/128"]},
+        {"protocol": "tcp", "prefixes": ["10.0.0.0/8"]},
+        {"protocol": "udp", "ports": "53-54", "prefixes": ["192.0.2.7/32"]}]}));
     assert_eq!(
-        set(&p, "fw_in6_port").unwrap()["elem"],
-        json!([{"concat": [{"prefix": {"addr": "2001:db8::", "len": 32}}, "tcp", 22]}])
+        rules_of(&q, "fw_in"),
+        vec![
+            json!([
+                m("ip", "saddr", json!("192.0.2.7")),
+                m("udp", "dport", json!({"range": [53, 54]})),
+                accept
+            ]),
+            json!([
+                m("ip6", "saddr", json!("2001:db8::1")),
+                m("udp", "dport", json!({"range": [53, 54]})),
+                accept
+            ]),
+            json!([m("ip", "saddr", pfx("10.0.0.0", 8)), l4("tcp"), accept]),
+            json!([{"drop": null}]),
+        ]
     );
-    // icmp means ICMP in the IPv4 set and ICMPv6 in the IPv6 one, by meta l4proto.
-    assert_eq!(
-        set(&p, "fw_in4_proto").unwrap()["elem"],
-        json!([{"concat": [{"prefix": {"addr": "0.0.0.0", "len": 0}}, "icmp"]}])
-    );
-    assert_eq!(
-        set(&p, "fw_in6_proto").unwrap()["elem"],
-        json!([{"concat": [{"prefix": {"addr": "::", "len": 0}}, "ipv6-icmp"]}])
-    );
-    assert_eq!(
-        set(&p, "fw_out4_any").unwrap()["elem"],
-        json!([{"prefix": {"addr": "0.0.0.0", "len": 0}}])
-    );
-    assert_eq!(
-        set(&p, "fw_out4_any").unwrap()["flags"],
-        json!(["interval"])
-    );
-    // Every set is declared, empty or not: the table's shape does not depend on the rules.
-    assert_eq!(added(&p, "set").len(), 12);
-    assert!(set(&p, "fw_in4_any").unwrap().get("elem").is_none());
-    assert!(set(&p, "fw_out4_port").unwrap().get("elem").is_none());
-    let fw_in = rules_of(&p, "fw_in");
-    assert_eq!(fw_in.len(), 7);
-    assert_eq!(
-        fw_in[2],
-        json!([{"match": {"op": "==", "left": {"concat": [
-                {"payload": {"protocol": "ip", "field": "saddr"}},
-                {"meta": {"key": "l4proto"}},
-                {"payload": {"protocol": "th", "field": "dport"}}]},
-            "right": "@fw_in4_port"}}, {"accept": null}])
-    );
-    assert_eq!(fw_in[6], json!([{"drop": null}]));
-    let fw_out = rules_of(&p, "fw_out");
-    assert_eq!(
-        fw_out[0],
-        json!([{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}},
-            "right": "@fw_out4_any"}}, {"accept": null}])
-    );
-    assert_eq!(fw_out.len(), 7);
 }
 
 #[test]
-fn another_firewall_changes_the_set_elements_and_keeps_the_shape() {
+fn another_firewall_changes_the_rules_and_keeps_the_shape() {
     let a = plan_of(serde_json::from_str(EXAMPLE).unwrap());
     let b = plan_of(json!({"enabled": true, "inbound": [
         {"protocol": "udp", "ports": "53-54", "prefixes": ["192.0.2.0/24"]}]}));
@@ -162,107 +156,28 @@ fn another_firewall_changes_the_set_elements_and_keeps_the_shape() {
     assert_ne!(off.nft_shape, a.nft_shape);
     let comment = added(&a, "rule")[0]["comment"].clone();
     assert_eq!(comment, json!(format!("vmnet:{}", a.nft_shape)));
-    // The typed sets are what the JSON holds.
-    let sets = a.firewall.as_ref().unwrap().sets();
-    assert_eq!(sets.len(), 12);
-    for s in &sets {
-        let elems: Vec<Value> = s.elements.iter().map(|e| e.to_json()).collect();
-        let want = set(&a, &s.name).unwrap().get("elem").cloned();
-        assert_eq!(want.unwrap_or(json!([])), json!(elems), "{}", s.name);
+    // The typed rules are what the JSON holds.
+    let fw = a.firewall.as_ref().unwrap();
+    for (chain, dir) in [
+        ("fw_in", FlowDirection::Inbound),
+        ("fw_out", FlowDirection::Outbound),
+    ] {
+        let mut want: Vec<Value> = fw
+            .rules()
+            .iter()
+            .filter(|r| r.direction == dir)
+            .map(|r| r.to_json())
+            .collect();
+        want.push(json!([{"drop": null}]));
+        assert_eq!(rules_of(&a, chain), want, "{chain}");
     }
 }
 
 #[test]
 fn an_empty_list_is_drop_only() {
     let p = plan_of(json!({"enabled": true}));
-    assert_eq!(rules_of(&p, "fw_in").last(), Some(&json!([{"drop": null}])));
-    assert_eq!(
-        rules_of(&p, "fw_out").last(),
-        Some(&json!([{"drop": null}]))
-    );
-    assert!(added(&p, "set").iter().all(|s| s.get("elem").is_none()));
-}
-
-#[test]
-fn nested_prefixes_are_made_disjoint_without_changing_what_matches() {
-    let p = plan_of(json!({"enabled": true, "inbound": [
-        {"protocol": "any", "prefixes": ["10.0.0.0/8", "10.1.0.0/16", "198.51.100.7"]},
-        {"protocol": "tcp", "prefixes": ["10.0.0.0/8"]},
-        {"protocol": "tcp", "prefixes": ["10.2.0.0/16", "10.0.0.0/8"]},
-        {"protocol": "tcp", "ports": "20-30", "prefixes": ["192.0.2.0/24"]},
-        {"protocol": "tcp", "ports": "25-40", "prefixes": ["192.0.2.0/24", "192.0.2.128/25"]},
-        {"protocol": "tcp", "ports": "10-50", "prefixes": ["192.0.2.128/25"]},
-        {"protocol": "udp", "ports": "41-41", "prefixes": ["192.0.2.0/24"]}]}));
-    assert_eq!(
-        set(&p, "fw_in4_any").unwrap()["elem"],
-        json!([{"prefix": {"addr": "10.0.0.0", "len": 8}}, "198.51.100.7"])
-    );
-    assert_eq!(
-        set(&p, "fw_in4_proto").unwrap()["elem"],
-        json!([{"concat": [{"prefix": {"addr": "10.0.0.0", "len": 8}}, "tcp"]}])
-    );
-    let c = |n: &str, proto: &str, port: Value| {
-        let (a, l) = n.split_once('/').unwrap();
-        json!({"concat": [{"prefix": {"addr": a, "len": l.parse::<u8>().unwrap()}}, proto, port]})
-    };
-    assert_eq!(
-        set(&p, "fw_in4_port").unwrap()["elem"],
-        json!([
-            c("192.0.2.0/24", "tcp", json!({"range": [20, 40]})),
-            c("192.0.2.128/25", "tcp", json!({"range": [10, 19]})),
-            c("192.0.2.128/25", "tcp", json!({"range": [41, 50]})),
-            c("192.0.2.0/24", "udp", json!(41)),
-        ])
-    );
-}
-
-#[test]
-fn disjoint_ports_keep_each_address_and_port_matched_once() {
-    let n = |s: &str| s.parse::<ipnet::IpNet>().unwrap();
-    let r = |a: u16, b: u16| PortRange { first: a, last: b };
-    let by: BTreeMap<_, _> = [
-        (n("10.0.0.0/8"), vec![r(1, 100), r(200, 300)]),
-        (n("10.1.0.0/16"), vec![r(50, 250)]),
-        (n("10.1.2.0/24"), vec![r(1, 65535)]),
-        (n("10.9.0.0/16"), vec![r(7, 7), r(8, 9)]),
-        (n("11.9.0.0/16"), vec![r(7, 7), r(8, 9)]),
-    ]
-    .into_iter()
-    .collect();
-    let out = disjoint_ports(&by);
-    assert_eq!(
-        out,
-        vec![
-            (n("10.0.0.0/8"), r(1, 100)),
-            (n("10.0.0.0/8"), r(200, 300)),
-            (n("10.1.0.0/16"), r(101, 199)),
-            (n("10.1.2.0/24"), r(301, 65535)),
-            (n("11.9.0.0/16"), r(7, 9)),
-        ]
-    );
-    // Every (address, port) probe matches exactly as often as the rules say: once or never.
-    for addr in [
-        "10.1.2.3",
-        "10.1.9.9",
-        "10.200.0.1",
-        "10.9.0.1",
-        "11.9.0.1",
-        "11.0.0.1",
-    ] {
-        let a: IpAddr = addr.parse().unwrap();
-        for port in [
-            1u16, 7, 9, 10, 50, 100, 101, 150, 199, 200, 250, 251, 300, 301, 65535,
-        ] {
-            let want = by.iter().any(|(p, rs)| {
-                p.contains(&a) && rs.iter().any(|r| (r.first..=r.last).contains(&port))
-            });
-            let hits = out
-                .iter()
-                .filter(|(p, r)| p.contains(&a) && (r.first..=r.last).contains(&port))
-                .count();
-            assert_eq!(hits, usize::from(want), "{addr} port {port}");
-        }
-    }
+    assert_eq!(rules_of(&p, "fw_in"), vec![json!([{"drop": null}])]);
+    assert_eq!(rules_of(&p, "fw_out"), vec![json!([{"drop": null}])]);
 }
 
 #[test]

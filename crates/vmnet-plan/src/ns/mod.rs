@@ -35,7 +35,7 @@
 //!   address to the guest in its table.
 //! - throughput limits ([`limits`]): HTB trees on the tap and the VM end of the veth.
 //!
-//! - the firewall ([`firewall`]): filter chains and sets in the same netns table, and the rules in
+//! - the firewall ([`firewall`]): filter chains in the same netns table, and the rules in
 //!   [`VmPlan::firewall`] for the kernel layer's conntrack sweep.
 //!
 //! - the metadata service ([`metadata`]): the document in [`VmPlan::metadata`], and

@@ -36,12 +36,13 @@ fn mss_rule(table: &str, nfproto: &str, mss: u32) -> Value {
 /// `oifname <peer> ip saddr 172.16.0.0/30 snat to <transit address>`.
 ///
 /// Returns the transaction, its fingerprint (over all of it) and its shape fingerprint (over all
-/// of it but the firewall's set elements), the latter written as the comment of the first rule:
-/// a firewall change applied as set elements leaves that rule as it was.
+/// of it but the rules of the firewall's `fw_in` and `fw_out`), the latter written as the
+/// comment of the first rule: a firewall change applied to those two chains alone leaves that
+/// rule as it was.
 /// With `dnat` (`Some((peer veth, transit address))`, a VM with a public IPv4) also chain
 /// `prerouting` passing the transit address on to the guest
 /// ([`super::public::ns_dnat`]). With `firewall` (`Some((peer veth, tap, plan))`) also the
-/// filter chains and sets ([`super::firewall::nft_commands`]).
+/// filter chains ([`super::firewall::nft_commands`]).
 pub fn vm_ruleset(
     table: &str,
     mtu: u32,
@@ -74,25 +75,23 @@ pub fn vm_ruleset(
     if let Some((peer, tap, fw)) = firewall {
         cmds.extend(super::firewall::nft_commands(table, peer, tap, fw));
     }
-    let shape = fingerprint(&without_fw_elements(&cmds));
+    let shape = fingerprint(&without_fw_rules(&cmds));
     cmds[4]["add"]["rule"]["comment"] = Value::String(format!("{FINGERPRINT_PREFIX}{shape}"));
     let fp = fingerprint(&cmds);
     (json!({"nftables": cmds}), fp, shape)
 }
 
-/// `cmds` with the elements of the firewall's sets left out: what a firewall change of the same
-/// shape leaves as it was.
-fn without_fw_elements(cmds: &[Value]) -> Vec<Value> {
+/// `cmds` without the rules of the firewall's `fw_in` and `fw_out`: what a firewall change of
+/// the same shape leaves as it was.
+fn without_fw_rules(cmds: &[Value]) -> Vec<Value> {
+    use super::firewall::rules::{CHAIN_IN, CHAIN_OUT};
     cmds.iter()
-        .map(|c| {
-            let mut c = c.clone();
-            if let Some(set) = c["add"].get_mut("set").and_then(Value::as_object_mut)
-                && set["name"].as_str().is_some_and(|n| n.starts_with("fw_"))
-            {
-                set.remove("elem");
-            }
-            c
+        .filter(|c| {
+            !c["add"]["rule"]["chain"]
+                .as_str()
+                .is_some_and(|ch| ch == CHAIN_IN || ch == CHAIN_OUT)
         })
+        .cloned()
         .collect()
 }
 

@@ -157,9 +157,9 @@ pub struct VmPlan {
     pub nft: serde_json::Value,
     /// A fingerprint of all of [`Self::nft`] (16 hex digits).
     pub nft_fingerprint: String,
-    /// A fingerprint of [`Self::nft`] without the firewall's set elements, stored as the first
-    /// rule's comment (`vmnet:<shape>`): two plans of the same shape differ in those elements
-    /// only, and the kernel layer changes one into the other as an element batch.
+    /// A fingerprint of [`Self::nft`] without the rules of the firewall's `fw_in` and `fw_out`,
+    /// stored as the first rule's comment (`vmnet:<shape>`): two plans of the same shape differ
+    /// in those rules only, and the kernel layer changes one into the other as one small batch.
     pub nft_shape: String,
     /// The host table of this VM (`host_table_base + uid`).
     pub host_table: u32,

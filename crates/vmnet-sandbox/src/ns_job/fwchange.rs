@@ -2,7 +2,7 @@
 //! [`super::firewall::filtered`]) with a public IPv4 gets, by a `PUT` of its config, one more
 //! inbound rule that admits the fake internet's client at the port its rules block; real
 //! connections then show the port open, and closed again after a `PUT` of the original config.
-//! A change of the firewall alone is what the agent applies as one nf_tables element batch.
+//! A change of the firewall alone is what the agent applies as one nf_tables rule batch.
 //!
 //! | check | expected |
 //! |---|---|
