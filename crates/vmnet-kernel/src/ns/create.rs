@@ -4,7 +4,7 @@
 use std::os::fd::AsRawFd;
 
 use netlink_packet_route::link::{
-    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoVeth, LinkAttribute,
+    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoVeth, LinkAttribute, LinkMessage,
 };
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
 use vmnet_plan::ns::{VethPlan, VmPlan};
@@ -48,9 +48,12 @@ pub(super) async fn add_veth(
             peer = peer.index(index);
             host = host.index(index);
         }
-        let msg = host
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
+        let mut peer = peer.build();
+        one_queue(&mut peer);
+        let mut msg = host
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
             .build();
+        one_queue(&mut msg);
         d.host.link().add(msg).execute()
     };
     let what = || format!("host: add veth {}/{}", v.host_name, v.peer_name);
@@ -74,6 +77,15 @@ pub(super) async fn add_veth(
         Err(e) => return Err(nl(what())(e)),
     };
     no_auto_link_local(d, v, index).await
+}
+
+/// Asks for one transmit and one receive queue on a new veth end. Without them the kernel makes
+/// one queue per possible CPU and then cuts the real number down to one on the registered
+/// device, waiting for an RCU grace period for each end (`synchronize_rcu_expedited`): about
+/// 0.18 ms per pair here. A VM's veth carries one flow of traffic per direction anyway.
+fn one_queue(msg: &mut LinkMessage) {
+    msg.attributes.push(LinkAttribute::NumTxQueues(1));
+    msg.attributes.push(LinkAttribute::NumRxQueues(1));
 }
 
 /// Turns off the automatic IPv6 link-local address of the new host veth end (`addrgenmode
