@@ -62,7 +62,13 @@ impl Default for GuestConfig {
 }
 
 /// Configures the interface `ifname` (already present, e.g. created by a relay) in `ns` as
-/// `cfg` says: MAC, MTU, up, addresses, routes. DAD is switched off in `ns` first.
+/// `cfg` says: MAC, MTU, addresses, up, routes. DAD is switched off in `ns` first.
+///
+/// The addresses are in place before the link comes up, and the link announces them when it
+/// does (`arp_notify`, `ndisc_notify`: a gratuitous ARP and an unsolicited neighbour
+/// advertisement), as a booting guest makes itself known by its first packets: a VM netns that
+/// already tried to resolve the guest (traffic arriving for it while it was still down) learns
+/// it at once instead of at its next solicitation, a second later.
 ///
 /// # Errors
 /// The first `ip` command or sysctl that fails.
@@ -70,6 +76,8 @@ pub fn configure(ns: &str, ifname: &str, cfg: &GuestConfig) -> Result<(), Sandbo
     netns::sysctl(ns, "net/ipv6/conf/all/accept_dad", "0")?;
     netns::sysctl(ns, "net/ipv6/conf/default/accept_dad", "0")?;
     netns::sysctl(ns, &format!("net/ipv6/conf/{ifname}/accept_dad"), "0")?;
+    netns::sysctl(ns, &format!("net/ipv4/conf/{ifname}/arp_notify"), "1")?;
+    netns::sysctl(ns, &format!("net/ipv6/conf/{ifname}/ndisc_notify"), "1")?;
     netns::ip(
         ns,
         &[
@@ -82,25 +90,10 @@ pub fn configure(ns: &str, ifname: &str, cfg: &GuestConfig) -> Result<(), Sandbo
             &cfg.mtu.to_string(),
         ],
     )?;
-    netns::ip(ns, &["link", "set", ifname, "up"])?;
     netns::ip(
         ns,
         &["addr", "add", &format!("{}/30", cfg.ipv4), "dev", ifname],
     )?;
-    if let Some(gw) = cfg.gateway_v4 {
-        netns::ip(
-            ns,
-            &[
-                "route",
-                "add",
-                "default",
-                "via",
-                &gw.to_string(),
-                "dev",
-                ifname,
-            ],
-        )?;
-    }
     if let Some(mesh) = cfg.mesh_ipv6 {
         netns::ip(
             ns,
@@ -112,6 +105,21 @@ pub fn configure(ns: &str, ifname: &str, cfg: &GuestConfig) -> Result<(), Sandbo
                 "dev",
                 ifname,
                 "nodad",
+            ],
+        )?;
+    }
+    netns::ip(ns, &["link", "set", ifname, "up"])?;
+    if let Some(gw) = cfg.gateway_v4 {
+        netns::ip(
+            ns,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                &gw.to_string(),
+                "dev",
+                ifname,
             ],
         )?;
     }
