@@ -14,6 +14,7 @@ use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_hos
 use super::gens::NftGens;
 use super::host::{self, HostNs};
 use super::nftcheck::ListingMemo;
+use super::routecache::RouteCache;
 use super::rulecache::RuleCache;
 use super::{BoxFuture, Change, NsDriver, NsError, ObservedVm, apply};
 use super::{lookup, routes};
@@ -36,6 +37,9 @@ pub struct NetlinkNsDriver {
     pub(super) nft_gens: NftGens,
     /// The host's VM rules, kept from the kernel's notifications (see [`super::rulecache`]).
     pub(super) host_rules: RuleCache,
+    /// The host's main-table routes through links, kept from the kernel's notifications (see
+    /// [`super::routecache`]).
+    pub(super) route_cache: RouteCache,
     /// The uplinks found so far (see `host::ra_uplinks`).
     uplinks_seen: std::sync::Mutex<BTreeSet<String>>,
     /// User ids removed with a deferred teardown, and when: [`NsDriver::gc`] leaves their
@@ -96,6 +100,7 @@ impl NetlinkNsDriver {
         let worker_ns = host_ns.clone();
         let host_nft = super::hostnft::HostNft::new(host_ns.clone());
         let host_rules = RuleCache::new(host_ns.clone());
+        let route_cache = RouteCache::new(host_ns.clone());
         Ok(Self {
             host_plan: plan_host(&settings),
             settings,
@@ -109,6 +114,7 @@ impl NetlinkNsDriver {
             conntrack: super::public_driver::conntrack_worker(worker_ns),
             host_nft,
             host_rules,
+            route_cache,
             activity: None,
         })
     }

@@ -90,6 +90,7 @@ mod observe;
 mod proxy;
 mod public;
 mod public_driver;
+mod routecache;
 mod routes;
 mod rulecache;
 mod rules;

@@ -165,10 +165,7 @@ pub(super) async fn observe_vm(
     st.host_link = routes::link_by_name(host, &host_name).await?;
     if let Some(l) = &st.host_link {
         st.host_addrs = link_addrs(host, l.index).await?;
-        for v in [IpVersion::V4, IpVersion::V6] {
-            st.host_routes
-                .extend(routes::dump_routes(host, v, Some(MAIN_TABLE), Some(l.index)).await?);
-        }
+        st.host_routes.extend(d.route_cache.through(l.index).await?);
     }
     for v in [IpVersion::V4, IpVersion::V6] {
         st.host_routes
