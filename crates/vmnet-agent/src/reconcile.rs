@@ -23,6 +23,10 @@
 //! - A change pass observes the host once (namespaces, host veths) and applies only the VMs
 //!   that are not known good: not applied yet, failed, or with their netns or host veth missing.
 //!   The API already applied the VM it changed, so a burst of PUTs does not cost a full pass each.
+//! - A pass converges the VMs with a route via a gateway VM's mesh address after the others
+//!   ([`pass_order`]): a gateway repaired in the pass (its host route lost, its veth down) is
+//!   in place when the VMs behind it resolve their routes, instead of their routes getting the
+//!   `unreachable` guard until the next pass.
 //! - When an apply fails, the last good config is re-applied and the error recorded on the VM;
 //!   the next pass tries again.
 //! - Garbage collection gets the user ids of every desired VM (the desired config's and, while
@@ -40,7 +44,7 @@ use std::time::{Duration, Instant};
 use vmnet_ipam::vm_store::{self, VmRow};
 use vmnet_kernel::ns::{Change, ObservedVm};
 use vmnet_model::Error;
-use vmnet_model::vm::parse_vm_config;
+use vmnet_model::vm::{Via, parse_vm_config};
 
 use crate::agent::{Agent, store_tx};
 use crate::status::now_ms;
@@ -181,7 +185,7 @@ impl Agent {
     async fn pass(&self, full: bool) -> Result<PassOutcome, Error> {
         let ids: Vec<String> = {
             let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
-            rows.into_iter().map(|r| r.id).collect()
+            pass_order(rows)
         };
         let mut out = PassOutcome::default();
         // A host without VMs has no host-wide state to keep (gc removes it with the last VM).
@@ -435,5 +439,62 @@ impl Agent {
                 break;
             }
         }
+    }
+}
+
+/// The ids of `rows` in the order a pass converges them: VMs with a route via a gateway VM's
+/// mesh address after the others, each group in store order. A config that does not parse
+/// counts as the others (its apply reports the error).
+fn pass_order(rows: Vec<VmRow>) -> Vec<String> {
+    let (behind, first): (Vec<VmRow>, Vec<VmRow>) = rows
+        .into_iter()
+        .partition(|r| routes_via_gateway(&r.config));
+    first.into_iter().chain(behind).map(|r| r.id).collect()
+}
+
+/// Whether a stored config routes anything via a gateway VM.
+fn routes_via_gateway(config: &str) -> bool {
+    parse_vm_config(config.as_bytes()).is_ok_and(|c| {
+        c.network
+            .routes
+            .iter()
+            .any(|r| matches!(r.via, Via::Mesh(_)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, uid: u32, routes: &str) -> VmRow {
+        VmRow {
+            id: id.to_owned(),
+            user_id: uid,
+            mesh: None,
+            config: format!(
+                r#"{{"id":"{id}","user_id":{uid},"tenant":1,"mesh_ipv6":"fdaa:1::{uid:x}","network":{{"routes":{routes}}}}}"#
+            ),
+            applied: None,
+            last_error: None,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn vms_behind_a_gateway_come_after_the_others() {
+        let behind = r#"[{"destination":"2000::/3","via":"fdaa:1::7"}]"#;
+        let host = r#"[{"destination":"0.0.0.0/0","via":"host"}]"#;
+        let rows = vec![
+            row("a-behind", 1, behind),
+            row("b", 2, host),
+            row("c-behind", 3, behind),
+            row("gateway", 7, host),
+            row("mesh-only", 8, "[]"),
+        ];
+        assert!(routes_via_gateway(&rows[0].config));
+        assert_eq!(
+            pass_order(rows),
+            ["b", "gateway", "mesh-only", "a-behind", "c-behind"]
+        );
     }
 }
