@@ -42,6 +42,7 @@ use vmnet_plan::ns::MAIN_TABLE;
 use super::NsError;
 use super::host::HostNs;
 use super::routes::{self, KKind, KRoute};
+use super::rulecache::round_trip;
 use crate::netns;
 
 /// How long a dump is trusted before the next read dumps again.
@@ -183,13 +184,6 @@ fn collect(routes: &BTreeSet<KRoute>, oif: u32) -> Vec<KRoute> {
         .filter(|r| oif_of(r) == Some(oif))
         .cloned()
         .collect()
-}
-
-/// One request and its reply on the cache's socket (`lo` always exists in a namespace).
-async fn round_trip(h: &Handle) -> Result<(), rtnetlink::Error> {
-    use futures::TryStreamExt;
-    h.link().get().match_index(1).execute().try_next().await?;
-    Ok(())
 }
 
 /// Applies the queued notifications to `routes`, in order; `false` when the connection has

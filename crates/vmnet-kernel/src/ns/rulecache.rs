@@ -124,8 +124,9 @@ impl RuleCache {
     }
 }
 
-/// One request and its reply on the cache's socket (`lo` always exists in a namespace).
-async fn round_trip(h: &Handle) -> Result<(), rtnetlink::Error> {
+/// One request and its reply on a notification cache's socket (`lo` always exists in a
+/// namespace): once the reply is in, every notification of a change made before it is queued.
+pub(super) async fn round_trip(h: &Handle) -> Result<(), rtnetlink::Error> {
     h.link().get().match_index(1).execute().try_next().await?;
     Ok(())
 }
