@@ -180,6 +180,26 @@ async fn hand_edits_of_elements_routes_proxies_and_the_table_are_drift_repaired_
         good,
         "routes and proxies repaired exactly"
     );
+    // The /32 replaced by hand (another protocol and type), then the host veth set down (the
+    // kernel flushes its IPv4 routes without a notification): each seen and repaired.
+    let host_veth = a.veth.as_ref().expect("a has a veth").host_name.clone();
+    for (what, args) in [
+        (
+            "route replaced",
+            vec!["route", "replace", "blackhole", "203.0.113.61/32"],
+        ),
+        ("veth down", vec!["link", "set", host_veth.as_str(), "down"]),
+    ] {
+        netns::ip(&host, &args).expect(what);
+        let d = repairs(&env.driver.drift(&a).await.expect("drift"));
+        assert!(
+            d.iter().any(|l| l.contains("203.0.113.61/32")),
+            "{what}: {d:?}"
+        );
+        env.driver.apply(&a).await.expect("repair");
+        assert_eq!(env.driver.drift(&a).await.expect("drift"), vec![], "{what}");
+        assert_eq!(public_state(&env), good, "{what}: repaired exactly");
+    }
 
     // A rule of the public table deleted: host drift; the table is replaced and each VM's
     // apply puts its elements back.

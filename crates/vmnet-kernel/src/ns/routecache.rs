@@ -207,13 +207,13 @@ fn apply_queued(events: &mut Events, routes: &mut BTreeSet<KRoute>) -> bool {
 fn apply(routes: &mut BTreeSet<KRoute>, m: &RouteNetlinkMessage, replace: bool) {
     match m {
         RouteNetlinkMessage::NewRoute(m) => {
-            let Some(r) = KRoute::from_message(m).filter(|r| r.table == MAIN_TABLE) else {
-                return;
-            };
-            if replace {
-                routes.retain(|o| (o.table, o.dst, o.metric) != (r.table, r.dst, r.metric));
+            if replace && let Some(k) = replaced_key(m) {
+                // Whatever replaced it (another protocol, a blackhole), the old route is gone.
+                routes.retain(|o| (o.table, o.dst, o.metric) != k);
             }
-            if oif_of(&r).is_some() {
+            if let Some(r) =
+                KRoute::from_message(m).filter(|r| r.table == MAIN_TABLE && oif_of(r).is_some())
+            {
                 routes.insert(r);
             }
         }
@@ -228,6 +228,15 @@ fn apply(routes: &mut BTreeSet<KRoute>, m: &RouteNetlinkMessage, replace: bool) 
         RouteNetlinkMessage::DelLink(l) => drop_link(routes, l, true),
         _ => {}
     }
+}
+
+/// The table, destination and metric of a route message whatever its protocol and type: what
+/// a replacement replaces.
+fn replaced_key(m: &netlink_packet_route::route::RouteMessage) -> Option<(u32, ipnet::IpNet, u32)> {
+    let mut any = m.clone();
+    any.header.protocol = netlink_packet_route::route::RouteProtocol::Static;
+    any.header.kind = netlink_packet_route::route::RouteType::Unreachable;
+    KRoute::from_message(&any).map(|r| (r.table, r.dst, r.metric))
 }
 
 /// Removes the routes the kernel flushed with link `l`: its IPv4 routes (`all`: every route).
@@ -289,6 +298,12 @@ mod tests {
         apply(&mut routes, &RouteNetlinkMessage::NewRoute(moved), true);
         assert_eq!(collect(&routes, 7).len(), 1);
         assert_eq!(collect(&routes, 8).len(), 2);
+        // Replaced by a route of another protocol (`ip route replace` writes `proto boot`).
+        let mut boot = msg("2001:db8::7/128", 9, 1024);
+        boot.header.protocol = RouteProtocol::Boot;
+        apply(&mut routes, &RouteNetlinkMessage::NewRoute(boot), true);
+        assert!(collect(&routes, 7).is_empty(), "{routes:?}");
+        assert!(collect(&routes, 9).is_empty());
         // Link 8 down: the kernel flushed its IPv4 routes silently.
         apply(
             &mut routes,
@@ -296,7 +311,8 @@ mod tests {
             false,
         );
         assert!(collect(&routes, 8).is_empty());
-        // Link 7 up again is no flush; deleted, everything through it goes.
+        // Link 7 up is no flush; deleted, everything through it goes.
+        apply(&mut routes, &RouteNetlinkMessage::NewRoute(b), false);
         apply(
             &mut routes,
             &RouteNetlinkMessage::NewLink(link(7, true)),

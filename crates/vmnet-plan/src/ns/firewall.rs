@@ -179,12 +179,13 @@ pub fn nft_commands(table: &str, peer: &str, tap: &str, fw: &FirewallPlan) -> Ve
         rule("filter", ifs(peer, tap, "fw_in")),
         rule("filter", ifs(tap, peer, "fw_out")),
     ];
+    let accepts = fw.rules();
     for (chain, dir) in [
         (CHAIN_IN, FlowDirection::Inbound),
         (CHAIN_OUT, FlowDirection::Outbound),
     ] {
         cmds.extend(
-            fw.rules()
+            accepts
                 .iter()
                 .filter(|r| r.direction == dir)
                 .map(|r| rule(chain, r.to_json())),
