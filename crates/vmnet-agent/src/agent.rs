@@ -69,7 +69,7 @@ mod meshvms;
 mod meta;
 mod view;
 
-use change::{firewall_only_change, limits_only_change};
+use change::{firewall_only_change, limits_only_change, public_only_change};
 use view::vm_not_found;
 
 pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
@@ -395,6 +395,11 @@ impl Agent {
             && prev_good
                 .as_ref()
                 .is_some_and(|o| firewall_only_change(o, &cfg));
+        // One that differs in its public IPv4 or mapped IPv6 only changes the public mapping.
+        let public_only = in_sync
+            && prev_good
+                .as_ref()
+                .is_some_and(|o| public_only_change(o, &cfg));
         let row = VmRow {
             id: cfg.id.clone(),
             user_id: cfg.user_id,
@@ -423,6 +428,8 @@ impl Agent {
                 self.driver.apply_limits(&plan).await
             } else if firewall_only {
                 self.driver.apply_table(&plan).await
+            } else if public_only {
+                self.driver.apply_public(&plan).await
             } else {
                 self.driver.apply(&plan).await
             }

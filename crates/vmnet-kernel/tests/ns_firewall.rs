@@ -513,7 +513,8 @@ async fn a_50_prefix_firewall_keeps_the_throughput() {
         udp_rate: None,
     };
     let (mut best_with, mut best_without) = (0f64, 0f64);
-    for _ in 0..2 {
+    // The best of three rounds each: the other tests of this binary run beside this one.
+    for _ in 0..3 {
         env.driver.apply(&without).await.expect("without");
         best_without = best_without.max(client(g.netns(), &server, run).mibps);
         env.driver.apply(&with).await.expect("with");

@@ -226,3 +226,54 @@ async fn a_public_block_is_routed_to_the_guest_which_answers_from_its_own_addres
     let routes = env.host_ip(&["-6", "route", "show", "2001:db8:7:100::/56"]);
     assert!(routes.trim().is_empty(), "{routes}");
 }
+
+/// The change the agent makes when only the public addresses change (`apply_public`): the
+/// mapping moves with real packets, as one DNAT rule batch, and leaves the VM exactly as a full
+/// apply of the new plan would (nothing left to change, no drift).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+async fn a_public_address_change_alone_moves_the_mapping_in_place() {
+    let env = Env::new();
+    route_public_ranges(&env);
+    let _echo = env.sb.start_echo().expect("echo");
+    let addrs =
+        |n: u8| format!(r#","public_ipv4":"198.51.100.{n}","public_ipv6":"2001:db8:7::{n}""#);
+    let with = public_vm(&env, "web", 1, &addrs(71));
+    env.driver.apply(&with).await.expect("apply");
+    let (guest, _svc) = guest_with_echo(&env, "web", &with);
+    let inet = env.sb.inet();
+    let short = std::time::Duration::from_millis(700);
+    let reach = |ip: &str| traffic::tcp_echo(&inet, at(ip.parse().unwrap()), short);
+    reach("198.51.100.71").expect("mapped");
+
+    // Removed: neither address answers any more; the VM is as a full apply would make it.
+    let without = public_vm(&env, "web", 1, "");
+    let changes = env.driver.apply_public(&without).await.expect("remove");
+    assert!(
+        changes
+            .iter()
+            .any(|c| format!("{c:?}").contains("one rule batch")),
+        "the DNAT rule went in as a rule batch: {changes:?}"
+    );
+    assert!(reach("198.51.100.71").is_err(), "the old IPv4 is unmapped");
+    assert!(reach("2001:db8:7::71").is_err(), "the old /128 is unmapped");
+    assert_eq!(env.driver.drift(&without).await.expect("drift"), vec![]);
+
+    // Another pair of addresses: reached with the client's own source, and the guest leaves
+    // from the new IPv4.
+    let moved = public_vm(&env, "web", 1, &addrs(75));
+    env.driver.apply_public(&moved).await.expect("add");
+    let tcp = reach("198.51.100.75").expect("the new IPv4 is mapped");
+    assert_eq!(tcp.peer.ip(), IpAddr::V4(INET_UPLINK_V4));
+    reach("2001:db8:7::75").expect("the new /128 is mapped");
+    assert!(reach("198.51.100.71").is_err());
+    let out = traffic::tcp_echo(
+        guest.netns(),
+        SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT),
+        T,
+    )
+    .expect("guest → internet");
+    assert_eq!(out.peer.ip(), IpAddr::V4(v4("198.51.100.75")));
+    assert_eq!(env.driver.drift(&moved).await.expect("drift"), vec![]);
+    assert_eq!(env.driver.apply(&moved).await.expect("re-apply"), vec![]);
+}

@@ -177,12 +177,13 @@ async fn a_udp_flow_survives_re_create_and_address_move_and_other_entries_stay()
     let gb = env.guest("b", &b, &[], 1380);
     let rb = Receiver::start(gb.netns());
     let a_without = vm(&env, "a", 1, None);
+    // As the agent applies a change of the public addresses alone.
     env.driver
-        .apply(&a_without)
+        .apply_public(&a_without)
         .await
         .expect("a gives the address up");
     let b_with = vm(&env, "b", 2, Some("198.51.100.71"));
-    env.driver.apply(&b_with).await.expect("b takes it");
+    env.driver.apply_public(&b_with).await.expect("b takes it");
     let since = Instant::now();
     let gap = wait_for_arrival(&rb, since);
     assert!(

@@ -121,11 +121,14 @@ fn main() -> ExitCode {
     };
     // `serve --netns NAME` moves the process into NAME on the main thread, before any other
     // thread (the runtime's) exists, so the whole agent lives there without forking.
-    if let Command::Serve(a) = &cli.command {
-        if let Err(e) = cli::serve::enter_netns(a) {
-            return report(&e);
-        }
-        // Before the runtime's threads exist: few malloc arenas keep the agent's RSS small.
+    if let Command::Serve(a) = &cli.command
+        && let Err(e) = cli::serve::enter_netns(a)
+    {
+        return report(&e);
+    }
+    // Before the runtime's threads exist: few malloc arenas keep the agent's RSS small. The
+    // benchmarks run the agent's driver in this process, so they get the same allocator.
+    if matches!(cli.command, Command::Serve(_) | Command::Bench(_)) {
         let _ = vmnet_agent::malloc::limit_arenas();
     }
     let runtime = match tokio::runtime::Runtime::new() {

@@ -1,6 +1,7 @@
 //! What kind of change a PUT makes to a VM's config: the agent applies a firewall-only change by
-//! replacing the VM's netns table and a limits-only change by changing its HTB classes in place,
-//! instead of a full apply.
+//! replacing the VM's netns table (or its rules), a limits-only change by changing its HTB
+//! classes in place and a change of the public IPv4 or mapped IPv6 alone by changing the VM's
+//! public mapping only, instead of a full apply.
 
 use vmnet_model::vm::VmConfig;
 
@@ -21,4 +22,54 @@ pub(super) fn limits_only_change(old: &VmConfig, new: &VmConfig) -> bool {
         ..old.clone()
     };
     same_rest == *new && old != new
+}
+
+/// Whether `new` differs from `old` in its public IPv4 or public IPv6 address only (and does
+/// differ), neither of them holding a routed IPv6 block (a block also changes the netns's routes
+/// and the firewall's guest addresses: a full apply).
+pub(super) fn public_only_change(old: &VmConfig, new: &VmConfig) -> bool {
+    let same_rest = VmConfig {
+        public_ipv4: new.public_ipv4,
+        public_ipv6: new.public_ipv6,
+        ..old.clone()
+    };
+    same_rest == *new
+        && old != new
+        && old.public_ipv6_block().is_none()
+        && new.public_ipv6_block().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(extra: &str) -> VmConfig {
+        serde_json::from_str(&format!(
+            r#"{{"id":"a","user_id":1,"tenant":1,"mesh_ipv6":"fdaa:1::1"{extra},
+            "network":{{"routes":[{{"destination":"0.0.0.0/0","via":"host"}},
+            {{"destination":"::/0","via":"host"}}]}}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_public_address_change_alone_is_a_public_change() {
+        let none = cfg("");
+        let v4 = cfg(r#","public_ipv4":"192.0.2.7""#);
+        let both = cfg(r#","public_ipv4":"192.0.2.8","public_ipv6":"2001:db8::8""#);
+        assert!(public_only_change(&none, &v4));
+        assert!(public_only_change(&v4, &none));
+        assert!(public_only_change(&v4, &both));
+        assert!(!public_only_change(&v4, &v4), "no change");
+        let block = cfg(r#","public_ipv6":"2001:db8:1::/56""#);
+        assert!(!public_only_change(&none, &block), "a block changes routes");
+        assert!(!public_only_change(&block, &none));
+        let other = VmConfig {
+            tenant: 2,
+            ..v4.clone()
+        };
+        assert!(!public_only_change(&none, &other), "the tenant changed too");
+        assert!(!firewall_only_change(&none, &v4));
+        assert!(!limits_only_change(&none, &v4));
+    }
 }

@@ -22,7 +22,8 @@
 //!
 //! # Limitations
 //! RSS is this process's (it runs the same driver the agent runs, without the agent's HTTP
-//! server and store). The shell baseline needs `ip` and `nft` on `PATH`. Removals run one at a
+//! server and store, with the agent's allocator settings: one malloc arena, free heap handed
+//! back before each round as the agent does after each reconcile pass). The shell baseline needs `ip` and `nft` on `PATH`. Removals run one at a
 //! time: the driver shares one host netlink socket, and concurrent route dumps on it overflow
 //! its receive buffer (`ENOBUFS`); the agent serializes its operations the same way.
 
@@ -209,6 +210,9 @@ async fn bench_netlink(
     with_fw: bool,
 ) -> Result<Row, Error> {
     let fw = with_fw.then_some(0);
+    // The agent hands free heap back after every reconcile pass; the rounds before this one
+    // (their audits list every table) leave theirs here.
+    vmnet_agent::malloc::release_free();
     let rss_before = rss_kib();
     let mut setup = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     for uid in 1..=n {

@@ -1,6 +1,7 @@
 //! `vmnet bench vms --public`: every VM gets a public IPv4 and a public IPv6 /128, and at each N
-//! one VM's public mapping is removed and added again (a whole apply of that VM each time: its
-//! elements changed in one transaction, its /32 route, the conntrack flush), timed.
+//! one VM's public mapping is removed and added again as the agent applies a change of the
+//! public addresses alone ([`NsDriver::apply_public`]: the netns's DNAT rule, the /32 route, the
+//! host elements in one transaction, the conntrack flush handed on), timed.
 //!
 //! # Limitations
 //! The addresses come from the documentation ranges only: 768 IPv4 addresses (192.0.2.0/24,
@@ -50,7 +51,7 @@ pub async fn bench_mapping(
         for (plan, out) in [(&without, &mut remove), (&with, &mut add)] {
             let t = Instant::now();
             driver
-                .apply(plan)
+                .apply_public(plan)
                 .await
                 .map_err(|e| Error::internal(format!("apply vm {uid}: {e}")))?;
             out.push(t.elapsed());

@@ -516,6 +516,10 @@ impl NsDriver for NetlinkNsDriver {
         })
     }
 
+    fn apply_public<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        Box::pin(super::public_change::apply_public(self, plan))
+    }
+
     fn limit_counters<'a>(
         &'a self,
         plan: &'a VmPlan,

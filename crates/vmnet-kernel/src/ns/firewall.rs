@@ -69,12 +69,17 @@ pub(super) fn change_rules(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<bool, N
     };
     let table = names::vm_nft_table(&plan.name_prefix);
     let rules = fw.rules();
-    let done = d.nft_gens.change_firewall(&plan.netns, plan, |sock| {
-        super::fwbatch::replace(sock, &table, &rules)
+    // The DNAT rule is rewritten with them: the batch leaves every chain of the table's
+    // shape as the plan says.
+    let dnat = super::dnatbatch::planned(plan);
+    let done = d.nft_gens.change_rules(&plan.netns, plan, |sock| {
+        let mut msgs = super::fwbatch::messages(&table, &rules);
+        msgs.extend(super::dnatbatch::messages(&table, dnat));
+        sock.transaction(msgs, &format!("replace the firewall rules of {table}"))
     });
     match done {
-        Ok(super::gens::FirewallChange::Done) => {}
-        Ok(super::gens::FirewallChange::NotEligible) => return Ok(false),
+        Ok(super::gens::RuleChange::Done) => {}
+        Ok(super::gens::RuleChange::NotEligible) => return Ok(false),
         Err(e) => {
             tracing::warn!(vm = %plan.vm_id, error = %e, "firewall: the rule batch was refused; replacing the table");
             return Ok(false);

@@ -28,22 +28,20 @@ use netlink_packet_netfilter::nftables::{
 use netlink_packet_netfilter::{NetfilterMessageInner, NetfilterProtoFamily};
 use vmnet_plan::ns::firewall::rules::{CHAIN_IN, CHAIN_OUT, FwRule};
 
-use crate::nfnl::{NetfilterError, NfnlSocket};
-
 /// `NFT_PAYLOAD_NETWORK_HEADER`.
-const NETWORK_HEADER: u32 = 1;
+pub(super) const NETWORK_HEADER: u32 = 1;
 /// `NFT_PAYLOAD_TRANSPORT_HEADER`.
 const TRANSPORT_HEADER: u32 = 2;
 /// `NFPROTO_IPV4`, `NFPROTO_IPV6`.
-const NFPROTO_IPV4: u8 = 2;
+pub(super) const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 /// `NF_DROP`, `NF_ACCEPT`.
 const NF_DROP: u32 = 0;
 const NF_ACCEPT: u32 = 1;
 
-type Expr = ListAttribute<ExpressionAttribute>;
+pub(super) type Expr = ListAttribute<ExpressionAttribute>;
 
-fn meta(key: MetaKey) -> Expr {
+pub(super) fn meta(key: MetaKey) -> Expr {
     Expressions::Meta(vec![
         Meta::DestinationRegister(Register::Reg1),
         Meta::Key(key),
@@ -51,7 +49,7 @@ fn meta(key: MetaKey) -> Expr {
     .into()
 }
 
-fn cmp(op: Operator, data: Vec<u8>) -> Expr {
+pub(super) fn cmp(op: Operator, data: Vec<u8>) -> Expr {
     Expressions::Cmp(vec![
         Cmp::SourceRegister(Register::Reg1),
         Cmp::Op(op),
@@ -60,7 +58,7 @@ fn cmp(op: Operator, data: Vec<u8>) -> Expr {
     .into()
 }
 
-fn payload(base: u32, offset: u32, len: u32) -> Expr {
+pub(super) fn payload(base: u32, offset: u32, len: u32) -> Expr {
     Expressions::Payload(vec![
         Payload::DestinationRegister(Register::Reg1),
         Payload::Base(base),
@@ -132,7 +130,7 @@ fn expressions(rule: &FwRule) -> Vec<Expr> {
     out
 }
 
-fn rule_message(table: &str, chain: &str, expr: Option<Vec<Expr>>) -> RuleMessage {
+pub(super) fn rule_message(table: &str, chain: &str, expr: Option<Vec<Expr>>) -> RuleMessage {
     let mut attributes = vec![
         RuleAttribute::Table(table.to_owned()),
         RuleAttribute::Chain(chain.to_owned()),
@@ -170,22 +168,6 @@ pub(super) fn messages(
         }
     }
     msgs
-}
-
-/// Makes `fw_in` and `fw_out` of table `inet <table>` of the socket's namespace hold `rules`,
-/// in one transaction ([`messages`]).
-///
-/// # Errors
-/// The kernel refusing the batch (nothing committed), or the socket failing.
-pub(super) fn replace(
-    sock: &mut NfnlSocket,
-    table: &str,
-    rules: &[FwRule],
-) -> Result<(), NetfilterError> {
-    sock.transaction(
-        messages(table, rules),
-        &format!("replace the firewall rules of {table}"),
-    )
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //!   is recorded only when the generation moved by exactly that one commit (read before and
 //!   after it) and the listing read back is the plan's.
 //! - A firewall change of the recorded shape goes in as one rule batch over the kept socket
-//!   ([`NftGens::change_firewall`]) when nothing else committed since the record; the table is
+//!   ([`NftGens::change_rules`]) when nothing else committed since the record; the table is
 //!   then recorded unlisted (the next check lists it). A create records its table the same way
 //!   when its transaction was the only commit in the new netns ([`NftGens::adopt_created`]).
 //! - One socket per VM netns, opened by the create (or on the first thread that enters the
@@ -74,9 +74,9 @@ impl Synced {
     }
 }
 
-/// What [`NftGens::change_firewall`] did.
+/// What [`NftGens::change_rules`] did.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum FirewallChange {
+pub(super) enum RuleChange {
     /// The batch was committed.
     Done,
     /// The table is not known to be of that shape at the current generation: replace it whole.
@@ -197,23 +197,23 @@ impl NftGens {
     /// is at now, into `plan` by `batch` (one transaction over the kept socket, from any
     /// thread). Records
     /// the table as `plan` when the generation moved by exactly that commit, to be listed at
-    /// the next check. [`FirewallChange::NotEligible`] (nothing
+    /// the next check. [`RuleChange::NotEligible`] (nothing
     /// sent) when no socket is kept, its path names another namespace, nothing is recorded, the
     /// recorded shape differs or anything committed since.
     ///
     /// # Errors
     /// `batch`'s error (nothing was committed; the record is dropped).
-    pub(super) fn change_firewall(
+    pub(super) fn change_rules(
         &self,
         netns: &str,
         plan: &VmPlan,
         batch: impl FnOnce(&mut crate::nfnl::NfnlSocket) -> Result<(), crate::nfnl::NetfilterError>,
-    ) -> Result<FirewallChange, crate::nfnl::NetfilterError> {
+    ) -> Result<RuleChange, crate::nfnl::NetfilterError> {
         let next = Synced::of(plan, 0, false);
         let now = NsId::of_path(&netns::path(netns)).ok();
         let mut map = self.lock();
         let Some(kept) = map.get_mut(netns) else {
-            return Ok(FirewallChange::NotEligible);
+            return Ok(RuleChange::NotEligible);
         };
         let Some(at) = kept
             .synced
@@ -221,13 +221,13 @@ impl NftGens {
             .filter(|s| s.shape == next.shape && now == Some(kept.sock.netns()))
             .map(|s| s.at)
         else {
-            return Ok(FirewallChange::NotEligible);
+            return Ok(RuleChange::NotEligible);
         };
         // Nothing committed since: the table is the recorded one. The kept socket serializes
         // this with the other checks of this netns (under the map's lock: a few round trips).
         if kept.sock.read().ok() != Some(at) {
             kept.synced = None;
-            return Ok(FirewallChange::NotEligible);
+            return Ok(RuleChange::NotEligible);
         }
         kept.synced = None;
         batch(kept.sock.nfnl())?;
@@ -237,7 +237,7 @@ impl NftGens {
                 ..next
             });
         }
-        Ok(FirewallChange::Done)
+        Ok(RuleChange::Done)
     }
 
     /// After our own transaction: records the table as planned by `plan` when the generation

@@ -76,6 +76,7 @@
 mod activity;
 mod apply;
 mod create;
+mod dnatbatch;
 mod driver;
 mod firewall;
 mod fwbatch;
@@ -89,6 +90,7 @@ mod nftcheck;
 mod observe;
 mod proxy;
 mod public;
+mod public_change;
 mod public_driver;
 mod routecache;
 mod routes;
@@ -186,6 +188,18 @@ pub trait NsDriver: Send + Sync {
     /// [`NsDriver::apply`]; a VM whose netns does not exist is a full `apply`. The next
     /// reconcile pass or audit reads everything back.
     fn apply_table<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        self.apply(plan)
+    }
+
+    /// Applies a plan that differs from the applied one in its public IPv4 or mapped public IPv6
+    /// only (no routed block on either side): the netns table's public DNAT rule rewritten in
+    /// one rule batch (the whole table replaced when it is not known to be of the plan's shape),
+    /// the host routes through the VM's host veth made as planned, the VM's public elements on
+    /// the host changed in one transaction, its proxy entries synced and the conntrack entries
+    /// of the addresses it gained or lost deleted, all without the full observe of
+    /// [`NsDriver::apply`] (spec "Routes", the public address table). A VM whose netns or host
+    /// veth does not exist is a full `apply`. The next reconcile pass reads everything back.
+    fn apply_public<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
         self.apply(plan)
     }
 

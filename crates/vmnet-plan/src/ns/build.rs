@@ -150,9 +150,12 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         veth.as_ref()
             .filter(|_| nat)
             .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
-        veth.as_ref()
-            .filter(|_| cfg.public_ipv4.is_some())
-            .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
+        veth.as_ref().map(|v| {
+            (
+                v.peer_name.as_str(),
+                cfg.public_ipv4.map(|_| v.peer_ipv4.addr()),
+            )
+        }),
         veth.as_ref()
             .zip(firewall.as_ref())
             .map(|(v, f)| (v.peer_name.as_str(), tap.name.as_str(), f)),

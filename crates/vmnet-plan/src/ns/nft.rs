@@ -36,18 +36,19 @@ fn mss_rule(table: &str, nfproto: &str, mss: u32) -> Value {
 /// `oifname <peer> ip saddr 172.16.0.0/30 snat to <transit address>`.
 ///
 /// Returns the transaction, its fingerprint (over all of it) and its shape fingerprint (over all
-/// of it but the rules of the firewall's `fw_in` and `fw_out`), the latter written as the
-/// comment of the first rule: a firewall change applied to those two chains alone leaves that
-/// rule as it was.
-/// With `dnat` (`Some((peer veth, transit address))`, a VM with a public IPv4) also chain
-/// `prerouting` passing the transit address on to the guest
-/// ([`super::public::ns_dnat`]). With `firewall` (`Some((peer veth, tap, plan))`) also the
-/// filter chains ([`super::firewall::nft_commands`]).
+/// of it but the rules of the firewall's `fw_in` and `fw_out` and of the public DNAT chain), the
+/// latter written as the comment of the first rule: a firewall or public IPv4 change applied to
+/// those chains alone leaves that rule as it was.
+/// With `dnat` (`Some((peer veth, transit address if the VM has a public IPv4))`, a VM with a
+/// veth) also chain `prerouting` ([`super::public::ns_dnat_chain`]), with the rule passing the
+/// transit address on to the guest when there is one ([`super::public::ns_dnat_rule`]). With
+/// `firewall` (`Some((peer veth, tap, plan))`) also the filter chains
+/// ([`super::firewall::nft_commands`]).
 pub fn vm_ruleset(
     table: &str,
     mtu: u32,
     nat: Option<(&str, Ipv4Addr)>,
-    dnat: Option<(&str, Ipv4Addr)>,
+    dnat: Option<(&str, Option<Ipv4Addr>)>,
     firewall: Option<(&str, &str, &super::firewall::FirewallPlan)>,
 ) -> (Value, String, String) {
     let mut cmds = replace_table("inet", table);
@@ -69,27 +70,37 @@ pub fn vm_ruleset(
             {"snat": {"family": "ip", "addr": addr.to_string()}}
         ]}}}));
     }
-    if let Some((peer, addr)) = dnat {
-        cmds.extend(super::public::ns_dnat(table, peer, addr, super::GUEST_IPV4));
+    if let Some((peer, transit)) = dnat {
+        cmds.push(super::public::ns_dnat_chain(table));
+        cmds.extend(
+            transit.map(|a| super::public::ns_dnat_rule(table, peer, a, super::GUEST_IPV4)),
+        );
     }
     if let Some((peer, tap, fw)) = firewall {
         cmds.extend(super::firewall::nft_commands(table, peer, tap, fw));
     }
-    let shape = fingerprint(&without_fw_rules(&cmds));
+    let shape = fingerprint(&without_rule_chains(&cmds));
     cmds[4]["add"]["rule"]["comment"] = Value::String(format!("{FINGERPRINT_PREFIX}{shape}"));
     let fp = fingerprint(&cmds);
     (json!({"nftables": cmds}), fp, shape)
 }
 
-/// `cmds` without the rules of the firewall's `fw_in` and `fw_out`: what a firewall change of
-/// the same shape leaves as it was.
-fn without_fw_rules(cmds: &[Value]) -> Vec<Value> {
-    use super::firewall::rules::{CHAIN_IN, CHAIN_OUT};
+/// The chains whose rules a change of the same shape rewrites in one batch (the kernel layer's
+/// rule batches): the firewall's `fw_in` and `fw_out` and the public DNAT chain.
+pub const BATCHED_CHAINS: [&str; 3] = [
+    super::firewall::rules::CHAIN_IN,
+    super::firewall::rules::CHAIN_OUT,
+    super::public::NS_DNAT_CHAIN,
+];
+
+/// `cmds` without the rules of [`BATCHED_CHAINS`]: what a change of the same shape leaves as it
+/// was.
+fn without_rule_chains(cmds: &[Value]) -> Vec<Value> {
     cmds.iter()
         .filter(|c| {
             !c["add"]["rule"]["chain"]
                 .as_str()
-                .is_some_and(|ch| ch == CHAIN_IN || ch == CHAIN_OUT)
+                .is_some_and(|ch| BATCHED_CHAINS.contains(&ch))
         })
         .cloned()
         .collect()

@@ -323,17 +323,25 @@ pub fn host_ruleset(table: &str, transit: Ipv4Net) -> Value {
     json!({"nftables": cmds})
 }
 
-/// The netns rule passing the public IPv4 on to the guest: chain `prerouting` (nat, dstnat) with
-/// `iifname <peer> ip daddr <transit> dnat ip to 172.16.0.2`.
+/// The netns chain of the public IPv4's DNAT: present in every VM with a veth, so adding or
+/// removing a public IPv4 changes this chain's rules only (the table keeps its shape, see
+/// [`super::nft::vm_ruleset`]).
+pub const NS_DNAT_CHAIN: &str = "prerouting";
+
+/// Chain [`NS_DNAT_CHAIN`] of the netns table (nat, dstnat).
 #[must_use]
-pub fn ns_dnat(table: &str, peer: &str, transit: Ipv4Addr, guest: Ipv4Addr) -> [Value; 2] {
-    [
-        json!({"add": {"chain": {"family": "inet", "table": table, "name": "prerouting",
-            "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}}}),
-        json!({"add": {"rule": {"family": "inet", "table": table, "chain": "prerouting", "expr": [
-            {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": peer}},
-            {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": transit.to_string()}},
-            {"dnat": {"family": "ip", "addr": guest.to_string()}}
-        ]}}}),
-    ]
+pub fn ns_dnat_chain(table: &str) -> Value {
+    json!({"add": {"chain": {"family": "inet", "table": table, "name": NS_DNAT_CHAIN,
+        "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}}})
+}
+
+/// The netns rule passing the public IPv4 on to the guest, in chain [`NS_DNAT_CHAIN`]:
+/// `iifname <peer> ip daddr <transit> dnat ip to <guest>`.
+#[must_use]
+pub fn ns_dnat_rule(table: &str, peer: &str, transit: Ipv4Addr, guest: Ipv4Addr) -> Value {
+    json!({"add": {"rule": {"family": "inet", "table": table, "chain": NS_DNAT_CHAIN, "expr": [
+        {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": peer}},
+        {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": transit.to_string()}},
+        {"dnat": {"family": "ip", "addr": guest.to_string()}}
+    ]}}})
 }

@@ -97,10 +97,24 @@ fn a_block_is_routed_not_translated() {
 }
 
 #[test]
-fn no_public_fields_no_public_plan_and_the_same_ruleset_as_before() {
+fn no_public_fields_no_public_plan_and_an_empty_dnat_chain_of_the_same_shape() {
     let p = plan_of("", &NsSettings::default()).unwrap();
     assert!(p.public.is_none());
-    assert!(!p.nft.to_string().contains("prerouting"));
+    let cmds = p.nft["nftables"].as_array().unwrap();
+    assert!(
+        cmds.iter()
+            .any(|c| c["add"]["chain"]["name"] == "prerouting"),
+        "the DNAT chain is there"
+    );
+    assert!(
+        !cmds
+            .iter()
+            .any(|c| c["add"]["rule"]["chain"] == "prerouting"),
+        "without a rule"
+    );
+    let with = plan_of(r#","public_ipv4":"203.0.113.57""#, &NsSettings::default()).unwrap();
+    assert_eq!(p.nft_shape, with.nft_shape);
+    assert_ne!(p.nft_fingerprint, with.nft_fingerprint);
 }
 
 #[test]

@@ -259,7 +259,8 @@ fn nft_snapshot_with_nat() {
         {"add": {"rule": {"family": "inet", "table": "vmn", "chain": "postrouting", "expr": [
             {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "vmnp0007"}},
             {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"prefix": {"addr": "172.16.0.0", "len": 30}}}},
-            {"snat": {"family": "ip", "addr": "10.200.0.30"}}]}}}
+            {"snat": {"family": "ip", "addr": "10.200.0.30"}}]}}},
+        {"add": {"chain": {"family": "inet", "table": "vmn", "name": "prerouting", "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}}}
     ]});
     assert_eq!(p.nft, expected);
     assert_eq!(p.nft_fingerprint.len(), 16);
@@ -274,7 +275,8 @@ fn nft_fingerprint_changes_with_nat() {
     )
     .unwrap();
     assert_ne!(with.nft_fingerprint, without.nft_fingerprint);
-    assert_eq!(without.nft["nftables"].as_array().unwrap().len(), 6);
+    // The table, chain mss and its two rules, and the (empty) public DNAT chain.
+    assert_eq!(without.nft["nftables"].as_array().unwrap().len(), 7);
 }
 
 #[test]
