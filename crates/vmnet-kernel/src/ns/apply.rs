@@ -21,13 +21,43 @@ use crate::netns;
 pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
     check_prefix(d, plan)?;
     d.ensure_host().await?;
-    let (mut changes, old_block) = apply_links_routes_nft(d, plan).await?;
-    let (public, touched) = public::sync(d, plan)?;
+    let (mut changes, old_block, (public, touched)) = if netns::exists(&plan.netns) {
+        let (changes, old_block) = apply_links_routes_nft(d, plan).await?;
+        (changes, old_block, public::sync(d, plan)?)
+    } else {
+        let (changes, public) = create_with_public(d, plan).await?;
+        (changes, None, public)
+    };
     changes.extend(public);
     changes.extend(d.sync_proxies(plan, &touched, old_block).await?);
     d.flush_conntrack(&touched).await;
     Ok(changes)
 }
+
+/// Creates the VM and writes its public elements on the host meanwhile: the create's first
+/// await leaves it waiting for the new netns, and the elements need nothing of the VM (a packet
+/// mapped to the VM before its veth exists finds no route and is dropped). A failed create
+/// takes the elements written back out.
+async fn create_with_public(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+) -> Result<(Vec<Change>, PublicSync), NsError> {
+    let (made, public) = tokio::join!(create(d, plan), async { public::sync(d, plan) });
+    match (made, public) {
+        (Ok(changes), Ok(public)) => Ok((changes, public)),
+        (made, public) => {
+            if public.is_ok()
+                && let Err(e) = public::remove(d, plan.user_id)
+            {
+                tracing::error!(vm = %plan.vm_id, error = %e, "removing the public elements of a failed create failed");
+            }
+            Err(made.err().or(public.err()).expect("one of them failed"))
+        }
+    }
+}
+
+/// What [`public::sync`] returns: the change made (if any) and the addresses it touched.
+type PublicSync = (Option<Change>, Vec<IpAddr>);
 
 /// The routed public block among observed host routes (`<block> via fe80::2 dev <host veth>`).
 pub(super) fn routed_block(host_routes: &BTreeSet<KRoute>) -> Option<ipnet::Ipv6Net> {
@@ -49,9 +79,6 @@ async fn apply_links_routes_nft(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
 ) -> Result<(Vec<Change>, Option<ipnet::Ipv6Net>), NsError> {
-    if !netns::exists(&plan.netns) {
-        return Ok((create(d, plan).await?, None));
-    }
     let ns = match netns::netlink_in(&plan.netns) {
         Ok(ns) => ns,
         Err(e) => {

@@ -64,13 +64,16 @@ fn expressions(peer: &str, transit: Ipv4Addr, guest: Ipv4Addr) -> Vec<Expr> {
     ]
 }
 
-/// The plan's DNAT rule: `Some((peer veth, transit address))` for a VM with a veth and a public
-/// IPv4.
-pub(super) fn planned(plan: &vmnet_plan::ns::VmPlan) -> Option<(&str, Ipv4Addr)> {
-    plan.veth
-        .as_ref()
-        .filter(|_| plan.public.as_ref().is_some_and(|p| p.ipv4.is_some()))
-        .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr()))
+/// The plan's DNAT chain: `None` without one (a VM without a veth or without NAT), else its
+/// rule, `Some((peer veth, transit address))` for a VM with a public IPv4.
+pub(super) fn planned(plan: &vmnet_plan::ns::VmPlan) -> Option<Option<(&str, Ipv4Addr)>> {
+    let v = plan.veth.as_ref().filter(|_| plan.nat)?;
+    Some(
+        plan.public
+            .as_ref()
+            .is_some_and(|p| p.ipv4.is_some())
+            .then(|| (v.peer_name.as_str(), v.peer_ipv4.addr())),
+    )
 }
 
 /// The messages that make the DNAT chain of table `inet <table>` hold the rule for

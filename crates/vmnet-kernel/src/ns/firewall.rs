@@ -74,7 +74,9 @@ pub(super) fn change_rules(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<bool, N
     let dnat = super::dnatbatch::planned(plan);
     let done = d.nft_gens.change_rules(&plan.netns, plan, |sock| {
         let mut msgs = super::fwbatch::messages(&table, &rules);
-        msgs.extend(super::dnatbatch::messages(&table, dnat));
+        if let Some(dnat) = dnat {
+            msgs.extend(super::dnatbatch::messages(&table, dnat));
+        }
         sock.transaction(msgs, &format!("replace the firewall rules of {table}"))
     });
     match done {

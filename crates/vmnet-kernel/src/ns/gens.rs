@@ -263,18 +263,18 @@ impl NftGens {
     }
 
     /// Keeps `sock`, opened in the netns `netns` just created, and records its table as `plan`
-    /// when our create's transaction was the only commit there (the
-    /// generation read over `sock` went from `before` to `after` = `before` + 1). Recorded
+    /// at generation `at`: given when our create's transactions were the only commits there
+    /// (the generation read over `sock` before them moved by exactly their number). Recorded
     /// unlisted: the next check lists the table, and a firewall change may go in as a rule
     /// batch before that. A socket kept for an earlier namespace of that name is closed.
     pub(super) fn adopt_created(
         &self,
         netns: &str,
         sock: GenSocket,
-        (before, after): (u32, u32),
+        at: Option<u32>,
         plan: &VmPlan,
     ) {
-        let synced = (after == before.wrapping_add(1)).then(|| Synced::of(plan, after, false));
+        let synced = at.map(|at| Synced::of(plan, at, false));
         let stale = self.lock().insert(netns.to_owned(), Kept { sock, synced });
         drop(stale);
     }

@@ -211,13 +211,20 @@ pub(super) fn read_sysctls(paths: &[String]) -> Vec<Option<String>> {
 /// libnftables when the library is present (no process start, see [`crate::pool::libnft`]),
 /// else through `nft -j -f -`.
 pub(super) fn run_nft(netns: &str, ruleset: &serde_json::Value) -> Result<(), NsError> {
-    let body = serde_json::to_string(ruleset).expect("JSON values serialize");
+    run_nft_body(
+        netns,
+        &serde_json::to_string(ruleset).expect("JSON values serialize"),
+    )
+}
+
+/// [`run_nft`] with the transaction serialized already.
+pub(super) fn run_nft_body(netns: &str, body: &str) -> Result<(), NsError> {
     match LibNft::here() {
-        Ok(nft) => nft.run(&body).map(drop).map_err(|e| NsError::Nft {
+        Ok(nft) => nft.run(body).map(drop).map_err(|e| NsError::Nft {
             netns: netns.to_owned(),
             message: e.to_string(),
         }),
-        Err(LibNftError::Load(_)) => run_nft_process(netns, &body),
+        Err(LibNftError::Load(_)) => run_nft_process(netns, body),
         Err(e) => Err(NsError::Nft {
             netns: netns.to_owned(),
             message: e.to_string(),

@@ -37,7 +37,7 @@ pub(super) async fn apply_public(
         return apply::apply(d, plan).await;
     };
     d.ensure_host().await?;
-    let mut changes = vec![dnat_rule(d, plan)?];
+    let mut changes: Vec<Change> = dnat_rule(d, plan)?.into_iter().collect();
     sync_host_routes(d, plan, &link, &mut changes).await?;
     let (elements, touched) = public::sync(d, plan)?;
     changes.extend(elements);
@@ -47,10 +47,13 @@ pub(super) async fn apply_public(
 }
 
 /// Writes the netns table's DNAT rule as planned: one rule batch when the table is known to be
-/// of the plan's shape, else the whole table replaced.
-fn dnat_rule(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Change, NsError> {
+/// of the plan's shape, else the whole table replaced. Nothing for a VM without the DNAT chain
+/// (without NAT it has no public IPv4, and its table does not depend on a public IPv6).
+fn dnat_rule(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Option<Change>, NsError> {
     let table = names::vm_nft_table(&plan.name_prefix);
-    let dnat = super::dnatbatch::planned(plan);
+    let Some(dnat) = super::dnatbatch::planned(plan) else {
+        return Ok(None);
+    };
     let done = d.nft_gens.change_rules(&plan.netns, plan, |sock| {
         super::dnatbatch::replace(sock, &table, dnat)
     });
@@ -64,10 +67,10 @@ fn dnat_rule(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Change, NsError> {
             "the public DNAT rule changed (the table replaced)"
         }
     };
-    Ok(Change::ReplaceNft {
+    Ok(Some(Change::ReplaceNft {
         fingerprint: plan.nft_fingerprint.clone(),
         differences: vec![what.into()],
-    })
+    }))
 }
 
 /// The plan's main-table host routes through `link`, in kernel form (with their on-link flag).

@@ -150,7 +150,8 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         veth.as_ref()
             .filter(|_| nat)
             .map(|v| (v.peer_name.as_str(), v.peer_ipv4.addr())),
-        veth.as_ref().map(|v| {
+        // Only with NAT (a public IPv4 needs its route via host, so NAT comes with it).
+        veth.as_ref().filter(|_| nat).map(|v| {
             (
                 v.peer_name.as_str(),
                 cfg.public_ipv4.map(|_| v.peer_ipv4.addr()),

@@ -40,7 +40,7 @@ fn mss_rule(table: &str, nfproto: &str, mss: u32) -> Value {
 /// latter written as the comment of the first rule: a firewall or public IPv4 change applied to
 /// those chains alone leaves that rule as it was.
 /// With `dnat` (`Some((peer veth, transit address if the VM has a public IPv4))`, a VM with a
-/// veth) also chain `prerouting` ([`super::public::ns_dnat_chain`]), with the rule passing the
+/// veth and NAT) also chain `prerouting` ([`super::public::ns_dnat_chain`]), with the rule passing the
 /// transit address on to the guest when there is one ([`super::public::ns_dnat_rule`]). With
 /// `firewall` (`Some((peer veth, tap, plan))`) also the filter chains
 /// ([`super::firewall::nft_commands`]).

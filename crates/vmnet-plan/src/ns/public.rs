@@ -323,8 +323,9 @@ pub fn host_ruleset(table: &str, transit: Ipv4Net) -> Value {
     json!({"nftables": cmds})
 }
 
-/// The netns chain of the public IPv4's DNAT: present in every VM with a veth, so adding or
-/// removing a public IPv4 changes this chain's rules only (the table keeps its shape, see
+/// The netns chain of the public IPv4's DNAT: present in every VM with a veth and NAT (a public
+/// IPv4 needs an IPv4 route via host), so adding or removing a public IPv4 changes this chain's
+/// rules only (the table keeps its shape, see
 /// [`super::nft::vm_ruleset`]).
 pub const NS_DNAT_CHAIN: &str = "prerouting";
 

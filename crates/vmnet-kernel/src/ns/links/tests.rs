@@ -3,7 +3,7 @@
 use vmnet_model::vm::parse_vm_config;
 use vmnet_plan::ns::{NsSettings, plan_vm};
 
-use super::super::create::without_replace_prologue;
+use super::super::create::create_body;
 use super::*;
 
 fn plan(mesh: bool) -> VmPlan {
@@ -126,11 +126,14 @@ fn fixed_drift_names_what_is_wrong() {
 fn the_create_transaction_skips_only_the_replace_prologue() {
     let p = plan(true);
     let full = p.nft["nftables"].as_array().unwrap().clone();
-    let fresh = without_replace_prologue(&p.nft);
+    let fresh: serde_json::Value = serde_json::from_str(&create_body(&p, false)).unwrap();
     let fresh = fresh["nftables"].as_array().unwrap();
     assert_eq!(fresh.len(), full.len() - 2);
     assert_eq!(fresh[..], full[2..]);
     assert!(fresh.iter().all(|c| c.get("delete").is_none()));
+    // Without the firewall's accept rules: here the plan has none, so the same.
+    let same: serde_json::Value = serde_json::from_str(&create_body(&p, true)).unwrap();
+    assert_eq!(same["nftables"].as_array().unwrap(), fresh);
 }
 
 #[test]
