@@ -69,7 +69,6 @@ mod meshvms;
 mod meta;
 mod view;
 
-use change::{firewall_only_change, limits_only_change, public_only_change};
 use view::vm_not_found;
 
 pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
@@ -383,23 +382,13 @@ impl Agent {
                 .transpose()?,
             None => None,
         };
-        // A config that differs from the applied one in its limits only changes the HTB classes
-        // in place; anything else is a full apply.
+        // A config that differs from the applied one in one kind of field only changes just
+        // that ([`change::Kind`]); anything else, or a VM whose last apply failed, is a full apply.
         let in_sync = before.as_ref().is_some_and(|b| b.last_error.is_none());
-        let limits_only = in_sync
-            && prev_good
-                .as_ref()
-                .is_some_and(|o| limits_only_change(o, &cfg));
-        // One that differs in its firewall only replaces the VM's netns table.
-        let firewall_only = in_sync
-            && prev_good
-                .as_ref()
-                .is_some_and(|o| firewall_only_change(o, &cfg));
-        // One that differs in its public IPv4 or mapped IPv6 only changes the public mapping.
-        let public_only = in_sync
-            && prev_good
-                .as_ref()
-                .is_some_and(|o| public_only_change(o, &cfg));
+        let kind = prev_good
+            .as_ref()
+            .filter(|_| in_sync)
+            .map_or(change::Kind::Full, |o| change::Kind::of(o, &cfg));
         let row = VmRow {
             id: cfg.id.clone(),
             user_id: cfg.user_id,
@@ -424,14 +413,11 @@ impl Agent {
             store_tx!(self.db, tx => vm_store::save(tx, &row).await).map(|()| true)
         };
         let apply = async {
-            if limits_only {
-                self.driver.apply_limits(&plan).await
-            } else if firewall_only {
-                self.driver.apply_table(&plan).await
-            } else if public_only {
-                self.driver.apply_public(&plan).await
-            } else {
-                self.driver.apply(&plan).await
+            match kind {
+                change::Kind::Limits => self.driver.apply_limits(&plan).await,
+                change::Kind::Firewall => self.driver.apply_table(&plan).await,
+                change::Kind::Public => self.driver.apply_public(&plan).await,
+                change::Kind::Full => self.driver.apply(&plan).await,
             }
         };
         let (applied, written) = tokio::join!(apply, write);

@@ -5,8 +5,36 @@
 
 use vmnet_model::vm::VmConfig;
 
+/// How a PUT applies a changed config of a VM whose last apply succeeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// The throughput limits only: the HTB classes changed in place.
+    Limits,
+    /// The firewall only: its rules (or the VM's netns table) replaced.
+    Firewall,
+    /// The public IPv4 or mapped IPv6 only: the public mapping changed.
+    Public,
+    /// Anything else (or nothing: an unchanged config is applied, and so checked, in full).
+    Full,
+}
+
+impl Kind {
+    /// The kind of the change from `old` (the applied config) to `new`.
+    pub(super) fn of(old: &VmConfig, new: &VmConfig) -> Self {
+        if limits_only_change(old, new) {
+            Self::Limits
+        } else if firewall_only_change(old, new) {
+            Self::Firewall
+        } else if public_only_change(old, new) {
+            Self::Public
+        } else {
+            Self::Full
+        }
+    }
+}
+
 /// Whether `new` differs from `old` in its firewall only (and does differ).
-pub(super) fn firewall_only_change(old: &VmConfig, new: &VmConfig) -> bool {
+fn firewall_only_change(old: &VmConfig, new: &VmConfig) -> bool {
     let same_rest = VmConfig {
         firewall: new.firewall.clone(),
         ..old.clone()
@@ -15,7 +43,7 @@ pub(super) fn firewall_only_change(old: &VmConfig, new: &VmConfig) -> bool {
 }
 
 /// Whether `new` differs from `old` in its throughput limits only (and does differ).
-pub(super) fn limits_only_change(old: &VmConfig, new: &VmConfig) -> bool {
+fn limits_only_change(old: &VmConfig, new: &VmConfig) -> bool {
     let same_rest = VmConfig {
         private_network_throughput_mibps: new.private_network_throughput_mibps,
         public_network_throughput_mibps: new.public_network_throughput_mibps,
@@ -27,7 +55,7 @@ pub(super) fn limits_only_change(old: &VmConfig, new: &VmConfig) -> bool {
 /// Whether `new` differs from `old` in its public IPv4 or public IPv6 address only (and does
 /// differ), neither of them holding a routed IPv6 block (a block also changes the netns's routes
 /// and the firewall's guest addresses: a full apply).
-pub(super) fn public_only_change(old: &VmConfig, new: &VmConfig) -> bool {
+fn public_only_change(old: &VmConfig, new: &VmConfig) -> bool {
     let same_rest = VmConfig {
         public_ipv4: new.public_ipv4,
         public_ipv6: new.public_ipv6,
@@ -69,7 +97,8 @@ mod tests {
             ..v4.clone()
         };
         assert!(!public_only_change(&none, &other), "the tenant changed too");
-        assert!(!firewall_only_change(&none, &v4));
-        assert!(!limits_only_change(&none, &v4));
+        assert_eq!(Kind::of(&none, &v4), Kind::Public);
+        assert_eq!(Kind::of(&none, &block), Kind::Full);
+        assert_eq!(Kind::of(&v4, &v4), Kind::Full);
     }
 }
