@@ -77,19 +77,14 @@ async fn each_hand_edit_of_the_filter_is_replaced_within_the_audit_period() {
         "an untouched table is not rewritten"
     );
 
-    let del = last_rule_handle(&ns, &table, "fw_in").unwrap().to_string();
-    let edits: [(&str, Vec<&str>); 3] = [
-        (
-            "accept-all rule added",
-            vec!["insert", "rule", "inet", &table, "filter", "accept"],
-        ),
-        (
-            "rule deleted",
-            vec!["delete", "rule", "inet", &table, "fw_in", "handle", &del],
-        ),
-        (
-            "policy flipped",
-            vec![
+    let edits = ["accept-all rule added", "rule deleted", "policy flipped"];
+    for (i, what) in edits.iter().enumerate() {
+        // Read now: the previous repair replaced the table, and its handles with it.
+        let del = last_rule_handle(&ns, &table, "fw_in").unwrap().to_string();
+        let args: Vec<&str> = match i {
+            0 => vec!["insert", "rule", "inet", &table, "filter", "accept"],
+            1 => vec!["delete", "rule", "inet", &table, "fw_in", "handle", &del],
+            _ => vec![
                 "add",
                 "chain",
                 "inet",
@@ -97,10 +92,8 @@ async fn each_hand_edit_of_the_filter_is_replaced_within_the_audit_period() {
                 "filter",
                 "{ type filter hook forward priority 0; policy drop; }",
             ],
-        ),
-    ];
-    for (i, (what, args)) in edits.iter().enumerate() {
-        nft(&ns, args).unwrap();
+        };
+        nft(&ns, &args).unwrap();
         assert!(
             !driver.drift(&plan).await.unwrap().is_empty(),
             "{what} is drift"

@@ -15,7 +15,7 @@ use vmnet_model::Error;
 use vmnet_plan::ns::{NsSettings, plan_vm};
 
 /// How many mapping changes are timed per N (each direction).
-pub const MAPPING_ROUNDS: u32 = 20;
+pub const MAPPING_ROUNDS: u32 = 50;
 
 /// The `i`-th IPv4 documentation address (0-based), `None` past the 768th.
 #[must_use]
