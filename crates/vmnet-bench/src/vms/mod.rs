@@ -560,7 +560,8 @@ mod tests {
             .await
             .expect("netlink --public --firewall");
         let (add, remove) = public.mapping.as_ref().expect("mapping timed");
-        assert_eq!((add.len(), remove.len()), (20, 20));
+        let rounds = usize::try_from(public::MAPPING_ROUNDS).unwrap();
+        assert_eq!((add.len(), remove.len()), (rounds, rounds));
         let (change, _, rewritten) = public.firewall.as_ref().expect("firewall timed");
         // Every change after the create is of the same shape: each one rule batch.
         assert_eq!(
