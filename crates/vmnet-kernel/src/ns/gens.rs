@@ -13,10 +13,11 @@
 //!   so the next check lists again (never a wrong skip). After our own transaction the table
 //!   is recorded only when the generation moved by exactly that one commit (read before and
 //!   after it) and the listing read back is the plan's.
-//! - A firewall change of the recorded shape goes in as one rule batch over the kept socket
-//!   ([`NftGens::change_rules`]) when nothing else committed since the record; the table is
-//!   then recorded unlisted (the next check lists it). A create records its table the same way
-//!   when its transaction was the only commit in the new netns ([`NftGens::adopt_created`]).
+//! - A firewall or public IPv4 change of the recorded shape goes in as one rule batch over the
+//!   kept socket ([`NftGens::change_rules`]) when nothing else committed since the record; the
+//!   table is then recorded unlisted (the next check lists it). A create records its table the
+//!   same way when its transactions were the only commits in the new netns
+//!   ([`NftGens::adopt_created`]).
 //! - One socket per VM netns, opened by the create (or on the first thread that enters the
 //!   netns for a listing) and kept until the VM goes: [`NftGens::close`] (the driver's removal, DELETE and garbage
 //!   collection) closes it synchronously, so the deleted netns, and the host veth end with it,

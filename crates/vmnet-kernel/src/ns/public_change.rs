@@ -2,8 +2,8 @@
 //! objects that derive from those addresses are written, each read from where it is cheapest.
 //!
 //! # Design
-//! - The netns table keeps its shape whether or not the VM has a public IPv4 (its DNAT chain is
-//!   always there, see [`vmnet_plan::ns::nft::vm_ruleset`]), so the DNAT rule goes in as one
+//! - The netns table keeps its shape whether or not the VM has a public IPv4 (every VM with NAT
+//!   has its DNAT chain, see [`vmnet_plan::ns::nft::vm_ruleset`]), so the DNAT rule goes in as one
 //!   rule batch ([`super::dnatbatch`]) when the table is known to be the plan's shape at the
 //!   netns's current nf_tables generation (`gens`); otherwise the table is replaced whole.
 //! - The host routes through the VM's host veth (the public IPv4's `/32` among them) are read
