@@ -226,6 +226,30 @@ async fn bad_input_keeps_the_good_state_reachable() {
         err.contains("another agent is listening on it"),
         "refused for the socket first: {err}"
     );
+    // A mistyped uplink is refused at start, naming the flag, before the agent binds its
+    // socket or opens its store.
+    let other_sock = dir.join("other.sock");
+    let typo = std::process::Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .arg("--socket")
+        .arg(&other_sock)
+        .args([
+            "--database-url",
+            "postgres://nobody@localhost/none?host=/nonexistent-vmnet-test",
+            "serve",
+            "--netns",
+            &sb.host(),
+            "--uplink",
+            "nosuchif0",
+        ])
+        .output()
+        .expect("an agent with a mistyped uplink");
+    let err = String::from_utf8_lossy(&typo.stderr);
+    assert!(!typo.status.success(), "{err}");
+    assert!(
+        err.contains("INVALID_INPUT") && err.contains("--uplink nosuchif0: no interface"),
+        "{err}"
+    );
+    assert!(!other_sock.exists(), "no socket bound");
     client
         .get::<Vec<VmView>>("/v1/vms")
         .await

@@ -237,6 +237,21 @@ impl ServeArgs {
     }
 }
 
+/// Checks that the `--uplink` interface exists in the namespace the agent runs in (after
+/// `--netns`), before the agent touches anything: a mistyped name would otherwise surface only
+/// when the first VM's public address is proxied on it.
+///
+/// # Errors
+/// `INVALID_INPUT` naming the flag and the interface.
+fn check_uplink(uplink: Option<&str>) -> Result<(), Error> {
+    let Some(u) = uplink else { return Ok(()) };
+    nix::net::if_::if_nametoindex(u).map(|_| ()).map_err(|e| {
+        Error::invalid(format!(
+            "--uplink {u}: no interface of that name in the agent's network namespace ({e})"
+        ))
+    })
+}
+
 /// Runs the command until SIGTERM or SIGINT.
 pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     let _ = tracing_subscriber::fmt()
@@ -249,6 +264,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let settings = args.settings()?;
+    check_uplink(settings.uplink.as_deref())?;
     let tcp = match args.listen {
         Some(addr) => Some(server::bind_tcp(addr).await.map_err(from_server)?),
         None => None,
