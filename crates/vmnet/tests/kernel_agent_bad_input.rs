@@ -29,6 +29,24 @@ fn ifindex(ns: &str, link: &str) -> u32 {
     out.split(':').next().unwrap().trim().parse().unwrap()
 }
 
+/// Runs `vmnet serve` on `socket` in namespace `host` with `extra` flags and a database it
+/// cannot reach, and returns how it ended (it must refuse before it needs the store).
+fn agent_that_fails(socket: &std::path::Path, host: &str, extra: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .arg("--socket")
+        .arg(socket)
+        .args([
+            "--database-url",
+            "postgres://nobody@localhost/none?host=/nonexistent-vmnet-test",
+            "serve",
+            "--netns",
+            host,
+        ])
+        .args(extra)
+        .output()
+        .expect("start vmnet serve")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn bad_input_keeps_the_good_state_reachable() {
@@ -208,18 +226,7 @@ async fn bad_input_keeps_the_good_state_reachable() {
     // A second agent on the same socket is refused before it touches anything: given a
     // database it cannot reach, it still answers with the socket conflict (the trial saw a
     // refused agent replace the pinned activity program before it refused).
-    let second = std::process::Command::new(env!("CARGO_BIN_EXE_vmnet"))
-        .arg("--socket")
-        .arg(dir.join("vmnet.sock"))
-        .args([
-            "--database-url",
-            "postgres://nobody@localhost/none?host=/nonexistent-vmnet-test",
-            "serve",
-            "--netns",
-            &sb.host(),
-        ])
-        .output()
-        .expect("a second agent");
+    let second = agent_that_fails(&dir.join("vmnet.sock"), &sb.host(), &[]);
     let err = String::from_utf8_lossy(&second.stderr);
     assert!(!second.status.success(), "{err}");
     assert!(
@@ -229,20 +236,7 @@ async fn bad_input_keeps_the_good_state_reachable() {
     // A mistyped uplink is refused at start, naming the flag, before the agent binds its
     // socket or opens its store.
     let other_sock = dir.join("other.sock");
-    let typo = std::process::Command::new(env!("CARGO_BIN_EXE_vmnet"))
-        .arg("--socket")
-        .arg(&other_sock)
-        .args([
-            "--database-url",
-            "postgres://nobody@localhost/none?host=/nonexistent-vmnet-test",
-            "serve",
-            "--netns",
-            &sb.host(),
-            "--uplink",
-            "nosuchif0",
-        ])
-        .output()
-        .expect("an agent with a mistyped uplink");
+    let typo = agent_that_fails(&other_sock, &sb.host(), &["--uplink", "nosuchif0"]);
     let err = String::from_utf8_lossy(&typo.stderr);
     assert!(!typo.status.success(), "{err}");
     assert!(
