@@ -40,10 +40,16 @@ pub fn parse_limit(
                 .filter(|v| *v <= MAX_THROUGHPUT_MIBPS)
                 .ok_or_else(|| bad(format!("{v} is too large"))),
             None if n.as_i64().is_some() => Err(bad(format!("{n} is negative"))),
-            // Beyond u64/i64 serde_json holds a float: whole ones are still "too large".
+            // A float (a decimal point or an exponent, or beyond u64/i64): a whole one is judged
+            // by its size first, and one in range is refused for how it is written.
             None => match n.as_f64() {
-                Some(f) if f.fract() == 0.0 && f >= 1e18 => Err(bad(format!("{n} is too large"))),
-                Some(f) if f.fract() == 0.0 && f <= -1e18 => Err(bad(format!("{n} is negative"))),
+                Some(f) if f.fract() == 0.0 && f > f64::from(MAX_THROUGHPUT_MIBPS) => {
+                    Err(bad(format!("{n} is too large")))
+                }
+                Some(f) if f.fract() == 0.0 && f < 0.0 => Err(bad(format!("{n} is negative"))),
+                Some(f) if f.fract() == 0.0 => Err(bad(format!(
+                    "{n} is written with a decimal point or an exponent (write {f:.0})"
+                ))),
                 _ => Err(bad(format!("{n} is not a whole number"))),
             },
         },

@@ -417,7 +417,16 @@ fn bad_limits_are_refused_naming_the_field() {
         for (value, what) in [
             ("-1", "-1 is negative"),
             ("1.5", "1.5 is not a whole number"),
-            ("10.0", "10.0 is not a whole number"),
+            (
+                "10.0",
+                "10.0 is written with a decimal point or an exponent (write 10)",
+            ),
+            (
+                "1e3",
+                "1000.0 is written with a decimal point or an exponent (write 1000)",
+            ),
+            ("1e12", "1000000000000.0 is too large"),
+            ("-2.0", "-2.0 is negative"),
             ("100001", "100001 is too large"),
             (
                 "18446744073709551616",

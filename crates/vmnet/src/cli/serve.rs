@@ -203,7 +203,7 @@ pub fn enter_netns(args: &ServeArgs) -> Result<(), Error> {
     }
     match &args.netns {
         Some(name) => vmnet_kernel::netns::enter_current_thread(name)
-            .map_err(|e| Error::invalid(format!("--netns {name}: {e}"))),
+            .map_err(|e| Error::invalid(format!("--netns: {}", chain(&e)))),
         None => Ok(()),
     }
 }
