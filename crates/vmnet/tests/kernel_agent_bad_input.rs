@@ -244,6 +244,10 @@ async fn bad_input_keeps_the_good_state_reachable() {
         "{err}"
     );
     assert!(!other_sock.exists(), "no socket bound");
+    let lo = agent_that_fails(&other_sock, &sb.host(), &["--uplink", "lo"]);
+    let err = String::from_utf8_lossy(&lo.stderr);
+    assert!(!lo.status.success(), "{err}");
+    assert!(err.contains("--uplink lo: the loopback device"), "{err}");
     client
         .get::<Vec<VmView>>("/v1/vms")
         .await

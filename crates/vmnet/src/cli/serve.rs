@@ -242,14 +242,22 @@ impl ServeArgs {
 /// when the first VM's public address is proxied on it.
 ///
 /// # Errors
-/// `INVALID_INPUT` naming the flag and the interface.
+/// `INVALID_INPUT` naming the flag and the interface (also for the loopback device).
 fn check_uplink(uplink: Option<&str>) -> Result<(), Error> {
+    /// The loopback device's ifindex, the same in every network namespace.
+    const LOOPBACK_IFINDEX: u32 = 1;
     let Some(u) = uplink else { return Ok(()) };
-    nix::net::if_::if_nametoindex(u).map(|_| ()).map_err(|e| {
+    let index = nix::net::if_::if_nametoindex(u).map_err(|e| {
         Error::invalid(format!(
             "--uplink {u}: no interface of that name in the agent's network namespace ({e})"
         ))
-    })
+    })?;
+    if index == LOOPBACK_IFINDEX {
+        return Err(Error::invalid(format!(
+            "--uplink {u}: the loopback device is not an uplink (no neighbour answers there reach anyone)"
+        )));
+    }
+    Ok(())
 }
 
 /// Runs the command until SIGTERM or SIGINT.
