@@ -48,7 +48,7 @@ pub struct AgentBenchArgs {
     #[arg(long)]
     pub count: Vec<u32>,
     /// Every namespace-mode feature on each VM, and the guests' metadata connections open at the
-    /// last checkpoint ([`crate::agent_load`]).
+    /// last checkpoint.
     #[arg(long)]
     pub all_features: bool,
 }
