@@ -3,7 +3,8 @@
 //! one end of it, changing the mesh address, the MTU, the tap's address or the transit range
 //! each keep the netns (same inode) and the tap (same ifindex), and the guest keeps exchanging
 //! frames through the held tap after each repair. Drift made behind the driver's back (a half-made
-//! netns, changed objects) is reported and repaired.
+//! netns, changed objects, the veth ends' neighbour entries, MACs and addresses) is reported and
+//! repaired.
 
 mod ns_support;
 
@@ -17,7 +18,7 @@ use vmnet_model::vm::parse_vm_config;
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 use vmnet_testkit::echo::EchoService;
 use vmnet_testkit::guest::SimGuest;
-use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_V4};
+use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, ECHO_V6, HOST_UPLINK_V4};
 use vmnet_testkit::{netns, traffic};
 
 /// What must stay the same across every repair, and the traffic that must keep passing.
@@ -329,4 +330,111 @@ async fn drift_is_reported_and_repaired() {
     );
     assert_eq!(link_info(&plan.netns, &plan.tap.name).unwrap().1, tap_index);
     assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+}
+
+/// The IPv6 echo from the guest to the fake internet through the veth, or `None`.
+fn v6_echo(guest: &SimGuest, timeout: std::time::Duration) -> Option<IpAddr> {
+    let to = SocketAddr::new(IpAddr::V6(ECHO_V6), ECHO_PORT);
+    traffic::try_udp_echo(guest.netns(), to, timeout)
+        .unwrap()
+        .map(|r| r.peer.ip())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+async fn the_veth_ends_reach_each_other_through_planned_neighbour_entries() {
+    let env = Env::new();
+    let plan = env.plan(&vm_json(
+        "n",
+        0x74,
+        Some("fdaa::74"),
+        &[("0.0.0.0/0", "host"), ("::/0", "host")],
+    ));
+    env.driver.apply(&plan).await.unwrap();
+    let _echo = env.sb.start_echo().unwrap();
+    let guest = env.guest("n", &plan, &["::/0"], 1380);
+    let v = plan.veth.clone().unwrap();
+    let mesh = IpAddr::V6("fdaa::74".parse().unwrap());
+    assert_eq!(v6_echo(&guest, T), Some(mesh), "guest ↔ internet over IPv6");
+
+    // Each hand edit is drift, named; the apply repairs it in place and IPv6 passes again.
+    let repair = |step: &'static str, want: String| {
+        let d = env.driver.clone();
+        let plan = plan.clone();
+        async move {
+            let drift = d.drift(&plan).await.unwrap();
+            assert!(
+                drift.iter().any(|c| c.to_string().contains(&want)),
+                "{step}: {drift:?}"
+            );
+            let fixed = d.apply(&plan).await.unwrap();
+            assert!(
+                !fixed
+                    .iter()
+                    .any(|c| matches!(c, Change::CreateVm { .. } | Change::RemoveVm { .. })),
+                "{step}: {fixed:?}"
+            );
+            assert!(d.drift(&plan).await.unwrap().is_empty(), "{step}");
+        }
+    };
+    // 1. The netns's entry deleted: the host end answers no solicitation, so IPv6 stops.
+    let gw = v.host_ipv6_link_local.addr().to_string();
+    netns::ip(
+        &plan.netns,
+        &["-6", "neigh", "del", &gw, "dev", &v.peer_name],
+    )
+    .unwrap();
+    assert_eq!(
+        v6_echo(&guest, std::time::Duration::from_secs(2)),
+        None,
+        "without the netns's entry"
+    );
+    repair(
+        "netns entry deleted",
+        format!("{} neighbour {gw}", v.peer_name),
+    )
+    .await;
+    assert_eq!(
+        v6_echo(&guest, T),
+        Some(mesh),
+        "after the netns entry came back"
+    );
+
+    // 2. The host end taken down and up: the kernel flushed its permanent entry.
+    env.host_ip(&["link", "set", &v.host_name, "down"]);
+    env.host_ip(&["link", "set", &v.host_name, "up"]);
+    repair(
+        "host end down and up",
+        format!("{} neighbour fe80::2", v.host_name),
+    )
+    .await;
+    assert_eq!(v6_echo(&guest, T), Some(mesh), "after down and up");
+
+    // 3. The host end's MAC changed: set back in place (the netns's entry names the planned one).
+    env.host_ip(&["link", "set", &v.host_name, "address", "02:00:00:00:00:99"]);
+    repair("host end mac changed", format!("{} mac", v.host_name)).await;
+    let link = env.host_ip(&["link", "show", "dev", &v.host_name]);
+    assert!(link.contains("link/ether 06:01:00:00:00:74"), "{link}");
+    assert_eq!(v6_echo(&guest, T), Some(mesh), "after the MAC came back");
+
+    // 4. An IPv6 address added to the host end by hand: removed.
+    env.host_ip(&[
+        "-6",
+        "addr",
+        "add",
+        "fe80::99/64",
+        "dev",
+        &v.host_name,
+        "nodad",
+    ]);
+    repair(
+        "address on the host end",
+        "stale addresses fe80::99/64".into(),
+    )
+    .await;
+    assert_eq!(
+        env.host_ip(&["-6", "addr", "show", "dev", &v.host_name]),
+        ""
+    );
+    assert_eq!(v6_echo(&guest, T), Some(mesh), "after the address went");
 }

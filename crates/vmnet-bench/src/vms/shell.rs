@@ -90,9 +90,16 @@ pub fn shell_setup(plan: &VmPlan, host_ns: &str) -> Vec<Vec<String>> {
     cmds.push(s(&["ip", "-n", ns, "link", "set", tap, "mtu", &mtu, "up"]));
     if let Some(v) = &plan.veth {
         let (h, p) = (v.host_name.as_str(), v.peer_name.as_str());
+        let mac = |m: [u8; 6]| {
+            m.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":")
+        };
+        let (host_mac, peer_mac) = (mac(v.host_mac), mac(v.peer_mac));
         cmds.push(s(&[
-            "ip", "-n", host_ns, "link", "add", h, "mtu", &mtu, "type", "veth", "peer", "name", p,
-            "mtu", &mtu, "netns", ns,
+            "ip", "-n", host_ns, "link", "add", h, "address", &host_mac, "mtu", &mtu, "type",
+            "veth", "peer", "name", p, "address", &peer_mac, "mtu", &mtu, "netns", ns,
         ]));
         cmds.push(s(&[
             "ip",
@@ -103,17 +110,6 @@ pub fn shell_setup(plan: &VmPlan, host_ns: &str) -> Vec<Vec<String>> {
             &v.host_ipv4.to_string(),
             "dev",
             h,
-        ]));
-        cmds.push(s(&[
-            "ip",
-            "-n",
-            host_ns,
-            "addr",
-            "add",
-            &v.host_ipv6_link_local.to_string(),
-            "dev",
-            h,
-            "nodad",
         ]));
         cmds.push(s(&["ip", "-n", host_ns, "link", "set", h, "up"]));
         cmds.push(s(&[
@@ -138,6 +134,30 @@ pub fn shell_setup(plan: &VmPlan, host_ns: &str) -> Vec<Vec<String>> {
             "nodad",
         ]));
         cmds.push(s(&["ip", "-n", ns, "link", "set", p, "up"]));
+        // Each side's permanent entry for the other end, as the driver makes them.
+        let host_ll = v.host_ipv6_link_local.addr().to_string();
+        let peer_ll = v.peer_ipv6_link_local.addr().to_string();
+        let entries = [
+            (ns, &host_ll, &host_mac, p),
+            (host_ns, &peer_ll, &peer_mac, h),
+        ];
+        for (netns, ip, lladdr, dev) in entries {
+            cmds.push(s(&[
+                "ip",
+                "-n",
+                netns,
+                "-6",
+                "neigh",
+                "replace",
+                ip,
+                "lladdr",
+                lladdr,
+                "dev",
+                dev,
+                "nud",
+                "permanent",
+            ]));
+        }
     }
     cmds.extend(plan.ns_routes.iter().filter_map(|r| route_cmd(ns, r)));
     for r in &plan.ns_rules {

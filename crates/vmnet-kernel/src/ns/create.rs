@@ -43,9 +43,12 @@ pub(super) async fn add_veth(
     let add = |with_index: bool| {
         let mut peer = LinkUnspec::new_with_name(&v.peer_name)
             .mtu(v.mtu)
+            .address(v.peer_mac.to_vec())
             .setns_by_fd(fd.as_raw_fd());
         // Down until configured: the address generation mode is set while it is down.
-        let mut host = LinkVeth::new(&v.host_name, &v.peer_name).mtu(v.mtu);
+        let mut host = LinkVeth::new(&v.host_name, &v.peer_name)
+            .mtu(v.mtu)
+            .address(v.host_mac.to_vec());
         if with_index {
             peer = peer.index(index);
             host = host.index(index);
@@ -211,6 +214,7 @@ async fn configure(
         name: name.to_owned(),
         mtu,
         up: true,
+        mac: None,
     };
     st.ns_links.insert("lo".into(), known("lo", 1, 65536));
     st.ns_links.insert(
@@ -218,13 +222,15 @@ async fn configure(
         known(&plan.tap.name, made.tap_index, plan.tap.mtu),
     );
     if let (Some(v), Some(index)) = (&plan.veth, veth_index) {
-        // Created down: configuring it brings it up.
+        // Created down, with the planned MACs: configuring it brings it up.
         st.host_link = Some(KLink {
             up: false,
+            mac: Some(v.host_mac),
             ..known(&v.host_name, index, v.mtu)
         });
         let peer = KLink {
             up: false,
+            mac: Some(v.peer_mac),
             ..known(&v.peer_name, index, v.mtu)
         };
         st.ns_links.insert(v.peer_name.clone(), peer);

@@ -12,6 +12,7 @@ use vmnet_model::vm::MESH_RANGE;
 use vmnet_plan::ns::{MAIN_TABLE, PlannedRoute, RouteKind, VmPlan, names};
 
 use super::driver::NetlinkNsDriver;
+use super::links::neigh::{self, KNeigh};
 use super::nftcheck;
 use super::routes::{self, KKind, KLink, KRoute, nl};
 use super::rules::{self, KRule};
@@ -35,8 +36,12 @@ pub(super) struct VmState {
     /// The shape fingerprint of the plan the netns nft table was made from (the
     /// `vmnet:<shape>` comment of its first rule), when it carries one.
     pub nft_applied: Option<String>,
+    /// The netns's entry for the host end's link-local on the netns veth end.
+    pub ns_neigh: Option<KNeigh>,
     pub host_link: Option<KLink>,
     pub host_addrs: HashSet<KAddr>,
+    /// The host's entry for the netns end's link-local on the host end.
+    pub host_neigh: Option<KNeigh>,
     pub host_routes: BTreeSet<KRoute>,
     pub host_rules: BTreeSet<KRule>,
 }
@@ -120,6 +125,12 @@ pub(super) async fn observe_vm(
         );
     }
     st.ns_rules.extend(rules::dump_rules(ns).await?);
+    if let Some(v) = &plan.veth
+        && let Some(l) = st.ns_links.get(&v.peer_name)
+    {
+        let ip = IpAddr::V6(v.host_ipv6_link_local.addr());
+        st.ns_neigh = neigh::get(ns, l.index, ip, &plan.netns).await?;
+    }
     let table = names::vm_nft_table(&plan.name_prefix);
     let key = nftcheck::key(&plan.netns, "inet", &table);
     let netns_name = plan.netns.clone();
@@ -165,6 +176,10 @@ pub(super) async fn observe_vm(
     st.host_link = routes::link_by_name(host, &host_name).await?;
     if let Some(l) = &st.host_link {
         st.host_addrs = link_addrs(host, l.index).await?;
+        if let Some(v) = &plan.veth {
+            let ip = IpAddr::V6(v.peer_ipv6_link_local.addr());
+            st.host_neigh = neigh::get(host, l.index, ip, "host").await?;
+        }
         st.host_routes.extend(d.route_cache.through(l.index).await?);
     }
     for v in [IpVersion::V4, IpVersion::V6] {

@@ -154,6 +154,7 @@ mod tests {
             name: v.host_name.clone(),
             mtu: 1500,
             up: true,
+            mac: None,
         };
         let a = planned_through(&with, &link);
         let b = planned_through(&without, &link);

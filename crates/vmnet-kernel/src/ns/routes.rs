@@ -253,15 +253,18 @@ pub(super) struct KLink {
     pub name: String,
     pub mtu: u32,
     pub up: bool,
+    /// The link's MAC (`IFLA_ADDRESS`), when it has a 6-byte one.
+    pub mac: Option<[u8; 6]>,
 }
 
 fn klink(m: &LinkMessage) -> KLink {
     let mut name = String::new();
-    let mut mtu = 0;
+    let (mut mtu, mut mac) = (0, None);
     for a in &m.attributes {
         match a {
             LinkAttribute::IfName(n) => name.clone_from(n),
             LinkAttribute::Mtu(v) => mtu = *v,
+            LinkAttribute::Address(a) => mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
             _ => {}
         }
     }
@@ -270,6 +273,7 @@ fn klink(m: &LinkMessage) -> KLink {
         name,
         mtu,
         up: m.header.flags.contains(LinkFlags::Up),
+        mac,
     }
 }
 

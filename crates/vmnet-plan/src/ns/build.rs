@@ -94,6 +94,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
     let veth = cfg.mesh_ipv6.map(|_| {
         let transit = settings.transit_of(uid);
         let net = u32::from(transit.network());
+        let (host_mac, peer_mac) = veth_macs(uid);
         VethPlan {
             host_name: name(p, NameKind::HostVeth, uid),
             peer_name: name(p, NameKind::PeerVeth, uid),
@@ -103,6 +104,8 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
             peer_ipv4: Ipv4Net::new(Ipv4Addr::from(net + 2), 30).expect("valid"),
             host_ipv6_link_local: Ipv6Net::new(host_veth_link_local(uid), 128).expect("valid"),
             peer_ipv6_link_local: Ipv6Net::new(PEER_LINK_LOCAL, 64).expect("valid"),
+            host_mac,
+            peer_mac,
         }
     });
     let nat = veth.is_some() && cfg.ipv4_via_host();

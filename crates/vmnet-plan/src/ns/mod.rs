@@ -9,9 +9,13 @@
 //!   `fe80::1/64`) for the VMM; the guest is 172.16.0.2/30, MAC 06:00:ac:10:00:02, gateways
 //!   172.16.0.1 and `fe80::1`;
 //! - with a mesh address, a veth pair `<prefix>h<uid>` (host) / `<prefix>p<uid>` (netns), MTU
-//!   1380, the transit /30 `transit_ipv4 + 4·uid` (host `.1`, netns `.2`) and the link-locals
-//!   `fe80::1:<uid>/128` (host, see [`host_veth_link_local`]) / `fe80::2/64` (netns), both
-//!   without DAD so they work at once;
+//!   1380, MACs `06:01:<uid>` / `06:02:<uid>` ([`veth_macs`]), the transit /30
+//!   `transit_ipv4 + 4·uid` (host `.1`, netns `.2`), `fe80::2/64` on the netns end (no DAD) and
+//!   no IPv6 address on the host end. Each side reaches the other's link-local through a
+//!   permanent neighbour entry: the netns maps `fe80::1:<uid>` ([`host_veth_link_local`]) to the
+//!   host end's MAC, the host maps `fe80::2` to the netns end's MAC. So the host's IPv6 routing
+//!   table holds one route per VM (its mesh /128), not three, which is what a link event on the
+//!   host walks;
 //! - mesh path: host `mesh/128 via fe80::2 dev <host veth>`; netns `mesh/128 dev <tap>`; netns
 //!   `fdaa::/16 via fe80::1:<uid> dev <peer>` (mesh peers, always); netns rule `iif <peer>` →
 //!   [`names::NS_INBOUND_TABLE`] with `::/0 via mesh dev <tap> onlink`, so anything the host routes

@@ -356,6 +356,17 @@ fn host_veth_link_locals_are_unique_per_uid() {
     assert!(!all.contains(&HOST_LINK_LOCAL) && !all.contains(&PEER_LINK_LOCAL));
 }
 
+#[test]
+fn veth_macs_are_unicast_local_and_unique_per_uid() {
+    assert_eq!(veth_macs(7), ([6, 1, 0, 0, 0, 7], [6, 2, 0, 0, 0, 7]));
+    let (h, p) = veth_macs(0x0102_0304);
+    assert_eq!((&h[2..], &p[2..]), (&[1, 2, 3, 4][..], &[1, 2, 3, 4][..]));
+    // Locally administered (bit 1), not multicast (bit 0); never the guest's 06:00:….
+    assert!(h[0] & 2 != 0 && h[0] & 1 == 0 && h[1] != 0 && p[1] != 0);
+    let all: HashSet<_> = (0..=MAX_USER_ID).map(|u| veth_macs(u).0).collect();
+    assert_eq!(all.len(), 65536);
+}
+
 proptest! {
     /// For any valid route set: every destination reaches the host from the netns exactly once,
     /// NAT follows the IPv4-via-host rule, and the host table exists only with a mesh via and

@@ -97,11 +97,17 @@ pub struct VethPlan {
     pub host_ipv4: Ipv4Net,
     /// Netns end address (`.2/30`), the NAT source.
     pub peer_ipv4: Ipv4Net,
-    /// Host end link-local (`fe80::1:<uid>/128`: a /128 makes the kernel join no subnet-router
-    /// anycast `fe80::` on the link, one host route per VM fewer, all of them on one prefix).
+    /// The netns's IPv6 next hop to the host (`fe80::1:<uid>/128`). Not an address of the host
+    /// end: the netns keeps a permanent neighbour entry mapping it to `host_mac` on the netns
+    /// end, so nothing has to be resolved (see [`crate::ns`]).
     pub host_ipv6_link_local: Ipv6Net,
-    /// Netns end link-local (`fe80::2/64`).
+    /// Netns end link-local (`fe80::2/64`), the host's next hop to the VM; the host keeps a
+    /// permanent neighbour entry mapping it to `peer_mac` on the host end.
     pub peer_ipv6_link_local: Ipv6Net,
+    /// Host end MAC, set when the pair is made ([`super::veth_macs`]).
+    pub host_mac: [u8; 6],
+    /// Netns end MAC, set when the pair is made ([`super::veth_macs`]).
+    pub peer_mac: [u8; 6],
 }
 
 /// What the guest is configured with (reported in status; the guest image/metadata applies it).

@@ -1,8 +1,9 @@
 //! The VM's links, repaired in place: a missing tap is made again inside the existing netns, a
 //! veth pair missing (or missing one end) is made again between the host and the existing netns,
 //! a veth pair the plan no longer has is deleted, and MTU, up state and addresses are brought to
-//! the plan (stale addresses removed). Nothing here deletes the netns or a tap that exists, so a
-//! VMM holding the tap keeps it across every repair.
+//! the plan (stale addresses removed), and so are the veth ends' MACs and the permanent
+//! neighbour entries between them ([`neigh`]). Nothing here deletes the netns or a tap that
+//! exists, so a VMM holding the tap keeps it across every repair.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -18,6 +19,9 @@ use super::observe::{KAddr, VmState};
 use super::routes::{self, KLink, nl};
 use super::{Change, NsError, Side, inns};
 use crate::netns;
+
+pub(super) mod neigh;
+use neigh::KNeigh;
 
 /// A link of the VM that is missing, half there, or not planned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,13 +153,17 @@ pub(super) async fn repair_links(
     Ok(changes)
 }
 
-/// One link of the VM as planned: where, its name, MTU and the addresses it carries (the tap
-/// three: its /30, `fe80::1/64` and the metadata /32; each veth end two).
+/// One link of the VM as planned: where, its name, MTU, the addresses it carries (the tap
+/// three: its /30, `fe80::1/64` and the metadata /32; the netns veth end its transit address
+/// and `fe80::2/64`; the host end only its transit address), its MAC when planned (the veth
+/// ends') and the permanent neighbour entry it keeps for the other end (the veth ends).
 struct LinkSpec<'a> {
     side: Side,
     name: &'a str,
     mtu: u32,
     addrs: Vec<(IpAddr, u8)>,
+    mac: Option<[u8; 6]>,
+    neigh: Option<(IpAddr, [u8; 6])>,
 }
 
 fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
@@ -174,6 +182,8 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
                 plan.tap.metadata_ipv4.prefix_len(),
             ),
         ],
+        mac: None,
+        neigh: None,
     }];
     if let Some(v) = &plan.veth {
         out.push(LinkSpec {
@@ -187,47 +197,57 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
                     v.peer_ipv6_link_local.prefix_len(),
                 ),
             ],
+            mac: Some(v.peer_mac),
+            neigh: Some((IpAddr::V6(v.host_ipv6_link_local.addr()), v.host_mac)),
         });
         out.push(LinkSpec {
             side: Side::Host,
             name: &v.host_name,
             mtu: v.mtu,
-            addrs: vec![
-                (IpAddr::V4(v.host_ipv4.addr()), v.host_ipv4.prefix_len()),
-                (
-                    IpAddr::V6(v.host_ipv6_link_local.addr()),
-                    v.host_ipv6_link_local.prefix_len(),
-                ),
-            ],
+            addrs: vec![(IpAddr::V4(v.host_ipv4.addr()), v.host_ipv4.prefix_len())],
+            mac: Some(v.host_mac),
+            neigh: Some((IpAddr::V6(v.peer_ipv6_link_local.addr()), v.peer_mac)),
         });
     }
     out
 }
 
-/// The link `spec` names in `st`, and the addresses seen on its side.
-fn find<'a>(st: &'a VmState, spec: &LinkSpec<'_>) -> (Option<&'a KLink>, &'a HashSet<KAddr>) {
+/// What `st` has of the link `spec` names: the link, the addresses seen on its side and the
+/// neighbour entry seen for the address `spec.neigh` names (looked up on that link only).
+fn find<'a>(
+    st: &'a VmState,
+    spec: &LinkSpec<'_>,
+) -> (Option<&'a KLink>, &'a HashSet<KAddr>, Option<KNeigh>) {
     match spec.side {
-        Side::Vm => (st.ns_links.get(spec.name), &st.ns_addrs),
+        Side::Vm => (
+            st.ns_links.get(spec.name),
+            &st.ns_addrs,
+            st.ns_neigh.filter(|_| spec.neigh.is_some()),
+        ),
         Side::Host => (
             st.host_link.as_ref().filter(|l| l.name == spec.name),
             &st.host_addrs,
+            st.host_neigh,
         ),
     }
 }
 
-/// Addresses on link `index` that the plan does not put there: every IPv4 address, IPv6
-/// addresses outside the link-local range (the kernel adds link-locals of its own), and a
-/// planned link-local with another prefix length (e.g. a host end's `/64` from before its plan
-/// became `/128`; the kernel does not change the prefix length of an existing address).
-fn stale(have: &HashSet<KAddr>, index: u32, want: &[(IpAddr, u8)]) -> Vec<(IpAddr, u8)> {
+/// Addresses on link `spec.name` (ifindex `index`) that the plan does not put there: every
+/// IPv4 address; on the host end every IPv6 address too (it carries none, and the kernel adds
+/// none: `addrgenmode none`; e.g. the `fe80::1:<uid>` it carried before that plan); in the netns
+/// IPv6 addresses outside the link-local range (the kernel adds link-locals of its own) and a
+/// planned link-local with another prefix length (the kernel does not change the prefix length
+/// of an existing address).
+fn stale(have: &HashSet<KAddr>, index: u32, spec: &LinkSpec<'_>) -> Vec<(IpAddr, u8)> {
+    let want = &spec.addrs;
     let mut out: Vec<(IpAddr, u8)> = have
         .iter()
         .filter(|(i, a, p)| {
             *i == index
                 && !want.contains(&(*a, *p))
-                && match a {
-                    IpAddr::V4(_) => true,
-                    IpAddr::V6(v6) => {
+                && match (a, spec.side) {
+                    (IpAddr::V4(_), _) | (IpAddr::V6(_), Side::Host) => true,
+                    (IpAddr::V6(v6), Side::Vm) => {
                         !v6.is_unicast_link_local() || want.iter().any(|(w, _)| w == a)
                     }
                 }
@@ -245,7 +265,7 @@ pub(super) fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
     for spec in link_specs(plan) {
         let name = spec.name;
         match find(st, &spec) {
-            (Some(l), addrs) if l.mtu == spec.mtu && l.up => {
+            (Some(l), addrs, neigh) if l.mtu == spec.mtu && l.up => {
                 if spec
                     .addrs
                     .iter()
@@ -253,10 +273,18 @@ pub(super) fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
                 {
                     bad.push(format!("{name} addresses"));
                 }
-                let old = stale(addrs, l.index, &spec.addrs);
+                let old = stale(addrs, l.index, &spec);
                 if !old.is_empty() {
                     let list: Vec<String> = old.iter().map(|(a, p)| format!("{a}/{p}")).collect();
                     bad.push(format!("{name} stale addresses {}", list.join(" ")));
+                }
+                if spec.mac.is_some_and(|m| l.mac != Some(m)) {
+                    bad.push(format!("{name} mac"));
+                }
+                if let Some((ip, mac)) = spec.neigh
+                    && !neigh.is_some_and(|n| n.is_permanent_for(mac))
+                {
+                    bad.push(format!("{name} neighbour {ip}"));
                 }
             }
             _ => bad.push(format!("{name} mtu/up")),
@@ -271,9 +299,12 @@ pub(super) fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
     (!bad.is_empty()).then(|| format!("{}: {}", plan.netns, bad.join("; ")))
 }
 
-/// Brings lo, the tap and the veth ends to the planned MTU, up and addresses (idempotent; stale
-/// addresses are removed first). The links are configured concurrently (independent netlink
-/// requests). Returns the netns links by name and the host veth.
+/// Brings lo, the tap and the veth ends to the planned MTU, MAC, up, addresses and neighbour
+/// entries (idempotent; stale addresses are removed first). The netns links are configured
+/// concurrently (independent netlink requests), the host end after them: brought up while its
+/// peer is up, it gets its carrier at once and the kernel configures it for IPv6 within the
+/// request (rather than later from its link-watch work), so its `ff00::/8` route exists to be
+/// deleted ([`neigh`]). Returns the netns links by name and the host veth.
 pub(super) async fn configure_fixed(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
@@ -292,15 +323,17 @@ pub(super) async fn configure_fixed(
             .map_err(nl(format!("{w}: set lo up")))
     };
     let specs = link_specs(plan);
-    let ensure = specs.iter().map(|spec| {
-        let (known, have) = find(st, spec);
-        let (h, label) = match spec.side {
-            Side::Vm => (ns, w),
-            Side::Host => (&d.host, "host"),
-        };
-        ensure_link(h, spec, known, have, label)
-    });
-    let ((), links) = futures::try_join!(lo, futures::future::try_join_all(ensure))?;
+    let ensure = |side: Side| {
+        futures::future::try_join_all(specs.iter().filter(move |s| s.side == side).map(|spec| {
+            let (h, label) = match spec.side {
+                Side::Vm => (ns, w),
+                Side::Host => (&d.host, "host"),
+            };
+            ensure_link(h, spec, find(st, spec), label)
+        }))
+    };
+    let ((), mut links) = futures::try_join!(lo, ensure(Side::Vm))?;
+    links.extend(ensure(Side::Host).await?);
     let mut ns_links = std::collections::HashMap::new();
     let mut host = None;
     for (spec, l) in specs.iter().zip(links) {
@@ -319,8 +352,7 @@ pub(super) async fn configure_fixed(
 async fn ensure_link(
     h: &Handle,
     spec: &LinkSpec<'_>,
-    known: Option<&KLink>,
-    have: &HashSet<KAddr>,
+    (known, have, neigh): (Option<&KLink>, &HashSet<KAddr>, Option<KNeigh>),
     w: &str,
 ) -> Result<KLink, NsError> {
     let name = spec.name;
@@ -330,37 +362,38 @@ async fn ensure_link(
             .await?
             .ok_or_else(|| NsError::Missing(format!("{w}: link {name} is missing")))?,
     };
-    let old = stale(have, l.index, &spec.addrs);
+    let old = stale(have, l.index, spec);
     if !old.is_empty() {
         del_addrs(h, l.index, &old, w).await?;
     }
-    if l.mtu != spec.mtu || !l.up {
+    let mac = spec.mac.filter(|m| l.mac != Some(*m));
+    let was_up = l.up;
+    if l.mtu != spec.mtu || !l.up || mac.is_some() {
+        let mut set = LinkUnspec::new_with_index(l.index).mtu(spec.mtu).up();
+        if let Some(m) = mac {
+            set = set.address(m.to_vec());
+        }
         h.link()
-            .set(
-                LinkUnspec::new_with_index(l.index)
-                    .mtu(spec.mtu)
-                    .up()
-                    .build(),
-            )
+            .set(set.build())
             .execute()
             .await
-            .map_err(nl(format!("{w}: set {name} mtu/up")))?;
+            .map_err(nl(format!("{w}: set {name} mtu/mac/up")))?;
         l.mtu = spec.mtu;
         l.up = true;
+        l.mac = spec.mac.or(l.mac);
     }
-    // No `fe80::/64` prefix route per host veth: the host's routes through it name their
-    // link-local gateway with the device, and thousands of same-prefix routes would make every
-    // IPv6 route insert and link event on the host walk them all.
-    let v6_flags = match spec.side {
-        Side::Host => AddressFlags::Nodad | AddressFlags::Noprefixroute,
-        Side::Vm => AddressFlags::Nodad,
-    };
-    futures::future::try_join_all(
-        spec.addrs
-            .iter()
-            .map(|a| add_addr(h, have, l.index, *a, v6_flags, w)),
-    )
-    .await?;
+    // Brought up now, or carrying addresses from an older plan: its multicast route goes.
+    if spec.side == Side::Host && (!was_up || !old.is_empty()) {
+        neigh::drop_multicast_route(h, l.index, name).await?;
+    }
+    futures::future::try_join_all(spec.addrs.iter().map(|a| add_addr(h, have, l.index, *a, w)))
+        .await?;
+    // After the up: taking a link down flushes its entries, permanent ones included.
+    if let Some((ip, mac)) = spec.neigh
+        && (!was_up || !neigh.is_some_and(|n| n.is_permanent_for(mac)))
+    {
+        neigh::set(h, l.index, ip, mac, w).await?;
+    }
     Ok(l)
 }
 
@@ -395,14 +428,13 @@ async fn del_addrs(h: &Handle, index: u32, gone: &[(IpAddr, u8)], w: &str) -> Re
     Ok(())
 }
 
-/// Adds an address unless `have` lists it; IPv6 with `v6_flags`, always without duplicate
-/// address detection, so it is usable at once.
+/// Adds an address unless `have` lists it; IPv6 without duplicate address detection, so it is
+/// usable at once.
 async fn add_addr(
     h: &Handle,
     have: &HashSet<KAddr>,
     index: u32,
     (ip, plen): (IpAddr, u8),
-    v6_flags: AddressFlags,
     w: &str,
 ) -> Result<(), NsError> {
     if have.contains(&(index, ip, plen)) {
@@ -415,7 +447,7 @@ async fn add_addr(
         m.attributes
             .retain(|a| !matches!(a, AddressAttribute::Flags(_)));
         m.attributes
-            .push(AddressAttribute::Flags(v6_flags | AddressFlags::Nodad));
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
     }
     req.execute()
         .await

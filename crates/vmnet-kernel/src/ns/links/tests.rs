@@ -27,6 +27,7 @@ fn good_state(p: &VmPlan) -> VmState {
         name: name.into(),
         mtu,
         up: true,
+        mac: None,
     };
     st.ns_links.insert("lo".into(), link("lo", 1, 65536));
     st.ns_links
@@ -37,19 +38,26 @@ fn good_state(p: &VmPlan) -> VmState {
     st.ns_addrs
         .insert((2, IpAddr::V4(p.tap.metadata_ipv4.addr()), 32));
     if let Some(v) = &p.veth {
-        st.ns_links
-            .insert(v.peer_name.clone(), link(&v.peer_name, 3, 1380));
+        let peer = KLink {
+            mac: Some(v.peer_mac),
+            ..link(&v.peer_name, 3, 1380)
+        };
+        st.ns_links.insert(v.peer_name.clone(), peer);
         st.ns_addrs.insert((3, IpAddr::V4(v.peer_ipv4.addr()), 30));
         st.ns_addrs
             .insert((3, IpAddr::V6(v.peer_ipv6_link_local.addr()), 64));
-        st.host_link = Some(link(&v.host_name, 10, 1380));
+        st.host_link = Some(KLink {
+            mac: Some(v.host_mac),
+            ..link(&v.host_name, 10, 1380)
+        });
         st.host_addrs
             .insert((10, IpAddr::V4(v.host_ipv4.addr()), 30));
-        st.host_addrs.insert((
-            10,
-            IpAddr::V6(v.host_ipv6_link_local.addr()),
-            v.host_ipv6_link_local.prefix_len(),
-        ));
+        let entry = |mac| KNeigh {
+            mac: Some(mac),
+            permanent: true,
+        };
+        st.ns_neigh = Some(entry(v.host_mac));
+        st.host_neigh = Some(entry(v.peer_mac));
     }
     st
 }
@@ -137,28 +145,60 @@ fn the_create_transaction_skips_only_the_replace_prologue() {
 }
 
 #[test]
-fn the_host_link_local_with_another_prefix_length_is_stale() {
-    // A host end made when the plan gave its link-local a /64: the address is replaced.
+fn every_ipv6_address_on_the_host_end_is_stale() {
+    // A host end made when the plan put `fe80::1:<uid>/128` on it, or one given a link-local
+    // by hand: the host end carries no IPv6 address.
     let p = plan(true);
     let v = p.veth.as_ref().unwrap();
+    for ll in [
+        v.host_ipv6_link_local.addr(),
+        "fe80::aa:bbff:fecc:1".parse().unwrap(),
+    ] {
+        let mut st = good_state(&p);
+        st.host_addrs.insert((10, IpAddr::V6(ll), 128));
+        let drift = fixed_drift(&p, &st).expect("drift");
+        assert_eq!(
+            drift,
+            format!("vmnn0007: {} stale addresses {ll}/128", v.host_name)
+        );
+    }
+    // In the netns the kernel's own link-locals are never stale.
     let mut st = good_state(&p);
-    let ll = IpAddr::V6(v.host_ipv6_link_local.addr());
-    st.host_addrs.remove(&(10, ll, 128));
-    st.host_addrs.insert((10, ll, 64));
-    let drift = fixed_drift(&p, &st).expect("drift");
-    assert!(
-        drift.contains(&format!("{} addresses", v.host_name)),
-        "{drift}"
-    );
-    assert!(
-        drift.contains(&format!("{} stale addresses {ll}/64", v.host_name)),
-        "{drift}"
-    );
-    // The kernel's own link-locals (another address) are never stale.
-    let mut st = good_state(&p);
-    st.host_addrs
-        .insert((10, IpAddr::V6("fe80::aa:bbff:fecc:1".parse().unwrap()), 64));
+    st.ns_addrs
+        .insert((3, IpAddr::V6("fe80::aa:bbff:fecc:1".parse().unwrap()), 64));
     assert_eq!(fixed_drift(&p, &st), None);
+}
+
+#[test]
+fn a_wrong_veth_mac_or_neighbour_entry_is_drift() {
+    let p = plan(true);
+    let v = p.veth.as_ref().unwrap();
+    type Edit = fn(&mut VmState);
+    let cases: [(&str, Edit); 5] = [
+        ("vmnh0007 mac", |st| {
+            st.host_link.as_mut().unwrap().mac = Some([2, 0, 0, 0, 0, 1])
+        }),
+        ("vmnp0007 mac", |st| {
+            st.ns_links.get_mut("vmnp0007").unwrap().mac = None;
+        }),
+        ("vmnp0007 neighbour fe80::1:7", |st| st.ns_neigh = None),
+        ("vmnh0007 neighbour fe80::2", |st| {
+            st.host_neigh.as_mut().unwrap().permanent = false;
+        }),
+        ("vmnh0007 neighbour fe80::2", |st| {
+            st.host_neigh.as_mut().unwrap().mac = Some([6, 2, 0, 0, 0, 8]);
+        }),
+    ];
+    for (want, edit) in cases {
+        let mut st = good_state(&p);
+        edit(&mut st);
+        assert_eq!(fixed_drift(&p, &st).unwrap(), format!("vmnn0007: {want}"));
+    }
+    // The planned MACs are the uid's.
+    assert_eq!(
+        (v.host_mac, v.peer_mac),
+        vmnet_plan::ns::veth_macs(p.user_id)
+    );
 }
 
 #[test]
