@@ -432,6 +432,26 @@ impl ActivityRecorder {
     /// # Errors
     /// [`ActivityError::Attach`].
     pub fn attach(&self, netns: &str, plan: &ActivityPlan) -> Result<(), ActivityError> {
+        self.attach_from(netns, plan, false)
+    }
+
+    /// As [`Self::attach`], from a thread that is already inside the VM's netns `netns` (the
+    /// one that made it, at create).
+    ///
+    /// # Errors
+    /// [`ActivityError::Attach`].
+    pub fn attach_here(&self, netns: &str, plan: &ActivityPlan) -> Result<(), ActivityError> {
+        self.attach_from(netns, plan, true)
+    }
+
+    /// Attaches under the program's lock, from this thread when it is inside `netns` (`here`),
+    /// else from a thread that enters it.
+    fn attach_from(
+        &self,
+        netns: &str,
+        plan: &ActivityPlan,
+        here: bool,
+    ) -> Result<(), ActivityError> {
         let mut bpf = self.lock();
         let attach_err = |source| ActivityError::Attach {
             netns: netns.to_owned(),
@@ -443,7 +463,12 @@ impl ActivityRecorder {
             .ok_or_else(|| attach_err(format!("no program {PROGRAM}").into()))?
             .try_into()
             .map_err(|e: aya::programs::ProgramError| attach_err(Box::new(e)))?;
-        crate::netns::run_in(netns, || filter::attach(prog, plan))?.map_err(attach_err)
+        let attached = if here {
+            filter::attach(prog, plan)
+        } else {
+            crate::netns::run_in(netns, || filter::attach(prog, plan))?
+        };
+        attached.map_err(attach_err)
     }
 
     /// Removes the activity filter of `plan` from its device in `netns` (benchmarks, and a

@@ -4,6 +4,8 @@
 //! (the host has packet activity off, or the VM has no veth pair) has an activity filter an
 //! earlier agent left detached ([`Change::Upgrade`]: configure on start, not drift).
 
+use std::sync::Arc;
+
 use rtnetlink::Handle;
 use vmnet_plan::ns::VmPlan;
 use vmnet_plan::ns::activity::ActivityPlan;
@@ -43,8 +45,21 @@ fn change(a: &ActivityPlan, f: &ActivityFix) -> Change {
     }
 }
 
-/// A new VM: register its veth end and write its filter (nothing to read back).
-pub(super) async fn install(
+/// What a new VM's netns thread needs to write the VM's filter on its tap as soon as the tap
+/// exists ([`ActivityRecorder::attach_here`]); `None` for a VM planned without one.
+pub(super) fn for_create(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+) -> Result<Option<(Arc<ActivityRecorder>, ActivityPlan)>, NsError> {
+    let Some((_, a)) = recorder(d, plan)? else {
+        return Ok(None);
+    };
+    Ok(d.activity.clone().map(|r| (r, a.clone())))
+}
+
+/// A new VM whose filter its netns thread wrote ([`for_create`]): register its veth end
+/// (nothing to read back).
+pub(super) async fn register(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     ns: &Handle,
@@ -52,7 +67,6 @@ pub(super) async fn install(
     if let Some((r, a)) = recorder(d, plan)? {
         let index = r.ingress_index(&plan.netns, ns, a).await?;
         r.register(index, a.user_id)?;
-        r.attach(&plan.netns, a)?;
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! veth pair alone for a VM whose netns exists.
 
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 use netlink_packet_route::link::{
     AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoVeth, LinkAttribute, LinkMessage,
@@ -9,6 +10,7 @@ use netlink_packet_route::link::{
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
 use vmnet_plan::ns::firewall::FirewallPlan;
 use vmnet_plan::ns::firewall::rules::FwRule;
+use vmnet_plan::ns::activity::ActivityPlan;
 use vmnet_plan::ns::{TapPlan, VethPlan, VmPlan};
 
 use super::apply::sync_routes;
@@ -17,6 +19,7 @@ use super::links::configure_fixed;
 use super::observe::{self, VmState};
 use super::routes::{self, KLink, nl};
 use super::{Change, NsError, inns, tc};
+use crate::activity::ActivityRecorder;
 use crate::netns;
 use crate::nftgen::GenSocket;
 
@@ -148,6 +151,7 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         netns: plan.netns.clone(),
         tap: plan.tap.clone(),
         sysctls: plan.ns_sysctls.clone(),
+        activity: super::activity::for_create(d, plan)?,
     };
     let t = TableWork::of(plan);
     let work = tokio::task::spawn_blocking(move || {
@@ -245,7 +249,7 @@ async fn configure(
     futures::try_join!(
         routes,
         tc::create(ns, plan, &links),
-        super::activity::install(d, plan, ns)
+        super::activity::register(d, plan, ns)
     )?;
     Ok(())
 }
@@ -322,10 +326,13 @@ struct NetnsWork {
     netns: String,
     tap: TapPlan,
     sysctls: Vec<(String, String)>,
+    /// The activity program and the VM's filter, written on the tap from this thread (off the
+    /// create's longest path: the veth pair is made on the host meanwhile).
+    activity: Option<(Arc<ActivityRecorder>, ActivityPlan)>,
 }
 
 /// The work on the thread that just created the VM's netns: tap (persistent, owner, MTU, up),
-/// lo up, sysctls and a netlink socket bound to the netns.
+/// lo up, sysctls, the tap's activity filter and a netlink socket bound to the netns.
 fn in_new_netns(w: &NetnsWork, rt: &tokio::runtime::Handle) -> Result<Made, NsError> {
     let tap_err = |op| {
         let name = w.tap.name.clone();
@@ -335,6 +342,9 @@ fn in_new_netns(w: &NetnsWork, rt: &tokio::runtime::Handle) -> Result<Made, NsEr
     let tap_index = inns::link_up(&w.tap.name, Some(w.tap.mtu)).map_err(tap_err("set mtu/up"))?;
     inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
     inns::write_sysctls(&w.netns, &w.sysctls)?;
+    if let Some((r, a)) = &w.activity {
+        r.attach_here(&w.netns, a)?;
+    }
     let _guard = rt.enter();
     let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
         NsError::Netns(netns::NetnsError::Io {
