@@ -501,7 +501,18 @@ mod tests {
             "{cmds:#?}"
         );
         assert!(
-            cmds.contains(&"ip -n hostns link add bqh0007 mtu 1380 type veth peer name bqp0007 mtu 1380 netns bqn0007".to_owned()),
+            cmds.contains(&"ip -n hostns link add bqh0007 address 06:01:00:00:00:07 mtu 1380 type veth peer name bqp0007 address 06:02:00:00:00:07 mtu 1380 netns bqn0007".to_owned()),
+            "{cmds:#?}"
+        );
+        // Each side's permanent entry for the other end; no IPv6 address on the host end.
+        for entry in [
+            "ip -n bqn0007 -6 neigh replace fe80::1:7 lladdr 06:01:00:00:00:07 dev bqp0007 nud permanent",
+            "ip -n hostns -6 neigh replace fe80::2 lladdr 06:02:00:00:00:07 dev bqh0007 nud permanent",
+        ] {
+            assert!(cmds.contains(&entry.to_owned()), "{entry}: {cmds:#?}");
+        }
+        assert!(
+            !cmds.iter().any(|c| c.contains("addr add fe80::1:7")),
             "{cmds:#?}"
         );
         assert!(

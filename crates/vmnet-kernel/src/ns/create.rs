@@ -8,9 +8,9 @@ use netlink_packet_route::link::{
     AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoVeth, LinkAttribute, LinkMessage,
 };
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
+use vmnet_plan::ns::activity::ActivityPlan;
 use vmnet_plan::ns::firewall::FirewallPlan;
 use vmnet_plan::ns::firewall::rules::FwRule;
-use vmnet_plan::ns::activity::ActivityPlan;
 use vmnet_plan::ns::{TapPlan, VethPlan, VmPlan};
 
 use super::apply::sync_routes;

@@ -14,29 +14,16 @@
 
 use std::net::IpAddr;
 
-use netlink_packet_core::{NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
-use netlink_packet_route::AddressFamily;
-use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::neighbour::{
-    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage,
-};
+use netlink_packet_route::neighbour::{NeighbourFlags, NeighbourMessage};
 use rtnetlink::Handle;
 
 use super::NsError;
+use super::links::neigh;
 use super::routes::{errno, nl};
 
 fn message(index: u32, ip: IpAddr) -> NeighbourMessage {
-    let mut m = NeighbourMessage::default();
-    m.header.family = match ip {
-        IpAddr::V4(_) => AddressFamily::Inet,
-        IpAddr::V6(_) => AddressFamily::Inet6,
-    };
-    m.header.ifindex = index;
+    let mut m = neigh::message(index, ip);
     m.header.flags = NeighbourFlags::Proxy;
-    m.attributes.push(NeighbourAttribute::Destination(match ip {
-        IpAddr::V4(a) => NeighbourAddress::Inet(a),
-        IpAddr::V6(a) => NeighbourAddress::Inet6(a),
-    }));
     m
 }
 
@@ -64,23 +51,6 @@ pub(super) async fn del(h: &Handle, index: u32, uplink: &str, ip: IpAddr) -> Res
 
 /// Whether the proxy entry for `ip` exists on link `index` (one lookup, not a dump).
 pub(super) async fn exists(h: &Handle, index: u32, ip: IpAddr) -> Result<bool, NsError> {
-    let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetNeighbour(message(index, ip)));
-    req.header.flags = NLM_F_REQUEST;
-    let mut h = h.clone();
-    let mut answers = h
-        .request(req)
-        .map_err(nl(format!("host: get proxy neighbour {ip}")))?;
-    while let Some(msg) = futures::StreamExt::next(&mut answers).await {
-        match msg.payload {
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNeighbour(_)) => return Ok(true),
-            NetlinkPayload::Error(e) if e.raw_code() == -libc::ENOENT => return Ok(false),
-            NetlinkPayload::Error(e) => {
-                return Err(nl(format!("host: get proxy neighbour {ip}"))(
-                    rtnetlink::Error::NetlinkError(e),
-                ));
-            }
-            _ => {}
-        }
-    }
-    Ok(false)
+    let what = format!("host: get proxy neighbour {ip}");
+    Ok(neigh::lookup(h, message(index, ip), &what).await?.is_some())
 }

@@ -52,7 +52,8 @@ impl KNeigh {
     }
 }
 
-fn message(index: u32, ip: IpAddr) -> NeighbourMessage {
+/// A neighbour message naming `ip` on link `index` (no state, no flags): a lookup or delete.
+pub(in crate::ns) fn message(index: u32, ip: IpAddr) -> NeighbourMessage {
     let mut m = NeighbourMessage::default();
     m.header.family = match ip {
         IpAddr::V4(_) => AddressFamily::Inet,
@@ -66,6 +67,33 @@ fn message(index: u32, ip: IpAddr) -> NeighbourMessage {
     m
 }
 
+/// The one entry `req` names ([`message`], with flags such as proxy), as the kernel answers
+/// (`RTM_GETNEIGH` without a dump), or `None` when there is none; `what` describes the lookup in
+/// errors.
+pub(in crate::ns) async fn lookup(
+    h: &Handle,
+    req: NeighbourMessage,
+    what: &str,
+) -> Result<Option<NeighbourMessage>, NsError> {
+    let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetNeighbour(req));
+    req.header.flags = NLM_F_REQUEST;
+    let mut h = h.clone();
+    let mut answers = h.request(req).map_err(nl(what))?;
+    while let Some(msg) = futures::StreamExt::next(&mut answers).await {
+        match msg.payload {
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNeighbour(m)) => {
+                return Ok(Some(m));
+            }
+            NetlinkPayload::Error(e) if e.raw_code() == -libc::ENOENT => return Ok(None),
+            NetlinkPayload::Error(e) => {
+                return Err(nl(what)(rtnetlink::Error::NetlinkError(e)));
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
 /// The entry for `ip` on link `index`, or `None` (one lookup, not a dump; `w` names the side
 /// in errors).
 pub(in crate::ns) async fn get(
@@ -74,31 +102,14 @@ pub(in crate::ns) async fn get(
     ip: IpAddr,
     w: &str,
 ) -> Result<Option<KNeigh>, NsError> {
-    let what = || format!("{w}: get neighbour {ip} on #{index}");
-    let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetNeighbour(message(index, ip)));
-    req.header.flags = NLM_F_REQUEST;
-    let mut h = h.clone();
-    let mut answers = h.request(req).map_err(nl(what()))?;
-    while let Some(msg) = futures::StreamExt::next(&mut answers).await {
-        match msg.payload {
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNeighbour(m)) => {
-                let mac = m.attributes.iter().find_map(|a| match a {
-                    NeighbourAttribute::LinkLayerAddress(l) => <[u8; 6]>::try_from(&l[..]).ok(),
-                    _ => None,
-                });
-                return Ok(Some(KNeigh {
-                    mac,
-                    permanent: m.header.state == NeighbourState::Permanent,
-                }));
-            }
-            NetlinkPayload::Error(e) if e.raw_code() == -libc::ENOENT => return Ok(None),
-            NetlinkPayload::Error(e) => {
-                return Err(nl(what())(rtnetlink::Error::NetlinkError(e)));
-            }
-            _ => {}
-        }
-    }
-    Ok(None)
+    let what = format!("{w}: get neighbour {ip} on #{index}");
+    Ok(lookup(h, message(index, ip), &what).await?.map(|m| KNeigh {
+        mac: m.attributes.iter().find_map(|a| match a {
+            NeighbourAttribute::LinkLayerAddress(l) => <[u8; 6]>::try_from(&l[..]).ok(),
+            _ => None,
+        }),
+        permanent: m.header.state == NeighbourState::Permanent,
+    }))
 }
 
 /// Makes (or replaces) the permanent entry `ip` → `mac` on link `index`.
