@@ -417,7 +417,14 @@ async fn the_veth_ends_reach_each_other_through_planned_neighbour_entries() {
     assert!(link.contains("link/ether 06:01:00:00:00:74"), "{link}");
     assert_eq!(v6_echo(&guest, T), Some(mesh), "after the MAC came back");
 
-    // 4. An IPv6 address added to the host end by hand: removed.
+    // 4. The kernel's own link-local turned back on for the host end (as when the agent was
+    // killed between making the pair and turning it off): turned off again.
+    env.host_ip(&["link", "set", &v.host_name, "addrgenmode", "eui64"]);
+    repair("addrgenmode eui64", format!("{} addrgenmode", v.host_name)).await;
+    let link = env.host_ip(&["-d", "link", "show", "dev", &v.host_name]);
+    assert!(link.contains("addrgenmode none"), "{link}");
+
+    // 5. An IPv6 address added to the host end by hand: removed.
     env.host_ip(&[
         "-6",
         "addr",

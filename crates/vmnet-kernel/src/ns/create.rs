@@ -4,9 +4,7 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use netlink_packet_route::link::{
-    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoVeth, LinkAttribute, LinkMessage,
-};
+use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkMessage};
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
 use vmnet_plan::ns::activity::ActivityPlan;
 use vmnet_plan::ns::firewall::FirewallPlan;
@@ -97,9 +95,10 @@ fn one_queue(msg: &mut LinkMessage) {
 }
 
 /// Turns off the automatic IPv6 link-local address of the new host veth end (`addrgenmode
-/// none`) while it is still down, so the end carries only its planned `fe80::1:<uid>`: no
-/// duplicate address detection work and no extra local route per VM on the host (the kernel
-/// walks the host's IPv6 routes on link events). The kernel refuses the setting in the create
+/// none`) while it is still down, so the end carries no IPv6 address: no duplicate address
+/// detection work and no local route per VM on the host (the kernel walks the host's IPv6
+/// routes on link events). An end left without it (the agent killed between the two requests)
+/// is drift, set right by the next apply ([`super::links`]). The kernel refuses the setting in the create
 /// request itself, so it is a second one; on an up link the change would notify a link change
 /// and with it such a walk. Returns `index`.
 async fn no_auto_link_local(
@@ -111,10 +110,7 @@ async fn no_auto_link_local(
         Some(i) => LinkUnspec::new_with_index(i).build(),
         None => LinkUnspec::new_with_name(&v.host_name).build(),
     };
-    msg.attributes
-        .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
-            vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)],
-        )]));
+    super::links::addr_gen_none(&mut msg);
     d.host
         .link()
         .set(msg)
@@ -219,6 +215,7 @@ async fn configure(
         mtu,
         up: true,
         mac: None,
+        no_auto_link_local: false,
     };
     st.ns_links.insert("lo".into(), known("lo", 1, 65536));
     st.ns_links.insert(
@@ -230,6 +227,7 @@ async fn configure(
         st.host_link = Some(KLink {
             up: false,
             mac: Some(v.host_mac),
+            no_auto_link_local: true,
             ..known(&v.host_name, index, v.mtu)
         });
         let peer = KLink {

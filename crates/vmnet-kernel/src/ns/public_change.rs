@@ -155,6 +155,7 @@ mod tests {
             mtu: 1500,
             up: true,
             mac: None,
+            no_auto_link_local: false,
         };
         let a = planned_through(&with, &link);
         let b = planned_through(&without, &link);

@@ -10,7 +10,9 @@ use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope,
 };
-use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use netlink_packet_route::link::{
+    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, LinkAttribute, LinkFlags, LinkMessage,
+};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -255,16 +257,25 @@ pub(super) struct KLink {
     pub up: bool,
     /// The link's MAC (`IFLA_ADDRESS`), when it has a 6-byte one.
     pub mac: Option<[u8; 6]>,
+    /// Whether the kernel makes no IPv6 link-local of its own on it (`addrgenmode none`).
+    pub no_auto_link_local: bool,
 }
 
 fn klink(m: &LinkMessage) -> KLink {
     let mut name = String::new();
-    let (mut mtu, mut mac) = (0, None);
+    let (mut mtu, mut mac, mut no_auto_link_local) = (0, None, false);
     for a in &m.attributes {
         match a {
             LinkAttribute::IfName(n) => name.clone_from(n),
             LinkAttribute::Mtu(v) => mtu = *v,
             LinkAttribute::Address(a) => mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
+            LinkAttribute::AfSpecUnspec(specs) => {
+                no_auto_link_local = specs.iter().any(|s| {
+                    matches!(s, AfSpecUnspec::Inet6(v6) if v6.iter().any(|a| {
+                        matches!(a, AfSpecInet6::AddrGenMode(In6AddrGenMode::None))
+                    }))
+                });
+            }
             _ => {}
         }
     }
@@ -274,6 +285,7 @@ fn klink(m: &LinkMessage) -> KLink {
         mtu,
         up: m.header.flags.contains(LinkFlags::Up),
         mac,
+        no_auto_link_local,
     }
 }
 

@@ -10,6 +10,9 @@ use std::net::IpAddr;
 
 use futures::TryStreamExt;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
+use netlink_packet_route::link::{
+    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, LinkAttribute, LinkMessage,
+};
 use rtnetlink::{Handle, LinkUnspec};
 use vmnet_plan::ns::{NameKind, VmPlan};
 
@@ -164,6 +167,8 @@ struct LinkSpec<'a> {
     addrs: Vec<(IpAddr, u8)>,
     mac: Option<[u8; 6]>,
     neigh: Option<(IpAddr, [u8; 6])>,
+    /// Whether the kernel must make no IPv6 link-local on it (the host end).
+    no_auto_link_local: bool,
 }
 
 fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
@@ -184,6 +189,7 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
         ],
         mac: None,
         neigh: None,
+        no_auto_link_local: false,
     }];
     if let Some(v) = &plan.veth {
         out.push(LinkSpec {
@@ -199,6 +205,7 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
             ],
             mac: Some(v.peer_mac),
             neigh: Some((IpAddr::V6(v.host_ipv6_link_local.addr()), v.host_mac)),
+            no_auto_link_local: false,
         });
         out.push(LinkSpec {
             side: Side::Host,
@@ -207,6 +214,7 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
             addrs: vec![(IpAddr::V4(v.host_ipv4.addr()), v.host_ipv4.prefix_len())],
             mac: Some(v.host_mac),
             neigh: Some((IpAddr::V6(v.peer_ipv6_link_local.addr()), v.peer_mac)),
+            no_auto_link_local: true,
         });
     }
     out
@@ -280,6 +288,9 @@ pub(super) fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
                 }
                 if spec.mac.is_some_and(|m| l.mac != Some(m)) {
                     bad.push(format!("{name} mac"));
+                }
+                if spec.no_auto_link_local && !l.no_auto_link_local {
+                    bad.push(format!("{name} addrgenmode"));
                 }
                 if let Some((ip, mac)) = spec.neigh
                     && !neigh.is_some_and(|n| n.is_permanent_for(mac))
@@ -367,6 +378,17 @@ async fn ensure_link(
     if !old.is_empty() {
         del_addrs(h, l.index, &old, w).await?;
     }
+    if spec.no_auto_link_local && !l.no_auto_link_local {
+        // Before the up when it is down, so the kernel makes no link-local on the way.
+        let mut msg = LinkUnspec::new_with_index(l.index).build();
+        addr_gen_none(&mut msg);
+        h.link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(nl(format!("{w}: set {name} addrgenmode none")))?;
+        l.no_auto_link_local = true;
+    }
     let mac = spec.mac.filter(|m| l.mac != Some(*m));
     let was_up = l.up;
     if l.mtu != spec.mtu || !l.up || mac.is_some() {
@@ -393,9 +415,17 @@ async fn ensure_link(
     if let Some((ip, mac)) = spec.neigh
         && (!was_up || !neigh.is_some_and(|n| n.is_permanent_for(mac)))
     {
-        neigh::set(h, l.index, ip, mac, w).await?;
+        neigh::set(h, l.index, name, ip, mac, w).await?;
     }
     Ok(l)
+}
+
+/// Adds `addrgenmode none` (no automatic IPv6 link-local) to a link request.
+pub(super) fn addr_gen_none(msg: &mut LinkMessage) {
+    msg.attributes
+        .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
+            vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)],
+        )]));
 }
 
 /// Deletes the addresses `gone` from link `index` (as the kernel lists them).

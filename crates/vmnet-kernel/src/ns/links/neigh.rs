@@ -112,10 +112,11 @@ pub(in crate::ns) async fn get(
     }))
 }
 
-/// Makes (or replaces) the permanent entry `ip` → `mac` on link `index`.
+/// Makes (or replaces) the permanent entry `ip` → `mac` on link `name` (ifindex `index`).
 pub(in crate::ns) async fn set(
     h: &Handle,
     index: u32,
+    name: &str,
     ip: IpAddr,
     mac: [u8; 6],
     w: &str,
@@ -127,7 +128,7 @@ pub(in crate::ns) async fn set(
         .replace()
         .execute()
         .await
-        .map_err(nl(format!("{w}: set permanent neighbour {ip} on #{index}")))
+        .map_err(nl(format!("{w}: set permanent neighbour {ip} dev {name}")))
 }
 
 /// The local table, where the kernel puts a link's `ff00::/8` route.

@@ -28,6 +28,7 @@ fn good_state(p: &VmPlan) -> VmState {
         mtu,
         up: true,
         mac: None,
+        no_auto_link_local: false,
     };
     st.ns_links.insert("lo".into(), link("lo", 1, 65536));
     st.ns_links
@@ -48,6 +49,7 @@ fn good_state(p: &VmPlan) -> VmState {
             .insert((3, IpAddr::V6(v.peer_ipv6_link_local.addr()), 64));
         st.host_link = Some(KLink {
             mac: Some(v.host_mac),
+            no_auto_link_local: true,
             ..link(&v.host_name, 10, 1380)
         });
         st.host_addrs
@@ -170,11 +172,11 @@ fn every_ipv6_address_on_the_host_end_is_stale() {
 }
 
 #[test]
-fn a_wrong_veth_mac_or_neighbour_entry_is_drift() {
+fn a_wrong_veth_mac_neighbour_entry_or_addrgenmode_is_drift() {
     let p = plan(true);
     let v = p.veth.as_ref().unwrap();
     type Edit = fn(&mut VmState);
-    let cases: [(&str, Edit); 5] = [
+    let cases: [(&str, Edit); 6] = [
         ("vmnh0007 mac", |st| {
             st.host_link.as_mut().unwrap().mac = Some([2, 0, 0, 0, 0, 1])
         }),
@@ -182,6 +184,9 @@ fn a_wrong_veth_mac_or_neighbour_entry_is_drift() {
             st.ns_links.get_mut("vmnp0007").unwrap().mac = None;
         }),
         ("vmnp0007 neighbour fe80::1:7", |st| st.ns_neigh = None),
+        ("vmnh0007 addrgenmode", |st| {
+            st.host_link.as_mut().unwrap().no_auto_link_local = false;
+        }),
         ("vmnh0007 neighbour fe80::2", |st| {
             st.host_neigh.as_mut().unwrap().permanent = false;
         }),
