@@ -10,7 +10,8 @@
 //! The ioctls (`TUNSETIFF`, `TUNSETOWNER`, `TUNSETGROUP`, `TUNSETPERSIST`) go through the `tun`
 //! crate. Attaching to an existing tap and creating a new one are the same `TUNSETIFF` call, so
 //! [`open`] checks that the tap exists first (a typo never silently creates a device) and
-//! [`create_transient`] that it does not. [`Framing::VirtioNet`] opens the descriptor the way
+//! [`create_transient`] that it does not. [`create_persistent`] then reads the new tap back over
+//! rtnetlink, which settles the kernel's link-watch work for it at once. [`Framing::VirtioNet`] opens the descriptor the way
 //! Firecracker and qemu do: `IFF_VNET_HDR`, a 12-byte `virtio_net_hdr_v1` before every frame
 //! (`TUNSETVNETHDRSZ`) and `TUNSETOFFLOAD` with checksum, TSO and (where the kernel has it, 6.2
 //! and later) USO, so GSO frames of up to 64 KiB pass whole. [`Framing::Plain`] clears the
@@ -195,7 +196,52 @@ pub fn create_persistent(name: &str, owner: TapOwner) -> Result<(), TapIoError> 
     if let Some(gid) = owner.gid {
         dev.group(gid.cast_signed()).map_err(fail("TUNSETGROUP"))?;
     }
-    dev.persist().map_err(fail("TUNSETPERSIST"))
+    dev.persist().map_err(fail("TUNSETPERSIST"))?;
+    // Closing the descriptor turns the carrier off while the tap is down: the kernel queues a
+    // link-watch event it counts as not urgent, and handles those at most 100 per second. Taps
+    // made faster than that pile up on the kernel's one global list, and every urgent link
+    // event after them walks the whole pile with interrupts off, holding RTNL: the cost of a
+    // create grew with the number of VMs made before it. Reading the link handles its event
+    // now, while the tap is down and that is cheap (`ns_link_watch` tests it).
+    drop(dev);
+    sync_link_watch(name)
+}
+
+/// Asks for link `name` (calling thread's namespace) with `RTM_GETLINK`, for its side effect:
+/// the kernel first handles the link's pending link-watch event (`linkwatch_sync_dev` in
+/// `rtnl_getlink`; the ethtool and sysfs reads do that for running links only).
+fn sync_link_watch(name: &str) -> Result<(), TapIoError> {
+    use netlink_packet_core::{NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+    use netlink_packet_route::RouteNetlinkMessage;
+    use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+
+    const OP: &str = "RTM_GETLINK";
+    let os = |source| TapIoError { op: OP, source };
+    let mut sock = Socket::new(NETLINK_ROUTE).map_err(os)?;
+    sock.bind_auto().map_err(os)?;
+    sock.connect(&SocketAddr::new(0, 0)).map_err(os)?;
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
+    let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetLink(msg));
+    req.header.flags = NLM_F_REQUEST;
+    req.finalize();
+    let mut out = vec![0; req.buffer_len()];
+    req.serialize(&mut out);
+    sock.send(&out, 0).map_err(os)?;
+    // The answer (the link, or an error) is one datagram; only an error matters.
+    let mut buf = vec![0; 1 << 16];
+    let n = sock.recv(&mut &mut buf[..], 0).map_err(os)?;
+    let answer = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[..n]).map_err(|e| {
+        os(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            e.to_string(),
+        ))
+    })?;
+    match answer.payload {
+        NetlinkPayload::Error(e) if e.code.is_some() => Err(os(e.to_io())),
+        _ => Ok(()),
+    }
 }
 
 /// Attaches to the existing tap `name` in the calling thread's namespace, as a VMM does, with
