@@ -32,7 +32,7 @@ async fn apply_twice_is_a_noop_and_a_route_change_keeps_the_veth() {
     let (_, peer_index) = link_info(&plan.netns, &v.peer_name).unwrap();
     assert_eq!(
         (host_index, peer_index),
-        (0x3000_0021, 0x3000_0021),
+        (0x3000_0021, 0x3800_0021),
         "derived ifindexes"
     );
     assert!(!nft_ruleset(&plan.netns).contains("snat"));

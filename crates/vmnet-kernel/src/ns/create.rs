@@ -21,14 +21,31 @@ use crate::activity::ActivityRecorder;
 use crate::netns;
 use crate::nftgen::GenSocket;
 
-/// The ifindex both veth ends are created with (`IFINDEX_BASE + uid`, on the host and in the VM
-/// netns), so configuring them needs no lookup; if the host has that index in use already the
+/// The ifindex the host veth end is created with (`HOST_INDEX_BASE + uid`, in the host
+/// netns), so configuring it needs no lookup; if the host has that index in use already the
 /// kernel picks one and the driver looks it up.
-const IFINDEX_BASE: u32 = 0x3000_0000;
+const HOST_INDEX_BASE: u32 = 0x3000_0000;
+
+/// The ifindex of the VM's veth end (`PEER_INDEX_BASE + uid`, in the VM's netns). It differs
+/// from the host end's on purpose: the kernel takes a link whose index equals its peer's
+/// (`iflink`) for one that stacks on nothing, and queues its carrier changes as not urgent.
+/// Those are handled at most 100 per second, so creating VMs faster than that piled host ends
+/// up on the kernel's global link-watch list (their operstate stuck at `UNKNOWN`), and every
+/// later link event walked the pile with interrupts off, holding RTNL.
+const PEER_INDEX_BASE: u32 = 0x3800_0000;
+
+/// The ifindexes a veth pair was created with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct VethIndexes {
+    /// The host end's, in the host netns.
+    pub host: u32,
+    /// The VM end's, in the VM's netns.
+    pub peer: u32,
+}
 
 /// Creates the veth pair of `plan` (the peer made directly inside the VM's existing netns)
-/// with the derived ifindex; returns that index, or `None` when the host had it in use and the
-/// kernel picked the indexes (the caller then looks the ends up by name).
+/// with the derived ifindexes; returns them, or `None` when the host had its index in use and
+/// the kernel picked the indexes (the caller then looks the ends up by name).
 ///
 /// The host end is created down and without an automatic IPv6 link-local
 /// ([`no_auto_link_local`]); the caller brings it up with its MTU and planned addresses
@@ -38,9 +55,12 @@ pub(super) async fn add_veth(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     v: &VethPlan,
-) -> Result<Option<u32>, NsError> {
+) -> Result<Option<VethIndexes>, NsError> {
     let fd = netns::open(&plan.netns)?;
-    let index = IFINDEX_BASE + plan.user_id;
+    let index = VethIndexes {
+        host: HOST_INDEX_BASE + plan.user_id,
+        peer: PEER_INDEX_BASE + plan.user_id,
+    };
     let add = |with_index: bool| {
         let mut peer = LinkUnspec::new_with_name(&v.peer_name)
             .mtu(v.mtu)
@@ -51,8 +71,8 @@ pub(super) async fn add_veth(
             .mtu(v.mtu)
             .address(v.host_mac.to_vec());
         if with_index {
-            peer = peer.index(index);
-            host = host.index(index);
+            peer = peer.index(index.peer);
+            host = host.index(index.host);
         }
         let mut peer = peer.build();
         one_queue(&mut peer);
@@ -101,13 +121,15 @@ fn one_queue(msg: &mut LinkMessage) {
 /// is drift, set right by the next apply ([`super::links`]). The kernel refuses the setting in the create
 /// request itself, so it is a second one; on an up link the change would notify a link change
 /// and with it such a walk. Returns `index`.
+///
+/// Then reads the end back, for the link-watch side effect explained in the body.
 async fn no_auto_link_local(
     d: &NetlinkNsDriver,
     v: &VethPlan,
-    index: Option<u32>,
-) -> Result<Option<u32>, NsError> {
+    index: Option<VethIndexes>,
+) -> Result<Option<VethIndexes>, NsError> {
     let mut msg = match index {
-        Some(i) => LinkUnspec::new_with_index(i).build(),
+        Some(i) => LinkUnspec::new_with_index(i.host).build(),
         None => LinkUnspec::new_with_name(&v.host_name).build(),
     };
     super::links::addr_gen_none(&mut msg);
@@ -117,6 +139,13 @@ async fn no_auto_link_local(
         .execute()
         .await
         .map_err(nl(format!("host: set {} addrgenmode none", v.host_name)))?;
+    // Reading the link makes the kernel handle its pending link-watch event (the carrier turned
+    // off at creation) now, while it is down: its operstate becomes `DOWN`. Bringing it up then
+    // finds IPv6 not ready on it and skips the walk of every host IPv6 route; the kernel's
+    // link-watch work configures IPv6 when the carrier comes on, walking them once per VM
+    // instead of twice.
+    let read = crate::netlink::link_by_name(&d.host, &v.host_name).await;
+    read.map_err(nl(format!("host: get {}", v.host_name)))?;
     Ok(index)
 }
 
@@ -204,7 +233,7 @@ async fn configure(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     made: &Made,
-    veth_index: Option<u32>,
+    veth_index: Option<VethIndexes>,
 ) -> Result<(), NsError> {
     let ns = &made.ns;
     // What was just made, so configuring it needs no read-back.
@@ -228,12 +257,12 @@ async fn configure(
             up: false,
             mac: Some(v.host_mac),
             no_auto_link_local: true,
-            ..known(&v.host_name, index, v.mtu)
+            ..known(&v.host_name, index.host, v.mtu)
         });
         let peer = KLink {
             up: false,
             mac: Some(v.peer_mac),
-            ..known(&v.peer_name, index, v.mtu)
+            ..known(&v.peer_name, index.peer, v.mtu)
         };
         st.ns_links.insert(v.peer_name.clone(), peer);
     }
