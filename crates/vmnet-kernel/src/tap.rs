@@ -11,12 +11,13 @@
 //! crate. Attaching to an existing tap and creating a new one are the same `TUNSETIFF` call, so
 //! [`open`] checks that the tap exists first (a typo never silently creates a device) and
 //! [`create_transient`] that it does not. [`create_persistent`] then reads the new tap back over
-//! rtnetlink, which settles the kernel's link-watch work for it at once. [`Framing::VirtioNet`] opens the descriptor the way
-//! Firecracker and qemu do: `IFF_VNET_HDR`, a 12-byte `virtio_net_hdr_v1` before every frame
-//! (`TUNSETVNETHDRSZ`) and `TUNSETOFFLOAD` with checksum, TSO and (where the kernel has it, 6.2
-//! and later) USO, so GSO frames of up to 64 KiB pass whole. [`Framing::Plain`] clears the
-//! offloads (`TUNSETOFFLOAD` 0): a persistent tap keeps the offloads of its last opener, and a
-//! plain reader must not be handed GSO frames.
+//! rtnetlink, which settles the kernel's link-watch work for it at once.
+//!
+//! [`Framing::VirtioNet`] opens the descriptor the way Firecracker and qemu do: `IFF_VNET_HDR`,
+//! a 12-byte `virtio_net_hdr_v1` before every frame (`TUNSETVNETHDRSZ`) and `TUNSETOFFLOAD` with
+//! checksum, TSO and (where the kernel has it, 6.2 and later) USO, so GSO frames of up to 64 KiB
+//! pass whole. [`Framing::Plain`] clears the offloads (`TUNSETOFFLOAD` 0): a persistent tap
+//! keeps the offloads of its last opener, and a plain reader must not be handed GSO frames.
 //!
 //! # Limitations
 //! No multi-queue taps: the `tun` crate refuses more than one queue on Linux, and nothing in
