@@ -14,12 +14,11 @@
 //! The kernel gives every IPv6 link an `ff00::/8` multicast route in the local table when it
 //! configures the link for IPv6; the host end needs none (nothing it receives is multicast once
 //! neither side solicits), and with one per VM every IPv6 route added next to it on the host,
-//! and every link event there, walks them all. It is deleted right after the host end is brought
-//! up. The kernel configures the link within that request when the link still counts as up
-//! from its creation (what happens when links come and go often), else shortly after, from its
-//! link-watch work once the carrier is seen (a quiet host): then a task deletes the route when
-//! it appears, trying again with growing pauses for up to [`MULTICAST_ROUTE_WAIT`], off the
-//! request's path. The route is not planned state: one left (the host end taken down and up by
+//! and every link event there, walks them all. A new host end is read back while it is down
+//! (`create`), so the kernel configures it for IPv6 only from its link-watch work, once the
+//! carrier is seen after the end came up. So when the end has been brought up, a task deletes
+//! the route as soon as it appears, trying again with growing pauses for up to
+//! [`MULTICAST_ROUTE_WAIT`], off the request's path. The route is not planned state: one left (the host end taken down and up by
 //! hand) costs time, not traffic, and is not reported as drift.
 
 use std::net::{IpAddr, Ipv6Addr};
@@ -137,23 +136,16 @@ const LOCAL_TABLE: u8 = 255;
 /// How long a host end's `ff00::/8` route is waited for after the end came up.
 pub(in crate::ns) const MULTICAST_ROUTE_WAIT: Duration = Duration::from_secs(5);
 
-/// Deletes the `ff00::/8` route of the host end `name` (ifindex `index`), now or, when the
-/// kernel has not made it yet, from a task as soon as it appears (see the module docs).
-pub(in crate::ns) async fn drop_multicast_route(
-    h: &Handle,
-    index: u32,
-    name: &str,
-) -> Result<(), NsError> {
-    if del_multicast_route(h, index).await? {
-        return Ok(());
-    }
+/// Deletes the `ff00::/8` route of the host end `name` (ifindex `index`) from a task, as soon
+/// as the kernel has made it (see the module docs); the caller does not wait.
+pub(in crate::ns) fn drop_multicast_route(h: &Handle, index: u32, name: &str) {
     let (h, name) = (h.clone(), name.to_owned());
     tokio::spawn(async move {
-        let (mut pause, mut waited) = (Duration::from_millis(1), Duration::ZERO);
+        let (mut pause, mut waited) = (Duration::ZERO, Duration::ZERO);
         while waited < MULTICAST_ROUTE_WAIT {
             tokio::time::sleep(pause).await;
             waited += pause;
-            pause = (pause * 2).min(Duration::from_millis(250));
+            pause = (pause * 2).clamp(Duration::from_millis(1), Duration::from_millis(250));
             // The index names the same link still (a VM deleted meanwhile frees it).
             match routes::link_by_index(&h, index).await {
                 Ok(Some(l)) if l.name == name => {}
@@ -170,7 +162,6 @@ pub(in crate::ns) async fn drop_multicast_route(
         }
         tracing::debug!(link = %name, "the host end got no multicast route to delete");
     });
-    Ok(())
 }
 
 /// Deletes the `ff00::/8` route of link `index` from the local table: `true` when it was
