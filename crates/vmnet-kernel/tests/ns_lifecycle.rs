@@ -395,6 +395,10 @@ async fn a_taken_ifindex_falls_back_to_a_kernel_chosen_one() {
     let v = plan.veth.as_ref().unwrap();
     let (_, index) = link_info(&env.sb.host(), &v.host_name).unwrap();
     assert_ne!(index.to_string(), taken);
+    // The kernel picked both indexes (it takes the VM end's only with the host end's); they
+    // still differ, so the kernel treats the pair as stacked.
+    let (_, peer_index) = link_info(&plan.netns, &v.peer_name).unwrap();
+    assert_ne!(peer_index, index);
     assert!(env.driver.drift(&plan).await.unwrap().is_empty());
     assert!(env.driver.apply(&plan).await.unwrap().is_empty());
 }

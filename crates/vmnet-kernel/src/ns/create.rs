@@ -45,7 +45,9 @@ pub(super) struct VethIndexes {
 
 /// Creates the veth pair of `plan` (the peer made directly inside the VM's existing netns)
 /// with the derived ifindexes; returns them, or `None` when the host had its index in use and
-/// the kernel picked the indexes (the caller then looks the ends up by name).
+/// the kernel picked both (the caller then looks the ends up by name). The kernel takes the VM
+/// end's index only with the host end's, so kernel-picked indexes could come out equal; in the
+/// host netns, whose counter is far past a new netns's, that does not happen in practice.
 ///
 /// The host end is created down and without an automatic IPv6 link-local
 /// ([`no_auto_link_local`]); the caller brings it up with its MTU and planned addresses
@@ -98,7 +100,7 @@ pub(super) async fn add_veth(
     let index = match add(true).await {
         Ok(()) => Some(index),
         // The derived ifindex may be taken on the host by another link: let the kernel pick
-        // one (a taken name fails again and is reported).
+        // both (a taken name fails again and is reported).
         Err(e) if taken(&e) => add(false).await.map(|()| None).map_err(nl(what()))?,
         Err(e) => return Err(nl(what())(e)),
     };
@@ -117,10 +119,10 @@ fn one_queue(msg: &mut LinkMessage) {
 /// Turns off the automatic IPv6 link-local address of the new host veth end (`addrgenmode
 /// none`) while it is still down, so the end carries no IPv6 address: no duplicate address
 /// detection work and no local route per VM on the host (the kernel walks the host's IPv6
-/// routes on link events). An end left without it (the agent killed between the two requests)
-/// is drift, set right by the next apply ([`super::links`]). The kernel refuses the setting in the create
-/// request itself, so it is a second one; on an up link the change would notify a link change
-/// and with it such a walk. Returns `index`.
+/// routes on link events). An end left without it (the agent killed between the two
+/// requests) is drift, set right by the next apply ([`super::links`]). The kernel refuses the
+/// setting in the create request itself, so it is a second one; on an up link the change would
+/// notify a link change and with it such a walk. Returns `index`.
 ///
 /// Then reads the end back, for the link-watch side effect explained in the body.
 async fn no_auto_link_local(

@@ -55,22 +55,15 @@
 //! - Per-VM work is kept independent of the number of VMs where the driver controls it:
 //!   sysctls go through a private detached procfs instance (a lookup of `/proc/sys/net` walks
 //!   one cached entry per namespace: ~1.5 ms with 1000 namespaces), `/run/netns` is made shared
-//!   once per process, veth ends get derived ifindexes (host end `0x30000000 + uid`, VM end
+//!   once per process, and veth ends get derived ifindexes (host end `0x30000000 + uid`, VM end
 //!   `0x38000000 + uid`: equal ones would make the kernel queue their carrier changes as not
-//!   urgent, see `create`) so nothing is read back, and the host veth link-locals differ per VM (IPv6 addresses hash by value). Measured
-//!   (release, 2 shared busy cores, 1000 VMs): process CPU per setup flat at 4.2–4.8 ms; wall
-//!   time still rises (median 3.4 ms first 100, 6–9 ms last 100) with kernel work done under
-//!   the RTNL lock outside our threads (IPv6 route walks on link up, address verification).
-//!   That work grows with the host's IPv6 routes, so the host veth end is created down, gets no
-//!   automatic link-local (`addrgenmode none`, set while it is still down: no duplicate address
-//!   detection, no extra local route) and its planned link-local no `fe80::/64` prefix route
-//!   (`noprefixroute`; the host's routes through it name the gateway with the device), and that
-//!   link-local is a `/128`, so the kernel joins no subnet-router anycast `fe80::` on the link;
-//!   it comes up with its MTU when configured. What is left per VM are three host IPv6 routes
-//!   (its mesh /128, its link-local, and the kernel's `ff00::/8` multicast route per link, all
-//!   of the latter on one prefix, so each insert still walks them). Addresses are compared by
-//!   value and prefix length, not by flags: a host end made with a `/64` link-local is brought
-//!   to the `/128` in place (delete, add), one with a prefix route keeps it.
+//!   urgent, see `create`) so nothing is read back. What still grows is kernel work under RTNL
+//!   (README, "Namespace mode: the agent at 1,000 VMs"): above all the walk of every host IPv6
+//!   route when a host end's carrier comes on. So the host end carries no IPv6 address
+//!   (`addrgenmode none`, set while it is down; the two ends reach each other through permanent
+//!   neighbour entries, `links`), its kernel `ff00::/8` route is deleted, and it is read back
+//!   while down, so that the walk happens once per VM, in the kernel's link-watch work, not in
+//!   our request. One host IPv6 route per VM is left: its mesh /128.
 //! - Each VM with a mesh-via route adds one host rule (`iif <host veth>`); the kernel walks
 //!   rules linearly, so thousands of such VMs cost per-packet rule checks on the host.
 
