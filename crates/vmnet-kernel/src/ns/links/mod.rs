@@ -315,7 +315,8 @@ pub(super) fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
 /// concurrently (independent netlink requests), the host end after them: brought up while its
 /// peer is up, it gets its carrier at once, and the kernel's link-watch work configures it for
 /// IPv6 right after (its `ff00::/8` route is then deleted, [`neigh`]). Measured against
-/// configuring it beside the netns links or before them, this order gave the lowest PUT median. Returns the netns links by name and the host veth.
+/// configuring it beside the netns links or before them, this order gave the lowest PUT
+/// median. Returns the netns links by name and the host veth.
 pub(super) async fn configure_fixed(
     d: &NetlinkNsDriver,
     plan: &VmPlan,

@@ -18,8 +18,9 @@
 //! (`create`), so the kernel configures it for IPv6 only from its link-watch work, once the
 //! carrier is seen after the end came up. So when the end has been brought up, a task deletes
 //! the route as soon as it appears, trying again with growing pauses for up to
-//! [`MULTICAST_ROUTE_WAIT`], off the request's path. The route is not planned state: one left (the host end taken down and up by
-//! hand) costs time, not traffic, and is not reported as drift.
+//! [`MULTICAST_ROUTE_WAIT`], off the request's path. The route is not planned state: one left
+//! (the host end taken down and up by hand) costs time, not traffic, and is not reported as
+//! drift.
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
