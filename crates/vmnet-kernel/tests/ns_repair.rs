@@ -3,8 +3,8 @@
 //! one end of it, changing the mesh address, the MTU, the tap's address or the transit range
 //! each keep the netns (same inode) and the tap (same ifindex), and the guest keeps exchanging
 //! frames through the held tap after each repair. Drift made behind the driver's back (a half-made
-//! netns, changed objects, the veth ends' neighbour entries, MACs and addresses) is reported and
-//! repaired.
+//! netns, changed objects, the veth ends' neighbour entries, MACs and addresses, IPv6 turned off
+//! on a veth end) is reported and repaired.
 
 mod ns_support;
 
@@ -444,4 +444,44 @@ async fn the_veth_ends_reach_each_other_through_planned_neighbour_entries() {
         ""
     );
     assert_eq!(v6_echo(&guest, T), Some(mesh), "after the address went");
+
+    // 6. IPv6 turned off on the host end (the kernel drops the VM's IPv6 there, and takes the
+    // routes through it away): turned on again, without a link-local.
+    let off = |ns: &str, dev: &str, v: &str| {
+        netns::sysctl(ns, &format!("net/ipv6/conf/{dev}/disable_ipv6"), v).unwrap();
+    };
+    off(&env.sb.host(), &v.host_name, "1");
+    assert_eq!(v6_echo(&guest, std::time::Duration::from_secs(2)), None);
+    repair("host end ipv6 off", format!("{} disable_ipv6", v.host_name)).await;
+    assert_eq!(
+        netns::sysctl_get(
+            &env.sb.host(),
+            &format!("net/ipv6/conf/{}/disable_ipv6", v.host_name)
+        )
+        .unwrap(),
+        "0"
+    );
+    assert_eq!(
+        env.host_ip(&["-6", "addr", "show", "dev", &v.host_name]),
+        ""
+    );
+    assert_eq!(
+        v6_echo(&guest, T),
+        Some(mesh),
+        "after the host end's IPv6 came back"
+    );
+
+    // 7. The same on the netns end: its planned link-local and entry go with it.
+    off(&plan.netns, &v.peer_name, "1");
+    assert_eq!(v6_echo(&guest, std::time::Duration::from_secs(2)), None);
+    repair(
+        "netns end ipv6 off",
+        format!("{} disable_ipv6", v.peer_name),
+    )
+    .await;
+    assert_eq!(
+        v6_echo(&guest, T),
+        Some(mesh),
+        "after the netns end's IPv6 came back"
+    );
 }

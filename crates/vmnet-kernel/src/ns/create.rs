@@ -247,6 +247,7 @@ async fn configure(
         up: true,
         mac: None,
         no_auto_link_local: false,
+        ipv6_off: false,
     };
     st.ns_links.insert("lo".into(), known("lo", 1, 65536));
     st.ns_links.insert(

@@ -156,6 +156,7 @@ mod tests {
             up: true,
             mac: None,
             no_auto_link_local: false,
+            ipv6_off: false,
         };
         let a = planned_through(&with, &link);
         let b = planned_through(&without, &link);

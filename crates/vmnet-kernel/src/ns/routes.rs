@@ -259,22 +259,31 @@ pub(super) struct KLink {
     pub mac: Option<[u8; 6]>,
     /// Whether the kernel makes no IPv6 link-local of its own on it (`addrgenmode none`).
     pub no_auto_link_local: bool,
+    /// Whether IPv6 is turned off on it (`disable_ipv6` = 1): the kernel then drops every IPv6
+    /// packet it would send or receive there, and refuses IPv6 addresses on it.
+    pub ipv6_off: bool,
 }
 
 fn klink(m: &LinkMessage) -> KLink {
     let mut name = String::new();
-    let (mut mtu, mut mac, mut no_auto_link_local) = (0, None, false);
+    let (mut mtu, mut mac, mut no_auto_link_local, mut ipv6_off) = (0, None, false, false);
     for a in &m.attributes {
         match a {
             LinkAttribute::IfName(n) => name.clone_from(n),
             LinkAttribute::Mtu(v) => mtu = *v,
             LinkAttribute::Address(a) => mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
             LinkAttribute::AfSpecUnspec(specs) => {
-                no_auto_link_local = specs.iter().any(|s| {
-                    matches!(s, AfSpecUnspec::Inet6(v6) if v6.iter().any(|a| {
-                        matches!(a, AfSpecInet6::AddrGenMode(In6AddrGenMode::None))
-                    }))
+                let v6 = specs.iter().flat_map(|s| match s {
+                    AfSpecUnspec::Inet6(v6) => v6.as_slice(),
+                    _ => &[],
                 });
+                for a in v6 {
+                    match a {
+                        AfSpecInet6::AddrGenMode(In6AddrGenMode::None) => no_auto_link_local = true,
+                        AfSpecInet6::DevConf(c) => ipv6_off = c.disable_ipv6 != 0,
+                        _ => {}
+                    }
+                }
             }
             _ => {}
         }
@@ -286,6 +295,7 @@ fn klink(m: &LinkMessage) -> KLink {
         up: m.header.flags.contains(LinkFlags::Up),
         mac,
         no_auto_link_local,
+        ipv6_off,
     }
 }
 

@@ -2,7 +2,8 @@
 //! veth pair missing (or missing one end) is made again between the host and the existing netns,
 //! a veth pair the plan no longer has is deleted, and MTU, up state and addresses are brought to
 //! the plan (stale addresses removed), and so are the veth ends' MACs and the permanent
-//! neighbour entries between them ([`neigh`]). Nothing here deletes the netns or a tap that
+//! neighbour entries between them ([`neigh`]). IPv6 turned off on one of the links
+//! (`disable_ipv6`, which only a sysctl can change) is turned on again first. Nothing here deletes the netns or a tap that
 //! exists, so a VMM holding the tap keeps it across every repair.
 
 use std::collections::HashSet;
@@ -292,6 +293,9 @@ pub(super) fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
                 if spec.no_auto_link_local && !l.no_auto_link_local {
                     bad.push(format!("{name} addrgenmode"));
                 }
+                if l.ipv6_off {
+                    bad.push(format!("{name} disable_ipv6"));
+                }
                 if let Some((ip, mac)) = spec.neigh
                     && !neigh.is_some_and(|n| n.is_permanent_for(mac))
                 {
@@ -341,7 +345,11 @@ pub(super) async fn configure_fixed(
                 Side::Vm => (ns, w),
                 Side::Host => (&d.host, "host"),
             };
-            ensure_link(h, spec, find(st, spec), label)
+            let at = match spec.side {
+                Side::Vm => SysctlNs::Vm(w),
+                Side::Host => SysctlNs::Host(&d.host_ns),
+            };
+            ensure_link(h, spec, find(st, spec), label, at)
         }))
     };
     let ((), mut links) = futures::try_join!(lo, ensure(Side::Vm))?;
@@ -359,6 +367,24 @@ pub(super) async fn configure_fixed(
     Ok((ns_links, host))
 }
 
+/// The netns whose sysctls hold a link's settings.
+enum SysctlNs<'a> {
+    /// The VM's netns, by name.
+    Vm(&'a str),
+    /// The host's.
+    Host(&'a super::host::HostNs),
+}
+
+/// Turns IPv6 back on for `link` (`disable_ipv6` = 0): the kernel configures it again at once
+/// (the host end gets no link-local: its `addrgenmode none` stays).
+fn ipv6_on(at: &SysctlNs<'_>, link: &str) -> Result<(), NsError> {
+    let s = [(format!("net/ipv6/conf/{link}/disable_ipv6"), "0".to_owned())];
+    match at {
+        SysctlNs::Vm(n) => netns::run_in(n, || inns::write_sysctls(n, &s))?,
+        SysctlNs::Host(h) => h.run(|| inns::write_sysctls(h.label(), &s))?,
+    }
+}
+
 /// Makes link `spec.name` have its MTU, be up and carry exactly its planned addresses (of the
 /// kinds [`stale`] considers); returns it.
 async fn ensure_link(
@@ -366,6 +392,7 @@ async fn ensure_link(
     spec: &LinkSpec<'_>,
     (known, have, neigh): (Option<&KLink>, &HashSet<KAddr>, Option<KNeigh>),
     w: &str,
+    at: SysctlNs<'_>,
 ) -> Result<KLink, NsError> {
     let name = spec.name;
     let mut l = match known {
@@ -377,6 +404,12 @@ async fn ensure_link(
     let old = stale(have, l.index, spec);
     if !old.is_empty() {
         del_addrs(h, l.index, &old, w).await?;
+    }
+    // IPv6 turned off by hand: the kernel drops the VM's IPv6 there and refuses addresses.
+    let ipv6_was_off = l.ipv6_off;
+    if ipv6_was_off {
+        ipv6_on(&at, name)?;
+        l.ipv6_off = false;
     }
     if spec.no_auto_link_local && !l.no_auto_link_local {
         // Before the up when it is down, so the kernel makes no link-local on the way.
@@ -406,7 +439,7 @@ async fn ensure_link(
         l.mac = spec.mac.or(l.mac);
     }
     // Brought up now, or carrying addresses from an older plan: its multicast route goes.
-    if spec.side == Side::Host && (!was_up || !old.is_empty()) {
+    if spec.side == Side::Host && (!was_up || !old.is_empty() || ipv6_was_off) {
         neigh::drop_multicast_route(h, l.index, name);
     }
     futures::future::try_join_all(spec.addrs.iter().map(|a| add_addr(h, have, l.index, *a, w)))

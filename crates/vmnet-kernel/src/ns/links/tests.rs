@@ -29,6 +29,7 @@ fn good_state(p: &VmPlan) -> VmState {
         up: true,
         mac: None,
         no_auto_link_local: false,
+        ipv6_off: false,
     };
     st.ns_links.insert("lo".into(), link("lo", 1, 65536));
     st.ns_links
@@ -172,11 +173,20 @@ fn every_ipv6_address_on_the_host_end_is_stale() {
 }
 
 #[test]
-fn a_wrong_veth_mac_neighbour_entry_or_addrgenmode_is_drift() {
+fn a_wrong_veth_mac_neighbour_entry_addrgenmode_or_ipv6_off_is_drift() {
     let p = plan(true);
     let v = p.veth.as_ref().unwrap();
     type Edit = fn(&mut VmState);
-    let cases: [(&str, Edit); 6] = [
+    let cases: [(&str, Edit); 9] = [
+        ("vmnh0007 disable_ipv6", |st| {
+            st.host_link.as_mut().unwrap().ipv6_off = true;
+        }),
+        ("vmnp0007 disable_ipv6", |st| {
+            st.ns_links.get_mut("vmnp0007").unwrap().ipv6_off = true;
+        }),
+        ("vmnt0007 disable_ipv6", |st| {
+            st.ns_links.get_mut("vmnt0007").unwrap().ipv6_off = true;
+        }),
         ("vmnh0007 mac", |st| {
             st.host_link.as_mut().unwrap().mac = Some([2, 0, 0, 0, 0, 1])
         }),
