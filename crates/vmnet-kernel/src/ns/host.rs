@@ -165,8 +165,11 @@ pub(super) fn apply_host(
         )?;
         // Replacing the public table drops every VM's elements: only when its own rules or maps
         // differ. Each VM's elements are then missing (drift) until its next apply re-adds them.
-        if !pub_drift(&label, plan, memo)?.is_empty() {
-            tracing::warn!(netns = %label, table = %plan.pub_table, "replacing the public address table; every VM's elements are added again on its next apply");
+        let (drift, present) = pub_drift(&label, plan, memo)?;
+        if !present && !drift.is_empty() {
+            tracing::info!(netns = %label, table = %plan.pub_table, "creating the public address table");
+        } else if !drift.is_empty() {
+            tracing::warn!(netns = %label, table = %plan.pub_table, differences = ?drift, "replacing the public address table; every VM's elements are added again on its next apply");
             inns::run_nft(&label, &plan.pub_nft)?;
             let listing = pub_listing(&label, plan)?;
             memo.after_apply(&label, &pub_key(plan), PUB_FP, &plan.pub_nft, &listing)?;
@@ -186,7 +189,14 @@ fn pub_key(plan: &HostPlan) -> String {
 /// The listing of the public table without the maps' elements (they belong to the VMs, each
 /// compared by its own apply and drift report).
 fn pub_listing(label: &str, plan: &HostPlan) -> Result<serde_json::Value, NsError> {
-    let mut listing = nftcheck::or_empty(inns::list_table(label, "inet", &plan.pub_table)?);
+    Ok(pub_listing_of(label, plan)?.0)
+}
+
+/// [`pub_listing`], and whether the table exists at all.
+fn pub_listing_of(label: &str, plan: &HostPlan) -> Result<(serde_json::Value, bool), NsError> {
+    let table = inns::list_table(label, "inet", &plan.pub_table)?;
+    let present = table.is_some();
+    let mut listing = nftcheck::or_empty(table);
     if let Some(items) = listing["nftables"].as_array_mut() {
         for i in items {
             if let Some(m) = i.get_mut("map").and_then(serde_json::Value::as_object_mut) {
@@ -194,23 +204,25 @@ fn pub_listing(label: &str, plan: &HostPlan) -> Result<serde_json::Value, NsErro
             }
         }
     }
-    Ok(listing)
+    Ok((listing, present))
 }
 
 /// How the public table's rules and maps differ from the plan (read in the calling thread's
-/// namespace).
-fn pub_drift(label: &str, plan: &HostPlan, memo: &ListingMemo) -> Result<Vec<String>, NsError> {
+/// namespace), and whether the table exists at all (a table missing is a first start, not
+/// drift to warn about).
+fn pub_drift(
+    label: &str,
+    plan: &HostPlan,
+    memo: &ListingMemo,
+) -> Result<(Vec<String>, bool), NsError> {
     if plan.pub_table.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), true));
     }
-    let listing = pub_listing(label, plan)?;
-    memo.drift(label, &pub_key(plan), PUB_FP, &plan.pub_nft, &listing)
+    let (listing, present) = pub_listing_of(label, plan)?;
+    let drift = memo.drift(label, &pub_key(plan), PUB_FP, &plan.pub_nft, &listing)?;
+    Ok((drift, present))
 }
 
-/// What of the host-wide state is not as planned (`None` when all is): sysctls, uplinks that
-/// ignore router advertisements, and the masquerade table compared with the plan by content
-/// (chains, hooks, priorities, policies, rules), so a deleted rule or chain or a flipped policy
-/// counts, not only a missing table.
 /// What [`host_drift`] found: the differences, one sentence, and whether the host nft table
 /// existed at all (a host where it is missing was never set up, or was cleared).
 pub(super) struct HostDrift {
@@ -218,6 +230,10 @@ pub(super) struct HostDrift {
     pub(super) table_present: bool,
 }
 
+/// What of the host-wide state is not as planned (`None` when all is): sysctls, uplinks that
+/// ignore router advertisements, and the masquerade table compared with the plan by content
+/// (chains, hooks, priorities, policies, rules), so a deleted rule or chain or a flipped policy
+/// counts, not only a missing table.
 pub(super) fn host_drift(
     host: &HostNs,
     plan: &HostPlan,
@@ -248,7 +264,7 @@ pub(super) fn host_drift(
             &plan.nft,
             &listing,
         )?);
-        bad.extend(pub_drift(&label, plan, memo)?);
+        bad.extend(pub_drift(&label, plan, memo)?.0);
         Ok((!bad.is_empty()).then(|| HostDrift {
             what: format!("{label}: {}", bad.join("; ")),
             table_present,
