@@ -166,10 +166,12 @@ pub(super) fn apply_host(
         // Replacing the public table drops every VM's elements: only when its own rules or maps
         // differ. Each VM's elements are then missing (drift) until its next apply re-adds them.
         let (drift, present) = pub_drift(&label, plan, memo)?;
-        if !present && !drift.is_empty() {
-            tracing::info!(netns = %label, table = %plan.pub_table, "creating the public address table");
-        } else if !drift.is_empty() {
-            tracing::warn!(netns = %label, table = %plan.pub_table, differences = ?drift, "replacing the public address table; every VM's elements are added again on its next apply");
+        if !drift.is_empty() {
+            if present {
+                tracing::warn!(netns = %label, table = %plan.pub_table, differences = ?drift, "replacing the public address table; every VM's elements are added again on its next apply");
+            } else {
+                tracing::info!(netns = %label, table = %plan.pub_table, "creating the public address table");
+            }
             inns::run_nft(&label, &plan.pub_nft)?;
             let listing = pub_listing(&label, plan)?;
             memo.after_apply(&label, &pub_key(plan), PUB_FP, &plan.pub_nft, &listing)?;
