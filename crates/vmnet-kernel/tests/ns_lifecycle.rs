@@ -379,24 +379,51 @@ async fn concurrent_applies_of_different_vms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
-async fn a_taken_ifindex_falls_back_to_a_kernel_chosen_one() {
+async fn a_taken_ifindex_falls_back_to_a_second_derived_pair_then_the_kernels() {
     let env = Env::new();
+    let squat = |index: u32, name: &str| {
+        let (index, peer) = (index.to_string(), format!("{name}p"));
+        env.host_ip(&[
+            "link", "add", name, "index", &index, "type", "veth", "peer", "name", &peer,
+        ]);
+    };
+    // The first derived host index taken: the second pair, both ends derived.
     let plan = env.plan(&vm_json(
         "x",
         0x91,
         Some("fdaa::91"),
         &[("0.0.0.0/0", "host")],
     ));
-    let taken = (0x3000_0000u32 + 0x91).to_string();
-    env.host_ip(&[
-        "link", "add", "squat0", "index", &taken, "type", "veth", "peer", "name", "squat1",
-    ]);
+    squat(0x3000_0000 + 0x91, "squat0");
     env.driver.apply(&plan).await.expect("apply");
     let v = plan.veth.as_ref().unwrap();
     let (_, index) = link_info(&env.sb.host(), &v.host_name).unwrap();
-    assert_ne!(index.to_string(), taken);
-    // The kernel picked both indexes (it takes the VM end's only with the host end's); they
-    // still differ, so the kernel treats the pair as stacked.
+    let (_, peer_index) = link_info(&plan.netns, &v.peer_name).unwrap();
+    assert_eq!(
+        (index, peer_index),
+        (0x3400_0000 + 0x91, 0x3c00_0000 + 0x91)
+    );
+    let drift = env.driver.drift(&plan).await.unwrap();
+    assert!(drift.is_empty(), "{drift:?}");
+    assert!(env.driver.apply(&plan).await.unwrap().is_empty());
+
+    // Both derived host indexes taken: the kernel picks both (it takes the VM end's only with
+    // the host end's); they still differ, so the kernel treats the pair as stacked.
+    let plan = env.plan(&vm_json(
+        "y",
+        0x92,
+        Some("fdaa::92"),
+        &[("0.0.0.0/0", "host")],
+    ));
+    squat(0x3000_0000 + 0x92, "squat1");
+    squat(0x3400_0000 + 0x92, "squat2");
+    env.driver.apply(&plan).await.expect("apply");
+    let v = plan.veth.as_ref().unwrap();
+    let (_, index) = link_info(&env.sb.host(), &v.host_name).unwrap();
+    assert!(
+        ![0x3000_0000 + 0x92, 0x3400_0000 + 0x92].contains(&index),
+        "{index:#x}"
+    );
     let (_, peer_index) = link_info(&plan.netns, &v.peer_name).unwrap();
     assert_ne!(peer_index, index);
     assert!(env.driver.drift(&plan).await.unwrap().is_empty());

@@ -34,6 +34,12 @@ const HOST_INDEX_BASE: u32 = 0x3000_0000;
 /// later link event walked the pile with interrupts off, holding RTNL.
 const PEER_INDEX_BASE: u32 = 0x3800_0000;
 
+/// The second derived pair of bases, tried when the host has the first host index in use
+/// (another link took it): `0x3400_0000 + uid` for the host end, `0x3c00_0000 + uid` for the VM
+/// end. Only when both host indexes are taken does the kernel pick, and then it picks both.
+/// Every base plus the largest user id stays under 2^30.
+const SECOND_BASES: (u32, u32) = (0x3400_0000, 0x3c00_0000);
+
 /// The ifindexes a veth pair was created with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct VethIndexes {
@@ -44,7 +50,8 @@ pub(super) struct VethIndexes {
 }
 
 /// Creates the veth pair of `plan` (the peer made directly inside the VM's existing netns)
-/// with the derived ifindexes; returns them, or `None` when the host had its index in use and
+/// with the derived ifindexes (the second pair, [`SECOND_BASES`], when the host has the first
+/// host index in use); returns them, or `None` when the host had both host indexes in use and
 /// the kernel picked both (the caller then looks the ends up by name). The kernel takes the VM
 /// end's index only with the host end's, so kernel-picked indexes could come out equal; in the
 /// host netns, whose counter is far past a new netns's, that does not happen in practice.
@@ -59,11 +66,13 @@ pub(super) async fn add_veth(
     v: &VethPlan,
 ) -> Result<Option<VethIndexes>, NsError> {
     let fd = netns::open(&plan.netns)?;
-    let index = VethIndexes {
-        host: HOST_INDEX_BASE + plan.user_id,
-        peer: PEER_INDEX_BASE + plan.user_id,
+    let derived = |(host, peer): (u32, u32)| VethIndexes {
+        host: host + plan.user_id,
+        peer: peer + plan.user_id,
     };
-    let add = |with_index: bool| {
+    let index = derived((HOST_INDEX_BASE, PEER_INDEX_BASE));
+    let second = derived(SECOND_BASES);
+    let add = |with_index: Option<VethIndexes>| {
         let mut peer = LinkUnspec::new_with_name(&v.peer_name)
             .mtu(v.mtu)
             .address(v.peer_mac.to_vec())
@@ -72,7 +81,7 @@ pub(super) async fn add_veth(
         let mut host = LinkVeth::new(&v.host_name, &v.peer_name)
             .mtu(v.mtu)
             .address(v.host_mac.to_vec());
-        if with_index {
+        if let Some(index) = with_index {
             peer = peer.index(index.peer);
             host = host.index(index.host);
         }
@@ -86,7 +95,7 @@ pub(super) async fn add_veth(
     };
     let what = || format!("host: add veth {}/{}", v.host_name, v.peer_name);
     let taken = |e: &rtnetlink::Error| matches!(routes::errno(e), Some(libc::EBUSY | libc::EEXIST));
-    match add(true).await {
+    match add(Some(index)).await {
         Ok(()) => return no_auto_link_local(d, v, Some(index)).await,
         Err(e) if taken(&e) => {}
         Err(e) => return Err(nl(what())(e)),
@@ -97,11 +106,15 @@ pub(super) async fn add_veth(
     if d.delete_stale_host_veth(&v.host_name).await? {
         tracing::info!(vm = %plan.vm_id, link = %v.host_name, "deleted a stale host veth end before re-creating it");
     }
-    let index = match add(true).await {
+    let index = match add(Some(index)).await {
         Ok(()) => Some(index),
-        // The derived ifindex may be taken on the host by another link: let the kernel pick
-        // both (a taken name fails again and is reported).
-        Err(e) if taken(&e) => add(false).await.map(|()| None).map_err(nl(what()))?,
+        // The derived ifindex may be taken on the host by another link: the second derived
+        // pair, then the kernel's pick (a taken name fails again and is reported).
+        Err(e) if taken(&e) => match add(Some(second)).await {
+            Ok(()) => Some(second),
+            Err(e) if taken(&e) => add(None).await.map(|()| None).map_err(nl(what()))?,
+            Err(e) => return Err(nl(what())(e)),
+        },
         Err(e) => return Err(nl(what())(e)),
     };
     no_auto_link_local(d, v, index).await

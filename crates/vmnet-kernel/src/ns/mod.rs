@@ -56,8 +56,9 @@
 //!   sysctls go through a private detached procfs instance (a lookup of `/proc/sys/net` walks
 //!   one cached entry per namespace: ~1.5 ms with 1000 namespaces), `/run/netns` is made shared
 //!   once per process, and veth ends get derived ifindexes (host end `0x30000000 + uid`, VM end
-//!   `0x38000000 + uid`: equal ones would make the kernel queue their carrier changes as not
-//!   urgent, see `create`) so nothing is read back. What still grows is kernel work under RTNL
+//!   `0x38000000 + uid`, or a second derived pair when the host index is taken: equal ones
+//!   would make the kernel queue their carrier changes as not urgent, see `create`) so nothing
+//!   is read back. What still grows is kernel work under RTNL
 //!   (README, "Namespace mode: the agent at 1,000 VMs"): above all the walk of every host IPv6
 //!   route when a host end's carrier comes on. So the host end carries no IPv6 address
 //!   (`addrgenmode none`, set while it is down; the two ends reach each other through permanent
