@@ -19,7 +19,9 @@
 //!    iperf3 download against the limit), the [`metadata`] checks (each guest's own document
 //!    with a token, without one as its version says, and never another VM's whatever headers
 //!    it forges), the [`activity`] checks (TCP from the fake internet moves a VM's packet
-//!    activity, pings and UDP do not), and two tables: the VMs and the checks.
+//!    activity, pings and UDP do not), the [`repair`] check (IPv6 turned off by hand on a host
+//!    veth end cuts the VM off until the agent's next reconcile pass turns it on again), and two
+//!    tables: the VMs and the checks.
 //!
 //! With `--guests kvm`, step 4 boots a real Linux guest per VM instead and the checks are those of
 //! [`kvm`], run from inside the guests.
@@ -48,6 +50,7 @@ pub mod limits;
 pub mod metadata;
 pub mod probes;
 pub mod public;
+pub mod repair;
 pub(crate) mod steps;
 
 use std::path::{Path, PathBuf};
@@ -247,6 +250,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     results.extend(fwchange::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(activity::run(&client, &inet, &spec.vms, &guest_ns).await);
+    results.extend(repair::run(&client, &inet, &host_ns, &spec.vms, &rows).await);
     Ok(report(args, paths, rows, results))
 }
 
