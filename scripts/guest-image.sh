@@ -10,7 +10,9 @@
 # named by a hash of: the package list, the candidate version of each listed package (apt's
 # view of bookworm), this script, and the vmnet-guest binary. A second run with the same inputs
 # only prints the directory. Guests never write the cached files: each VM boots from its own
-# qcow2 overlay (see crates/vmnet-sandbox/src/kvm).
+# qcow2 overlay (see crates/vmnet-sandbox/src/kvm). Each distinct vmnet-guest build makes an
+# image of about 450 MB, so the cache keeps only the $VMNET_GUEST_KEEP (default 4) most recently
+# used ones (a run touches the image it uses) and removes older image directories.
 #
 # Layout of the image directory: vmlinuz, initrd.img, rootfs.raw (ext4, label vmroot),
 # packages.txt (every installed package and version), build.txt (build seconds and sizes).
@@ -50,7 +52,24 @@ key=$(
   } | sha256sum | cut -c1-16
 )
 out="$cache/$key"
+keep="${VMNET_GUEST_KEEP:-4}"
+[[ "$keep" =~ ^[1-9][0-9]*$ ]] || { echo "guest-image: VMNET_GUEST_KEEP must be a positive number" >&2; exit 1; }
+
+# Removes every image directory (16 hex digits) but the $keep most recently used, never $out.
+prune() {
+  local d
+  find "$cache" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended \
+    -regex '.*/[0-9a-f]{16}' -printf '%T@ %p\n' | sort -rn | tail -n +"$((keep + 1))" |
+    while read -r _ d; do
+      [ "$d" = "$out" ] && continue
+      echo "guest-image: removing the older image $d" >&2
+      rm -rf "$d"
+    done
+}
+
 if [ -f "$out/rootfs.raw" ] && [ -f "$out/build.txt" ]; then
+  touch "$out"
+  prune
   echo "$out"
   exit 0
 fi
@@ -183,7 +202,9 @@ end=$(date +%s)
 } >"$work/build.txt"
 rm -rf "$out"
 mv "$work" "$out"
+touch "$out"
 rm -f "$stripped"
 trap - EXIT
+prune
 cat "$out/build.txt" >&2
 echo "$out"
