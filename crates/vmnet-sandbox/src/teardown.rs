@@ -18,6 +18,10 @@ pub(crate) struct DownReport {
     pub stopped: Vec<String>,
     /// The namespaces deleted.
     pub namespaces: Vec<String>,
+    /// Processes that were still inside those namespaces and that `up` did not start (an agent
+    /// restarted by hand, a shell): `pid N (command line)`. Left running: `down` stops only the
+    /// processes it recorded.
+    pub left_running: Vec<String>,
 }
 
 /// Stops the recorded processes (relays, agents, echo: newest first), a fleet's PostgreSQL
@@ -47,9 +51,11 @@ pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
     let sb_err = |e: crate::SandboxError| Error::internal(format!("sandbox {name}: {}", chain(&e)));
     if is_fleet {
         report.namespaces = crate::fleet::owned(name);
+        report.left_running = still_inside(&report.namespaces);
         crate::fleet::cleanup(name).map_err(sb_err)?;
     } else {
         report.namespaces = sandbox::owned(name);
+        report.left_running = still_inside(&report.namespaces);
         sandbox::cleanup(name).map_err(sb_err)?;
     }
     // A fleet's agents pinned their mesh maps on a bpffs in each host's state dir.
@@ -71,6 +77,35 @@ pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
         }
     }
     Ok(report)
+}
+
+/// The processes whose network namespace is one of `names` (compared by the namespace's device
+/// and inode), `pid N (command line)`.
+fn still_inside(names: &[String]) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let ids: std::collections::HashSet<(u64, u64)> = names
+        .iter()
+        .filter_map(|n| std::fs::metadata(crate::netns::path(n)).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect();
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(m) = std::fs::metadata(e.path().join("ns/net")) else {
+            continue; // gone, or a zombie
+        };
+        if ids.contains(&(m.dev(), m.ino())) {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            out.push(format!("pid {pid} ({})", cmd.trim()));
+        }
+    }
+    out
 }
 
 /// The shared PostgreSQL cluster's directory of the fleet `name`.

@@ -162,6 +162,11 @@ pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
                 if n == 1 { "" } else { "s" },
                 report.namespaces.join(" ")
             );
+            for p in &report.left_running {
+                eprintln!(
+                    "warning: {p} was inside the sandbox's namespaces and was not started by `up`: left running, stop it by its pid"
+                );
+            }
         }
     }
     Ok(())

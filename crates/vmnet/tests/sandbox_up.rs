@@ -81,6 +81,14 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     let exe = std::fs::canonicalize(BIN).unwrap();
     let hint = format!("VMNET_SOCKET={socket} {} status", exe.display());
     assert_eq!(report["client_hint"], hint);
+    // So are the agent's pid (the `vmnet serve` of this sandbox) and its log.
+    let pid = report["agent_pid"].as_u64().expect("agent_pid");
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).expect("agent process");
+    let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+    assert!(cmd.contains(" serve ") && cmd.contains(&name), "{cmd}");
+    let log = root.join(&name).join("agent.log").display().to_string();
+    assert_eq!(report["agent_log"], log);
+    assert!(std::path::Path::new(&log).exists());
     let status = Command::new(BIN)
         .arg("status")
         .env("VMNET_SOCKET", &socket)
@@ -285,11 +293,30 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     assert_eq!(our_processes(&marker).len(), 6);
     assert!(dir.exists());
 
+    // A process `up` did not start, inside the sandbox host (an agent restarted by hand would
+    // be one): `down` names it and leaves it running.
+    let mut stray = Command::new("ip")
+        .args(["netns", "exec", &format!("{name}host"), "sleep", "300"])
+        .spawn()
+        .expect("start a process in the sandbox host");
+    let stray_pid = stray.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !std::fs::read(format!("/proc/{stray_pid}/cmdline"))
+        .is_ok_and(|c| c.starts_with(b"sleep"))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
+    let down_err = String::from_utf8_lossy(&down.stderr).into_owned();
+    let _ = stray.kill();
+    let _ = stray.wait();
+    assert!(down.status.success(), "{down_err}");
     assert!(
-        down.status.success(),
-        "{}",
-        String::from_utf8_lossy(&down.stderr)
+        down_err.contains(&format!(
+            "warning: pid {stray_pid} (sleep 300) was inside the sandbox's namespaces"
+        )),
+        "{down_err}"
     );
     assert_eq!(sandbox::leftovers(&name), Vec::<String>::new());
     assert!(!dir.exists());

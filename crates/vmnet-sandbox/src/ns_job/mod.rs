@@ -80,6 +80,10 @@ pub struct UpReport {
     /// A ready-to-copy command talking to the sandbox agent:
     /// `VMNET_SOCKET=<socket> vmnet status`.
     pub client_hint: String,
+    /// The sandbox agent's pid (recorded in `sandbox.json`, stopped by `down`).
+    pub agent_pid: u32,
+    /// The sandbox agent's log file.
+    pub agent_log: PathBuf,
     /// The VMs.
     pub vms: Vec<VmRow>,
     /// The checks.
@@ -141,6 +145,11 @@ fn print_report(report: &UpReport, paths: &Paths) {
         "agent socket {}: {}",
         report.socket.display(),
         report.client_hint
+    );
+    println!(
+        "agent pid {}, log {}",
+        report.agent_pid,
+        report.agent_log.display()
     );
     println!();
     print!("{}", vmnet_agent::table::render(&steps::VM_HEADER, &rows));
@@ -209,7 +218,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
             views.push(steps::wait_applied(&client, &vm.id, timeout).await?);
         }
         let (rows, checks) = kvm::run(paths, &mut st, &client, &views, host, &inet).await?;
-        return Ok(report(args, paths, rows, checks));
+        return Ok(report(args, paths, &st, rows, checks));
     }
     let mut guests = Vec::new();
     let mut rows = Vec::new();
@@ -251,14 +260,26 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(activity::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(repair::run(&client, &inet, &host_ns, &spec.vms, &rows).await);
-    Ok(report(args, paths, rows, results))
+    Ok(report(args, paths, &st, rows, results))
 }
 
-fn report(args: &UpArgs, paths: &Paths, vms: Vec<VmRow>, checks: Vec<CheckResult>) -> UpReport {
+fn report(
+    args: &UpArgs,
+    paths: &Paths,
+    st: &SandboxState,
+    vms: Vec<VmRow>,
+    checks: Vec<CheckResult>,
+) -> UpReport {
     let socket = std::path::absolute(paths.socket()).unwrap_or_else(|_| paths.socket());
     UpReport {
         sandbox: args.name.clone(),
         client_hint: client_hint(&socket),
+        agent_pid: st
+            .procs
+            .iter()
+            .find(|p| p.role == "agent")
+            .map_or(0, |p| p.pid),
+        agent_log: std::path::absolute(paths.log("agent")).unwrap_or_else(|_| paths.log("agent")),
         socket,
         vms,
         checks,
