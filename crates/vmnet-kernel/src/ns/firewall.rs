@@ -162,7 +162,7 @@ pub(super) async fn audit(
         }
         return Ok(None);
     }
-    tracing::warn!(vm = %plan.vm_id, differences = ?drift, "firewall audit: the VM's table was changed behind the agent's back; replacing it");
+    // The caller logs the repair with the differences (one line per repair).
     replace_table(d, plan)?;
     Ok(Some(drift))
 }
