@@ -19,7 +19,7 @@ status=0
 if [ "${KEEP:-0}" != 1 ] && [ "$status" != 4 ]; then
   # Exit 3 (NOT_FOUND): `up` failed before building anything or removed its partial sandbox.
   # `vmnet up` leaves its sandbox up; the demo takes it down unless KEEP=1.
-  echo "demo: taking sandbox $name down now (KEEP=1 scripts/demo.sh leaves it up, as \`vmnet up\` alone does)"
+  echo "demo: \`vmnet up\` left sandbox $name up (as it always does); the demo takes it down now (KEEP=1 scripts/demo.sh keeps it)"
   down=0
   "$bin" down --sandbox --name "$name" || down=$?
   if [ "$down" != 0 ] && [ "$down" != 3 ] && [ "$status" = 0 ]; then
