@@ -446,11 +446,13 @@ async fn the_veth_ends_reach_each_other_through_planned_neighbour_entries() {
     assert_eq!(v6_echo(&guest, T), Some(mesh), "after the address went");
 
     // 6. IPv6 turned off on the host end (the kernel drops the VM's IPv6 there, and takes the
-    // routes through it away): turned on again, without a link-local.
+    // routes through it away), its own link-local back on too: IPv6 turned on again, after
+    // `addrgenmode none`, so the end comes back without any IPv6 address.
     let off = |ns: &str, dev: &str, v: &str| {
         netns::sysctl(ns, &format!("net/ipv6/conf/{dev}/disable_ipv6"), v).unwrap();
     };
     off(&env.sb.host(), &v.host_name, "1");
+    env.host_ip(&["link", "set", &v.host_name, "addrgenmode", "eui64"]);
     assert_eq!(v6_echo(&guest, std::time::Duration::from_secs(2)), None);
     repair("host end ipv6 off", format!("{} disable_ipv6", v.host_name)).await;
     assert_eq!(

@@ -3,8 +3,9 @@
 //! a veth pair the plan no longer has is deleted, and MTU, up state and addresses are brought to
 //! the plan (stale addresses removed), and so are the veth ends' MACs and the permanent
 //! neighbour entries between them ([`neigh`]). IPv6 turned off on one of the links
-//! (`disable_ipv6`, which only a sysctl can change) is turned on again first. Nothing here deletes the netns or a tap that
-//! exists, so a VMM holding the tap keeps it across every repair.
+//! (`disable_ipv6`, which only a sysctl can change) is turned on again, before its addresses.
+//! Nothing here deletes the netns or a tap that exists, so a VMM holding the tap keeps it
+//! across every repair.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -405,12 +406,6 @@ async fn ensure_link(
     if !old.is_empty() {
         del_addrs(h, l.index, &old, w).await?;
     }
-    // IPv6 turned off by hand: the kernel drops the VM's IPv6 there and refuses addresses.
-    let ipv6_was_off = l.ipv6_off;
-    if ipv6_was_off {
-        ipv6_on(&at, name)?;
-        l.ipv6_off = false;
-    }
     if spec.no_auto_link_local && !l.no_auto_link_local {
         // Before the up when it is down, so the kernel makes no link-local on the way.
         let mut msg = LinkUnspec::new_with_index(l.index).build();
@@ -421,6 +416,13 @@ async fn ensure_link(
             .await
             .map_err(nl(format!("{w}: set {name} addrgenmode none")))?;
         l.no_auto_link_local = true;
+    }
+    // IPv6 turned off by hand: the kernel drops the VM's IPv6 there and refuses addresses. On
+    // after `addrgenmode none`, so the host end gets no link-local on the way.
+    let ipv6_was_off = l.ipv6_off;
+    if ipv6_was_off {
+        ipv6_on(&at, name)?;
+        l.ipv6_off = false;
     }
     let mac = spec.mac.filter(|m| l.mac != Some(*m));
     let was_up = l.up;
