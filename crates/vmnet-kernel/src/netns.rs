@@ -15,7 +15,7 @@
 //! namespace, not under `ip netns exec` (which makes a private one).
 
 use std::fs::{self, File, OpenOptions};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
@@ -154,6 +154,20 @@ where
     T: Send,
     F: FnOnce() -> T + Send,
 {
+    name_and_run(name, None, f)
+}
+
+/// Like [`create_and_run`], but the namespace named is `made` when given: one made earlier
+/// (by `unshare(2)` on another thread) and held by that descriptor only, not mounted anywhere.
+/// Its thread enters it instead of making one.
+///
+/// # Errors
+/// As [`create_and_run`]; a failed `setns` into `made` is a system error and leaves nothing.
+pub fn name_and_run<T, F>(name: &str, made: Option<BorrowedFd<'_>>, f: F) -> Result<T, NetnsError>
+where
+    T: Send,
+    F: FnOnce() -> T + Send,
+{
     check_name(name)?;
     ensure_run_dir()?;
     remove_stale(name);
@@ -171,7 +185,10 @@ where
     }
     let result = std::thread::scope(|s| {
         s.spawn(|| {
-            unshare(CloneFlags::CLONE_NEWNET).map_err(sys(name, "unshare"))?;
+            match made {
+                Some(fd) => setns(fd, CloneFlags::CLONE_NEWNET).map_err(sys(name, "setns"))?,
+                None => unshare(CloneFlags::CLONE_NEWNET).map_err(sys(name, "unshare"))?,
+            }
             mount(
                 Some("/proc/thread-self/ns/net"),
                 &target,

@@ -1,7 +1,8 @@
 //! Namespace mode with real packets (root required): NAT to the fake internet over TCP and UDP,
 //! MSS clamping both ways, veth MTU, no IPv4 route → no reach and no NAT, guest ↔ guest over the
-//! mesh, and a gateway-VM route delivering to the gateway's guest. Each guest is a namespace
-//! joined to the VM's tap by the testkit's frame relay (the real tap path).
+//! mesh, a gateway-VM route delivering to the gateway's guest, and VMs created back to back in
+//! namespaces made ahead forwarding as one made at create. Each guest is a namespace joined to
+//! the VM's tap by the testkit's frame relay (the real tap path).
 
 mod ns_support;
 
@@ -332,4 +333,49 @@ async fn host_masquerade_flushed_behind_our_back_is_reported_and_repaired() {
     assert!(nft_ruleset(&host).contains("masquerade"));
     masqueraded("after gc");
     assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+async fn vms_created_back_to_back_in_namespaces_made_ahead_forward() {
+    let env = Env::new();
+    let _echo = env.sb.start_echo().expect("echo");
+    // The first create makes its namespace; each one after it gets the one made ahead after
+    // the create before (loopback up and forwarding on, written by the driver's spare thread).
+    let plans: Vec<_> = (0x71..0x74)
+        .map(|u| {
+            let routes = [("0.0.0.0/0", "host"), ("::/0", "host")];
+            let plan = env.plan(&vm_json(
+                &format!("b{u:x}"),
+                u,
+                Some(&format!("fdaa:7::{u:x}")),
+                &routes,
+            ));
+            (u, plan)
+        })
+        .collect();
+    for (_, plan) in &plans {
+        env.driver.apply(plan).await.expect("apply");
+    }
+    for (u, plan) in &plans {
+        let lo = netns::ip(&plan.netns, &["-o", "link", "show", "lo"]).unwrap();
+        assert!(lo.contains("UP"), "vm {u:#x}: lo not up: {lo}");
+        for key in ["net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"] {
+            assert_eq!(
+                netns::sysctl_get(&plan.netns, key).unwrap(),
+                "1",
+                "vm {u:#x}: {key}"
+            );
+        }
+        assert!(
+            env.driver.drift(plan).await.unwrap().is_empty(),
+            "vm {u:#x}"
+        );
+        // Forwarded through the VM's namespace both ways, IPv4 (NAT) and IPv6.
+        let guest = env.guest(&format!("g{u:x}"), plan, &["::/0"], 1500);
+        for to in [IpAddr::V4(ECHO_V4), IpAddr::V6(ECHO_V6)] {
+            traffic::tcp_echo(guest.netns(), SocketAddr::new(to, ECHO_PORT), T)
+                .unwrap_or_else(|e| panic!("vm {u:#x}: tcp to {to}: {e}"));
+        }
+    }
 }

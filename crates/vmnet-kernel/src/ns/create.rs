@@ -1,7 +1,7 @@
 //! Creating a VM in one pass (netns, tap, sysctls, nft, veth pair, addresses, routes), and the
 //! veth pair alone for a VM whose netns exists.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkMessage};
@@ -179,7 +179,8 @@ pub(super) async fn create(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Cha
 
 async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
     let rt = tokio::runtime::Handle::current();
-    // One thread creates the netns and, inside it, the tap, sysctls and a netlink socket. As
+    // One thread names the netns (the spare made after the last create, [`super::spare`], or a
+    // new one when there is none) and, inside it, makes the tap, sysctls and a netlink socket. As
     // soon as the namespace is mounted, the veth pair is created from the host side and the nft
     // table on a second thread inside the netns, concurrently with the rest (nothing reaches the
     // guest before the create returns: no VMM holds the new tap yet).
@@ -194,8 +195,13 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         activity: super::activity::for_create(d, plan)?,
     };
     let t = TableWork::of(plan);
+    let spares = std::sync::Arc::clone(&d.spares);
     let work = tokio::task::spawn_blocking(move || {
-        netns::create_and_run(&p.netns, || -> Result<Made, NsError> {
+        let spare = spares.take();
+        let made = spare.as_ref().map(|s| s.fd.as_fd());
+        // A spare made with other sysctls gets the plan's written as a new one would.
+        let ready = spare.as_ref().is_some_and(|s| s.sysctls == p.sysctls);
+        netns::name_and_run(&p.netns, made, || -> Result<Made, NsError> {
             let _ = mounted_tx.send(());
             // A thread started here lives in the new netns too (it inherits this one's).
             let spawned = std::thread::Builder::new()
@@ -203,7 +209,7 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
                 .spawn(move || {
                     let _ = table_tx.send(t.run_here());
                 });
-            let made = in_new_netns(&p, &rt);
+            let made = in_new_netns(&p, ready, &rt);
             spawned.map_err(|source| {
                 NsError::Netns(netns::NetnsError::Io {
                     name: p.netns.clone(),
@@ -233,6 +239,8 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         configure(d, plan, &made, veth?).await
     };
     let (links, table) = tokio::join!(links, table);
+    // The next VM's namespace, made while this answer goes out.
+    d.spares.refill(&plan.ns_sysctls);
     if let Some((sock, at)) = table? {
         d.nft_gens.adopt_created(&plan.netns, sock, at, plan);
     }
@@ -374,17 +382,20 @@ struct NetnsWork {
     activity: Option<(Arc<ActivityRecorder>, ActivityPlan)>,
 }
 
-/// The work on the thread that just created the VM's netns: tap (persistent, owner, MTU, up),
-/// lo up, sysctls, the tap's activity filter and a netlink socket bound to the netns.
-fn in_new_netns(w: &NetnsWork, rt: &tokio::runtime::Handle) -> Result<Made, NsError> {
+/// The work on the thread that just created (or entered) the VM's netns: tap (persistent,
+/// owner, MTU, up), lo up and sysctls unless the netns is a spare that has them (`ready`), the
+/// tap's activity filter and a netlink socket bound to the netns.
+fn in_new_netns(w: &NetnsWork, ready: bool, rt: &tokio::runtime::Handle) -> Result<Made, NsError> {
     let tap_err = |op| {
         let name = w.tap.name.clone();
         move |source| NsError::Tap { name, op, source }
     };
     inns::create_tap(&w.tap)?;
     let tap_index = inns::link_up(&w.tap.name, Some(w.tap.mtu)).map_err(tap_err("set mtu/up"))?;
-    inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
-    inns::write_sysctls(&w.netns, &w.sysctls)?;
+    if !ready {
+        inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
+        inns::write_sysctls(&w.netns, &w.sysctls)?;
+    }
     if let Some((r, a)) = &w.activity {
         r.attach_here(&w.netns, a)?;
     }

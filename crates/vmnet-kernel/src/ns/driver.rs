@@ -51,6 +51,8 @@ pub struct NetlinkNsDriver {
     pub(super) host_nft: super::hostnft::HostNft,
     /// The packet-activity program, when the agent loaded it ([`Self::with_activity`]).
     pub(super) activity: Option<std::sync::Arc<crate::activity::ActivityRecorder>>,
+    /// The next VM's namespace, made ahead (see [`super::spare`]).
+    pub(super) spares: std::sync::Arc<super::spare::Spares>,
 }
 
 /// Where the driver stands with the host-wide state (forwarding, router advertisements, the host
@@ -116,6 +118,7 @@ impl NetlinkNsDriver {
             host_rules,
             route_cache,
             activity: None,
+            spares: std::sync::Arc::default(),
         })
     }
 

@@ -91,6 +91,7 @@ mod routecache;
 mod routes;
 mod rulecache;
 mod rules;
+mod spare;
 mod tc;
 
 use std::fmt;
