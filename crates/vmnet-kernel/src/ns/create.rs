@@ -390,12 +390,12 @@ fn in_new_netns(w: &NetnsWork, ready: bool, rt: &tokio::runtime::Handle) -> Resu
         let name = w.tap.name.clone();
         move |source| NsError::Tap { name, op, source }
     };
+    if !ready {
+        inns::write_sysctls(&w.netns, &w.sysctls)?;
+        inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
+    }
     inns::create_tap(&w.tap)?;
     let tap_index = inns::link_up(&w.tap.name, Some(w.tap.mtu)).map_err(tap_err("set mtu/up"))?;
-    if !ready {
-        inns::link_up("lo", None).map_err(tap_err("set lo up"))?;
-        inns::write_sysctls(&w.netns, &w.sysctls)?;
-    }
     if let Some((r, a)) = &w.activity {
         r.attach_here(&w.netns, a)?;
     }

@@ -188,6 +188,10 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         ns_sysctls: vec![
             ("net/ipv4/ip_forward".into(), "1".into()),
             ("net/ipv6/conf/all/forwarding".into(), "1".into()),
+            // Links made in the netns after this get no automatic link-local (the tap and the
+            // VM end carry only their planned ones): no duplicate address detection and no
+            // multicast listener reports for addresses nothing uses.
+            ("net/ipv6/conf/default/addr_gen_mode".into(), "1".into()),
         ],
         ns_routes,
         ns_rules,

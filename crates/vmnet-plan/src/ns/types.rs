@@ -149,7 +149,8 @@ pub struct VmPlan {
     pub routes: Vec<Route>,
     /// Whether the netns NATs IPv4 (an IPv4 route uses `host`).
     pub nat: bool,
-    /// Sysctls inside the netns, as (path under `/proc/sys`, value).
+    /// Sysctls inside the netns, as (path under `/proc/sys`, value), written before any link
+    /// is made there: forwarding on, and no automatic IPv6 link-local on new links.
     pub ns_sysctls: Vec<(String, String)>,
     /// Routes inside the netns (main and inbound tables), sorted.
     pub ns_routes: Vec<PlannedRoute>,
