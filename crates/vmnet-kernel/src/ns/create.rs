@@ -49,7 +49,8 @@ pub(super) struct VethIndexes {
     pub peer: u32,
 }
 
-/// Creates the veth pair of `plan` (the peer made directly inside the VM's existing netns)
+/// Creates the veth pair of `plan` (the peer made directly inside the VM's netns: `ns`, or the
+/// one named `plan.netns` when `None`)
 /// with the derived ifindexes (the second pair, [`SECOND_BASES`], when the host has the first
 /// host index in use); returns them, or `None` when the host had both host indexes in use and
 /// the kernel picked both (the caller then looks the ends up by name). The kernel takes the VM
@@ -64,8 +65,12 @@ pub(super) async fn add_veth(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     v: &VethPlan,
+    ns: Option<std::fs::File>,
 ) -> Result<Option<VethIndexes>, NsError> {
-    let fd = netns::open(&plan.netns)?;
+    let fd = match ns {
+        Some(f) => f,
+        None => netns::open(&plan.netns)?,
+    };
     let derived = |(host, peer): (u32, u32)| VethIndexes {
         host: host + plan.user_id,
         peer: peer + plan.user_id,
@@ -180,11 +185,14 @@ pub(super) async fn create(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Cha
 async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>, NsError> {
     let rt = tokio::runtime::Handle::current();
     // One thread names the netns (the spare made after the last create, [`super::spare`], or a
-    // new one when there is none) and, inside it, makes the tap, sysctls and a netlink socket. As
-    // soon as the namespace is mounted, the veth pair is created from the host side and the nft
-    // table on a second thread inside the netns, concurrently with the rest (nothing reaches the
-    // guest before the create returns: no VMM holds the new tap yet).
-    let (mounted_tx, mounted_rx) = tokio::sync::oneshot::channel::<()>();
+    // new one when there is none) and, inside it, makes the tap, sysctls and a netlink socket.
+    // As soon as the namespace is there (a spare at once, a new one once mounted), the veth
+    // pair is created from the host side, and the nft table on a second thread inside the
+    // netns, concurrently with the rest (nothing reaches the guest before the create returns:
+    // no VMM holds the new tap yet).
+    // The netns for the veth's VM end: a spare's descriptor at once (before it is named), or
+    // `None` once a new netns is mounted (opened by name then).
+    let (ns_tx, ns_rx) = tokio::sync::oneshot::channel::<Option<std::fs::File>>();
     let (table_tx, table_rx) = tokio::sync::oneshot::channel::<Result<Generation, NsError>>();
     // What the threads need, made here: a copy of the plan (its nft JSON) costs more than the
     // table's own netlink.
@@ -201,8 +209,16 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         let made = spare.as_ref().map(|s| s.fd.as_fd());
         // A spare made with other sysctls gets the plan's written as a new one would.
         let ready = spare.as_ref().is_some_and(|s| s.sysctls == p.sysctls);
+        let mut ns_tx = Some(ns_tx);
+        if let Some(dup) = spare.as_ref().and_then(|s| s.fd.try_clone().ok())
+            && let Some(tx) = ns_tx.take()
+        {
+            let _ = tx.send(Some(dup.into()));
+        }
         netns::name_and_run(&p.netns, made, || -> Result<Made, NsError> {
-            let _ = mounted_tx.send(());
+            if let Some(tx) = ns_tx.take() {
+                let _ = tx.send(None);
+            }
             // A thread started here lives in the new netns too (it inherits this one's).
             let spawned = std::thread::Builder::new()
                 .name("vmnet-nft".into())
@@ -222,10 +238,10 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     });
     let veth = async {
         let Some(v) = &plan.veth else { return Ok(None) };
-        if mounted_rx.await.is_err() {
+        let Ok(fd) = ns_rx.await else {
             return Ok(None); // the thread failed before mounting; its error is reported below
-        }
-        add_veth(d, plan, v).await
+        };
+        add_veth(d, plan, v, fd).await
     };
     let table = async {
         // No answer: the netns thread failed before starting it; its error is reported.

@@ -131,7 +131,7 @@ pub(super) async fn repair_links(
                 })??;
             }
             (LinkFix::AddVeth, Some(v)) => {
-                add_veth(d, plan, v).await?;
+                add_veth(d, plan, v, None).await?;
             }
             (LinkFix::HalfVeth { host_left }, Some(v)) => {
                 if host_left {
@@ -139,7 +139,7 @@ pub(super) async fn repair_links(
                 } else {
                     del_peer().await?;
                 }
-                add_veth(d, plan, v).await?;
+                add_veth(d, plan, v, None).await?;
             }
             (LinkFix::DelVeth, _) => {
                 // Deleting one end deletes its peer; delete both in case they are not a pair.
