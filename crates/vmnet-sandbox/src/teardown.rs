@@ -16,6 +16,8 @@ use crate::state::{self, FleetState, Paths};
 pub(crate) struct DownReport {
     /// The processes stopped, `role (pid N)`.
     pub stopped: Vec<String>,
+    /// The recorded processes that were no longer running (killed, or crashed), `role (pid N)`.
+    pub already_gone: Vec<String>,
     /// The namespaces deleted.
     pub namespaces: Vec<String>,
     /// Processes that were still inside those namespaces and that `up` did not start (an agent
@@ -34,8 +36,11 @@ pub(crate) fn teardown(paths: &Paths, name: &str) -> Result<DownReport, Error> {
     let marker = format!("{}/", paths.dir.display());
     let st = paths.load()?;
     for p in st.iter().flat_map(|st| st.procs.iter().rev()) {
+        let who = format!("{} (pid {})", p.role, p.pid);
         if state::stop(p.pid, &marker) {
-            report.stopped.push(format!("{} (pid {})", p.role, p.pid));
+            report.stopped.push(who);
+        } else {
+            report.already_gone.push(who);
         }
     }
     let fleet_state = st.and_then(|st| st.fleet);

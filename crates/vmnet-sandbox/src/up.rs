@@ -156,6 +156,9 @@ pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
             for p in &report.stopped {
                 println!("stopped {p}");
             }
+            for p in &report.already_gone {
+                println!("{p} was no longer running");
+            }
             let n = report.namespaces.len();
             println!(
                 "deleted {n} namespace{}: {}",

@@ -307,8 +307,17 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // The agent killed outright: `down` says so and removes the rest all the same.
+    let agent = i32::try_from(pid).expect("pid");
+    // SAFETY: kill(2) on the agent this test's `up` started, by the pid `up` reported.
+    assert_eq!(unsafe { libc::kill(agent, libc::SIGKILL) }, 0);
     let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
     let down_err = String::from_utf8_lossy(&down.stderr).into_owned();
+    let down_out = String::from_utf8_lossy(&down.stdout).into_owned();
+    assert!(
+        down_out.contains(&format!("agent (pid {pid}) was no longer running")),
+        "{down_out}"
+    );
     let _ = stray.kill();
     let _ = stray.wait();
     assert!(down.status.success(), "{down_err}");
