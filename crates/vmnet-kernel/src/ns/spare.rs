@@ -85,7 +85,9 @@ impl Spares {
         let started = std::thread::Builder::new()
             .name("vmnet-spare-ns".into())
             .spawn(move || {
-                let made = make(sysctls);
+                // A panic must not leave the slot `Making`: every create would wait for it.
+                let made = std::panic::catch_unwind(|| make(sysctls))
+                    .unwrap_or_else(|_| Err("the thread panicked".into()));
                 let mut slot = me.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 *slot = match made {
                     Ok(s) => Slot::Ready(s),
