@@ -1,8 +1,9 @@
 //! Namespace mode with real packets (root required): NAT to the fake internet over TCP and UDP,
 //! MSS clamping both ways, veth MTU, no IPv4 route → no reach and no NAT, guest ↔ guest over the
 //! mesh, a gateway-VM route delivering to the gateway's guest, and VMs created back to back in
-//! namespaces made ahead forwarding as one made at create, with no automatic IPv6 link-local. Each guest is a namespace joined to
-//! the VM's tap by the testkit's frame relay (the real tap path).
+//! namespaces made ahead forwarding as one made at create, with no automatic IPv6 link-local.
+//! Each guest is a namespace joined to the VM's tap by the testkit's frame relay (the real tap
+//! path).
 
 mod ns_support;
 
