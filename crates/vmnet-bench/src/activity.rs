@@ -1,7 +1,7 @@
 //! `vmnet bench activity`: the cost of the packet-activity program on a VM's path. iperf3
 //! downloads from the sandbox's fake internet to a simulated guest (TCP to its mesh address,
-//! through the host, the VM namespace and the tap, whose egress runs the program), alternately
-//! without and with the program's filter, in the same run; the table shows each round and the
+//! through the host, the VM namespace and the tap, whose queued frames the program looks at),
+//! alternately without and with the program attached, in the same run; the table shows each round and the
 //! median ratio (target ≥ 98 %).
 //!
 //! The per-packet cost of the program itself is not measured: `bpftool prog show`'s
@@ -13,7 +13,7 @@
 //! measurable at that rate, not what it costs at line rate.
 //!
 //! # Cleanup
-//! The sandbox guard deletes every namespace (the VM's filter goes with its tap); the iperf3
+//! The sandbox guard deletes every namespace; the iperf3
 //! server is killed by its pid; the pin root is unpinned, unmounted and removed.
 
 use std::sync::Arc;
@@ -127,10 +127,9 @@ pub async fn run(args: ActivityBenchArgs) -> Result<(), Error> {
         .apply(&plan)
         .await
         .map_err(|e| Error::internal(format!("apply: {e}")))?;
-    let act = plan
-        .activity
-        .clone()
-        .ok_or_else(|| Error::internal("the plan has no activity filter"))?;
+    if plan.activity.is_none() {
+        return Err(Error::internal("the plan has no activity entry"));
+    }
     let guest_cfg = GuestConfig {
         mesh_ipv6: plan.guest.mesh_ipv6,
         routes_v6: vec![GuestRoute6 {
@@ -148,10 +147,10 @@ pub async fn run(args: ActivityBenchArgs) -> Result<(), Error> {
     let inet = sb.inet();
     let mut rows = Vec::new();
     for round in 1..=args.rounds {
-        rec.detach(&plan.netns, &act)
+        rec.detach_link()
             .map_err(|e| internal("detach")(e.to_string()))?;
         let without = download(&inet, args.secs)?;
-        rec.attach(&plan.netns, &act)
+        rec.ensure_link()
             .map_err(|e| internal("attach")(e.to_string()))?;
         let before = rec.last_boot_ns(1).ok().flatten();
         let with = download(&inet, args.secs)?;

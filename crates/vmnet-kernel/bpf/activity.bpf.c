@@ -1,28 +1,38 @@
 // SPDX-License-Identifier: (MIT OR GPL-2.0)
 //
-// vmnet packet activity: on the tc egress of every namespace-mode VM tap (every frame the guest
-// is about to receive), record per VM user id when the last TCP segment from the host side
+// vmnet packet activity: a BTF tracepoint program on `net_dev_queue`, the kernel's tracepoint
+// for every frame handed to a device's transmit queue. Of those frames it looks only at the ones
+// queued on a namespace-mode VM's tap (every frame the guest is about to receive, after the
+// VM's firewall) and records per VM user id when the last TCP segment from the host side
 // arrived. Nothing else counts: ARP, NDP and all other ICMPv6, ICMP, UDP, frames that are not
 // IPv4/IPv6, packets the VM namespace sends itself (the metadata service at 169.254.169.254
 // among them), and TCP whose source is link-local (169.254.0.0/16, fe80::/10). What the guest
-// sends passes the tap's ingress, where this program is not attached.
+// sends is queued on the veth end, never on the tap, and is not looked at.
 //
-// "From the host side" is "entered the VM namespace through its veth end": the VM is found by
-// the packet's ingress ifindex (the VM veth end inside the namespace) in map `activity_dev`,
-// which the agent fills. A packet the namespace made itself has no ingress device and is not
-// found. The time is CLOCK_BOOTTIME in ns (bpf_ktime_get_boot_ns), in array `activity_last`
-// indexed by user id (0 = never). Both maps are pinned by name so that they outlive the agent
-// and the program.
+// One program for the whole host, attached once: a VM is a map entry, not a kernel object of
+// its own (a tc filter per tap would give every VM a tc block, and the kernel searches a list of
+// all tc blocks each time one is bound).
 //
-// The program never changes a packet and always returns TC_ACT_UNSPEC, so the filters after it
-// on the same hook run as if it were absent.
+// Map `activity_vm`, which the agent fills, has one entry per VM, keyed by the inode number of
+// the VM's network namespace: the VM's user id, the ifindex of its veth end and that of its tap
+// (in that namespace). A frame counts when it is queued on a device of a registered namespace
+// whose ifindex is the VM's tap, and it came "from the host side": it entered the namespace
+// through the VM's veth end (its ingress ifindex, `skb_iif`). A packet the namespace made
+// itself has no ingress device. Several agents on one kernel (sandboxes) each find only their
+// own namespaces. The time
+// is CLOCK_BOOTTIME in ns (bpf_ktime_get_boot_ns), in array `activity_last` indexed by user id
+// (0 = never). Both maps are pinned by name so that they outlive the agent and the program.
+//
+// The program only reads (the frame through bpf_probe_read_kernel, within the skb's linear
+// part): it never changes, drops or delays a frame. A tracing program's return value is
+// ignored.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
-#include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
 
 #define LIBBPF_PIN_BY_NAME 1
 
@@ -33,14 +43,49 @@
 // The IPv6 extension headers walked before giving up (a packet with more is not counted).
 #define MAX_EXT_HEADERS 6
 
+// The fields read from the kernel's own structures, relocated by name against the running
+// kernel's BTF when the program is loaded (CO-RE).
+struct ns_common {
+	unsigned int inum;
+} __attribute__((preserve_access_index));
+
+struct net {
+	struct ns_common ns;
+} __attribute__((preserve_access_index));
+
+typedef struct {
+	struct net *net;
+} possible_net_t;
+
+struct net_device {
+	int ifindex;
+	possible_net_t nd_net;
+} __attribute__((preserve_access_index));
+
+struct sk_buff {
+	struct net_device *dev;
+	int skb_iif;
+	unsigned int len;
+	unsigned int data_len;
+	unsigned char *data;
+} __attribute__((preserve_access_index));
+
+// A VM as the program knows it: its user id and the ifindexes of its veth end and its tap (in
+// the VM namespace).
+struct vm {
+	__u32 uid;
+	__u32 veth;
+	__u32 tap;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct vm);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} activity_dev SEC(".maps");
+} activity_vm SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -78,10 +123,25 @@ struct ip6 {
 #define NEXTHDR_AUTH 51
 #define NEXTHDR_DEST 60
 
-static __always_inline int tcp4(struct __sk_buff *skb)
+// The frame: where it starts and how many bytes of it are in the linear part.
+struct frame {
+	const unsigned char *data;
+	__u32 headlen;
+};
+
+// Copies `size` bytes at `off` of the frame into `dst`; non-zero when they are not all in the
+// linear part (or cannot be read).
+static __always_inline int load(const struct frame *f, __u32 off, void *dst, __u32 size)
+{
+	if (off > f->headlen || size > f->headlen - off)
+		return -1;
+	return bpf_probe_read_kernel(dst, size, f->data + off);
+}
+
+static __always_inline int tcp4(const struct frame *f)
 {
 	struct ip4 ip;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+	if (load(f, ETH_HLEN, &ip, sizeof(ip)))
 		return 0;
 	if ((ip.vihl >> 4) != 4 || ip.proto != IPPROTO_TCP)
 		return 0;
@@ -89,10 +149,10 @@ static __always_inline int tcp4(struct __sk_buff *skb)
 	return (bpf_ntohl(ip.saddr) >> 16) != ((169 << 8) | 254);
 }
 
-static __always_inline int tcp6(struct __sk_buff *skb)
+static __always_inline int tcp6(const struct frame *f)
 {
 	struct ip6 ip;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+	if (load(f, ETH_HLEN, &ip, sizeof(ip)))
 		return 0;
 	if ((bpf_ntohl(ip.vtcfl) >> 28) != 6)
 		return 0;
@@ -107,17 +167,17 @@ static __always_inline int tcp6(struct __sk_buff *skb)
 		if (nh == IPPROTO_TCP)
 			return 1;
 		if (nh == NEXTHDR_HOP || nh == NEXTHDR_ROUTING || nh == NEXTHDR_DEST) {
-			if (bpf_skb_load_bytes(skb, off, h, 2))
+			if (load(f, off, h, 2))
 				return 0;
 			nh = h[0];
 			off += ((__u32)h[1] + 1) * 8;
 		} else if (nh == NEXTHDR_AUTH) {
-			if (bpf_skb_load_bytes(skb, off, h, 2))
+			if (load(f, off, h, 2))
 				return 0;
 			nh = h[0];
 			off += ((__u32)h[1] + 2) * 4;
 		} else if (nh == NEXTHDR_FRAGMENT) {
-			if (bpf_skb_load_bytes(skb, off, h, 4))
+			if (load(f, off, h, 4))
 				return 0;
 			nh = h[0];
 			off += 8;
@@ -128,30 +188,42 @@ static __always_inline int tcp6(struct __sk_buff *skb)
 	return nh == IPPROTO_TCP;
 }
 
-SEC("classifier")
-int activity_out(struct __sk_buff *skb)
+SEC("tp_btf/net_dev_queue")
+int BPF_PROG(activity_xmit, struct sk_buff *skb)
 {
-	int tcp = 0;
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		tcp = tcp4(skb);
-	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		tcp = tcp6(skb);
-	if (!tcp)
-		return TC_ACT_UNSPEC;
-	__u32 dev = skb->ingress_ifindex;
+	// Most frames on the host are not a VM's: a few reads and one lookup, then out.
+	__u32 iif = skb->skb_iif;
+	if (!iif)
+		return 0;
+	struct net_device *dev = skb->dev;
 	if (!dev)
-		return TC_ACT_UNSPEC;
-	__u32 *uid = bpf_map_lookup_elem(&activity_dev, &dev);
-	if (!uid)
-		return TC_ACT_UNSPEC;
-	__u32 key = *uid;
+		return 0;
+	__u32 ns = dev->nd_net.net->ns.inum;
+	struct vm *vm = bpf_map_lookup_elem(&activity_vm, &ns);
+	if (!vm || vm->veth != iif || vm->tap != (__u32)dev->ifindex)
+		return 0;
+	struct frame f = {
+		.data = skb->data,
+		.headlen = skb->len - skb->data_len,
+	};
+	__be16 proto;
+	if (load(&f, 12, &proto, sizeof(proto)))
+		return 0;
+	int tcp = 0;
+	if (proto == bpf_htons(ETH_P_IP))
+		tcp = tcp4(&f);
+	else if (proto == bpf_htons(ETH_P_IPV6))
+		tcp = tcp6(&f);
+	if (!tcp)
+		return 0;
+	__u32 key = vm->uid;
 	__u64 *last = bpf_map_lookup_elem(&activity_last, &key);
 	if (!last)
-		return TC_ACT_UNSPEC;
+		return 0;
 	__u64 now = bpf_ktime_get_boot_ns();
 	if (now - *last >= GRANULARITY_NS)
 		*last = now;
-	return TC_ACT_UNSPEC;
+	return 0;
 }
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";

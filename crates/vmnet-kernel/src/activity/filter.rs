@@ -1,5 +1,6 @@
-//! The activity filter on one device: read back over rtnetlink, written with aya; device
-//! indexes.
+//! The per-tap activity filter of earlier versions (a `cls_bpf` filter on the tap's clsact
+//! egress, see [`vmnet_plan::ns::activity`]): read back over rtnetlink and deleted, so an
+//! upgraded host loses them; device indexes.
 
 use std::fmt;
 
@@ -10,17 +11,16 @@ use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::tc::{
     TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle as NlHandle, TcMessage, TcOption,
 };
-use vmnet_plan::ns::activity::ActivityPlan;
+use vmnet_plan::ns::activity::{LEGACY_FILTER_HANDLE, LEGACY_FILTER_PRIORITY, LEGACY_PROGRAM};
 
-use aya::programs::tc::{NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle};
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::TcAttachType;
 
 use super::ActivityError;
 
 /// The clsact egress parent (`TC_H_CLSACT | TC_H_MIN_EGRESS`).
 const CLSACT_EGRESS: u32 = 0xffff_fff3;
 
-/// The filter found at the plan's priority and handle.
+/// The filter found at the earlier versions' priority and handle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObservedFilter {
     /// The classifier kind (`bpf` for ours).
@@ -34,20 +34,13 @@ pub struct ObservedFilter {
 }
 
 impl ObservedFilter {
-    /// Whether this is a direct-action bpf filter running program `id`.
-    #[must_use]
-    pub fn is_program(&self, id: u32) -> bool {
-        self.kind == "bpf" && self.direct_action && self.prog_id == Some(id)
-    }
-
-    /// Whether this is a direct-action bpf filter running a program named as ours
-    /// ([`vmnet_plan::ns::activity::PROGRAM`]), whatever its id: the activity program an
-    /// earlier agent loaded.
+    /// Whether this is a direct-action bpf filter running a program named as the earlier
+    /// versions' ([`LEGACY_PROGRAM`]), whatever its id.
     #[must_use]
     pub fn is_activity_program(&self) -> bool {
         self.kind == "bpf"
             && self.direct_action
-            && self.prog_name.as_deref() == Some(vmnet_plan::ns::activity::PROGRAM)
+            && self.prog_name.as_deref() == Some(LEGACY_PROGRAM)
     }
 }
 
@@ -97,23 +90,23 @@ fn parse(m: &TcMessage) -> ObservedFilter {
     out
 }
 
-/// The filter at `plan`'s priority and handle on the egress of `plan.dev` (in the namespace of
-/// `ns`), `None` when there is none (or no clsact qdisc).
+/// The filter at the earlier versions' priority and handle on the egress of `dev` (in the
+/// namespace of `ns`), `None` when there is none (or no clsact qdisc).
 pub(super) async fn observe(
     netns: &str,
     ns: &Handle,
-    plan: &ActivityPlan,
+    dev: &str,
 ) -> Result<Option<ObservedFilter>, ActivityError> {
     let no_dev = || ActivityError::NoDevice {
         netns: netns.to_owned(),
-        dev: plan.dev.clone(),
+        dev: dev.to_owned(),
     };
     let obs = |source| ActivityError::Observe {
         netns: netns.to_owned(),
-        dev: plan.dev.clone(),
+        dev: dev.to_owned(),
         source,
     };
-    let link = crate::netlink::link_by_name(ns, &plan.dev)
+    let link = crate::netlink::link_by_name(ns, dev)
         .await
         .map_err(obs)?
         .ok_or_else(no_dev)?;
@@ -128,8 +121,8 @@ pub(super) async fn observe(
         match r.payload {
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewTrafficFilter(m)) => {
                 let prio = u16::try_from(m.header.info >> 16).unwrap_or(0);
-                if prio == plan.priority
-                    && u32::from(m.header.handle) == plan.handle
+                if prio == LEGACY_FILTER_PRIORITY
+                    && u32::from(m.header.handle) == LEGACY_FILTER_HANDLE
                     && found.is_none()
                 {
                     found = Some(parse(&m));
@@ -149,42 +142,6 @@ pub(super) async fn observe(
     Ok(found)
 }
 
-/// Writes `prog` as `plan`'s filter on the egress of `plan.dev` in the current thread's
-/// namespace, replacing one already at our priority and handle, and leaves it attached when the
-/// program object goes (the kernel keeps it with the device).
-pub(super) fn attach(
-    prog: &mut SchedClassifier,
-    plan: &ActivityPlan,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let handle = TcHandle::from(plan.handle);
-    let dev = plan.dev.as_str();
-    // An existing clsact qdisc (an earlier agent, other tools) is fine.
-    let _ = aya::programs::tc::qdisc_add_clsact(dev);
-    let opts = TcAttachOptions::Netlink(NlOptions {
-        priority: plan.priority,
-        handle,
-        ..NlOptions::default()
-    });
-    let id = match prog.attach_with_options(dev, TcAttachType::Egress, opts) {
-        Ok(id) => id,
-        Err(first) => {
-            let old = SchedClassifierLink::attached(
-                dev,
-                TcAttachType::Egress,
-                plan.priority,
-                handle,
-                None,
-            )?;
-            prog.attach_to_link(old)
-                .map_err(|e| format!("{first}; replacing: {e}"))?
-        }
-    };
-    let link = prog.take_link(id)?;
-    // Released, not detached: the filter stays when this process exits.
-    std::mem::forget(link);
-    Ok(())
-}
-
 /// The ifindex of device `dev` in `netns` (rtnetlink handle `ns`).
 pub(super) async fn ifindex(netns: &str, ns: &Handle, dev: &str) -> Result<u32, ActivityError> {
     crate::netlink::link_by_name(ns, dev)
@@ -201,16 +158,10 @@ pub(super) async fn ifindex(netns: &str, ns: &Handle, dev: &str) -> Result<u32, 
         })
 }
 
-/// Deletes the filter running our program from the egress of `plan.dev` (current thread's
-/// namespace); `Ok(false)` when there was none.
-pub(super) fn detach(
-    plan: &ActivityPlan,
-) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
-    match aya::programs::tc::qdisc_detach_program(
-        &plan.dev,
-        TcAttachType::Egress,
-        vmnet_plan::ns::activity::PROGRAM,
-    ) {
+/// Deletes the earlier versions' filter from the egress of `dev` (current thread's namespace);
+/// `Ok(false)` when there was none.
+pub(super) fn detach(dev: &str) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
+    match aya::programs::tc::qdisc_detach_program(dev, TcAttachType::Egress, LEGACY_PROGRAM) {
         Ok(()) => Ok(true),
         Err(aya::programs::tc::TcError::IoError(e)) if e.kind() == std::io::ErrorKind::NotFound => {
             Ok(false)

@@ -3,42 +3,47 @@
 //! wake"; the program is `bpf/activity.bpf.c`).
 //!
 //! # Design
-//! - One program object per agent: [`ActivityRecorder::open`] loads `activity_out` once and
-//!   every VM's tap gets a `cls_bpf` direct-action filter running it (the plan's
-//!   [`ActivityPlan`]: clsact egress of the tap, fixed priority and handle). Filters are written
-//!   with `RTM_NEWTFILTER` without `NLM_F_EXCL`, so a filter an earlier agent left is swapped to
-//!   the new program atomically: no moment without a filter.
-//! - Maps and program are pinned under a configurable root in bpffs (`<root>/activity_dev`,
-//!   `<root>/activity_last`, `<root>/activity_out`). A starting agent reuses the pinned maps
-//!   (aya's pin-by-name: the kernel object is opened, not re-created) and replaces the program
-//!   pin, so "configure on start replaces the program and keeps its map": recorded times
-//!   survive agent restarts and upgrades. The filters keep the kernel recording while no agent
-//!   runs. If the root is not on a bpffs, one is mounted there.
-//! - The program finds the VM by the packet's ingress device: host traffic enters the VM
-//!   namespace through the VM's veth end, whose ifindex the agent registers → user id in
-//!   `activity_dev`; what the namespace sends itself (the metadata service) has none. Tap
-//!   ifindexes repeat across namespaces; the veth ends get derived, distinct ones (`0x30000000
-//!   + uid`). A netns cookie would name the namespace itself, but measured here, forwarded
-//!   packets on the tap's egress were not found under the cookie `SO_NETNS_COOKIE` gives for
-//!   the VM namespace (`bpf_get_netns_cookie` in a tc program goes by the packet's socket, and
-//!   a forwarded packet has none).
+//! - One program for the whole host: [`ActivityRecorder::open`] loads `activity_xmit` and
+//!   attaches it once to the kernel tracepoint `net_dev_queue` (a BTF tracepoint program, run
+//!   for every frame queued on any device), and the program looks only at frames queued on a
+//!   registered VM's tap. A VM is one entry in map `activity_vm`: the inode number of its netns
+//!   → its user id and the ifindexes of its veth end and its tap ([`ActivityPlan`],
+//!   [`VmEntry`]). Registering or forgetting a VM is one map
+//!   write, and no kernel object is made per VM: a tc filter per tap (what earlier versions
+//!   did) gives each VM two tc blocks, and the kernel searches a list of every block on the host
+//!   whenever one is bound, so each new VM cost a little more than the one before.
+//! - Maps and the program's link are pinned under a configurable root in bpffs
+//!   (`<root>/activity_vm`, `<root>/activity_last`, `<root>/activity_link`). A starting agent
+//!   reuses the pinned maps (aya's pin-by-name: the kernel object is opened, not re-created),
+//!   attaches its own program and then renames its link's pin over the earlier one, so
+//!   "configure on start replaces the program and keeps its map": between the two steps both
+//!   programs record (the same times), after it the earlier program is detached. Recorded
+//!   times survive agent restarts and upgrades, and the pinned link keeps the kernel recording
+//!   while no agent runs. If the root is not on a bpffs, one is mounted there.
+//! - The program finds the VM by the namespace of the device the frame is queued on (ifindexes
+//!   repeat across namespaces; a namespace's inode number does not while it lives), then checks
+//!   that the device is the VM's tap and that the frame entered the namespace through the VM's
+//!   veth end (its ingress ifindex): host traffic does; what the namespace sends itself (the
+//!   metadata service) has no ingress device. Several agents on one kernel (sandboxes, tests)
+//!   each have their own program and maps, and each finds only its own namespaces.
 //! - Times are `CLOCK_BOOTTIME` nanoseconds (`bpf_ktime_get_boot_ns`: monotonic, and counting a
 //!   host suspend, so an idle time never shrinks over one). [`ActivityRecorder::last`]
 //!   converts them to wall-clock time from one reading of both clocks.
-//! - Observe and repair by content: the filter at our priority and handle must be a direct-action
-//!   `bpf` filter running this recorder's program id, and the veth end's ifindex must map to the
-//!   plan's user id; anything else is rewritten (`drift` reports it first).
+//! - Observe and repair by content: the VM netns's entry must hold the plan's user id and the
+//!   current ifindexes of the veth end and the tap; anything else is rewritten (`drift` reports
+//!   it first). A tap
+//!   that still has an earlier version's activity filter has it deleted (an upgrade step, not
+//!   drift).
 //!
 //! # Limitations
-//! - A packet delivered while a VM's namespace is being set up (before its filter and
-//!   registration are written) is not recorded: clients must retry, as the spec says of a starting VM.
-//! - IPv6 packets with more than six extension headers before TCP are not counted.
-//! - A VM whose veth pair could not get its derived ifindex (the host had it in use) has a
-//!   kernel-chosen index in its namespace, which may equal another such VM's: the later
-//!   registration wins and the earlier VM's activity is recorded under the later one's id
-//!   (logged when it happens).
+//! - A packet delivered while a VM's namespace is being set up (before its registration is
+//!   written) is not recorded: clients must retry, as the spec says of a starting VM.
+//! - IPv6 packets with more than six extension headers before TCP, or whose IP headers are not
+//!   in the linear part of the kernel's packet buffer, are not counted.
 //! - The time is stored at most once per millisecond per VM (most packets of a busy flow only
 //!   read it), so it is exact to 1 ms.
+//! - The program runs for every frame queued on the host (one field read and, for frames that
+//!   arrived on some device, one hash lookup, when the frame is not a VM's).
 
 mod clock;
 mod filter;
@@ -50,10 +55,11 @@ use std::sync::Mutex;
 use std::time::SystemTime;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
-use aya::programs::SchedClassifier;
-use aya::{Ebpf, EbpfLoader};
+use aya::programs::BtfTracePoint;
+use aya::programs::links::FdLink;
+use aya::{Btf, Ebpf, EbpfLoader};
 use rtnetlink::Handle;
-use vmnet_plan::ns::activity::{ActivityPlan, PROGRAM};
+use vmnet_plan::ns::activity::{ActivityPlan, PROGRAM, TRACEPOINT};
 
 use crate::netns::NetnsError;
 
@@ -65,8 +71,8 @@ pub use pins::remove_root;
 /// The compiled BPF object.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/activity.o"));
 
-/// The map of VM veth ifindexes → user ids.
-pub(crate) const DEV_MAP: &str = "activity_dev";
+/// The map of VM netns inode numbers → [`VmEntry`].
+pub(crate) const VM_MAP: &str = "activity_vm";
 /// The array of last-activity times by user id.
 pub(crate) const LAST_MAP: &str = "activity_last";
 
@@ -84,9 +90,9 @@ pub enum ActivityError {
     /// The BPF object could not be loaded (no BPF support, not root, incompatible pinned map).
     #[error("load the activity program")]
     Load(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// Attaching the filter to a tap failed.
-    #[error("{netns}: attach the activity filter to {dev}")]
-    Attach {
+    /// Deleting an earlier version's activity filter from a tap failed.
+    #[error("{netns}: delete the earlier activity filter of {dev}")]
+    Detach {
         /// The VM namespace.
         netns: String,
         /// The device.
@@ -95,8 +101,8 @@ pub enum ActivityError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// Reading the filters of a device failed.
-    #[error("{netns}: read the filters of {dev}")]
+    /// Reading a device or its filters failed.
+    #[error("{netns}: read {dev}")]
     Observe {
         /// The VM namespace.
         netns: String,
@@ -126,21 +132,46 @@ pub enum ActivityError {
     /// The namespace could not be entered.
     #[error("netns")]
     Netns(#[from] NetnsError),
+    /// The namespace's inode number could not be read.
+    #[error("{netns}: read the namespace's inode number")]
+    NetnsInode {
+        /// The VM namespace.
+        netns: String,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> ActivityError {
     move |source| ActivityError::Map { map, source }
 }
 
-/// The loaded activity program with its pinned maps. All methods are blocking (bpf(2), netlink
-/// from a thread inside the namespace) except [`Self::drift`] and [`Self::sync`], which read
-/// filters over the namespace's rtnetlink handle.
+/// One VM as the program knows it (the value of [`VM_MAP`], keyed by the inode number of the
+/// VM's netns): `struct vm` of `bpf/activity.bpf.c`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmEntry {
+    /// The VM's user id.
+    pub uid: u32,
+    /// The ifindex of the VM's veth end (in the VM netns).
+    pub veth: u32,
+    /// The ifindex of the VM's tap (in the VM netns).
+    pub tap: u32,
+}
+
+// SAFETY: three `u32`s, `repr(C)`, no padding: every bit pattern is a valid value.
+unsafe impl aya::Pod for VmEntry {}
+
+/// The loaded activity program with its pinned maps and link. All methods are blocking (bpf(2),
+/// netlink from a thread inside the namespace) except [`Self::drift`] and [`Self::sync`], which
+/// read devices and filters over the namespace's rtnetlink handle.
 pub struct ActivityRecorder {
     root: PathBuf,
     bpf: Mutex<Ebpf>,
-    /// The device map's registrations by user id (user id → VM veth ifindexes), read from the
-    /// map once at load and kept with every write since, so registering or forgetting one VM
-    /// never walks the map (a walk is two bpf(2) calls per VM of the host). Locked after `bpf`.
+    /// The VM map's registrations by user id (user id → netns inode numbers), read from the map
+    /// once at load and kept with every write since, so registering or forgetting one VM never
+    /// walks the map (a walk is two bpf(2) calls per VM of the host). Locked after `bpf`.
     by_uid: Mutex<BTreeMap<u32, BTreeSet<u32>>>,
     prog_id: u32,
     prog_tag: u64,
@@ -158,13 +189,43 @@ impl std::fmt::Debug for ActivityRecorder {
 /// One step towards a VM's planned activity state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ActivityFix {
-    /// The filter is missing or not ours: write it (create or replace).
-    Filter(String),
-    /// The filter runs the activity program an earlier agent loaded (an agent restart): swap
-    /// it to this recorder's program, as configure on start does. Not drift.
+    /// The tap still has an earlier version's per-tap activity filter: delete it (an upgrade
+    /// step, not drift).
     Upgrade(String),
-    /// The VM veth end is not registered under the plan's user id: register ifindex `.0`.
-    Register(u32, String),
+    /// The VM netns has no entry, or one other than the plan's user id with the current
+    /// ifindexes of the veth end and the tap: write it.
+    Register(Registration, String),
+}
+
+/// A registration to write: the inode number of the VM's netns and its entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registration {
+    /// The inode number of the VM's netns ([`netns_inode`]).
+    pub netns: u32,
+    /// What it maps to.
+    pub entry: VmEntry,
+}
+
+/// The inode number of the named netns `name` (what the program reads from a device's
+/// namespace): one `stat` of its bind mount.
+///
+/// # Errors
+/// [`ActivityError::NetnsInode`] when the namespace is not there.
+pub fn netns_inode(name: &str) -> Result<u32, ActivityError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let err = |source| ActivityError::NetnsInode {
+        netns: name.to_owned(),
+        source,
+    };
+    let ino = std::fs::metadata(crate::netns::path(name))
+        .map_err(err)?
+        .ino();
+    u32::try_from(ino).map_err(|_| {
+        err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("inode number {ino} does not fit in 32 bits"),
+        ))
+    })
 }
 
 impl ActivityFix {
@@ -172,16 +233,15 @@ impl ActivityFix {
     #[must_use]
     pub fn what(&self) -> &str {
         match self {
-            Self::Filter(w) | Self::Upgrade(w) | Self::Register(_, w) => w,
+            Self::Upgrade(w) | Self::Register(_, w) => w,
         }
     }
 }
 
-/// The activity filter (a direct-action `bpf` filter running a program named
-/// [`PROGRAM`], at the planned priority and handle) on the egress of `tap` in `netns` (whose
-/// rtnetlink handle is `ns`), whichever agent loaded its program; `None` when there is none or
-/// no such device. Needs no loaded program: a host with packet activity off finds the filters
-/// an earlier agent left.
+/// The per-tap activity filter of an earlier version (a direct-action `bpf` filter running a
+/// program named [`vmnet_plan::ns::activity::LEGACY_PROGRAM`], at that version's priority and
+/// handle) on the egress of `tap` in `netns` (whose rtnetlink handle is `ns`); `None` when there
+/// is none or no such device. Needs no loaded program.
 ///
 /// # Errors
 /// [`ActivityError::Observe`].
@@ -190,50 +250,55 @@ pub async fn leftover_filter(
     ns: &Handle,
     tap: &str,
 ) -> Result<Option<ObservedFilter>, ActivityError> {
-    let p = vmnet_plan::ns::activity::plan(tap, "", 0);
-    match filter::observe(netns, ns, &p).await {
+    match filter::observe(netns, ns, tap).await {
         Ok(Some(f)) if f.is_activity_program() => Ok(Some(f)),
         Ok(_) | Err(ActivityError::NoDevice { .. }) => Ok(None),
         Err(e) => Err(e),
     }
 }
 
-/// Removes the activity filter of `plan` from its device in `netns` (no loaded program
-/// needed). `Ok(false)` when there was none.
+/// Deletes the earlier version's activity filter from the egress of `tap` in `netns`.
+/// `Ok(false)` when there was none.
 ///
 /// # Errors
-/// [`ActivityError::Attach`] when listing or deleting the filter fails.
-pub fn detach_filter(netns: &str, plan: &ActivityPlan) -> Result<bool, ActivityError> {
-    crate::netns::run_in(netns, || filter::detach(plan))?.map_err(|source| ActivityError::Attach {
+/// [`ActivityError::Detach`] when listing or deleting the filter fails.
+pub fn detach_filter(netns: &str, tap: &str) -> Result<bool, ActivityError> {
+    crate::netns::run_in(netns, || filter::detach(tap))?.map_err(|source| ActivityError::Detach {
         netns: netns.to_owned(),
-        dev: plan.dev.clone(),
+        dev: tap.to_owned(),
         source,
     })
 }
 
 impl ActivityRecorder {
     /// Loads the activity program with its maps pinned under `root` (created, and a bpffs
-    /// mounted on it when it is not on one): maps already pinned there are reused with their
-    /// contents, the program pin is replaced by the new program.
+    /// mounted on it when it is not on one), attaches it to the tracepoint and pins its link
+    /// there: maps already pinned are reused with their contents, the link pin of an earlier
+    /// agent is replaced (which detaches that agent's program). The pins of earlier versions'
+    /// per-tap filter (its program and device map) are removed.
     ///
     /// # Errors
-    /// [`ActivityError::Root`], [`ActivityError::Load`] (no BPF support, not root, a pinned map
-    /// of another shape).
+    /// [`ActivityError::Root`], [`ActivityError::Load`] (no BPF or BTF support, not root, a
+    /// pinned map of another shape).
     pub fn open(root: &Path) -> Result<Self, ActivityError> {
         pins::prepare_root(root)?;
+        pins::remove_legacy(root)?;
+        let load = |e: &dyn std::fmt::Display| ActivityError::Load(e.to_string().into());
         let mut bpf = EbpfLoader::new()
             .default_map_pin_directory(root)
             .load(OBJECT)
             .map_err(|e| ActivityError::Load(Box::new(e)))?;
-        let prog: &mut SchedClassifier = bpf
+        let btf = Btf::from_sys_fs().map_err(|e| ActivityError::Load(Box::new(e)))?;
+        let prog: &mut BtfTracePoint = bpf
             .program_mut(PROGRAM)
-            .ok_or_else(|| ActivityError::Load(format!("no program {PROGRAM}").into()))?
+            .ok_or_else(|| load(&format!("no program {PROGRAM}")))?
             .try_into()
             .map_err(|e| ActivityError::Load(Box::new(e)))?;
-        prog.load().map_err(|e| ActivityError::Load(Box::new(e)))?;
+        prog.load(TRACEPOINT, &btf)
+            .map_err(|e| ActivityError::Load(Box::new(e)))?;
         let info = prog.info().map_err(|e| ActivityError::Load(Box::new(e)))?;
-        pins::pin_program(root, prog)?;
-        let by_uid = index_by_uid(&dev_map(&mut bpf)?);
+        attach_and_pin(prog, root)?;
+        let by_uid = index_by_uid(&vm_map(&mut bpf)?);
         Ok(Self {
             root: root.to_owned(),
             bpf: Mutex::new(bpf),
@@ -243,7 +308,7 @@ impl ActivityRecorder {
         })
     }
 
-    /// The kernel id of the loaded program (what every filter must run).
+    /// The kernel id of the loaded program (what the pinned link runs).
     #[must_use]
     pub fn program_id(&self) -> u32 {
         self.prog_id
@@ -273,6 +338,48 @@ impl ActivityRecorder {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Checks that the link pinned under the root runs this recorder's program, and attaches
+    /// the program and pins its link again when not (a pin removed by hand detaches the
+    /// program). Returns what was repaired, `None` when nothing was.
+    ///
+    /// # Errors
+    /// [`ActivityError::Load`] when attaching fails, [`ActivityError::Root`] when pinning does.
+    pub fn ensure_link(&self) -> Result<Option<String>, ActivityError> {
+        let found = pins::linked_program(&self.root);
+        if found == Some(self.prog_id) {
+            return Ok(None);
+        }
+        let mut bpf = self.lock();
+        let prog: &mut BtfTracePoint = bpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| ActivityError::Load(format!("no program {PROGRAM}").into()))?
+            .try_into()
+            .map_err(|e| ActivityError::Load(Box::new(e)))?;
+        attach_and_pin(prog, &self.root)?;
+        Ok(Some(match found {
+            None => format!(
+                "no link of the activity program pinned under {}: attached and pinned",
+                self.root.display()
+            ),
+            Some(other) => format!(
+                "the link pinned under {} runs program {other}, not {}: attached and pinned again",
+                self.root.display(),
+                self.prog_id
+            ),
+        }))
+    }
+
+    /// Removes the pin of the program's link, which detaches the program: no frame is looked
+    /// at until [`Self::ensure_link`] attaches it again (benchmarks). `Ok(false)` when it was
+    /// not pinned.
+    ///
+    /// # Errors
+    /// [`ActivityError::Root`] when the pin cannot be removed.
+    pub fn detach_link(&self) -> Result<bool, ActivityError> {
+        let _bpf = self.lock();
+        pins::unpin_link(&self.root)
+    }
+
     /// What differs between the kernel and `plan` for the VM in namespace `netns` (whose
     /// rtnetlink handle is `ns`); empty when in sync.
     ///
@@ -285,31 +392,39 @@ impl ActivityRecorder {
         plan: &ActivityPlan,
     ) -> Result<Vec<ActivityFix>, ActivityError> {
         let mut fixes = Vec::new();
-        match filter::observe(netns, ns, plan).await? {
-            None => fixes.push(ActivityFix::Filter(format!(
-                "no activity filter on {} egress",
+        if let Some(f) = leftover_filter(netns, ns, &plan.dev).await? {
+            fixes.push(ActivityFix::Upgrade(format!(
+                "{} egress still has an earlier version's activity filter ({f}): deleted",
                 plan.dev
-            ))),
-            Some(f) if !f.is_program(self.prog_id) && f.is_activity_program() => {
-                fixes.push(ActivityFix::Upgrade(format!(
-                    "activity filter on {} egress runs {f}, an earlier agent's program: swapped to program {}",
-                    plan.dev, self.prog_id
-                )));
-            }
-            Some(f) if !f.is_program(self.prog_id) => fixes.push(ActivityFix::Filter(format!(
-                "activity filter on {} egress runs {f}, not program {}",
-                plan.dev, self.prog_id
-            ))),
-            Some(_) => {}
+            )));
         }
-        let index = filter::ifindex(netns, ns, &plan.ingress_dev).await?;
-        let registered = self.registered(index)?;
-        if registered != Some(plan.user_id) {
+        let veth = filter::ifindex(netns, ns, &plan.ingress_dev).await?;
+        let tap = filter::ifindex(netns, ns, &plan.dev).await?;
+        let inode = netns_inode(netns)?;
+        let want = VmEntry {
+            uid: plan.user_id,
+            veth,
+            tap,
+        };
+        let registered = self.registered(inode)?;
+        if registered != Some(want) {
+            let shown = registered.map_or_else(
+                || "no entry".to_owned(),
+                |e| {
+                    format!(
+                        "user id {} with veth ifindex {} and tap ifindex {}",
+                        e.uid, e.veth, e.tap
+                    )
+                },
+            );
             fixes.push(ActivityFix::Register(
-                index,
+                Registration {
+                    netns: inode,
+                    entry: want,
+                },
                 format!(
-                    "{} (ifindex {index}) registered as {registered:?}, not user id {}",
-                    plan.ingress_dev, plan.user_id
+                    "netns inode {inode} has {shown}, not user id {} with {} (ifindex {veth}) and {} (ifindex {tap})",
+                    plan.user_id, plan.ingress_dev, plan.dev
                 ),
             ));
         }
@@ -319,7 +434,7 @@ impl ActivityRecorder {
     /// Makes the kernel match `plan` (see [`Self::drift`]) and returns what was fixed.
     ///
     /// # Errors
-    /// As [`Self::drift`], and [`ActivityError::Attach`].
+    /// As [`Self::drift`], and [`ActivityError::Detach`].
     pub async fn sync(
         &self,
         netns: &str,
@@ -329,50 +444,54 @@ impl ActivityRecorder {
         let fixes = self.drift(netns, ns, plan).await?;
         for f in &fixes {
             match f {
-                ActivityFix::Register(index, _) => self.register(*index, plan.user_id)?,
-                ActivityFix::Filter(_) | ActivityFix::Upgrade(_) => self.attach(netns, plan)?,
+                ActivityFix::Register(r, _) => self.register(r.netns, r.entry)?,
+                ActivityFix::Upgrade(_) => {
+                    detach_filter(netns, &plan.dev)?;
+                }
             }
         }
         Ok(fixes)
     }
 
-    /// The user id registered for VM veth ifindex `index`.
-    fn registered(&self, index: u32) -> Result<Option<u32>, ActivityError> {
+    /// The entry registered for the netns with inode number `index`.
+    fn registered(&self, index: u32) -> Result<Option<VmEntry>, ActivityError> {
         let bpf = self.lock();
-        let map = bpf.map(DEV_MAP).ok_or(ActivityError::Map {
-            map: DEV_MAP,
+        let map = bpf.map(VM_MAP).ok_or(ActivityError::Map {
+            map: VM_MAP,
             source: aya::maps::MapError::InvalidName {
-                name: DEV_MAP.into(),
+                name: VM_MAP.into(),
             },
         })?;
-        let m = BpfHashMap::<_, u32, u32>::try_from(map).map_err(map_err(DEV_MAP))?;
+        let m = BpfHashMap::<_, u32, VmEntry>::try_from(map).map_err(map_err(VM_MAP))?;
         match m.get(&index, 0) {
             Ok(u) => Ok(Some(u)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(map_err(DEV_MAP)(e)),
+            Err(e) => Err(map_err(VM_MAP)(e)),
         }
     }
 
-    /// Registers the VM veth end with ifindex `index` under `uid`, dropping any other index
-    /// registered under the same user id (a veth pair made again may have another).
+    /// Registers the VM netns with inode number `index` as `entry`, dropping any other netns
+    /// registered under the same user id (a VM made again has a new namespace). One map write,
+    /// whatever the number of VMs.
     ///
     /// # Errors
     /// A map error.
-    pub fn register(&self, index: u32, uid: u32) -> Result<(), ActivityError> {
+    pub fn register(&self, index: u32, entry: VmEntry) -> Result<(), ActivityError> {
+        let uid = entry.uid;
         let mut bpf = self.lock();
-        let mut m = dev_map(&mut bpf)?;
-        let previous = m.get(&index, 0).ok();
+        let mut m = vm_map(&mut bpf)?;
+        let previous = m.get(&index, 0).ok().map(|e| e.uid);
         if let Some(other) = previous
             && other != uid
         {
             tracing::warn!(
-                ifindex = index,
+                netns_inode = index,
                 user_id = uid,
                 previous = other,
-                "packet activity: a VM veth ifindex was registered for another VM; it is now this one's"
+                "packet activity: a netns was registered for another VM; it is now this one's"
             );
         }
-        m.insert(index, uid, 0).map_err(map_err(DEV_MAP))?;
+        m.insert(index, entry, 0).map_err(map_err(VM_MAP))?;
         let mut by_uid = self.by_uid();
         if let Some(other) = previous.filter(|o| *o != uid)
             && let Some(theirs) = by_uid.get_mut(&other)
@@ -385,93 +504,26 @@ impl ActivityRecorder {
         let mine = by_uid.entry(uid).or_default();
         let stale: Vec<u32> = mine.iter().copied().filter(|c| *c != index).collect();
         for c in stale {
-            ignore_missing(m.remove(&c)).map_err(map_err(DEV_MAP))?;
+            ignore_missing(m.remove(&c)).map_err(map_err(VM_MAP))?;
             mine.remove(&c);
         }
         mine.insert(index);
         Ok(())
     }
 
-    /// The ifindex of `plan`'s VM veth end in `netns`, whose rtnetlink handle is `ns`.
-    ///
-    /// # Errors
-    /// [`ActivityError::NoDevice`], [`ActivityError::Observe`].
-    pub async fn ingress_index(
-        &self,
-        netns: &str,
-        ns: &Handle,
-        plan: &ActivityPlan,
-    ) -> Result<u32, ActivityError> {
-        filter::ifindex(netns, ns, &plan.ingress_dev).await
-    }
-
-    /// Writes the activity filter of `plan` on its device in `netns` (creating the clsact
-    /// qdisc if needed), replacing whatever filter has our priority and handle.
-    ///
-    /// # Errors
-    /// [`ActivityError::Attach`].
-    pub fn attach(&self, netns: &str, plan: &ActivityPlan) -> Result<(), ActivityError> {
-        self.attach_from(netns, plan, false)
-    }
-
-    /// As [`Self::attach`], from a thread that is already inside the VM's netns `netns` (the
-    /// one that made it, at create).
-    ///
-    /// # Errors
-    /// [`ActivityError::Attach`].
-    pub fn attach_here(&self, netns: &str, plan: &ActivityPlan) -> Result<(), ActivityError> {
-        self.attach_from(netns, plan, true)
-    }
-
-    /// Attaches under the program's lock, from this thread when it is inside `netns` (`here`),
-    /// else from a thread that enters it.
-    fn attach_from(
-        &self,
-        netns: &str,
-        plan: &ActivityPlan,
-        here: bool,
-    ) -> Result<(), ActivityError> {
-        let mut bpf = self.lock();
-        let attach_err = |source| ActivityError::Attach {
-            netns: netns.to_owned(),
-            dev: plan.dev.clone(),
-            source,
-        };
-        let prog: &mut SchedClassifier = bpf
-            .program_mut(PROGRAM)
-            .ok_or_else(|| attach_err(format!("no program {PROGRAM}").into()))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| attach_err(Box::new(e)))?;
-        let attached = if here {
-            filter::attach(prog, plan)
-        } else {
-            crate::netns::run_in(netns, || filter::attach(prog, plan))?
-        };
-        attached.map_err(attach_err)
-    }
-
-    /// Removes the activity filter of `plan` from its device in `netns` (benchmarks, and a
-    /// host turning activity off). `Ok(false)` when there was none.
-    ///
-    /// # Errors
-    /// [`ActivityError::Attach`] when listing or deleting the filter fails.
-    pub fn detach(&self, netns: &str, plan: &ActivityPlan) -> Result<bool, ActivityError> {
-        detach_filter(netns, plan)
-    }
-
-    /// Forgets user id `uid`: its time is cleared and its veth registrations removed (call
-    /// when the VM is deleted; its filter goes with its tap).
+    /// Forgets user id `uid`: its time is cleared and its registrations removed (call
+    /// when the VM is deleted).
     ///
     /// # Errors
     /// A map error.
     pub fn forget(&self, uid: u32) -> Result<(), ActivityError> {
         let mut bpf = self.lock();
-        let mut m = dev_map(&mut bpf)?;
+        let mut m = vm_map(&mut bpf)?;
         let mine = self.by_uid().remove(&uid).unwrap_or_default();
         for c in mine {
-            // Only while it is still this VM's: another may have taken the index over since.
-            if m.get(&c, 0).ok() == Some(uid) {
-                ignore_missing(m.remove(&c)).map_err(map_err(DEV_MAP))?;
+            // Only while it is still this VM's: another may have taken the entry over since.
+            if m.get(&c, 0).ok().map(|e| e.uid) == Some(uid) {
+                ignore_missing(m.remove(&c)).map_err(map_err(VM_MAP))?;
             }
         }
         let mut last = last_map(&mut bpf)?;
@@ -486,14 +538,15 @@ impl ActivityRecorder {
     pub fn retain(&self, keep: &[u32]) -> Result<usize, ActivityError> {
         let keep: std::collections::BTreeSet<u32> = keep.iter().copied().collect();
         let mut bpf = self.lock();
-        let mut m = dev_map(&mut bpf)?;
+        let mut m = vm_map(&mut bpf)?;
         let gone: Vec<(u32, u32)> = m
             .iter()
             .filter_map(Result::ok)
-            .filter(|(_, u)| !keep.contains(u))
+            .filter(|(_, e)| !keep.contains(&e.uid))
+            .map(|(c, e)| (c, e.uid))
             .collect();
         for (c, _) in &gone {
-            ignore_missing(m.remove(c)).map_err(map_err(DEV_MAP))?;
+            ignore_missing(m.remove(c)).map_err(map_err(VM_MAP))?;
         }
         // The walk also re-reads the index, so a map edited behind the agent's back is known
         // again after one garbage collection.
@@ -548,21 +601,32 @@ impl ActivityRecorder {
     }
 }
 
-fn dev_map(bpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, u32, u32>, ActivityError> {
-    let map = bpf.map_mut(DEV_MAP).ok_or(ActivityError::Map {
-        map: DEV_MAP,
-        source: aya::maps::MapError::InvalidName {
-            name: DEV_MAP.into(),
-        },
-    })?;
-    BpfHashMap::try_from(map).map_err(map_err(DEV_MAP))
+/// Attaches the loaded `prog` to its tracepoint and pins the link under `root`.
+fn attach_and_pin(prog: &mut BtfTracePoint, root: &Path) -> Result<(), ActivityError> {
+    let id = prog
+        .attach()
+        .map_err(|e| ActivityError::Load(Box::new(e)))?;
+    let link = prog
+        .take_link(id)
+        .map_err(|e| ActivityError::Load(Box::new(e)))?;
+    pins::pin_link(root, FdLink::from(link))
 }
 
-/// The registrations of the device map by user id (one walk of the map).
-fn index_by_uid(m: &BpfHashMap<&mut MapData, u32, u32>) -> BTreeMap<u32, BTreeSet<u32>> {
+fn vm_map(bpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, u32, VmEntry>, ActivityError> {
+    let map = bpf.map_mut(VM_MAP).ok_or(ActivityError::Map {
+        map: VM_MAP,
+        source: aya::maps::MapError::InvalidName {
+            name: VM_MAP.into(),
+        },
+    })?;
+    BpfHashMap::try_from(map).map_err(map_err(VM_MAP))
+}
+
+/// The registrations of the VM map by user id (one walk of the map).
+fn index_by_uid(m: &BpfHashMap<&mut MapData, u32, VmEntry>) -> BTreeMap<u32, BTreeSet<u32>> {
     let mut out: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
-    for (index, uid) in m.iter().filter_map(Result::ok) {
-        out.entry(uid).or_default().insert(index);
+    for (index, e) in m.iter().filter_map(Result::ok) {
+        out.entry(e.uid).or_default().insert(index);
     }
     out
 }

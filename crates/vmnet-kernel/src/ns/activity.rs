@@ -1,18 +1,20 @@
-//! The VM's packet-activity filter ([`vmnet_plan::ns::activity`]) through the driver's
+//! The VM's packet-activity entry ([`vmnet_plan::ns::activity`]) through the driver's
 //! [`ActivityRecorder`](crate::activity::ActivityRecorder): written at create, read back and
-//! repaired on every apply, reported by drift, forgotten on remove. A VM planned without one
-//! (the host has packet activity off, or the VM has no veth pair) has an activity filter an
-//! earlier agent left detached ([`Change::Upgrade`]: configure on start, not drift).
+//! repaired on every apply, reported by drift, forgotten on remove. An earlier version's
+//! per-tap activity filter is deleted from the VM's tap, whether the VM is planned with an entry
+//! or not (the host has packet activity off, or the VM has no veth pair): [`Change::Upgrade`],
+//! configure on start, not drift.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 
 use rtnetlink::Handle;
 use vmnet_plan::ns::VmPlan;
 use vmnet_plan::ns::activity::ActivityPlan;
 
 use super::driver::NetlinkNsDriver;
+use super::routes::KLink;
 use super::{Change, NsError};
-use crate::activity::{ActivityFix, ActivityRecorder};
+use crate::activity::{ActivityFix, ActivityRecorder, VmEntry};
 
 fn recorder<'a>(
     d: &'a NetlinkNsDriver,
@@ -38,41 +40,42 @@ fn change(a: &ActivityPlan, f: &ActivityFix) -> Change {
             what,
         }
     } else {
-        Change::Tc {
+        Change::Activity {
             dev: a.dev.clone(),
             what,
         }
     }
 }
 
-/// What a new VM's netns thread needs to write the VM's filter on its tap as soon as the tap
-/// exists ([`ActivityRecorder::attach_here`]); `None` for a VM planned without one.
-pub(super) fn for_create(
+/// A new VM: registers its netns with the indexes of its veth end and tap the create just made
+/// (`links`, by name): one `stat` and one map write, nothing read back.
+pub(super) fn register(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
-) -> Result<Option<(Arc<ActivityRecorder>, ActivityPlan)>, NsError> {
-    let Some((_, a)) = recorder(d, plan)? else {
-        return Ok(None);
-    };
-    Ok(d.activity.clone().map(|r| (r, a.clone())))
-}
-
-/// A new VM whose filter its netns thread wrote ([`for_create`]): register its veth end
-/// (nothing to read back).
-pub(super) async fn register(
-    d: &NetlinkNsDriver,
-    plan: &VmPlan,
-    ns: &Handle,
+    links: &HashMap<String, KLink>,
 ) -> Result<(), NsError> {
-    if let Some((r, a)) = recorder(d, plan)? {
-        let index = r.ingress_index(&plan.netns, ns, a).await?;
-        r.register(index, a.user_id)?;
-    }
+    let Some((r, a)) = recorder(d, plan)? else {
+        return Ok(());
+    };
+    let index = |name: &str| {
+        links.get(name).map(|l| l.index).ok_or_else(|| {
+            NsError::Invalid(format!(
+                "vm {}: {name} was not made, its activity entry cannot be written",
+                plan.vm_id
+            ))
+        })
+    };
+    let entry = VmEntry {
+        uid: a.user_id,
+        veth: index(&a.ingress_dev)?,
+        tap: index(&a.dev)?,
+    };
+    r.register(crate::activity::netns_inode(&plan.netns)?, entry)?;
     Ok(())
 }
 
-/// For a VM planned without an activity filter: the one an earlier agent left on its tap, to
-/// be detached.
+/// For a VM planned without an activity entry: the per-tap filter an earlier version left on
+/// its tap, to be deleted.
 async fn leftover(plan: &VmPlan, ns: &Handle) -> Result<Vec<Change>, NsError> {
     let tap = &plan.tap.name;
     Ok(crate::activity::leftover_filter(&plan.netns, ns, tap)
@@ -81,7 +84,7 @@ async fn leftover(plan: &VmPlan, ns: &Handle) -> Result<Vec<Change>, NsError> {
             vec![Change::Upgrade {
                 dev: tap.clone(),
                 what: format!(
-                    "activity: packet activity is off for this VM: detach the activity filter on {tap} egress ({f})"
+                    "activity: {tap} egress still has an earlier version's activity filter ({f}): deleted"
                 ),
             }]
         })
@@ -110,16 +113,15 @@ pub(super) async fn sync(
     let Some((r, a)) = recorder(d, plan)? else {
         let changes = leftover(plan, ns).await?;
         if !changes.is_empty() {
-            let p = vmnet_plan::ns::activity::plan(&plan.tap.name, "", 0);
-            crate::activity::detach_filter(&plan.netns, &p)?;
-            tracing::info!(vm = %plan.vm_id, "packet activity off: detached the VM's activity filter");
+            crate::activity::detach_filter(&plan.netns, &plan.tap.name)?;
+            tracing::info!(vm = %plan.vm_id, "packet activity: deleted an earlier version's activity filter from the VM's tap");
         }
         return Ok(changes);
     };
     let fixes = r.sync(&plan.netns, ns, a).await?;
     if !fixes.is_empty() {
         tracing::info!(vm = %plan.vm_id, fixes = ?fixes.iter().map(ActivityFix::what).collect::<Vec<_>>(),
-            "packet activity: wrote the VM's filter or registration");
+            "packet activity: wrote the VM's entry or deleted an earlier version's filter");
     }
     Ok(fixes.iter().map(|f| change(a, f)).collect())
 }

@@ -2,11 +2,9 @@
 //! veth pair alone for a VM whose netns exists.
 
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::Arc;
 
 use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkMessage};
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
-use vmnet_plan::ns::activity::ActivityPlan;
 use vmnet_plan::ns::firewall::FirewallPlan;
 use vmnet_plan::ns::firewall::rules::FwRule;
 use vmnet_plan::ns::{TapPlan, VethPlan, VmPlan};
@@ -17,7 +15,6 @@ use super::links::configure_fixed;
 use super::observe::{self, VmState};
 use super::routes::{self, KLink, nl};
 use super::{Change, NsError, inns, tc};
-use crate::activity::ActivityRecorder;
 use crate::netns;
 use crate::nftgen::GenSocket;
 
@@ -200,7 +197,6 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         netns: plan.netns.clone(),
         tap: plan.tap.clone(),
         sysctls: plan.ns_sysctls.clone(),
-        activity: super::activity::for_create(d, plan)?,
     };
     let t = TableWork::of(plan);
     let spares = std::sync::Arc::clone(&d.spares);
@@ -266,8 +262,8 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     }])
 }
 
-/// Configures what the netns thread and the veth creation made: links, routes, tc, the
-/// activity filter.
+/// Configures what the netns thread and the veth creation made: links, the activity entry,
+/// routes, tc.
 async fn configure(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
@@ -307,17 +303,14 @@ async fn configure(
         st.ns_links.insert(v.peer_name.clone(), peer);
     }
     let (links, host_link) = configure_fixed(d, plan, ns, &st).await?;
-    // Routes, tc and the activity filter are independent of each other.
+    super::activity::register(d, plan, &links)?;
+    // Routes and tc are independent of each other.
     let routes = async {
         let want = observe::resolve(plan, &links, host_link.as_ref(), &d.host).await?;
         let mut ignored = Vec::new();
         sync_routes(d, plan, ns, &want, &st, &mut ignored).await
     };
-    futures::try_join!(
-        routes,
-        tc::create(ns, plan, &links),
-        super::activity::register(d, plan, ns)
-    )?;
+    futures::try_join!(routes, tc::create(ns, plan, &links))?;
     Ok(())
 }
 
@@ -393,14 +386,11 @@ struct NetnsWork {
     netns: String,
     tap: TapPlan,
     sysctls: Vec<(String, String)>,
-    /// The activity program and the VM's filter, written on the tap from this thread (off the
-    /// create's longest path: the veth pair is made on the host meanwhile).
-    activity: Option<(Arc<ActivityRecorder>, ActivityPlan)>,
 }
 
 /// The work on the thread that just created (or entered) the VM's netns: tap (persistent,
-/// owner, MTU, up), lo up and sysctls unless the netns is a spare that has them (`ready`), the
-/// tap's activity filter and a netlink socket bound to the netns.
+/// owner, MTU, up), lo up and sysctls unless the netns is a spare that has them (`ready`) and a
+/// netlink socket bound to the netns.
 fn in_new_netns(w: &NetnsWork, ready: bool, rt: &tokio::runtime::Handle) -> Result<Made, NsError> {
     let tap_err = |op| {
         let name = w.tap.name.clone();
@@ -412,9 +402,6 @@ fn in_new_netns(w: &NetnsWork, ready: bool, rt: &tokio::runtime::Handle) -> Resu
     }
     inns::create_tap(&w.tap)?;
     let tap_index = inns::link_up(&w.tap.name, Some(w.tap.mtu)).map_err(tap_err("set mtu/up"))?;
-    if let Some((r, a)) = &w.activity {
-        r.attach_here(&w.netns, a)?;
-    }
     let _guard = rt.enter();
     let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
         NsError::Netns(netns::NetnsError::Io {

@@ -122,8 +122,8 @@ impl NetlinkNsDriver {
         })
     }
 
-    /// This driver, writing each planned activity filter ([`VmPlan::activity`]) with the
-    /// program of `recorder`. Without one, a plan with an activity filter fails as
+    /// This driver, writing each planned activity entry ([`VmPlan::activity`]) in the maps
+    /// of `recorder`. Without one, a plan with an activity entry fails as
     /// [`NsError::Invalid`].
     #[must_use]
     pub fn with_activity(
@@ -445,6 +445,9 @@ impl NetlinkNsDriver {
             }
         }
         if let Some(rec) = &self.activity {
+            if let Some(what) = rec.ensure_link()? {
+                tracing::warn!(repair = %what, "packet activity: repaired the program's link");
+            }
             let n = rec.retain(keep)?;
             if n > 0 {
                 tracing::info!(

@@ -302,9 +302,16 @@ pub enum Change {
         /// What was done.
         what: String,
     },
+    /// Wrote the VM's entry in the packet-activity program's map ([`crate::activity`]).
+    Activity {
+        /// The VM's tap.
+        dev: String,
+        /// What was done.
+        what: String,
+    },
     /// Replaced an object an earlier agent wrote with this agent's version of it, as
-    /// configure on start does (e.g. a VM's activity filter swapped to the newly loaded
-    /// program after an agent restart). Not drift: nothing was changed behind the agent's back
+    /// configure on start does (e.g. the per-tap activity filter of an earlier version
+    /// deleted after an upgrade). Not drift: nothing was changed behind the agent's back
     /// ([`Change::is_drift`]).
     Upgrade {
         /// The device in the VM netns.
@@ -348,6 +355,7 @@ impl fmt::Display for Change {
                 differences.join("; ")
             ),
             Self::Tc { dev, what } => write!(f, "vm: tc {dev}: {what}"),
+            Self::Activity { dev, what } => write!(f, "vm: activity {dev}: {what}"),
             Self::Upgrade { dev, what } => write!(f, "vm: upgrade {dev}: {what}"),
             Self::RemoveVm { user_id } => write!(f, "remove vm user id {user_id}"),
         }
@@ -411,7 +419,7 @@ pub enum NsError {
     /// The driver needs a tokio runtime.
     #[error("the namespace driver needs a tokio runtime")]
     NoRuntime,
-    /// The packet-activity filter or maps ([`crate::activity`]).
+    /// The packet-activity maps, link or an earlier version's filter ([`crate::activity`]).
     #[error(transparent)]
     Activity(#[from] crate::activity::ActivityError),
 }

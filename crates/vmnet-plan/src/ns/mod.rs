@@ -44,8 +44,8 @@
 //!
 //! - the metadata service ([`metadata`]): the document in [`VmPlan::metadata`], and
 //!   169.254.169.254/32 on the tap where the agent serves it;
-//! - packet activity ([`activity`]): with [`NsSettings::activity`], a tc filter of the shared
-//!   activity program on the tap's egress, in [`VmPlan::activity`].
+//! - packet activity ([`activity`]): with [`NsSettings::activity`], the VM's entry in the
+//!   shared activity program's map (its tap and veth end), in [`VmPlan::activity`].
 //!
 //! Later features slot in as more optional sections of [`VmPlan`].
 //!

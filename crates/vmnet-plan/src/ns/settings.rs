@@ -36,7 +36,7 @@ pub struct NsSettings {
     pub uplink: Option<String>,
     /// How the upstream reaches public addresses (`--public-neighbors`). Default routed.
     pub public_neighbors: super::public::PublicNeighbors,
-    /// Whether each VM gets the packet-activity filter ([`super::activity`]); the agent turns it
+    /// Whether each VM gets a packet-activity entry ([`super::activity`]); the agent turns it
     /// on when it has loaded the activity program (`--activity-root`). Default false.
     pub activity: bool,
 }

@@ -403,7 +403,7 @@ proptest! {
 }
 
 #[test]
-fn activity_filter_is_planned_on_the_tap_with_the_veth_end_only_when_turned_on() {
+fn activity_entry_is_planned_with_the_tap_and_the_veth_end_only_when_turned_on() {
     let on = NsSettings {
         activity: true,
         ..NsSettings::default()
@@ -413,10 +413,6 @@ fn activity_filter_is_planned_on_the_tap_with_the_veth_end_only_when_turned_on()
     assert_eq!(a.dev, p.tap.name);
     assert_eq!(a.ingress_dev, p.veth.as_ref().expect("veth").peer_name);
     assert_eq!(a.user_id, p.user_id);
-    assert_eq!(
-        (a.priority, a.handle),
-        (activity::FILTER_PRIORITY, activity::FILTER_HANDLE)
-    );
     assert_eq!(
         plan_vm(&spec_vm(), &NsSettings::default())
             .expect("plan")

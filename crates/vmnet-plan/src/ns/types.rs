@@ -184,7 +184,7 @@ pub struct VmPlan {
     /// The metadata document and version ([`super::metadata`]).
     #[serde(default)]
     pub metadata: super::metadata::MetadataPlan,
-    /// The packet-activity filter on the tap ([`super::activity`]); `None` when the settings
+    /// The VM's packet-activity entry ([`super::activity`]); `None` when the settings
     /// turn activity off.
     #[serde(default)]
     pub activity: Option<super::activity::ActivityPlan>,
