@@ -67,3 +67,38 @@ async fn wrong_method_on_a_served_path_is_405_with_allow() {
         &["no route POST /v1/vms/a0/x"],
     );
 }
+
+#[tokio::test]
+async fn a_query_parameter_on_a_route_that_takes_none_is_invalid_input_naming_it() {
+    let h = Harness::new().await;
+    let cases = [
+        ("/v1/vms?tenant=1", "\"tenant\"", "/v1/vms"),
+        ("/v1/status?verbose", "\"verbose\"", "/v1/status"),
+        ("/v1/vms/a0?x=1&y=2", "\"x\"", "/v1/vms/a0"),
+        ("/v1/pools?limit=10", "\"limit\"", "/v1/pools"),
+    ];
+    for (path, name, route) in cases {
+        assert_error(
+            &h.get(path).await,
+            400,
+            "INVALID_INPUT",
+            &[name, &format!("{route} takes no query parameters")],
+        );
+    }
+    // No parameter at all is fine, and an unknown path stays 404 with or without one.
+    assert_eq!(h.get("/v1/vms?").await.0.as_u16(), 200);
+    assert_eq!(h.get("/v1/vms").await.0.as_u16(), 200);
+    assert_error(
+        &h.get("/v1/nope?x=1").await,
+        404,
+        "NOT_FOUND",
+        &["/v1/nope"],
+    );
+    // The one route that reads a query still does: its own checks answer.
+    assert_error(
+        &h.get("/v1/activity?idle=1").await,
+        400,
+        "INVALID_INPUT",
+        &["idle"],
+    );
+}

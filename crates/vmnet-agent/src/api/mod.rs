@@ -138,11 +138,47 @@ pub fn allowed_methods(path: &str) -> Option<(&'static str, Vec<Method>)> {
     Some((template, methods))
 }
 
-/// The API router over `agent`: every route, the body limit, the unknown-route fallback (404,
-/// or 405 with `Allow` for a wrong method on a served path) and the error-body safety net.
+/// The routes that read a query string (path templates); every other route refuses one.
+const QUERY_ROUTES: [&str; 1] = ["/v1/activity"];
+
+/// Refuses a query string on a matched route that takes none, with `INVALID_INPUT` naming its
+/// first parameter, so that a misspelt filter (`GET /v1/vms?tenant=1`) is not silently ignored
+/// and answered as if it had matched. An empty query (`/v1/vms?`) is no parameter.
+async fn no_query(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let template = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    if let Some(q) = req.uri().query().filter(|q| !q.is_empty())
+        && !template
+            .as_deref()
+            .is_some_and(|t| QUERY_ROUTES.contains(&t))
+    {
+        let name = q
+            .split('&')
+            .next()
+            .and_then(|p| p.split('=').next())
+            .unwrap_or(q);
+        let path = req.uri().path();
+        return error::ApiError(vmnet_model::Error::invalid(format!(
+            "query parameter {name:?} is unknown: {path} takes no query parameters"
+        )))
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// The API router over `agent`: every route, the body limit, the refusal of query strings on
+/// routes that take none, the unknown-route fallback (404, or 405 with `Allow` for a wrong
+/// method on a served path) and the error-body safety net.
 pub fn router(agent: Arc<Agent>) -> Router {
     build()
         .router
+        .route_layer(axum::middleware::from_fn(no_query))
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::no_route)
         .layer(DefaultBodyLimit::max(error::BODY_LIMIT_BYTES))
