@@ -53,7 +53,9 @@ pub struct AgentBenchArgs {
     pub all_features: bool,
 }
 
-pub use crate::procstat::{ProcUsage, parse_fd_limit, parse_status, proc_usage};
+pub use crate::procstat::{
+    ProcUsage, cpu_busy_ms, cpu_line, parse_fd_limit, parse_status, proc_usage,
+};
 
 /// A running `vmnet serve`, stopped by its pid and reaped on drop.
 struct AgentProc {
@@ -318,10 +320,20 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
             vm_body(uid)
         }
     };
+    let last_n = counts.last().copied().unwrap_or(0);
+    // Host CPU busy time around the first and the last 100 PUTs.
+    let group = 100.min(last_n);
+    let (mut first_cpu, mut last_cpu) = ((None, None), (None, None));
     let mut next = 1;
     for &n in &counts {
         let mut puts = Vec::new();
         for uid in next..=n {
+            if uid == 1 {
+                first_cpu.0 = cpu_busy_ms();
+            }
+            if uid + group == last_n + 1 {
+                last_cpu.0 = cpu_busy_ms();
+            }
             let t = Instant::now();
             let _: VmView = client
                 .put(&format!("/v1/vms/bench-{uid}"), &body(uid))
@@ -334,6 +346,12 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
                     ))
                 })?;
             puts.push(t.elapsed());
+            if uid == group {
+                first_cpu.1 = cpu_busy_ms();
+            }
+            if uid == last_n {
+                last_cpu.1 = cpu_busy_ms();
+            }
         }
         next = n + 1;
         let since = vmnet_agent::agent::now_ms();
@@ -345,7 +363,6 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
             pass_ms,
         });
     }
-    let last_n = counts.last().copied().unwrap_or(0);
     let guests = if args.all_features {
         let g = crate::agent_load::connect_guests(last_n, &sb.agent_prefix(), body)?;
         // Read while every connection is open; they close when `g` is dropped.
@@ -363,6 +380,9 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
     let after = usage(agent.pid())?;
     let deleted = delete_all(&client, last_n, &sb.host(), &sb.agent_prefix()).await?;
     print!("{}", render(&rows, stats(&again), &after, &deleted));
+    if let Some(line) = cpu_line(first_cpu, last_cpu, group) {
+        println!("{line}");
+    }
     if let Some((u, open, failed)) = &guests {
         println!(
             "every feature on (limits, public IPv4+IPv6, 50-prefix firewall, metadata, activity; no mesh data plane); agent RSS at N={last_n} with {open} guests' metadata keep-alive connections open ({failed} failed): {:.1} MiB (target < 64 MiB)",
@@ -520,26 +540,6 @@ fn verdict(ok: bool) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_proc_status_and_limits() {
-        let status = "Name:\tvmnet\nVmHWM:\t   70000 kB\nVmRSS:\t   65536 kB\nThreads:\t7\n";
-        let u = parse_status(status);
-        assert_eq!((u.rss_kib, u.hwm_kib, u.threads), (65536, 70000, 7));
-        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
-                      Max open files            1024                 524288               files\n";
-        assert_eq!(parse_fd_limit(limits), Some(1024));
-        assert_eq!(
-            parse_fd_limit("Max open files            unlimited            unlimited   files"),
-            None
-        );
-        // This process: real numbers.
-        let me = proc_usage(std::process::id()).expect("own /proc");
-        assert!(
-            me.rss_kib > 0 && me.hwm_kib >= me.rss_kib && me.fds > 2,
-            "{me:?}"
-        );
-    }
 
     #[test]
     fn renders_rows_and_targets() {
