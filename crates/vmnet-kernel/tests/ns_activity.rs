@@ -396,6 +396,18 @@ fn legacy_filter(netns: &str, tap: &str) {
     .expect("netns");
 }
 
+/// `drift` deletes an earlier version's per-tap filter, as configure on start, and is not
+/// drift.
+fn assert_deletes_the_earlier_filter(drift: &[Change]) {
+    assert!(
+        drift
+            .iter()
+            .any(|c| matches!(c, Change::Upgrade { what, .. } if what.contains("earlier version"))),
+        "{drift:?}"
+    );
+    assert!(drift.iter().all(|c| !c.is_drift()), "not drift: {drift:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces and loads BPF (scripts/test.sh runs it)"]
 async fn an_earlier_versions_tap_filter_is_deleted_with_activity_on_or_off() {
@@ -421,13 +433,7 @@ async fn an_earlier_versions_tap_filter_is_deleted_with_activity_on_or_off() {
     }
     // An upgraded agent with packet activity on deletes it, as configure on start.
     let drift = env.driver.drift(&on).await.expect("drift");
-    assert!(
-        drift
-            .iter()
-            .any(|c| matches!(c, Change::Upgrade { what, .. } if what.contains("earlier version"))),
-        "{drift:?}"
-    );
-    assert!(drift.iter().all(|c| !c.is_drift()), "not drift: {drift:?}");
+    assert_deletes_the_earlier_filter(&drift);
     env.driver.apply(&on).await.expect("apply");
     assert!(!shown(&on).contains("activity_out"), "{}", shown(&on));
     assert!(env.driver.drift(&on).await.expect("drift").is_empty());
@@ -437,13 +443,7 @@ async fn an_earlier_versions_tap_filter_is_deleted_with_activity_on_or_off() {
     let mut plan_off = off.clone();
     plan_off.activity = None;
     let drift = driver_off.drift(&plan_off).await.expect("drift");
-    assert!(
-        drift
-            .iter()
-            .any(|c| matches!(c, Change::Upgrade { what, .. } if what.contains("earlier version"))),
-        "{drift:?}"
-    );
-    assert!(drift.iter().all(|c| !c.is_drift()), "not drift: {drift:?}");
+    assert_deletes_the_earlier_filter(&drift);
     let changes = driver_off
         .apply(&plan_off)
         .await

@@ -169,3 +169,35 @@ pub(super) fn detach(dev: &str) -> Result<bool, Box<dyn std::error::Error + Send
         Err(e) => Err(Box::new(e)),
     }
 }
+
+/// The per-tap activity filter of an earlier version (a direct-action `bpf` filter running a
+/// program named [`vmnet_plan::ns::activity::LEGACY_PROGRAM`], at that version's priority and
+/// handle) on the egress of `tap` in `netns` (whose rtnetlink handle is `ns`); `None` when there
+/// is none or no such device. Needs no loaded program.
+///
+/// # Errors
+/// [`ActivityError::Observe`].
+pub async fn leftover_filter(
+    netns: &str,
+    ns: &Handle,
+    tap: &str,
+) -> Result<Option<ObservedFilter>, ActivityError> {
+    match observe(netns, ns, tap).await {
+        Ok(Some(f)) if f.is_activity_program() => Ok(Some(f)),
+        Ok(_) | Err(ActivityError::NoDevice { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes the earlier version's activity filter from the egress of `tap` in `netns`.
+/// `Ok(false)` when there was none.
+///
+/// # Errors
+/// [`ActivityError::Detach`] when listing or deleting the filter fails.
+pub fn detach_filter(netns: &str, tap: &str) -> Result<bool, ActivityError> {
+    crate::netns::run_in(netns, || detach(tap))?.map_err(|source| ActivityError::Detach {
+        netns: netns.to_owned(),
+        dev: tap.to_owned(),
+        source,
+    })
+}

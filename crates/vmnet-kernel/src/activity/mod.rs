@@ -46,6 +46,7 @@
 //!   arrived on some device, one hash lookup, when the frame is not a VM's).
 
 mod clock;
+mod entry;
 mod filter;
 mod pins;
 
@@ -65,7 +66,8 @@ use crate::netns::NetnsError;
 
 use clock::boottime_ns;
 pub use clock::wall_time;
-pub use filter::ObservedFilter;
+pub use entry::{Registration, VmEntry, netns_inode};
+pub use filter::{ObservedFilter, detach_filter, leftover_filter};
 pub use pins::remove_root;
 
 /// The compiled BPF object.
@@ -147,22 +149,6 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> ActivityError {
     move |source| ActivityError::Map { map, source }
 }
 
-/// One VM as the program knows it (the value of [`VM_MAP`], keyed by the inode number of the
-/// VM's netns): `struct vm` of `bpf/activity.bpf.c`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VmEntry {
-    /// The VM's user id.
-    pub uid: u32,
-    /// The ifindex of the VM's veth end (in the VM netns).
-    pub veth: u32,
-    /// The ifindex of the VM's tap (in the VM netns).
-    pub tap: u32,
-}
-
-// SAFETY: three `u32`s, `repr(C)`, no padding: every bit pattern is a valid value.
-unsafe impl aya::Pod for VmEntry {}
-
 /// The loaded activity program with its pinned maps and link. All methods are blocking (bpf(2),
 /// netlink from a thread inside the namespace) except [`Self::drift`] and [`Self::sync`], which
 /// read devices and filters over the namespace's rtnetlink handle.
@@ -197,37 +183,6 @@ pub enum ActivityFix {
     Register(Registration, String),
 }
 
-/// A registration to write: the inode number of the VM's netns and its entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Registration {
-    /// The inode number of the VM's netns ([`netns_inode`]).
-    pub netns: u32,
-    /// What it maps to.
-    pub entry: VmEntry,
-}
-
-/// The inode number of the named netns `name` (what the program reads from a device's
-/// namespace): one `stat` of its bind mount.
-///
-/// # Errors
-/// [`ActivityError::NetnsInode`] when the namespace is not there.
-pub fn netns_inode(name: &str) -> Result<u32, ActivityError> {
-    use std::os::unix::fs::MetadataExt as _;
-    let err = |source| ActivityError::NetnsInode {
-        netns: name.to_owned(),
-        source,
-    };
-    let ino = std::fs::metadata(crate::netns::path(name))
-        .map_err(err)?
-        .ino();
-    u32::try_from(ino).map_err(|_| {
-        err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("inode number {ino} does not fit in 32 bits"),
-        ))
-    })
-}
-
 impl ActivityFix {
     /// What differs, in words.
     #[must_use]
@@ -236,38 +191,6 @@ impl ActivityFix {
             Self::Upgrade(w) | Self::Register(_, w) => w,
         }
     }
-}
-
-/// The per-tap activity filter of an earlier version (a direct-action `bpf` filter running a
-/// program named [`vmnet_plan::ns::activity::LEGACY_PROGRAM`], at that version's priority and
-/// handle) on the egress of `tap` in `netns` (whose rtnetlink handle is `ns`); `None` when there
-/// is none or no such device. Needs no loaded program.
-///
-/// # Errors
-/// [`ActivityError::Observe`].
-pub async fn leftover_filter(
-    netns: &str,
-    ns: &Handle,
-    tap: &str,
-) -> Result<Option<ObservedFilter>, ActivityError> {
-    match filter::observe(netns, ns, tap).await {
-        Ok(Some(f)) if f.is_activity_program() => Ok(Some(f)),
-        Ok(_) | Err(ActivityError::NoDevice { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Deletes the earlier version's activity filter from the egress of `tap` in `netns`.
-/// `Ok(false)` when there was none.
-///
-/// # Errors
-/// [`ActivityError::Detach`] when listing or deleting the filter fails.
-pub fn detach_filter(netns: &str, tap: &str) -> Result<bool, ActivityError> {
-    crate::netns::run_in(netns, || filter::detach(tap))?.map_err(|source| ActivityError::Detach {
-        netns: netns.to_owned(),
-        dev: tap.to_owned(),
-        source,
-    })
 }
 
 impl ActivityRecorder {
