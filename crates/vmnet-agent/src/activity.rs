@@ -4,9 +4,11 @@
 //! # Design
 //! The kernel records per VM user id the time of the last TCP packet the guest received from
 //! the host side (`vmnet_kernel::activity`); those times survive agent restarts (pinned maps).
-//! The **baseline** is when this agent started. A VM's idle time counts from the later of its
-//! last activity and the baseline, so a restarted agent never reports a VM idle for longer than
-//! it has been running: a restart can delay a sleep decision, never bring one forward.
+//! A VM's **baseline** is when this agent started or, for a VM this agent created (or gave a new
+//! user id), when it did. A VM's idle time counts from the later of its last activity and its
+//! baseline, so a restarted agent never reports a VM idle for longer than it has been running,
+//! and a new VM is not idle for longer than it has existed: a restart or a create can delay a
+//! sleep decision, never bring one forward.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -24,7 +26,8 @@ pub struct VmActivity {
     pub last_activity: Option<String>,
     /// `last_activity` in milliseconds since the Unix epoch.
     pub last_activity_unix_ms: Option<i64>,
-    /// The agent's start (RFC 3339): idle time never counts from before it.
+    /// The later of the agent's start and the VM's creation by this agent (RFC 3339): idle
+    /// time never counts from before it.
     pub baseline: String,
     /// `baseline` in milliseconds since the Unix epoch.
     pub baseline_unix_ms: i64,

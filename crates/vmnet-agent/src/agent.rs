@@ -112,6 +112,8 @@ pub struct Agent {
     activity: OnceLock<Arc<vmnet_kernel::activity::ActivityRecorder>>,
     /// When this agent started: the baseline of the activity reports.
     started: std::time::SystemTime,
+    /// When this agent created each VM (by user id) it created: that VM's later baseline.
+    activity_since: StdMutex<std::collections::HashMap<u32, std::time::SystemTime>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -202,6 +204,7 @@ impl Agent {
             metadata: OnceLock::new(),
             activity: OnceLock::new(),
             started: std::time::SystemTime::now(),
+            activity_since: StdMutex::default(),
         }))
     }
 
@@ -436,6 +439,9 @@ impl Agent {
             }
         }
         self.sync_metadata(&plan);
+        if before.as_ref().is_none_or(|b| b.user_id != cfg.user_id) {
+            self.activity_starts(cfg.user_id, before.as_ref().map(|b| b.user_id));
+        }
         self.mesh_vm_up(&cfg, &plan, prev_good.as_ref()).await;
         // A changed user id leaves the old names behind: remove them now.
         if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
@@ -553,6 +559,7 @@ impl Agent {
             m.remove(id);
         }
         store_tx!(self.db, tx => vm_store::delete(tx, id).await)?;
+        self.activity_ends(view.config.user_id);
         Ok(view)
     }
 

@@ -104,7 +104,11 @@ async fn reports_give_the_baseline_and_filter_by_idle_time() {
         .map(|v| v["id"].as_str().expect("id"))
         .collect();
     assert_eq!(ids, ["vm-1", "vm-2"]);
-    assert_eq!(all["baseline"], baseline);
+    // The list's baseline is the agent's start; a VM this agent created has its creation.
+    assert!(
+        all["baseline_unix_ms"].as_i64() <= one["baseline_unix_ms"].as_i64(),
+        "{all} against {one}"
+    );
     let (_, idle0) = h.call(Method::GET, "/v1/activity?idle_secs=0", None).await;
     assert_eq!(idle0["vms"].as_array().expect("vms").len(), 2);
     let (_, idle_long) = h
@@ -114,5 +118,28 @@ async fn reports_give_the_baseline_and_filter_by_idle_time() {
     assert!(
         idle_long["vms"].as_array().expect("vms").is_empty(),
         "no VM is idle for longer than the agent has run: {idle_long}"
+    );
+
+    // A VM created well after the agent started is not idle for that long at once: its
+    // baseline is its creation.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    h.put_vm(&vm("vm-3", 9)).await;
+    let (_, three) = h.call(Method::GET, "/v1/vms/vm-3/activity", None).await;
+    assert_eq!(three["idle_secs"], 0, "{three}");
+    assert!(
+        three["baseline_unix_ms"].as_i64() > one["baseline_unix_ms"].as_i64(),
+        "{three} against {one}"
+    );
+    let (_, idle2) = h.call(Method::GET, "/v1/activity?idle_secs=2", None).await;
+    let ids: Vec<&str> = idle2["vms"]
+        .as_array()
+        .expect("vms")
+        .iter()
+        .map(|v| v["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["vm-1", "vm-2"], "the new VM is not idle yet: {idle2}");
+    assert_eq!(
+        idle2["baseline"], all["baseline"],
+        "the list's baseline is the agent's start"
     );
 }

@@ -33,10 +33,45 @@ impl Agent {
         })
     }
 
-    /// When this agent started: the activity baseline.
+    /// When this agent started: the activity baseline of the VMs it found.
     #[must_use]
     pub fn started(&self) -> SystemTime {
         self.started
+    }
+
+    /// The activity baseline of the VM with user id `uid`: the later of the agent's start and
+    /// the moment this agent created the VM (or gave it this user id). A VM created an hour
+    /// after the agent started is not idle for an hour at once.
+    #[must_use]
+    pub fn activity_baseline(&self, uid: u32) -> SystemTime {
+        let since = self
+            .activity_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&uid)
+            .copied();
+        since.map_or(self.started, |t| t.max(self.started))
+    }
+
+    /// A VM with user id `uid` now exists (created, or given this user id in place of
+    /// `previous`): its activity baseline is now.
+    pub(crate) fn activity_starts(&self, uid: u32, previous: Option<u32>) {
+        let mut since = self
+            .activity_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(p) = previous {
+            since.remove(&p);
+        }
+        since.insert(uid, SystemTime::now());
+    }
+
+    /// The VM with user id `uid` was deleted.
+    pub(crate) fn activity_ends(&self, uid: u32) {
+        self.activity_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&uid);
     }
 
     /// `GET /v1/vms/{id}/activity`.
@@ -55,7 +90,7 @@ impl Agent {
             &row.id,
             row.user_id,
             last,
-            self.started,
+            self.activity_baseline(row.user_id),
             SystemTime::now(),
         ))
     }
@@ -78,7 +113,7 @@ impl Agent {
                     &r.id,
                     r.user_id,
                     last.get(&r.user_id).copied(),
-                    self.started,
+                    self.activity_baseline(r.user_id),
                     now,
                 )
             })
