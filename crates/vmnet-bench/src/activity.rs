@@ -143,6 +143,12 @@ pub async fn run(args: ActivityBenchArgs) -> Result<(), Error> {
             "vmnet bench activity must run as root (it creates network namespaces and loads BPF)",
         ));
     }
+    for root in vmnet_sandbox::sandbox::sweep_stale_pin_roots() {
+        eprintln!(
+            "removed {}, the pin root of a bench or test that was killed",
+            root.display()
+        );
+    }
     let sb = vmnet_sandbox::Sandbox::new("bt")
         .map_err(|e| Error::internal(format!("bench sandbox: {e}")))?;
     let root = PinRoot(std::env::temp_dir().join(format!("{}-bpf", sb.agent_prefix())));

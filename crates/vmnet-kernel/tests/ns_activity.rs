@@ -547,3 +547,28 @@ async fn frames_are_byte_identical_with_and_without_the_program() {
         "headers and payload identical with and without the program"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces and loads BPF (scripts/test.sh runs it)"]
+async fn the_pin_root_of_a_killed_run_is_swept_and_its_program_detached() {
+    // A run killed before its guard: a pin root named after a pid that no longer runs, its
+    // program attached through the pinned link.
+    let mut child = std::process::Command::new("true").spawn().expect("spawn");
+    let pid = child.id();
+    child.wait().expect("wait");
+    let root = std::env::temp_dir().join(format!("zz{:06x}00-bpf", pid & 0x3f_ffff));
+    let id = {
+        let rec = ActivityRecorder::open(&root).expect("load");
+        rec.program_id()
+    };
+    assert!(linked_programs().contains(&id), "attached while pinned");
+    let swept = vmnet_testkit::sandbox::sweep_stale_pin_roots();
+    assert!(swept.contains(&root), "{swept:?}");
+    assert!(!root.exists());
+    assert!(!linked_programs().contains(&id), "detached once swept");
+    // A live process's root stays.
+    let env = Env::with_activity();
+    let live = env.activity.as_ref().expect("act").1.0.clone();
+    assert!(!vmnet_testkit::sandbox::sweep_stale_pin_roots().contains(&live));
+    assert!(linked_programs().contains(&env.recorder().program_id()));
+}

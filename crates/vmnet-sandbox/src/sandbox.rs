@@ -404,9 +404,73 @@ pub fn leftovers(prefix: &str) -> Vec<String> {
     out
 }
 
+/// The pid a generated prefix names (`<tag><pid:06x><counter:02x>`, see [`unique_prefix`]);
+/// `None` for any other name.
+#[must_use]
+pub fn prefix_pid(prefix: &str) -> Option<u32> {
+    let b = prefix.as_bytes();
+    let tag = b.iter().take_while(|c| c.is_ascii_lowercase()).count();
+    let hex = |s: &[u8]| {
+        s.iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+    };
+    // The pid's first hex digit is a decimal digit (pid ≤ 0x3fffff), which ends the tag.
+    if !(1..=2).contains(&tag) || b.len() != tag + 8 || !hex(&b[tag..]) {
+        return None;
+    }
+    u32::from_str_radix(prefix.get(tag..tag + 6)?, 16).ok()
+}
+
+/// Removes the packet-activity pin roots `<temp dir>/<prefix>-bpf` of tests and benchmarks
+/// whose process is gone (killed before its guard ran): such a root keeps the activity program
+/// attached to the kernel's tracepoint. A root whose prefix is not a generated one, or whose pid
+/// runs (maybe reused, then left alone), is kept. Returns the roots removed.
+#[must_use]
+pub fn sweep_stale_pin_roots() -> Vec<std::path::PathBuf> {
+    let dir = std::env::temp_dir();
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.filter_map(Result::ok) {
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        let Some(pid) = name.strip_suffix("-bpf").and_then(prefix_pid) else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = e.path();
+        if vmnet_kernel::activity::remove_root(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
-    use super::owns;
+    use super::{owns, prefix_pid, unique_prefix};
+
+    #[test]
+    fn a_generated_prefix_names_its_pid_and_nothing_else_does() {
+        let mine = unique_prefix("ns");
+        assert_eq!(prefix_pid(&mine), Some(std::process::id() & 0x3f_ffff));
+        assert_eq!(prefix_pid("ba00420900"), Some(0x4209));
+        assert_eq!(prefix_pid("x0000ff01"), Some(0xff));
+        for other in [
+            "vmsbx",
+            "ns0042090",
+            "ns004209001",
+            "abc0042090",
+            "ns00420g00",
+            "",
+        ] {
+            assert_eq!(prefix_pid(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn owns_only_the_documented_suffix_forms_of_the_exact_prefix() {

@@ -53,6 +53,8 @@ impl Env {
     /// As [`Env::new`], with packet activity on: the program loaded with its maps pinned under a
     /// test-unique bpffs root (removed on drop).
     pub fn with_activity() -> Self {
+        // Roots a killed test run left keep a program attached: removed first.
+        let _ = vmnet_testkit::sandbox::sweep_stale_pin_roots();
         let mut env = Self::with(|s| s.activity = true);
         let root = PinRoot(std::env::temp_dir().join(format!("{}-bpf", env.sb.agent_prefix())));
         let rec = Arc::new(ActivityRecorder::open(&root.0).expect("load the activity program"));
