@@ -19,9 +19,9 @@
 // whose ifindex is the VM's tap, and it came "from the host side": it entered the namespace
 // through the VM's veth end (its ingress ifindex, `skb_iif`). A packet the namespace made
 // itself has no ingress device. Several agents on one kernel (sandboxes) each find only their
-// own namespaces. The time
-// is CLOCK_BOOTTIME in ns (bpf_ktime_get_boot_ns), in array `activity_last` indexed by user id
-// (0 = never). Both maps are pinned by name so that they outlive the agent and the program.
+// own namespaces. The time is CLOCK_BOOTTIME in ns (bpf_ktime_get_boot_ns), in array
+// `activity_last` indexed by user id (0 = never). Both maps are pinned by name so that they
+// outlive the agent and the program.
 //
 // The program only reads (the frame through bpf_probe_read_kernel, within the skb's linear
 // part): it never changes, drops or delays a frame. A tracing program's return value is

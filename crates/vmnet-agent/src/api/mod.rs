@@ -158,11 +158,10 @@ async fn no_query(
             .as_deref()
             .is_some_and(|t| QUERY_ROUTES.contains(&t))
     {
-        let name = q
-            .split('&')
+        // Decoded as `GET /v1/activity` decodes its own (`application/x-www-form-urlencoded`).
+        let name = form_urlencoded::parse(q.as_bytes())
             .next()
-            .and_then(|p| p.split('=').next())
-            .unwrap_or(q);
+            .map_or_else(|| q.to_owned(), |(k, _)| k.into_owned());
         let path = req.uri().path();
         return error::ApiError(vmnet_model::Error::invalid(format!(
             "query parameter {name:?} is unknown: {path} takes no query parameters"

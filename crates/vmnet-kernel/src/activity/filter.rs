@@ -1,6 +1,6 @@
 //! The per-tap activity filter of earlier versions (a `cls_bpf` filter on the tap's clsact
 //! egress, see [`vmnet_plan::ns::activity`]): read back over rtnetlink and deleted, so an
-//! upgraded host loses them; device indexes.
+//! upgraded host loses them.
 
 use std::fmt;
 
@@ -140,22 +140,6 @@ pub(super) async fn observe(
         }
     }
     Ok(found)
-}
-
-/// The ifindex of device `dev` in `netns` (rtnetlink handle `ns`).
-pub(super) async fn ifindex(netns: &str, ns: &Handle, dev: &str) -> Result<u32, ActivityError> {
-    crate::netlink::link_by_name(ns, dev)
-        .await
-        .map_err(|source| ActivityError::Observe {
-            netns: netns.to_owned(),
-            dev: dev.to_owned(),
-            source,
-        })?
-        .map(|l| l.header.index)
-        .ok_or_else(|| ActivityError::NoDevice {
-            netns: netns.to_owned(),
-            dev: dev.to_owned(),
-        })
 }
 
 /// Deletes the earlier versions' filter from the egress of `dev` (current thread's namespace);

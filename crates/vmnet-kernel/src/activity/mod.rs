@@ -8,10 +8,10 @@
 //!   for every frame queued on any device), and the program looks only at frames queued on a
 //!   registered VM's tap. A VM is one entry in map `activity_vm`: the inode number of its netns
 //!   → its user id and the ifindexes of its veth end and its tap ([`ActivityPlan`],
-//!   [`VmEntry`]). Registering or forgetting a VM is one map
-//!   write, and no kernel object is made per VM: a tc filter per tap (what earlier versions
-//!   did) gives each VM two tc blocks, and the kernel searches a list of every block on the host
-//!   whenever one is bound, so each new VM cost a little more than the one before.
+//!   [`VmEntry`]). Registering or forgetting a VM is one map write, and no kernel object is
+//!   made per VM: a tc filter per tap (what earlier versions did) gives each VM two tc blocks,
+//!   and the kernel searches a list of every block on the host whenever one is bound, so each
+//!   new VM cost a little more than the one before.
 //! - Maps and the program's link are pinned under a configurable root in bpffs
 //!   (`<root>/activity_vm`, `<root>/activity_last`, `<root>/activity_link`). A starting agent
 //!   reuses the pinned maps (aya's pin-by-name: the kernel object is opened, not re-created),
@@ -30,10 +30,9 @@
 //!   host suspend, so an idle time never shrinks over one). [`ActivityRecorder::last`]
 //!   converts them to wall-clock time from one reading of both clocks.
 //! - Observe and repair by content: the VM netns's entry must hold the plan's user id and the
-//!   current ifindexes of the veth end and the tap; anything else is rewritten (`drift` reports
-//!   it first). A tap
-//!   that still has an earlier version's activity filter has it deleted (an upgrade step, not
-//!   drift).
+//!   current ifindexes of the veth end and the tap (observed by the caller); anything else is
+//!   rewritten (`drift` reports it first). A tap that still has an earlier version's activity
+//!   filter has it deleted (an upgrade step, not drift).
 //!
 //! # Limitations
 //! - A packet delivered while a VM's namespace is being set up (before its registration is
@@ -206,17 +205,12 @@ impl ActivityRecorder {
     pub fn open(root: &Path) -> Result<Self, ActivityError> {
         pins::prepare_root(root)?;
         pins::remove_legacy(root)?;
-        let load = |e: &dyn std::fmt::Display| ActivityError::Load(e.to_string().into());
         let mut bpf = EbpfLoader::new()
             .default_map_pin_directory(root)
             .load(OBJECT)
             .map_err(|e| ActivityError::Load(Box::new(e)))?;
         let btf = Btf::from_sys_fs().map_err(|e| ActivityError::Load(Box::new(e)))?;
-        let prog: &mut BtfTracePoint = bpf
-            .program_mut(PROGRAM)
-            .ok_or_else(|| load(&format!("no program {PROGRAM}")))?
-            .try_into()
-            .map_err(|e| ActivityError::Load(Box::new(e)))?;
+        let prog = program(&mut bpf)?;
         prog.load(TRACEPOINT, &btf)
             .map_err(|e| ActivityError::Load(Box::new(e)))?;
         let info = prog.info().map_err(|e| ActivityError::Load(Box::new(e)))?;
@@ -272,13 +266,7 @@ impl ActivityRecorder {
         if found == Some(self.prog_id) {
             return Ok(None);
         }
-        let mut bpf = self.lock();
-        let prog: &mut BtfTracePoint = bpf
-            .program_mut(PROGRAM)
-            .ok_or_else(|| ActivityError::Load(format!("no program {PROGRAM}").into()))?
-            .try_into()
-            .map_err(|e| ActivityError::Load(Box::new(e)))?;
-        attach_and_pin(prog, &self.root)?;
+        attach_and_pin(program(&mut self.lock())?, &self.root)?;
         Ok(Some(match found {
             None => format!(
                 "no link of the activity program pinned under {}: attached and pinned",
@@ -304,15 +292,17 @@ impl ActivityRecorder {
     }
 
     /// What differs between the kernel and `plan` for the VM in namespace `netns` (whose
-    /// rtnetlink handle is `ns`); empty when in sync.
+    /// rtnetlink handle is `ns`), `want` being the plan's entry with the ifindexes its devices
+    /// have now (the caller observed them); empty when in sync.
     ///
     /// # Errors
-    /// [`ActivityError::NoDevice`], [`ActivityError::Observe`], map errors.
+    /// [`ActivityError::Observe`], [`ActivityError::NetnsInode`], map errors.
     pub async fn drift(
         &self,
         netns: &str,
         ns: &Handle,
         plan: &ActivityPlan,
+        want: VmEntry,
     ) -> Result<Vec<ActivityFix>, ActivityError> {
         let mut fixes = Vec::new();
         if let Some(f) = leftover_filter(netns, ns, &plan.dev).await? {
@@ -321,14 +311,8 @@ impl ActivityRecorder {
                 plan.dev
             )));
         }
-        let veth = filter::ifindex(netns, ns, &plan.ingress_dev).await?;
-        let tap = filter::ifindex(netns, ns, &plan.dev).await?;
+        let (veth, tap) = (want.veth, want.tap);
         let inode = netns_inode(netns)?;
-        let want = VmEntry {
-            uid: plan.user_id,
-            veth,
-            tap,
-        };
         let registered = self.registered(inode)?;
         if registered != Some(want) {
             let shown = registered.map_or_else(
@@ -363,8 +347,9 @@ impl ActivityRecorder {
         netns: &str,
         ns: &Handle,
         plan: &ActivityPlan,
+        want: VmEntry,
     ) -> Result<Vec<ActivityFix>, ActivityError> {
-        let fixes = self.drift(netns, ns, plan).await?;
+        let fixes = self.drift(netns, ns, plan, want).await?;
         for f in &fixes {
             match f {
                 ActivityFix::Register(r, _) => self.register(r.netns, r.entry)?,
@@ -522,6 +507,14 @@ impl ActivityRecorder {
         let t = last.get(&uid, 0).map_err(map_err(LAST_MAP))?;
         Ok((t != 0).then(|| wall_time(t, boottime_ns(), SystemTime::now())))
     }
+}
+
+/// The activity program of the object `bpf`.
+fn program(bpf: &mut Ebpf) -> Result<&mut BtfTracePoint, ActivityError> {
+    bpf.program_mut(PROGRAM)
+        .ok_or_else(|| ActivityError::Load(format!("no program {PROGRAM}").into()))?
+        .try_into()
+        .map_err(|e| ActivityError::Load(Box::new(e)))
 }
 
 /// Attaches the loaded `prog` to its tracepoint and pins the link under `root`.

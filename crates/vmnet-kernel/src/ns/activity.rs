@@ -47,6 +47,28 @@ fn change(a: &ActivityPlan, f: &ActivityFix) -> Change {
     }
 }
 
+/// The entry `a` plans, with the ifindexes of its veth end and tap from `links` (the VM
+/// netns's links by name, as just made or observed).
+fn entry(
+    plan: &VmPlan,
+    a: &ActivityPlan,
+    links: &HashMap<String, KLink>,
+) -> Result<VmEntry, NsError> {
+    let index = |name: &str| {
+        links.get(name).map(|l| l.index).ok_or_else(|| {
+            NsError::Invalid(format!(
+                "vm {}: no {name} in the netns, its activity entry cannot be written",
+                plan.vm_id
+            ))
+        })
+    };
+    Ok(VmEntry {
+        uid: a.user_id,
+        veth: index(&a.ingress_dev)?,
+        tap: index(&a.dev)?,
+    })
+}
+
 /// A new VM: registers its netns with the indexes of its veth end and tap the create just made
 /// (`links`, by name): one `stat` and one map write, nothing read back.
 pub(super) fn register(
@@ -54,23 +76,10 @@ pub(super) fn register(
     plan: &VmPlan,
     links: &HashMap<String, KLink>,
 ) -> Result<(), NsError> {
-    let Some((r, a)) = recorder(d, plan)? else {
-        return Ok(());
-    };
-    let index = |name: &str| {
-        links.get(name).map(|l| l.index).ok_or_else(|| {
-            NsError::Invalid(format!(
-                "vm {}: {name} was not made, its activity entry cannot be written",
-                plan.vm_id
-            ))
-        })
-    };
-    let entry = VmEntry {
-        uid: a.user_id,
-        veth: index(&a.ingress_dev)?,
-        tap: index(&a.dev)?,
-    };
-    r.register(crate::activity::netns_inode(&plan.netns)?, entry)?;
+    if let Some((r, a)) = recorder(d, plan)? {
+        let want = entry(plan, a, links)?;
+        r.register(crate::activity::netns_inode(&plan.netns)?, want)?;
+    }
     Ok(())
 }
 
@@ -91,24 +100,26 @@ async fn leftover(plan: &VmPlan, ns: &Handle) -> Result<Vec<Change>, NsError> {
         .unwrap_or_default())
 }
 
-/// What differs from the plan, as changes.
+/// What differs from the plan, as changes; `links` are the VM netns's observed links.
 pub(super) async fn drift(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     ns: &Handle,
+    links: &HashMap<String, KLink>,
 ) -> Result<Vec<Change>, NsError> {
     let Some((r, a)) = recorder(d, plan)? else {
         return leftover(plan, ns).await;
     };
-    let fixes = r.drift(&plan.netns, ns, a).await?;
+    let fixes = r.drift(&plan.netns, ns, a, entry(plan, a, links)?).await?;
     Ok(fixes.iter().map(|f| change(a, f)).collect())
 }
 
-/// Repairs what differs; returns the repairs.
+/// Repairs what differs; returns the repairs. `links` are the VM netns's observed links.
 pub(super) async fn sync(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     ns: &Handle,
+    links: &HashMap<String, KLink>,
 ) -> Result<Vec<Change>, NsError> {
     let Some((r, a)) = recorder(d, plan)? else {
         let changes = leftover(plan, ns).await?;
@@ -118,7 +129,7 @@ pub(super) async fn sync(
         }
         return Ok(changes);
     };
-    let fixes = r.sync(&plan.netns, ns, a).await?;
+    let fixes = r.sync(&plan.netns, ns, a, entry(plan, a, links)?).await?;
     if !fixes.is_empty() {
         tracing::info!(vm = %plan.vm_id, fixes = ?fixes.iter().map(ActivityFix::what).collect::<Vec<_>>(),
             "packet activity: wrote the VM's entry or deleted an earlier version's filter");

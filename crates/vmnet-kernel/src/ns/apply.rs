@@ -151,7 +151,7 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
     }
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
     route_changes(&want, &st, &mut changes);
-    changes.extend(super::activity::drift(d, plan, &ns).await?);
+    changes.extend(super::activity::drift(d, plan, &ns, &st.ns_links).await?);
     if !st.nft_drift.is_empty() {
         changes.push(Change::ReplaceNft {
             fingerprint: plan.nft_fingerprint.clone(),
@@ -209,7 +209,7 @@ async fn converge(
         });
     }
     changes.extend(tc::sync(ns, plan, &st.ns_links, false).await?);
-    changes.extend(super::activity::sync(d, plan, ns).await?);
+    changes.extend(super::activity::sync(d, plan, ns, &st.ns_links).await?);
     Ok(())
 }
 
