@@ -369,14 +369,11 @@ pub fn prefix_conflicts(prefix: &str) -> Vec<String> {
 
 /// Deletes the named namespaces of the sandbox with `prefix` ([`owned`]; their links,
 /// addresses, routes and rules go with them), never those of a sandbox with a longer prefix.
-/// Also removes the mount points made ahead by agents that no longer run (an agent killed in
-/// the sandbox leaves its one; see `vmnet_kernel::netns::MountPoint`). Goes on past failures
-/// and returns the first one.
+/// Goes on past failures and returns the first one.
 ///
 /// # Errors
 /// The first namespace that could not be deleted.
 pub fn cleanup(prefix: &str) -> Result<(), SandboxError> {
-    vmnet_kernel::netns::sweep_spare_points();
     let mut first = None;
     for ns in owned(prefix) {
         if let Err(e) = netns::delete(&ns) {
