@@ -154,24 +154,16 @@ where
     T: Send,
     F: FnOnce() -> T + Send,
 {
-    name_and_run(name, None, None, f)
+    name_and_run(name, None, f)
 }
 
 /// Like [`create_and_run`], but the namespace named is `made` when given: one made earlier
 /// (by `unshare(2)` on another thread) and held by that descriptor only, not mounted anywhere.
-/// Its thread enters it instead of making one. `point`, when given, is a mount point made
-/// earlier ([`MountPoint`]): it is renamed to the namespace's name instead of a file being
-/// created there (when the rename fails for another reason than the name being taken, the file
-/// is created as without it).
+/// Its thread enters it instead of making one.
 ///
 /// # Errors
 /// As [`create_and_run`]; a failed `setns` into `made` is a system error and leaves nothing.
-pub fn name_and_run<T, F>(
-    name: &str,
-    made: Option<BorrowedFd<'_>>,
-    point: Option<MountPoint>,
-    f: F,
-) -> Result<T, NetnsError>
+pub fn name_and_run<T, F>(name: &str, made: Option<BorrowedFd<'_>>, f: F) -> Result<T, NetnsError>
 where
     T: Send,
     F: FnOnce() -> T + Send,
@@ -180,29 +172,16 @@ where
     ensure_run_dir()?;
     remove_stale(name);
     let target = path(name);
-    let placed = match point {
-        Some(p) => match p.rename_to(&target) {
-            Ok(()) => true,
-            Err(nix::Error::EEXIST) => return Err(NetnsError::Exists(name.to_owned())),
-            Err(e) => {
-                tracing::warn!(netns = name, error = %e, "renaming the mount point made ahead failed; creating one");
-                false
-            }
-        },
-        None => false,
-    };
-    if !placed {
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&target)
-        {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(NetnsError::Exists(name.to_owned()));
-            }
-            Err(e) => return Err(io(name, "create mount point")(e)),
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&target)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(NetnsError::Exists(name.to_owned()));
         }
+        Err(e) => return Err(io(name, "create mount point")(e)),
     }
     let result = std::thread::scope(|s| {
         s.spawn(|| {
@@ -272,100 +251,6 @@ fn remove_stale(name: &str) {
     if target.exists() && !is_namespace(&target) {
         let _ = fs::remove_file(&target);
     }
-}
-
-/// The name prefix of the mount points made ahead ([`MountPoint`]), followed by the owning
-/// process's pid, `-` and a sequence number: `.vmnet-spare-4242-7`.
-pub const SPARE_POINT_PREFIX: &str = ".vmnet-spare-";
-
-/// An empty file in `/run/netns` made ahead of the namespace that will be mounted on it, so
-/// naming a namespace is a rename instead of a file creation. Creating a file allocates an
-/// inode, which on some file systems costs far more than the rename: on a `/run` without a
-/// journal, ext4 skips every recently freed inode of the group, and each allocation costs more
-/// than the last (36 to 300 µs over 300 files in a row, measured on the CI machine).
-///
-/// The name starts with [`SPARE_POINT_PREFIX`] and holds this process's pid, so two agents on a
-/// host never share one and [`sweep_spare_points`] can remove those of processes that died.
-/// `ip netns list` lists it while it exists; it is no namespace. Dropping it unused removes the
-/// file.
-#[derive(Debug)]
-pub struct MountPoint {
-    path: Option<PathBuf>,
-}
-
-impl MountPoint {
-    /// Makes the file, `/run/netns/.vmnet-spare-<pid>-<n>`.
-    ///
-    /// # Errors
-    /// An I/O error when `/run/netns` cannot be prepared or the file cannot be created.
-    pub fn make() -> Result<Self, NetnsError> {
-        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        ensure_run_dir()?;
-        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("{SPARE_POINT_PREFIX}{}-{n}", std::process::id());
-        let p = path(&name);
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&p)
-            .map_err(io(&name, "create mount point"))?;
-        Ok(Self { path: Some(p) })
-    }
-
-    /// Renames the file to `target`, which must not exist (`EEXIST` otherwise). On failure the
-    /// file is removed when `self` drops.
-    fn rename_to(mut self, target: &Path) -> Result<(), nix::Error> {
-        let Some(from) = &self.path else {
-            return Err(nix::Error::ENOENT);
-        };
-        nix::fcntl::renameat2(
-            nix::fcntl::AT_FDCWD,
-            from,
-            nix::fcntl::AT_FDCWD,
-            target,
-            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-        )?;
-        self.path = None;
-        Ok(())
-    }
-}
-
-impl Drop for MountPoint {
-    fn drop(&mut self) {
-        if let Some(p) = self.path.take() {
-            let _ = fs::remove_file(p);
-        }
-    }
-}
-
-/// The pid in a [`MountPoint`]'s file name, `None` for any other name.
-fn spare_point_pid(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix(SPARE_POINT_PREFIX)?;
-    let (pid, n) = rest.split_once('-')?;
-    n.parse::<u64>().ok()?;
-    pid.parse().ok()
-}
-
-/// Removes the [`MountPoint`] files in `/run/netns` whose process no longer runs (one killed
-/// before it could remove its own), leaving every other entry alone. Returns how many it removed.
-pub fn sweep_spare_points() -> usize {
-    let Ok(entries) = fs::read_dir(NETNS_RUN_DIR) else {
-        return 0;
-    };
-    let mut removed = 0;
-    for e in entries.filter_map(Result::ok) {
-        let Some(pid) = e.file_name().to_str().and_then(spare_point_pid) else {
-            continue;
-        };
-        let p = e.path();
-        if !Path::new(&format!("/proc/{pid}")).exists()
-            && !is_namespace(&p)
-            && fs::remove_file(&p).is_ok()
-        {
-            removed += 1;
-        }
-    }
-    removed
 }
 
 /// The names of the named namespaces that start with `prefix`, sorted.
@@ -466,26 +351,4 @@ pub fn netlink_in_strict(name: &str) -> Result<rtnetlink::Handle, NetnsError> {
         })
     })?;
     opened.map_err(io(name, "open rtnetlink socket"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::spare_point_pid;
-
-    #[test]
-    fn spare_point_names_give_their_pid_and_nothing_else_does() {
-        assert_eq!(spare_point_pid(".vmnet-spare-4242-7"), Some(4242));
-        assert_eq!(spare_point_pid(".vmnet-spare-1-0"), Some(1));
-        for other in [
-            "vmnet-spare-4242-7",
-            ".vmnet-spare-4242",
-            ".vmnet-spare--7",
-            ".vmnet-spare-x-7",
-            ".vmnet-spare-4242-x",
-            ".vmnet-spare-4242-7-1",
-            "ba001d4000n1",
-        ] {
-            assert_eq!(spare_point_pid(other), None, "{other}");
-        }
-    }
 }

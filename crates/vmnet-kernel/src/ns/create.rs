@@ -201,8 +201,7 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     let t = TableWork::of(plan);
     let spares = std::sync::Arc::clone(&d.spares);
     let work = tokio::task::spawn_blocking(move || {
-        let mut spare = spares.take();
-        let point = spare.as_mut().and_then(|s| s.point.take());
+        let spare = spares.take();
         let made = spare.as_ref().map(|s| s.fd.as_fd());
         // A spare made with other sysctls gets the plan's written as a new one would.
         let ready = spare.as_ref().is_some_and(|s| s.sysctls == p.sysctls);
@@ -212,7 +211,7 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         {
             let _ = tx.send(Some(dup.into()));
         }
-        netns::name_and_run(&p.netns, made, point, || -> Result<Made, NsError> {
+        netns::name_and_run(&p.netns, made, || -> Result<Made, NsError> {
             if let Some(tx) = ns_tx.take() {
                 let _ = tx.send(None);
             }

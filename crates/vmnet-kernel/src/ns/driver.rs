@@ -103,13 +103,6 @@ impl NetlinkNsDriver {
         let host_nft = super::hostnft::HostNft::new(host_ns.clone());
         let host_rules = RuleCache::new(host_ns.clone());
         let route_cache = RouteCache::new(host_ns.clone());
-        let swept = netns::sweep_spare_points();
-        if swept > 0 {
-            tracing::info!(
-                removed = swept,
-                "removed mount points made ahead by agents that no longer run"
-            );
-        }
         Ok(Self {
             host_plan: plan_host(&settings),
             settings,

@@ -8,10 +8,8 @@
 //! written. The next create mounts it under the VM's name instead of making one.
 //!
 //! The spare has no name and no mount: only this process's descriptor holds it, so the kernel
-//! frees it when the agent exits, however it exits. It holds no link a VM could reach. Its
-//! mount point is made ahead too ([`netns::MountPoint`], an empty file in `/run/netns` that the
-//! create renames to the VM's name): the only thing of a spare a killed agent leaves, removed by
-//! the next driver's [`netns::sweep_spare_points`]. A create that finds a spare still being made waits for it
+//! frees it when the agent exits, however it exits, and nothing of it is left to sweep. It
+//! holds no link a VM could reach. A create that finds a spare still being made waits for it
 //! (at most [`WAIT`]); one that finds none makes its namespace itself.
 
 use std::os::fd::OwnedFd;
@@ -19,8 +17,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use nix::sched::{CloneFlags, unshare};
-
-use crate::netns;
 
 /// How long a create waits for a spare being made before making its own namespace. Making one
 /// takes well under a millisecond on an idle host.
@@ -33,8 +29,6 @@ pub(super) struct Spare {
     pub fd: OwnedFd,
     /// The `(path under /proc/sys, value)` pairs written in it.
     pub sysctls: Vec<(String, String)>,
-    /// Its mount point, made ahead; `None` when making it failed (the create makes one then).
-    pub point: Option<netns::MountPoint>,
 }
 
 #[derive(Debug, Default)]
@@ -123,13 +117,9 @@ fn make(sysctls: Vec<(String, String)>) -> Result<Spare, String> {
         .map_err(|e| format!("open /proc/thread-self/ns/net: {e}"))?;
     super::inns::link_up("lo", None).map_err(|e| format!("set lo up: {e}"))?;
     super::inns::write_sysctls("(spare)", &sysctls).map_err(|e| e.to_string())?;
-    let point = netns::MountPoint::make()
-        .inspect_err(|e| tracing::warn!(error = %e, "making a mount point ahead failed; the create makes its own"))
-        .ok();
     Ok(Spare {
         fd: fd.into(),
         sysctls,
-        point,
     })
 }
 
@@ -142,7 +132,6 @@ mod tests {
         Spare {
             fd: std::fs::File::open("/dev/null").unwrap().into(),
             sysctls: vec![("net/ipv4/ip_forward".into(), "1".into())],
-            point: None,
         }
     }
 
