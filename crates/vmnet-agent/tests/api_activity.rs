@@ -11,6 +11,16 @@ use axum::http::Method;
 use common::{Harness, assert_error, vm};
 use vmnet_kernel::activity::ActivityRecorder;
 
+/// The ids of an activity list's VMs, in order.
+fn ids(list: &serde_json::Value) -> Vec<&str> {
+    list["vms"]
+        .as_array()
+        .expect("vms")
+        .iter()
+        .map(|v| v["id"].as_str().expect("id"))
+        .collect()
+}
+
 #[tokio::test]
 async fn idle_secs_is_validated_naming_the_field() {
     let h = Harness::new().await;
@@ -97,13 +107,7 @@ async fn reports_give_the_baseline_and_filter_by_idle_time() {
 
     let (st, all) = h.call(Method::GET, "/v1/activity", None).await;
     assert_eq!(st, 200, "{all}");
-    let ids: Vec<&str> = all["vms"]
-        .as_array()
-        .expect("vms")
-        .iter()
-        .map(|v| v["id"].as_str().expect("id"))
-        .collect();
-    assert_eq!(ids, ["vm-1", "vm-2"]);
+    assert_eq!(ids(&all), ["vm-1", "vm-2"]);
     // The list's baseline is the agent's start; a VM this agent created has its creation.
     assert!(
         all["baseline_unix_ms"].as_i64() <= one["baseline_unix_ms"].as_i64(),
@@ -122,7 +126,7 @@ async fn reports_give_the_baseline_and_filter_by_idle_time() {
 
     // A VM created well after the agent started is not idle for that long at once: its
     // baseline is its creation.
-    std::thread::sleep(std::time::Duration::from_millis(2100));
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
     h.put_vm(&vm("vm-3", 9)).await;
     let (_, three) = h.call(Method::GET, "/v1/vms/vm-3/activity", None).await;
     assert_eq!(three["idle_secs"], 0, "{three}");
@@ -131,13 +135,11 @@ async fn reports_give_the_baseline_and_filter_by_idle_time() {
         "{three} against {one}"
     );
     let (_, idle2) = h.call(Method::GET, "/v1/activity?idle_secs=2", None).await;
-    let ids: Vec<&str> = idle2["vms"]
-        .as_array()
-        .expect("vms")
-        .iter()
-        .map(|v| v["id"].as_str().expect("id"))
-        .collect();
-    assert_eq!(ids, ["vm-1", "vm-2"], "the new VM is not idle yet: {idle2}");
+    assert_eq!(
+        ids(&idle2),
+        ["vm-1", "vm-2"],
+        "the new VM is not idle yet: {idle2}"
+    );
     assert_eq!(
         idle2["baseline"], all["baseline"],
         "the list's baseline is the agent's start"

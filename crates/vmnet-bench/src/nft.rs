@@ -13,7 +13,7 @@
 //! Each size is 1..=20000 NICs and `--reps` is 1..=10000 (other values are argument errors).
 //! The namespaces are named `vmbn<pid>k<K>` (`<pid>`: the bench's process) and deleted when
 //! each size is done. At start, the bench deletes `vmbn<pid>k<K>` namespaces whose `<pid>` is
-//! no running process (no `/proc/<pid>`): leftovers of a bench that was killed; those of a
+//! no running process (none, or a zombie): leftovers of a bench that was killed; those of a
 //! running bench, and every other name, are left alone. SIGINT or SIGTERM while it runs stops
 //! it at the next round (a round is one apply, one add/remove or one tap; a set-up step such
 //! as the first apply of K NICs finishes first): the namespace is deleted and the command
@@ -89,11 +89,6 @@ fn stale(names: &[String], alive: impl Fn(u32) -> bool) -> Vec<String> {
         .collect()
 }
 
-/// Whether process `pid` runs (`/proc/<pid>` exists).
-fn pid_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// Deletes the namespaces of benches that no longer run (see the module docs) and returns
 /// their names.
 ///
@@ -103,7 +98,9 @@ fn remove_stale_namespaces() -> Result<Vec<String>, Error> {
     let names = vmnet_kernel::netns::list(NS_PREFIX)
         .map_err(|e| Error::unavailable(format!("bench netns: listing {NS_PREFIX}*: {e}")))?;
     let own = std::process::id();
-    let gone = stale(&names, |pid| pid == own || pid_alive(pid));
+    let gone = stale(&names, |pid| {
+        pid == own || vmnet_sandbox::sandbox::process_runs(pid)
+    });
     for n in &gone {
         vmnet_kernel::netns::delete(n)
             .map_err(|e| Error::unavailable(format!("bench netns {n}: deleting: {e}")))?;

@@ -421,10 +421,24 @@ pub fn prefix_pid(prefix: &str) -> Option<u32> {
     u32::from_str_radix(prefix.get(tag..tag + 6)?, 16).ok()
 }
 
+/// Whether process `pid` runs: `/proc/<pid>` exists and the process is not a zombie (a killed
+/// process whose parent has not reaped it yet still has a `/proc` entry, state `Z`).
+#[must_use]
+pub fn process_runs(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) state …`: the command may hold spaces and parentheses, the state follows the
+    // last `)`.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
 /// Removes the packet-activity pin roots `<temp dir>/<prefix>-bpf` of tests and benchmarks
 /// whose process is gone (killed before its guard ran): such a root keeps the activity program
 /// attached to the kernel's tracepoint. A root whose prefix is not a generated one, or whose pid
-/// runs (maybe reused, then left alone), is kept. Returns the roots removed.
+/// runs ([`process_runs`]; maybe reused, then left alone), is kept. Returns the roots removed.
 #[must_use]
 pub fn sweep_stale_pin_roots() -> Vec<std::path::PathBuf> {
     let dir = std::env::temp_dir();
@@ -439,7 +453,7 @@ pub fn sweep_stale_pin_roots() -> Vec<std::path::PathBuf> {
         let Some(pid) = name.strip_suffix("-bpf").and_then(prefix_pid) else {
             continue;
         };
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if process_runs(pid) {
             continue;
         }
         let path = e.path();
@@ -452,7 +466,29 @@ pub fn sweep_stale_pin_roots() -> Vec<std::path::PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::{owns, prefix_pid, unique_prefix};
+    use super::{owns, prefix_pid, process_runs, unique_prefix};
+
+    #[test]
+    fn a_zombie_or_reaped_process_does_not_run() {
+        assert!(process_runs(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not reaped yet: a zombie once it has exited.
+        let t0 = std::time::Instant::now();
+        while process_runs(pid) {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(5),
+                "still running"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "a zombie"
+        );
+        child.wait().unwrap();
+        assert!(!process_runs(pid), "reaped");
+    }
 
     #[test]
     fn a_generated_prefix_names_its_pid_and_nothing_else_does() {
