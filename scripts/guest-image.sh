@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the real guest for `vmnet up --sandbox --guests kvm` and the KVM tests from Debian
+# Builds the real guest for `vmnet-lab up --sandbox --guests kvm` and the KVM tests from Debian
 # packages only: the kernel of linux-image-cloud-amd64 (vmlinuz + initrd) and a raw ext4 root
 # file system made by mmdebstrap (systemd, systemd-networkd, cloud-init, iproute2, iperf3,
 # python3 for the raw-frame spoof checks, the vmnet-guest binary and unit, the command channel).

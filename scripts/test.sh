@@ -26,8 +26,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-# The kernel tests run the workspace's binaries (vmnet, and vmnet-guest inside a simulated guest):
-# `cargo test` builds only the binaries of packages with integration tests, so build them all first.
+# The kernel tests run the workspace's binaries (vmnet; vmnet-lab, which runs the agent from the
+# vmnet beside it; vmnet-guest inside a simulated guest): `cargo test` builds only the binaries of
+# packages with integration tests, so build them all first.
 cargo build --workspace --bins --locked
 # The real-guest tests (one per mode) boot qemu guests (building the guest image on first use,
 # cached in /var/cache/vmnet-guest): without /dev/kvm they are skipped and counted so, which

@@ -1,5 +1,5 @@
 //! Applying a [`HostSpec`] through the API, declaratively (the semantics are documented in
-//! [`crate::hostspec`]). Used by `vmnet apply FILE` and by `vmnet up --sandbox`.
+//! [`crate::hostspec`]). Used by `vmnet apply FILE` and by `vmnet-lab up --sandbox`.
 
 use vmnet_model::pool::{Host, Instance, IpRange};
 use vmnet_model::{Error, ErrorCode};

@@ -1,5 +1,5 @@
 //! The host spec: pools with ranges, hosts, instances and VMs in one JSON file, applied
-//! declaratively by `vmnet apply FILE` (and by `vmnet up --sandbox`).
+//! declaratively by `vmnet apply FILE` (and by `vmnet-lab up --sandbox`).
 //!
 //! ```json
 //! {
@@ -121,7 +121,7 @@ impl HostSpec {
     ///   empty array is never taken for an empty spec (which `apply --prune` would turn into
     ///   deleting every VM);
     /// - for a `"mode"` key: a `"mode": "pool"` or `"fleet"` file is a sandbox spec, for
-    ///   `vmnet up --sandbox`, not a host spec; any other value: `mode must be "pool" or
+    ///   `vmnet-lab up --sandbox`, not a host spec; any other value: `mode must be "pool" or
     ///   "fleet"`;
     /// - `unknown field` errors (with line and column) at every level;
     /// - the entry and the field at fault when an entry is invalid; also for two entries with
@@ -144,11 +144,11 @@ impl HostSpec {
             return Err(ValidationError::rule(match mode.as_str() {
                 Some(m @ ("pool" | "fleet")) => format!(
                     "host spec {what}: a \"mode\": \"{m}\" file is a {m} sandbox spec, for \
-                     `vmnet up --sandbox {what}`, not a host spec (a host spec has no \"mode\")"
+                     `vmnet-lab up --sandbox {what}`, not a host spec (a host spec has no \"mode\")"
                 ),
                 _ => format!(
                     "host spec {what}: mode must be \"pool\" or \"fleet\" (a sandbox spec, for \
-                     `vmnet up --sandbox`); a host spec has no \"mode\" field"
+                     `vmnet-lab up --sandbox`); a host spec has no \"mode\" field"
                 ),
             }));
         }
@@ -346,14 +346,14 @@ mod tests {
         assert!(
             e.message().starts_with("host spec pool.json: ")
                 && e.message().contains("pool sandbox spec")
-                && e.message().contains("vmnet up --sandbox"),
+                && e.message().contains("vmnet-lab up --sandbox"),
             "{e}"
         );
         let e = HostSpec::parse("fleet.json", r#"{"mode": "fleet", "hosts": []}"#).unwrap_err();
         assert!(
             e.message().starts_with("host spec fleet.json: ")
                 && e.message().contains("fleet sandbox spec")
-                && e.message().contains("vmnet up --sandbox fleet.json"),
+                && e.message().contains("vmnet-lab up --sandbox fleet.json"),
             "{e}"
         );
         let e = HostSpec::parse("h.json", r#"{"mode": "namespace"}"#).unwrap_err();

@@ -6,7 +6,7 @@
 //!   threads inside each VM's netns, so the freed memory of those threads (libnftables
 //!   contexts of ~0.7 MiB, netlink buffers) ended up spread over many arenas, each keeping its
 //!   own free pages. With [`ARENAS`] arena it stays in one heap, where it is reused. Measured
-//!   with `vmnet bench agent --count 1000 --all-features` (release, back to back, one run each):
+//!   with `vmnet-lab bench agent --count 1000 --all-features` (release, back to back, one run each):
 //!   glibc's default gave 56.8–68.2 MiB at 1,000 VMs and 64.8–77.2 MiB with the guests' 1,000
 //!   metadata connections open (target < 64 MiB); one arena gave 48.3–52.2 and 53.8–56.9 MiB.
 //!   Two arenas came between (48.6–56.8 and 55.7–61.2), too close to the target under load.

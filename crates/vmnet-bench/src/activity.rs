@@ -1,4 +1,4 @@
-//! `vmnet bench activity`: the cost of the packet-activity program. The program runs for every
+//! `vmnet-lab bench activity`: the cost of the packet-activity program. The program runs for every
 //! frame queued on the host, so two paths are measured, alternately without and with the
 //! program attached, in the same run:
 //! - a VM's: iperf3 downloads from the sandbox's fake internet to a simulated guest (TCP to its
@@ -35,7 +35,7 @@ use vmnet_sandbox::netns;
 
 use crate::iperf::Server;
 
-/// Arguments of `vmnet bench activity`.
+/// Arguments of `vmnet-lab bench activity`.
 #[derive(Debug, clap::Args)]
 pub struct ActivityBenchArgs {
     /// Rounds; each measures once without and once with the program.
@@ -140,7 +140,7 @@ fn median(v: &mut [f64]) -> f64 {
 pub async fn run(args: ActivityBenchArgs) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
-            "vmnet bench activity must run as root (it creates network namespaces and loads BPF)",
+            "vmnet-lab bench activity must run as root (it creates network namespaces and loads BPF)",
         ));
     }
     for root in vmnet_sandbox::sandbox::sweep_stale_pin_roots() {
@@ -236,7 +236,7 @@ fn ratio(without: f64, with: f64) -> f64 {
 
 fn print_table(rows: &[Row], secs: u32) {
     println!(
-        "vmnet bench activity: iperf3 from the fake internet, {secs} s per run, without / with the program attached"
+        "vmnet-lab bench activity: iperf3 from the fake internet, {secs} s per run, without / with the program attached"
     );
     println!(
         "  VM:  to a simulated guest's mesh address (TCP through the tap; userspace frame relay)"

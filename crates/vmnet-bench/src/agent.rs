@@ -1,9 +1,9 @@
-//! `vmnet bench agent`: the real agent process (`vmnet serve`) under N VMs put over its API,
+//! `vmnet-lab bench agent`: the real agent process (`vmnet serve`) under N VMs put over its API,
 //! in a throwaway sandbox: PUT and DELETE latency and the agent's memory and descriptors.
 //!
 //! It creates a sandbox, starts this executable as `vmnet serve --netns <sandbox host>` with its
 //! own SQLite store and unix socket in a fresh directory, and PUTs VMs with user ids 1, 2, …
-//! (a mesh address, `0.0.0.0/0` and `::/0` via host; the same configs as `vmnet bench vms`), one
+//! (a mesh address, `0.0.0.0/0` and `::/0` via host; the same configs as `vmnet-lab bench vms`), one
 //! after another, each PUT answered after its apply. At 0 VMs and at every checkpoint N
 //! (`--count`, cumulative; default 100, 500, 1000) it waits for the next reconcile pass (the
 //! agent's periodic full pass: every VM applied, i.e. audited) to finish and reads its duration
@@ -64,8 +64,7 @@ struct AgentProc {
 
 impl AgentProc {
     fn start(dir: &Path, host_ns: &str, prefix: &str) -> Result<Self, Error> {
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::internal(format!("cannot find this executable: {e}")))?;
+        let exe = vmnet_sandbox::exe::vmnet()?;
         let log = std::fs::File::create(dir.join("agent.log"))
             .map_err(|e| Error::internal(format!("agent log: {e}")))?;
         let child = Command::new(exe)
@@ -263,7 +262,7 @@ async fn settle(client: &Client, since_ms: i64, log: &Path) -> Result<Option<u64
 pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
-            "vmnet bench agent must run as root (it creates network namespaces)",
+            "vmnet-lab bench agent must run as root (it creates network namespaces)",
         ));
     }
     let mut counts = if args.count.is_empty() {

@@ -1,10 +1,10 @@
-//! `vmnet bench agent --all-features`: every namespace-mode feature on each VM, and the guests'
+//! `vmnet-lab bench agent --all-features`: every namespace-mode feature on each VM, and the guests'
 //! metadata connections held open, so the agent's RSS is read under the full load of issue 15.
 //!
 //! - Each VM's config adds, to the plain bench VM (a mesh address, both families via host),
 //!   both throughput limits (private 100, public 20 MiB/s), a public IPv4 (the first
 //!   [`PUBLIC_V4_VMS`]) and a public IPv6 /128, and a 50-prefix firewall (the configs of
-//!   `vmnet bench vms --public --firewall`). Metadata and packet activity are on in every bench
+//!   `vmnet-lab bench vms --public --firewall`). Metadata and packet activity are on in every bench
 //!   agent. The mesh data plane is not: it needs a WireGuard interface the sandbox host lacks.
 //! - At the last checkpoint every VM's guest is simulated as `vmnet-guest` connects: one
 //!   keep-alive connection to 169.254.169.254:80 made inside the VM's namespace, a v2 token, one

@@ -1,4 +1,4 @@
-//! `vmnet bench guests`: real guests (the image of `scripts/guest-image.sh`, under KVM, or TCG
+//! `vmnet-lab bench guests`: real guests (the image of `scripts/guest-image.sh`, under KVM, or TCG
 //! with a warning) on throwaway sandbox hosts with the agent (`vmnet serve`) in them.
 //!
 //! - **Boot to network-ready, namespace mode**, `boots` times, one guest at a time on the same
@@ -36,7 +36,7 @@ use vmnet_sandbox::kvm::{self, Accel, GuestImage, Vm, VmConfig};
 use vmnet_sandbox::netns;
 use vmnet_sandbox::sandbox::ECHO_V4;
 
-/// Arguments of `vmnet bench guests`.
+/// Arguments of `vmnet-lab bench guests`.
 #[derive(Debug, clap::Args)]
 pub struct GuestsBenchArgs {
     /// Boots measured per mode (one at a time).
@@ -177,7 +177,7 @@ async fn put(c: &Client, limit: u32) -> Result<VmView, Error> {
 pub async fn run(a: GuestsBenchArgs) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
-            "vmnet bench guests must run as root (it creates network namespaces and boots qemu)",
+            "vmnet-lab bench guests must run as root (it creates network namespaces and boots qemu)",
         ));
     }
     let (image, accel) = kvm::setup()?;
@@ -186,7 +186,7 @@ pub async fn run(a: GuestsBenchArgs) -> Result<(), Error> {
     let dir = std::env::temp_dir().join(format!("vmnet-bench-guests.{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| unavailable("state directory")(e.to_string()))?;
     let _dir = DirGuard(dir.clone());
-    let exe = std::env::current_exe().map_err(|e| unavailable("this executable")(e.to_string()))?;
+    let exe = vmnet_sandbox::exe::vmnet()?;
     let agent = AgentOptions::new(sb.host(), sb.agent_prefix(), &dir)
         .exe(exe)
         .rust_log("warn")
@@ -239,7 +239,7 @@ pub async fn run(a: GuestsBenchArgs) -> Result<(), Error> {
         Accel::Kvm => "KVM",
         Accel::Tcg => "TCG (emulated: figures are the emulator's, not the network's)",
     };
-    println!("vmnet bench guests: real guests under {accel_s}");
+    println!("vmnet-lab bench guests: real guests under {accel_s}");
     let rows = [
         Row {
             name: format!(
@@ -293,7 +293,7 @@ pub struct Row {
     pub unit: &'static str,
 }
 
-/// The table `vmnet bench guests` prints: a header and one line per row with the median, min
+/// The table `vmnet-lab bench guests` prints: a header and one line per row with the median, min
 /// and max to one decimal with the unit; the first column as wide as the longest name.
 #[must_use]
 pub fn table(rows: &[Row]) -> String {

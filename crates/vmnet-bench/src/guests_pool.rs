@@ -1,5 +1,5 @@
-//! The pool-mode half of `vmnet bench guests`: boot to network-ready of a real guest on a
-//! pool-mode tap, set up as `vmnet up --sandbox --guests kvm examples/pool.json` sets up its
+//! The pool-mode half of `vmnet-lab bench guests`: boot to network-ready of a real guest on a
+//! pool-mode tap, set up as `vmnet-lab up --sandbox --guests kvm examples/pool.json` sets up its
 //! guests ([`vmnet_sandbox::pool_job`]), with one instance.
 //!
 //! A throwaway sandbox host with the pool bridge holding the range's gateway, the agent in pool

@@ -1,4 +1,4 @@
-//! `vmnet bench ipam`: lease/release latency and throughput on SQLite and PostgreSQL.
+//! `vmnet-lab bench ipam`: lease/release latency and throughput on SQLite and PostgreSQL.
 //!
 //! For each store, three `/16` pools are filled to 0 %, 50 % and 99 % with a bulk insert (50 %:
 //! every other address, the most fragmented free index; 99 %: every hundredth address left free),

@@ -1,4 +1,4 @@
-//! The benchmarks behind `vmnet bench …`; each prints a table (or JSON).
+//! The benchmarks behind `vmnet-lab bench …`; each prints a table (or JSON).
 //!
 //! - [`ipam`]: lease and release latency and throughput on SQLite and PostgreSQL;
 //! - [`vms`]: a namespace-mode VM's setup and teardown against the shell `ip`/`nft` baseline;
@@ -46,7 +46,7 @@ pub enum BenchError {
     Coded(#[from] Error),
 }
 
-/// `vmnet bench …`
+/// `vmnet-lab bench …`
 #[derive(Debug, Subcommand)]
 pub enum BenchCmd {
     /// IPAM lease/release latency and throughput.
@@ -67,7 +67,7 @@ pub enum BenchCmd {
     Guests(guests::GuestsBenchArgs),
 }
 
-/// Runs `vmnet bench …`; `json` prints JSON instead of a table where the bench supports it.
+/// Runs `vmnet-lab bench …`; `json` prints JSON instead of a table where the bench supports it.
 ///
 /// # Errors
 /// Each bench's own (`UNAVAILABLE` when it cannot set up, `INVALID_INPUT` for bad arguments).

@@ -1,4 +1,4 @@
-//! `vmnet bench mesh`: `POST /v1/sync` against the real agent (`vmnet serve --mesh`, with
+//! `vmnet-lab bench mesh`: `POST /v1/sync` against the real agent (`vmnet serve --mesh`, with
 //! `wireguard-go`) on one throwaway fleet host: a sync of N peers (default 1,000) from empty, a
 //! sync changing one peer among N, and a no-op sync, each timed at the client from sending an
 //! encoded body to the decoded answer (HTTP over the unix socket, validation, plan, record, UAPI,
@@ -50,7 +50,7 @@ pub struct MeshBenchArgs {
     pub vms: u32,
 }
 
-/// `vmnet bench mesh --case`.
+/// `vmnet-lab bench mesh --case`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Case {
     /// `POST /v1/sync` of N peers.
@@ -143,8 +143,7 @@ pub async fn run(a: MeshBenchArgs) -> Result<(), Error> {
     let ifname = format!("{}wg", host.prefix);
     let _wg = WgGuard(ifname.clone());
     let dir = tempfile_dir()?;
-    let exe = std::env::current_exe()
-        .map_err(|e| Error::internal(format!("cannot find this executable: {e}")))?;
+    let exe = vmnet_sandbox::exe::vmnet()?;
     let agent = AgentOptions::new(&host.ns, &host.prefix, dir.path())
         .exe(exe)
         .rust_log(std::env::var("VMNET_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned()))

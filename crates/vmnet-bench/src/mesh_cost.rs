@@ -1,4 +1,4 @@
-//! The mesh programs' cost per packet, part of `vmnet bench mesh --case forwarding`: each
+//! The mesh programs' cost per packet, part of `vmnet-lab bench mesh --case forwarding`: each
 //! forwarding decision run by the kernel (`BPF_PROG_TEST_RUN`, [`MeshPlane::test_run`]) on a
 //! 1380-byte VM packet against the lab hosts' real maps, one packet per run (a run changes the
 //! packet it is given, so repeating one run would measure another path), [`RUNS`] runs per

@@ -1,4 +1,4 @@
-//! `vmnet bench mesh --case forwarding`: the mesh data plane's TCP throughput. Two throwaway
+//! `vmnet-lab bench mesh --case forwarding`: the mesh data plane's TCP throughput. Two throwaway
 //! fleet hosts run `wireguard-go` over the shared private network with the BPF programs of
 //! `vmnet_kernel::mesh` ([`MeshLab`]); one VM of tenant 1 on each. In the same run, alternately,
 //! iperf3 measures host to host (mesh address to mesh address over wg0, no encapsulation) and VM

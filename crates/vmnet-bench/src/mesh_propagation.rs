@@ -1,4 +1,4 @@
-//! `vmnet bench mesh --case propagation`: how long a VM registration takes to reach another
+//! `vmnet-lab bench mesh --case propagation`: how long a VM registration takes to reach another
 //! host's data plane when the fleet already holds many registrations.
 //!
 //! Two throwaway fleet hosts, A and B, each run the real agent with the mesh and its data plane
@@ -83,8 +83,7 @@ pub async fn run(vms: u32, runs: u32) -> Result<String, Error> {
         .map_err(|e| unavailable("database")(format!("{e:#}")))?;
     let registry = pg.url(&db);
     let bpffs = BpffsMount::new(fleet.prefix()).map_err(|e| unavailable("bpffs")(e.to_string()))?;
-    let exe = std::env::current_exe()
-        .map_err(|e| Error::internal(format!("cannot find this executable: {e}")))?;
+    let exe = vmnet_sandbox::exe::vmnet()?;
     let state = std::env::temp_dir().join(format!("vmnet-bench-prop.{}", std::process::id()));
     let mut agents: Vec<AgentProc> = Vec::new();
     for h in &hosts {

@@ -1,4 +1,4 @@
-//! `vmnet bench metadata`: the metadata service under N VMs polling it.
+//! `vmnet-lab bench metadata`: the metadata service under N VMs polling it.
 //!
 //! # What is measured
 //! - N throwaway network namespaces (`vmbmd<pid>-<i>`), each with `lo` up and 169.254.169.254/32

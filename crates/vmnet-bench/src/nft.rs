@@ -1,4 +1,4 @@
-//! `vmnet bench nft`: pool-mode ruleset apply and per-instance add/remove cost.
+//! `vmnet-lab bench nft`: pool-mode ruleset apply and per-instance add/remove cost.
 //!
 //! For each K (default 10, 100, 1000 NICs) in its own throwaway namespace: the three bcd tables
 //! applied from scratch, a full replace of all three with K present, and one instance added and

@@ -1,7 +1,7 @@
 //! A small run of the benchmark hook (root required): N VMs applied and removed through
 //! `apply_then_remove` (below), medians printed. `VMNET_BENCH_N` sets N
 //! (default 30). The per-VM setup must stay within a generous bound here (the product target,
-//! 5 ms median, is measured by `vmnet bench vms` on a quiet machine).
+//! 5 ms median, is measured by `vmnet-lab bench vms` on a quiet machine).
 
 mod ns_support;
 

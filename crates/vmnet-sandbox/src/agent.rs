@@ -11,7 +11,7 @@
 //! `SIGTERM`, and `SIGKILL` once the grace period ([`AgentOptions::stop_grace`], 10 s by default)
 //! passed; then it is reaped. Signals go to the pid of the child this process started and has
 //! not reaped yet, so never to a reused pid. [`AgentProc::detach`] disarms the guard for an agent
-//! that outlives its starter (the sandbox records its pid and `vmnet down` stops it).
+//! that outlives its starter (the sandbox records its pid and `vmnet-lab down` stops it).
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
@@ -48,7 +48,7 @@ impl AgentOptions {
     /// An agent in namespace `netns` with name prefix `name_prefix`, everything of its own under
     /// `dir`: socket `dir/vmnet.sock`, state directory `dir/state`, database
     /// `sqlite://dir/vmnet.db`, log `dir/agent.log` (appended to, stdout and stderr). The binary
-    /// is this executable.
+    /// is the product's `vmnet` ([`crate::exe::vmnet`]).
     #[must_use]
     pub fn new(netns: impl Into<String>, name_prefix: impl Into<String>, dir: &Path) -> Self {
         Self {
@@ -66,7 +66,7 @@ impl AgentOptions {
         }
     }
 
-    /// Runs `exe` (a `vmnet` binary) instead of this executable.
+    /// Runs `exe` (a `vmnet` binary) instead of the one [`crate::exe::vmnet`] finds.
     #[must_use]
     pub fn exe(mut self, exe: impl Into<PathBuf>) -> Self {
         self.exe = Some(exe.into());
@@ -184,8 +184,7 @@ impl AgentOptions {
     pub fn spawn(&self) -> Result<AgentProc, Error> {
         let exe = match &self.exe {
             Some(e) => e.clone(),
-            None => std::env::current_exe()
-                .map_err(|e| Error::internal(format!("cannot find the vmnet binary: {e}")))?,
+            None => crate::exe::vmnet()?,
         };
         std::fs::create_dir_all(&self.state_dir)
             .map_err(|e| Error::internal(format!("{}: {e}", self.state_dir.display())))?;

@@ -1,4 +1,4 @@
-//! The arguments of `vmnet up --sandbox` and `vmnet down --sandbox`, and their defaults.
+//! The arguments of `vmnet-lab up --sandbox` and `vmnet-lab down --sandbox`, and their defaults.
 
 use std::path::PathBuf;
 
@@ -7,7 +7,7 @@ pub const DEFAULT_NAME: &str = "vmsbx";
 /// Where sandbox state directories live.
 pub const DEFAULT_ROOT: &str = "/run/vmnet-sandbox";
 
-/// Arguments of `vmnet up`.
+/// Arguments of `vmnet-lab up`.
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
     /// Run in a sandbox: throwaway namespaces, a fake internet, and guests on the VMs' taps
@@ -36,10 +36,10 @@ pub struct UpArgs {
     pub guests: crate::kvm::GuestKind,
 }
 
-/// Arguments of `vmnet down`.
+/// Arguments of `vmnet-lab down`.
 #[derive(Debug, clap::Args)]
 pub struct DownArgs {
-    /// Remove the sandbox made by `vmnet up --sandbox` (required).
+    /// Remove the sandbox made by `vmnet-lab up --sandbox` (required).
     #[arg(long)]
     pub sandbox: bool,
     /// The sandbox name.
@@ -50,7 +50,7 @@ pub struct DownArgs {
     pub root: PathBuf,
 }
 
-/// The default host spec, compiled in for when `vmnet up --sandbox` runs outside the repository.
+/// The default host spec, compiled in for when `vmnet-lab up --sandbox` runs outside the repository.
 pub(crate) const EMBEDDED_HOST_SPEC: &str = include_str!("../../../examples/host.json");
 /// The default host spec path.
 pub(crate) const DEFAULT_HOST_SPEC: &str = "examples/host.json";

@@ -1,5 +1,5 @@
 //! Several sandbox hosts sharing one fake internet and one private network, with a cleanup
-//! guard: the topology of the multi-host sandbox (`vmnet up --sandbox examples/fleet.json`) and
+//! guard: the topology of the multi-host sandbox (`vmnet-lab up --sandbox examples/fleet.json`) and
 //! of multi-host tests ([`Fleet::new`]).
 //!
 //! Layout for host `i` (1 to [`MAX_HOSTS`]; every address is a documentation or private range):

@@ -1,4 +1,4 @@
-//! `vmnet sandbox-helper …` (hidden): the sandbox's background processes.
+//! `vmnet-lab sandbox-helper …` (hidden): the sandbox's background processes.
 //!
 //! - `relay`: attaches to a VM's tap as a VMM does and joins it to a simulated guest's `eth0`
 //!   ([`crate::relay::Relay`]);
@@ -15,7 +15,7 @@ use clap::Subcommand;
 use vmnet_model::Error;
 use vmnet_model::error::chain;
 
-/// `vmnet sandbox-helper …`
+/// `vmnet-lab sandbox-helper …`
 #[derive(Debug, Subcommand)]
 pub enum HelperCmd {
     /// Relay frames between a VM's tap and a simulated guest's eth0.

@@ -1,4 +1,4 @@
-//! The main job's world, for `vmnet up --sandbox` and for the tests: throwaway namespaces that
+//! The main job's world, for `vmnet-lab up --sandbox` and for the tests: throwaway namespaces that
 //! stand in for a hypervisor host, the internet and the guests, and the checks that send real
 //! packets through them.
 //!
@@ -17,10 +17,11 @@
 //! - [`kvm`]: real guests (`--guests kvm`): qemu on the VMs' taps, the guest image, the command
 //!   channel and the pool-mode checks run inside the guests.
 //! - [`postgres`]: a throwaway PostgreSQL cluster on a unix socket.
+//! - [`exe`]: the programs the lab starts (the product's `vmnet`, the lab's own helpers).
 //! - [`agent`]: the agent (`vmnet serve --netns …`) as a child process, ready when its API
 //!   answers, stopped by its pid on drop; the one start-up routine of the jobs, benchmarks and
 //!   root tests.
-//! - [`ns_job`], [`pool_job`] and [`fleet_job`]: `vmnet up --sandbox` for a namespace-mode host
+//! - [`ns_job`], [`pool_job`] and [`fleet_job`]: `vmnet-lab up --sandbox` for a namespace-mode host
 //!   spec, a pool-mode spec and a fleet spec (several hosts), with [`state`] (the sandbox's state directory, its processes and signals)
 //!   and [`helper`] (the relay and echo processes the sandbox runs in the background).
 //!
@@ -35,6 +36,7 @@
 pub mod agent;
 pub mod args;
 pub mod echo;
+pub mod exe;
 pub mod fleet;
 pub mod fleet_job;
 pub mod guest;

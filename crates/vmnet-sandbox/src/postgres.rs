@@ -311,7 +311,7 @@ fn createdb(bin: &Path, dir: &Path, name: &str) -> Result<()> {
 }
 
 /// A cluster that outlives the process that started it, for a sandbox that stays up after
-/// `vmnet up` returns (the fleet's shared store). Same settings as [`PgCluster`] (unix socket
+/// `vmnet-lab up` returns (the fleet's shared store). Same settings as [`PgCluster`] (unix socket
 /// only, `trust`, run as `postgres`, fast non-durable settings), but no watchdog: whoever
 /// removes the sandbox stops the server by [`DetachedPg::pid`] (`SIGINT`, fast shutdown) and
 /// then removes [`DetachedPg::dir`].
@@ -356,7 +356,7 @@ impl DetachedPg {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .current_dir(dir)
-                // Its own process group: a Ctrl-C meant for `vmnet up` does not reach it.
+                // Its own process group: a Ctrl-C meant for `vmnet-lab up` does not reach it.
                 .process_group(0);
         };
         let mut initdb = Command::new(bin.join("initdb"));

@@ -3,7 +3,7 @@
 //!
 //! [`Relay::start`] opens the VM's tap in the VM's namespace (attaching to the persistent tap
 //! the agent made, as a VMM does) and creates a tap (normally `eth0`) in the guest namespace,
-//! then copies frames both ways on two threads. `vmnet sandbox-helper relay` runs the same code
+//! then copies frames both ways on two threads. `vmnet-lab sandbox-helper relay` runs the same code
 //! as a background process.
 //!
 //! By default both taps are opened as Firecracker and qemu open theirs

@@ -38,7 +38,7 @@
 //!
 //! # Cleanup
 //! `Drop` deletes every named namespace of the sandbox ([`owned`]; links inside go with them),
-//! also while unwinding from a panic. [`Sandbox::keep`] disarms the guard (for `vmnet up`);
+//! also while unwinding from a panic. [`Sandbox::keep`] disarms the guard (for `vmnet-lab up`);
 //! [`cleanup`] removes a kept sandbox later, from another process.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -137,7 +137,7 @@ impl Sandbox {
         Ok(sb)
     }
 
-    /// Takes charge of an existing sandbox by prefix (e.g. one kept by `vmnet up`), so that
+    /// Takes charge of an existing sandbox by prefix (e.g. one kept by `vmnet-lab up`), so that
     /// dropping the value removes it.
     #[must_use]
     pub fn adopt(prefix: &str) -> Self {

@@ -1,7 +1,7 @@
 //! A simulated guest configures its interface from its own NoCloud `network-config` the way
 //! cloud-init's v2 renderer would: the ethernet whose `match.macaddress` is the interface's MAC
 //! gets its static addresses and its default route; `dhcp4: true` leaves it unconfigured. For
-//! sandboxes and tests only (`vmnet up --sandbox`, the pool integration tests).
+//! sandboxes and tests only (`vmnet-lab up --sandbox`, the pool integration tests).
 //!
 //! # Limitations
 //! Uses `ip -n NS …` (iproute2); nameservers are returned, not written anywhere.

@@ -1,4 +1,4 @@
-//! The state of a sandbox made by `vmnet up --sandbox`: its directory, the recorded background
+//! The state of a sandbox made by `vmnet-lab up --sandbox`: its directory, the recorded background
 //! processes, and starting and stopping those processes by pid.
 //!
 //! Layout of `<root>/<name>/` (default root `/run/vmnet-sandbox`):
@@ -13,8 +13,9 @@
 //! | `*.ready` | readiness markers written by the helpers |
 //!
 //! # Design
-//! Background processes are started from the `vmnet` binary itself in their own process group,
-//! so they outlive `vmnet up` and ignore the terminal's Ctrl-C. The agent gets `serve --netns`
+//! Background processes run in their own process group, so they outlive `vmnet-lab up` and
+//! ignore the terminal's Ctrl-C: the helpers are `vmnet-lab sandbox-helper …`, the agent is the
+//! product's `vmnet serve` ([`crate::exe`]). The agent gets `serve --netns`
 //! and enters the sandbox host namespace itself, so it stays in the host's mount namespace —
 //! unlike `ip netns exec`, whose private mount namespace would hide the VM namespaces the agent
 //! creates. A pid is only signalled when
@@ -38,7 +39,7 @@ pub struct Proc {
     pub pid: u32,
 }
 
-/// What `vmnet down --sandbox` needs to remove a sandbox.
+/// What `vmnet-lab down --sandbox` needs to remove a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SandboxState {
     /// The sandbox name (also the name prefix of everything in it).
@@ -164,13 +165,13 @@ pub fn check_free(root: &Path, name: &str) -> Result<(), Error> {
     let dir = root.join(name);
     if let Some(pid) = builder(&dir) {
         return Err(Error::conflict(format!(
-            "sandbox {name} is being made by `vmnet up` (pid {pid}); wait for it, or interrupt that run (Ctrl-C) to remove it"
+            "sandbox {name} is being made by `vmnet-lab up` (pid {pid}); wait for it, or interrupt that run (Ctrl-C) to remove it"
         )));
     }
     let own = crate::sandbox::owned(name);
     if dir.exists() || !own.is_empty() {
         return Err(Error::conflict(format!(
-            "sandbox {name} exists already (state {}, {} namespaces): run `vmnet down --sandbox --name {name}` first",
+            "sandbox {name} exists already (state {}, {} namespaces): run `vmnet-lab down --sandbox --name {name}` first",
             dir.display(),
             own.len()
         )));
@@ -192,7 +193,7 @@ pub fn check_free(root: &Path, name: &str) -> Result<(), Error> {
         return Ok(());
     }
     Err(Error::conflict(format!(
-        "sandbox {name}: the name and an existing sandbox's name are prefixes of one another ({}): choose another --name, or remove that sandbox first with `vmnet down --sandbox --name <its name>`",
+        "sandbox {name}: the name and an existing sandbox's name are prefixes of one another ({}): choose another --name, or remove that sandbox first with `vmnet-lab down --sandbox --name <its name>`",
         others.join(", ")
     )))
 }
@@ -214,7 +215,7 @@ pub fn claim(root: &Path, name: &str) -> Result<Paths, Error> {
             Ok(paths)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(Error::conflict(format!(
-            "sandbox {name} is being made by another `vmnet up` (state {}): run `vmnet down --sandbox --name {name}` once it is done",
+            "sandbox {name} is being made by another `vmnet-lab up` (state {}): run `vmnet-lab down --sandbox --name {name}` once it is done",
             paths.dir.display()
         ))),
         Err(e) => Err(Error::internal(format!(
@@ -304,7 +305,7 @@ pub fn done_building(paths: &Paths) {
     let _ = std::fs::remove_file(paths.dir.join("up.pid"));
 }
 
-/// The pid of the `vmnet up` still building the sandbox in `dir`, if one is running.
+/// The pid of the `vmnet-lab up` still building the sandbox in `dir`, if one is running.
 #[must_use]
 pub fn builder(dir: &Path) -> Option<u32> {
     let pid: u32 = std::fs::read_to_string(dir.join("up.pid"))
@@ -322,14 +323,13 @@ pub fn builder(dir: &Path) -> Option<u32> {
         .then_some(pid)
 }
 
-/// Starts `vmnet ARGS…` in the background (own process group, stdin closed, output appended to
-/// `log`).
+/// Starts `<this executable> ARGS…` (`vmnet-lab sandbox-helper …`) in the background (own
+/// process group, stdin closed, output appended to `log`).
 ///
 /// # Errors
 /// `INTERNAL` when the binary or the log cannot be opened or the process not started.
 pub fn spawn_background(args: &[String], log: &Path) -> Result<Child, Error> {
-    let exe = std::env::current_exe()
-        .map_err(|e| Error::internal(format!("cannot find the vmnet binary: {e}")))?;
+    let exe = crate::exe::this()?;
     let out = OpenOptions::new()
         .create(true)
         .append(true)
@@ -338,14 +338,20 @@ pub fn spawn_background(args: &[String], log: &Path) -> Result<Child, Error> {
     let err = out
         .try_clone()
         .map_err(|e| Error::internal(format!("log {}: {e}", log.display())))?;
-    Command::new(exe)
+    Command::new(&exe)
         .args(args)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .process_group(0)
         .spawn()
-        .map_err(|e| Error::internal(format!("cannot start vmnet {}: {e}", args.join(" "))))
+        .map_err(|e| {
+            Error::internal(format!(
+                "cannot start {} {}: {e}",
+                exe.display(),
+                args.join(" ")
+            ))
+        })
 }
 
 /// Waits until `ready` exists (the helper wrote it) or the child exits or `timeout` passes.

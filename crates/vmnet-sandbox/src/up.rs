@@ -1,4 +1,4 @@
-//! `vmnet up --sandbox` and `vmnet down --sandbox`: the flags checked, the spec read and handed
+//! `vmnet-lab up --sandbox` and `vmnet-lab down --sandbox`: the flags checked, the spec read and handed
 //! to its job — [`crate::pool_job`] for `"mode": "pool"`, [`crate::fleet_job`] for
 //! `"mode": "fleet"`, [`crate::ns_job`] for a namespace-mode host spec — and `down`'s removal
 //! ([`crate::teardown`]).
@@ -16,12 +16,12 @@ use crate::teardown::{pg_dir, teardown};
 fn need_root_and_flag(sandbox: bool, cmd: &str) -> Result<(), Error> {
     if !sandbox {
         return Err(Error::invalid(format!(
-            "vmnet {cmd}: only the sandbox mode exists; pass --sandbox"
+            "vmnet-lab {cmd}: only the sandbox mode exists; pass --sandbox"
         )));
     }
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(format!(
-            "vmnet {cmd} --sandbox must run as root (it creates network namespaces)"
+            "vmnet-lab {cmd} --sandbox must run as root (it creates network namespaces)"
         )));
     }
     Ok(())
@@ -45,7 +45,7 @@ fn fleet_of_host(name: &str) -> Option<&str> {
 fn refuse_fleet_host(name: &str) -> Result<(), Error> {
     match fleet_of_host(name) {
         Some(fleet) => Err(Error::conflict(format!(
-            "sandbox {name} is a host of the fleet sandbox {fleet}: its namespaces are that fleet's (`vmnet down --sandbox --name {fleet}` removes the whole fleet)"
+            "sandbox {name} is a host of the fleet sandbox {fleet}: its namespaces are that fleet's (`vmnet-lab down --sandbox --name {fleet}` removes the whole fleet)"
         ))),
         None => Ok(()),
     }
@@ -65,10 +65,11 @@ fn read_spec(path: &Path) -> Result<String, Error> {
     }
 }
 
-/// Runs `vmnet up --sandbox`.
+/// Runs `vmnet-lab up --sandbox`.
 ///
 /// # Errors
-/// `INVALID_INPUT` for a bad flag or host spec, `CONFLICT` when the sandbox exists, `INTERNAL`
+/// `INVALID_INPUT` for a bad flag or host spec, `UNAVAILABLE` when there is no `vmnet` binary
+/// to run the agent from ([`crate::exe::vmnet`]), `CONFLICT` when the sandbox exists, `INTERNAL`
 /// when building it fails (after removing what was built) or when any check fails (the sandbox
 /// then stays up for inspection).
 pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
@@ -77,6 +78,8 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
     need_root_and_flag(args.sandbox, "up")?;
     check_name(&args.name)?;
     refuse_fleet_host(&args.name)?;
+    // Every agent of the sandbox is a `vmnet serve`: no binary, nothing is built.
+    crate::exe::vmnet()?;
     let text = read_spec(&args.host_spec)?;
     if crate::pool_job::is_pool_spec(&text) {
         return crate::pool_job::up_pool(
@@ -93,7 +96,7 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
     if crate::fleet_job::is_fleet_spec(&text) {
         if args.guests == crate::kvm::GuestKind::Kvm {
             return Err(Error::invalid(
-                "vmnet up --sandbox --guests kvm: real guests run for single-host specs (namespace or pool mode), not fleet specs (\"mode\": \"fleet\")",
+                "vmnet-lab up --sandbox --guests kvm: real guests run for single-host specs (namespace or pool mode), not fleet specs (\"mode\": \"fleet\")",
             ));
         }
         return crate::fleet_job::up(json, &args, &text, interrupts).await;
@@ -101,7 +104,7 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
     crate::ns_job::up(json, &args, &text, interrupts).await
 }
 
-/// Runs `vmnet down --sandbox`.
+/// Runs `vmnet-lab down --sandbox`.
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad flag, `NOT_FOUND` when no such sandbox exists, `INTERNAL` when
@@ -110,7 +113,7 @@ pub async fn down(json: bool, args: DownArgs) -> Result<(), Error> {
     need_root_and_flag(args.sandbox, "down")?;
     if let Some(pid) = state::builder(&args.root.join(&args.name)) {
         return Err(Error::conflict(format!(
-            "sandbox {} is still being made by `vmnet up` (pid {pid}): interrupt that run (Ctrl-C) instead, it removes what it built",
+            "sandbox {} is still being made by `vmnet-lab up` (pid {pid}): interrupt that run (Ctrl-C) instead, it removes what it built",
             args.name
         )));
     }

@@ -1,12 +1,11 @@
 //! The binary's behaviour at its edges, without an agent or root: command-line errors in the
 //! documented `error: CODE: message` shape with exit status 2, `--help`/`--version` exiting 0,
-//! output into a pipe whose reader is gone ending quietly (no panic), and `vmnet bench nft`'s
-//! bounds and its clean stop on SIGINT/SIGTERM (root).
+//! output into a pipe whose reader is gone ending quietly (no panic), and no lab commands (the
+//! sandbox and the benchmarks are `vmnet-lab`'s).
 #![allow(missing_docs)]
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 fn vmnet(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_vmnet"))
@@ -49,14 +48,18 @@ fn argument_errors_use_the_documented_format_and_exit_2() {
     );
     usage_error(&["pool", "set", "p1"], "the following required arguments");
     usage_error(&["frobnicate"], "unrecognized subcommand 'frobnicate'");
-    // `bench nft` is bounded: refused before anything runs (no root needed).
-    usage_error(
-        &["bench", "nft", "--reps", "0"],
-        "invalid value '0' for '--reps <REPS>': 0 is not in 1..=10000",
-    );
-    usage_error(
-        &["bench", "nft", "--sizes", "10,20001"],
-        "invalid value '20001' for '--sizes <SIZES>': 20001 is not in 1..=20000",
+}
+
+#[test]
+fn the_lab_commands_are_not_in_the_product() {
+    for cmd in ["up", "down", "bench", "sandbox-helper"] {
+        usage_error(&[cmd], &format!("unrecognized subcommand '{cmd}'"));
+    }
+    let out = vmnet(&["--help"]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !help.contains("sandbox") && !help.contains("bench"),
+        "{help}"
     );
 }
 
@@ -118,64 +121,4 @@ fn a_closed_pipe_on_stdout_ends_quietly() {
         "{:?}: {stderr}",
         out.status
     );
-}
-
-/// Deletes the named namespace when dropped (what a killed bench would leave).
-struct NetnsCleanup(String);
-
-impl Drop for NetnsCleanup {
-    fn drop(&mut self) {
-        let _ = vmnet_kernel::netns::delete(&self.0);
-    }
-}
-
-/// `vmnet bench nft` stopped by SIGINT or SIGTERM mid-run: it ends with UNAVAILABLE
-/// (exit 6) and deletes its namespace `vmbn<pid>k<K>` instead of dying and leaving it.
-#[test]
-#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
-fn bench_nft_stops_on_sigint_and_sigterm_and_deletes_its_namespace() {
-    vmnet_testkit::require_root();
-    for (signal, k) in [(libc::SIGINT, "4999"), (libc::SIGTERM, "4998")] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vmnet"))
-            .args(["bench", "nft", "--sizes", k, "--reps", "10000"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run vmnet bench nft");
-        let ns = format!("vmbn{}k{k}", child.id());
-        let _cleanup = NetnsCleanup(ns.clone());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !vmnet_kernel::netns::exists(&ns) {
-            if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
-                let _ = child.kill();
-                let out = child.wait_with_output().unwrap();
-                panic!(
-                    "{ns} never appeared: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        std::thread::sleep(Duration::from_millis(300));
-        let pid = i32::try_from(child.id()).unwrap();
-        // SAFETY: `pid` is the child this test spawned and has not reaped yet.
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("signal {signal}: the bench did not stop");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(6), "signal {signal}: {stderr}");
-        assert_eq!(
-            stderr, "error: UNAVAILABLE: bench nft: stopped by SIGINT/SIGTERM\n",
-            "signal {signal}"
-        );
-        assert!(out.stdout.is_empty());
-        assert!(!vmnet_kernel::netns::exists(&ns), "{ns} is deleted");
-    }
 }

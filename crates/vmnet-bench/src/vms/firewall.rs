@@ -1,4 +1,4 @@
-//! `vmnet bench vms --firewall`: every VM gets a firewall of [`PREFIXES`] prefix entries, and at
+//! `vmnet-lab bench vms --firewall`: every VM gets a firewall of [`PREFIXES`] prefix entries, and at
 //! each N one VM's firewall is changed to another 50-prefix firewall and back
 //! ([`NsDriver::apply_table`], as a PUT changing only the firewall does: the VM's two rule
 //! chains in one netlink batch when the table is known to be of the same shape, else the table replaced

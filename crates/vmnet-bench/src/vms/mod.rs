@@ -1,4 +1,4 @@
-//! `vmnet bench vms`: per-VM setup/teardown latency of the namespace-mode driver against the
+//! `vmnet-lab bench vms`: per-VM setup/teardown latency of the namespace-mode driver against the
 //! shell baseline, in a throwaway sandbox.
 //!
 //! For each N (default 1, 100, 1000), starting from an empty sandbox host namespace:
@@ -149,7 +149,7 @@ fn ms(d: f64) -> String {
 pub async fn run(args: VmsBenchArgs) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
-            "vmnet bench vms must run as root (it creates network namespaces)",
+            "vmnet-lab bench vms must run as root (it creates network namespaces)",
         ));
     }
     let counts = if args.count.is_empty() {

@@ -1,4 +1,4 @@
-//! `vmnet bench vms --public`: every VM gets a public IPv4 and a public IPv6 /128, and at each N
+//! `vmnet-lab bench vms --public`: every VM gets a public IPv4 and a public IPv6 /128, and at each N
 //! one VM's public mapping is removed and added again as the agent applies a change of the
 //! public addresses alone ([`NsDriver::apply_public`]: the netns's DNAT rule, the /32 route, the
 //! host elements in one transaction, the conntrack flush handed on), timed.

@@ -1,4 +1,4 @@
-//! The shell baseline of `vmnet bench vms`: the same per-VM work as the driver, done by forking
+//! The shell baseline of `vmnet-lab bench vms`: the same per-VM work as the driver, done by forking
 //! `ip` and `nft` once per step, built from the same [`VmPlan`].
 
 use std::io::Write as _;

@@ -6,7 +6,7 @@
 //! up, each is synced with the others (endpoints on the private network, IPv6); the checks ping
 //! every other host's mesh address across the interface, and send TCP from every VM's guest to
 //! every VM's mesh address on the other hosts ([`vm_plan`]: answered within a tenant, dropped
-//! between tenants). `vmnet down` stops each host's `wireguard-go` (which outlives its agent by
+//! between tenants). `vmnet-lab down` stops each host's `wireguard-go` (which outlives its agent by
 //! design) by the pid serving the interface's UAPI socket, and unmounts the bpffs.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};

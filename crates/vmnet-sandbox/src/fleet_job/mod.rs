@@ -1,4 +1,4 @@
-//! `vmnet up --sandbox examples/fleet.json`: several sandbox hosts, each running its own agent,
+//! `vmnet-lab up --sandbox examples/fleet.json`: several sandbox hosts, each running its own agent,
 //! sharing a fake internet, a private network and one PostgreSQL cluster.
 //!
 //! `up` builds, as root and without touching the machine's own network:
@@ -28,7 +28,7 @@
 //!
 //! The exit status is non-zero when any check saw something other than expected; the sandbox
 //! stays up either way, its pids (agents, echo service, relays, PostgreSQL) in `sandbox.json`.
-//! `vmnet down --sandbox --name <name>` stops the processes by pid, the PostgreSQL server by its
+//! `vmnet-lab down --sandbox --name <name>` stops the processes by pid, the PostgreSQL server by its
 //! pid (fast shutdown), deletes the namespaces of the fleet prefix and of each host prefix
 //! ([`crate::fleet::owned`]) and removes the state and cluster directories. A failed or
 //! interrupted `up` does the same before it returns.
@@ -118,7 +118,7 @@ impl FleetReport {
     }
 }
 
-/// Runs `vmnet up --sandbox` for a fleet spec (see the module docs).
+/// Runs `vmnet-lab up --sandbox` for a fleet spec (see the module docs).
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad spec or name, `CONFLICT` when the sandbox (or its cluster
@@ -135,7 +135,7 @@ pub async fn up(
     let pg = pg_dir(&args.name);
     if pg.exists() {
         return Err(Error::conflict(format!(
-            "sandbox {}: its PostgreSQL directory {} exists already: run `vmnet down --sandbox --name {}` first",
+            "sandbox {}: its PostgreSQL directory {} exists already: run `vmnet-lab down --sandbox --name {}` first",
             args.name,
             pg.display(),
             args.name
@@ -166,7 +166,7 @@ pub async fn up(
     let (all, failed) = report.counts();
     if failed > 0 {
         return Err(Error::internal(format!(
-            "{failed} of {all} fleet sandbox checks failed; the sandbox stays up for inspection (`vmnet down --sandbox --name {}` removes it)",
+            "{failed} of {all} fleet sandbox checks failed; the sandbox stays up for inspection (`vmnet-lab down --sandbox --name {}` removes it)",
             args.name
         )));
     }
@@ -428,7 +428,7 @@ pub fn render(r: &FleetReport, state_dir: &Path) -> String {
     };
     let _ = writeln!(
         out,
-        "\n{}/{all} checks ok; the sandbox stays up (`vmnet down --sandbox{name_flag}` removes it)",
+        "\n{}/{all} checks ok; the sandbox stays up (`vmnet-lab down --sandbox{name_flag}` removes it)",
         all - failed
     );
     out
@@ -505,7 +505,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.ends_with("\n3/4 checks ok; the sandbox stays up (`vmnet down --sandbox --name fq` removes it)\n"),
+            text.ends_with("\n3/4 checks ok; the sandbox stays up (`vmnet-lab down --sandbox --name fq` removes it)\n"),
             "{text}"
         );
     }

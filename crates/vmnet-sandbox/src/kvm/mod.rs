@@ -1,4 +1,4 @@
-//! Real guests for `vmnet up --sandbox --guests kvm`: Linux VMs booted by `qemu-system-x86_64`
+//! Real guests for `vmnet-lab up --sandbox --guests kvm`: Linux VMs booted by `qemu-system-x86_64`
 //! on the taps vmnet made, from the image `scripts/guest-image.sh` builds (Debian's cloud
 //! kernel, an ext4 root with systemd-networkd, cloud-init and vmnet-guest).
 //!
@@ -6,7 +6,7 @@
 //! - [`Vm`]: one guest — its qcow2 overlay over the read-only cached root, its serial console log
 //!   and command-channel socket, all in the sandbox state directory; qemu runs in the namespace
 //!   that holds the tap (`ip netns exec`), in its own process group, and is stopped by pid on
-//!   drop (and by `vmnet down --sandbox`, which finds it in `sandbox.json`: its command line
+//!   drop (and by `vmnet-lab down --sandbox`, which finds it in `sandbox.json`: its command line
 //!   names the state directory).
 //! - [`chan`]: the command channel (virtio-serial).
 //! - [`pool`]: the pool-mode checks run from inside the guests.
@@ -34,7 +34,7 @@ use vmnet_model::Error;
 pub use self::chan::{Channel, Ran};
 pub use self::image::GuestImage;
 
-/// Which guests `vmnet up --sandbox` attaches to the VMs' taps.
+/// Which guests `vmnet-lab up --sandbox` attaches to the VMs' taps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum GuestKind {
     /// Simulated guests: a namespace per VM joined to its tap by a frame relay.
@@ -269,7 +269,7 @@ impl Vm {
 
 impl Vm {
     /// Leaves the guest running after this process ends (the sandbox stays up): it is stopped by
-    /// pid when the sandbox goes (`vmnet down --sandbox`, from the state file).
+    /// pid when the sandbox goes (`vmnet-lab down --sandbox`, from the state file).
     pub fn detach(mut self) {
         self.child = None;
         self.detached = true;

@@ -1,4 +1,4 @@
-//! The packet-activity checks of `vmnet up --sandbox`: per VM with a mesh address, an IPv6 route
+//! The packet-activity checks of `vmnet-lab up --sandbox`: per VM with a mesh address, an IPv6 route
 //! via host and no enabled firewall, traffic from the fake internet to its simulated guest, with
 //! `GET /v1/vms/{id}/activity` read before and after.
 //!

@@ -1,4 +1,4 @@
-//! The connectivity checks of `vmnet up --sandbox`: which checks a set of VMs calls for and what
+//! The connectivity checks of `vmnet-lab up --sandbox`: which checks a set of VMs calls for and what
 //! each should see (pure, unit-tested), running them from the simulated guests, and the tables.
 //!
 //! Per VM (guest `g`), with the fake internet's echo service at 198.51.100.10 / 2001:db8:100::10:

@@ -1,4 +1,4 @@
-//! The firewall checks of `vmnet up --sandbox`: for each VM whose firewall is enabled and that
+//! The firewall checks of `vmnet-lab up --sandbox`: for each VM whose firewall is enabled and that
 //! has public addresses, real packets from the fake internet and from a mesh peer (another VM's
 //! guest) at ports the rules allow and at a port they do not (the guest listens on both, so a
 //! refused connection shows the filter, not a closed port), and from the guest outwards.

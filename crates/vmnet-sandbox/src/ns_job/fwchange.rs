@@ -1,4 +1,4 @@
-//! The firewall change check of `vmnet up --sandbox`: the first filtered VM (see
+//! The firewall change check of `vmnet-lab up --sandbox`: the first filtered VM (see
 //! [`super::firewall::filtered`]) with a public IPv4 gets, by a `PUT` of its config, one more
 //! inbound rule that admits the fake internet's client at the port its rules block; real
 //! connections then show the port open, and closed again after a `PUT` of the original config.

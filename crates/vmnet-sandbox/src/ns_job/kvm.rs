@@ -1,4 +1,4 @@
-//! `vmnet up --sandbox --guests kvm` for a namespace-mode spec: a real Linux guest per VM
+//! `vmnet-lab up --sandbox --guests kvm` for a namespace-mode spec: a real Linux guest per VM
 //! instead of a simulated one ([`crate::kvm::ns`]), booted by qemu in the VM's namespace on the
 //! tap the agent made there, and the checks run from inside the guests:
 //!
@@ -20,7 +20,7 @@
 //!
 //! The firewall, metadata, packet-activity and firewall-change checks of the simulated guests
 //! are not run with real guests. The guests stay up with the sandbox (their pids are in the state
-//! file; `vmnet down --sandbox` stops them), each with its serial console in
+//! file; `vmnet-lab down --sandbox` stops them), each with its serial console in
 //! `<state>/vms/<vm>/console.log`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

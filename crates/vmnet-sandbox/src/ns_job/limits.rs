@@ -1,4 +1,4 @@
-//! The throughput-limit check of `vmnet up --sandbox`: per VM whose public limit is in force
+//! The throughput-limit check of `vmnet-lab up --sandbox`: per VM whose public limit is in force
 //! (a public limit and an IPv4 route via host), a short iperf3 download from the fake internet
 //! to the simulated guest, compared with the limit; and the agent's counters of that class.
 //!

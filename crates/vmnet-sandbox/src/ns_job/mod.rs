@@ -1,4 +1,4 @@
-//! `vmnet up --sandbox` / `vmnet down --sandbox`: the main job in throwaway namespaces.
+//! `vmnet-lab up --sandbox` / `vmnet-lab down --sandbox`: the main job in throwaway namespaces.
 //!
 //! `up` builds, on any Linux machine and as root, everything a real host would have, without
 //! touching the machine's own network:
@@ -28,7 +28,7 @@
 //!
 //! The exit status is non-zero when any check saw something other than what it expected. The
 //! sandbox stays up either way (the agent, echo service and relays keep running in the
-//! background, their pids recorded in `/run/vmnet-sandbox/<name>/sandbox.json`); `vmnet down
+//! background, their pids recorded in `/run/vmnet-sandbox/<name>/sandbox.json`); `vmnet-lab down
 //! --sandbox` stops them by pid, deletes the sandbox's namespaces (`<name>` followed by `host`,
 //! `inet`, `x-…` or a kind letter and four hex digits: never those of a sandbox whose name merely
 //! starts with `<name>`) and the state directory. `up` prints the agent's socket and a
@@ -90,7 +90,7 @@ pub struct UpReport {
     pub checks: Vec<CheckResult>,
 }
 
-/// Runs `vmnet up --sandbox` for a namespace-mode host spec `text` (see the module docs).
+/// Runs `vmnet-lab up --sandbox` for a namespace-mode host spec `text` (see the module docs).
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad host spec, `CONFLICT` when the sandbox exists, `INTERNAL` when
@@ -130,7 +130,7 @@ pub async fn up(
     let failed = report.checks.iter().filter(|c| !c.ok).count();
     if failed > 0 {
         return Err(Error::internal(format!(
-            "{failed} of {} sandbox checks failed; the sandbox stays up for inspection (`vmnet down --sandbox --name {}` removes it)",
+            "{failed} of {} sandbox checks failed; the sandbox stays up for inspection (`vmnet-lab down --sandbox --name {}` removes it)",
             report.checks.len(),
             args.name
         )));
@@ -163,7 +163,7 @@ fn print_report(report: &UpReport, paths: &Paths) {
         format!(" --name {}", report.sandbox)
     };
     println!(
-        "{ok}/{} checks ok; the sandbox stays up (`vmnet down --sandbox{name_flag}` removes it)",
+        "{ok}/{} checks ok; the sandbox stays up (`vmnet-lab down --sandbox{name_flag}` removes it)",
         report.checks.len()
     );
 }
@@ -286,11 +286,11 @@ fn report(
     }
 }
 
-/// `VMNET_SOCKET=<socket> <this executable> status`.
+/// `VMNET_SOCKET=<socket> <the vmnet binary> status`.
 pub(crate) fn client_hint(socket: &Path) -> String {
     format!(
         "VMNET_SOCKET={} {} status",
         socket.display(),
-        std::env::current_exe().map_or_else(|_| "vmnet".into(), |p| p.display().to_string())
+        crate::exe::vmnet().map_or_else(|_| "vmnet".into(), |p| p.display().to_string())
     )
 }

@@ -1,4 +1,4 @@
-//! The drift check of `vmnet up --sandbox`: IPv6 turned off by hand on a VM's host veth end (a
+//! The drift check of `vmnet-lab up --sandbox`: IPv6 turned off by hand on a VM's host veth end (a
 //! stray `sysctl -w net.ipv6.conf.<end>.disable_ipv6=1`), which cuts the VM's IPv6 off without
 //! touching a link, an address or an nft table, and the agent's next full reconcile pass
 //! repairing it in place. It runs for the first VM with a mesh address, an IPv6 route via host

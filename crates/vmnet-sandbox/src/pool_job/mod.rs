@@ -1,4 +1,4 @@
-//! `vmnet up --sandbox examples/pool.json`: pool mode end to end in throwaway namespaces, through
+//! `vmnet-lab up --sandbox examples/pool.json`: pool mode end to end in throwaway namespaces, through
 //! the real agent.
 //!
 //! 1. A sandbox host namespace (uplink to a fake internet, [`crate::Sandbox`]) with the
@@ -50,7 +50,7 @@ fn internal(what: &str) -> impl Fn(String) -> Error + '_ {
     move |m| Error::internal(format!("{what}: {m}"))
 }
 
-/// Runs `vmnet up --sandbox FILE` for a pool-mode spec (see the module docs).
+/// Runs `vmnet-lab up --sandbox FILE` for a pool-mode spec (see the module docs).
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad spec or name; `CONFLICT` when a sandbox of this name (under `root`
@@ -67,7 +67,7 @@ pub async fn up_pool(
 ) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
-            "vmnet up --sandbox must run as root (it creates network namespaces)",
+            "vmnet-lab up --sandbox must run as root (it creates network namespaces)",
         ));
     }
     let text = std::fs::read_to_string(path)
@@ -182,7 +182,7 @@ async fn run(
         .map_err(|e| Error::invalid(format!("pool {}: cidr: {e}", spec.pool.pool_id)))?;
     let sb = Sandbox::with_prefix(name).map_err(|e| {
         Error::conflict(format!(
-            "{}: run `vmnet down --sandbox --name {name}` first",
+            "{}: run `vmnet-lab down --sandbox --name {name}` first",
             chain(&e)
         ))
     })?;
@@ -197,7 +197,7 @@ async fn run(
     host_bridge(&sb, spec, bridge, &range_net)?;
 
     let agent = PoolAgent::start(spec, &host, name, dir, timeout).await?;
-    // Recorded so `vmnet down --sandbox` can stop it should this process die without cleaning up.
+    // Recorded so `vmnet-lab down --sandbox` can stop it should this process die without cleaning up.
     st.procs.push(Proc {
         role: "agent".into(),
         pid: agent.pid(),

@@ -1,6 +1,6 @@
 //! The mesh programs run on a given packet by the kernel's `BPF_PROG_TEST_RUN` (through
 //! `aya`'s [`TestRun`]): their cost per packet against the plane's real maps, for the
-//! benchmark (`vmnet bench mesh --case forwarding`).
+//! benchmark (`vmnet-lab bench mesh --case forwarding`).
 //!
 //! The kernel hands a `sched_cls` program under test an Ethernet frame (it parses the first 14
 //! bytes as an Ethernet header for the skb's protocol), also when the device named in the

@@ -1,4 +1,4 @@
-//! The main job end to end: the built `vmnet` binary runs `up --sandbox examples/host.json`
+//! The main job end to end: the built `vmnet-lab` binary runs `up --sandbox examples/host.json`
 //! (agent in a sandbox host, simulated guests over tap relays, real packets), every check must
 //! pass, then `down --sandbox` must leave nothing behind: no namespace with the sandbox's name,
 //! no process, no state directory.
@@ -10,9 +10,7 @@ use serde_json::Value;
 use vmnet_testkit::{require_root, sandbox};
 
 mod sandbox_support;
-use sandbox_support::{Guard, vmnet};
-
-const BIN: &str = env!("CARGO_BIN_EXE_vmnet");
+use sandbox_support::{Guard, client, lab, vmnet_bin};
 
 fn host_spec() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/host.json")
@@ -55,7 +53,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     };
     let spec = host_spec().display().to_string();
 
-    let out = vmnet(&[
+    let out = lab(&[
         "--output",
         "json",
         "up",
@@ -78,7 +76,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     // The agent's socket is printed, with a ready-to-copy client command that works.
     let socket = root.join(&name).join("vmnet.sock").display().to_string();
     assert_eq!(report["socket"], socket);
-    let exe = std::fs::canonicalize(BIN).unwrap();
+    let exe = vmnet_bin();
     let hint = format!("VMNET_SOCKET={socket} {} status", exe.display());
     assert_eq!(report["client_hint"], hint);
     // So are the agent's pid (the `vmnet serve` of this sandbox) and its log.
@@ -89,11 +87,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     let log = root.join(&name).join("agent.log").display().to_string();
     assert_eq!(report["agent_log"], log);
     assert!(std::path::Path::new(&log).exists());
-    let status = Command::new(BIN)
-        .arg("status")
-        .env("VMNET_SOCKET", &socket)
-        .output()
-        .expect("run vmnet status");
+    let status = client(&socket, &["status"]);
     assert!(
         status.status.success(),
         "{hint}: {}",
@@ -257,7 +251,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         "{:#?}",
         our_processes(&marker)
     );
-    let again = vmnet(&["up", "--sandbox", &spec, "--name", &name, "--root", &root_s]);
+    let again = lab(&["up", "--sandbox", &spec, "--name", &name, "--root", &root_s]);
     assert_eq!(
         again.status.code(),
         Some(4),
@@ -268,7 +262,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     // A name that is a prefix of this one is refused too (its namespaces would be matched by
     // prefix), and `down` with it finds nothing and touches nothing of this sandbox.
     let shorter = &name[..name.len() - 1];
-    let again = vmnet(&[
+    let again = lab(&[
         "up",
         "--sandbox",
         &spec,
@@ -283,7 +277,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         err.contains("CONFLICT") && err.contains(&format!("sandbox {name}")),
         "{err}"
     );
-    let down = vmnet(&["down", "--sandbox", "--name", shorter, "--root", &root_s]);
+    let down = lab(&["down", "--sandbox", "--name", shorter, "--root", &root_s]);
     assert_eq!(
         down.status.code(),
         Some(3),
@@ -311,7 +305,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     let agent = i32::try_from(pid).expect("pid");
     // SAFETY: kill(2) on the agent this test's `up` started, by the pid `up` reported.
     assert_eq!(unsafe { libc::kill(agent, libc::SIGKILL) }, 0);
-    let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
+    let down = lab(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
     let down_err = String::from_utf8_lossy(&down.stderr).into_owned();
     let down_out = String::from_utf8_lossy(&down.stdout).into_owned();
     assert!(
@@ -330,7 +324,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
     assert_eq!(sandbox::leftovers(&name), Vec::<String>::new());
     assert!(!dir.exists());
     assert_eq!(our_processes(&marker), Vec::<String>::new());
-    let again = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
+    let again = lab(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
     assert_eq!(again.status.code(), Some(3), "a second down finds nothing");
     drop(guard);
 }
@@ -345,7 +339,7 @@ fn up_refuses_bad_input_without_leaving_anything() {
     let bad = tmp.path().join("bad.json");
     std::fs::write(&bad, r#"{"vms": [{"id": "x", "user_id": 1, "tenant": 1, "network": {"routes": [{"destination": "10.0.0.1/8", "via": "host"}]}}]}"#)
         .expect("write");
-    let out = vmnet(&[
+    let out = lab(&[
         "up",
         "--sandbox",
         &bad.display().to_string(),
@@ -361,7 +355,7 @@ fn up_refuses_bad_input_without_leaving_anything() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("INVALID_INPUT"));
-    let out = vmnet(&["up", "--name", &name, "--root", &root_s]);
+    let out = lab(&["up", "--name", &name, "--root", &root_s]);
     assert_eq!(out.status.code(), Some(2), "--sandbox is required");
     assert_eq!(sandbox::leftovers(&name), Vec::<String>::new());
     assert!(!tmp.path().join(&name).exists());
@@ -395,7 +389,7 @@ fn prefix_related_sandboxes_are_neither_removed_nor_created() {
     let sb = vmnet_testkit::Sandbox::with_prefix(&long).expect("sandbox");
     std::fs::create_dir(tmp.path().join(&long)).expect("state dir");
     let own = vec![format!("{long}host"), format!("{long}inet")];
-    let down = vmnet(&["down", "--sandbox", "--name", &short, "--root", &root_s]);
+    let down = lab(&["down", "--sandbox", "--name", &short, "--root", &root_s]);
     assert_eq!(
         down.status.code(),
         Some(3),
@@ -403,7 +397,7 @@ fn prefix_related_sandboxes_are_neither_removed_nor_created() {
         String::from_utf8_lossy(&down.stderr)
     );
     assert_eq!(sandbox::owned(&long), own, "the other sandbox is untouched");
-    let up = vmnet(&[
+    let up = lab(&[
         "up",
         "--sandbox",
         &spec,
@@ -426,11 +420,11 @@ fn prefix_related_sandboxes_are_neither_removed_nor_created() {
     // The other way round: a live sandbox `<short>`; `<short>x` is refused, and its `down`
     // finds nothing.
     let sb = vmnet_testkit::Sandbox::with_prefix(&short).expect("sandbox");
-    let up = vmnet(&["up", "--sandbox", &spec, "--name", &long, "--root", &root_s]);
+    let up = lab(&["up", "--sandbox", &spec, "--name", &long, "--root", &root_s]);
     let err = String::from_utf8_lossy(&up.stderr);
     assert_eq!(up.status.code(), Some(4), "{err}");
     assert!(err.contains(&format!("{short}host")), "{err}");
-    let down = vmnet(&["down", "--sandbox", "--name", &long, "--root", &root_s]);
+    let down = lab(&["down", "--sandbox", "--name", &long, "--root", &root_s]);
     assert_eq!(
         down.status.code(),
         Some(3),
@@ -451,7 +445,7 @@ fn prefix_related_sandboxes_are_neither_removed_nor_created() {
     // not.
     let vm_ns = format!("{short}n0042");
     vmnet_testkit::netns::create(&vm_ns).expect("an agent's VM netns");
-    let down = vmnet(&["down", "--sandbox", "--name", &short, "--root", &root_s]);
+    let down = lab(&["down", "--sandbox", "--name", &short, "--root", &root_s]);
     let err = String::from_utf8_lossy(&down.stderr);
     let kept = vmnet_testkit::netns::exists(&vm_ns);
     let _ = vmnet_testkit::netns::delete(&vm_ns);

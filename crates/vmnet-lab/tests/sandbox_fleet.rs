@@ -1,4 +1,4 @@
-//! The fleet sandbox end to end: the built `vmnet` binary runs
+//! The fleet sandbox end to end: the built `vmnet-lab` binary runs
 //! `up --sandbox examples/fleet.json` (three hosts, each its own agent on its own database in
 //! one PostgreSQL cluster, simulated guests, real packets), every check must pass, then
 //! `down --sandbox` must leave nothing behind: no namespace of the fleet or its hosts, no
@@ -6,19 +6,15 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 use vmnet_testkit::{fleet, require_root, sandbox};
 
-const BIN: &str = env!("CARGO_BIN_EXE_vmnet");
+mod sandbox_support;
+use sandbox_support::{client, lab};
 
 fn fleet_spec() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fleet.json")
-}
-
-fn vmnet(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run vmnet")
 }
 
 /// Removes the fleet even when the test fails half-way.
@@ -30,7 +26,7 @@ struct Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         let root = self.root.display().to_string();
-        let _ = vmnet(&["down", "--sandbox", "--name", &self.name, "--root", &root]);
+        let _ = lab(&["down", "--sandbox", "--name", &self.name, "--root", &root]);
         let _ = fleet::cleanup(&self.name);
     }
 }
@@ -52,11 +48,7 @@ fn processes(marker: &str) -> Vec<String> {
 }
 
 fn vm_ids(socket: &str) -> BTreeSet<String> {
-    let out = Command::new(BIN)
-        .args(["--output", "json", "vm", "list"])
-        .env("VMNET_SOCKET", socket)
-        .output()
-        .expect("vmnet vm list");
+    let out = client(socket, &["--output", "json", "vm", "list"]);
     assert!(
         out.status.success(),
         "{}",
@@ -87,7 +79,7 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
     let up = |extra: &[&str]| {
         let mut args = vec!["up", "--sandbox", &spec, "--name", &name, "--root", &root_s];
         args.splice(0..0, extra.iter().copied());
-        vmnet(&args)
+        lab(&args)
     };
 
     let out = up(&["--output", "json"]);
@@ -264,7 +256,7 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
         vec!["down", "--sandbox", "--name", &host1, "--root", &root_s],
         vec!["up", "--sandbox", "--name", &host1, "--root", &root_s],
     ] {
-        let out = vmnet(&args);
+        let out = lab(&args);
         assert_eq!(out.status.code(), Some(4), "{args:?}");
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("is a host of the fleet sandbox"),
@@ -278,7 +270,7 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
         "the fleet's namespaces are untouched"
     );
 
-    let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
+    let down = lab(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
     assert!(
         down.status.success(),
         "{}",

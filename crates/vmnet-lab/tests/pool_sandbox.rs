@@ -1,4 +1,4 @@
-//! `vmnet up --sandbox examples/pool.json` end to end (root): the spec's /29 walk-through —
+//! `vmnet-lab up --sandbox examples/pool.json` end to end (root): the spec's /29 walk-through —
 //! five instances get .2–.6, their seeds carry those addresses, the sixth fails with
 //! CAPACITY_UNAVAILABLE — plus reachability by policy, every spoof attempt, the drift gap and
 //! the teardown, expected and seen, all through the real agent.
@@ -15,14 +15,14 @@ fn pool_sandbox_walk_through() {
     );
     let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/pool.json");
     let name = format!("pw{:06x}", std::process::id() & 0xff_ffff);
-    let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+    let out = Command::new(env!("CARGO_BIN_EXE_vmnet-lab"))
         .args(["--output", "json", "up", "--sandbox", spec, "--name", &name])
         .output()
-        .expect("run vmnet");
+        .expect("run vmnet-lab");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "vmnet up failed: {}\n{stdout}",
+        "vmnet-lab up failed: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
@@ -98,15 +98,17 @@ fn pool_sandbox_refuses_an_existing_name() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().display().to_string();
     let sb = vmnet_testkit::Sandbox::with_prefix(&name).expect("sandbox");
-    let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+    let out = Command::new(env!("CARGO_BIN_EXE_vmnet-lab"))
         .args(["up", "--sandbox", spec, "--name", &name, "--root", &root])
         .output()
-        .expect("run vmnet");
+        .expect("run vmnet-lab");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(err.contains("CONFLICT"), "{err}");
     assert!(
-        err.contains(&format!("run `vmnet down --sandbox --name {name}` first")),
+        err.contains(&format!(
+            "run `vmnet-lab down --sandbox --name {name}` first"
+        )),
         "{err}"
     );
     assert_eq!(err.matches(&format!("sandbox {name}")).count(), 1, "{err}");
@@ -125,12 +127,12 @@ fn pool_sandbox_interrupted_leaves_nothing() {
     let name = vmnet_testkit::sandbox::unique_prefix("pi");
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().display().to_string();
-    let child = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+    let child = Command::new(env!("CARGO_BIN_EXE_vmnet-lab"))
         .args(["up", "--sandbox", spec, "--name", &name, "--root", &root])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("run vmnet");
+        .expect("run vmnet-lab");
     // Wait until the agent runs inside the sandbox (its namespace exists and it has a child).
     let start = std::time::Instant::now();
     let agent_running = || {
@@ -152,13 +154,16 @@ fn pool_sandbox_interrupted_leaves_nothing() {
         vec!["down", "--sandbox", "--name", &name, "--root", &root],
         vec!["up", "--sandbox", spec, "--name", &name, "--root", &root],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        let out = Command::new(env!("CARGO_BIN_EXE_vmnet-lab"))
             .args(&args)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(4), "{args:?}: {err}");
-        assert!(err.contains("being made by `vmnet up`"), "{args:?}: {err}");
+        assert!(
+            err.contains("being made by `vmnet-lab up`"),
+            "{args:?}: {err}"
+        );
     }
     // Into the checks (the agent runs, instances are being made or checked).
     std::thread::sleep(std::time::Duration::from_secs(3));
@@ -202,7 +207,7 @@ fn an_early_interrupt_leaves_nothing() {
             let name = vmnet_testkit::sandbox::unique_prefix(tag);
             let tmp = tempfile::tempdir().expect("tempdir");
             let root = tmp.path().display().to_string();
-            let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmnet"));
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmnet-lab"));
             cmd.args(["up", "--sandbox", &spec, "--name", &name, "--root", &root])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped());
@@ -216,7 +221,7 @@ fn an_early_interrupt_leaves_nothing() {
                     Ok(())
                 });
             }
-            let child = cmd.spawn().expect("run vmnet");
+            let child = cmd.spawn().expect("run vmnet-lab");
             std::thread::sleep(std::time::Duration::from_millis(delay_ms));
             let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
             nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();

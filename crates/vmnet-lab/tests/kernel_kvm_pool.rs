@@ -1,4 +1,4 @@
-//! `vmnet up --sandbox --guests kvm examples/pool-kvm.json` end to end (root, `/dev/kvm`): three
+//! `vmnet-lab up --sandbox --guests kvm examples/pool-kvm.json` end to end (root, `/dev/kvm`): three
 //! real Linux guests booted by qemu on the taps the agent made, with the qemu arguments of
 //! `GET /v1/instances/{id}/nics` and the agent's NoCloud seed; real cloud-init configures the
 //! lease, the default route and the nameservers; reachability by policy and the spoof attempts
@@ -21,7 +21,7 @@ fn kvm_guests_in_the_pool_sandbox() {
     );
     let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/pool-kvm.json");
     let name = format!("kq{:06x}", std::process::id() & 0xff_ffff);
-    let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+    let out = Command::new(env!("CARGO_BIN_EXE_vmnet-lab"))
         .args([
             "--output",
             "json",
@@ -33,10 +33,13 @@ fn kvm_guests_in_the_pool_sandbox() {
         ])
         .args(["--name", &name])
         .output()
-        .expect("run vmnet");
+        .expect("run vmnet-lab");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "vmnet up failed: {stderr}\n{stdout}");
+    assert!(
+        out.status.success(),
+        "vmnet-lab up failed: {stderr}\n{stdout}"
+    );
     let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
     let checks = v["checks"].as_array().unwrap();
     assert!(checks.iter().all(|c| c["ok"] == true), "{checks:#?}");

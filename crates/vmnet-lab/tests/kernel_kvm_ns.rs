@@ -1,4 +1,4 @@
-//! `vmnet up --sandbox --guests kvm examples/ns-kvm.json` end to end (root, `/dev/kvm`): two real
+//! `vmnet-lab up --sandbox --guests kvm examples/ns-kvm.json` end to end (root, `/dev/kvm`): two real
 //! Linux guests booted by qemu in their VMs' namespaces on the taps the agent made; networkd puts
 //! the image's guest address on, `vmnet-guest` the mesh address and host routes from the
 //! metadata service; NAT, the MSS clamp, IPv6 via host, public addresses, the mesh between the
@@ -12,7 +12,7 @@ use serde_json::Value;
 use vmnet_testkit::{require_root, sandbox};
 
 mod sandbox_support;
-use sandbox_support::{Guard, vmnet};
+use sandbox_support::{Guard, lab};
 
 #[test]
 #[ignore = "needs root: builds network namespaces and boots qemu guests (scripts/test.sh runs it)"]
@@ -31,7 +31,7 @@ fn kvm_guests_in_the_namespace_sandbox() {
         name: name.clone(),
         root: root.clone(),
     };
-    let out = vmnet(&[
+    let out = lab(&[
         "--output",
         "json",
         "up",
@@ -46,7 +46,10 @@ fn kvm_guests_in_the_namespace_sandbox() {
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "vmnet up failed: {stderr}\n{stdout}");
+    assert!(
+        out.status.success(),
+        "vmnet-lab up failed: {stderr}\n{stdout}"
+    );
     let v: Value = serde_json::from_str(&stdout).expect("JSON report");
     let checks = v["checks"].as_array().expect("checks");
     assert!(checks.iter().all(|c| c["ok"] == true), "{checks:#?}");
@@ -107,7 +110,7 @@ fn kvm_guests_in_the_namespace_sandbox() {
             .all(|p| std::path::Path::new(&format!("/proc/{p}")).exists()),
         "the guests stay up with the sandbox"
     );
-    let down = vmnet(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
+    let down = lab(&["down", "--sandbox", "--name", &name, "--root", &root_s]);
     assert!(
         down.status.success(),
         "{}",

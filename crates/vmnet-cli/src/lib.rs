@@ -1,0 +1,146 @@
+//! The command-line edge shared by the `vmnet` binary (what a host runs) and the `vmnet-lab`
+//! binary (sandbox and benchmarks): the `--output` format, how an error is printed and which exit
+//! status it ends with, and the process set-up both do first thing in `main`.
+//!
+//! Errors print once, as `error: CODE: message` on stderr, and the process exits with the code's
+//! documented exit status ([`vmnet_model::ErrorCode::exit_code`]).
+
+use std::process::ExitCode;
+
+use clap::ValueEnum;
+use vmnet_model::{Error, ErrorCode};
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Output {
+    /// A human table (the default).
+    #[default]
+    Table,
+    /// JSON, one document per command.
+    Json,
+}
+
+/// Restores the default `SIGPIPE` disposition (terminate), which the Rust runtime sets to
+/// ignore: `vmnet … --output json | head -5` then ends quietly when the reader goes away,
+/// as other Unix tools do, instead of panicking in `println!` on `EPIPE`. Call it first thing
+/// in `main`, before any thread exists.
+pub fn restore_sigpipe() {
+    // SAFETY: called first thing in `main`, while the process has one thread and no signal
+    // handlers of its own; `SIG_DFL` is a valid disposition for `SIGPIPE` and the call touches
+    // no memory.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Raises the soft limit of open files (`RLIMIT_NOFILE`) to the hard limit. The agent (and a
+/// bench running its driver) keeps descriptors per VM — the metadata listener and the nf_tables
+/// generation socket of each VM netns — so 1,000 VMs take over 2,000, past the soft limit of
+/// 1,024 a service manager usually sets. A failure leaves the limit as it was (logged later by
+/// whatever runs out).
+pub fn raise_nofile_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+/// Reports a command-line parsing error in the documented shape: `--help` and `--version`
+/// print as clap prints them and exit 0; anything else prints
+/// `error: INVALID_INPUT: <clap's message>` followed by clap's usage and `--help` hint on
+/// stderr (a missing subcommand: `error: INVALID_INPUT: a subcommand is required` and the
+/// help), and exits with INVALID_INPUT's exit status (2).
+#[must_use]
+pub fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        // Printing fails only when stdout is gone; nothing useful is left to do then.
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    let rendered = e.render().to_string();
+    eprint!("{}", usage_text(e.kind(), &rendered));
+    exit_status(ErrorCode::InvalidInput)
+}
+
+/// The text [`usage_error`] prints for a parse error of `kind` that clap rendered as `rendered`.
+fn usage_text(kind: clap::error::ErrorKind, rendered: &str) -> String {
+    let text = if kind == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // `vmnet` or `vmnet host` alone: clap renders the help; say what is missing first.
+        format!("a subcommand is required\n\n{rendered}")
+    } else {
+        rendered
+            .strip_prefix("error: ")
+            .unwrap_or(rendered)
+            .to_owned()
+    };
+    let newline = if text.ends_with('\n') { "" } else { "\n" };
+    format!("error: {}: {text}{newline}", ErrorCode::InvalidInput)
+}
+
+/// Prints `error: CODE: message` on stderr and returns the code's exit status.
+#[must_use]
+pub fn report(e: &Error) -> ExitCode {
+    eprintln!("error: {e}");
+    exit_status(e.code)
+}
+
+/// The process exit status of an error code ([`ErrorCode::exit_code`]).
+#[must_use]
+pub fn exit_status(code: ErrorCode) -> ExitCode {
+    let status: u8 = code.exit_code().try_into().unwrap_or(1);
+    if code == ErrorCode::Internal {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::from(status)
+    }
+}
+
+/// The process exit status of a command's result: success, or the error reported.
+#[must_use]
+pub fn finish(result: Result<(), Error>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => report(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+
+    #[test]
+    fn usage_text_has_one_error_prefix_and_ends_with_a_newline() {
+        assert_eq!(
+            usage_text(
+                ErrorKind::UnknownArgument,
+                "error: unexpected argument '--x'\n"
+            ),
+            "error: INVALID_INPUT: unexpected argument '--x'\n"
+        );
+        assert_eq!(
+            usage_text(ErrorKind::InvalidValue, "bad value"),
+            "error: INVALID_INPUT: bad value\n"
+        );
+        assert_eq!(
+            usage_text(
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand,
+                "Usage: vmnet <COMMAND>\n"
+            ),
+            "error: INVALID_INPUT: a subcommand is required\n\nUsage: vmnet <COMMAND>\n"
+        );
+    }
+
+    #[test]
+    fn exit_statuses_follow_the_documented_codes() {
+        assert_eq!(exit_status(ErrorCode::InvalidInput), ExitCode::from(2));
+        assert_eq!(exit_status(ErrorCode::NotFound), ExitCode::from(3));
+        assert_eq!(exit_status(ErrorCode::Conflict), ExitCode::from(4));
+        assert_eq!(exit_status(ErrorCode::Unavailable), ExitCode::from(6));
+        assert_eq!(exit_status(ErrorCode::Internal), ExitCode::FAILURE);
+        assert_eq!(finish(Ok(())), ExitCode::SUCCESS);
+    }
+}
