@@ -201,6 +201,7 @@ impl AgentOptions {
             .or_else(|| std::env::var("RUST_LOG").ok())
             .unwrap_or_else(|| "info".into());
         let mut cmd = Command::new(&exe);
+        crate::state::inherit_no_descriptors(&mut cmd);
         cmd.args(self.command_args())
             .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())

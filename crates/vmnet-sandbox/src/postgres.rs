@@ -120,6 +120,7 @@ impl PgCluster {
             .context("creating a temp dir")?
             .keep();
         let mut cmd = Command::new("/bin/sh");
+        crate::state::inherit_no_descriptors(&mut cmd);
         let options = server_options(&dir, opts.durable);
         cmd.arg("-c")
             .arg(WATCHDOG)
@@ -190,6 +191,7 @@ impl PgCluster {
     /// Runs `pg_ctl -D <data> ARGS` as the cluster's owner.
     fn pg_ctl(&self, args: &[&str]) -> Result<()> {
         let mut cmd = Command::new(self.bin.join("pg_ctl"));
+        crate::state::inherit_no_descriptors(&mut cmd);
         cmd.arg("-D")
             .arg(self.dir.join("data"))
             .args(args)
@@ -382,7 +384,7 @@ impl DetachedPg {
             bail!("initdb failed:\n{}", read_logs(dir));
         }
         let mut start = Command::new(bin.join("pg_ctl"));
-        start
+        crate::state::inherit_no_descriptors(&mut start)
             .arg("-D")
             .arg(dir.join("data"))
             .arg("-l")

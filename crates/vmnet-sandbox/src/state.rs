@@ -323,6 +323,23 @@ pub fn builder(dir: &Path) -> Option<u32> {
         .then_some(pid)
 }
 
+/// Marks every descriptor above stderr close-on-exec in `cmd`'s child. A process the lab leaves
+/// running (an agent, a helper, qemu, PostgreSQL) must not keep a descriptor it inherited by
+/// accident — the lock file of `flock LOCK vmnet-lab up …`, say, which it would hold for as long
+/// as the sandbox lives. `CLOSE_RANGE_CLOEXEC` (Linux 5.11) closes them at exec, so the standard
+/// library's exec-error pipe works until then; an older kernel leaves them as they are.
+pub fn inherit_no_descriptors(cmd: &mut Command) -> &mut Command {
+    let flags = libc::c_int::try_from(libc::CLOSE_RANGE_CLOEXEC).unwrap_or(0);
+    // SAFETY: between fork and exec the closure only calls close_range(2), which is
+    // async-signal-safe and touches no memory of the process.
+    unsafe {
+        cmd.pre_exec(move || {
+            let _ = libc::close_range(3, libc::c_uint::MAX, flags);
+            Ok(())
+        })
+    }
+}
+
 /// Starts `<this executable> ARGS…` (`vmnet-lab sandbox-helper …`) in the background (own
 /// process group, stdin closed, output appended to `log`).
 ///
@@ -338,7 +355,7 @@ pub fn spawn_background(args: &[String], log: &Path) -> Result<Child, Error> {
     let err = out
         .try_clone()
         .map_err(|e| Error::internal(format!("log {}: {e}", log.display())))?;
-    Command::new(&exe)
+    inherit_no_descriptors(&mut Command::new(&exe))
         .args(args)
         .stdin(Stdio::null())
         .stdout(out)

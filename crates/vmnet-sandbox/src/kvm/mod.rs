@@ -210,7 +210,7 @@ impl Vm {
         let errf = logf
             .try_clone()
             .map_err(|e| Error::internal(format!("{}: {e}", log.display())))?;
-        let child = cmd
+        let child = crate::state::inherit_no_descriptors(&mut cmd)
             .stdin(Stdio::null())
             .stdout(logf)
             .stderr(errf)
