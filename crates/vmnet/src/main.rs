@@ -112,7 +112,17 @@ fn main() -> ExitCode {
     if matches!(cli.command, Command::Serve(_)) {
         let _ = vmnet_agent::malloc::limit_arenas();
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    // The agent runs on a worker pool; every other command is one short exchange with the
+    // agent or the store, and runs on this thread alone: no worker threads to start, wake and
+    // join for an orchestrator that calls `vmnet` once per VM.
+    let runtime = if matches!(cli.command, Command::Serve(_)) {
+        tokio::runtime::Runtime::new()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => return report(&Error::internal(format!("cannot start the runtime: {e}"))),
     };

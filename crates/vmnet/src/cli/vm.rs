@@ -5,6 +5,7 @@
 //! the [`vmnet_model::Error`] the agent sent, so `main` prints `error: CODE: message` and exits
 //! with the code's documented exit status.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::Subcommand;
@@ -172,25 +173,34 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
             },
         ]);
     }
-    print_table(&header, &rows);
+    // One write for the whole answer, not one per line (stdout is line-buffered): a client
+    // called once per VM pays for every system call.
+    let mut o = vmnet_agent::table::render(&header, &rows);
     if detail {
         for v in views {
             let s = &v.status;
-            println!();
-            println!("tap:          {} (owner uid {})", s.tap, dash(s.tap_owner));
-            println!(
+            let _ = writeln!(o);
+            let _ = writeln!(
+                o,
+                "tap:          {} (owner uid {})",
+                s.tap,
+                dash(s.tap_owner)
+            );
+            let _ = writeln!(
+                o,
                 "guest:        {} gateway {} mac {} mtu {}",
                 s.guest_ipv4, s.gateway_ipv4, s.guest_mac, s.mtu
             );
             if let Some(peer) = &s.veth_ns {
-                println!("veth in ns:   {peer}");
+                let _ = writeln!(o, "veth in ns:   {peer}");
             }
             let applied: Vec<String> = s
                 .applied_routes
                 .iter()
                 .map(|r| format!("{} via {}", r.destination, r.via))
                 .collect();
-            println!(
+            let _ = writeln!(
+                o,
                 "applied:      {}",
                 if applied.is_empty() {
                     "-".to_owned()
@@ -198,7 +208,8 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                     applied.join(", ")
                 }
             );
-            println!(
+            let _ = writeln!(
+                o,
                 "public:       {} (applied {} {}, reached {})",
                 public_text(v),
                 dash(s.applied_public_ipv4.as_ref()),
@@ -217,7 +228,8 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                 // The class and direction as the API spells them (`private`, `download`).
                 let class = format!("{:?}", l.class).to_lowercase();
                 let direction = format!("{:?}", l.direction).to_lowercase();
-                println!(
+                let _ = writeln!(
+                    o,
                     "limit:        {class} {direction} {rate}{state}{}",
                     match (l.bytes, l.packets, l.drops) {
                         (Some(b), Some(p), Some(d)) =>
@@ -226,18 +238,21 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                     }
                 );
             }
-            println!(
+            let _ = writeln!(
+                o,
                 "firewall:     {} ({} repairs)",
                 firewall_text(v),
                 s.firewall_repairs
             );
-            println!(
+            let _ = writeln!(
+                o,
                 "metadata:     {}",
                 metadata_text(v.config.metadata.as_ref())
             );
-            println!("last error:   {}", dash(s.last_error.as_ref()));
+            let _ = writeln!(o, "last error:   {}", dash(s.last_error.as_ref()));
         }
     }
+    print!("{o}");
     Ok(())
 }
 
