@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every vmnet test on a fresh Debian 12 machine, as root: installs packages, checks format and
-# lints, then the whole workspace suite (unit, PostgreSQL and SQLite conformance, API, and kernel
+# lints, builds the book, then the whole workspace suite (unit, PostgreSQL and SQLite conformance, API, and kernel
 # tests that build throwaway network namespaces and send real packets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,14 @@ if [ "$(cargo machete --version 2>/dev/null)" != "$machete_version" ]; then
   cargo install cargo-machete --version "$machete_version" --locked
 fi
 cargo machete
+# The book (docs/) builds with mdBook, pinned and built once into ~/.cargo/bin (without its
+# server and file watcher); a build error fails the run. Its links and examples are checked by
+# the vmnet tests `docs` and `kernel_docs_examples`.
+mdbook_version=0.5.4
+if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$mdbook_version" ]; then
+  cargo install mdbook --version "$mdbook_version" --locked --no-default-features --features search
+fi
+mdbook build docs
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Tests that need root (they build network namespaces) are marked #[ignore = "needs root: …"], so
 # a plain `cargo test` as a normal user runs the rest and counts these as ignored. Here, as root,

@@ -1,0 +1,168 @@
+//! The book in `docs/` against the product, without root: every internal link and anchor
+//! resolves, every page is in `SUMMARY.md`, every JSON example is tagged and parses, the API
+//! page lists exactly the paths and methods of `openapi.json`, and the configuration page
+//! lists exactly the flags of `vmnet serve --help`. (`kernel_docs_examples` sends the JSON
+//! examples to a real agent.)
+#![allow(missing_docs)]
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+mod docs_support;
+use docs_support::{JSON_TAGS, anchors, blocks, links, pages, repo, src};
+
+/// Checks one link from `from` (a file under `base`); returns a problem or `None`.
+fn check_link(base: &std::path::Path, from: &str, dest: &str) -> Option<String> {
+    if dest.contains("://") || dest.starts_with("mailto:") {
+        return None;
+    }
+    let (file, anchor) = match dest.split_once('#') {
+        Some((f, a)) => (f, Some(a)),
+        None => (dest, None),
+    };
+    let target = if file.is_empty() {
+        base.join(from)
+    } else {
+        base.join(file)
+    };
+    let Ok(text) = std::fs::read_to_string(&target) else {
+        return Some(format!("{from}: link {dest}: no file {}", target.display()));
+    };
+    if let Some(a) = anchor
+        && !anchors(&text).contains(a)
+    {
+        return Some(format!("{from}: link {dest}: no heading with anchor #{a}"));
+    }
+    None
+}
+
+#[test]
+fn every_internal_link_resolves() {
+    let base = src();
+    let mut problems = Vec::new();
+    for (page, text) in pages() {
+        for dest in links(&text) {
+            problems.extend(check_link(&base, &page, &dest));
+        }
+    }
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    for dest in links(&readme) {
+        problems.extend(check_link(&repo(), "README.md", &dest));
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn a_broken_link_or_anchor_is_found() {
+    let base = src();
+    assert!(check_link(&base, "api.md", "no-such-page.md").is_some());
+    assert!(check_link(&base, "api.md", "cli.md#no-such-heading").is_some());
+    assert!(check_link(&base, "api.md", "#conventions").is_none());
+    assert!(check_link(&base, "api.md", "https://example.com/x").is_none());
+}
+
+#[test]
+fn every_page_is_in_the_summary() {
+    let summary = std::fs::read_to_string(src().join("SUMMARY.md")).unwrap();
+    let listed: BTreeSet<String> = links(&summary).into_iter().collect();
+    let present: BTreeSet<String> = pages()
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p != "SUMMARY.md")
+        .collect();
+    let missing: Vec<_> = present.difference(&listed).collect();
+    assert!(missing.is_empty(), "pages not in SUMMARY.md: {missing:?}");
+}
+
+#[test]
+fn every_json_example_is_tagged_and_parses() {
+    let mut problems = Vec::new();
+    for b in blocks() {
+        let mut parts = b.info.split(',').map(str::trim);
+        if parts.next() != Some("json") {
+            continue;
+        }
+        let tag = parts.next().unwrap_or("");
+        if !JSON_TAGS.contains(&tag) || parts.next().is_some() {
+            problems.push(format!(
+                "{}: ```{} needs one tag of {JSON_TAGS:?}",
+                b.page, b.info
+            ));
+        }
+        if let Err(e) = serde_json::from_str::<serde_json::Value>(&b.text) {
+            problems.push(format!("{}: ```{}: not JSON: {e}", b.page, b.info));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn the_api_page_lists_exactly_the_openapi_paths() {
+    let spec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("crates/vmnet-agent/openapi.json")).unwrap(),
+    )
+    .unwrap();
+    let mut want = BTreeSet::new();
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            if ["get", "put", "post", "delete", "patch"].contains(&method.as_str()) {
+                want.insert(format!("{} {path}", method.to_uppercase()));
+            }
+        }
+    }
+    let page = std::fs::read_to_string(src().join("api.md")).unwrap();
+    // Rows of the endpoint tables: | `GET` | `/v1/vms` | … |
+    let documented: BTreeSet<String> = page
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let method = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            let path = cells.get(2)?.strip_prefix('`')?.strip_suffix('`')?;
+            path.starts_with('/').then(|| format!("{method} {path}"))
+        })
+        .collect();
+    let undocumented: Vec<_> = want.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&want).collect();
+    assert!(
+        undocumented.is_empty() && unknown.is_empty(),
+        "in openapi.json, not in api.md: {undocumented:?}; in api.md, not in openapi.json: {unknown:?}"
+    );
+}
+
+#[test]
+fn the_configuration_page_lists_exactly_the_serve_flags() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    let flag = |l: &str| -> Option<String> {
+        let f: String = l
+            .trim_start()
+            .strip_prefix("--")?
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        (!f.is_empty()).then(|| format!("--{f}"))
+    };
+    // Option lines of the help start with six spaces and `--` (`-h, --help` excepted).
+    let want: BTreeSet<String> = help
+        .lines()
+        .filter(|l| l.starts_with("      --"))
+        .filter_map(flag)
+        .collect();
+    let page = std::fs::read_to_string(src().join("configuration.md")).unwrap();
+    let documented: BTreeSet<String> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(flag)
+        .collect();
+    assert!(want.len() > 20, "{want:?}");
+    let undocumented: Vec<_> = want.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&want).collect();
+    assert!(
+        undocumented.is_empty() && unknown.is_empty(),
+        "in --help, not in configuration.md: {undocumented:?}; in configuration.md, not in --help: {unknown:?}"
+    );
+}
