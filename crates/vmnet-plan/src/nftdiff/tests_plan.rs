@@ -35,6 +35,7 @@ fn vm_nat() -> (Value, Value) {
         Some(("vmnp0001", "10.200.0.6".parse().unwrap())),
         None,
         None,
+        None,
     );
     (plan, listing_with_fp("nft-1.0.6-vm-nat.json", &fp))
 }
@@ -62,7 +63,7 @@ fn one(d: &[Difference]) -> &Difference {
 fn our_rulesets_equal_what_nft_lists_for_them() {
     let (plan, listing) = vm_nat();
     assert_eq!(diff_plan(&plan, &listing).unwrap(), []);
-    let (plan, _, fp) = vm_ruleset("vmn", 1380, None, None, None);
+    let (plan, _, fp) = vm_ruleset("vmn", 1380, None, None, None, None);
     assert_eq!(
         diff_plan(&plan, &listing_with_fp("nft-1.0.6-vm.json", &fp)).unwrap(),
         []

@@ -163,6 +163,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         veth.as_ref()
             .zip(firewall.as_ref())
             .map(|(v, f)| (v.peer_name.as_str(), tap.name.as_str(), f)),
+        settings.guard.then_some(tap.name.as_str()),
     );
     let limits = super::limits::plan_limits(
         cfg.private_network_throughput_mibps,
@@ -175,6 +176,8 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         .as_ref()
         .filter(|_| settings.activity)
         .map(|v| super::activity::plan(&tap.name, &v.peer_name, uid));
+    let guard = settings.guard.then(|| super::guard::plan(cfg, &tap.name));
+    let tap_sysctls = super::sysctls::tap_sysctls(&tap.name);
     Ok(VmPlan {
         vm_id: cfg.id.clone(),
         user_id: uid,
@@ -185,14 +188,8 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         guest,
         routes: cfg.network.routes.clone(),
         nat,
-        ns_sysctls: vec![
-            ("net/ipv4/ip_forward".into(), "1".into()),
-            ("net/ipv6/conf/all/forwarding".into(), "1".into()),
-            // Links made in the netns after this get no automatic link-local (the tap and the
-            // VM end carry only their planned ones): no duplicate address detection and no
-            // multicast listener reports for addresses nothing uses.
-            ("net/ipv6/conf/default/addr_gen_mode".into(), "1".into()),
-        ],
+        ns_sysctls: super::sysctls::ns_sysctls(),
+        tap_sysctls,
         ns_routes,
         ns_rules,
         host_routes,
@@ -207,6 +204,7 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
         firewall,
         metadata,
         activity,
+        guard,
     })
 }
 

@@ -46,6 +46,11 @@
 //!   169.254.169.254/32 on the tap where the agent serves it;
 //! - packet activity ([`activity`]): with [`NsSettings::activity`], the VM's entry in the
 //!   shared activity program's map (its tap and veth end), in [`VmPlan::activity`].
+//! - the guest guard ([`guard`]): with [`NsSettings::guard`], the VM's entry in the shared
+//!   guard program's map (what its guest may send), in [`VmPlan::guard`], and the chain of its
+//!   netns table that drops forwarded packets the guard did not pass;
+//! - sysctls ([`sysctls`]): forwarding on, and router advertisements, redirects, source routes,
+//!   proxy ARP/NDP and unsolicited ARP ignored, namespace-wide and on the tap.
 //!
 //! Later features slot in as more optional sections of [`VmPlan`].
 //!
@@ -55,12 +60,14 @@
 pub mod activity;
 mod build;
 pub mod firewall;
+pub mod guard;
 pub mod limits;
 pub mod metadata;
 pub mod names;
 pub(crate) mod nft;
 pub mod public;
 mod settings;
+pub mod sysctls;
 mod topology;
 mod types;
 

@@ -43,13 +43,15 @@ fn mss_rule(table: &str, nfproto: &str, mss: u32) -> Value {
 /// veth and NAT) also chain `prerouting` ([`super::public::ns_dnat_chain`]), with the rule passing the
 /// transit address on to the guest when there is one ([`super::public::ns_dnat_rule`]). With
 /// `firewall` (`Some((peer veth, tap, plan))`) also the filter chains
-/// ([`super::firewall::nft_commands`]).
+/// ([`super::firewall::nft_commands`]). With `guard` (`Some(tap)`) also the chain dropping
+/// forwarded packets from the tap the guest guard did not pass ([`super::guard::nft_commands`]).
 pub fn vm_ruleset(
     table: &str,
     mtu: u32,
     nat: Option<(&str, Ipv4Addr)>,
     dnat: Option<(&str, Option<Ipv4Addr>)>,
     firewall: Option<(&str, &str, &super::firewall::FirewallPlan)>,
+    guard: Option<&str>,
 ) -> (Value, String, String) {
     let mut cmds = replace_table("inet", table);
     cmds.push(
@@ -75,6 +77,9 @@ pub fn vm_ruleset(
         cmds.extend(
             transit.map(|a| super::public::ns_dnat_rule(table, peer, a, super::GUEST_IPV4)),
         );
+    }
+    if let Some(tap) = guard {
+        cmds.extend(super::guard::nft_commands(table, tap));
     }
     if let Some((peer, tap, fw)) = firewall {
         cmds.extend(super::firewall::nft_commands(table, peer, tap, fw));

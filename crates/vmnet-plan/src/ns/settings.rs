@@ -39,6 +39,9 @@ pub struct NsSettings {
     /// Whether each VM gets a packet-activity entry ([`super::activity`]); the agent turns it
     /// on when it has loaded the activity program (`--activity-root`). Default false.
     pub activity: bool,
+    /// Whether each VM's tap gets the guest guard ([`super::guard`]); the agent turns it on
+    /// when it has loaded the guard program (unless `--no-guest-guard`). Default false.
+    pub guard: bool,
 }
 
 impl Default for NsSettings {
@@ -55,6 +58,7 @@ impl Default for NsSettings {
             uplink: None,
             public_neighbors: super::public::PublicNeighbors::Routed,
             activity: false,
+            guard: false,
         }
     }
 }

@@ -150,8 +150,12 @@ pub struct VmPlan {
     /// Whether the netns NATs IPv4 (an IPv4 route uses `host`).
     pub nat: bool,
     /// Sysctls inside the netns, as (path under `/proc/sys`, value), written before any link
-    /// is made there: forwarding on, and no automatic IPv6 link-local on new links.
+    /// is made there ([`super::sysctls::ns_sysctls`]).
     pub ns_sysctls: Vec<(String, String)>,
+    /// The tap's own sysctls that count ([`super::sysctls::tap_sysctls`]): inherited from the
+    /// netns defaults at create, read back and repaired.
+    #[serde(default)]
+    pub tap_sysctls: Vec<(String, String)>,
     /// Routes inside the netns (main and inbound tables), sorted.
     pub ns_routes: Vec<PlannedRoute>,
     /// Rules inside the netns (IPv6).
@@ -188,6 +192,10 @@ pub struct VmPlan {
     /// turn activity off.
     #[serde(default)]
     pub activity: Option<super::activity::ActivityPlan>,
+    /// The VM's guest-guard entry ([`super::guard`]); `None` when the settings turn the guard
+    /// off.
+    #[serde(default)]
+    pub guard: Option<super::guard::GuardPlan>,
 }
 
 /// The fields the API reports for a VM (spec item 5: netns, veth names, transit /30, tap, guest
