@@ -8,6 +8,9 @@ pub mod activity;
 pub mod bpffs;
 /// Conntrack entries deleted over ctnetlink.
 pub mod conntrack;
+/// The guest guard: the BPF program on each namespace-mode tap that drops what a guest may not
+/// send.
+pub mod guard;
 pub mod mesh;
 mod netlink;
 pub mod netns;
@@ -19,6 +22,7 @@ pub mod nftelem;
 pub mod nftgen;
 pub mod ns;
 pub mod tap;
+mod tcfilter;
 pub mod wg;
 
 pub mod pool;

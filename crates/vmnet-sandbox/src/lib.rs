@@ -10,7 +10,8 @@
 //!   address they saw and the MSS of the TCP SYN.
 //! - [`relay::Relay`] and [`guest`]: a simulated guest joined to a VM's tap by a frame relay
 //!   that opens the tap the way a VMM does; [`sim_guest`]: a pool-mode guest configured from its
-//!   NoCloud seed; [`probe`]: raw frames sent and captured on a link.
+//!   NoCloud seed; [`probe`]: raw frames sent and captured on a link; [`hostile`]: spoofed
+//!   frames from a guest, looked for where they would arrive.
 //! - [`mmds`]: raw requests to the metadata service from inside a guest namespace.
 //! - [`traffic`]: TCP/UDP echo clients, ICMP ping and command runs inside a namespace, each with
 //!   a timeout.
@@ -41,6 +42,7 @@ pub mod fleet;
 pub mod fleet_job;
 pub mod guest;
 pub mod helper;
+pub mod hostile;
 pub mod kvm;
 pub mod mesh_lab;
 pub mod mmds;

@@ -148,6 +148,84 @@ pub fn icmp6_frame(
     eth(dst, src, 0x86dd, &ipv6(src_ip, dst_ip, 58, 255, &body))
 }
 
+/// The ICMPv6 checksum of `msg` (its checksum field zero) from `src` to `dst`.
+fn icmp6_checksum(src: Ipv6Addr, dst: Ipv6Addr, msg: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut add = |bytes: &[u8]| {
+        for c in bytes.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+    };
+    add(&src.octets());
+    add(&dst.octets());
+    add(&u32::try_from(msg.len()).unwrap_or(u32::MAX).to_be_bytes());
+    add(&[0, 0, 0, 58]);
+    add(msg);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !u16::try_from(sum).unwrap_or(0xffff)
+}
+
+/// An Ethernet frame carrying the ICMPv6 message `msg` (type first, checksum bytes 2..4 filled
+/// in here) from `src_ip` to `dst_ip`, hop limit 255: a message the receiver verifies and could
+/// act on.
+#[must_use]
+pub fn icmp6_message(
+    dst: MacAddr,
+    src: MacAddr,
+    src_ip: Ipv6Addr,
+    dst_ip: Ipv6Addr,
+    msg: &[u8],
+) -> Vec<u8> {
+    let mut m = msg.to_vec();
+    if m.len() >= 4 {
+        m[2] = 0;
+        m[3] = 0;
+        let c = icmp6_checksum(src_ip, dst_ip, &m);
+        m[2..4].copy_from_slice(&c.to_be_bytes());
+    }
+    eth(dst, src, 0x86dd, &ipv6(src_ip, dst_ip, 58, 255, &m))
+}
+
+/// A router advertisement (ICMPv6 134, router lifetime 1800 s) with one prefix information
+/// option for `prefix`/64 (on-link, autonomous: a host configures an address in it), followed
+/// by `marker` as padding.
+#[must_use]
+pub fn router_advertisement(prefix: Ipv6Addr, marker: &[u8]) -> Vec<u8> {
+    let mut m = vec![134, 0, 0, 0, 64, 0];
+    m.extend(1800u16.to_be_bytes());
+    m.extend([0; 8]); // reachable time, retransmission timer
+    m.extend([3, 4, 64, 0xc0]);
+    m.extend(86_400u32.to_be_bytes());
+    m.extend(14_400u32.to_be_bytes());
+    m.extend([0; 4]);
+    m.extend(prefix.octets());
+    // The marker as an option the receiver skips: type 200, length in units of 8 bytes.
+    let len = (marker.len() + 2).div_ceil(8);
+    m.push(200);
+    m.push(u8::try_from(len).unwrap_or(u8::MAX));
+    let mut pad = marker.to_vec();
+    pad.resize(len * 8 - 2, 0);
+    m.extend(pad);
+    m
+}
+
+/// A redirect (ICMPv6 137): "`destination` is better reached through `target`", followed by
+/// `marker` in a redirected-header option.
+#[must_use]
+pub fn redirect(target: Ipv6Addr, destination: Ipv6Addr, marker: &[u8]) -> Vec<u8> {
+    let mut m = vec![137, 0, 0, 0, 0, 0, 0, 0];
+    m.extend(target.octets());
+    m.extend(destination.octets());
+    let len = (marker.len() + 8).div_ceil(8);
+    m.extend([4, u8::try_from(len).unwrap_or(u8::MAX), 0, 0, 0, 0, 0, 0]);
+    let mut pad = marker.to_vec();
+    pad.resize(len * 8 - 8, 0);
+    m.extend(pad);
+    m
+}
+
 /// An ARP reply `sender_mac`/`sender_ip` → `target_mac`/`target_ip` in a frame from `src`,
 /// padded with `marker`.
 #[must_use]

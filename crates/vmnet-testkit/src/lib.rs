@@ -8,8 +8,8 @@
 //! tests) and [`bpf::mesh_object`] (another build of the mesh programs).
 
 pub use vmnet_sandbox::{
-    Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, mesh_lab, mmds, netns, postgres,
-    probe, relay, sandbox, sim_guest, tap, traffic,
+    Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, hostile, mesh_lab, mmds, netns,
+    postgres, probe, relay, sandbox, sim_guest, tap, traffic,
 };
 
 pub mod bpf;

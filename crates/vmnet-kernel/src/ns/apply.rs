@@ -152,6 +152,7 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
     route_changes(&want, &st, &mut changes);
     changes.extend(super::activity::drift(d, plan, &ns, &st.ns_links).await?);
+    changes.extend(super::guard::drift(d, plan, &ns, &st.ns_links).await?);
     if !st.nft_drift.is_empty() {
         changes.push(Change::ReplaceNft {
             fingerprint: plan.nft_fingerprint.clone(),
@@ -178,7 +179,7 @@ pub(super) fn check_prefix(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), NsE
     Ok(())
 }
 
-/// Converges an existing VM: fixed parts, routes and rules, then nft.
+/// Converges an existing VM: fixed parts, the guest guard, routes and rules, then nft.
 async fn converge(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
@@ -188,11 +189,14 @@ async fn converge(
 ) -> Result<(), NsError> {
     if let Some(what) = fixed_drift(plan, st) {
         configure_fixed(d, plan, ns, st).await?;
-        let sysctls = plan.ns_sysctls.clone();
+        let sysctls = [plan.ns_sysctls.as_slice(), plan.tap_sysctls.as_slice()].concat();
         let name = plan.netns.clone();
         netns::run_in(&plan.netns, move || inns::write_sysctls(&name, &sysctls))??;
         changes.push(Change::Repair { what });
     }
+    // The guard before the table: a table that drops unmarked packets never goes in before
+    // the program that marks them runs on the tap.
+    changes.extend(super::guard::sync(d, plan, ns, &st.ns_links).await?);
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
     sync_routes(d, plan, ns, &want, st, changes).await?;
     if !st.nft_drift.is_empty() {

@@ -197,6 +197,7 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         netns: plan.netns.clone(),
         tap: plan.tap.clone(),
         sysctls: plan.ns_sysctls.clone(),
+        guard: super::guard::guard(d, plan)?.map(|(g, p)| (std::sync::Arc::clone(g), p.clone())),
     };
     let t = TableWork::of(plan);
     let spares = std::sync::Arc::clone(&d.spares);
@@ -386,11 +387,16 @@ struct NetnsWork {
     netns: String,
     tap: TapPlan,
     sysctls: Vec<(String, String)>,
+    /// The guest guard and the VM's entry, when planned.
+    guard: Option<(
+        std::sync::Arc<crate::guard::GuestGuard>,
+        vmnet_plan::ns::guard::GuardPlan,
+    )>,
 }
 
 /// The work on the thread that just created (or entered) the VM's netns: tap (persistent,
-/// owner, MTU, up), lo up and sysctls unless the netns is a spare that has them (`ready`) and a
-/// netlink socket bound to the netns.
+/// owner, MTU, up), lo up and sysctls unless the netns is a spare that has them (`ready`), the
+/// guest guard on the tap, and a netlink socket bound to the netns.
 fn in_new_netns(w: &NetnsWork, ready: bool, rt: &tokio::runtime::Handle) -> Result<Made, NsError> {
     let tap_err = |op| {
         let name = w.tap.name.clone();
@@ -402,6 +408,9 @@ fn in_new_netns(w: &NetnsWork, ready: bool, rt: &tokio::runtime::Handle) -> Resu
     }
     inns::create_tap(&w.tap)?;
     let tap_index = inns::link_up(&w.tap.name, Some(w.tap.mtu)).map_err(tap_err("set mtu/up"))?;
+    if let Some((g, p)) = &w.guard {
+        super::guard::register_here(g, &w.netns, p)?;
+    }
     let _guard = rt.enter();
     let (conn, h, _) = rtnetlink::new_connection().map_err(|source| {
         NsError::Netns(netns::NetnsError::Io {

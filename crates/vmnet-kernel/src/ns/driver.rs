@@ -51,6 +51,8 @@ pub struct NetlinkNsDriver {
     pub(super) host_nft: super::hostnft::HostNft,
     /// The packet-activity program, when the agent loaded it ([`Self::with_activity`]).
     pub(super) activity: Option<std::sync::Arc<crate::activity::ActivityRecorder>>,
+    /// The guest guard, when the agent loaded it ([`Self::with_guard`]).
+    pub(super) guard: Option<std::sync::Arc<crate::guard::GuestGuard>>,
     /// The next VM's namespace, made ahead (see [`super::spare`]).
     pub(super) spares: std::sync::Arc<super::spare::Spares>,
 }
@@ -118,6 +120,7 @@ impl NetlinkNsDriver {
             host_rules,
             route_cache,
             activity: None,
+            guard: None,
             spares: std::sync::Arc::default(),
         })
     }
@@ -131,6 +134,15 @@ impl NetlinkNsDriver {
         recorder: std::sync::Arc<crate::activity::ActivityRecorder>,
     ) -> Self {
         self.activity = Some(recorder);
+        self
+    }
+
+    /// This driver, registering each planned guard entry ([`VmPlan::guard`]) with `guard` and
+    /// attaching its program to the VM's tap. Without one, a plan with a guard entry fails as
+    /// [`NsError::Invalid`].
+    #[must_use]
+    pub fn with_guard(mut self, guard: std::sync::Arc<crate::guard::GuestGuard>) -> Self {
+        self.guard = Some(guard);
         self
     }
 
@@ -257,6 +269,11 @@ impl NetlinkNsDriver {
         self.nft_gens.close(&ns);
         if let Some(rec) = &self.activity
             && let Err(e) = rec.forget(uid)
+        {
+            errors.push(e.into());
+        }
+        if let Some(g) = &self.guard
+            && let Err(e) = g.forget(uid)
         {
             errors.push(e.into());
         }
@@ -524,6 +541,24 @@ impl NsDriver for NetlinkNsDriver {
 
     fn apply_public<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
         Box::pin(super::public_change::apply_public(self, plan))
+    }
+
+    fn guard_drops(
+        &self,
+        plan: &VmPlan,
+    ) -> Result<Option<std::collections::BTreeMap<&'static str, u64>>, NsError> {
+        match (&self.guard, &plan.guard) {
+            (Some(g), Some(p)) => Ok(g.drops(p.user_id)?),
+            _ => Ok(None),
+        }
+    }
+
+    fn guard_totals(&self) -> Result<Option<crate::guard::GuardTotals>, NsError> {
+        self.guard
+            .as_ref()
+            .map(|g| g.totals())
+            .transpose()
+            .map_err(NsError::from)
     }
 
     fn limit_counters<'a>(

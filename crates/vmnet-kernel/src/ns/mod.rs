@@ -76,6 +76,7 @@ mod driver;
 mod firewall;
 mod fwbatch;
 mod gens;
+mod guard;
 mod host;
 mod hostnft;
 mod inns;
@@ -211,6 +212,28 @@ pub trait NsDriver: Send + Sync {
         Box::pin(async { Ok(None) })
     }
 
+    /// The guest guard's drops of the VM of `plan` by kind
+    /// ([`vmnet_plan::ns::guard::DROP_KINDS`]); `None` when the plan has no guard entry or the
+    /// VM is not registered (and always for a driver without the guard).
+    ///
+    /// # Errors
+    /// A map error.
+    fn guard_drops(
+        &self,
+        plan: &VmPlan,
+    ) -> Result<Option<std::collections::BTreeMap<&'static str, u64>>, NsError> {
+        let _ = plan;
+        Ok(None)
+    }
+
+    /// The guest guard's drops of the whole host; `None` for a driver without the guard.
+    ///
+    /// # Errors
+    /// A map error.
+    fn guard_totals(&self) -> Result<Option<crate::guard::GuardTotals>, NsError> {
+        Ok(None)
+    }
+
     /// The throughput limits of the VM of `plan` with their counters, per class and direction
     /// (empty for a driver that does not shape, and for a VM whose netns does not exist).
     fn limit_counters<'a>(
@@ -302,6 +325,14 @@ pub enum Change {
         /// What was done.
         what: String,
     },
+    /// Wrote the VM's entry in the guest guard's map or attached the guard to its tap
+    /// ([`crate::guard`]).
+    Guard {
+        /// The VM's tap.
+        dev: String,
+        /// What was done.
+        what: String,
+    },
     /// Wrote the VM's entry in the packet-activity program's map ([`crate::activity`]).
     Activity {
         /// The VM's tap.
@@ -356,6 +387,7 @@ impl fmt::Display for Change {
             ),
             Self::Tc { dev, what } => write!(f, "vm: tc {dev}: {what}"),
             Self::Activity { dev, what } => write!(f, "vm: activity {dev}: {what}"),
+            Self::Guard { dev, what } => write!(f, "vm: guard {dev}: {what}"),
             Self::Upgrade { dev, what } => write!(f, "vm: upgrade {dev}: {what}"),
             Self::RemoveVm { user_id } => write!(f, "remove vm user id {user_id}"),
         }
@@ -422,4 +454,7 @@ pub enum NsError {
     /// The packet-activity maps, link or an earlier version's filter ([`crate::activity`]).
     #[error(transparent)]
     Activity(#[from] crate::activity::ActivityError),
+    /// The guest guard's maps or its attachment to a tap ([`crate::guard`]).
+    #[error(transparent)]
+    Guard(#[from] crate::guard::GuestGuardError),
 }

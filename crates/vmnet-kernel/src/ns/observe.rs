@@ -134,7 +134,7 @@ pub(super) async fn observe_vm(
     let table = names::vm_nft_table(&plan.name_prefix);
     let key = nftcheck::key(&plan.netns, "inet", &table);
     let netns_name = plan.netns.clone();
-    let sysctls = plan.ns_sysctls.clone();
+    let sysctls = [plan.ns_sysctls.as_slice(), plan.tap_sysctls.as_slice()].concat();
     let fp = plan.nft_fingerprint.as_str();
     let gens = &d.nft_gens;
     let (bad, read) = netns::run_in(&plan.netns, || {

@@ -123,6 +123,7 @@ pub fn ns_code(e: &NsError) -> ErrorCode {
         | NsError::Missing(_)
         | NsError::Many(_)
         | NsError::Activity(_)
+        | NsError::Guard(_)
         | NsError::NoRuntime => ErrorCode::Unavailable,
         // `NsError` is not `#[non_exhaustive]`; a new variant fails to compile here first.
     }
