@@ -5,7 +5,8 @@
 //! case, the median shown. Each case asserts the verdict it measures, so a number always
 //! belongs to the path it names.
 //!
-//! Cases: on host A, a VM's packet to a VM on host B (encapsulated), to a VM of another tenant
+//! Cases: on host A, a VM's packet to a VM on host B (encapsulated), the same packet with
+//! another VM's mesh address as its source (dropped), to a VM of another tenant
 //! (dropped), to an address outside the mesh (passed on to the host's routes at once; and, for a
 //! VM with a route via a gateway VM, after the host's route lookup); on host B,
 //! an encapsulated packet from host A's side for a local VM (checked, decapsulated,
@@ -166,6 +167,18 @@ pub fn run(lab: &MeshLab, a: &LabVm, c: &LabVm) -> Result<Vec<CostRow>, Error> {
         )));
     }
 
+    // The VM sending as another VM (c's mesh address): dropped before any lookup of the
+    // destination.
+    let spoofed = ethernet(&ipv6_tcp(c.mesh, c.mesh, PACKET));
+    rows.push(measure(
+        &h0.plane,
+        Side::FromVm,
+        &a.veth,
+        &spoofed,
+        SHOT,
+        "VM sending as another VM's mesh address: dropped",
+    )?);
+
     let other = Location {
         host: h1.mesh,
         user_id: 2,
@@ -206,6 +219,7 @@ pub fn run(lab: &MeshLab, a: &LabVm, c: &LabVm) -> Result<Vec<CostRow>, Error> {
         mesh: a.mesh,
         via: VM_LL,
         routes_via_mesh,
+        gateway: false,
     };
     h0.plane
         .put_local(&with_gateway(true))

@@ -22,6 +22,12 @@
 //     naming the gateway VM, after the same tenant check as mesh traffic; a gateway that is
 //     not registered: drop. Everything else (the uplink, a gateway on this host) passes.
 //   Too big for the tunnel: dropped and counted (the VM MTU keeps this from happening).
+//   Sources: a VM's packets carry its own mesh address; a source inside fdaa::/16 other than
+//   that is dropped on every path (counted in `mesh_spoofs`). To a mesh address a VM may also
+//   send from an address of its own public block, and a gateway VM (`mesh_gateway_vms`) from
+//   any address outside fdaa::/16 (the replies from the internet it forwards); any other
+//   source to a mesh address is dropped. The guest guard on the VM's tap drops these first;
+//   this check holds when that filter is gone.
 // mesh_from_wg (tc ingress of wg0 = every packet WireGuard decrypted)
 //   An IPv6-in-IPv6 packet for this host's mesh address: find the local VM by the flow label,
 //   check that the inner source is registered on the outer source host (its mesh address, or an
@@ -175,6 +181,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mesh_gateways SEC(".maps");
 
+// mesh_gateway_vms: user ids of the local gateway VMs (those routing ::/0 via the host): their
+// packets to a mesh address may carry a source outside fdaa::/16.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_gateway_vms SEC(".maps");
+
+// mesh_spoofs[0]: packets from a VM with a source it may not use (a map of its own, so that
+// maps pinned by an earlier version keep their layout).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mesh_spoofs SEC(".maps");
+
 // mesh_blocks: public IPv6 block -> the VM that owns it (longest prefix).
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -218,6 +244,13 @@ static __always_inline int addr_eq(const struct addr6 *x, const struct addr6 *y)
 {
 	const __u64 *a = (const __u64 *)x->a, *b = (const __u64 *)y->a;
 	return a[0] == b[0] && a[1] == b[1];
+}
+
+static __always_inline int spoofed(void)
+{
+	__u32 zero = 0;
+	count(&mesh_spoofs, zero);
+	return TC_ACT_SHOT;
 }
 
 static __always_inline int whitelisted(__u32 tenant, const struct addr6 *addr)
@@ -304,9 +337,18 @@ static __always_inline int from_vm_outside_mesh(struct __sk_buff *skb, struct ip
 	if (!uid)
 		return TC_ACT_UNSPEC; // not a registered VM: the host's routes decide
 	struct local_vm *src = bpf_map_lookup_elem(&mesh_local_vms, uid);
+	if (!src)
+		return TC_ACT_UNSPEC;
+	// No other VM's mesh address leaves through the host either.
+	if (ip->saddr.in6_u.u6_addr8[0] == 0xfd && ip->saddr.in6_u.u6_addr8[1] == 0xaa) {
+		struct addr6 saddr;
+		__builtin_memcpy(&saddr, &ip->saddr, sizeof(saddr));
+		if (!addr_eq(&saddr, &src->mesh))
+			return spoofed();
+	}
 	__u32 zero = 0;
 	struct mesh_config *cfg = bpf_map_lookup_elem(&mesh_config, &zero);
-	if (!src || !cfg || cfg->vm_mtu == 0)
+	if (!cfg || cfg->vm_mtu == 0)
 		return TC_ACT_UNSPEC;
 	struct dest *d = block_owner(daddr);
 	if (!d) {
@@ -363,15 +405,23 @@ int mesh_from_vm(struct __sk_buff *skb)
 	struct local_vm *src = bpf_map_lookup_elem(&mesh_local_vms, uid);
 	if (!src)
 		return drop(D_UNKNOWN_SOURCE);
+	// The source: the VM's own mesh address, else an address of its own public block
+	// (public traffic, a block answers anyone: no tenant check) or, for a gateway VM, any
+	// address outside the mesh (a reply from the internet it forwards).
+	struct addr6 saddr;
+	__builtin_memcpy(&saddr, &ip->saddr, sizeof(saddr));
+	int from_block = 0;
+	if (!addr_eq(&saddr, &src->mesh)) {
+		if (in_mesh(&saddr))
+			return spoofed();
+		struct dest *own = block_owner(&saddr);
+		from_block = own && own->user_id == *uid;
+		if (!from_block && !bpf_map_lookup_elem(&mesh_gateway_vms, uid))
+			return spoofed();
+	}
 	struct dest *d = bpf_map_lookup_elem(&mesh_dests, &daddr);
 	if (!d)
 		return drop(D_UNKNOWN_DESTINATION);
-	// From an address of the sending VM's own public block: public traffic (a block answers
-	// anyone), no tenant check.
-	struct addr6 saddr;
-	__builtin_memcpy(&saddr, &ip->saddr, sizeof(saddr));
-	struct dest *own = in_mesh(&saddr) ? NULL : block_owner(&saddr);
-	int from_block = own && own->user_id == *uid;
 	if (!from_block && !tenants_ok(src->tenant, &src->mesh, d->tenant, &daddr))
 		return drop(D_TENANT);
 	__u32 zero = 0;

@@ -434,6 +434,7 @@ pub fn add_vm(
             via: VM_LL,
             // The lab's VMs route only the mesh range: no gateway lookups.
             routes_via_mesh: false,
+            gateway: false,
         })
         .map_err(unexpected("local vm"))?;
     let loc = Location {

@@ -69,6 +69,7 @@ impl LocalReg {
             mesh: self.mesh,
             via: PEER_LINK_LOCAL,
             routes_via_mesh: self.routes_via_mesh,
+            gateway: self.gateway,
         }
     }
 }

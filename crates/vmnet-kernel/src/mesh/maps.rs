@@ -56,5 +56,7 @@ pub(super) const VIA_VMS: &str = "mesh_via_vms";
 pub(super) const WHITELIST: &str = "mesh_whitelist";
 pub(super) const BLOCKS: &str = "mesh_blocks";
 pub(super) const GATEWAYS: &str = "mesh_gateways";
+pub(super) const GATEWAY_VMS: &str = "mesh_gateway_vms";
 pub(super) const DROPS: &str = "mesh_drops";
+pub(super) const SPOOFS: &str = "mesh_spoofs";
 pub(super) const PASSES: &str = "mesh_passes";

@@ -35,6 +35,11 @@
 //!
 //! **Fail closed**: a mesh destination not in the locations map, a veth without a local VM
 //! entry, an unregistered inner source on wg0: dropped and counted ([`DROP_REASONS`]).
+//!
+//! **Sources**: `mesh_from_vm` checks what the guest guard on the VM's tap checks first, so
+//! that a guard removed by hand does not open the mesh: a VM's mesh traffic carries its own
+//! mesh address, an address of its own public block, or (a gateway VM, [`LocalVm::gateway`])
+//! any source outside `fdaa::/16`; no VM sends from another mesh address on any path.
 
 pub mod filter;
 mod maps;
@@ -55,13 +60,15 @@ pub const FILTER_PRIORITY: u16 = 10;
 pub const FILTER_HANDLE: TcHandle = TcHandle::new(0, 0x3e54);
 
 /// Drop reasons, in the order of the `mesh_drops` counters (`enum drop_reason` in the C
-/// program). `mtu` counts packets handed to the kernel for a Packet Too Big.
-pub const DROP_REASONS: [&str; 5] = [
+/// program), then `spoofed_source` (its own map, `mesh_spoofs`: a packet from a VM with a
+/// source it may not use). `mtu` counts packets handed to the kernel for a Packet Too Big.
+pub const DROP_REASONS: [&str; 6] = [
     "tenant",
     "unknown_destination",
     "mtu",
     "unknown_source",
     "malformed",
+    "spoofed_source",
 ];
 
 /// Forwarding decisions, in the order of the `mesh_passes` counters (`enum pass_kind`):
@@ -104,6 +111,9 @@ pub struct LocalVm {
     /// Whether it has a route via a mesh address (a gateway VM): only then does the data plane
     /// ask the host's routing where its packets to outside the mesh go (map `mesh_via_vms`).
     pub routes_via_mesh: bool,
+    /// Whether it is a gateway VM (routes `::/0` via the host): its packets to a mesh address
+    /// may carry a source outside `fdaa::/16` (map `mesh_gateway_vms`).
+    pub gateway: bool,
 }
 
 /// The largest user id the flow label carries.

@@ -241,13 +241,18 @@ impl MeshPlane {
             via: octets(vm.via),
         };
         self.hash::<u32, Local, _>(maps::LOCAL_VMS, |m| m.insert(vm.user_id, v, 0))?;
-        self.hash::<u32, u8, _>(maps::VIA_VMS, |m| {
-            if vm.routes_via_mesh {
-                m.insert(vm.user_id, 1, 0)
-            } else {
-                ignore_missing(m.remove(&vm.user_id))
-            }
-        })?;
+        for (map, on) in [
+            (maps::VIA_VMS, vm.routes_via_mesh),
+            (maps::GATEWAY_VMS, vm.gateway),
+        ] {
+            self.hash::<u32, u8, _>(map, |m| {
+                if on {
+                    m.insert(vm.user_id, 1, 0)
+                } else {
+                    ignore_missing(m.remove(&vm.user_id))
+                }
+            })?;
+        }
         self.hash::<u32, u32, _>(maps::VETHS, |m| m.insert(ifindex, vm.user_id, 0))
     }
 
@@ -266,6 +271,14 @@ impl MeshPlane {
     /// A map error.
     pub fn via_user_ids(&self) -> Result<BTreeSet<u32>, MeshError> {
         self.hash::<u32, u8, _>(maps::VIA_VMS, |m| m.keys().collect())
+    }
+
+    /// The user ids of the local gateway VMs (map `mesh_gateway_vms`), sorted.
+    ///
+    /// # Errors
+    /// A map error.
+    pub fn gateway_user_ids(&self) -> Result<BTreeSet<u32>, MeshError> {
+        self.hash::<u32, u8, _>(maps::GATEWAY_VMS, |m| m.keys().collect())
     }
 
     /// Removes local VM `user_id` (and its veth entry); a missing one is fine.
@@ -287,6 +300,7 @@ impl MeshPlane {
             })?;
         }
         self.hash::<u32, u8, _>(maps::VIA_VMS, |m| ignore_missing(m.remove(&user_id)))?;
+        self.hash::<u32, u8, _>(maps::GATEWAY_VMS, |m| ignore_missing(m.remove(&user_id)))?;
         self.hash::<u32, Local, _>(maps::LOCAL_VMS, |m| ignore_missing(m.remove(&user_id)))
     }
 
@@ -571,7 +585,10 @@ impl MeshPlane {
     /// # Errors
     /// A map error.
     pub fn drops(&self) -> Result<BTreeMap<&'static str, u64>, MeshError> {
-        self.counters(maps::DROPS, &DROP_REASONS)
+        let (reasons, spoofs) = DROP_REASONS.split_at(DROP_REASONS.len() - 1);
+        let mut out = self.counters(maps::DROPS, reasons)?;
+        out.extend(self.counters(maps::SPOOFS, spoofs)?);
+        Ok(out)
     }
 
     /// Packets forwarded so far by kind ([`PASS_KINDS`]), summed over CPUs.
