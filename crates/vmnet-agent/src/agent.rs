@@ -73,7 +73,7 @@ use view::vm_not_found;
 
 pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
 
-use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmView};
+use crate::status::{AgentStatus, GuestGuardStatus, ReconcileStatus, VmCounts, VmState, VmView};
 
 // The clock lives in `status`; re-exported for `vmnet-bench`, which calls it by this path.
 pub use crate::status::now_ms;
@@ -312,10 +312,21 @@ impl Agent {
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
         let row = row.ok_or_else(|| vm_not_found(id))?;
         let mut view = self.view(&row)?;
+        let Ok(plan) = self.plan(&view.config) else {
+            return Ok(view);
+        };
+        // The guard's drops of an applied VM, read from the kernel.
+        if view.status.state == VmState::Applied {
+            match self.driver.guard_drops(&plan) {
+                Ok(drops) => {
+                    view.status.guard_drops =
+                        drops.map(|d| d.into_iter().map(|(k, n)| (k.to_owned(), n)).collect());
+                }
+                Err(e) => tracing::warn!(vm = %id, error = %e, "reading the guard's drops failed"),
+            }
+        }
         // The counters of the limits in force, read from the kernel.
-        if view.status.limits.iter().any(|l| l.applied)
-            && let Ok(plan) = self.plan(&view.config)
-        {
+        if view.status.limits.iter().any(|l| l.applied) {
             match self.driver.limit_counters(&plan).await {
                 Ok(counters) => {
                     for c in counters {
@@ -586,7 +597,24 @@ impl Agent {
             None => None,
         };
         let provider_pools = self.providers.get().map(|p| p.status());
+        let guest_guard = match self.driver.guard_totals() {
+            Ok(t) => t.map(|t| GuestGuardStatus {
+                vms: t.vms,
+                drops: t
+                    .drops
+                    .into_iter()
+                    .map(|(k, n)| (k.to_owned(), n))
+                    .collect(),
+                unregistered: t.unregistered,
+                error: None,
+            }),
+            Err(e) => Some(GuestGuardStatus {
+                error: Some(e.to_string()),
+                ..GuestGuardStatus::default()
+            }),
+        };
         Ok(AgentStatus {
+            guest_guard,
             provider_pools,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             name_prefix: self.settings.name_prefix.clone(),

@@ -99,6 +99,12 @@ pub struct VmStatus {
     /// a reconcile pass replaced, since the agent started.
     #[serde(default)]
     pub firewall_repairs: u64,
+    /// Frames the guest guard dropped of what the guest sent, by kind
+    /// (`vmnet_plan::ns::guard::DROP_KINDS`), since the agent started or created the VM (read
+    /// from the kernel by `GET /v1/vms/{id}` only; `null` elsewhere, while the VM is not
+    /// applied, and when the guard is off).
+    #[serde(default)]
+    pub guard_drops: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// One class and direction of a VM's throughput limits.
@@ -193,6 +199,25 @@ pub struct AgentStatus {
     /// (`vmnet serve` without `--poll-providers`).
     #[serde(default)]
     pub provider_pools: Option<Vec<ProviderPoolStatus>>,
+    /// The guest guard of namespace mode; `null` when it is off (`--no-guest-guard`).
+    #[serde(default)]
+    pub guest_guard: Option<GuestGuardStatus>,
+}
+
+/// The guest guard in `GET /v1/status` (see `vmnet_kernel::guard`): what every VM's guest sent
+/// that the guard on its tap dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestGuardStatus {
+    /// VMs registered with the guard.
+    pub vms: u64,
+    /// Frames dropped over every registered VM, by kind (`vmnet_plan::ns::guard::DROP_KINDS`),
+    /// since the agent started (a VM's own since the agent created it).
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Frames dropped on a tap whose namespace is not registered (the guard fails closed).
+    pub unregistered: u64,
+    /// Why the counters could not be read; `null` when they were.
+    pub error: Option<String>,
 }
 
 /// The firewall audit in [`AgentStatus`]: every `--firewall-audit-secs` the filter table of each

@@ -88,6 +88,7 @@ impl Agent {
         let status = VmStatus {
             firewall_filtering: filters && applied_now,
             firewall_repairs: self.firewall_repairs_of(&row.id),
+            guard_drops: None,
             limits,
             state,
             netns: p.netns,

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::activity::{ActivityList, VmActivity};
 pub use crate::status::{
-    AgentStatus, GuardStatus, PoolStatus, ProviderPoolState, ProviderPoolStatus, ReconcileStatus,
-    VmCounts, VmState, VmStatus, VmView,
+    AgentStatus, GuardStatus, GuestGuardStatus, PoolStatus, ProviderPoolState, ProviderPoolStatus,
+    ReconcileStatus, VmCounts, VmState, VmStatus, VmView,
 };
 
 /// Body of `PUT /v1/pools/{id}/range`: the pool's IPv4 range.

@@ -80,6 +80,12 @@ pub struct ServeArgs {
     /// it is not on one). A restarted agent given the same directory keeps the recorded times.
     #[arg(long, value_name = "PATH")]
     pub activity_root: Option<PathBuf>,
+    /// Do not load the guest guard (the BPF program on each VM's tap that drops what a guest
+    /// may not send: spoofed sources, another VM's mesh address, forged ARP, router
+    /// advertisements). Only for kernels without it (it needs TCX, Linux 6.6): without the
+    /// guard a guest can send with any source.
+    #[arg(long)]
+    pub no_guest_guard: bool,
     /// Seconds between periodic reconcile passes (an API change applies its VM itself and does not trigger one).
     #[arg(long, default_value_t = DEFAULT_RECONCILE_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub reconcile_interval_secs: u64,
@@ -230,6 +236,7 @@ impl ServeArgs {
             uplink: self.uplink.clone(),
             public_neighbors: self.public_neighbors,
             activity: self.activity_root.is_some(),
+            guard: !self.no_guest_guard,
             ..NsSettings::default()
         };
         s.validate()?;
@@ -294,6 +301,20 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         }
         None => None,
     };
+    if args.no_guest_guard {
+        tracing::warn!(
+            "guest guard off (--no-guest-guard): guests can send with any source address"
+        );
+    } else {
+        let guard = vmnet_kernel::guard::GuestGuard::load().map_err(|e| {
+            Error::unavailable(format!(
+                "guest guard: {} (--no-guest-guard runs without it)",
+                chain(&e)
+            ))
+        })?;
+        tracing::info!(program = guard.program_id(), "guest guard on");
+        driver = driver.with_guard(Arc::new(guard));
+    }
     let agent = Agent::new(
         db,
         Arc::new(driver),
