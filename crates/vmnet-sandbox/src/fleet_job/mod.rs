@@ -23,8 +23,10 @@
 //!    others over the private network;
 //! 5. the checks across hosts ([`checks`], every host's mesh address answering across the
 //!    interface, and TCP from every VM's guest to every VM's mesh address on the other hosts:
-//!    answered within a tenant, dropped between tenants); then a table per host (VMs, guest
-//!    checks) and the fleet's checks.
+//!    answered within a tenant, dropped between tenants) and the impersonation check
+//!    ([`hostile`]: a guest sending as another VM's mesh address to a VM on another host, with
+//!    and without the guest guard); then a table per host (VMs, guest checks) and the fleet's
+//!    checks.
 //!
 //! The exit status is non-zero when any check saw something other than expected; the sandbox
 //! stays up either way, its pids (agents, echo service, relays, PostgreSQL) in `sandbox.json`.
@@ -34,6 +36,7 @@
 //! interrupted `up` does the same before it returns.
 
 pub mod checks;
+pub mod hostile;
 pub mod mesh;
 pub mod public;
 pub mod spec;
@@ -255,6 +258,8 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
     .await
     .map_err(|e| Error::internal(format!("checks: {e}")))?
     .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
+    let mut checks = checks;
+    checks.extend(hostile::run(&hosts).await);
     Ok(FleetReport {
         sandbox: name.to_owned(),
         postgres: pg_dir,

@@ -10,7 +10,7 @@
 //! | `ipv6 tcp echo` | `from <mesh>` with an IPv6 route via `host`, `no reach` without any route; skipped when a gateway VM carries it |
 //! | `ipv6 mss clamp` | `syn mss 1320` (advertised 1440) with an IPv6 route via `host` |
 //! | `mesh → <w>` | `from <mesh>`: TCP to the echo service on guest `w`'s mesh address |
-//! | `gateway <dst> via <w>` | `at <w> from <mesh>`: UDP to a probe address inside `dst`, which gateway guest `w` owns, arrives there |
+//! | `gateway <dst> via <w>` | `at <w> from <mesh>, reply from <probe>`: UDP to a probe address inside `dst`, which gateway guest `w` owns, arrives there, and the echo's reply, from that internet address to the mesh address, arrives back through the gateway VM (whose guest guard lets a gateway VM forward replies from outside the mesh) |
 //! | `nat rule` | `snat` in the VM namespace's nft table with an IPv4 route via `host`, else `none` |
 //! | `veth mtu` | `1380` on the host end of the veth pair |
 //!
@@ -85,7 +85,8 @@ pub enum Probe {
         advmss: u16,
     },
     /// UDP to `target`, owned by gateway guest `gateway` (index into the VM list); seen:
-    /// `at <vm> from <ip>` when the gateway's guest received it, else `no reach`.
+    /// `at <vm> from <ip>` when the gateway's guest received it, then `, reply from <ip>` when
+    /// its echo came back (`, no reply` when not), else `no reach`.
     Gateway {
         /// The probe address and port.
         target: SocketAddr,
@@ -258,7 +259,7 @@ pub fn plan_checks(vms: &[GuestInfo]) -> (Vec<CheckPlan>, Vec<(usize, Ipv6Addr)>
             probes.push((j, addr));
             add(
                 format!("gateway {} via {}", r.destination, vms[j].vm),
-                format!("at {} {}", vms[j].vm, from(mesh)),
+                format!("at {} {}, reply {}", vms[j].vm, from(mesh), from(addr)),
                 Probe::Gateway {
                     target: SocketAddr::new(IpAddr::V6(addr), ECHO_PORT),
                     gateway: j,
@@ -322,17 +323,22 @@ pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, SandboxError> {
             }
             Probe::Mss { target, advmss } => probes::run_mss(&v.guest_ns, target, advmss),
             Probe::Gateway { target, gateway } => {
-                let _ = traffic::try_udp_echo(&v.guest_ns, target, TIMEOUT);
+                let reply = traffic::try_udp_echo(&v.guest_ns, target, TIMEOUT);
                 let log = services[gateway]
                     .as_ref()
                     .map(EchoService::seen)
                     .unwrap_or_default();
+                let reply = match reply {
+                    Ok(Some(r)) => format!("reply {}", from(r.peer.ip())),
+                    Ok(None) => "no reply".into(),
+                    Err(e) => format!("reply error: {e}"),
+                };
                 log.iter()
                     .rev()
                     .find(|s| !s.tcp && s.local == target)
                     .map_or_else(
                         || NO_REACH.into(),
-                        |s| format!("at {} {}", vms[gateway].vm, from(s.peer.ip())),
+                        |s| format!("at {} {}, {reply}", vms[gateway].vm, from(s.peer.ip())),
                     )
             }
         };
@@ -469,7 +475,10 @@ mod tests {
     fn gateway_route_probes_the_gateway_guest() {
         let (plans, probes) = plan_checks(&sample());
         let g = find(&plans, 2, "gateway 2000::/3 via vm-a").expect("check");
-        assert_eq!(g.expected, "at vm-a from fdaa:1::c");
+        assert_eq!(
+            g.expected,
+            "at vm-a from fdaa:1::c, reply from 2001:db8:ffff::1"
+        );
         assert_eq!(
             g.probe,
             Probe::Gateway {

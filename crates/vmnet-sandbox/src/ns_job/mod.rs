@@ -45,6 +45,7 @@ pub mod activity;
 pub mod checks;
 pub mod firewall;
 pub mod fwchange;
+pub mod hostile;
 pub mod kvm;
 pub mod limits;
 pub mod metadata;
@@ -256,6 +257,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     .await
     .map_err(|e| Error::internal(format!("checks: {e}")))?
     .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
+    results.extend(hostile::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(fwchange::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(activity::run(&client, &inet, &spec.vms, &guest_ns).await);
