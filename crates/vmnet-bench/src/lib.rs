@@ -9,12 +9,15 @@
 //!   ([`mesh_cost`]) its programs' cost per packet, and
 //!   ([`mesh_propagation`]) how fast a VM registration reaches another host;
 //! - [`metadata`]: the metadata service's listeners in N namespaces polled every 250 ms;
+//! - [`activity`] and [`guard`]: iperf3 through a VM's path with and without the
+//!   packet-activity program, and with and without the guest guard;
 //! - [`guests`]: real guests: boot to network-ready in namespace mode and ([`guests_pool`]) in
 //!   pool mode, TCP throughput through vmnet's path against a bare tap, and with a limit.
 
 pub mod activity;
 pub mod agent;
 pub mod agent_load;
+pub mod guard;
 pub mod guests;
 pub mod guests_pool;
 pub mod ipam;
@@ -63,6 +66,8 @@ pub enum BenchCmd {
     Metadata(metadata::MetadataBenchArgs),
     /// iperf3 through a VM's path with and without the packet-activity program.
     Activity(activity::ActivityBenchArgs),
+    /// iperf3 from a VM's guest with and without the guest guard.
+    Guard(guard::GuardBenchArgs),
     /// Real guests (qemu): boot to network-ready per mode, throughput against a bare tap.
     Guests(guests::GuestsBenchArgs),
 }
@@ -80,6 +85,7 @@ pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Mesh(a) => Ok(mesh::run(a).await?),
         BenchCmd::Metadata(a) => Ok(metadata::run(a).await?),
         BenchCmd::Activity(a) => Ok(activity::run(a).await?),
+        BenchCmd::Guard(a) => Ok(guard::run(a).await?),
         BenchCmd::Guests(a) => Ok(guests::run(a).await?),
     }
 }
