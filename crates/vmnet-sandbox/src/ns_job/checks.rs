@@ -328,8 +328,10 @@ pub fn run_checks(vms: &[GuestInfo]) -> Result<Vec<CheckResult>, SandboxError> {
                     .as_ref()
                     .map(EchoService::seen)
                     .unwrap_or_default();
+                // The client's socket is connected to `target`: a reply it gets came from
+                // there (the probe address, outside the mesh, through the gateway VM).
                 let reply = match reply {
-                    Ok(Some(r)) => format!("reply {}", from(r.peer.ip())),
+                    Ok(Some(_)) => format!("reply {}", from(target.ip())),
                     Ok(None) => "no reply".into(),
                     Err(e) => format!("reply error: {e}"),
                 };
