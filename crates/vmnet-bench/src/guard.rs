@@ -1,4 +1,4 @@
-//! `vmnet bench guard`: the throughput cost of the guest guard. Two VMs in one sandbox, the same
+//! `vmnet-lab bench guard`: the throughput cost of the guest guard. Two VMs in one sandbox, the same
 //! in everything but the guard: one planned and applied with it (the program on its tap, the
 //! mark check in its namespace's table), one without. Alternately, in the same run, iperf3
 //! uploads from each VM's simulated guest to the fake internet (TCP from the guest's mesh
@@ -28,7 +28,7 @@ use vmnet_sandbox::sandbox::INET_UPLINK_V6;
 
 use crate::iperf::Server;
 
-/// Arguments of `vmnet bench guard`.
+/// Arguments of `vmnet-lab bench guard`.
 #[derive(Debug, clap::Args)]
 pub struct GuardBenchArgs {
     /// Rounds; each measures once without and once with the guard.
@@ -125,7 +125,7 @@ fn median(v: &mut [f64]) -> f64 {
 pub async fn run(args: GuardBenchArgs) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::invalid(
-            "vmnet bench guard must run as root (it creates network namespaces and loads BPF)",
+            "vmnet-lab bench guard must run as root (it creates network namespaces and loads BPF)",
         ));
     }
     let sb = vmnet_sandbox::Sandbox::new("bg").map_err(|e| internal("sandbox")(e.to_string()))?;
@@ -164,7 +164,7 @@ pub async fn run(args: GuardBenchArgs) -> Result<(), Error> {
         .map(|d| d.values().sum::<u64>())
         .unwrap_or(0);
     println!(
-        "vmnet bench guard: iperf3 upload from a simulated guest to the fake internet, {} s per run",
+        "vmnet-lab bench guard: iperf3 upload from a simulated guest to the fake internet, {} s per run",
         args.secs
     );
     println!("  W/O: a VM without the guest guard; W/: a VM with it (same sandbox, alternately)");

@@ -1,4 +1,4 @@
-//! The hostile-guest checks of `vmnet up --sandbox`: from one simulated guest (the first VM with
+//! The hostile-guest checks of `vmnet-lab up --sandbox`: from one simulated guest (the first VM with
 //! a mesh address and IPv4 and IPv6 routes via host: `vm-gateway` in `examples/host.json`),
 //! raw frames a guest root in its VM could send, each looked for where it would arrive
 //! ([`crate::hostile`]) beside honest frames that must arrive, and the guest guard's drop
