@@ -65,6 +65,7 @@ use crate::provider::poller::Poller;
 mod activity;
 mod change;
 mod fwaudit;
+mod guard;
 mod meshvms;
 mod meta;
 mod view;
@@ -73,7 +74,7 @@ use view::vm_not_found;
 
 pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
 
-use crate::status::{AgentStatus, GuestGuardStatus, ReconcileStatus, VmCounts, VmState, VmView};
+use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmView};
 
 // The clock lives in `status`; re-exported for `vmnet-bench`, which calls it by this path.
 pub use crate::status::now_ms;
@@ -315,16 +316,7 @@ impl Agent {
         let Ok(plan) = self.plan(&view.config) else {
             return Ok(view);
         };
-        // The guard's drops of an applied VM, read from the kernel.
-        if view.status.state == VmState::Applied {
-            match self.driver.guard_drops(&plan) {
-                Ok(drops) => {
-                    view.status.guard_drops =
-                        drops.map(|d| d.into_iter().map(|(k, n)| (k.to_owned(), n)).collect());
-                }
-                Err(e) => tracing::warn!(vm = %id, error = %e, "reading the guard's drops failed"),
-            }
-        }
+        self.fill_guard_drops(&mut view, &plan);
         // The counters of the limits in force, read from the kernel.
         if view.status.limits.iter().any(|l| l.applied) {
             match self.driver.limit_counters(&plan).await {
@@ -597,24 +589,8 @@ impl Agent {
             None => None,
         };
         let provider_pools = self.providers.get().map(|p| p.status());
-        let guest_guard = match self.driver.guard_totals() {
-            Ok(t) => t.map(|t| GuestGuardStatus {
-                vms: t.vms,
-                drops: t
-                    .drops
-                    .into_iter()
-                    .map(|(k, n)| (k.to_owned(), n))
-                    .collect(),
-                unregistered: t.unregistered,
-                error: None,
-            }),
-            Err(e) => Some(GuestGuardStatus {
-                error: Some(e.to_string()),
-                ..GuestGuardStatus::default()
-            }),
-        };
         Ok(AgentStatus {
-            guest_guard,
+            guest_guard: self.guest_guard_status(),
             provider_pools,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             name_prefix: self.settings.name_prefix.clone(),

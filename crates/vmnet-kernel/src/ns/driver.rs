@@ -267,16 +267,15 @@ impl NetlinkNsDriver {
         self.nft_memo.forget_netns(&ns);
         // Before the unmount: the kept socket holds the namespace (and the veth pair in it).
         self.nft_gens.close(&ns);
-        if let Some(rec) = &self.activity
-            && let Err(e) = rec.forget(uid)
-        {
-            errors.push(e.into());
-        }
-        if let Some(g) = &self.guard
-            && let Err(e) = g.forget(uid)
-        {
-            errors.push(e.into());
-        }
+        let forgotten = [
+            self.activity
+                .as_ref()
+                .map(|r| r.forget(uid).map_err(NsError::from)),
+            self.guard
+                .as_ref()
+                .map(|g| g.forget(uid).map_err(NsError::from)),
+        ];
+        errors.extend(forgotten.into_iter().flatten().filter_map(Result::err));
         if ns_exists {
             found = true;
             match netns::delete(&ns) {
@@ -543,22 +542,12 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(super::public_change::apply_public(self, plan))
     }
 
-    fn guard_drops(
-        &self,
-        plan: &VmPlan,
-    ) -> Result<Option<std::collections::BTreeMap<&'static str, u64>>, NsError> {
-        match (&self.guard, &plan.guard) {
-            (Some(g), Some(p)) => Ok(g.drops(p.user_id)?),
-            _ => Ok(None),
-        }
+    fn guard_drops(&self, plan: &VmPlan) -> Result<Option<BTreeMap<&'static str, u64>>, NsError> {
+        super::guard::drops(self, plan)
     }
 
     fn guard_totals(&self) -> Result<Option<crate::guard::GuardTotals>, NsError> {
-        self.guard
-            .as_ref()
-            .map(|g| g.totals())
-            .transpose()
-            .map_err(NsError::from)
+        super::guard::totals(self)
     }
 
     fn limit_counters<'a>(

@@ -172,3 +172,23 @@ pub(super) async fn sync(
         "guest guard: wrote the VM's entry or attached the program to its tap");
     Ok(changes)
 }
+
+/// The drops of the VM of `plan` ([`super::NsDriver::guard_drops`]).
+pub(super) fn drops(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+) -> Result<Option<std::collections::BTreeMap<&'static str, u64>>, NsError> {
+    match (&d.guard, &plan.guard) {
+        (Some(g), Some(p)) => Ok(g.drops(p.user_id)?),
+        _ => Ok(None),
+    }
+}
+
+/// The host's drops ([`super::NsDriver::guard_totals`]).
+pub(super) fn totals(d: &NetlinkNsDriver) -> Result<Option<crate::guard::GuardTotals>, NsError> {
+    d.guard
+        .as_ref()
+        .map(|g| g.totals())
+        .transpose()
+        .map_err(NsError::from)
+}

@@ -250,7 +250,7 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
                 metadata_text(v.config.metadata.as_ref())
             );
             if let Some(d) = &s.guard_drops {
-                let _ = writeln!(o, "guard drops:  {}", drops_text(d));
+                let _ = writeln!(o, "guard drops:  {}", super::guard::drops_text(d));
             }
             let _ = writeln!(o, "last error:   {}", dash(s.last_error.as_ref()));
         }
@@ -405,7 +405,7 @@ pub async fn status(g: &Global) -> Result<(), Error> {
     ];
     rows.push(vec![
         "guest guard".to_owned(),
-        guest_guard_line(st.guest_guard.as_ref()),
+        super::guard::guest_guard_line(st.guest_guard.as_ref()),
     ]);
     if let Some(p) = &st.pool {
         rows.extend(pool_rows(p));
@@ -486,35 +486,6 @@ fn pool_rows(p: &vmnet_agent::api::types::PoolStatus) -> Vec<Vec<String>> {
         vec!["pool seeds".to_owned(), p.seed_dir.clone()],
         vec!["pool tap guard".to_owned(), guard_line(p.guard.as_ref())],
     ]
-}
-
-/// The non-zero drop counters, `kind n, …`, or `none`.
-fn drops_text(drops: &std::collections::BTreeMap<String, u64>) -> String {
-    let d: Vec<String> = drops
-        .iter()
-        .filter(|(_, n)| **n > 0)
-        .map(|(k, n)| format!("{k} {n}"))
-        .collect();
-    if d.is_empty() {
-        "none".to_owned()
-    } else {
-        d.join(", ")
-    }
-}
-
-/// `off`, or the VMs guarded and the non-zero drop counters.
-fn guest_guard_line(g: Option<&vmnet_agent::api::types::GuestGuardStatus>) -> String {
-    let Some(g) = g else {
-        return "off (--no-guest-guard)".to_owned();
-    };
-    if let Some(e) = &g.error {
-        return format!("drops unreadable: {e}");
-    }
-    let mut line = format!("{} VMs; drops: {}", g.vms, drops_text(&g.drops));
-    if g.unregistered > 0 {
-        line.push_str(&format!("; {} on unregistered taps", g.unregistered));
-    }
-    line
 }
 
 /// `off`, or the taps guarded and the non-zero drop counters.
