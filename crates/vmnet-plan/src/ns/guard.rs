@@ -3,8 +3,8 @@
 //! kernel crate's `bpf/guest_guard.bpf.c`).
 //!
 //! # Design
-//! One BPF program for the whole host, attached to the TCX ingress of every VM's tap (inside
-//! the VM netns), and per VM one entry in its map, keyed by the VM's netns: the user id the
+//! One BPF program for the whole host, attached as the first tc filter on the ingress of every
+//! VM's tap (inside the VM netns), and per VM one entry in its map, keyed by the VM's netns: the user id the
 //! drops are counted under and what the VM may use as a source ([`GuardPlan`]):
 //!
 //! - Ethernet: source the guest MAC, EtherType ARP, IPv4 or IPv6;

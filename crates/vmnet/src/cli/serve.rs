@@ -82,8 +82,8 @@ pub struct ServeArgs {
     pub activity_root: Option<PathBuf>,
     /// Do not load the guest guard (the BPF program on each VM's tap that drops what a guest
     /// may not send: spoofed sources, another VM's mesh address, forged ARP, router
-    /// advertisements). Only for kernels without it (it needs TCX, Linux 6.6): without the
-    /// guard a guest can send with any source.
+    /// advertisements). Only for kernels that cannot load it (it needs BTF and
+    /// CAP_PERFMON): without the guard a guest can send with any source.
     #[arg(long)]
     pub no_guest_guard: bool,
     /// Seconds between periodic reconcile passes (an API change applies its VM itself and does not trigger one).
