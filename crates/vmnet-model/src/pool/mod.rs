@@ -18,12 +18,14 @@ use crate::ids::{MAX_ID_LEN, validate_id};
 pub use crate::nic::NetworkPolicy;
 
 mod provider;
+mod provider_rules;
 mod range;
 pub use provider::{
     Credentials, DEFAULT_POLL_INTERVAL_SECS, HETZNER_API_URL, MAX_POLL_INTERVAL_SECS,
     MAX_PROXMOX_VMID, MAX_SETTING_LEN, MIN_POLL_INTERVAL_SECS, Machine, Provider, ProviderPool,
     SetProviderPool,
 };
+pub use provider_rules::{DEFAULT_CREDENTIALS_DIR, ProviderRules};
 pub use range::{
     IpRange, MAX_DNS, MAX_PREFIX_LEN, MIN_PREFIX_LEN, RESERVED, SetIpPool, usable_hosts,
 };
