@@ -15,9 +15,11 @@ use axum::http::Method;
 use common::Harness;
 use provider_fake::{Fake, Script, hetzner_addresses, hetzner_server};
 use serde_json::{Value, json};
+use vmnet_agent::provider::fetch::Direct;
 use vmnet_agent::provider::http::HttpSettings;
 use vmnet_agent::provider::poller::{Poller, PollerSettings};
 use vmnet_ipam::{Machine, NewInstance, ProviderPool};
+use vmnet_model::pool::ProviderRules;
 
 const TOKEN: &str = "hz-test-token-7f3a";
 
@@ -34,7 +36,12 @@ async fn world(h: Harness) -> World {
     let fake = Fake::start(&format!("Bearer {TOKEN}")).await;
     let tmp = tempfile::tempdir().unwrap();
     let token = tmp.path().join("hcloud.token");
+    // The agent reads credentials only from its credentials directory, and the fake speaks
+    // plain HTTP on loopback.
+    let rules = ProviderRules::new(tmp.path().to_str().unwrap(), true).unwrap();
+    h.agent.set_provider_rules(rules.clone());
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let (st, v) = h
         .call(
             Method::PUT,
@@ -57,7 +64,8 @@ async fn world(h: Harness) -> World {
         },
         tick: Duration::from_millis(50),
     };
-    let poller = Poller::new(h.agent.db().clone(), settings).unwrap();
+    let direct = Arc::new(Direct::new(&settings.http).unwrap());
+    let poller = Poller::new(h.agent.db().clone(), settings, direct, rules);
     h.agent.set_providers(Arc::clone(&poller)).unwrap();
     World {
         h,
@@ -350,6 +358,19 @@ async fn bad_input_names_the_field(h: Harness) {
         (
             json!({"provider": "hetzner-cloud", "api_url": "https://u:pw@x.example/v1", "credentials": {"env": "X"}}),
             "pool p: api_url",
+        ),
+        // The agent's rules: its credentials directory only, https only.
+        (
+            json!({"provider": "hetzner-cloud", "credentials": {"file": "/var/lib/vmnet/wireguard.key"}}),
+            "pool p: credentials.file \"/var/lib/vmnet/wireguard.key\" is not a file in the agent's credentials directory /etc/vmnet/credentials (vmnet serve --credentials-dir)",
+        ),
+        (
+            json!({"provider": "hetzner-cloud", "credentials": {"file": "/etc/vmnet/credentials/../../shadow"}}),
+            "pool p: credentials.file",
+        ),
+        (
+            json!({"provider": "hetzner-cloud", "api_url": "http://203.0.113.9/v1", "credentials": {"env": "X"}}),
+            "pool p: api_url \"http://203.0.113.9/v1\" must be https://",
         ),
     ];
     for (body, needle) in cases {

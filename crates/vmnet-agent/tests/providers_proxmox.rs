@@ -15,9 +15,11 @@ use axum::http::Method;
 use common::Harness;
 use provider_fake::Fake;
 use serde_json::{Value, json};
+use vmnet_agent::provider::fetch::Direct;
 use vmnet_agent::provider::http::HttpSettings;
 use vmnet_agent::provider::poller::{Poller, PollerSettings};
 use vmnet_ipam::ProviderPool;
+use vmnet_model::pool::ProviderRules;
 
 const TOKEN: &str = "root@pam!vmnet=5e1c0d9a-0000-4000-8000-000000000001";
 
@@ -55,7 +57,12 @@ async fn world(h: Harness) -> World {
     let fake = Fake::start(&format!("PVEAPIToken={TOKEN}")).await;
     let tmp = tempfile::tempdir().unwrap();
     let token = tmp.path().join("pve.token");
+    // The agent reads credentials only from its credentials directory, and the fake speaks
+    // plain HTTP on loopback.
+    let rules = ProviderRules::new(tmp.path().to_str().unwrap(), true).unwrap();
+    h.agent.set_provider_rules(rules.clone());
     std::fs::write(&token, TOKEN).unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let (st, v) = h
         .call(
             Method::PUT,
@@ -68,17 +75,15 @@ async fn world(h: Harness) -> World {
         )
         .await;
     assert!(st.is_success(), "{st} {v}");
-    let poller = Poller::new(
-        h.agent.db().clone(),
-        PollerSettings {
-            http: HttpSettings {
-                request_timeout: Duration::from_millis(500),
-                ..HttpSettings::default()
-            },
-            tick: Duration::from_millis(50),
+    let settings = PollerSettings {
+        http: HttpSettings {
+            request_timeout: Duration::from_millis(500),
+            ..HttpSettings::default()
         },
-    )
-    .unwrap();
+        tick: Duration::from_millis(50),
+    };
+    let direct = Arc::new(Direct::new(&settings.http).unwrap());
+    let poller = Poller::new(h.agent.db().clone(), settings, direct, rules);
     h.agent.set_providers(Arc::clone(&poller)).unwrap();
     for (id, node, vmid) in [
         ("web", "pve1", 100),

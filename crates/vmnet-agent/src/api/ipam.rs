@@ -70,8 +70,10 @@ pub async fn set_range(
 }
 
 /// `PUT /v1/pools/{id}/provider`: make the pool a provider pool, or replace its settings
-/// (creates the pool if new); answers the pool. A pool with a range, or with hosted instances,
-/// is `409 CONFLICT`. The agent's poller (`vmnet serve --poll-providers`) picks the settings up
+/// (creates the pool if new); answers the pool. A `credentials.file` outside the agent's
+/// credentials directory or an `api_url` that is not `https://` (without
+/// `--allow-plain-http-providers`) is `400 INVALID_INPUT` naming the field. A pool with a
+/// range, or with hosted instances, is `409 CONFLICT`. The agent's poller (`vmnet serve --poll-providers`) picks the settings up
 /// at its next round.
 pub async fn set_provider(
     State(a): State<Arc<Agent>>,
@@ -85,6 +87,8 @@ pub async fn set_provider(
         credentials: body.credentials,
         poll_interval_secs: body.poll_interval_secs,
     };
+    // The agent's own rules (credentials directory, https) at the edge, before the store.
+    a.provider_rules().check(&req.validate()?)?;
     let pool: Result<Pool, IpamError> = in_tx!(db(&a), tx => async {
         vmnet_ipam::set_provider_pool(tx, &req).await?;
         vmnet_ipam::get_pool(tx, &req.pool_id).await

@@ -9,26 +9,33 @@
 //! - [`hetzner`]: Hetzner Cloud API v1, `GET /servers` with pagination.
 //! - [`proxmox`]: Proxmox VE API2 JSON, `GET /cluster/resources?type=vm`, then the guest agent
 //!   of each running VM that has one.
+//! - [`fetch`]: who sends a poll's requests: the unprivileged metadata worker in the agent.
 //! - [`poller`]: every pool's interval, one poll per pool; the results go to the store, the
 //!   pool's state to `GET /v1/status`.
 //!
-//! The secret is read at every poll from the file or environment variable the pool names
-//! ([`Secret::read`]), sent only in the `Authorization` header (marked sensitive) and never
-//! stored, answered or logged: its `Debug` form is `Secret(..)`.
+//! The secret is read at every poll from the file (inside the agent's credentials directory) or
+//! environment variable the pool names ([`Secret::read`]), sent only in the `Authorization`
+//! header (marked sensitive) of requests to the pool's `https://` API and never stored, answered
+//! or logged: its `Debug` form is `Secret(..)` and its memory is zeroed when dropped.
 
+pub mod fetch;
 pub mod hetzner;
 pub mod http;
 pub mod poller;
 pub mod proxmox;
+pub mod secret;
+
+pub use secret::Secret;
 
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use vmnet_model::pool::Credentials;
 
 /// Why a poll (of a whole pool, or of one machine) failed. The message names the pool's
-/// provider or the URL, never the secret.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// provider or the URL, never the secret. Serialisable: the metadata worker sends it to the
+/// agent ([`crate::worker::proto`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum PollError {
     /// The secret cannot be read (file missing or unreadable, variable unset, empty, or not a
     /// valid header value).
@@ -74,6 +81,10 @@ pub enum PollError {
         /// The transport error.
         why: String,
     },
+    /// The agent's rules refuse the pool (`api_url` not `https://` without
+    /// `--allow-plain-http-providers`, see [`vmnet_model::pool::ProviderRules`]).
+    #[error("{0}")]
+    Refused(String),
     /// The answer is not the documented JSON shape.
     #[error("{what}: the answer is not the documented JSON: {why}")]
     Malformed {
@@ -86,7 +97,7 @@ pub enum PollError {
 
 impl PollError {
     /// The kind as `GET /v1/status` shows it: `credentials`, `auth`, `rate_limited`, `status`,
-    /// `timeout`, `unreachable` or `malformed`.
+    /// `timeout`, `unreachable`, `refused` or `malformed`.
     #[must_use]
     pub const fn kind(&self) -> &'static str {
         match self {
@@ -96,6 +107,7 @@ impl PollError {
             Self::Status { .. } => "status",
             Self::Timeout { .. } => "timeout",
             Self::Unreachable { .. } => "unreachable",
+            Self::Refused(_) => "refused",
             Self::Malformed { .. } => "malformed",
         }
     }
@@ -104,54 +116,6 @@ impl PollError {
     #[must_use]
     pub const fn is_auth(&self) -> bool {
         matches!(self, Self::Credentials(_) | Self::Auth { .. })
-    }
-}
-
-/// A provider pool's secret, read from where the pool says. `Debug` never shows it.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
-    }
-}
-
-impl Secret {
-    /// Reads the secret from the file or environment variable `c` names, without surrounding
-    /// whitespace.
-    ///
-    /// # Errors
-    /// [`PollError::Credentials`] naming the file or variable (never its content): missing,
-    /// unreadable, unset or empty.
-    pub async fn read(c: &Credentials) -> Result<Self, PollError> {
-        let raw = match c {
-            Credentials::File(p) => tokio::fs::read_to_string(p)
-                .await
-                .map_err(|e| PollError::Credentials(format!("credentials file {p}: {e}")))?,
-            Credentials::Env(n) => std::env::var(n).map_err(|_| {
-                PollError::Credentials(format!(
-                    "credentials env {n} is not set in the agent's environment"
-                ))
-            })?,
-        };
-        let s = raw.trim();
-        if s.is_empty() {
-            return Err(PollError::Credentials(format!("credentials {c} are empty")));
-        }
-        Ok(Self(s.to_owned()))
-    }
-
-    /// The secret itself, for the `Authorization` header only.
-    #[must_use]
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// A secret given directly (tests and tools).
-    #[must_use]
-    pub fn new(s: impl Into<String>) -> Self {
-        Self(s.into())
     }
 }
 
@@ -220,31 +184,5 @@ mod tests {
         push_address(&mut out, "10.0.0.2/24".parse().unwrap());
         push_address(&mut out, "fe80::1/64".parse().unwrap());
         assert_eq!(out, vec!["10.0.0.2/24".parse::<IpNet>().unwrap()]);
-    }
-
-    #[test]
-    fn the_secret_never_shows() {
-        let s = Secret::new("hunter2");
-        assert_eq!(format!("{s:?}"), "Secret(..)");
-    }
-
-    #[tokio::test]
-    async fn unreadable_credentials_name_their_source_only() {
-        let e = Secret::read(&Credentials::Env("VMNET_TEST_SURELY_UNSET_VAR".into()))
-            .await
-            .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "credentials env VMNET_TEST_SURELY_UNSET_VAR is not set in the agent's environment"
-        );
-        assert!(e.is_auth());
-        let e = Secret::read(&Credentials::File("/nonexistent/vmnet.token".into()))
-            .await
-            .unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("credentials file /nonexistent/vmnet.token: "),
-            "{e}"
-        );
     }
 }
