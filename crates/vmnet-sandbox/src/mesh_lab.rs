@@ -141,7 +141,7 @@ impl MeshLab {
                 .zip(&keys)
                 .filter(|(o, _)| o.net.index != h.net.index)
                 .map(|(o, k)| PeerChange::Set {
-                    key: public_of(k).0,
+                    key: public_of(&k.0).0,
                     endpoint: SocketAddr::new(IpAddr::V6(o.net.private_v6), WG_PORT),
                     allowed_ips: vec![ipnet::IpNet::V6(
                         ipnet::Ipv6Net::new(o.mesh, 128).expect("a /128 is valid"),

@@ -94,7 +94,7 @@ pub struct MeshSettings {
 #[derive(Debug)]
 pub struct Mesh {
     s: MeshSettings,
-    private: WgKey,
+    private: keys::PrivateKey,
     public: WgKey,
     daemon: Daemon,
     pub(super) nl: rtnetlink::Handle,
@@ -133,7 +133,7 @@ impl Mesh {
             locations,
             plane,
             daemon: Daemon::new(&s.ifname, &s.wireguard_go, Some(log)),
-            public: keys::public_of(&private),
+            public: keys::public_of(private.expose()),
             private,
             nl,
             lock: Mutex::new(()),
@@ -229,7 +229,7 @@ impl Mesh {
         let dev = u.get().map_err(from_wg)?;
         if !dev.has_private_key || dev.listen_port != self.s.listen_port {
             u.set(&set_text(
-                Some(&self.private.0),
+                Some(self.private.expose()),
                 Some(self.s.listen_port),
                 &[],
             ))
@@ -361,7 +361,15 @@ impl Mesh {
         // The link is up before routes go into it.
         self.prepare_link(l, &want.peers).await?;
         lap("link");
-        self.apply(l, &p).await?;
+        if let Err(e) = self.apply(l, &p).await {
+            // wireguard-go may have gone mid-request: an error of this sync only; the watch
+            // starts it again and applies the record.
+            tracing::warn!(
+                interface = %self.s.ifname,
+                "wireguard-go (pid {pid}) failed during a UAPI request: {e}"
+            );
+            return Err(e);
+        }
         if let Some(d) = &self.plane {
             // The program and route only when wg0 is new; every pass writes them anyway.
             d.converge(

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -17,6 +17,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use zeroize::Zeroizing;
 
 use super::WgError;
 
@@ -158,16 +159,19 @@ pub enum PeerChange {
 }
 
 /// The text of a `set=1` request: the device's private key and port when given, then every
-/// peer change; never `replace_peers`.
+/// peer change; never `replace_peers`. Zeroed when dropped (it may hold the private key).
 #[must_use]
 pub fn set_text(
     private_key: Option<&[u8; 32]>,
     listen_port: Option<u16>,
     changes: &[PeerChange],
-) -> String {
-    let mut s = String::from("set=1\n");
+) -> Zeroizing<String> {
+    let mut s = Zeroizing::new(String::from("set=1\n"));
     if let Some(k) = private_key {
-        let _ = writeln!(s, "private_key={}", hex::encode(k));
+        let hexed = Zeroizing::new(hex::encode(k));
+        s.push_str("private_key=");
+        s.push_str(&hexed);
+        s.push('\n');
     }
     if let Some(p) = listen_port {
         let _ = writeln!(s, "listen_port={p}");
@@ -237,24 +241,51 @@ impl Uapi {
             .map_err(|_| WgError::Protocol(format!("peer pid {} is negative", cred.pid())))
     }
 
-    fn request(&self, text: &str) -> Result<String, WgError> {
+    /// Sends `text` and reads the answer up to its blank line (or the end). The answer may
+    /// hold the private key (`get=1`): every buffer it passes through is zeroed when dropped.
+    /// A server that vanishes mid-request is an error of this request (`EPIPE`, never a
+    /// signal: the socket is written with `MSG_NOSIGNAL`).
+    fn request(&self, text: &str) -> Result<Zeroizing<String>, WgError> {
         let io = |what: &str| {
             let what = format!("{what} {}", self.path.display());
             move |source| WgError::Io { what, source }
         };
         let mut s = self.connect()?;
-        s.write_all(text.as_bytes()).map_err(io("write to"))?;
-        let mut r = BufReader::new(s);
-        let mut out = String::new();
-        loop {
-            let mut line = String::new();
-            let n = r.read_line(&mut line).map_err(io("read from"))?;
-            if n == 0 || line == "\n" {
-                break;
-            }
-            out.push_str(&line);
+        let mut sent = 0;
+        while sent < text.len() {
+            let n = nix::sys::socket::send(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                &text.as_bytes()[sent..],
+                nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+            )
+            .map_err(|e| io("write to")(e.into()))?;
+            sent += n;
         }
-        Ok(out)
+        let mut raw = Zeroizing::new(Vec::with_capacity(4096));
+        let mut chunk = Zeroizing::new([0u8; 4096]);
+        // The answer ends with a blank line; look for it only in what is new (and the byte
+        // before), so a long answer costs one pass.
+        let end = loop {
+            let n = s.read(chunk.as_mut()).map_err(io("read from"))?;
+            if n == 0 {
+                return Err(WgError::Protocol(format!(
+                    "{} closed the connection after {} bytes, before the end of its answer",
+                    self.path.display(),
+                    raw.len()
+                )));
+            }
+            let from = raw.len().saturating_sub(1);
+            raw.extend_from_slice(&chunk[..n]);
+            if raw.first() == Some(&b'\n') {
+                break 0;
+            }
+            if let Some(i) = raw[from..].windows(2).position(|w| w == b"\n\n") {
+                break from + i + 1;
+            }
+        };
+        let text = std::str::from_utf8(&raw[..end])
+            .map_err(|_| WgError::Protocol("the answer is not UTF-8".into()))?;
+        Ok(Zeroizing::new(text.to_owned()))
     }
 
     /// `get=1`.
@@ -334,7 +365,7 @@ mod tests {
             "02".repeat(32),
             "03".repeat(32)
         );
-        assert_eq!(t, want);
+        assert_eq!(t.as_str(), want);
         assert!(!t.contains("replace_peers"));
     }
 }
