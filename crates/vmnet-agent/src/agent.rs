@@ -6,7 +6,8 @@
 //!   last config applied successfully and the last error. The kernel holds the realised state.
 //! - Every kernel change (a PUT, a DELETE, one VM of a reconcile pass) runs under one async
 //!   mutex, so driver calls never overlap and a PUT's answer reflects its own apply; reconcile
-//!   passes are serialized by a second mutex (see [`crate::reconcile`]).
+//!   passes are serialized by a second mutex (see [`crate::reconcile`]). A PUT or DELETE waits
+//!   for the lock and its apply at most the kernel deadline ([`kernel`]).
 //! - A PUT is transactional from the caller's view and costs one durable store write: it checks
 //!   (reading) that no other VM holds the user id or mesh address, then applies the config and,
 //!   at the same time, stores it as desired *and* applied in one statement ([`vm_store::save`]);
@@ -66,6 +67,7 @@ mod activity;
 mod change;
 mod fwaudit;
 mod guard;
+pub mod kernel;
 mod meshvms;
 mod meta;
 mod view;
@@ -73,8 +75,9 @@ mod view;
 use view::vm_not_found;
 
 pub use fwaudit::DEFAULT_FIREWALL_AUDIT_SECS;
+pub use kernel::DEFAULT_KERNEL_DEADLINE_SECS;
 
-use crate::status::{AgentStatus, ReconcileStatus, VmCounts, VmView};
+use crate::status::{ReconcileStatus, VmView};
 
 // The clock lives in `status`; re-exported for `vmnet-bench`, which calls it by this path.
 pub use crate::status::now_ms;
@@ -88,8 +91,9 @@ pub struct Agent {
     driver: Arc<dyn NsDriver>,
     settings: NsSettings,
     interval: Duration,
-    /// Serializes every kernel change (PUT, DELETE, each VM of a reconcile pass, GC).
-    pub(crate) kernel_lock: Mutex<()>,
+    /// Serializes every kernel change (PUT, DELETE, each VM of a reconcile pass, GC) and
+    /// bounds the API's.
+    pub(crate) kernel: kernel::KernelGate,
     /// Serializes reconcile passes (one at a time).
     pub(crate) pass_lock: Mutex<()>,
     pub(crate) record: StdMutex<ReconcileStatus>,
@@ -109,6 +113,10 @@ pub struct Agent {
     providers: OnceLock<Arc<Poller>>,
     /// The metadata service, when the agent serves it (`vmnet serve`).
     metadata: OnceLock<Arc<MetadataService>>,
+    /// The unprivileged worker (metadata listeners, provider polls), when it runs.
+    worker: OnceLock<Arc<crate::worker::Worker>>,
+    /// What the agent accepts of provider pools' credentials files and API URLs.
+    provider_rules: StdMutex<vmnet_model::pool::ProviderRules>,
     /// The packet-activity program, when the agent runs it (`--activity-root`).
     activity: OnceLock<Arc<vmnet_kernel::activity::ActivityRecorder>>,
     /// When this agent started: the baseline of the activity reports.
@@ -186,7 +194,7 @@ impl Agent {
             driver,
             settings,
             interval,
-            kernel_lock: Mutex::new(()),
+            kernel: kernel::KernelGate::default(),
             pass_lock: Mutex::new(()),
             record: StdMutex::new(ReconcileStatus::default()),
             wake: Notify::new(),
@@ -203,6 +211,8 @@ impl Agent {
             }),
             providers: OnceLock::new(),
             metadata: OnceLock::new(),
+            worker: OnceLock::new(),
+            provider_rules: StdMutex::new(vmnet_model::pool::ProviderRules::default()),
             activity: OnceLock::new(),
             started: std::time::SystemTime::now(),
             activity_since: StdMutex::default(),
@@ -355,9 +365,10 @@ impl Agent {
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the field (also when the body's id differs from `path_id`);
-    /// `CONFLICT` when another VM holds the user id or the mesh address; `UNAVAILABLE` when the store fails or the
-    /// apply failed (the previous good config stays applied).
-    pub async fn put_vm(&self, path_id: &str, body: &[u8]) -> Result<VmView, Error> {
+    /// `CONFLICT` when another VM holds the user id or the mesh address; `UNAVAILABLE` when the
+    /// store fails, the apply failed (the previous good config stays applied), or the kernel
+    /// lock or the apply took longer than the kernel deadline ([`kernel`]).
+    pub async fn put_vm(self: &Arc<Self>, path_id: &str, body: &[u8]) -> Result<VmView, Error> {
         let cfg = parse_vm_config(body)?;
         if cfg.id != path_id {
             return Err(Error::invalid(format!(
@@ -367,8 +378,15 @@ impl Agent {
         }
         let plan = self.plan(&cfg)?;
         let json = encode(&cfg)?;
-        let _api = ApiChange::new(self);
-        let _guard = self.kernel_lock.lock().await;
+        let later = format!("GET /v1/vms/{}", cfg.id);
+        self.bounded(format!("PUT vm {}", cfg.id), &later, move |me| async move {
+            me.put_locked(cfg, plan, json).await
+        })
+        .await
+    }
+
+    /// The rest of [`Self::put_vm`], under the kernel lock.
+    async fn put_locked(&self, cfg: VmConfig, plan: VmPlan, json: String) -> Result<VmView, Error> {
         crate::public::check_host(self.driver.as_ref(), &cfg).await?;
         self.mesh_claim_free(&cfg).await?;
         let mesh = cfg.mesh_ipv6.map(|m| m.to_string());
@@ -523,10 +541,18 @@ impl Agent {
     ///
     /// # Errors
     /// `NOT_FOUND` for an unknown VM; `UNAVAILABLE` when the removal failed (the VM stays in the
-    /// store, so the delete can be retried).
-    pub async fn delete_vm(&self, id: &str) -> Result<VmView, Error> {
-        let _api = ApiChange::new(self);
-        let _guard = self.kernel_lock.lock().await;
+    /// store, so the delete can be retried) or took longer than the kernel deadline.
+    pub async fn delete_vm(self: &Arc<Self>, id: &str) -> Result<VmView, Error> {
+        let owned = id.to_owned();
+        let later = format!("GET /v1/vms/{id}");
+        self.bounded(format!("DELETE vm {id}"), &later, move |me| async move {
+            me.delete_locked(&owned).await
+        })
+        .await
+    }
+
+    /// The rest of [`Self::delete_vm`], under the kernel lock.
+    async fn delete_locked(&self, id: &str) -> Result<VmView, Error> {
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
         let row = row.ok_or_else(|| vm_not_found(id))?;
         let view = self.view(&row)?;
@@ -564,41 +590,5 @@ impl Agent {
         store_tx!(self.db, tx => vm_store::delete(tx, id).await)?;
         self.activity_ends(view.config.user_id);
         Ok(view)
-    }
-
-    /// `GET /v1/status`.
-    ///
-    /// # Errors
-    /// `UNAVAILABLE` on a store failure.
-    pub async fn status(&self) -> Result<AgentStatus, Error> {
-        let rows = store_tx!(self.db, tx => vm_store::list(tx).await)?;
-        let mut vms = VmCounts {
-            desired: rows.len() as u64,
-            ..VmCounts::default()
-        };
-        for r in &rows {
-            if r.last_error.is_some() {
-                vms.failed += 1;
-            } else if r.applied.as_deref() == Some(r.config.as_str()) {
-                vms.applied += 1;
-            }
-        }
-        let reconcile = self.record.lock().map(|r| r.clone()).unwrap_or_default();
-        let pool = match self.pool.get() {
-            Some(p) => Some(p.status().await),
-            None => None,
-        };
-        let provider_pools = self.providers.get().map(|p| p.status());
-        Ok(AgentStatus {
-            guest_guard: self.guest_guard_status(),
-            provider_pools,
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            name_prefix: self.settings.name_prefix.clone(),
-            reconcile_interval_secs: self.interval.as_secs(),
-            vms,
-            reconcile,
-            pool,
-            firewall: self.firewall_status(),
-        })
     }
 }

@@ -191,7 +191,7 @@ impl Agent {
         // A host without VMs has no host-wide state to keep (gc removes it with the last VM).
         if full && !ids.is_empty() {
             self.yield_to_api().await;
-            let _kernel = self.kernel_lock.lock().await;
+            let _kernel = self.kernel.lock("reconcile: host state").await;
             match self.driver().repair_host().await {
                 Ok(changes) => out
                     .repaired
@@ -201,7 +201,7 @@ impl Agent {
         }
         let observed = {
             self.yield_to_api().await;
-            let _kernel = self.kernel_lock.lock().await;
+            let _kernel = self.kernel.lock("reconcile: observe").await;
             self.driver().observe().await
         };
         let seen: Option<BTreeMap<u32, ObservedVm>> = match observed {
@@ -218,7 +218,7 @@ impl Agent {
         // between VMs and a pass never applies a config older than the store's.
         for id in &ids {
             self.yield_to_api().await;
-            let _kernel = self.kernel_lock.lock().await;
+            let _kernel = self.kernel.lock(format!("reconcile: vm {id}")).await;
             let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, id).await)? else {
                 continue;
             };
@@ -237,7 +237,7 @@ impl Agent {
         // Collect orphans against the store as it is now: every plan a stored VM may be using
         // (its desired config's and, while they differ, its applied config's).
         self.yield_to_api().await;
-        let _kernel = self.kernel_lock.lock().await;
+        let _kernel = self.kernel.lock("reconcile: garbage collection").await;
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
         if let Some(m) = self.metadata() {
             m.retain(&rows.iter().map(|r| r.id.clone()).collect());
@@ -387,7 +387,7 @@ impl Agent {
     /// Stops the reconcile loop `task` between two kernel changes (never in the middle of one
     /// VM's apply): waits for the kernel lock, then aborts the loop.
     pub async fn stop_loop(&self, task: tokio::task::JoinHandle<()>) {
-        let _kernel = self.kernel_lock.lock().await;
+        let _kernel = self.kernel.lock("stopping the reconcile loop").await;
         task.abort();
         let _ = task.await;
     }

@@ -119,7 +119,10 @@ impl Agent {
                 continue;
             }
             self.yield_to_api().await;
-            let _kernel = self.kernel_lock.lock().await;
+            let _kernel = self
+                .kernel
+                .lock(format!("firewall audit: vm {}", row.id))
+                .await;
             tables += 1;
             match self.driver().audit_table(&plan).await {
                 Ok(None) => {}

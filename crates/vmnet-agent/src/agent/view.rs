@@ -1,13 +1,14 @@
 //! The API view of a stored VM: its config with the status derived from its plan (names,
-//! addresses, limits) and its stored outcome.
+//! addresses, limits) and its stored outcome; and the agent's status (`GET /v1/status`).
 
 use vmnet_ipam::vm_store::VmRow;
 use vmnet_model::Error;
 use vmnet_model::vm::VmConfig;
 use vmnet_plan::ns::VmPlan;
 
-use super::{Agent, decode};
-use crate::status::{LimitStatus, VmState, VmStatus, VmView};
+use super::{Agent, decode, store_tx};
+use crate::status::{AgentStatus, LimitStatus, VmCounts, VmState, VmStatus, VmView};
+use vmnet_ipam::vm_store;
 
 impl Agent {
     /// The API view of a stored row. A config that no longer plans under the current settings
@@ -187,5 +188,45 @@ pub(crate) fn vm_not_found(id: &str) -> Error {
     match vmnet_model::vm::validate_vm_id(id) {
         Err(e) => e.into(),
         Ok(()) => Error::not_found(format!("vm {id} not found")),
+    }
+}
+
+impl Agent {
+    /// `GET /v1/status`.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` on a store failure.
+    pub async fn status(&self) -> Result<AgentStatus, Error> {
+        let rows = store_tx!(self.db, tx => vm_store::list(tx).await)?;
+        let mut vms = VmCounts {
+            desired: rows.len() as u64,
+            ..VmCounts::default()
+        };
+        for r in &rows {
+            if r.last_error.is_some() {
+                vms.failed += 1;
+            } else if r.applied.as_deref() == Some(r.config.as_str()) {
+                vms.applied += 1;
+            }
+        }
+        let reconcile = self.record.lock().map(|r| r.clone()).unwrap_or_default();
+        let pool = match self.pool.get() {
+            Some(p) => Some(p.status().await),
+            None => None,
+        };
+        let provider_pools = self.providers.get().map(|p| p.status());
+        Ok(AgentStatus {
+            guest_guard: self.guest_guard_status(),
+            provider_pools,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            name_prefix: self.settings.name_prefix.clone(),
+            reconcile_interval_secs: self.interval.as_secs(),
+            vms,
+            reconcile,
+            pool,
+            firewall: self.firewall_status(),
+            worker: self.worker.get().map(|w| w.status()),
+            kernel: self.kernel.status(),
+        })
     }
 }

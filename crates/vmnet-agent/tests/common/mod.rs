@@ -40,6 +40,8 @@ pub struct FakeKernel {
     pub gcs: Vec<Vec<u32>>,
     /// observe calls.
     pub observes: u32,
+    /// User ids whose apply waits for a permit of its semaphore (a hung kernel call).
+    pub hold: BTreeMap<u32, Arc<tokio::sync::Semaphore>>,
 }
 
 /// A fake [`NsDriver`]: keeps plans in memory, fails on demand.
@@ -74,6 +76,10 @@ impl FakeDriver {
 impl NsDriver for FakeDriver {
     fn apply<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
         Box::pin(async move {
+            let gate = self.kernel().hold.get(&plan.user_id).cloned();
+            if let Some(g) = gate {
+                g.acquire().await.expect("semaphore open").forget();
+            }
             let mut k = self.kernel();
             k.applies.push((plan.user_id, plan.vm_id.clone()));
             let changed = k.vms.get(&plan.user_id) != Some(plan);

@@ -1,0 +1,227 @@
+//! The kernel lock and the deadline of every VM change through the API.
+//!
+//! # Design
+//! - Every kernel change (a PUT, a DELETE, one VM of a reconcile pass, an audit) runs under
+//!   one lock ([`KernelGate`]), which records what holds it and since when.
+//! - A change through the API waits at most the kernel deadline (`vmnet serve
+//!   --kernel-deadline-secs`, default [`DEFAULT_KERNEL_DEADLINE_SECS`]) from its start: for the
+//!   lock, then for its apply. One that cannot get the lock in time changes nothing and answers
+//!   `UNAVAILABLE` naming what holds the lock and for how long; one whose apply does not
+//!   finish in time answers `UNAVAILABLE` saying so, and the apply goes on in the background
+//!   (stopping a kernel change halfway would leave half-applied state): its outcome shows in
+//!   the VM's status when it ends, and the lock is free again then.
+//! - `GET /v1/status` shows the deadline, what holds the lock now and for how long, and the
+//!   changes that ran out of time ([`KernelStatus`]).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use vmnet_model::Error;
+
+use super::Agent;
+pub use crate::status::KernelStatus;
+use crate::status::now_ms;
+
+/// The kernel deadline of an agent started without `--kernel-deadline-secs`.
+pub const DEFAULT_KERNEL_DEADLINE_SECS: u64 = 30;
+
+#[derive(Debug, Default)]
+struct Record {
+    holder: Option<(String, Instant)>,
+    timeouts: u64,
+    last_timeout: Option<String>,
+    last_timeout_at_unix_ms: Option<i64>,
+}
+
+/// The kernel lock, what holds it, and the deadline of API changes.
+#[derive(Debug)]
+pub struct KernelGate {
+    lock: Arc<Mutex<()>>,
+    record: Arc<StdMutex<Record>>,
+    deadline: StdMutex<Duration>,
+}
+
+impl Default for KernelGate {
+    fn default() -> Self {
+        Self {
+            lock: Arc::new(Mutex::new(())),
+            record: Arc::default(),
+            deadline: StdMutex::new(Duration::from_secs(DEFAULT_KERNEL_DEADLINE_SECS)),
+        }
+    }
+}
+
+/// The kernel lock, held; what held it is forgotten when it drops.
+#[derive(Debug)]
+pub struct KernelGuard {
+    _guard: OwnedMutexGuard<()>,
+    record: Arc<StdMutex<Record>>,
+}
+
+impl Drop for KernelGuard {
+    fn drop(&mut self) {
+        if let Ok(mut r) = self.record.lock() {
+            r.holder = None;
+        }
+    }
+}
+
+impl KernelGate {
+    /// Takes the lock for `what` (waiting as long as it takes: background work).
+    pub async fn lock(&self, what: impl Into<String>) -> KernelGuard {
+        let guard = Arc::clone(&self.lock).lock_owned().await;
+        if let Ok(mut r) = self.record.lock() {
+            r.holder = Some((what.into(), Instant::now()));
+        }
+        KernelGuard {
+            _guard: guard,
+            record: Arc::clone(&self.record),
+        }
+    }
+
+    /// The deadline of API changes.
+    #[must_use]
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+            .lock()
+            .map_or(Duration::from_secs(DEFAULT_KERNEL_DEADLINE_SECS), |d| *d)
+    }
+
+    fn holder(&self) -> String {
+        match self.record.lock().ok().and_then(|r| r.holder.clone()) {
+            Some((what, since)) => {
+                format!("held by {what} for {:.1} s", since.elapsed().as_secs_f64())
+            }
+            None => "free again at the deadline".into(),
+        }
+    }
+
+    fn timed_out(&self, message: &str) {
+        tracing::warn!("{message}");
+        if let Ok(mut r) = self.record.lock() {
+            r.timeouts += 1;
+            r.last_timeout = Some(message.to_owned());
+            r.last_timeout_at_unix_ms = Some(now_ms());
+        }
+    }
+
+    /// What `GET /v1/status` shows.
+    #[must_use]
+    pub fn status(&self) -> KernelStatus {
+        let r = self.record.lock();
+        let (holder, held_for_ms, timeouts, last, last_at) = match r {
+            Ok(r) => (
+                r.holder.as_ref().map(|(w, _)| w.clone()),
+                r.holder
+                    .as_ref()
+                    .map(|(_, t)| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)),
+                r.timeouts,
+                r.last_timeout.clone(),
+                r.last_timeout_at_unix_ms,
+            ),
+            Err(_) => (None, None, 0, None, None),
+        };
+        KernelStatus {
+            deadline_ms: u64::try_from(self.deadline().as_millis()).unwrap_or(u64::MAX),
+            holder,
+            held_for_ms,
+            timeouts_total: timeouts,
+            last_timeout: last,
+            last_timeout_at_unix_ms: last_at,
+        }
+    }
+}
+
+/// Where a bounded change stands.
+const WAITING: u8 = 0;
+const RUNNING: u8 = 1;
+const GAVE_UP: u8 = 2;
+const LATE: u8 = 3;
+
+impl Agent {
+    /// Sets the deadline of API changes (`--kernel-deadline-secs`).
+    pub fn set_kernel_deadline(&self, d: Duration) {
+        if let Ok(mut x) = self.kernel.deadline.lock() {
+            *x = d;
+        }
+    }
+
+    /// Runs `change` (named `what`, e.g. `PUT vm web-1`) under the kernel lock within the
+    /// kernel deadline (see the module docs). `later` says where the outcome of a change that
+    /// runs out of time shows.
+    ///
+    /// # Errors
+    /// `change`'s error; `UNAVAILABLE` when the lock or the change took longer than the
+    /// deadline, naming what it waited for.
+    pub(crate) async fn bounded<T, F, Fut>(
+        self: &Arc<Self>,
+        what: String,
+        later: &str,
+        change: F,
+    ) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, Error>> + Send + 'static,
+    {
+        let limit = self.kernel.deadline();
+        let deadline = tokio::time::Instant::now() + limit;
+        let state = Arc::new(AtomicU8::new(WAITING));
+        let me = Arc::clone(self);
+        let st = Arc::clone(&state);
+        let name = what.clone();
+        let name2 = what.clone();
+        let mut task = tokio::spawn(async move {
+            let _api = super::ApiChange::new(&me);
+            let guard = me.kernel.lock(name).await;
+            if st
+                .compare_exchange(WAITING, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // The caller gave up while this waited: change nothing.
+                drop(guard);
+                return None;
+            }
+            let r = change(Arc::clone(&me)).await;
+            drop(guard);
+            if st.load(Ordering::Acquire) == LATE {
+                match &r {
+                    Ok(_) => tracing::info!("{name2}: finished after its deadline"),
+                    Err(e) => tracing::warn!("{name2}: finished after its deadline: {e}"),
+                }
+            }
+            Some(r)
+        });
+        tokio::select! {
+            r = &mut task => match r {
+                Ok(Some(r)) => r,
+                Ok(None) => Err(Error::internal(format!("{what}: given up before the deadline"))),
+                Err(e) => Err(Error::internal(format!("{what}: the change's task failed: {e}"))),
+            },
+            () = tokio::time::sleep_until(deadline) => {
+                let secs = limit.as_secs_f64();
+                if state
+                    .compare_exchange(WAITING, GAVE_UP, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    let m = format!(
+                        "{what}: waited {secs:.1} s (the kernel deadline) for the kernel lock, {}; nothing was changed, retry later",
+                        self.kernel.holder()
+                    );
+                    self.kernel.timed_out(&m);
+                    Err(Error::unavailable(m))
+                } else {
+                    state.store(LATE, Ordering::Release);
+                    let m = format!(
+                        "{what}: the kernel did not finish it within {secs:.1} s (the kernel deadline); it goes on in the background and its outcome shows in {later}"
+                    );
+                    self.kernel.timed_out(&m);
+                    Err(Error::unavailable(m))
+                }
+            }
+        }
+    }
+}
