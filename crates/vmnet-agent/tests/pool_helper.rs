@@ -11,9 +11,13 @@ use vmnet_model::nic::{InstanceSpec, MacAddr, NetworkPolicy, NicSpec};
 use vmnet_plan::pool::nft::{Firewall, HostAddrs};
 
 fn helper_in(ns: &str) -> HelperClient {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmnet-pool-helper"));
-    cmd.env("VMNET_HELPER_NETNS", ns);
-    HelperClient::spawn(cmd).expect("spawn the helper")
+    let ns = ns.to_owned();
+    HelperClient::spawn(move || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vmnet-pool-helper"));
+        cmd.env("VMNET_HELPER_NETNS", &ns);
+        cmd
+    })
+    .expect("spawn the helper")
 }
 
 fn list(ns: &str) -> String {

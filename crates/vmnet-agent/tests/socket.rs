@@ -1,7 +1,7 @@
-//! The agent over a real unix socket (no root): binding (mode 0660, stale socket replaced, a
-//! live one never stolen, loopback-only TCP), the client, and a declarative host-spec apply
-//! (the repository's `examples/host.json` plus pools, hosts and instances), with the fake
-//! driver.
+//! The agent over a real unix socket (no root): binding (mode 0660 from the moment the socket
+//! appears at its path, stale socket replaced, a live one never stolen), the client, and a
+//! declarative host-spec apply (the repository's `examples/host.json` plus pools, hosts and
+//! instances), with the fake driver.
 
 mod common;
 
@@ -17,11 +17,12 @@ use vmnet_agent::server::{self, ServerError};
 use vmnet_model::ErrorCode;
 
 async fn serve(h: &Harness, sock: &std::path::Path) -> tokio::task::JoinHandle<()> {
-    let unix = server::bind_unix(sock).await.unwrap();
+    let unix = server::bind_unix(sock, server::Access::default())
+        .await
+        .unwrap();
     let router = vmnet_agent::api::router(Arc::clone(&h.agent));
-    let sock = sock.to_owned();
     tokio::spawn(async move {
-        server::serve(router, unix, &sock, None, std::future::pending())
+        server::serve(router, unix, std::future::pending())
             .await
             .unwrap();
     })
@@ -34,29 +35,60 @@ async fn binding_rules() {
     // A stale socket (nobody listening) is replaced; the parent directory is created.
     std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
     drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
-    let l = server::bind_unix(&sock).await.unwrap();
+    let l = server::bind_unix(&sock, server::Access::default())
+        .await
+        .unwrap();
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o660);
+    // Nothing is left of the private bind directory.
+    let left: Vec<_> = std::fs::read_dir(sock.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("vmnet.sock")]);
     // A live socket is never stolen.
-    let e = server::bind_unix(&sock).await.unwrap_err();
+    let e = server::bind_unix(&sock, server::Access::default())
+        .await
+        .unwrap_err();
     assert!(matches!(e, ServerError::InUse(_)), "{e}");
     drop(l);
     // A path that is not a socket is refused.
     let file = tmp.path().join("file");
     std::fs::write(&file, "x").unwrap();
-    let e = server::bind_unix(&file).await.unwrap_err();
-    assert!(matches!(e, ServerError::InUse(_)), "{e}");
-    // TCP only on loopback.
-    let e = server::bind_tcp("0.0.0.0:0".parse().unwrap())
+    let e = server::bind_unix(&file, server::Access::default())
         .await
         .unwrap_err();
-    assert!(matches!(e, ServerError::NotLoopback(_)), "{e}");
-    assert!(e.to_string().contains("loopback"), "{e}");
-    assert!(
-        server::bind_tcp("127.0.0.1:0".parse().unwrap())
-            .await
-            .is_ok()
-    );
+    assert!(matches!(e, ServerError::InUse(_)), "{e}");
+}
+
+/// The socket never appears at its path with the mode the umask gives a new file: it is made in
+/// a private directory and renamed into place already 0660 (inotify sees a move, never a
+/// create, of its name), even under a umask of 0.
+#[tokio::test]
+async fn the_socket_appears_with_its_final_mode() {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("vmnet.sock");
+    let ino = Inotify::init(InitFlags::IN_NONBLOCK).unwrap();
+    ino.add_watch(
+        tmp.path(),
+        AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO,
+    )
+    .unwrap();
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    let l = server::bind_unix(&sock, server::Access::default()).await;
+    nix::sys::stat::umask(old);
+    let l = l.unwrap();
+    let events = ino.read_events().unwrap();
+    let named: Vec<AddWatchFlags> = events
+        .iter()
+        .filter(|e| e.name.as_deref() == Some(std::ffi::OsStr::new("vmnet.sock")))
+        .map(|e| e.mask)
+        .collect();
+    assert_eq!(named, vec![AddWatchFlags::IN_MOVED_TO], "{events:?}");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+    drop(l);
 }
 
 #[tokio::test]

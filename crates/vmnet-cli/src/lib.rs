@@ -21,15 +21,29 @@ pub enum Output {
 }
 
 /// Restores the default `SIGPIPE` disposition (terminate), which the Rust runtime sets to
-/// ignore: `vmnet … --output json | head -5` then ends quietly when the reader goes away,
-/// as other Unix tools do, instead of panicking in `println!` on `EPIPE`. Call it first thing
-/// in `main`, before any thread exists.
+/// ignore: a short-lived client command (`vmnet … --output json | head -5`) then ends quietly
+/// when the reader goes away, as other Unix tools do, instead of panicking in `println!` on
+/// `EPIPE`. Call it first thing in `main`, before any thread exists; a long-running command
+/// then calls [`ignore_sigpipe`].
 pub fn restore_sigpipe() {
     // SAFETY: called first thing in `main`, while the process has one thread and no signal
     // handlers of its own; `SIG_DFL` is a valid disposition for `SIGPIPE` and the call touches
     // no memory.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Ignores `SIGPIPE` again, for a command that runs for long and talks to peers that may
+/// vanish (the agent's API clients, the pool helper, the metadata worker, wireguard-go; the
+/// lab's agents and helpers): it must outlive them, so a write to a peer that hung up is an
+/// error for that peer (`EPIPE`), never the end of the process. Call it on the main thread
+/// before any other thread exists, so every thread and every child inherits it.
+pub fn ignore_sigpipe() {
+    // SAFETY: called on the main thread before the runtime (or any other thread) starts;
+    // `SIG_IGN` is a valid disposition for `SIGPIPE` and the call touches no memory.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
 }
 

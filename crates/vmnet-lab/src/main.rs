@@ -54,6 +54,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
+    // The sandbox (its helpers and `up`, which keeps agents and helpers running) and the
+    // benchmarks outlive the peers they talk to; `down` stays a short client command.
+    if !matches!(cli.command, Command::Down(_)) {
+        vmnet_cli::ignore_sigpipe();
+    }
     if let Some(p) = cli.vmnet {
         vmnet_sandbox::exe::set_vmnet(p);
     }

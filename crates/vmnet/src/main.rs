@@ -101,6 +101,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
+    // The agent outlives its clients and helpers: a peer that hangs up is an error for that
+    // peer, never the end of the agent.
+    if matches!(cli.command, Command::Serve(_)) {
+        vmnet_cli::ignore_sigpipe();
+    }
     // `serve --netns NAME` moves the process into NAME on the main thread, before any other
     // thread (the runtime's) exists, so the whole agent lives there without forking.
     if let Command::Serve(a) = &cli.command

@@ -32,6 +32,10 @@ use vmnet_plan::pool::validate::validate;
 /// The descriptor number the helper finds its socket on.
 pub const HELPER_FD: i32 = 3;
 
+/// The longest the agent waits for the helper to take a request or answer it; a helper that
+/// takes longer is killed and started again (the request fails).
+pub const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Largest frame either side accepts, bytes.
 pub const MAX_FRAME: u32 = 64 << 20;
 
@@ -160,20 +164,19 @@ pub fn main_from_fd(netns: Option<&str>) -> Result<(), String> {
     serve(&UnixStream::from(fd), netns)
 }
 
-/// The agent's end: a running helper and its socket.
+/// How the agent starts a helper: a fresh [`Command`] for each start (the first and every
+/// restart after the helper died).
+pub type HelperCommand = Box<dyn Fn() -> Command + Send + Sync>;
+
+/// A running helper process and the agent's end of its socket.
 #[derive(Debug)]
-pub struct HelperClient {
-    sock: Mutex<UnixStream>,
-    child: Mutex<Child>,
+struct Running {
+    sock: UnixStream,
+    child: Child,
 }
 
-impl HelperClient {
-    /// Starts `cmd` (the helper entry: e.g. `vmnet-pool-helper --netns NS`) with one end of a
-    /// new socketpair as descriptor 3.
-    ///
-    /// # Errors
-    /// When the socketpair or the process cannot be made.
-    pub fn spawn(mut cmd: Command) -> std::io::Result<Self> {
+impl Running {
+    fn start(mut cmd: Command) -> std::io::Result<Self> {
         let (ours, theirs) = UnixStream::pair()?;
         let fd = theirs.as_raw_fd();
         // SAFETY: the closure runs in the forked child before exec and calls only dup2 and
@@ -193,9 +196,68 @@ impl HelperClient {
         }
         let child = cmd.spawn()?;
         drop(theirs);
+        ours.set_read_timeout(Some(HELPER_TIMEOUT))?;
+        ours.set_write_timeout(Some(HELPER_TIMEOUT))?;
+        Ok(Self { sock: ours, child })
+    }
+
+    /// One request and its reply on this helper's socket.
+    fn exchange(&self, body: &[u8]) -> Result<Vec<u8>, String> {
+        let mut w = &self.sock;
+        write_frame(&mut w, body).map_err(|e| format!("send: {e}"))?;
+        let mut r = &self.sock;
+        read_frame(&mut r)
+            .map_err(|e| format!("receive: {e}"))?
+            .ok_or_else(|| "the helper exited before its reply".to_owned())
+    }
+
+    /// Closes the socket (the helper exits when it sees the end) and reaps the process, killing
+    /// it first when `kill` (a helper that failed may hang); how it ended, for the log.
+    fn stop(mut self, kill: bool) -> String {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        if kill {
+            // Our own child, not reaped yet: the pid cannot belong to another process.
+            let _ = self.child.kill();
+        }
+        match self.child.wait() {
+            Ok(st) => st.to_string(),
+            Err(e) => format!("not reaped: {e}"),
+        }
+    }
+}
+
+/// The agent's end: the running helper, restarted when it dies.
+///
+/// A helper that vanishes (killed, crashed, or gone before its reply) fails the request in
+/// flight with [`FirewallError::Helper`] naming what happened; the agent logs it with the
+/// helper's pid and exit status and starts a new helper at once, so the next request (the drift
+/// audit's listing, the next pass) finds one. Nothing is retried blindly: the caller's next pass
+/// compares the kernel with what it wants and converges.
+pub struct HelperClient {
+    make: HelperCommand,
+    running: Mutex<Option<Running>>,
+}
+
+impl std::fmt::Debug for HelperClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HelperClient")
+            .field("pid", &self.pid())
+            .finish()
+    }
+}
+
+impl HelperClient {
+    /// Starts the helper `make` describes (e.g. `vmnet-pool-helper` with `VMNET_HELPER_NETNS`)
+    /// with one end of a new socketpair as descriptor 3; `make` is called again for every
+    /// restart.
+    ///
+    /// # Errors
+    /// When the socketpair or the process cannot be made.
+    pub fn spawn(make: impl Fn() -> Command + Send + Sync + 'static) -> std::io::Result<Self> {
+        let running = Running::start(make())?;
         Ok(Self {
-            sock: Mutex::new(ours),
-            child: Mutex::new(child),
+            make: Box::new(make),
+            running: Mutex::new(Some(running)),
         })
     }
 
@@ -208,31 +270,53 @@ impl HelperClient {
         let exe = std::env::current_exe()?;
         let dir = exe
             .parent()
-            .ok_or_else(|| std::io::Error::other("executable has no directory"))?;
-        let mut cmd = Command::new(dir.join("vmnet-pool-helper"));
-        cmd.env_clear();
-        if let Some(ns) = netns {
-            cmd.env("VMNET_HELPER_NETNS", ns);
-        }
-        Self::spawn(cmd)
+            .ok_or_else(|| std::io::Error::other("executable has no directory"))?
+            .to_owned();
+        let netns = netns.map(str::to_owned);
+        Self::spawn(move || {
+            let mut cmd = Command::new(dir.join("vmnet-pool-helper"));
+            cmd.env_clear();
+            if let Some(ns) = &netns {
+                cmd.env("VMNET_HELPER_NETNS", ns);
+            }
+            cmd
+        })
     }
 
-    /// Sends one request and waits for the reply.
+    /// Sends one request and waits for the reply. When the helper is gone (see the type's
+    /// docs) the request fails and a new helper is started for the next one.
     ///
     /// # Errors
     /// [`FirewallError::Helper`] when the helper refused, failed or is gone.
     pub fn call(&self, req: &Request) -> Result<String, FirewallError> {
-        let sock = self
-            .sock
+        let body = serde_json::to_vec(req).map_err(|e| FirewallError::Helper(e.to_string()))?;
+        let mut slot = self
+            .running
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let body = serde_json::to_vec(req).map_err(|e| FirewallError::Helper(e.to_string()))?;
-        let mut w = &*sock;
-        write_frame(&mut w, &body).map_err(|e| FirewallError::Helper(format!("send: {e}")))?;
-        let mut r = &*sock;
-        let bytes = read_frame(&mut r)
-            .map_err(|e| FirewallError::Helper(format!("receive: {e}")))?
-            .ok_or_else(|| FirewallError::Helper("the helper exited".into()))?;
+        if slot.is_none() {
+            *slot = Some(self.restart("no helper was running")?);
+        }
+        let Some(running) = slot.as_ref() else {
+            return Err(FirewallError::Helper("no helper is running".into()));
+        };
+        let bytes = match running.exchange(&body) {
+            Ok(b) => b,
+            Err(why) => {
+                let dead = slot.take();
+                let (pid, ended) =
+                    dead.map_or((0, String::new()), |r| (r.child.id(), r.stop(true)));
+                tracing::warn!(
+                    pid,
+                    "pool root helper failed ({why}; it ended: {ended}); starting a new one"
+                );
+                *slot = self.restart(&why).ok();
+                return Err(FirewallError::Helper(format!(
+                    "the root helper (pid {pid}) failed: {why}; it ended: {ended}"
+                )));
+            }
+        };
+        drop(slot);
         let reply: Reply = serde_json::from_slice(&bytes)
             .map_err(|e| FirewallError::Helper(format!("bad reply: {e}")))?;
         if reply.ok {
@@ -242,12 +326,28 @@ impl HelperClient {
         }
     }
 
-    /// The helper's process id.
+    fn restart(&self, after: &str) -> Result<Running, FirewallError> {
+        match Running::start((self.make)()) {
+            Ok(r) => {
+                tracing::info!(pid = r.child.id(), "pool root helper started again");
+                Ok(r)
+            }
+            Err(e) => {
+                tracing::error!("pool root helper cannot be started again: {e}");
+                Err(FirewallError::Helper(format!(
+                    "{after}; starting a new helper failed: {e}"
+                )))
+            }
+        }
+    }
+
+    /// The running helper's process id (0 while none runs).
     pub fn pid(&self) -> u32 {
-        self.child
+        self.running
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .id()
+            .as_ref()
+            .map_or(0, |r| r.child.id())
     }
 }
 
@@ -267,11 +367,13 @@ impl NftExec for HelperClient {
 impl Drop for HelperClient {
     fn drop(&mut self) {
         // Closing our end makes the helper exit; reap it.
-        if let Ok(s) = self.sock.get_mut() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-        if let Ok(c) = self.child.get_mut() {
-            let _ = c.wait();
+        if let Some(r) = self
+            .running
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            r.stop(false);
         }
     }
 }

@@ -136,13 +136,13 @@ pub fn from_ns(e: &NsError) -> Error {
 }
 
 /// The documented code of a listening or serving failure (the CLI's `vmnet serve`): a live agent
-/// on the socket is `CONFLICT`, a non-loopback `--listen` `INVALID_INPUT`, an I/O failure
+/// on the socket is `CONFLICT`, an unknown `--socket-group` `INVALID_INPUT`, an I/O failure
 /// `UNAVAILABLE`.
 #[must_use]
 pub fn server_code(e: &ServerError) -> ErrorCode {
     match e {
         ServerError::InUse(_) => ErrorCode::Conflict,
-        ServerError::NotLoopback(_) => ErrorCode::InvalidInput,
+        ServerError::BadGroup(_) => ErrorCode::InvalidInput,
         ServerError::Io { .. } => ErrorCode::Unavailable,
     }
 }

@@ -191,8 +191,8 @@ fn server_errors_map_to_conflict_invalid_input_or_unavailable() {
     let in_use =
         ServerError::InUse("socket /run/vmnet.sock: another agent is listening on it".into());
     assert_eq!(server_code(&in_use), ErrorCode::Conflict);
-    let public = ServerError::NotLoopback("0.0.0.0:80".parse().unwrap());
-    assert_eq!(server_code(&public), ErrorCode::InvalidInput);
+    let group = ServerError::BadGroup("--socket-group nope: no such group".into());
+    assert_eq!(server_code(&group), ErrorCode::InvalidInput);
     let io = ServerError::Io {
         what: "socket /run/vmnet.sock: bind failed".into(),
         source: std::io::Error::from_raw_os_error(13),

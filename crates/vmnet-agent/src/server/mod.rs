@@ -1,0 +1,291 @@
+//! Listening: the agent's unix socket, created with its final mode and group, and the serve loop
+//! that checks each connection's peer ([`access`]) before serving it.
+//!
+//! # Design
+//! - The socket is bound inside a private directory (mode 0700, next to the socket's path), set
+//!   to mode 0660 and its group (`--socket-group`), and only then renamed into place: no process
+//!   can connect while it still has the mode the umask gave it.
+//! - A stale socket file left by a killed agent is removed before binding, but a socket some
+//!   live agent still answers on is never stolen (nor replaced by a racing agent: the rename
+//!   refuses to replace a file).
+//! - Every connection's peer credentials are checked before it is served ([`access::Access`]);
+//!   a refusal is logged with the peer's uid, gid and pid, and the connection closed unread.
+//! - Each connection is served by hyper in its own task. A connection that fails (the client
+//!   hung up while its answers were being written, a malformed request) ends that connection
+//!   only and is logged with its peer; the process ignores `SIGPIPE`, so a write to a vanished
+//!   client is an `EPIPE` for that connection and nothing else.
+//! - The API is served on this socket only: there is no TCP listener (a TCP port cannot tell
+//!   which local user connects).
+
+pub mod access;
+
+use std::future::Future;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{UnixListener, UnixStream};
+
+pub use access::{Access, Peer, Verdict};
+
+/// The unix socket's file mode: owner (root) and group read/write.
+pub const SOCKET_MODE: u32 = 0o660;
+
+/// How long a stopping agent lets open connections finish their requests.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Why the agent cannot listen or serve. Mapped to a documented code at the CLI's edge
+/// ([`server_code`](crate::api::error::server_code)).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The socket is held by a live agent, or its path is another kind of file.
+    #[error("{0}")]
+    InUse(String),
+    /// `--socket-group` names no group.
+    #[error("{0}")]
+    BadGroup(String),
+    /// A file, bind or serve step failed.
+    #[error("{what}")]
+    Io {
+        /// What was attempted, naming the socket.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> ServerError {
+    move |source| ServerError::Io { what, source }
+}
+
+/// The agent's listening socket and who may use it.
+#[derive(Debug)]
+pub struct ApiListener {
+    listener: UnixListener,
+    path: PathBuf,
+    access: Access,
+}
+
+impl ApiListener {
+    /// Where the socket is.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Who may use it.
+    #[must_use]
+    pub fn access(&self) -> Access {
+        self.access
+    }
+}
+
+/// Removes the private bind directory (and the socket in it, when the rename did not happen).
+struct BindDir(PathBuf);
+
+impl Drop for BindDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Binds the agent's unix socket at `path` for `access`: creates the parent directory, removes
+/// a stale socket file, binds in a private directory, sets mode 0660 and the socket group, and
+/// renames it into place (see the module docs).
+///
+/// # Errors
+/// `CONFLICT` when another agent answers on the socket or the path is not a socket;
+/// `UNAVAILABLE` when the directory, bind, chmod, chown or rename fails.
+pub async fn bind_unix(path: &Path, access: Access) -> Result<ApiListener, ServerError> {
+    let shown = path.display();
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d.to_owned(),
+        None => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(io(format!(
+        "socket {shown}: cannot create {}",
+        dir.display()
+    )))?;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if UnixStream::connect(path).await.is_ok() {
+                return Err(ServerError::InUse(format!(
+                    "socket {shown}: another agent is listening on it"
+                )));
+            }
+            std::fs::remove_file(path).map_err(io(format!(
+                "socket {shown}: cannot remove the stale socket"
+            )))?;
+        }
+        Ok(_) => {
+            return Err(ServerError::InUse(format!(
+                "socket {shown}: the path exists and is not a socket"
+            )));
+        }
+        Err(_) => {}
+    }
+    let mut nonce = [0u8; 8];
+    getrandom::fill(&mut nonce).map_err(|e| ServerError::Io {
+        what: format!("socket {shown}: no random name for the bind directory"),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let private = BindDir(dir.join(format!(".vmnet-bind-{}", hex::encode(nonce))));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private.0)
+        .map_err(io(format!(
+            "socket {shown}: cannot create the bind directory {}",
+            private.0.display()
+        )))?;
+    let staged = private.0.join("s");
+    let listener =
+        UnixListener::bind(&staged).map_err(io(format!("socket {shown}: bind failed")))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(SOCKET_MODE))
+        .map_err(io(format!("socket {shown}: chmod failed")))?;
+    if let Some(gid) = access.group {
+        std::os::unix::fs::lchown(&staged, None, Some(gid))
+            .map_err(io(format!("socket {shown}: chown to group {gid} failed")))?;
+    }
+    nix::fcntl::renameat2(
+        nix::fcntl::AT_FDCWD,
+        &staged,
+        nix::fcntl::AT_FDCWD,
+        path,
+        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+    )
+    .map_err(|e| match e {
+        nix::errno::Errno::EEXIST => ServerError::InUse(format!(
+            "socket {shown}: another agent created it while this one was binding"
+        )),
+        e => ServerError::Io {
+            what: format!("socket {shown}: rename into place failed"),
+            source: e.into(),
+        },
+    })?;
+    drop(private);
+    Ok(ApiListener {
+        listener,
+        path: path.to_owned(),
+        access,
+    })
+}
+
+/// The peer of an accepted connection.
+///
+/// # Errors
+/// When the kernel does not tell (the connection is then refused).
+fn peer_of(stream: &UnixStream) -> std::io::Result<Peer> {
+    let c = stream.peer_cred()?;
+    Ok(Peer {
+        uid: c.uid(),
+        gid: c.gid(),
+        pid: c.pid(),
+    })
+}
+
+/// Checks `peer` against `access` (the group lookup on a blocking thread).
+async fn verdict(access: Access, peer: Peer) -> Verdict {
+    if peer.uid == 0 {
+        return Verdict::Allowed;
+    }
+    tokio::task::spawn_blocking(move || access.check(&peer, access::groups_of))
+        .await
+        .unwrap_or_else(|e| Verdict::Refused(format!("the group lookup failed: {e}")))
+}
+
+/// Serves `router` on `api` until `shutdown` completes, then lets open connections finish (at
+/// most [`SHUTDOWN_GRACE`]) and removes the socket file. Each connection is checked first
+/// ([`access`]); a refused or failed connection is logged with its peer and ends alone.
+///
+/// # Errors
+/// `UNAVAILABLE` when accepting fails for good.
+pub async fn serve(
+    router: Router,
+    api: ApiListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    let access = api.access;
+    loop {
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            r = api.listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // E.g. EMFILE: back off instead of spinning; the socket stays.
+                    tracing::warn!("API socket: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let peer = match peer_of(&stream) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("API connection refused: its peer credentials are unknown: {e}");
+                continue;
+            }
+        };
+        let conn = {
+            let router = router.clone();
+            let svc = TowerToHyperService::new(router);
+            hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc)
+        };
+        let watched = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Verdict::Refused(why) = verdict(access, peer).await {
+                tracing::warn!(
+                    peer.uid,
+                    peer.gid,
+                    peer.pid,
+                    "API connection refused: {why}"
+                );
+                return;
+            }
+            if let Err(e) = watched.await {
+                tracing::warn!(
+                    peer.uid,
+                    peer.gid,
+                    peer.pid,
+                    "API connection from {peer} ended with an error: {}",
+                    vmnet_model::error::chain(&e)
+                );
+            }
+        });
+    }
+    drop(api.listener);
+    let _ = std::fs::remove_file(&api.path);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "API connections still open after {SHUTDOWN_GRACE:?}; closing them with the agent"
+        );
+    }
+    Ok(())
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
