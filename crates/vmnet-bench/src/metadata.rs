@@ -2,21 +2,23 @@
 //!
 //! # What is measured
 //! - N throwaway network namespaces (`vmbmd<pid>-<i>`), each with `lo` up and 169.254.169.254/32
-//!   on it, and in each a real listener of the agent's service code
-//!   ([`vmnet_agent::metadata::bind_in`] and [`vmnet_agent::metadata::serve`]: the same socket,
-//!   HTTP stack, token check and rate limit the agent serves), all on one dedicated tokio
-//!   (current-thread) runtime thread, so that thread's CPU time is the serving side's.
+//!   on it, and in each a listener made as the agent makes it
+//!   ([`vmnet_agent::metadata::bind_in`]) and served by the real unprivileged worker process
+//!   the agent runs ([`vmnet_agent::worker::Worker`]: `vmnet serve --worker-serve` as
+//!   `--worker-user`, no capabilities, under its seccomp filter, the listeners handed over with
+//!   `SCM_RIGHTS`), so the worker process's CPU time is the serving side's.
 //! - Clients: worker threads, each owning a share of the VMs, behaving as `vmnet-guest` does
 //!   ([`CLIENT_BEHAVIOUR`], printed with the results): per VM one HTTP/1.1 keep-alive
 //!   connection made inside that VM's namespace, a v2 token fetched once and reused, then one
 //!   `GET /latest/meta-data` (`Accept: application/json`: the whole folder) every
 //!   `interval_ms`: N × 1000 / interval requests a second, over each namespace's loopback (the
 //!   guest's tap and relay are not part of the server's cost).
-//! - Reported: the serving thread's CPU as % of one core (its `utime + stime` over the measured
-//!   window: the agent's work only, not the clients'), request latency p50/p99 (write to last
-//!   byte, seen by the clients), requests, errors, reconnects (a kept connection closed by the
-//!   service, e.g. at the end of its lifetime) and the process RSS added by the N listeners
-//!   (VmRSS after binding them minus before; the namespaces' kernel memory is not in it).
+//! - Reported: the worker's CPU as % of one core (its `utime + stime`, all its threads, over
+//!   the measured window: the serving side only, not the clients'), request latency p50/p99
+//!   (write to last byte, seen by the clients), requests, errors, reconnects (a kept
+//!   connection closed by the service, e.g. at the end of its lifetime) and the worker's RSS
+//!   with the N listeners served and at the end of the window (the namespaces' kernel memory is
+//!   not in it).
 //!
 //! Goals (issue 15): < 10 % of a core and p99 < 5 ms at 1,000 VMs polling every 250 ms.
 
@@ -28,7 +30,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sched::{CloneFlags, setns};
-use vmnet_agent::metadata::{VmMeta, bind_in, serve};
+use vmnet_agent::metadata::bind_in;
+use vmnet_agent::worker::{Worker, WorkerSettings, WorkerUser};
 use vmnet_model::Error;
 use vmnet_model::vm::metadata::MetadataVersion;
 use vmnet_plan::ns::metadata::{METADATA_IPV4, METADATA_PORT};
@@ -48,6 +51,10 @@ pub struct MetadataBenchArgs {
     /// Client threads.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub clients: u32,
+    /// The worker's user (as `vmnet serve --worker-user`); made with `useradd --system` when it
+    /// is the default and does not exist.
+    #[arg(long, default_value = vmnet_agent::worker::DEFAULT_USER)]
+    pub worker_user: String,
 }
 
 /// The goals: % of a core, p99 ms.
@@ -68,15 +75,15 @@ fn unavailable(what: &str) -> impl Fn(String) -> Error + '_ {
     move |e| Error::unavailable(format!("bench metadata: {what}: {e}"))
 }
 
-fn rss_kib() -> u64 {
-    crate::procstat::proc_usage(std::process::id()).map_or(0, |u| u.rss_kib)
+fn rss_kib(pid: u32) -> u64 {
+    crate::procstat::proc_usage(pid).map_or(0, |u| u.rss_kib)
 }
 
-/// The calling thread's CPU time so far: `utime + stime` of `/proc/thread-self/stat` (clock
-/// ticks, user and system time; softirq work the kernel does in the thread's context, such as
+/// Process `pid`'s CPU time so far: `utime + stime` of `/proc/<pid>/stat`, all its threads
+/// (clock ticks, user and system time; softirq work the kernel does in its context, such as
 /// loopback delivery of its replies, is in it).
-fn thread_cpu() -> Duration {
-    let ticks = std::fs::read_to_string("/proc/thread-self/stat")
+fn process_cpu(pid: u32) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
             // The fields after the command name's closing parenthesis: utime and stime are
@@ -318,53 +325,29 @@ pub async fn run(a: MetadataBenchArgs) -> Result<(), Error> {
             .await
             .map_err(|e| unavailable("address")(e.to_string()))?;
     }
-    // The serving side: its own thread and runtime.
-    let names = spaces.0.clone();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(u64, u64), String>>();
-    let (cpu_tx, cpu_rx) = std::sync::mpsc::channel::<(Duration, u64)>();
-    let (mark_tx, mark_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let server = std::thread::spawn(move || {
-        let rt = match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                let _ = ready_tx.send(Err(e.to_string()));
-                return;
-            }
-        };
-        rt.block_on(async move {
-            let before = rss_kib();
-            let mut tasks = Vec::new();
-            for n in &names {
-                match bind_in(n) {
-                    Ok((l, _)) => {
-                        let doc = serde_json::json!({"latest": {"meta-data": {"instance-id": n, "mesh-ipv6": "fdaa::1", "host-routes": "0.0.0.0/0\n::/0"}}});
-                        tasks.push(serve(l, VmMeta::new(doc, MetadataVersion::V2)));
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                }
-            }
-            tokio::task::yield_now().await;
-            let _ = ready_tx.send(Ok((before, rss_kib().saturating_sub(before))));
-            // Mark the window's start and end with this thread's CPU time.
-            let mut mark_rx = mark_rx;
-            while mark_rx.recv().await.is_some() {
-                let _ = cpu_tx.send((thread_cpu(), rss_kib()));
-            }
-            for t in tasks {
-                t.abort();
-            }
-        });
-    });
-    let (rss_before, rss_added) = ready_rx
-        .recv()
-        .map_err(|e| unavailable("server")(e.to_string()))?
-        .map_err(unavailable("listeners"))?;
+    // The serving side: the worker process, as the agent runs it.
+    vmnet_sandbox::worker_user::ensure(&a.worker_user).map_err(unavailable("worker user"))?;
+    let user = WorkerUser::lookup(&a.worker_user).map_err(unavailable("worker user"))?;
+    let exe = vmnet_agent::worker::vmnet_exe().map_err(|e| unavailable("vmnet")(e.to_string()))?;
+    let worker = Worker::start(WorkerSettings {
+        command: vmnet_agent::worker::command(exe),
+        user: user.clone(),
+        http: vmnet_agent::provider::http::HttpSettings::default(),
+    })
+    .await?;
+    let pid = worker
+        .pid()
+        .ok_or_else(|| unavailable("worker")("no pid".into()))?;
+    let rss_before = rss_kib(pid);
+    for n in &spaces.0 {
+        let (l, _) = bind_in(n).map_err(unavailable("listeners"))?;
+        let doc = serde_json::json!({"latest": {"meta-data": {"instance-id": n, "mesh-ipv6": "fdaa::1", "host-routes": "0.0.0.0/0\n::/0"}}});
+        worker.listen(n, l.into(), MetadataVersion::V2, doc);
+    }
+    // Until the worker took every listener (its table is the agent's; wait for its first
+    // answers instead: the clients' token requests below wait in the queues meanwhile).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rss_added = rss_kib(pid).saturating_sub(rss_before);
     let every = Duration::from_millis(a.interval_ms);
     let start = Instant::now();
     // One interval of warm-up (tokens, first requests), then the measured window.
@@ -385,17 +368,13 @@ pub async fn run(a: MetadataBenchArgs) -> Result<(), Error> {
         }));
     }
     tokio::time::sleep_until((measure_from).into()).await;
-    let _ = mark_tx.send(());
-    let (cpu0, _) = cpu_rx
-        .recv()
-        .map_err(|e| unavailable("cpu")(e.to_string()))?;
+    let cpu0 = process_cpu(pid);
     let w0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(a.secs)).await;
-    let _ = mark_tx.send(());
-    let (cpu1, rss_end) = cpu_rx
-        .recv()
-        .map_err(|e| unavailable("cpu")(e.to_string()))?;
+    let cpu1 = process_cpu(pid);
+    let rss_end = rss_kib(pid);
     let window = w0.elapsed();
+    let still = worker.pid() == Some(pid);
     stop.store(true, Ordering::Relaxed);
     let mut lat = Vec::new();
     let mut errors = 0;
@@ -407,8 +386,7 @@ pub async fn run(a: MetadataBenchArgs) -> Result<(), Error> {
             reconnects += o.reconnects;
         }
     }
-    drop(mark_tx);
-    let _ = server.join();
+    drop(worker);
     drop(spaces);
     lat.sort();
     let cpu_pct = (cpu1.saturating_sub(cpu0)).as_secs_f64() / window.as_secs_f64() * 100.0;
@@ -421,19 +399,27 @@ pub async fn run(a: MetadataBenchArgs) -> Result<(), Error> {
         vec!["errors".into(), errors.to_string(), "0".into()],
         vec!["reconnects".into(), reconnects.to_string(), String::new()],
         vec![
-            "serving CPU (utime+stime), % of a core".into(),
+            format!(
+                "worker CPU (utime+stime, pid {pid}, user {} uid {}), % of a core",
+                user.name, user.uid
+            ),
             format!("{cpu_pct:.1}"),
             format!("< {}", GOALS.0),
+        ],
+        vec![
+            "worker restarts during the run".into(),
+            if still { "0" } else { "≥ 1" }.into(),
+            "0".into(),
         ],
         vec!["latency p50, ms".into(), ms(p50), String::new()],
         vec!["latency p99, ms".into(), ms(p99), format!("< {}", GOALS.1)],
         vec![
-            format!("RSS added by {} listeners, KiB", a.vms),
+            format!("worker RSS added by {} listeners, KiB", a.vms),
             rss_added.to_string(),
             String::new(),
         ],
         vec![
-            "RSS added, with every connection open (end of window), KiB".into(),
+            "worker RSS added, with every connection open (end of window), KiB".into(),
             rss_end.saturating_sub(rss_before).to_string(),
             String::new(),
         ],
