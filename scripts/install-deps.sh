@@ -36,6 +36,13 @@ for pass in 1 2; do
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 done
 
+# The agent's unprivileged worker (the metadata service and the provider polls) runs as a user
+# of its own: `vmnet serve --worker-user`, default vmnet-worker.
+if ! getent passwd vmnet-worker >/dev/null; then
+  useradd --system --user-group --no-create-home --home-dir /nonexistent \
+    --shell /usr/sbin/nologin --comment "vmnet unprivileged worker" vmnet-worker
+fi
+
 # Debian's postgresql package tries to start a system cluster; vmnet never uses it (tests start
 # their own cluster on a unix socket). Nothing else to start here.
 for tool in ip nft tc clang wireguard-go wg iperf3 mmdebstrap qemu-system-x86_64 qemu-img; do

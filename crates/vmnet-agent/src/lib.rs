@@ -1,5 +1,5 @@
-//! The vmnet agent: the reconcile loop of namespace mode, the HTTP API (unix socket, optional
-//! loopback TCP) over the store, the client the CLI uses, and the host spec format.
+//! The vmnet agent: the reconcile loop of namespace mode, the HTTP API (unix socket) over the
+//! store, the client the CLI uses, and the host spec format.
 //!
 //! The modules, leaves first (no module uses one listed after it):
 //! * [`status`] — the status and VM bodies the agent reports, and the clock of their times.
@@ -8,10 +8,12 @@
 //! * [`pool`] — pool mode on this host: NICs, seeds and the bcd tables.
 //! * [`provider`] — provider pools: the Hetzner Cloud and Proxmox VE clients and the poller.
 //! * [`metadata`] — the metadata service (MMDS) served inside every VM's netns.
+//! * [`worker`] — the unprivileged process that serves the metadata service and sends the
+//!   provider polls.
 //! * [`agent`] — the agent's state and the VM operations (store + driver, serialized).
 //! * [`reconcile`] — the full pass and the background loop.
 //! * [`api`] — routes, error mapping, request/response types; `openapi.json` documents it.
-//! * [`server`] — binding the unix socket and the loopback TCP port.
+//! * [`server`] — binding the unix socket and checking who connects.
 //! * [`client`] — the API client over the unix socket.
 //! * [`hostspec`] and [`apply`] — the file `vmnet apply` takes and applying it.
 
@@ -31,3 +33,4 @@ pub mod reconcile;
 pub mod server;
 pub mod status;
 pub mod table;
+pub mod worker;

@@ -202,6 +202,13 @@ pub struct AgentStatus {
     /// The guest guard of namespace mode; `null` when it is off (`--no-guest-guard`).
     #[serde(default)]
     pub guest_guard: Option<GuestGuardStatus>,
+    /// The unprivileged worker that serves the metadata service and sends the provider polls;
+    /// `null` when the agent runs neither (`--no-metadata` without `--poll-providers`).
+    #[serde(default)]
+    pub worker: Option<WorkerStatus>,
+    /// The kernel lock and the deadline of VM changes.
+    #[serde(default)]
+    pub kernel: KernelStatus,
 }
 
 /// The guest guard in `GET /v1/status` (see `vmnet_kernel::guard`): what every VM's guest sent
@@ -218,6 +225,51 @@ pub struct GuestGuardStatus {
     pub unregistered: u64,
     /// Why the counters could not be read; `null` when they were.
     pub error: Option<String>,
+}
+
+/// The kernel lock in [`AgentStatus`]: every kernel change runs under it; a VM change through
+/// the API that cannot get it, or finish, within the deadline answers `UNAVAILABLE`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelStatus {
+    /// How long a VM change through the API may take, lock wait included, ms
+    /// (`--kernel-deadline-secs`).
+    pub deadline_ms: u64,
+    /// What holds the kernel lock now (e.g. `PUT vm web-1`, `reconcile: vm web-2`); `null`
+    /// when it is free.
+    pub holder: Option<String>,
+    /// For how long it has held it, ms.
+    pub held_for_ms: Option<u64>,
+    /// Changes that ran out of time since the agent started.
+    pub timeouts_total: u64,
+    /// The last of them, naming what it waited for.
+    pub last_timeout: Option<String>,
+    /// When it ran out of time, ms since the Unix epoch.
+    pub last_timeout_at_unix_ms: Option<i64>,
+}
+
+/// The unprivileged worker in [`AgentStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerStatus {
+    /// The user it runs as (`--worker-user`).
+    pub user: String,
+    /// That user's uid.
+    pub uid: u32,
+    /// That user's gid.
+    pub gid: u32,
+    /// The running worker's pid; `null` while it is being started again.
+    pub pid: Option<u32>,
+    /// Workers started since the agent started (1 + restarts).
+    pub starts: u64,
+    /// When the running worker started, ms since the Unix epoch.
+    pub last_start_at_unix_ms: Option<i64>,
+    /// How the last worker ended (exit status or signal, and why), `null` before any ended.
+    pub last_exit: Option<String>,
+    /// When the last worker ended, ms since the Unix epoch.
+    pub last_exit_at_unix_ms: Option<i64>,
+    /// VMs whose metadata listener it serves.
+    pub vms: u64,
 }
 
 /// The firewall audit in [`AgentStatus`]: every `--firewall-audit-secs` the filter table of each

@@ -188,6 +188,7 @@ impl AgentOptions {
         };
         std::fs::create_dir_all(&self.state_dir)
             .map_err(|e| Error::internal(format!("{}: {e}", self.state_dir.display())))?;
+        crate::worker_user::ensure(vmnet_agent::worker::DEFAULT_USER).map_err(Error::internal)?;
         let log_err = |e: std::io::Error| Error::internal(format!("{}: {e}", self.log.display()));
         let out = OpenOptions::new()
             .create(true)

@@ -21,7 +21,7 @@
 //! - [`exe`]: the programs the lab starts (the product's `vmnet`, the lab's own helpers).
 //! - [`agent`]: the agent (`vmnet serve --netns …`) as a child process, ready when its API
 //!   answers, stopped by its pid on drop; the one start-up routine of the jobs, benchmarks and
-//!   root tests.
+//!   root tests; [`worker_user`]: the agent's worker user, made when missing.
 //! - [`ns_job`], [`pool_job`] and [`fleet_job`]: `vmnet-lab up --sandbox` for a namespace-mode host
 //!   spec, a pool-mode spec and a fleet spec (several hosts), with [`state`] (the sandbox's state directory, its processes and signals)
 //!   and [`helper`] (the relay and echo processes the sandbox runs in the background).
@@ -59,6 +59,7 @@ pub mod tap;
 pub mod teardown;
 pub mod traffic;
 pub mod up;
+pub mod worker_user;
 
 mod error;
 

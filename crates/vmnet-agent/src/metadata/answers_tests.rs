@@ -1,5 +1,4 @@
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::Arc;
 
 use http_body_util::BodyExt;
 use hyper::header::HeaderValue;
@@ -9,7 +8,7 @@ use vmnet_model::vm::metadata::MetadataVersion;
 
 use super::*;
 use crate::metadata::mmds::{Asked, respond, respond_document};
-use crate::metadata::tokens::TokenStore;
+use crate::metadata::tokens::{TokenKey, Tokens};
 
 fn tricky() -> Value {
     json!({
@@ -80,8 +79,8 @@ fn cached_answers_are_those_of_the_lookup() {
         .iter()
         .flat_map(|p| [p.clone(), format!("{p}/"), p.replace('/', "//")])
         .collect();
-    let tokens = Mutex::new(TokenStore::default());
-    let now = Instant::now();
+    let tokens = Tokens::new(Arc::new(TokenKey::random().unwrap()), "vm");
+    let now = 1000;
     let mut hits = 0;
     for path in &variants {
         for accept in [

@@ -17,8 +17,6 @@
 //! - Any other method: `405` with `Allow: GET, PUT`.
 //! - Over the VM's request rate ([`super::limits`]): `429`, before anything else is looked at.
 
-use std::time::Instant;
-
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -27,7 +25,7 @@ use serde_json::Value;
 use vmnet_model::vm::metadata::MetadataVersion;
 
 use super::answers::Document;
-use super::tokens::{TokenStore, parse_ttl};
+use super::tokens::{Tokens, parse_ttl};
 
 /// The path that hands out session tokens.
 pub const TOKEN_PATH: &str = "/latest/api/token";
@@ -148,7 +146,7 @@ pub(super) fn get(doc: &Value, path: &str, headers: &HeaderMap) -> MmdsResponse 
     }
 }
 
-fn put(tokens: &mut TokenStore, path: &str, headers: &HeaderMap, now: Instant) -> MmdsResponse {
+fn put(tokens: &Tokens, path: &str, headers: &HeaderMap, now: u64) -> MmdsResponse {
     if headers.contains_key(&FORWARDED_FOR) {
         return text(
             StatusCode::BAD_REQUEST,
@@ -186,17 +184,17 @@ pub struct Asked<'a> {
     pub path: &'a str,
     /// The headers.
     pub headers: &'a HeaderMap,
-    /// When it arrived.
-    pub now: Instant,
+    /// When it arrived: seconds of the boot-time clock ([`super::tokens::boot_secs`]).
+    pub now: u64,
 }
 
-/// Answers one request of a VM whose document is `doc`, speaking `version`, with its token
-/// store `tokens`; `allowed` is the verdict of the VM's rate limit for this request. A `GET`
+/// Answers one request of a VM whose document is `doc`, speaking `version`, with its tokens
+/// `tokens`; `allowed` is the verdict of the VM's rate limit for this request. A `GET`
 /// serialises its answer now; [`respond_document`] answers the same from pre-serialised ones.
 pub fn respond(
     doc: &Value,
     version: MetadataVersion,
-    tokens: &std::sync::Mutex<TokenStore>,
+    tokens: &Tokens,
     allowed: bool,
     asked: Asked<'_>,
 ) -> MmdsResponse {
@@ -208,7 +206,7 @@ pub fn respond(
 pub fn respond_document(
     doc: &Document,
     version: MetadataVersion,
-    tokens: &std::sync::Mutex<TokenStore>,
+    tokens: &Tokens,
     allowed: bool,
     asked: Asked<'_>,
 ) -> MmdsResponse {
@@ -217,7 +215,7 @@ pub fn respond_document(
 
 fn answer(
     version: MetadataVersion,
-    tokens: &std::sync::Mutex<TokenStore>,
+    tokens: &Tokens,
     allowed: bool,
     asked: Asked<'_>,
     get: impl FnOnce(&str, &HeaderMap) -> MmdsResponse,
@@ -234,9 +232,6 @@ fn answer(
             "Too many requests: the metadata service limits each VM's request rate.",
         );
     }
-    let Ok(mut tokens) = tokens.lock() else {
-        return text(StatusCode::INTERNAL_SERVER_ERROR, "token store poisoned");
-    };
     match *method {
         Method::GET => {
             match (first(headers, &TOKEN_NAMES), version) {
@@ -250,10 +245,9 @@ fn answer(
                     );
                 }
             }
-            drop(tokens);
             get(path, headers)
         }
-        Method::PUT => put(&mut tokens, path, headers, now),
+        Method::PUT => put(tokens, path, headers, now),
         _ => {
             let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "Not allowed HTTP method.");
             r.headers_mut()

@@ -26,10 +26,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use secrecy::SecretString;
 use vmnet_ipam::Db;
-use vmnet_model::pool::{Provider, ProviderPool};
+use vmnet_model::pool::{Provider, ProviderPool, ProviderRules};
+use zeroize::Zeroizing;
 
-use super::http::{Api, HttpSettings};
+use super::fetch::{FetchJob, Fetcher};
+use super::http::HttpSettings;
 use super::{PollError, PollReport, ProviderPoolState, ProviderPoolStatus, Secret};
 use crate::status::now_ms;
 
@@ -66,7 +69,8 @@ struct Entry {
 pub struct Poller {
     db: Db,
     settings: PollerSettings,
-    client: reqwest::Client,
+    fetcher: Arc<dyn Fetcher>,
+    rules: ProviderRules,
     pools: Mutex<BTreeMap<String, Entry>>,
 }
 
@@ -90,7 +94,7 @@ fn fresh(pool: &ProviderPool) -> ProviderPoolStatus {
 }
 
 /// A Proxmox VE API token is `USER@REALM!TOKENID=SECRET`.
-fn proxmox_token(s: &Secret, source: &str) -> Result<String, PollError> {
+fn proxmox_token(s: &Secret, source: &str) -> Result<Zeroizing<String>, PollError> {
     let t = s.expose();
     let ok = t.split_once('!').is_some_and(|(user, rest)| {
         user.contains('@')
@@ -103,22 +107,26 @@ fn proxmox_token(s: &Secret, source: &str) -> Result<String, PollError> {
             "credentials {source} are not a Proxmox VE API token (USER@REALM!TOKENID=SECRET)"
         )));
     }
-    Ok(format!("PVEAPIToken={t}"))
+    Ok(Zeroizing::new(format!("PVEAPIToken={t}")))
 }
 
 impl Poller {
-    /// A poller over `db`.
-    ///
-    /// # Errors
-    /// [`PollError::Unreachable`] when the HTTP client cannot be built.
-    pub fn new(db: Db, settings: PollerSettings) -> Result<Arc<Self>, PollError> {
-        let client = Api::client(&settings.http)?;
-        Ok(Arc::new(Self {
+    /// A poller over `db` whose requests `fetcher` sends (the metadata worker in the agent),
+    /// reading secrets and checking pools under `rules`.
+    #[must_use]
+    pub fn new(
+        db: Db,
+        settings: PollerSettings,
+        fetcher: Arc<dyn Fetcher>,
+        rules: ProviderRules,
+    ) -> Arc<Self> {
+        Arc::new(Self {
             db,
             settings,
-            client,
+            fetcher,
+            rules,
             pools: Mutex::new(BTreeMap::new()),
-        }))
+        })
     }
 
     /// Every polled pool's status, by pool id.
@@ -250,30 +258,44 @@ impl Poller {
         st.clone()
     }
 
-    /// The provider calls of one poll; on failure the error and the requests sent.
+    /// The provider calls of one poll; on failure the error and the requests sent. The pool is
+    /// checked against the agent's rules, the secret read here (never by the fetcher), and the
+    /// fetcher gets the ready header only.
     async fn fetch(
         &self,
         pool: &ProviderPool,
         machines: &[(String, vmnet_model::pool::Machine)],
     ) -> Result<PollReport, (PollError, u64)> {
+        self.rules
+            .check(pool)
+            .map_err(|e| (PollError::Refused(e.to_string()), 0))?;
         let source = pool.credentials.to_string();
-        let secret = Secret::read(&pool.credentials).await.map_err(|e| (e, 0))?;
+        let secret = Secret::read(&pool.credentials, &self.rules).map_err(|e| (e, 0))?;
         let auth = match pool.provider {
-            Provider::HetznerCloud => format!("Bearer {}", secret.expose()),
+            Provider::HetznerCloud => Zeroizing::new(format!("Bearer {}", secret.expose())),
             Provider::ProxmoxVe => proxmox_token(&secret, &source).map_err(|e| (e, 0))?,
         };
-        let api = Api::new(
-            self.client.clone(),
-            &auth,
-            &source,
-            self.settings.http.clone(),
-        )
-        .map_err(|e| (e, 0))?;
-        let r = match pool.provider {
-            Provider::HetznerCloud => super::hetzner::poll(&api, &pool.api_url, machines).await,
-            Provider::ProxmoxVe => super::proxmox::poll(&api, &pool.api_url, machines).await,
+        let authorization = SecretString::from(auth.as_str());
+        if reqwest::header::HeaderValue::from_str(secrecy::ExposeSecret::expose_secret(
+            &authorization,
+        ))
+        .is_err()
+        {
+            return Err((
+                PollError::Credentials(format!(
+                    "credentials {source} hold characters an HTTP header cannot carry"
+                )),
+                0,
+            ));
+        }
+        let job = FetchJob {
+            provider: pool.provider,
+            api_url: pool.api_url.clone(),
+            authorization,
+            machines: machines.to_vec(),
+            http: self.settings.http.clone(),
         };
-        r.map_err(|e| (e, api.requests()))
+        self.fetcher.fetch(job).await
     }
 
     /// One round: starts a poll of every due pool that is not being polled, and forgets pools
@@ -337,7 +359,7 @@ mod tests {
     #[test]
     fn proxmox_tokens_have_their_documented_shape() {
         let ok = proxmox_token(&Secret::new("root@pam!vmnet=0f1e2d3c"), "env T").unwrap();
-        assert_eq!(ok, "PVEAPIToken=root@pam!vmnet=0f1e2d3c");
+        assert_eq!(ok.as_str(), "PVEAPIToken=root@pam!vmnet=0f1e2d3c");
         for bad in [
             "0f1e2d3c",
             "root@pam=x",

@@ -1,7 +1,8 @@
 //! The main job's metadata checks: real requests from each simulated guest to
 //! 169.254.169.254 — its own document with a version-2 token (instance id and mesh address),
 //! the version its config asks for without a token, and, with every other VM named in forged
-//! headers, still its own document.
+//! headers, still its own document — and the process that answers them: the agent's worker,
+//! read from `/proc/<pid>/status` (its user, no capability, `no_new_privs`, a seccomp filter).
 
 use std::time::Duration;
 
@@ -20,6 +21,61 @@ fn seen(r: Result<crate::mmds::MmdsReply, crate::SandboxError>) -> String {
         Ok(r) => format!("status {}", r.status),
         Err(e) => format!("error: {e}"),
     }
+}
+
+/// `Key:` of `/proc/<pid>/status`.
+fn proc_field(status: &str, key: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Who serves the metadata service: the worker the agent reports, as the kernel sees it.
+pub async fn worker(client: &vmnet_agent::client::Client) -> CheckResult {
+    let st: Result<vmnet_agent::api::types::AgentStatus, _> = client.get("/v1/status").await;
+    let w = match st.map(|s| s.worker) {
+        Ok(Some(w)) => w,
+        Ok(None) => {
+            return CheckResult::new("host", "metadata worker", "a worker".into(), "none".into());
+        }
+        Err(e) => {
+            return CheckResult::new("host", "metadata worker", "a worker".into(), e.to_string());
+        }
+    };
+    let expected = format!(
+        "user {} uid {} (not root), CapEff 0000000000000000, NoNewPrivs 1, Seccomp 2",
+        w.user, w.uid
+    );
+    let seen = match w.pid {
+        Some(pid) => match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            Ok(s) => {
+                let uid = proc_field(&s, "Uid");
+                let euid = uid.split(' ').nth(1).unwrap_or("?").to_owned();
+                format!(
+                    "user {} uid {euid} ({}), CapEff {}, NoNewPrivs {}, Seccomp {}",
+                    w.user,
+                    if euid == "0" { "root" } else { "not root" },
+                    proc_field(&s, "CapEff"),
+                    proc_field(&s, "NoNewPrivs"),
+                    proc_field(&s, "Seccomp"),
+                )
+            }
+            Err(e) => format!("pid {pid}: {e}"),
+        },
+        None => "no worker running".into(),
+    };
+    CheckResult::new(
+        "host",
+        &format!(
+            "metadata service runs as {} (worker pid {})",
+            w.user,
+            w.pid.map_or_else(|| "-".into(), |p| p.to_string())
+        ),
+        expected,
+        seen,
+    )
 }
 
 /// Runs the checks for every VM of `vms` (config and guest namespace, in the same order);

@@ -258,6 +258,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     .map_err(|e| Error::internal(format!("checks: {e}")))?
     .map_err(|e| Error::internal(format!("checks: {}", chain(&e))))?;
     results.extend(hostile::run(&client, &inet, &spec.vms, &guest_ns).await);
+    results.push(metadata::worker(&client).await);
     results.extend(fwchange::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(activity::run(&client, &inet, &spec.vms, &guest_ns).await);

@@ -4,4 +4,5 @@ mod guard;
 pub mod ipam;
 pub mod mesh;
 pub mod serve;
+pub mod trust;
 pub mod vm;

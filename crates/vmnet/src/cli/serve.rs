@@ -1,5 +1,5 @@
-//! `vmnet serve`: run the agent (HTTP API on a unix socket and optionally a loopback TCP port,
-//! the reconcile loop) over the store, applying namespace mode through the netlink driver.
+//! `vmnet serve`: run the agent (HTTP API on a unix socket for root and `--socket-group`, the
+//! reconcile loop) over the store, applying namespace mode through the netlink driver.
 //!
 //! With `--netns NAME` the whole process moves into that named network namespace on the main
 //! thread *before* the tokio runtime starts ([`enter_netns`], called from `main`), so every
@@ -22,7 +22,7 @@
 //! realises each placed instance's NIC (tap on `--bridge`, set elements) and writes its NoCloud
 //! seed under `<state dir>/pool/seeds/<instance>/`; instances that leave the host lose theirs.
 
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -52,10 +52,9 @@ use crate::Global;
 /// Arguments of this command.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Also listen on this loopback TCP address (e.g. 127.0.0.1:7070). Non-loopback addresses
-    /// are refused: the API has no authentication.
-    #[arg(long)]
-    pub listen: Option<SocketAddr>,
+    /// Who may use the API, where credentials come from and go, the worker, deadlines.
+    #[command(flatten)]
+    pub trust: super::trust::TrustArgs,
     /// The prefix of every kernel object name (netns, links, nft tables): 1-10 bytes, a lowercase
     /// letter then lowercase letters or digits.
     #[arg(long, default_value = "vmn")]
@@ -192,11 +191,13 @@ fn parse_owner(s: &str) -> Result<(u32, Option<u32>), String> {
 ///
 /// With the internal `--pool-helper-serve` this process is the pool root helper instead: it
 /// serves the agent on descriptor 3 on this (single) thread, in the namespace it inherited from
-/// the agent, and exits when the agent closes the socket; it never returns then.
+/// the agent, and exits when the agent closes the socket; it never returns then. With the
+/// internal `--worker-serve` it is the unprivileged worker ([`super::trust::worker_entry`]).
 ///
 /// # Errors
 /// `INVALID_INPUT` when the namespace does not exist or cannot be entered.
 pub fn enter_netns(args: &ServeArgs) -> Result<(), Error> {
+    super::trust::worker_entry(&args.trust);
     if args.pool_helper_serve {
         let code = match vmnet_agent::pool::helper::main_from_fd(None) {
             Ok(()) => 0,
@@ -280,14 +281,15 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         .try_init();
     let settings = args.settings()?;
     check_uplink(settings.uplink.as_deref())?;
-    let tcp = match args.listen {
-        Some(addr) => Some(server::bind_tcp(addr).await.map_err(from_server)?),
-        None => None,
-    };
+    let access = args.trust.access()?;
+    let rules = args.trust.provider_rules()?;
     // The socket first: a second agent for the same socket is refused before it touches
     // anything (the trial saw a refused agent replace the pinned activity program first).
-    let unix = server::bind_unix(&g.socket).await.map_err(from_server)?;
+    let unix = server::bind_unix(&g.socket, access)
+        .await
+        .map_err(from_server)?;
     let db = Db::connect(&g.database_url()).await.map_err(from_ipam)?;
+    super::trust::protect_store(&g.database_url());
     let mut driver = NetlinkNsDriver::new(settings.clone(), None).map_err(|e| from_ns(&e))?;
     let recorder = match &args.activity_root {
         Some(root) => {
@@ -325,14 +327,29 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         agent.set_activity(rec)?;
     }
     agent.set_firewall_audit_period(Duration::from_secs(args.firewall_audit_secs));
-    if !args.no_metadata {
+    agent.set_kernel_deadline(super::trust::kernel_deadline(&args.trust));
+    agent.set_provider_rules(rules.clone());
+    let poller_settings = PollerSettings::default();
+    let worker = if args.no_metadata && !args.poll_providers {
+        None
+    } else {
+        let w =
+            super::trust::start_worker(&args.trust, &agent, poller_settings.http.clone()).await?;
+        let st = w.status();
+        tracing::info!(pid = ?st.pid, user = %st.user, uid = st.uid, "worker on (metadata service, provider polls)");
+        Some(w)
+    };
+    if !args.no_metadata
+        && let Some(w) = &worker
+    {
         agent.set_metadata(vmnet_agent::metadata::MetadataService::new(
             args.metadata_version,
+            Arc::clone(w),
         ))?;
     }
     tracing::info!(
         socket = %g.socket.display(),
-        listen = ?args.listen,
+        socket_group = ?access.group,
         netns = ?args.netns,
         prefix = %agent.settings().name_prefix,
         "vmnet agent listening"
@@ -347,9 +364,11 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     } else {
         None
     };
-    let poller = if args.poll_providers {
-        let p = Poller::new(agent.db().clone(), PollerSettings::default())
-            .map_err(|e| Error::unavailable(format!("provider poller: {e}")))?;
+    let poller = if args.poll_providers
+        && let Some(w) = &worker
+    {
+        let fetcher: Arc<dyn vmnet_agent::provider::fetch::Fetcher> = Arc::clone(w) as _;
+        let p = Poller::new(agent.db().clone(), poller_settings, fetcher, rules);
         agent.set_providers(Arc::clone(&p))?;
         tracing::info!("provider poller on");
         Some(tokio::spawn(p.run()))
@@ -358,7 +377,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     };
     let reconciler = tokio::spawn(Arc::clone(&agent).run_loop());
     let router = vmnet_agent::api::router(Arc::clone(&agent));
-    let result = server::serve(router, unix, &g.socket, tcp, server::shutdown_signal()).await;
+    let result = server::serve(router, unix, server::shutdown_signal()).await;
     agent.stop_loop(reconciler).await;
     // wireguard-go keeps running: a restarted agent adopts it without interrupting tunnels.
     for w in watch.into_iter().flatten() {
@@ -488,22 +507,26 @@ async fn keep_connecting(url: &str) -> Db {
 }
 
 /// The root helper command: `--pool-helper`, else `vmnet-pool-helper` next to this executable,
-/// else this executable as `vmnet serve --pool-helper-serve`. Its environment is cleared.
-fn helper_command(args: &ServeArgs) -> Result<Command, Error> {
+/// else this executable as `vmnet serve --pool-helper-serve`. Its environment is cleared. The
+/// returned closure makes the command again for every restart of the helper.
+fn helper_command(args: &ServeArgs) -> Result<impl Fn() -> Command + Send + Sync + 'static, Error> {
     let exe = std::env::current_exe()
         .map_err(|e| Error::unavailable(format!("pool root helper: this executable: {e}")))?;
     let installed = exe.with_file_name("vmnet-pool-helper");
-    let mut cmd = match &args.pool_helper {
-        Some(p) => Command::new(p),
-        None if installed.is_file() => Command::new(installed),
-        None => {
-            let mut c = Command::new(&exe);
-            c.args(["serve", "--pool-helper-serve"]);
-            c
-        }
-    };
-    cmd.env_clear();
-    Ok(cmd)
+    let chosen = args.pool_helper.clone();
+    Ok(move || {
+        let mut cmd = match &chosen {
+            Some(p) => Command::new(p),
+            None if installed.is_file() => Command::new(&installed),
+            None => {
+                let mut c = Command::new(&exe);
+                c.args(["serve", "--pool-helper-serve"]);
+                c
+            }
+        };
+        cmd.env_clear();
+        cmd
+    })
 }
 
 /// Starts pool mode for `host_id` (see the module docs).
