@@ -329,7 +329,17 @@ impl Agent {
         self.fill_guard_drops(&mut view, &plan);
         // The counters of the limits in force, read from the kernel.
         if view.status.limits.iter().any(|l| l.applied) {
-            match self.driver.limit_counters(&plan).await {
+            // Read without the kernel lock, but never longer than the kernel deadline: a hung
+            // kernel read leaves the counters out instead of stalling the answer.
+            let read =
+                tokio::time::timeout(self.kernel.deadline(), self.driver.limit_counters(&plan));
+            let counters = read.await.unwrap_or_else(|_| {
+                Err(vmnet_kernel::ns::NsError::Missing(format!(
+                    "{}: no answer within the kernel deadline",
+                    plan.netns
+                )))
+            });
+            match counters {
                 Ok(counters) => {
                     for c in counters {
                         if let Some(l) = view

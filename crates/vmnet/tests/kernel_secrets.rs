@@ -1,8 +1,9 @@
 //! Secrets never reach a log (root required: a fleet host and `wireguard-go`): the agent runs at
 //! trace level (`RUST_LOG=trace`, the worker too) through a mesh sync and a provider poll (a fake
-//! Hetzner Cloud API on the host's loopback, the token read from the credentials directory and
-//! sent by the worker); its whole output holds neither the host's WireGuard private key (base64
-//! or hex) nor the provider token, while the fake did receive the token.
+//! Hetzner Cloud API on the host's loopback, named `localhost`, the token read from the
+//! credentials directory and sent by the worker); its whole output holds neither the host's
+//! WireGuard private key (base64 or hex) nor the provider token, while the fake did receive the
+//! token.
 
 mod mesh_support;
 
@@ -52,7 +53,9 @@ fn fake_hetzner(ns: &str, seen: Arc<Mutex<Vec<String>>>) -> String {
         }
     });
     let port = rx.recv().unwrap();
-    format!("http://127.0.0.1:{port}/v1")
+    // A name, not an address: the worker resolves it (the C resolver reads /etc/hosts) under
+    // its seccomp filter.
+    format!("http://localhost:{port}/v1")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
