@@ -328,7 +328,8 @@ pub async fn run(a: MetadataBenchArgs) -> Result<(), Error> {
     // The serving side: the worker process, as the agent runs it.
     vmnet_sandbox::worker_user::ensure(&a.worker_user).map_err(unavailable("worker user"))?;
     let user = WorkerUser::lookup(&a.worker_user).map_err(unavailable("worker user"))?;
-    let exe = vmnet_agent::worker::vmnet_exe().map_err(|e| unavailable("vmnet")(e.to_string()))?;
+    // The product's `vmnet` binary (beside `vmnet-lab`, or `--vmnet`), as the agent runs it.
+    let exe = vmnet_sandbox::exe::vmnet()?;
     let worker = Worker::start(WorkerSettings {
         command: vmnet_agent::worker::command(exe),
         user: user.clone(),
