@@ -84,8 +84,9 @@ impl FromStr for Provider {
     }
 }
 
-/// Where the agent reads a provider pool's secret, at every poll. JSON: `{"file": "/etc/vmnet/hcloud.token"}`
-/// or `{"env": "HCLOUD_TOKEN"}`. The secret itself is never stored, answered or logged.
+/// Where the agent reads a provider pool's secret, at every poll. JSON:
+/// `{"file": "/etc/vmnet/credentials/hcloud.token"}` or `{"env": "HCLOUD_TOKEN"}`. The secret
+/// itself is never stored, answered or logged.
 ///
 /// The secret is, for Hetzner Cloud, the project's API token (sent as `Authorization: Bearer
 /// <token>`); for Proxmox VE, the API token as `USER@REALM!TOKENID=SECRET` (sent as
@@ -132,7 +133,7 @@ impl Credentials {
 }
 
 impl fmt::Display for Credentials {
-    /// `file /etc/vmnet/hcloud.token` or `env HCLOUD_TOKEN` (never the secret).
+    /// `file /etc/vmnet/credentials/hcloud.token` or `env HCLOUD_TOKEN` (never the secret).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::File(p) => write!(f, "file {p}"),
