@@ -380,3 +380,32 @@ async fn a_guard_detached_by_hand_fails_closed_until_an_apply_attaches_it_again(
     env.driver.remove(plan.user_id).await.expect("remove");
     assert!(guard.drops(plan.user_id).expect("counters").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces and loads BPF (scripts/test.sh runs it)"]
+async fn a_test_run_on_the_tap_passes_the_guests_frame_and_drops_a_spoof() {
+    let (env, guard) = env();
+    let plan = env.plan(&vm("r", 1, "", VIA_HOST));
+    env.driver.apply(&plan).await.expect("apply");
+    let mac = tap_mac(&plan);
+    let run = |src: &str, repeat| {
+        let frame = udp6_frame(mac, GUEST_MAC, v6(src), ECHO_V6, PORTS, b"cost");
+        guard
+            .test_run_in(&plan.netns, &plan.tap.name, &frame, repeat)
+            .expect("test run")
+    };
+    let before = drops(&guard, &plan);
+    let honest = run("fdaa:1::1", 1000);
+    assert_eq!(honest.verdict, -1, "passed (TC_ACT_UNSPEC)");
+    assert!(honest.per_frame > Duration::ZERO);
+    assert_eq!(run("fdaa:1::9", 1).verdict, 2, "dropped (TC_ACT_SHOT)");
+    assert_eq!(
+        moved(&before, &drops(&guard, &plan)),
+        BTreeMap::from([("mesh_source", 1)])
+    );
+    // A tap that is not there is an error naming it.
+    let err = guard
+        .test_run_in(&plan.netns, "no-such-tap", &[0u8; 64], 1)
+        .expect_err("no such tap");
+    assert!(err.to_string().contains("no-such-tap"), "{err}");
+}

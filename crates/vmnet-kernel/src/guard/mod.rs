@@ -50,6 +50,9 @@ use vmnet_plan::ns::guard::{DROP_KINDS, GUARD_MARK, GuardPlan, PROGRAM};
 
 use crate::bpffs::ignore_missing;
 
+mod cost;
+pub use cost::GuardRunCost;
+
 /// The compiled BPF object.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guest_guard.o"));
 
