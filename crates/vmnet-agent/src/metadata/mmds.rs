@@ -6,9 +6,10 @@
 //!   object its keys, one per line, objects with a trailing `/`; any other leaf is `501`. With
 //!   `Accept: application/json` the value as JSON. An unknown path is `404 Resource not found:
 //!   <path>.`.
-//! - `PUT /latest/api/token` with `X-metadata-token-ttl-seconds: N` (1..=21600; the
-//!   `X-aws-ec2-metadata-token-ttl-seconds` alias too): a new session token (text). Missing TTL
-//!   `400`, bad TTL `400`, a `PUT` carrying `X-Forwarded-For` `400` (as Firecracker, so a proxy on
+//! - `PUT /latest/api/token` with `X-metadata-token-ttl-seconds: N` (a plain decimal in
+//!   1..=21600; the `X-aws-ec2-metadata-token-ttl-seconds` alias too): a new session token
+//!   (text), the granted TTL answered in the header the request named. Missing TTL `400`, bad
+//!   TTL (` 5`, `05`, `+5`, out of range) `400`, a `PUT` carrying `X-Forwarded-For` `400` (as Firecracker, so a proxy on
 //!   the guest cannot fetch tokens for others), a `PUT` elsewhere `404`.
 //! - Version 2: a `GET` without `X-metadata-token` (or `X-aws-ec2-metadata-token`) is `401`, with
 //!   an unknown or expired one `401`. Version 1: a `GET` without a token is answered; one that
@@ -159,7 +160,10 @@ fn put(tokens: &Tokens, path: &str, headers: &HeaderMap, now: u64) -> MmdsRespon
             format!("Resource not found: {path}."),
         );
     }
-    let Some(ttl) = first(headers, &TTL_NAMES) else {
+    let Some((name, ttl)) = TTL_NAMES
+        .iter()
+        .find_map(|n| headers.get(n).map(|v| (n, v.to_str().unwrap_or(""))))
+    else {
         return text(
             StatusCode::BAD_REQUEST,
             "Token time to live value not found. Use `X-metadata-token-ttl-seconds` header to specify the token's lifetime.",
@@ -170,7 +174,12 @@ fn put(tokens: &Tokens, path: &str, headers: &HeaderMap, now: u64) -> MmdsRespon
         Err(m) => return text(StatusCode::BAD_REQUEST, m),
     };
     match tokens.issue(ttl, now) {
-        Ok(t) => text(StatusCode::OK, t),
+        Ok(t) => {
+            // IMDSv2 clients read the granted lifetime back, under the name they asked with.
+            let mut r = text(StatusCode::OK, t);
+            r.headers_mut().insert(name.clone(), HeaderValue::from(ttl));
+            r
+        }
         Err(m) => text(StatusCode::INTERNAL_SERVER_ERROR, m),
     }
 }

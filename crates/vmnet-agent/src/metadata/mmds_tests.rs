@@ -177,6 +177,42 @@ fn version_2_needs_a_valid_token() {
 }
 
 #[test]
+fn token_put_answers_the_granted_ttl_under_the_name_asked() {
+    let t = tokens();
+    let now = 1000;
+    for (name, ttl) in TTL_HEADERS.iter().zip(["60", "21600"]) {
+        let c = call(
+            MetadataVersion::V2,
+            &t,
+            &Method::PUT,
+            TOKEN_PATH,
+            &[(name, ttl)],
+            now,
+        );
+        assert_eq!(c.status, StatusCode::OK, "{name}");
+        assert_eq!(
+            c.headers.get(*name).and_then(|v| v.to_str().ok()),
+            Some(ttl),
+            "{name}: {:?}",
+            c.headers
+        );
+        let other = TTL_HEADERS.iter().find(|n| *n != name).unwrap();
+        assert!(c.headers.get(*other).is_none(), "{name}: {:?}", c.headers);
+    }
+    // A refused TTL grants nothing and answers no TTL.
+    let c = call(
+        MetadataVersion::V2,
+        &t,
+        &Method::PUT,
+        TOKEN_PATH,
+        &[(TTL_HEADERS[0], "0")],
+        now,
+    );
+    assert_eq!(c.status, StatusCode::BAD_REQUEST);
+    assert!(c.headers.get(TTL_HEADERS[0]).is_none());
+}
+
+#[test]
 fn version_1_takes_no_token_or_a_valid_one() {
     let t = tokens();
     let now = 1000;
@@ -227,7 +263,7 @@ fn token_put_errors() {
         "{}",
         c.body
     );
-    for bad in ["0", "21601", "x"] {
+    for bad in ["0", "21601", "x", " 5", "05", "+5", "5 "] {
         let c = call(
             v2,
             &t,

@@ -104,14 +104,18 @@ pub struct Tokens {
     vm: Arc<str>,
 }
 
-/// Parses a TTL header value: a whole number of seconds in `MIN_TTL_SECS..=MAX_TTL_SECS`.
+/// Parses a TTL header value: a plain decimal number of seconds in
+/// `MIN_TTL_SECS..=MAX_TTL_SECS`, ASCII digits only, without sign, leading zero or whitespace
+/// (`5` is a TTL; ` 5`, `05` and `+5` are not). HTTP's optional whitespace around a field value
+/// is not part of the value: the HTTP parser removes it before this sees it.
 ///
 /// # Errors
 /// The message Firecracker answers with (status 400).
 pub fn parse_ttl(v: &str) -> Result<u32, String> {
-    v.trim()
-        .parse::<u32>()
-        .ok()
+    let plain = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0');
+    Some(v)
+        .filter(|_| plain)
+        .and_then(|v| v.parse::<u32>().ok())
         .filter(|t| (MIN_TTL_SECS..=MAX_TTL_SECS).contains(t))
         .ok_or_else(|| {
             format!(
@@ -176,7 +180,23 @@ mod tests {
     fn ttl_bounds() {
         assert_eq!(parse_ttl("1"), Ok(1));
         assert_eq!(parse_ttl("21600"), Ok(21600));
-        for bad in ["0", "21601", "-1", "abc", "", "1.5"] {
+        for bad in [
+            "0",
+            "21601",
+            "-1",
+            "abc",
+            "",
+            "1.5",
+            " 5",
+            "5 ",
+            "\t5",
+            "05",
+            "+5",
+            "00",
+            "5\n",
+            "٥",
+            "99999999999999999999",
+        ] {
             let e = parse_ttl(bad).unwrap_err();
             assert!(e.contains("between 1 and 21600"), "{bad}: {e}");
         }
