@@ -45,6 +45,12 @@ pub struct MeshBenchArgs {
     /// Forwarding: seconds per iperf3 run.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=60))]
     pub secs: u32,
+    /// Forwarding: the size of `wireguard-go`'s UDP socket buffers in the second half (the
+    /// first half leaves them as `wireguard-go` sets them), as `vmnet serve
+    /// --wg-socket-buffer-bytes`.
+    #[arg(long, value_name = "BYTES", default_value_t = vmnet_kernel::wg::sockbuf::DEFAULT_BYTES,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 30))]
+    pub wg_socket_buffer_bytes: u32,
     /// Propagation: registrations in the store on each of two other hosts.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=20000))]
     pub vms: u32,
@@ -129,10 +135,11 @@ pub async fn run(a: MeshBenchArgs) -> Result<(), Error> {
         }
     }
     if a.case != Case::Sync {
-        let (runs, secs) = (a.runs, a.secs);
-        let table = tokio::task::spawn_blocking(move || crate::mesh_forward::run(runs, secs))
-            .await
-            .map_err(|e| Error::internal(format!("bench mesh forwarding: {e}")))??;
+        let (runs, secs, bytes) = (a.runs, a.secs, a.wg_socket_buffer_bytes);
+        let table =
+            tokio::task::spawn_blocking(move || crate::mesh_forward::run(runs, secs, bytes))
+                .await
+                .map_err(|e| Error::internal(format!("bench mesh forwarding: {e}")))??;
         print!("{table}");
         if a.case == Case::Forwarding {
             return Ok(());

@@ -3,8 +3,11 @@
 //! `vmnet_kernel::mesh` ([`MeshLab`]); one VM of tenant 1 on each. In the same run, alternately,
 //! iperf3 measures host to host (mesh address to mesh address over wg0, no encapsulation) and VM
 //! to VM across the hosts (encapsulated by the programs, the same wg0), `runs` times each for
-//! `secs` seconds. The table shows the median of each and their ratio (the goal: at least 0.9),
-//! then the programs' cost per packet on the same lab ([`crate::mesh_cost`]).
+//! `secs` seconds. The table shows the median of each, their ratio (the goal: at least 0.9) and
+//! the UDP receive-buffer errors counted meanwhile in the receiving host's namespace, twice in
+//! one run: with `wireguard-go`'s UDP sockets as it sets them (212,992 bytes here), then sized
+//! as the agent sizes them (`--wg-socket-buffer-bytes`, [`vmnet_kernel::wg::sockbuf`]); then
+//! the programs' cost per packet on the second lab ([`crate::mesh_cost`]).
 //!
 //! The VM path carries 40 bytes more per packet (1380-byte VM packets in 1420-byte outer
 //! ones), so the ratio's ceiling from header overhead alone is 1320/1360 = 0.97 (TCP payload
@@ -20,7 +23,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use vmnet_model::Error;
-use vmnet_sandbox::mesh_lab::{MeshLab, VM_MTU};
+use vmnet_sandbox::mesh_lab::{LabVm, MeshLab, VM_MTU};
 use vmnet_sandbox::netns;
 
 use crate::iperf::Server;
@@ -73,12 +76,33 @@ fn median(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Runs the bench and returns its table.
-///
-/// # Errors
-/// `UNAVAILABLE` when the lab or iperf3 fails.
-pub fn run(runs: u32, secs: u32) -> Result<String, Error> {
-    let lab = MeshLab::new(2).map_err(unavailable("lab"))?;
+/// One lab's figures: medians, the runs, the receiving host's UDP buffer errors meanwhile.
+struct Figures {
+    host: Vec<f64>,
+    vm: Vec<f64>,
+    /// Receive-buffer errors on the receiving host (both families) during the host runs, the
+    /// VM runs; and on the sending host (the ACKs) during all of them.
+    rcvbuf_host: u64,
+    rcvbuf_vm: u64,
+    rcvbuf_sender: u64,
+    /// The receiving `wireguard-go`'s UDP receive buffers (`SO_RCVBUF`), as read back.
+    rcvbuf_bytes: Vec<usize>,
+    encapsulated: u64,
+}
+
+fn counters(ns: &str) -> Result<vmnet_sandbox::udpstat::UdpErrors, Error> {
+    vmnet_sandbox::udpstat::read(ns)
+        .map_err(|e| Error::unavailable(format!("bench mesh forwarding: UDP counters: {e}")))
+}
+
+/// Builds a lab whose `wireguard-go` sockets get `socket_bytes` and measures it; the lab and
+/// its VMs are handed back for the cost cases.
+fn measure_lab(
+    runs: u32,
+    secs: u32,
+    socket_bytes: Option<u32>,
+) -> Result<(Figures, MeshLab, LabVm, LabVm), Error> {
+    let lab = MeshLab::new_with(2, socket_bytes).map_err(unavailable("lab"))?;
     let mesh = |h: u16| Ipv6Addr::new(0xfdaa, h, 0, 0, 0, 0, 0, 1);
     let a = lab
         .add_vm(0, 1, 1, mesh(1), VM_MTU)
@@ -91,33 +115,67 @@ pub fn run(runs: u32, secs: u32) -> Result<String, Error> {
     }
     lab.wait_tunnels().map_err(unavailable("tunnels"))?;
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
-    let _hs = Server::start(&h1.net.ns, h1.mesh, PORT)?;
-    let _vs = Server::start(&c.ns, c.mesh, PORT)?;
-    let before = h0
-        .plane
-        .passes()
-        .map_err(|e| Error::unavailable(format!("bench mesh forwarding: counters: {e}")))?;
-    let (mut host, mut vm) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
-        host.push(measure(&h0.net.ns, h1.mesh, secs)?);
-        vm.push(measure(&a.ns, c.mesh, secs)?);
-    }
-    let after = h0
-        .plane
-        .passes()
-        .map_err(|e| Error::unavailable(format!("bench mesh forwarding: counters: {e}")))?;
-    let encapsulated = after["encapsulated"] - before["encapsulated"];
-    let (hm, vmm) = (median(&mut host), median(&mut vm));
-    let ratio = if hm > 0.0 { vmm / hm } else { 0.0 };
+    let rcvbuf_bytes = h1
+        .socket_buffers()
+        .map_err(unavailable("socket buffers"))?
+        .iter()
+        .map(|s| s.rcvbuf)
+        .collect();
+    let figures = {
+        let _hs = Server::start(&h1.net.ns, h1.mesh, PORT)?;
+        let _vs = Server::start(&c.ns, c.mesh, PORT)?;
+        let before = h0
+            .plane
+            .passes()
+            .map_err(|e| Error::unavailable(format!("bench mesh forwarding: counters: {e}")))?;
+        let sender0 = counters(&h0.net.ns)?;
+        let (mut host, mut vm) = (Vec::new(), Vec::new());
+        let (mut rcvbuf_host, mut rcvbuf_vm) = (0, 0);
+        for _ in 0..runs {
+            let r0 = counters(&h1.net.ns)?;
+            host.push(measure(&h0.net.ns, h1.mesh, secs)?);
+            let r1 = counters(&h1.net.ns)?;
+            vm.push(measure(&a.ns, c.mesh, secs)?);
+            let r2 = counters(&h1.net.ns)?;
+            rcvbuf_host += r1.since(&r0).rcvbuf();
+            rcvbuf_vm += r2.since(&r1).rcvbuf();
+        }
+        let after = h0
+            .plane
+            .passes()
+            .map_err(|e| Error::unavailable(format!("bench mesh forwarding: counters: {e}")))?;
+        Figures {
+            host,
+            vm,
+            rcvbuf_host,
+            rcvbuf_vm,
+            rcvbuf_sender: counters(&h0.net.ns)?.since(&sender0).rcvbuf(),
+            rcvbuf_bytes,
+            encapsulated: after["encapsulated"] - before["encapsulated"],
+        }
+    };
+    Ok((figures, lab, a, c))
+}
+
+/// Runs the bench and returns its table: first with `wireguard-go`'s sockets as it sets them,
+/// then sized to `socket_bytes` as the agent sizes them, in the same run.
+///
+/// # Errors
+/// `UNAVAILABLE` when the lab or iperf3 fails.
+pub fn run(runs: u32, secs: u32, socket_bytes: u32) -> Result<String, Error> {
+    let (before, lab, _, _) = measure_lab(runs, secs, None)?;
+    drop(lab);
+    let (after, lab, a, c) = measure_lab(runs, secs, Some(socket_bytes))?;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "mesh forwarding: TCP over wg0 (wireguard-go) between two fleet hosts, iperf3, {runs} runs of {secs} s each, alternating"
+        "mesh forwarding: TCP over wg0 (wireguard-go) between two fleet hosts, iperf3, {runs} runs of {secs} s each, alternating;\n\
+         UDP receive-buffer errors counted in the receiving host's namespace (Udp + Udp6 RcvbufErrors)"
     );
     let _ = writeln!(
         out,
-        "{:<38} {:>12} {:>12}",
-        "path", "median MiB/s", "runs MiB/s"
+        "{:<34} {:>12} {:>26} {:>14}",
+        "path", "median MiB/s", "runs MiB/s", "rcvbuf errors"
     );
     let fmt = |v: &[f64]| {
         v.iter()
@@ -125,25 +183,40 @@ pub fn run(runs: u32, secs: u32) -> Result<String, Error> {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    let _ = writeln!(
-        out,
-        "{:<38} {:>12.1} {:>12}",
-        "host to host (mesh addresses)",
-        hm,
-        fmt(&host)
-    );
-    let _ = writeln!(
-        out,
-        "{:<38} {:>12.1} {:>12}",
-        "VM to VM across hosts (BPF encap)",
-        vmm,
-        fmt(&vm)
-    );
-    let _ = writeln!(
-        out,
-        "ratio VM/host {ratio:.2} (goal >= {GOAL_RATIO}: {}); packets encapsulated on the sender meanwhile: {encapsulated}",
-        if ratio >= GOAL_RATIO { "met" } else { "missed" }
-    );
+    for (name, mut f) in [
+        ("as wireguard-go sets them", before),
+        ("sized by vmnet", after),
+    ] {
+        let _ = writeln!(
+            out,
+            "wireguard-go's UDP sockets {name} (SO_RCVBUF on the receiver: {})",
+            f.rcvbuf_bytes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let (host_runs, vm_runs) = (fmt(&f.host), fmt(&f.vm));
+        let (hm, vmm) = (median(&mut f.host), median(&mut f.vm));
+        let ratio = if hm > 0.0 { vmm / hm } else { 0.0 };
+        let _ = writeln!(
+            out,
+            "  {:<32} {hm:>12.1} {host_runs:>26} {:>14}",
+            "host to host (mesh addresses)", f.rcvbuf_host
+        );
+        let _ = writeln!(
+            out,
+            "  {:<32} {vmm:>12.1} {vm_runs:>26} {:>14}",
+            "VM to VM across hosts (BPF encap)", f.rcvbuf_vm
+        );
+        let _ = writeln!(
+            out,
+            "  ratio VM/host {ratio:.2} (goal >= {GOAL_RATIO}: {}); rcvbuf errors on the sender (ACKs) {}; packets encapsulated on the sender {}",
+            if ratio >= GOAL_RATIO { "met" } else { "missed" },
+            f.rcvbuf_sender,
+            f.encapsulated
+        );
+    }
     let cost = crate::mesh_cost::run(&lab, &a, &c)?;
     let _ = writeln!(
         out,

@@ -17,6 +17,7 @@
 //!   a timeout.
 //! - [`kvm`]: real guests (`--guests kvm`): qemu on the VMs' taps, the guest image, the command
 //!   channel and the pool-mode checks run inside the guests.
+//! - [`udpstat`]: a namespace's UDP buffer-error counters.
 //! - [`postgres`]: a throwaway PostgreSQL cluster on a unix socket.
 //! - [`exe`]: the programs the lab starts (the product's `vmnet`, the lab's own helpers).
 //! - [`agent`]: the agent (`vmnet serve --netns …`) as a child process, ready when its API
@@ -58,6 +59,7 @@ pub mod state;
 pub mod tap;
 pub mod teardown;
 pub mod traffic;
+pub mod udpstat;
 pub mod up;
 pub mod worker_user;
 

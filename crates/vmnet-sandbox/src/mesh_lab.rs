@@ -20,6 +20,7 @@ use vmnet_kernel::mesh::{LocalVm, Location, MeshHost, MeshPlane, mount_bpffs, ro
 use vmnet_kernel::netns::netlink_in;
 use vmnet_kernel::wg::daemon::Daemon;
 use vmnet_kernel::wg::link;
+use vmnet_kernel::wg::sockbuf;
 use vmnet_kernel::wg::uapi::{PeerChange, set_text};
 
 use crate::fleet::{Fleet, HostNet};
@@ -65,6 +66,18 @@ pub struct LabVm {
     pub mesh: Ipv6Addr,
     /// The host end of its veth pair.
     pub veth: String,
+}
+
+impl LabHost {
+    /// The UDP sockets of its `wireguard-go` with their buffers, as they are.
+    ///
+    /// # Errors
+    /// When the process's sockets cannot be read.
+    pub fn socket_buffers(&self) -> Result<Vec<sockbuf::UdpSocket>, SandboxError> {
+        self.daemon
+            .read_sockets()
+            .map_err(unexpected("wireguard socket buffers"))
+    }
 }
 
 impl LabVm {
@@ -121,6 +134,15 @@ impl MeshLab {
     /// # Errors
     /// When any step fails (after deleting what was made).
     pub fn new(n: usize) -> Result<Self, SandboxError> {
+        Self::new_with(n, Some(sockbuf::DEFAULT_BYTES))
+    }
+
+    /// As [`MeshLab::new`], each `wireguard-go`'s UDP socket buffers sized to `socket_bytes`
+    /// as the agent sizes them (`None`: left as `wireguard-go` sets them).
+    ///
+    /// # Errors
+    /// When any step fails (after deleting what was made).
+    pub fn new_with(n: usize, socket_bytes: Option<u32>) -> Result<Self, SandboxError> {
         let fleet = Fleet::new(n)?;
         let bpffs = BpffsMount::new(fleet.prefix())?;
         let mut lab = Self {
@@ -130,7 +152,7 @@ impl MeshLab {
         };
         let mut keys = Vec::new();
         for net in lab.fleet.hosts().to_vec() {
-            let (host, key) = lab.start_host(net)?;
+            let (host, key) = lab.start_host(net, socket_bytes)?;
             lab.hosts.push(host);
             keys.push(key);
         }
@@ -153,6 +175,10 @@ impl MeshLab {
                 .uapi()
                 .set(&set_text(Some(&keys[i].0), Some(WG_PORT), &peers))
                 .map_err(unexpected("wireguard set"))?;
+            // As the agent does: the port set made the device open new sockets.
+            h.daemon
+                .size_sockets()
+                .map_err(unexpected("wireguard socket buffers"))?;
             let others: Vec<Ipv6Addr> = lab
                 .hosts
                 .iter()
@@ -179,10 +205,14 @@ impl MeshLab {
         Ok(lab)
     }
 
-    fn start_host(&self, net: HostNet) -> Result<(LabHost, WgKey), SandboxError> {
+    fn start_host(
+        &self,
+        net: HostNet,
+        socket_bytes: Option<u32>,
+    ) -> Result<(LabHost, WgKey), SandboxError> {
         let wg = format!("{}wg", net.prefix);
         let exe = PathBuf::from("wireguard-go");
-        let daemon = Daemon::new(&wg, &exe, None);
+        let daemon = Daemon::new(&wg, &exe, None).socket_buffers(socket_bytes);
         netns::run_in(&net.ns, || daemon.start())?.map_err(unexpected("start wireguard-go"))?;
         let mesh = Ipv6Addr::new(0xfdaa, 0, 0, 0, 0, 0, 0, u16::from(net.index));
         let (ns, wgc) = (net.ns.clone(), wg.clone());

@@ -9,7 +9,7 @@
 
 pub use vmnet_sandbox::{
     Fleet, Sandbox, SandboxError, agent, echo, fleet, guest, hostile, mesh_lab, mmds, netns,
-    postgres, probe, relay, sandbox, sim_guest, tap, traffic,
+    postgres, probe, relay, sandbox, sim_guest, tap, traffic, udpstat,
 };
 
 pub mod bpf;

@@ -46,7 +46,7 @@ use super::keys;
 use super::known::{Known, record_of, row_of, seen_of};
 use super::locations::Locations;
 use super::plan::{MeshPlan, RecordPeer, SeenPeer, plan, record_diff};
-use super::view::{MeshView, PeerView, SyncOutcome};
+use super::view::{MeshView, PeerView, SocketBuffers, SyncOutcome};
 use crate::agent::store_tx;
 use crate::api::error::from_wg;
 use crate::status::now_ms;
@@ -86,6 +86,9 @@ pub struct MeshSettings {
     pub state_dir: PathBuf,
     /// The `wireguard-go` executable.
     pub wireguard_go: PathBuf,
+    /// The size the agent gives `wireguard-go`'s UDP socket buffers, bytes; `None`: leave
+    /// them as it sets them (see [`vmnet_kernel::wg::sockbuf`]).
+    pub socket_buffer_bytes: Option<u32>,
     /// The bpffs directory of the data plane's pinned maps; `None`: no data plane.
     pub bpf_root: Option<PathBuf>,
 }
@@ -132,7 +135,8 @@ impl Mesh {
         Ok(Arc::new(Self {
             locations,
             plane,
-            daemon: Daemon::new(&s.ifname, &s.wireguard_go, Some(log)),
+            daemon: Daemon::new(&s.ifname, &s.wireguard_go, Some(log))
+                .socket_buffers(s.socket_buffer_bytes),
             public: keys::public_of(private.expose()),
             private,
             nl,
@@ -281,6 +285,25 @@ impl Mesh {
         Ok(())
     }
 
+    /// Sizes the device's UDP socket buffers (it opens new sockets whenever its link comes up
+    /// or its port is set); logs the sockets it wrote. A failure is logged, not returned: the
+    /// tunnel works without, only less well under load.
+    fn size_sockets(&self) -> Vec<SocketBuffers> {
+        let d = &self.daemon;
+        match tokio::task::block_in_place(|| d.size_sockets()) {
+            Ok(socks) => {
+                if socks.iter().any(|s| s.written) {
+                    tracing::info!(interface = %self.s.ifname, sockets = ?socks, "wireguard-go socket buffers sized");
+                }
+                socks.iter().map(SocketBuffers::from).collect()
+            }
+            Err(e) => {
+                tracing::warn!(interface = %self.s.ifname, "sizing wireguard-go's socket buffers failed: {e}");
+                Vec::new()
+            }
+        }
+    }
+
     async fn finish_leaving(&self, db: &Db, record: &[RecordPeer]) -> Result<(), Error> {
         let gone: Vec<String> = record
             .iter()
@@ -370,6 +393,7 @@ impl Mesh {
             );
             return Err(e);
         }
+        self.size_sockets();
         if let Some(d) = &self.plane {
             // The program and route only when wg0 is new; every pass writes them anyway.
             d.converge(
@@ -468,6 +492,7 @@ impl Mesh {
         let p = plan(&desired, &record, &seen, &routes)?;
         self.prepare_link(l, &desired).await?;
         self.apply(l, &p).await?;
+        self.size_sockets();
         self.finish_leaving(db, &record).await?;
         let whitelist = store_tx!(db, tx => mesh_store::whitelist(tx).await)?;
         if let Some(d) = &self.plane {
@@ -511,7 +536,8 @@ impl Mesh {
     }
 
     /// Converges every [`WATCH_PERIOD`] when the device is gone (wireguard-go died or wg0 was
-    /// deleted); runs until the task is aborted.
+    /// deleted), and sizes its sockets (new ones after a link flap); runs until the task is
+    /// aborted.
     pub async fn watch(self: Arc<Self>, db: Db) {
         loop {
             tokio::time::sleep(WATCH_PERIOD).await;
@@ -519,6 +545,7 @@ impl Mesh {
             let d = &self.daemon;
             let pid = tokio::task::block_in_place(|| d.pid());
             if matches!(link, Ok(Some(_))) && pid.is_some() {
+                self.size_sockets();
                 continue;
             }
             if let Err(e) = self.converge(&db).await {
@@ -574,6 +601,14 @@ impl Mesh {
             mtu: l.map_or(self.mtu.load(Ordering::Relaxed), |l| l.mtu),
             daemon_pid: self.daemon.pid(),
             daemon_starts: self.starts.load(Ordering::Relaxed),
+            socket_buffers: {
+                let d = &self.daemon;
+                tokio::task::block_in_place(|| d.read_sockets())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(SocketBuffers::from)
+                    .collect()
+            },
             peers,
             whitelist,
             data_plane: self.plane.as_ref().map(DataPlane::view).transpose()?,

@@ -1,6 +1,7 @@
 //! The bodies of `GET /v1/mesh` and `POST /v1/sync`.
 
 use serde::{Deserialize, Serialize};
+use vmnet_kernel::wg::sockbuf::UdpSocket;
 use vmnet_kernel::wg::uapi::UapiPeer;
 
 use super::body::WgKey;
@@ -24,6 +25,9 @@ pub struct MeshView {
     pub daemon_pid: Option<u32>,
     /// How often this agent started `wireguard-go` (0 after adopting a running one).
     pub daemon_starts: u64,
+    /// The UDP sockets of the running `wireguard-go` with their buffers.
+    #[serde(default)]
+    pub socket_buffers: Vec<SocketBuffers>,
     /// The managed peers (by key), then the foreign ones.
     pub peers: Vec<PeerView>,
     /// The tenant-0 whitelist of the last sync.
@@ -34,6 +38,28 @@ pub struct MeshView {
     /// The VM registrations this host knows (with the data plane and a mesh address).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registrations: Option<super::locations::RegistrationsView>,
+}
+
+/// One UDP socket of `wireguard-go` and its buffers, as the kernel reports them (`SO_RCVBUF`,
+/// `SO_SNDBUF`: twice the size set, as `ss -m` shows them in `rb` and `tb`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketBuffers {
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    /// The receive buffer, bytes.
+    pub receive_bytes: u64,
+    /// The send buffer, bytes.
+    pub send_bytes: u64,
+}
+
+impl From<&UdpSocket> for SocketBuffers {
+    fn from(s: &UdpSocket) -> Self {
+        Self {
+            family: if s.ipv6 { "ipv6" } else { "ipv4" }.to_owned(),
+            receive_bytes: u64::try_from(s.rcvbuf).unwrap_or(u64::MAX),
+            send_bytes: u64::try_from(s.sndbuf).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 /// One peer on the interface (or recorded but missing there).

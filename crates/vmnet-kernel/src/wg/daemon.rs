@@ -14,6 +14,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use super::WgError;
+use super::sockbuf;
 use super::uapi::Uapi;
 
 /// How long a started `wireguard-go` may take to open its UAPI socket.
@@ -28,6 +29,8 @@ pub struct Daemon {
     uapi: Uapi,
     /// The instance this process started and has not reaped yet.
     child: Mutex<Option<Child>>,
+    /// The size its UDP sockets' buffers get ([`Daemon::size_sockets`]); `None`: left alone.
+    socket_bytes: Option<u32>,
 }
 
 impl Daemon {
@@ -41,7 +44,38 @@ impl Daemon {
             log,
             uapi: Uapi::new(ifname),
             child: Mutex::new(None),
+            socket_bytes: Some(sockbuf::DEFAULT_BYTES),
         }
+    }
+
+    /// Sizes the device's UDP socket buffers to `bytes` (`None`: leave them as the device sets
+    /// them). The default is [`sockbuf::DEFAULT_BYTES`].
+    #[must_use]
+    pub fn socket_buffers(mut self, bytes: Option<u32>) -> Self {
+        self.socket_bytes = bytes;
+        self
+    }
+
+    /// Gives the running instance's UDP sockets the configured buffers, writing only those
+    /// smaller ([`sockbuf::ensure`]); returns them as read back. Nothing when no instance runs
+    /// or sizing is off. Call after every change that makes the device open sockets (its link
+    /// coming up, its listen port set).
+    ///
+    /// # Errors
+    /// See [`sockbuf::ensure`].
+    pub fn size_sockets(&self) -> Result<Vec<sockbuf::UdpSocket>, WgError> {
+        match (self.socket_bytes, self.pid()) {
+            (Some(bytes), Some(pid)) => sockbuf::ensure(pid, bytes),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// The running instance's UDP sockets with their buffers as they are (nothing written).
+    ///
+    /// # Errors
+    /// See [`sockbuf::read`].
+    pub fn read_sockets(&self) -> Result<Vec<sockbuf::UdpSocket>, WgError> {
+        self.pid().map_or_else(|| Ok(Vec::new()), sockbuf::read)
     }
 
     /// The UAPI client of the interface.

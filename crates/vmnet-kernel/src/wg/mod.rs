@@ -1,9 +1,10 @@
 //! WireGuard without a kernel module: `wireguard-go` as the device ([`daemon`]), configured over
-//! its UAPI socket ([`uapi`]), and the link, address and /128 routes of the mesh's interface
+//! its UAPI socket ([`uapi`]), its UDP sockets' buffers sized by the agent ([`sockbuf`]), and the link, address and /128 routes of the mesh's interface
 //! over netlink ([`link`]), all in the calling process's network namespace.
 
 pub mod daemon;
 pub mod link;
+pub mod sockbuf;
 pub mod uapi;
 
 /// What can go wrong with the WireGuard interface.

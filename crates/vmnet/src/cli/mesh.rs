@@ -77,6 +77,12 @@ pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
                 v.daemon_pid
                     .map_or("not running".to_owned(), |p| format!("pid {p}"))
             );
+            for b in &v.socket_buffers {
+                println!(
+                    "udp socket    {} rb {} tb {}",
+                    b.family, b.receive_bytes, b.send_bytes
+                );
+            }
             println!("whitelist     {}", v.whitelist.len());
             let now = vmnet_agent::status::now_ms() / 1000;
             let rows: Vec<Vec<String>> = v

@@ -141,6 +141,13 @@ pub struct ServeArgs {
     /// Mesh: the `wireguard-go` executable.
     #[arg(long, default_value = "wireguard-go", requires = "mesh")]
     pub wireguard_go: PathBuf,
+    /// Mesh: the receive and send buffer size, in bytes, the agent gives `wireguard-go`'s UDP
+    /// sockets (`SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` on each socket of that process, nothing else
+    /// in the namespace); 0 leaves them as `wireguard-go` sets them.
+    #[arg(long, value_name = "BYTES", requires = "mesh",
+          default_value_t = vmnet_kernel::wg::sockbuf::DEFAULT_BYTES,
+          value_parser = clap::value_parser!(u32).range(0..=1 << 30))]
+    pub wg_socket_buffer_bytes: u32,
     /// Mesh: run the BPF data plane (encapsulation on wg0, tenant checks, the whitelist) with
     /// its maps pinned in this directory, which must be on a mounted bpffs (e.g.
     /// `/sys/fs/bpf/vmnet`). Without it the mesh carries host traffic only.
@@ -412,6 +419,7 @@ async fn start_mesh(
         private_mtu: args.private_mtu,
         state_dir: g.state_dir.clone(),
         wireguard_go: args.wireguard_go.clone(),
+        socket_buffer_bytes: Some(args.wg_socket_buffer_bytes).filter(|b| *b > 0),
         bpf_root: args.mesh_bpf_root.clone(),
     })?;
     let repaired = mesh.converge(agent.db()).await?;
