@@ -118,7 +118,7 @@ pub struct LimitStatus {
     /// The configured limit, MiB/s; 0 = unlimited.
     pub limit_mibps: u32,
     /// Whether the limit is shaping now (false: unlimited, not applied yet, or a public limit
-    /// without an IPv4 route via host).
+    /// without a public path: no route via host, IPv4 or IPv6).
     pub applied: bool,
     /// Bytes of IP packets through the class.
     pub bytes: Option<u64>,

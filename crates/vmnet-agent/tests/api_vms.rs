@@ -570,7 +570,20 @@ async fn limits_are_stored_and_reported_per_class_and_direction() {
             row("upload", "public", 2, true),
         ]
     );
-    // Without an IPv4 route via host the public limit is kept, not applied.
+    // A public IPv6 path alone (no IPv4 route via host) is a public path: the limit applies.
+    body["network"]["routes"] = json!([{"destination": "::/0", "via": "host"}]);
+    let (st, v) = h.put_vm(&body).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["status"]["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["class"] == "public")
+            .all(|l| l["limit_mibps"] == 2 && l["applied"] == true),
+        "{v}"
+    );
+    // Without any route via host there is no public path: the limit is kept, not applied.
     body["network"]["routes"] = json!([]);
     let (st, v) = h.put_vm(&body).await;
     assert_eq!(st, 200, "{v}");

@@ -1,6 +1,6 @@
 //! Namespace-mode throughput limits on a real kernel (root required): the HTB trees written over
 //! netlink, read back by `tc` and compared, repaired in place, changed as class changes, removed;
-//! the public limit waiting for an IPv4 route via host; no tc objects left over by create/delete
+//! the public limit waiting for a public path (a route via host); no tc objects left over by create/delete
 //! cycles. The traffic measurements (iperf3) are in `ns_limits_traffic.rs`.
 
 mod ns_support;
@@ -26,7 +26,8 @@ fn limited(uid: u32, private: u32, public: u32, via_host: bool) -> String {
     let routes: &[(&str, &str)] = if via_host {
         &[("0.0.0.0/0", "host"), ("::/0", "host")]
     } else {
-        &[("::/0", "host")]
+        // No route via host: no public path (IPv4 or IPv6).
+        &[]
     };
     let base = vm_json(&format!("vm{uid}"), uid, Some(&mesh), routes);
     format!(
@@ -165,7 +166,7 @@ async fn limits_are_written_read_back_changed_in_place_and_removed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
-async fn public_limit_is_kept_until_an_ipv4_route_via_host_exists() {
+async fn public_limit_is_kept_until_a_route_via_host_exists() {
     let env = Env::new();
     let plan = env.plan(&limited(0x42, 0, 7, false));
     assert!(!plan.limits.public_applied);

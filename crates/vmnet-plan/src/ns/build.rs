@@ -168,7 +168,8 @@ pub fn plan_vm(cfg: &VmConfig, settings: &NsSettings) -> Result<VmPlan, Validati
     let limits = super::limits::plan_limits(
         cfg.private_network_throughput_mibps,
         cfg.public_network_throughput_mibps,
-        nat,
+        // A public path: a route via host, IPv4 (through NAT) or IPv6.
+        cfg.ipv4_via_host() || cfg.ipv6_via_host(),
         &tap.name,
         veth.as_ref().map(|v| v.peer_name.as_str()),
     );

@@ -186,3 +186,52 @@ fn host_public_table_snapshot() {
         serde_json::json!({"delete": {"element": {"family": "inet", "table": "vmn_pub", "name": "dnat4", "elem": ["203.0.113.5"]}}})
     );
 }
+
+/// The plan of VM `web` with `routes` (JSON array items) and a public limit of 2 MiB/s.
+fn limited(routes: &str, extra: &str) -> VmPlan {
+    let json = format!(
+        r#"{{"id":"web","user_id":7,"tenant":1,"mesh_ipv6":"fdaa:1::7","public_network_throughput_mibps":2{extra},"network":{{"routes":[{routes}]}}}}"#
+    );
+    plan_vm(
+        &parse_vm_config(json.as_bytes()).unwrap(),
+        &NsSettings::default(),
+    )
+    .unwrap()
+}
+
+/// Whether the plan shapes the public class in both directions at `mibps`.
+fn public_shaped(p: &VmPlan, mibps: u64) -> bool {
+    p.limits.public_applied
+        && p.limits.trees.len() == 2
+        && p.limits.trees.iter().all(|t| {
+            t.classes.iter().any(|c| {
+                c.class == super::limits::TrafficClass::Public
+                    && c.applied
+                    && c.rate == mibps * super::limits::MIB
+            })
+        })
+}
+
+#[test]
+fn the_public_limit_applies_to_a_public_ipv6_path_alone() {
+    let v6 = r#"{"destination":"::/0","via":"host"}"#;
+    let v4 = r#"{"destination":"0.0.0.0/0","via":"host"}"#;
+    // Public IPv6 only (the issue's VM): shaped.
+    let p = limited(v6, r#","public_ipv6":"2001:db8::57""#);
+    assert!(!p.nat);
+    assert!(public_shaped(&p, 2), "{:?}", p.limits);
+    // A routed IPv6 prefix via host, no public address: still the uplink, still shaped.
+    assert!(public_shaped(
+        &limited(r#"{"destination":"2001:db8:5::/48","via":"host"}"#, ""),
+        2
+    ));
+    // IPv4 via host, as before.
+    assert!(public_shaped(&limited(v4, ""), 2));
+    // No route via host (mesh only, or through a gateway VM): no public path, kept unapplied.
+    for routes in ["", r#"{"destination":"2000::/3","via":"fdaa:2::56"}"#] {
+        let p = limited(routes, "");
+        assert!(!p.limits.public_applied, "{routes}: {:?}", p.limits);
+        assert!(p.limits.trees.is_empty(), "{routes}");
+        assert_eq!(p.limits.public_mibps, 2);
+    }
+}

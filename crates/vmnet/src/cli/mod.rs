@@ -6,3 +6,4 @@ pub mod mesh;
 pub mod serve;
 pub mod trust;
 pub mod vm;
+pub mod vm_text;

@@ -16,6 +16,7 @@ use vmnet_agent::hostspec::HostSpec;
 use vmnet_model::Error;
 use vmnet_model::vm::parse_vm_config;
 
+use super::vm_text::{limits_text, public_text};
 use crate::{Global, Output};
 
 /// `vmnet vm …`
@@ -165,7 +166,7 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
             dash(s.transit.as_ref()),
             dash(v.config.mesh_ipv6),
             public_text(v),
-            limits(&v.config),
+            limits_text(v),
             if routes.is_empty() {
                 "-".to_owned()
             } else {
@@ -259,25 +260,6 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// `private/public` MiB/s, `-` for unlimited (both 0).
-fn limits(c: &vmnet_model::vm::VmConfig) -> String {
-    let (p, q) = (
-        c.private_network_throughput_mibps,
-        c.public_network_throughput_mibps,
-    );
-    if p == 0 && q == 0 {
-        return "-".to_owned();
-    }
-    let one = |v: u32| {
-        if v == 0 {
-            "unlimited".to_owned()
-        } else {
-            v.to_string()
-        }
-    };
-    format!("private {} / public {}", one(p), one(q))
-}
-
 /// The metadata service version the VM's guest talks to: `v1`, `v2`, or `host default` when
 /// the config names none (`vmnet serve --metadata-version`).
 fn metadata_text(m: Option<&vmnet_model::vm::metadata::MetadataConfig>) -> String {
@@ -302,39 +284,6 @@ fn firewall_text(v: &VmView) -> String {
         ),
         Some(f) => format!("off ({} rules kept)", f.inbound.len() + f.outbound.len()),
         None => "off".to_owned(),
-    }
-}
-
-/// The desired public addresses, each marked `*` while it is not applied yet.
-fn public_text(v: &VmView) -> String {
-    let s = &v.status;
-    let mut parts = Vec::new();
-    if let Some(a) = v.config.public_ipv4 {
-        let a = a.to_string();
-        let mark = if s.applied_public_ipv4.as_deref() == Some(a.as_str()) {
-            ""
-        } else {
-            "*"
-        };
-        parts.push(format!("{a}{mark}"));
-    }
-    if let Some(n) = v.config.public_ipv6 {
-        let n = if n.prefix_len() == 128 {
-            n.addr().to_string()
-        } else {
-            n.to_string()
-        };
-        let mark = if s.applied_public_ipv6.as_deref() == Some(n.as_str()) {
-            ""
-        } else {
-            "*"
-        };
-        parts.push(format!("{n}{mark}"));
-    }
-    if parts.is_empty() {
-        "-".to_owned()
-    } else {
-        parts.join(", ")
     }
 }
 

@@ -37,8 +37,12 @@
 //! 100.64/10 (shared address space, RFC 6598) counts as private: it is not routed on the
 //! internet, and carrier or overlay networks that use it are private networks.
 //!
-//! A VM without an IPv4 route via host keeps its public limit stored and reports it not applied
-//! (spec): its public class stays unlimited until such a route exists. A VM without a veth pair
+//! The public limit applies to whatever public path a VM has: a route via host, IPv4 (the
+//! namespace's NAT) or IPv6. A VM without any route via host has no public path (spec: "no
+//! public IPv4 path"; the IPv6 path counts too*, as public IPv6 through the host is public
+//! traffic like IPv4): it keeps its public limit stored and reports it not applied, its public
+//! class unlimited, until a route via host exists. Public destinations a VM reaches through a
+//! gateway VM cross the mesh, not the host uplink: they do not make a public path. A VM without a veth pair
 //! (no mesh address) has no network path, so nothing is shaped. A VM with no limit in force has no
 //! tree at all (its devices keep the kernel's default qdisc); the first limit in force adds it.
 
@@ -190,7 +194,7 @@ pub struct LimitsPlan {
     pub private_mibps: u32,
     /// The public limit as configured, MiB/s (0 = unlimited).
     pub public_mibps: u32,
-    /// Whether the public limit is applied (it needs an IPv4 route via host).
+    /// Whether the public limit is applied (it needs a public path: a route via host).
     pub public_applied: bool,
     /// The trees: download (tap) then upload (VM veth end); empty without limits or veth.
     pub trees: Vec<TcTree>,
@@ -333,16 +337,16 @@ fn class(class: TrafficClass, limit_mibps: u32, applied: bool) -> HtbClass {
 }
 
 /// Plans the limits of one VM: `tap` and `peer` are its tap and VM veth end (`None` without a
-/// veth pair), `ipv4_via_host` whether an IPv4 route uses host.
+/// veth pair), `public_path` whether it has a public path (a route via host, IPv4 or IPv6).
 #[must_use]
 pub fn plan_limits(
     private_mibps: u32,
     public_mibps: u32,
-    ipv4_via_host: bool,
+    public_path: bool,
     tap: &str,
     peer: Option<&str>,
 ) -> LimitsPlan {
-    let public_applied = ipv4_via_host;
+    let public_applied = public_path;
     let mut plan = LimitsPlan {
         private_mibps,
         public_mibps,

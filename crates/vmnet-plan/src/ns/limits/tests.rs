@@ -69,7 +69,7 @@ fn expected(remote: IpAddr) -> u32 {
 #[test]
 fn no_limit_in_force_means_no_tree() {
     assert!(plan(0, 0, true).trees.is_empty());
-    // The public limit without an IPv4 route via host is stored, not applied.
+    // The public limit without a public path (no route via host) is stored, not applied.
     let p = plan(0, 20, false);
     assert!(p.trees.is_empty());
     assert_eq!(p.public_mibps, 20);
