@@ -131,7 +131,14 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return report(&Error::internal(format!("cannot start the runtime: {e}"))),
     };
-    finish(runtime.block_on(run(cli)))
+    let serving = matches!(cli.command, Command::Serve(_));
+    let result = runtime.block_on(run(cli));
+    // Every task and blocking thread of the runtime ends here; only then has the agent stopped.
+    drop(runtime);
+    if serving && result.is_ok() {
+        tracing::info!("vmnet agent stopped");
+    }
+    finish(result)
 }
 
 async fn run(cli: Cli) -> Result<(), Error> {

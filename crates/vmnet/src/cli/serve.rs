@@ -275,7 +275,8 @@ fn check_uplink(uplink: Option<&str>) -> Result<(), Error> {
     Ok(())
 }
 
-/// Runs the command until SIGTERM or SIGINT.
+/// Runs the command until SIGTERM or SIGINT; returns once the server, the loops and the store
+/// are closed (`main` logs "vmnet agent stopped" after the runtime's threads ended).
 pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -393,7 +394,9 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     if let Some(p) = poller {
         p.abort();
     }
-    tracing::info!("vmnet agent stopped");
+    // The store last: its connections close (SQLite checkpoints and removes its WAL), so
+    // nothing of the agent is still writing when `main` logs that it stopped.
+    agent.db().close().await;
     result.map_err(from_server)
 }
 
