@@ -1,7 +1,8 @@
 //! `vmnet-guest`: the guest agent. Every 250 ms it reads `meta-data/mesh-ipv6` and
 //! `meta-data/host-routes` from the metadata service at 169.254.169.254 and, when they change,
-//! applies them: through systemd-networkd (a drop-in, reload, resolver and time-sync resets;
-//! see [`networkd`]) or, with `--apply netlink`, directly on the interface ([`netlink`]). A
+//! applies what differs on the interface over rtnetlink, nothing else ([`plan`]), and records
+//! it for systemd-networkd in a drop-in, then resets the resolver and time sync (see
+//! [`networkd`]); with `--apply netlink`, the interface only ([`netlink`]). A
 //! missing or bad document keeps the last good configuration and is logged (once per distinct
 //! error); the agent never exits on one.
 //!
@@ -10,8 +11,10 @@
 
 mod doc;
 mod fetch;
+mod kernel;
 mod netlink;
 mod networkd;
+mod plan;
 mod poll;
 
 use std::net::SocketAddr;
@@ -22,6 +25,8 @@ use clap::{Parser, ValueEnum};
 
 use crate::doc::GuestNet;
 use crate::fetch::Mmds;
+use crate::kernel::Rtnl;
+use crate::networkd::Applied;
 use crate::poll::{Apply, Outcome, Poller};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -56,21 +61,27 @@ struct Args {
     interval_ms: u64,
 }
 
-struct NetworkdApply(networkd::Networkd<networkd::RealSystem>);
+struct NetworkdApply(networkd::Networkd<networkd::RealSystem, Rtnl>);
 
 impl Apply for NetworkdApply {
-    async fn apply(&mut self, net: &GuestNet) -> Result<(), String> {
-        for e in self.0.apply(net)? {
+    async fn apply(&mut self, net: &GuestNet) -> Result<Applied, String> {
+        let done = self.0.apply(net).await?;
+        for e in &done.failed_resets {
             eprintln!("vmnet-guest: applied; a reset failed (not retried): {e}");
         }
-        Ok(())
+        Ok(done)
     }
 }
 
-impl Apply for netlink::Netlink {
-    async fn apply(&mut self, net: &GuestNet) -> Result<(), String> {
+impl Apply for netlink::Netlink<Rtnl> {
+    async fn apply(&mut self, net: &GuestNet) -> Result<Applied, String> {
         netlink::Netlink::apply(self, net).await
     }
+}
+
+fn describe(n: &GuestNet) -> String {
+    let routes: Vec<String> = n.host_routes.iter().map(ToString::to_string).collect();
+    format!("mesh {} host routes [{}]", n.mesh_ipv6, routes.join(", "))
 }
 
 async fn run<A: Apply>(mut p: Poller<Mmds, A>, every: Duration) {
@@ -81,12 +92,14 @@ async fn run<A: Apply>(mut p: Poller<Mmds, A>, every: Duration) {
         tick.tick().await;
         let problem = match p.poll().await {
             Outcome::Unchanged => None,
-            Outcome::Applied(n) => {
-                let routes: Vec<String> = n.host_routes.iter().map(ToString::to_string).collect();
+            Outcome::Applied(n, done) => {
+                eprintln!("vmnet-guest: applied {}: {done}", describe(&n));
+                None
+            }
+            Outcome::InPlace(n) => {
                 eprintln!(
-                    "vmnet-guest: applied mesh {} host routes [{}]",
-                    n.mesh_ipv6,
-                    routes.join(", ")
+                    "vmnet-guest: {} in place already (disk and kernel); nothing changed",
+                    describe(&n)
                 );
                 None
             }
@@ -116,17 +129,20 @@ fn main() -> std::process::ExitCode {
     let fetch = Mmds::new(args.metadata);
     rt.block_on(async {
         match args.apply {
-            Mode::Networkd => {
-                let n = networkd::Networkd::new(
-                    networkd::RealSystem,
-                    &args.interface,
-                    &args.network_dir,
-                    &args.network_file,
-                );
-                run(Poller::new(fetch, NetworkdApply(n)), every).await;
-            }
-            Mode::Netlink => match netlink::Netlink::new(&args.interface) {
-                Ok(n) => run(Poller::new(fetch, n), every).await,
+            Mode::Networkd => match Rtnl::new(&args.interface) {
+                Ok(k) => {
+                    let n = networkd::Networkd::new(
+                        networkd::RealSystem,
+                        k,
+                        &args.network_dir,
+                        &args.network_file,
+                    );
+                    run(Poller::new(fetch, NetworkdApply(n)), every).await;
+                }
+                Err(e) => eprintln!("vmnet-guest: {e}"),
+            },
+            Mode::Netlink => match Rtnl::new(&args.interface) {
+                Ok(k) => run(Poller::new(fetch, netlink::Netlink::new(k)), every).await,
                 Err(e) => eprintln!("vmnet-guest: {e}"),
             },
         }

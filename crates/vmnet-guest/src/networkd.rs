@@ -1,20 +1,28 @@
-//! Applying a [`GuestNet`] through systemd-networkd: a drop-in for the guest interface's
-//! `.network` file, written atomically, then the reload and the resets.
+//! Applying a [`GuestNet`] with systemd-networkd: only what changed changes.
 //!
-//! The command sequence, in order. The first two apply the network and must succeed (else the
-//! apply fails and is retried at the next poll):
-//! 1. `networkctl reload` — networkd re-reads its files;
-//! 2. `networkctl reconfigure <if>` — and re-applies them to the interface now.
+//! 1. The kernel first: the interface's addresses and routes are read and only the difference
+//!    is applied over rtnetlink ([`crate::plan`], [`crate::kernel`]): a new mesh address goes on
+//!    before the old one comes off, a new host route is added, a route no longer asked for is
+//!    deleted. The guest address, the default routes and every route that stays are never
+//!    touched, so traffic on them does not stop.
+//! 2. Then the drop-in for the guest interface's `.network` file, written atomically, and only
+//!    when its text differs from what is on disk. It makes the configuration survive a reboot or
+//!    a restart of networkd, and it is the record of the routes vmnet-guest put on the
+//!    interface (so a restarted vmnet-guest knows which ones are its own to delete).
 //!
-//! Then the resets, each run once per apply whatever the others gave. A reset that fails (an
-//! image without systemd-timesyncd, a resolver that is not running) is logged and does not fail
-//! the apply: retrying it would reconfigure the interface again every poll, taking its routes
-//! down each time, for a service that is not there. (A real guest showed exactly that.)
-//! 3. `resolvectl flush-caches` and `resolvectl reset-server-features` — systemd-resolved
-//!    forgets answers and the feature level it backed off to while the VM was suspended;
-//! 4. `systemctl try-restart systemd-timesyncd` — timesyncd, when running, starts polling again
-//!    at its shortest interval (after a resume it sits at a long back-off and the clock is off
-//!    by the pause).
+//! networkd is not asked to reload: its `networkctl reload` (and `reconfigure`) take every
+//! address and route of the interface down and put them back, twice the whole configuration
+//! for one changed address. networkd leaves addresses and routes it did not add alone until it
+//! configures the interface again (its own restart, or a reload by someone else), and then it
+//! reads the drop-in, which already says the same as the kernel.
+//!
+//! After a change to the kernel the resets run, each once whatever the others gave:
+//! `resolvectl flush-caches` and `resolvectl reset-server-features` (systemd-resolved forgets
+//! answers and the feature level it backed off to while the VM was suspended) and
+//! `systemctl try-restart systemd-timesyncd` (timesyncd polls again at its shortest interval;
+//! after a resume the clock is off by the pause). A reset that fails (an image without
+//! timesyncd) is logged and does not fail the apply. Nothing changed, nothing runs: a restarted
+//! vmnet-guest that finds its configuration on disk and in the kernel writes and runs nothing.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -22,16 +30,16 @@ use std::path::{Path, PathBuf};
 use ipnet::IpNet;
 
 use crate::doc::GuestNet;
+use crate::kernel::Kernel;
+use crate::plan::{self, Changes, GATEWAY_V4, GATEWAY_V6};
 
-/// The guest's IPv4 gateway (the tap in the VM's namespace).
-pub const GATEWAY_V4: &str = "172.16.0.1";
-/// The guest's IPv6 gateway (the tap's link-local).
-pub const GATEWAY_V6: &str = "fe80::1";
 /// The name of the drop-in file inside `<network file>.d/`.
 pub const DROP_IN_NAME: &str = "50-vmnet-guest.conf";
 
 /// What the networkd applier needs from the system; faked in tests.
 pub trait System {
+    /// The text of `path`, `None` when it does not exist or cannot be read.
+    fn read(&mut self, path: &Path) -> Option<String>;
     /// Writes `contents` to `path` atomically: a temporary file in the same directory, synced,
     /// then renamed over `path` (the directory is created when missing).
     ///
@@ -50,6 +58,10 @@ pub trait System {
 pub struct RealSystem;
 
 impl System for RealSystem {
+    fn read(&mut self, path: &Path) -> Option<String> {
+        std::fs::read_to_string(path).ok()
+    }
+
     fn write_atomic(&mut self, path: &Path, contents: &str) -> Result<(), String> {
         let dir = path
             .parent()
@@ -99,11 +111,10 @@ pub fn render(net: &GuestNet) -> String {
         "[Address]\nAddress={}/128\nDuplicateAddressDetection=none\n",
         net.mesh_ipv6
     ));
-    let mesh = IpNet::V6(vmnet_model::vm::MESH_RANGE);
-    for d in std::iter::once(&mesh).chain(net.host_routes.iter().filter(|d| **d != mesh)) {
+    for d in plan::wanted_routes(net) {
         let gw = match d {
-            IpNet::V4(_) => GATEWAY_V4,
-            IpNet::V6(_) => GATEWAY_V6,
+            IpNet::V4(_) => GATEWAY_V4.to_string(),
+            IpNet::V6(_) => GATEWAY_V6.to_string(),
         };
         s.push_str(&format!("\n[Route]\nDestination={d}\nGateway={gw}\n"));
     }
@@ -116,16 +127,7 @@ fn owned(v: Vec<Vec<&str>>) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The commands that apply the drop-in, in order; each must succeed (module docs).
-#[must_use]
-pub fn commands(ifname: &str) -> Vec<Vec<String>> {
-    owned(vec![
-        vec!["networkctl", "reload"],
-        vec!["networkctl", "reconfigure", ifname],
-    ])
-}
-
-/// The resets run after [`commands`], each once, failures logged only (module docs).
+/// The resets run after a change to the kernel, each once, failures logged only (module docs).
 #[must_use]
 pub fn resets() -> Vec<Vec<String>> {
     owned(vec![
@@ -135,49 +137,102 @@ pub fn resets() -> Vec<Vec<String>> {
     ])
 }
 
-/// Applies [`GuestNet`]s through networkd.
-#[derive(Debug)]
-pub struct Networkd<S> {
-    sys: S,
-    ifname: String,
-    path: PathBuf,
+/// What one apply did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The kernel changes made.
+    pub changes: Changes,
+    /// Whether the drop-in was written.
+    pub wrote: bool,
+    /// The resets that failed, as messages.
+    pub failed_resets: Vec<String>,
 }
 
-impl<S: System> Networkd<S> {
-    /// An applier writing `<dir>/<network_file>.d/50-vmnet-guest.conf` for `ifname`.
-    pub fn new(sys: S, ifname: &str, dir: &Path, network_file: &str) -> Self {
+impl Applied {
+    /// Whether anything changed (the kernel or the file).
+    #[must_use]
+    pub fn changed(&self) -> bool {
+        self.wrote || !self.changes.is_empty()
+    }
+}
+
+impl std::fmt::Display for Applied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}; drop-in {}",
+            self.changes,
+            if self.wrote { "written" } else { "unchanged" }
+        )
+    }
+}
+
+/// Applies [`GuestNet`]s with networkd's drop-in and the kernel difference.
+#[derive(Debug)]
+pub struct Networkd<S, K> {
+    sys: S,
+    kernel: K,
+    path: PathBuf,
+    base: PathBuf,
+    /// The routes of the last apply (owned even when the drop-in cannot be read).
+    last: Vec<IpNet>,
+}
+
+impl<S: System, K: Kernel> Networkd<S, K> {
+    /// An applier writing `<dir>/<network_file>.d/50-vmnet-guest.conf`, changing the interface
+    /// through `kernel`.
+    pub fn new(sys: S, kernel: K, dir: &Path, network_file: &str) -> Self {
         Self {
             sys,
-            ifname: ifname.to_owned(),
+            kernel,
             path: dir.join(format!("{network_file}.d")).join(DROP_IN_NAME),
+            base: dir.join(network_file),
+            last: Vec::new(),
         }
     }
 
-    #[cfg(test)]
-    /// The drop-in's path.
-    #[must_use]
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Writes the drop-in and runs the [`commands`], stopping at the first failure, then every
-    /// one of the [`resets`]; the resets that failed, as messages (logged by the caller).
+    /// Applies `net` (see the module docs).
     ///
     /// # Errors
-    /// The first failure of the drop-in write or the [`commands`].
-    pub fn apply(&mut self, net: &GuestNet) -> Result<Vec<String>, String> {
-        self.sys.write_atomic(&self.path, &render(net))?;
-        for argv in commands(&self.ifname) {
-            let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-            self.sys.run(&args)?;
+    /// The first failure of the kernel changes or the drop-in write; the next apply reads the
+    /// kernel and the disk again and does what is left.
+    pub async fn apply(&mut self, net: &GuestNet) -> Result<Applied, String> {
+        let seen = self.kernel.observe().await?;
+        let on_disk = self.sys.read(&self.path);
+        let mut owned = on_disk
+            .as_deref()
+            .map(plan::file_routes)
+            .unwrap_or_default();
+        owned.extend(self.last.iter().copied());
+        let kept = self
+            .sys
+            .read(&self.base)
+            .map(|t| plan::file_routes(&t))
+            .unwrap_or_default();
+        let changes = plan::plan(net, &seen, &owned, &kept);
+        self.kernel.apply(&changes).await?;
+        self.last = plan::wanted_routes(net);
+        let text = render(net);
+        let wrote = on_disk.as_deref() != Some(text.as_str());
+        if wrote {
+            self.sys.write_atomic(&self.path, &text)?;
         }
-        Ok(resets()
-            .iter()
-            .filter_map(|argv| {
-                let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-                self.sys.run(&args).err()
-            })
-            .collect())
+        let failed_resets = if changes.is_empty() {
+            Vec::new()
+        } else {
+            resets()
+                .iter()
+                .filter_map(|argv| {
+                    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+                    self.sys.run(&args).err()
+                })
+                .collect()
+        };
+        Ok(Applied {
+            changes,
+            wrote,
+            failed_resets,
+        })
     }
 
     #[cfg(test)]
@@ -191,6 +246,12 @@ impl<S: System> Networkd<S> {
     /// The system, to change (tests make the fake fail).
     pub fn sys_mut(&mut self) -> &mut S {
         &mut self.sys
+    }
+
+    #[cfg(test)]
+    /// The kernel (tests look at and change the fake).
+    pub fn kernel_mut(&mut self) -> &mut K {
+        &mut self.kernel
     }
 }
 
@@ -217,14 +278,13 @@ mod tests {
     #[test]
     fn real_writes_are_atomic_renames() {
         let dir = tempfile::tempdir().unwrap();
-        let mut n = Networkd::new(RealSystem, "eth0", dir.path(), "10-eth0.network");
+        let path = dir.path().join("10-eth0.network.d").join(DROP_IN_NAME);
         let net = parse("fdaa:1::7", "").unwrap();
-        // Only the write: the commands are not run here.
-        n.sys.write_atomic(&n.path.clone(), &render(&net)).unwrap();
-        let p = dir.path().join("10-eth0.network.d").join(DROP_IN_NAME);
-        assert_eq!(n.path(), p);
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), render(&net));
-        let names: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+        let mut sys = RealSystem;
+        assert_eq!(sys.read(&path), None);
+        sys.write_atomic(&path, &render(&net)).unwrap();
+        assert_eq!(sys.read(&path).as_deref(), Some(render(&net).as_str()));
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();

@@ -1,20 +1,22 @@
 //! One poll of the guest agent: read the `meta-data` folder (one request), check its two
-//! values, apply when they changed. A bad or missing document keeps the last good
-//! configuration; nothing here panics on input.
+//! values, apply when they differ from what this process applied last (the applier then
+//! compares with the disk and the kernel and changes only what differs). A bad or missing
+//! document keeps the last good configuration; nothing here panics on input.
 
 use crate::doc::{self, GuestNet};
 use crate::fetch::Fetch;
+use crate::networkd::Applied;
 
 /// The folder read at each poll (as JSON: `mesh-ipv6` and `host-routes` in one answer).
 pub const META_PATH: &str = "/latest/meta-data";
 
 /// How a configuration is applied; faked in tests.
 pub trait Apply {
-    /// Applies `net`.
+    /// Applies `net`: changes what differs from it, and says what that was.
     ///
     /// # Errors
     /// A message; the poller retries at its next poll.
-    fn apply(&mut self, net: &GuestNet) -> impl Future<Output = Result<(), String>>;
+    fn apply(&mut self, net: &GuestNet) -> impl Future<Output = Result<Applied, String>>;
 }
 
 /// What one poll did.
@@ -22,8 +24,11 @@ pub trait Apply {
 pub enum Outcome {
     /// The document equals what is applied.
     Unchanged,
-    /// A new configuration was applied.
-    Applied(GuestNet),
+    /// A new configuration was applied: what changed.
+    Applied(GuestNet, Applied),
+    /// A configuration new to this process was found in place already (on disk and in the
+    /// kernel, e.g. after a restart of vmnet-guest): nothing was changed.
+    InPlace(GuestNet),
     /// The document could not be read or was bad; the last good configuration stays.
     Kept(String),
     /// Applying failed; retried at the next poll.
@@ -82,9 +87,13 @@ impl<F: Fetch, A: Apply> Poller<F, A> {
             return Outcome::Unchanged;
         }
         match self.apply.apply(&net).await {
-            Ok(()) => {
+            Ok(done) => {
                 self.applied = Some(net.clone());
-                Outcome::Applied(net)
+                if done.changed() {
+                    Outcome::Applied(net, done)
+                } else {
+                    Outcome::InPlace(net)
+                }
             }
             Err(e) => Outcome::ApplyFailed(e),
         }

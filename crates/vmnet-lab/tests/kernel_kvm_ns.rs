@@ -3,7 +3,9 @@
 //! the image's guest address on, `vmnet-guest` the mesh address and host routes from the
 //! metadata service; NAT, the MSS clamp, IPv6 via host, public addresses, the mesh between the
 //! guests, a large download and the public limit (iperf3 in the guest) are checked from inside
-//! them, and a mesh address change by `PUT` is applied in the running guest. Then `down` stops
+//! them, and a mesh address change and a host route change by `PUT` are applied in the running
+//! guest, watched from inside it (`ip monitor` shows only the changed objects, an IPv4 ping
+//! every 10 ms loses nothing), as is a restart of `vmnet-guest` (nothing changes). Then `down` stops
 //! the guests by pid and leaves no namespace. The guest image is built by
 //! `scripts/guest-image.sh` on first use and cached. `scripts/test.sh` skips this test (and counts
 //! it skipped) on a machine without `/dev/kvm`.
@@ -93,6 +95,27 @@ fn kvm_guests_in_the_namespace_sandbox() {
         "no reach"
     );
     assert_eq!(seen(i, "mesh address changed back by PUT"), "fdaa:1::8/128");
+    // Each change is watched from inside the guest: only what changed changes, no ping is
+    // lost (all checks are ok above; here they must exist).
+    for what in [
+        "the mesh address change",
+        "the mesh address change back",
+        "the host route added",
+        "the host route removed",
+        "a restart of vmnet-guest",
+    ] {
+        for check in ["ipv4 ping every 10 ms across", "ip monitor across"] {
+            let _ = seen(i, &format!("{check} {what}"));
+        }
+    }
+    assert_eq!(
+        seen(i, "ip monitor across the mesh address change"),
+        "only fdaa:1::8, fdaa:1::8008"
+    );
+    assert_eq!(
+        seen(i, "vmnet-guest restarted with unchanged metadata: drop-in"),
+        "not rewritten"
+    );
     // The guests run on after `up` (the sandbox stays up) and `down` stops them by pid.
     let pids: Vec<u32> = v["vms"]
         .as_array()

@@ -22,6 +22,7 @@ pub mod image;
 pub mod ns;
 pub mod ns_traffic;
 pub mod pool;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

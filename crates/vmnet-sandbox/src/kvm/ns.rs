@@ -148,6 +148,19 @@ impl NsGuest {
         self.sh(&script, timeout + Duration::from_secs(5))
     }
 
+    /// `present` once a route to `prefix` is on `eth0` (`absent` once none is, with `present`
+    /// false), or what is there when `timeout` passed (polled in the guest every 200 ms).
+    pub fn wait_route(&mut self, prefix: &str, present: bool, timeout: Duration) -> String {
+        let tries = timeout.as_millis() / 200 + 1;
+        let fam = if prefix.contains(':') { "-6" } else { "-4" };
+        let test = if present { "-n" } else { "-z" };
+        let show = format!("ip {fam} route show {prefix} dev eth0");
+        let script = format!(
+            "for i in $(seq {tries}); do [ {test} \"$({show})\" ] && break; sleep 0.2; done\n             r=$({show}); [ -n \"$r\" ] && echo present || echo absent"
+        );
+        self.sh(&script, timeout + Duration::from_secs(5))
+    }
+
     /// The IPv6 routes via `fe80::1` on `eth0`, destinations sorted and joined by `, `.
     pub fn routes_via_host(&mut self) -> String {
         let out = self.sh(

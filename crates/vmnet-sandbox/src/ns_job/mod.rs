@@ -47,6 +47,7 @@ pub mod firewall;
 pub mod fwchange;
 pub mod hostile;
 pub mod kvm;
+pub mod kvm_change;
 pub mod limits;
 pub mod metadata;
 pub mod probes;
