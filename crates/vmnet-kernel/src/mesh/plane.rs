@@ -26,6 +26,8 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/me
 /// The program on VM veths and the one on the WireGuard interface.
 const FROM_VM: &str = "mesh_from_vm";
 const FROM_WG: &str = "mesh_from_wg";
+/// The read-only flag of `mesh_from_vm`'s source check.
+const CHECK_SOURCES: &str = "check_sources";
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> MeshError {
     move |source| MeshError::Map { map, source }
@@ -77,6 +79,17 @@ impl MeshPlane {
         pin_root: &Path,
         object: &[u8],
     ) -> Result<Self, MeshError> {
+        Self::load_with(ns, pin_root, object, true)
+    }
+
+    /// Loads `object` with its read-only `check_sources` set to `check_sources` (vmnet: always
+    /// on; off only for [`MeshPlane::load_without_source_check`]).
+    fn load_with(
+        ns: Option<&str>,
+        pin_root: &Path,
+        object: &[u8],
+        check_sources: bool,
+    ) -> Result<Self, MeshError> {
         let load_err = |source: Box<dyn std::error::Error + Send + Sync>| MeshError::Load {
             root: pin_root.display().to_string(),
             source,
@@ -92,8 +105,10 @@ impl MeshPlane {
                 "not a mounted bpffs (mount one: mount -t bpf bpf <dir>)".into(),
             ));
         }
+        let check = u32::from(check_sources);
         let mut bpf = EbpfLoader::new()
             .default_map_pin_directory(pin_root)
+            .override_global(CHECK_SOURCES, &check, true)
             .load(object)
             .map_err(|e| load_err(Box::new(e)))?;
         for name in [FROM_VM, FROM_WG] {

@@ -9,6 +9,7 @@
 //! source address) must read `86 dd`, the IPv6 ether type: the caller picks a sending host
 //! address with those bytes (e.g. `fdaa:0:86dd::1`).
 
+use std::path::Path;
 use std::time::Duration;
 
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
@@ -41,6 +42,17 @@ const SK_BUFF_LEN: usize = 192;
 const IFINDEX_AT: usize = 40;
 
 impl MeshPlane {
+    /// Loads a copy of the programs whose `mesh_from_vm` does not check sources (its
+    /// `check_sources` off: the verifier removes the check), on the maps pinned under
+    /// `pin_root`, and attaches nothing: for measuring the check's cost beside a plane loaded
+    /// with [`MeshPlane::load`] on the same maps. vmnet itself never loads it.
+    ///
+    /// # Errors
+    /// As [`MeshPlane::load`].
+    pub fn load_without_source_check(ns: Option<&str>, pin_root: &Path) -> Result<Self, MeshError> {
+        Self::load_with(ns, pin_root, super::OBJECT, false)
+    }
+
     /// Runs `side`'s program `repeat` times on `frame` (an Ethernet frame; see the module docs
     /// for the WireGuard side) as if it arrived on device `dev` of the plane's namespace. The
     /// program reads and writes the plane's maps as on real traffic (its counters count these
