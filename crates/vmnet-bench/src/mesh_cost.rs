@@ -1,16 +1,26 @@
 //! The mesh programs' cost per packet, part of `vmnet-lab bench mesh --case forwarding`: each
 //! forwarding decision run by the kernel (`BPF_PROG_TEST_RUN`, [`MeshPlane::test_run`]) on a
-//! 1380-byte VM packet against the lab hosts' real maps, one packet per run (a run changes the
-//! packet it is given, so repeating one run would measure another path), [`RUNS`] runs per
-//! case, the median shown. Each case asserts the verdict it measures, so a number always
-//! belongs to the path it names.
+//! 1380-byte VM packet against the lab hosts' real maps, by two builds of the programs loaded
+//! on the same maps: vmnet's, and one whose `mesh_from_vm` does not check sources
+//! ([`MeshPlane::load_without_source_check`]). The two are measured alternately (ABBA), in
+//! [`ROUNDS`] rounds each, and each build's median over the rounds is shown with the
+//! difference: the source check's cost per packet (the goal: at most [`GOAL_NS`] ns).
+//!
+//! A round of a case whose packet the program leaves as it is (a drop, a pass) is one kernel
+//! run of [`REPEAT`] repetitions (the kernel returns their mean). A case whose program changes
+//! the packet (encapsulation, decapsulation) cannot repeat it (the next repetition would see
+//! the changed packet and take another path): its round is the median of [`SINGLES`] single
+//! runs. Each run asserts the verdict it measures, so a number always belongs to the path it
+//! names.
 //!
 //! Cases: on host A, a VM's packet to a VM on host B (encapsulated), the same packet with
-//! another VM's mesh address as its source (dropped), to a VM of another tenant
-//! (dropped), to an address outside the mesh (passed on to the host's routes at once; and, for a
-//! VM with a route via a gateway VM, after the host's route lookup); on host B,
-//! an encapsulated packet from host A's side for a local VM (checked, decapsulated,
-//! redirected). The decapsulation case's sender is a registration of host `fdaa:0:86dd::1`
+//! another VM's mesh address as its source (dropped; without the check it is encapsulated,
+//! which the bench asserts once, so that build is shown to lack the check), to a VM of another
+//! tenant (dropped), to an address outside the mesh (passed on to the host's routes at once;
+//! and, for a VM with a route via a gateway VM, after the host's route lookup); on host B, an
+//! encapsulated packet from host A's side for a local VM (checked, decapsulated, redirected:
+//! `mesh_from_wg` has no source check, so its two builds are the same code, a control of the
+//! method's noise). The decapsulation case's sender is a registration of host `fdaa:0:86dd::1`
 //! (see [`vmnet_kernel::mesh::Side`] on why its address has those bytes).
 
 use std::net::Ipv6Addr;
@@ -18,11 +28,17 @@ use std::time::Duration;
 
 use vmnet_kernel::mesh::{LocalVm, Location, MeshPlane, Side};
 use vmnet_model::Error;
-use vmnet_sandbox::mesh_lab::{LabVm, MeshLab, VM_LL};
+use vmnet_sandbox::mesh_lab::{LabHost, LabVm, MeshLab, VM_LL};
 use vmnet_sandbox::netns;
 
-/// Single-packet runs per case.
-pub const RUNS: usize = 20_000;
+/// Rounds per case and build (even: ABBA order).
+pub const ROUNDS: usize = 10;
+/// Repetitions in one kernel run of a case that leaves its packet as it is.
+pub const REPEAT: u32 = 100_000;
+/// Single runs in one round of a case that changes its packet.
+pub const SINGLES: usize = 2_000;
+/// The goal: the source check costs at most this many ns per packet on every case.
+pub const GOAL_NS: f64 = 20.0;
 
 /// The VM packet size, IPv6 header included (the VM MTU).
 const PACKET: usize = 1380;
@@ -47,10 +63,30 @@ pub struct CostRow {
     pub case: &'static str,
     /// The program.
     pub program: &'static str,
-    /// Median time of one run.
-    pub median: Duration,
-    /// 99th percentile of one run.
-    pub p99: Duration,
+    /// How a round measures: `mean` of [`REPEAT`] repetitions or `median` of [`SINGLES`] runs.
+    pub method: &'static str,
+    /// vmnet's build: the median over the rounds of one packet's time.
+    pub checked: Duration,
+    /// The build without the source check, the same way (`None`: the case is the check's own
+    /// drop, which that build does not make).
+    pub unchecked: Option<Duration>,
+}
+
+impl CostRow {
+    /// The source check's cost on this case in ns (checked minus unchecked).
+    #[must_use]
+    pub fn difference_ns(&self) -> Option<f64> {
+        self.unchecked
+            .map(|u| self.checked.as_secs_f64() * 1e9 - u.as_secs_f64() * 1e9)
+    }
+}
+
+/// Whether every compared case stays within [`GOAL_NS`].
+#[must_use]
+pub fn goal_met(rows: &[CostRow]) -> bool {
+    rows.iter()
+        .filter_map(CostRow::difference_ns)
+        .all(|d| d <= GOAL_NS)
 }
 
 /// An IPv6 packet of `len` bytes (TCP, no options) from `src` to `dst`.
@@ -108,76 +144,150 @@ fn err(what: &str) -> impl Fn(vmnet_kernel::mesh::MeshError) -> Error + '_ {
     }
 }
 
-/// [`RUNS`] single runs of `side` on `frame` arriving on `dev`; each must end in `want`.
-fn measure(
-    plane: &MeshPlane,
-    side: Side,
-    dev: &str,
-    frame: &[u8],
-    want: i32,
-    case: &'static str,
-) -> Result<CostRow, Error> {
-    let mut times = Vec::with_capacity(RUNS);
-    for _ in 0..RUNS {
-        let r = plane.test_run(side, dev, frame, 1).map_err(err(case))?;
-        if r.verdict != want {
-            return Err(Error::internal(format!(
-                "bench mesh forwarding: cost: {case}: verdict {} (expected {want})",
-                r.verdict
-            )));
+/// The two builds of one host's programs.
+struct Builds<'a> {
+    checked: &'a MeshPlane,
+    unchecked: MeshPlane,
+}
+
+impl<'a> Builds<'a> {
+    fn load(host: &'a LabHost) -> Result<Self, Error> {
+        let unchecked =
+            MeshPlane::load_without_source_check(Some(&host.net.ns), host.plane.pin_root())
+                .map_err(err("load the build without the source check"))?;
+        Ok(Self {
+            checked: &host.plane,
+            unchecked,
+        })
+    }
+}
+
+/// One round of `case` on `plane`: the time of one packet.
+fn round(plane: &MeshPlane, case: &Case<'_>, changes_packet: bool) -> Result<Duration, Error> {
+    let check = |verdict: i32| {
+        if verdict == case.want {
+            Ok(())
+        } else {
+            Err(Error::internal(format!(
+                "bench mesh forwarding: cost: {}: verdict {verdict} (expected {})",
+                case.name, case.want
+            )))
         }
+    };
+    if !changes_packet {
+        let r = plane
+            .test_run(case.side, case.dev, case.frame, REPEAT)
+            .map_err(err(case.name))?;
+        check(r.verdict)?;
+        return Ok(r.per_packet);
+    }
+    let mut times = Vec::with_capacity(SINGLES);
+    for _ in 0..SINGLES {
+        let r = plane
+            .test_run(case.side, case.dev, case.frame, 1)
+            .map_err(err(case.name))?;
+        check(r.verdict)?;
         times.push(r.per_packet);
     }
     times.sort_unstable();
+    Ok(times[times.len() / 2])
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// A decision to measure.
+struct Case<'a> {
+    name: &'static str,
+    side: Side,
+    dev: &'a str,
+    frame: &'a [u8],
+    want: i32,
+}
+
+/// [`ROUNDS`] rounds of `case` on each build, alternately (ABBA); the check's own drop
+/// (`spoof`) only on vmnet's build.
+fn measure(builds: &Builds<'_>, case: &Case<'_>, spoof: bool) -> Result<CostRow, Error> {
+    // The two cases whose program rewrites the packet (it pushes or strips a header).
+    let changes_packet = matches!(case.name, ENCAP | DECAP);
+    let (mut checked, mut unchecked) = (Vec::new(), Vec::new());
+    for i in 0..ROUNDS {
+        let order = if i % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for with in order {
+            if with {
+                checked.push(round(builds.checked, case, changes_packet)?);
+            } else if !spoof {
+                unchecked.push(round(&builds.unchecked, case, changes_packet)?);
+            }
+        }
+    }
     Ok(CostRow {
-        case,
-        program: match side {
+        case: case.name,
+        program: match case.side {
             Side::FromVm => "mesh_from_vm",
             Side::FromWg => "mesh_from_wg",
         },
-        median: times[times.len() / 2],
-        p99: times[times.len() * 99 / 100],
+        method: if changes_packet { "median" } else { "mean" },
+        checked: median(checked),
+        unchecked: (!spoof).then(|| median(unchecked)),
     })
 }
+
+const ENCAP: &str = "VM to a VM on another host: encapsulated";
+const DECAP: &str = "from wg0 to a local VM: decapsulated";
 
 /// Measures every case with VM `a` (tenant 1) on host 0 and VM `c` (tenant 1) on host 1.
 ///
 /// # Errors
-/// `UNAVAILABLE` when a map write, route or run fails; `INTERNAL` when a case ends in another
-/// verdict than its own (or an encapsulation was not counted).
+/// `UNAVAILABLE` when a load, map write, route or run fails; `INTERNAL` when a case ends in
+/// another verdict than its own (or an encapsulation was not counted, or the build without
+/// the check drops a spoofed source).
 pub fn run(lab: &MeshLab, a: &LabVm, c: &LabVm) -> Result<Vec<CostRow>, Error> {
     let (h0, h1) = (&lab.hosts[0], &lab.hosts[1]);
+    let (b0, b1) = (Builds::load(h0)?, Builds::load(h1)?);
     let mut rows = Vec::new();
+    let on_a = |name, frame, want| Case {
+        name,
+        side: Side::FromVm,
+        dev: &a.veth,
+        frame,
+        want,
+    };
 
     let to_c = ethernet(&ipv6_tcp(a.mesh, c.mesh, PACKET));
     let before = h0.plane.passes().map_err(err("counters"))?["encapsulated"];
-    rows.push(measure(
-        &h0.plane,
-        Side::FromVm,
-        &a.veth,
-        &to_c,
-        UNSPEC,
-        "VM to a VM on another host: encapsulated",
-    )?);
+    rows.push(measure(&b0, &on_a(ENCAP, &to_c, UNSPEC), false)?);
     let after = h0.plane.passes().map_err(err("counters"))?["encapsulated"];
-    if after - before < RUNS as u64 {
+    let expected = (2 * ROUNDS * SINGLES) as u64;
+    if after - before < expected {
         return Err(Error::internal(format!(
-            "bench mesh forwarding: cost: {} of {RUNS} runs encapsulated",
+            "bench mesh forwarding: cost: {} of {expected} runs encapsulated",
             after - before
         )));
     }
 
-    // The VM sending as another VM (c's mesh address): dropped before any lookup of the
-    // destination.
+    // The VM sending as another VM (c's mesh address): vmnet's build drops it before any
+    // lookup of the destination; the build without the check encapsulates it.
     let spoofed = ethernet(&ipv6_tcp(c.mesh, c.mesh, PACKET));
-    rows.push(measure(
-        &h0.plane,
-        Side::FromVm,
-        &a.veth,
-        &spoofed,
-        SHOT,
-        "VM sending as another VM's mesh address: dropped",
-    )?);
+    let name = "VM sending as another VM's mesh address: dropped";
+    rows.push(measure(&b0, &on_a(name, &spoofed, SHOT), true)?);
+    let r = b0
+        .unchecked
+        .test_run(Side::FromVm, &a.veth, &spoofed, 1)
+        .map_err(err(name))?;
+    if r.verdict != UNSPEC {
+        return Err(Error::internal(format!(
+            "bench mesh forwarding: cost: the build without the source check gives a spoofed \
+             source verdict {} (expected {UNSPEC}: encapsulated)",
+            r.verdict
+        )));
+    }
 
     let other = Location {
         host: h1.mesh,
@@ -188,14 +298,8 @@ pub fn run(lab: &MeshLab, a: &LabVm, c: &LabVm) -> Result<Vec<CostRow>, Error> {
         .put_location(OTHER_TENANT, &other)
         .map_err(err("location"))?;
     let to_other = ethernet(&ipv6_tcp(a.mesh, OTHER_TENANT, PACKET));
-    rows.push(measure(
-        &h0.plane,
-        Side::FromVm,
-        &a.veth,
-        &to_other,
-        SHOT,
-        "VM to another tenant: dropped",
-    )?);
+    let name = "VM to another tenant: dropped";
+    rows.push(measure(&b0, &on_a(name, &to_other, SHOT), false)?);
 
     let route = format!("{OUTSIDE}/48");
     netns::ip(
@@ -204,14 +308,8 @@ pub fn run(lab: &MeshLab, a: &LabVm, c: &LabVm) -> Result<Vec<CostRow>, Error> {
     )
     .map_err(|e| Error::unavailable(format!("bench mesh forwarding: cost: route: {e}")))?;
     let out = ethernet(&ipv6_tcp(a.mesh, OUTSIDE, PACKET));
-    rows.push(measure(
-        &h0.plane,
-        Side::FromVm,
-        &a.veth,
-        &out,
-        UNSPEC,
-        "VM to outside the mesh: no gateway route",
-    )?);
+    let name = "VM to outside the mesh: no gateway route";
+    rows.push(measure(&b0, &on_a(name, &out, UNSPEC), false)?);
     let with_gateway = |routes_via_mesh| LocalVm {
         user_id: a.user_id,
         veth: a.veth.clone(),
@@ -224,14 +322,8 @@ pub fn run(lab: &MeshLab, a: &LabVm, c: &LabVm) -> Result<Vec<CostRow>, Error> {
     h0.plane
         .put_local(&with_gateway(true))
         .map_err(err("local vm"))?;
-    let looked_up = measure(
-        &h0.plane,
-        Side::FromVm,
-        &a.veth,
-        &out,
-        UNSPEC,
-        "VM with a gateway route to outside: route lookup",
-    );
+    let name = "VM with a gateway route to outside: route lookup";
+    let looked_up = measure(&b0, &on_a(name, &out, UNSPEC), false);
     h0.plane
         .put_local(&with_gateway(false))
         .map_err(err("local vm"))?;
@@ -251,14 +343,14 @@ pub fn run(lab: &MeshLab, a: &LabVm, c: &LabVm) -> Result<Vec<CostRow>, Error> {
         c.user_id,
         &ipv6_tcp(REMOTE, c.mesh, PACKET),
     );
-    rows.push(measure(
-        &h1.plane,
-        Side::FromWg,
-        &h1.wg,
-        &wire,
-        REDIRECT,
-        "from wg0 to a local VM: decapsulated",
-    )?);
+    let decap = Case {
+        name: DECAP,
+        side: Side::FromWg,
+        dev: &h1.wg,
+        frame: &wire,
+        want: REDIRECT,
+    };
+    rows.push(measure(&b1, &decap, false)?);
     Ok(rows)
 }
 
