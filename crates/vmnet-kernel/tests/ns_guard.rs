@@ -2,7 +2,8 @@
 //! (the testkit's frame relay, the real tap path) sends each kind of frame the rule covers as
 //! raw frames; each is looked for where it would arrive (the fake internet, another guest, the
 //! namespace's tables) and the guard's counter of its kind is read. Also: the namespace's
-//! sysctls, a guard detached by hand failing closed, and drift reporting and repairing it.
+//! sysctls, a guard detached by hand failing closed, and drift reporting and repairing it; a new
+//! agent's guard taking over a tap as an upgrade, not drift, with the traffic flowing.
 
 mod ns_support;
 
@@ -408,4 +409,34 @@ async fn a_test_run_on_the_tap_passes_the_guests_frame_and_drops_a_spoof() {
         .test_run_in(&plan.netns, "no-such-tap", &[0u8; 64], 1)
         .expect_err("no such tap");
     assert!(err.to_string().contains("no-such-tap"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: creates network namespaces (scripts/test.sh runs it)"]
+async fn a_new_agents_guard_takes_over_as_an_upgrade_not_drift() {
+    let (mut env, _old) = env();
+    let plan = env.plan(&vm("u", 1, "", VIA_HOST));
+    env.driver.apply(&plan).await.expect("apply");
+    let _echo = env.sb.start_echo().expect("echo");
+    let guest = env.guest("u", &plan, &["::/0"], 1380);
+    traffic::udp_echo(guest.netns(), (ECHO_V4, 7).into(), T).expect("before");
+    // A restarted agent: its own program and empty maps; the tap still runs the old program.
+    let new = Arc::new(GuestGuard::load().expect("load the new guard"));
+    env.driver = Arc::new(
+        NetlinkNsDriver::new(env.settings.clone(), Some(env.sb.host()))
+            .expect("driver")
+            .with_guard(Arc::clone(&new)),
+    );
+    let changes = env.driver.apply(&plan).await.expect("take over");
+    assert!(
+        changes.iter().any(|c| matches!(c, Change::Upgrade { .. })),
+        "{changes:?}"
+    );
+    assert!(
+        changes.iter().all(|c| !c.is_drift()),
+        "taking over is no drift: {changes:?}"
+    );
+    assert!(env.driver.drift(&plan).await.expect("drift").is_empty());
+    traffic::udp_echo(guest.netns(), (ECHO_V4, 7).into(), T).expect("after the take-over");
+    assert!(new.drops(plan.user_id).expect("counters").is_some());
 }

@@ -2,8 +2,9 @@
 //! [`GuestGuard`](crate::guard::GuestGuard): registered and attached to the tap at create (on
 //! the thread that makes the tap, inside the new netns), read back and repaired on every apply,
 //! reported by drift, forgotten on remove. A tap whose filter runs another program before this
-//! agent attached its own there (an earlier agent's guard) gets this one swapped in:
-//! [`Change::Upgrade`], configure on start, not drift.
+//! agent attached its own there (an earlier agent's guard) gets this one swapped in, and its
+//! entry written in this agent's (empty) maps: [`Change::Upgrade`], configure on start, not
+//! drift.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,8 +52,10 @@ pub(super) fn register_here(
 
 /// One step towards the planned guard state.
 enum Fix {
-    /// The entry is missing or not the plan's.
-    Register(u32, String),
+    /// The entry is missing or not the plan's; `upgrade` when it is missing on a tap whose
+    /// filter runs an earlier agent's program (this agent's maps start empty: registering the
+    /// VM is part of the upgrade step, not drift).
+    Register(u32, String, bool),
     /// The tap's filter is missing or runs another program (`Some(id)`); `upgrade` when this
     /// agent has not attached its own there yet.
     Attach { found: Option<u32>, upgrade: bool },
@@ -68,14 +71,6 @@ async fn fixes(
     let mut out = Vec::new();
     let inode = netns_inode(&plan.netns)?;
     let want = GuardEntry::of(gp);
-    match g.registered(inode)? {
-        Some(e) if e == want => {}
-        Some(e) => out.push(Fix::Register(
-            inode,
-            format!("the entry (user id {}) differs from the plan's", e.uid),
-        )),
-        None => out.push(Fix::Register(inode, "no entry".into())),
-    }
     let tap = links
         .get(&gp.tap)
         .ok_or_else(|| NsError::Missing(format!("{}: link {} is missing", plan.netns, gp.tap)))?;
@@ -86,11 +81,19 @@ async fn fixes(
                 "{}: dump the ingress filters of {}",
                 plan.netns, gp.tap
             )))?;
+    // An earlier agent's program on the tap, not replaced by this agent yet.
+    let upgrade = found.is_some_and(|id| id != g.program_id()) && !g.was_attached(gp.user_id);
+    match g.registered(inode)? {
+        Some(e) if e == want => {}
+        Some(e) => out.push(Fix::Register(
+            inode,
+            format!("the entry (user id {}) differs from the plan's", e.uid),
+            false,
+        )),
+        None => out.push(Fix::Register(inode, "no entry".into(), upgrade)),
+    }
     if found != Some(g.program_id()) {
-        out.push(Fix::Attach {
-            found,
-            upgrade: found.is_some() && !g.was_attached(gp.user_id),
-        });
+        out.push(Fix::Attach { found, upgrade });
     }
     Ok(out)
 }
@@ -99,7 +102,11 @@ fn change(gp: &GuardPlan, g: &GuestGuard, f: &Fix) -> Change {
     let dev = gp.tap.clone();
     let ours = g.program_id();
     match f {
-        Fix::Register(_, what) => Change::Guard {
+        Fix::Register(_, what, true) => Change::Upgrade {
+            dev,
+            what: format!("{what} in this agent's guard: written"),
+        },
+        Fix::Register(_, what, false) => Change::Guard {
             dev,
             what: format!("{what}: written"),
         },
@@ -158,7 +165,7 @@ pub(super) async fn sync(
         return Ok(Vec::new());
     }
     for f in &fixes {
-        if let Fix::Register(inode, _) = f {
+        if let Fix::Register(inode, _, _) = f {
             g.register(*inode, gp, false)?;
         }
     }
