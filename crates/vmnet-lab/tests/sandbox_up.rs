@@ -211,7 +211,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         (
             "vm-behind-gateway",
             "gateway 2000::/3 via vm-gateway",
-            "at vm-gateway from fdaa:1::9",
+            "at vm-gateway from fdaa:1::9, reply from 2001:db8:ffff::1",
         ),
     ] {
         assert_eq!(check(checks, vm, name)["seen"], seen, "{vm} {name}");
