@@ -65,6 +65,7 @@ use crate::pool::node::PoolNode;
 use crate::provider::poller::Poller;
 mod activity;
 mod change;
+mod failure;
 mod fwaudit;
 mod guard;
 pub mod kernel;
@@ -485,65 +486,6 @@ impl Agent {
             _ => row,
         };
         self.view_planned(&row, cfg, &plan)
-    }
-
-    /// After a failed apply of `cfg`: re-applies the previous good config (or removes the VM
-    /// when it had none) and puts the stored row back as it was `before`, with the error
-    /// recorded (a VM not stored before is deleted again when `written`, the new row having
-    /// been saved during the apply). One write. Returns the error to answer.
-    async fn put_failed(
-        &self,
-        cfg: &VmConfig,
-        before: Option<VmRow>,
-        prev_good: Option<&VmConfig>,
-        err: Error,
-        written: bool,
-    ) -> Error {
-        let restored = self.restore_after_failure(cfg, prev_good).await;
-        let message = format!("vm {}: apply failed: {}{restored}", cfg.id, err.message);
-        let put_back: Result<(), Error> = match before {
-            Some(b) => {
-                let row = VmRow {
-                    last_error: Some(message.clone()),
-                    updated_at: now_ms(),
-                    ..b
-                };
-                async { store_tx!(self.db, tx => vm_store::save(tx, &row).await) }.await
-            }
-            None if written => {
-                async { store_tx!(self.db, tx => vm_store::delete(tx, &cfg.id).await) }
-                    .await
-                    .map(|_| ())
-            }
-            None => Ok(()),
-        };
-        if let Err(e) = put_back {
-            tracing::warn!(vm = %cfg.id, "putting the stored VM back after the failed apply failed: {e}");
-        }
-        Error::new(err.code, message)
-    }
-
-    /// After a failed apply of `cfg`: re-apply the previous good config, or remove the VM when
-    /// there was none. Returns a sentence for the error message.
-    async fn restore_after_failure(&self, cfg: &VmConfig, prev_good: Option<&VmConfig>) -> String {
-        match prev_good {
-            Some(prev) => {
-                if prev.user_id != cfg.user_id {
-                    let _ = self.driver.remove(cfg.user_id).await;
-                }
-                match self.plan(prev) {
-                    Ok(p) => match self.driver.apply(&p).await {
-                        Ok(_) => "; the previous config stays applied".to_owned(),
-                        Err(e) => format!("; re-applying the previous config also failed: {e}"),
-                    },
-                    Err(e) => format!("; the previous config does not plan: {}", e.message),
-                }
-            }
-            None => match self.driver.remove(cfg.user_id).await {
-                Ok(_) => "; nothing of the VM was kept".to_owned(),
-                Err(e) => format!("; removing the partial VM also failed: {e}"),
-            },
-        }
     }
 
     /// `DELETE /v1/vms/{id}`: remove everything the VM had, then forget it. Answers the VM as it
