@@ -82,10 +82,24 @@ mkdir "$root"
 cp "$stripped" "$work/vmnet-guest"
 
 inc=$(IFS=,; echo "${packages[*]}")
-mmdebstrap --variant=minbase --include="$inc" \
-  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
-  --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
-  bookworm "$root" http://deb.debian.org/debian >&2
+# A failed bootstrap (a mirror caught mid-sync, a package script that fails once) is tried once
+# more from scratch; each try's log is kept in the work directory, and a failure ends with the
+# lines of it that say why (dpkg's and apt's errors), since callers show only the last lines.
+bootstrap() {
+  rm -rf "$root" && mkdir "$root"
+  mmdebstrap --variant=minbase --include="$inc" \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+    bookworm "$root" http://deb.debian.org/debian >"$work/mmdebstrap-$1.log" 2>&1
+}
+for try in 1 2; do
+  bootstrap "$try" && break
+  cat "$work/mmdebstrap-$try.log" >&2
+  echo "guest-image: mmdebstrap failed (try $try of 2); what failed:" >&2
+  grep -E '^(E:|dpkg: error|dpkg: dependency)|returned error exit status|Errors were encountered|error processing|No space left' \
+    "$work/mmdebstrap-$try.log" | grep -v '^E: mmdebstrap failed' | tail -n 8 | sed 's/^/  /' >&2 || true
+  [ "$try" = 2 ] && exit 25
+done
 
 # --- the guest's configuration ------------------------------------------------------------
 echo vmnet-guest >"$root/etc/hostname"

@@ -90,7 +90,7 @@ impl GuestImage {
         let stdout = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
-            let tail: Vec<&str> = err.lines().rev().take(5).collect();
+            let tail: Vec<&str> = err.lines().rev().take(12).collect();
             return Err(Error::unavailable(format!(
                 "{} failed ({}): {}",
                 script.display(),
