@@ -6,6 +6,11 @@
 //! |---|---|
 //! | `activity: ping and UDP from the internet` | `not moved`: ICMPv6 echoes (and the NDP they cause) and a UDP echo to the guest's mesh address leave `last_activity` as it was |
 //! | `activity: TCP from the internet` | `moved`: a TCP echo to the guest's mesh address sets `last_activity` to a later time |
+//!
+//! No earlier check's traffic reaches the quiet window: before it, every TCP socket that is not
+//! listening in the guest and in the fake internet is closed (`ss -K`), and the window opens only
+//! once `last_activity` has stayed the same for [`SETTLE`] (a late segment of an earlier
+//! connection, or the reset that closing it sends, lands before that).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -16,11 +21,15 @@ use vmnet_model::vm::VmConfig;
 
 use super::checks::CheckResult;
 use crate::echo::EchoService;
-use crate::traffic;
+use crate::{netns, traffic};
 
 /// The guest port of the echo service the checks connect to.
 const PORT: u16 = 7001;
 const WAIT: Duration = Duration::from_secs(5);
+/// How long `last_activity` must stay the same before the quiet window opens.
+pub const SETTLE: Duration = Duration::from_millis(1500);
+/// How long the check waits for the activity to settle at most.
+const SETTLE_MAX: Duration = Duration::from_secs(30);
 
 /// The VMs the checks apply to.
 #[must_use]
@@ -40,6 +49,47 @@ async fn last(client: &Client, id: &str) -> Result<Option<String>, String> {
         .await
         .map_err(|e| format!("GET activity: {}", e.message))?;
     Ok(a.last_activity)
+}
+
+/// Closes every TCP socket that is not listening in namespace `ns` (the kernel resets them), so
+/// no earlier connection sends anything later.
+fn close_connections(ns: &str) -> Result<(), String> {
+    let out = netns::exec(ns, "ss", &["-K", "-t", "-n"], WAIT).map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ss -K in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Closes earlier connections to and from the guest, then waits until the VM's `last_activity`
+/// has stayed the same for [`SETTLE`]; that value.
+async fn settled(
+    client: &Client,
+    id: &str,
+    inet: &str,
+    guest_ns: &str,
+) -> Result<Option<String>, String> {
+    let (i, g) = (inet.to_owned(), guest_ns.to_owned());
+    tokio::task::spawn_blocking(move || close_connections(&g).and_then(|()| close_connections(&i)))
+        .await
+        .map_err(|e| e.to_string())??;
+    let start = tokio::time::Instant::now();
+    let mut seen = last(client, id).await?;
+    loop {
+        tokio::time::sleep(SETTLE).await;
+        let now = last(client, id).await?;
+        if now == seen {
+            return Ok(now);
+        }
+        if start.elapsed() > SETTLE_MAX {
+            return Err(format!("last_activity still moving after {SETTLE_MAX:?}"));
+        }
+        seen = now;
+    }
 }
 
 /// Runs the checks; `guests` maps a VM id to its guest namespace.
@@ -76,7 +126,7 @@ pub async fn run(
                 continue;
             }
         };
-        let before = last(client, &vm.id).await;
+        let before = settled(client, &vm.id, inet, guest_ns).await;
         let inet_owned = inet.to_owned();
         let quiet = tokio::task::spawn_blocking(move || {
             let p =
