@@ -5,6 +5,7 @@
 //! survive; missing routes, a deleted interface and a killed `wireguard-go` are repaired from
 //! the record; an agent restart re-applies nothing; invalid syncs change nothing.
 
+mod docs_support;
 mod mesh_support;
 
 use std::time::Duration;
@@ -431,4 +432,32 @@ async fn invalid_syncs_are_refused_whole_and_leave_wg0_unchanged() {
     assert_eq!(e.code, ErrorCode::InvalidInput, "{e}");
     assert!(e.message.contains("10001 peers, at most 10000"), "{e}");
     assert_eq!((wg_dump(&a.ifname), routes(&a.host.ns, &a.ifname)), before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs root: builds network namespaces and runs wireguard-go (scripts/test.sh runs it)"]
+async fn the_books_mesh_sync_example_is_what_the_agent_takes() {
+    let blocks = docs_support::json_blocks("mesh-sync");
+    assert!(!blocks.is_empty(), "the book shows a sync body");
+    let m = Mesh::start(1).await;
+    let a = &m.nodes[0];
+    for b in &blocks {
+        let body: Value = serde_json::from_str(&b.text).expect("the example is JSON");
+        let peers = body["peers"].as_array().map_or(0, Vec::len);
+        let o = a
+            .sync(&body)
+            .await
+            .unwrap_or_else(|e| panic!("{}: refused: {e}", b.page));
+        assert_eq!((o.peers, o.added), (peers, peers), "{}: {o:?}", b.page);
+        let v = a.view().await;
+        for p in body["peers"].as_array().into_iter().flatten() {
+            assert!(
+                v.peers
+                    .iter()
+                    .any(|q| Some(q.public_key.as_str()) == p["public_key"].as_str()),
+                "{}: peer {p} on wg0: {v:?}",
+                b.page
+            );
+        }
+    }
 }

@@ -17,6 +17,8 @@ pub const JSON_TAGS: &[&str] = &[
     "vm-refused",
     // A host spec: `vmnet apply FILE` must apply it.
     "host-spec",
+    // A mesh peer set: `POST /v1/sync` of an agent with a mesh must apply it.
+    "mesh-sync",
     // What the agent or the service answers (not sent): it must parse as JSON.
     "output",
 ];
