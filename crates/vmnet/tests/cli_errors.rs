@@ -94,6 +94,18 @@ fn help_and_version_exit_0_on_stdout() {
     );
 }
 
+#[test]
+fn vm_put_help_says_that_dash_reads_standard_input() {
+    let out = vmnet(&["vm", "put", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let flat = stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("`-` reads it from standard input"),
+        "{stdout}"
+    );
+}
+
 /// `vmnet … --output json | head -5` where the reader exits first: the read end is closed
 /// before the command starts, so its first write meets a pipe without a reader. The process
 /// ends by SIGPIPE (as other Unix tools do), not with a "failed printing to stdout" panic.

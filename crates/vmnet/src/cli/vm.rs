@@ -24,7 +24,8 @@ use crate::{Global, Output};
 pub enum VmCmd {
     /// Create or replace a VM's network config from a JSON file (`-` for stdin) and apply it.
     Put {
-        /// The VM config file (JSON, the body of `PUT /v1/vms/{id}`).
+        /// The VM config file (JSON, the body of `PUT /v1/vms/{id}`); `-` reads it from
+        /// standard input (`vmnet vm put - <<'EOF'`).
         file: PathBuf,
     },
     /// Show a VM: its config and status (names, transit /30, guest, routes, last error).
