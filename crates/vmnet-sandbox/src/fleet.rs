@@ -264,6 +264,8 @@ impl Fleet {
                 "link", "add", up, "type", "veth", "peer", "name", &h.inet_if, "netns", &inet,
             ],
         )?;
+        crate::sandbox::keep_addr_on_down(ns, up)?;
+        crate::sandbox::keep_addr_on_down(&inet, &h.inet_if)?;
         let a = |ip: IpAddr, len: u8| format!("{ip}/{len}");
         let v4 = |ip: Ipv4Addr| IpAddr::V4(ip);
         let v6 = |ip: Ipv6Addr| IpAddr::V6(ip);

@@ -2,7 +2,8 @@
 //!
 //! - `relay`: attaches to a VM's tap as a VMM does and joins it to a simulated guest's `eth0`
 //!   ([`crate::relay::Relay`]);
-//! - `echo`: the fake internet's TCP/UDP echo service ([`crate::echo::EchoService`]).
+//! - `echo`: the fake internet's TCP/UDP echo service ([`crate::echo::EchoService`]);
+//! - `uplink`: puts the sandbox's own routes on its uplinks back after a flap ([`crate::uplink`]).
 //!
 //! Each writes its `--ready-file` once it is set up and then runs until it is signalled.
 
@@ -48,6 +49,18 @@ pub enum HelperCmd {
         #[arg(long)]
         ready_file: PathBuf,
     },
+    /// Put the routes of uplinks back after they are flapped.
+    Uplink {
+        /// The namespace.
+        #[arg(long)]
+        netns: String,
+        /// A link whose routes are kept; repeatable.
+        #[arg(long, required = true)]
+        link: Vec<String>,
+        /// Written once it listens to link events.
+        #[arg(long)]
+        ready_file: PathBuf,
+    },
 }
 
 fn ready(path: &PathBuf) -> Result<(), Error> {
@@ -87,6 +100,11 @@ pub fn run(c: HelperCmd) -> Result<(), Error> {
             ready(&ready_file)?;
             svc.wait();
         }
+        HelperCmd::Uplink {
+            netns,
+            link,
+            ready_file,
+        } => crate::uplink::run(&netns, &link, || ready(&ready_file))?,
     }
     Ok(())
 }

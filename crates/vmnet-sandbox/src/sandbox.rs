@@ -172,6 +172,9 @@ impl Sandbox {
                 &inet,
             ],
         )?;
+        // A flap keeps the uplink's IPv6 addresses ([`crate::uplink`] puts the routes back).
+        keep_addr_on_down(&host, HOST_UPLINK_IF)?;
+        keep_addr_on_down(&inet, INET_UPLINK_IF)?;
         let h4 = format!("{HOST_UPLINK_V4}/{UPLINK_V4_LEN}");
         let h6 = format!("{HOST_UPLINK_V6}/{UPLINK_V6_LEN}");
         let i4 = format!("{INET_UPLINK_V4}/{UPLINK_V4_LEN}");
@@ -316,6 +319,15 @@ impl Drop for Sandbox {
             eprintln!("sandbox {}: cleanup failed: {}", self.prefix, chain(&e));
         }
     }
+}
+
+/// Sets `net.ipv6.conf.<link>.keep_addr_on_down=1` in namespace `ns`: the link keeps its IPv6
+/// addresses while it is down, as IPv4 does.
+///
+/// # Errors
+/// When the sysctl cannot be written.
+pub fn keep_addr_on_down(ns: &str, link: &str) -> Result<(), SandboxError> {
+    netns::sysctl(ns, &format!("net/ipv6/conf/{link}/keep_addr_on_down"), "1")
 }
 
 /// Whether `name` (a namespace or link) belongs to the sandbox or agent with `prefix`: the
