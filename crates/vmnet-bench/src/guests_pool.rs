@@ -76,7 +76,7 @@ pub async fn boots(
         &host,
         &sb.agent_prefix(),
         &agent_dir,
-        Duration::from_secs(30),
+        (&[], Duration::from_secs(30)),
     )
     .await?;
     agent.set_up_pool(&spec).await?;

@@ -1,5 +1,5 @@
 //! `vmnet-lab`: the lab around the product, never installed on a host. It holds the sandbox
-//! (`up --sandbox`, `down --sandbox`: throwaway namespaces, a fake internet, simulated or real
+//! (`up --sandbox`, `down --sandbox`, `guest attach --sandbox`: throwaway namespaces, a fake internet, simulated or real
 //! guests and the checks), the benchmarks (`bench`) and the sandbox's background processes
 //! (the hidden `sandbox-helper`). Every agent it starts is the product's `vmnet serve`, from
 //! the `vmnet` binary beside this one or the one `--vmnet`/`VMNET_BIN` names
@@ -39,10 +39,13 @@ enum Command {
     Up(vmnet_sandbox::args::UpArgs),
     /// Remove a sandbox made by `vmnet-lab up --sandbox`.
     Down(vmnet_sandbox::args::DownArgs),
+    /// Simulated guests for VMs put on a sandbox's agent after `up`.
+    #[command(subcommand)]
+    Guest(vmnet_sandbox::attach::GuestCmd),
     /// Benchmarks that print a table.
     #[command(subcommand)]
     Bench(vmnet_bench::BenchCmd),
-    /// Background processes of the sandbox (frame relay, echo service); internal.
+    /// Background processes of the sandbox (frame relay, echo service, uplink keeper); internal.
     #[command(subcommand, hide = true, name = "sandbox-helper")]
     SandboxHelper(vmnet_sandbox::helper::HelperCmd),
 }
@@ -81,6 +84,9 @@ fn main() -> ExitCode {
         match command {
             Command::Up(a) => vmnet_sandbox::up::run(json, a).await,
             Command::Down(a) => vmnet_sandbox::up::down(json, a).await,
+            Command::Guest(vmnet_sandbox::attach::GuestCmd::Attach(a)) => {
+                vmnet_sandbox::attach::run(json, a).await
+            }
             Command::Bench(c) => vmnet_bench::run(json, c).await.map_err(from_bench),
             Command::SandboxHelper(_) => unreachable!("run above, without a runtime"),
         }

@@ -201,9 +201,11 @@ impl AgentOptions {
             .clone()
             .or_else(|| std::env::var("RUST_LOG").ok())
             .unwrap_or_else(|| "info".into());
+        let args = self.command_args();
+        let command = crate::agent_args::command_line(&exe, &args);
         let mut cmd = Command::new(&exe);
         crate::state::inherit_no_descriptors(&mut cmd);
-        cmd.args(self.command_args())
+        cmd.args(args)
             .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(out)
@@ -218,6 +220,7 @@ impl AgentOptions {
             child,
             client: Client::new(self.socket.clone()),
             log: self.log.clone(),
+            command,
             grace: self.stop_grace,
             armed: true,
             reaped: false,
@@ -241,6 +244,7 @@ pub struct AgentProc {
     child: Child,
     client: Client,
     log: PathBuf,
+    command: Vec<String>,
     grace: Duration,
     armed: bool,
     /// Whether the child was reaped (its pid may belong to another process since).
@@ -292,6 +296,12 @@ impl AgentProc {
     #[must_use]
     pub fn log_path(&self) -> &Path {
         &self.log
+    }
+
+    /// Its whole command line: the binary, then every argument.
+    #[must_use]
+    pub fn command(&self) -> &[String] {
+        &self.command
     }
 
     /// The whole log (empty when unreadable).

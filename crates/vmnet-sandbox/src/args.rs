@@ -34,6 +34,12 @@ pub struct UpArgs {
     /// namespace-mode specs, not fleet specs).
     #[arg(long, value_enum, default_value_t = crate::kvm::GuestKind::Sim)]
     pub guests: crate::kvm::GuestKind,
+    /// One more flag of every agent `up` starts, appended to its `vmnet serve` command line
+    /// (repeatable; a value goes after `=`, e.g. `--agent-arg=--firewall-audit-secs=5`). The
+    /// flags `up` sets itself (socket, state directory, database, namespace, name prefix,
+    /// uplink, …) are refused.
+    #[arg(long = "agent-arg", value_name = "FLAG[=VALUE]", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
 }
 
 /// Arguments of `vmnet-lab down`.

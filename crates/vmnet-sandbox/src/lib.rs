@@ -22,7 +22,8 @@
 //! - [`exe`]: the programs the lab starts (the product's `vmnet`, the lab's own helpers).
 //! - [`agent`]: the agent (`vmnet serve --netns …`) as a child process, ready when its API
 //!   answers, stopped by its pid on drop; the one start-up routine of the jobs, benchmarks and
-//!   root tests; [`worker_user`]: the agent's worker user, made when missing.
+//!   root tests; [`agent_args`]: the extra flags `up --agent-arg` gives every agent, and their
+//!   command lines as printed; [`worker_user`]: the agent's worker user, made when missing.
 //! - [`ns_job`], [`pool_job`] and [`fleet_job`]: `vmnet-lab up --sandbox` for a namespace-mode host
 //!   spec, a pool-mode spec and a fleet spec (several hosts), with [`state`] (the sandbox's state directory, its processes and signals)
 //!   and [`helper`] (the relay and echo processes the sandbox runs in the background).
@@ -36,6 +37,8 @@
 //! Needs root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN` for `setns`).
 
 pub mod agent;
+pub mod agent_args;
+pub mod attach;
 pub mod args;
 pub mod echo;
 pub mod exe;
@@ -61,6 +64,7 @@ pub mod teardown;
 pub mod traffic;
 pub mod udpstat;
 pub mod up;
+pub mod uplink;
 pub mod worker_user;
 
 mod error;

@@ -5,7 +5,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `sandbox.json` | [`SandboxState`]: prefix, namespaces, pids of the agents, echo service and relays; for a fleet also its hosts and PostgreSQL server ([`FleetState`]) |
+//! | `sandbox.json` | [`SandboxState`]: prefix, namespaces, pids of the agents (with their logs and command lines), echo service, relays and uplink keepers; for a fleet also its hosts and PostgreSQL server ([`FleetState`]) |
 //! | `vmnet.sock` | the sandbox agent's API socket |
 //! | `state/` | the agent's state directory (its SQLite store) |
 //! | `<host name>/vmnet.sock`, `<host name>/state/` | a fleet host's agent socket and state (its store is a database in the fleet's PostgreSQL cluster, `<temp dir>/vmnet-sandbox-<name>-pg`) |
@@ -31,12 +31,18 @@ use serde::{Deserialize, Serialize};
 use vmnet_model::Error;
 
 /// One background process of the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Proc {
-    /// What it is: `agent`, `echo` or `relay <vm>`.
+    /// What it is: `agent`, `agent-<host>`, `echo`, `relay-<vm>`, `uplink-<namespace>`.
     pub role: String,
     /// Its pid.
     pub pid: u32,
+    /// Its log file (recorded for agents and the helpers `up` and `guest attach` start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<PathBuf>,
+    /// Its whole command line (recorded for agents).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
 }
 
 /// What `vmnet-lab down --sandbox` needs to remove a sandbox.

@@ -76,6 +76,7 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
     // Caught from the start, so an interrupt never leaves a half-built sandbox behind.
     let interrupts = state::Interrupts::install()?;
     need_root_and_flag(args.sandbox, "up")?;
+    crate::agent_args::check(&args.agent_args)?;
     check_name(&args.name)?;
     refuse_fleet_host(&args.name)?;
     // Every agent of the sandbox is a `vmnet serve`: no binary, nothing is built.
@@ -89,6 +90,7 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
             &args.root,
             Duration::from_secs(args.timeout_secs),
             args.guests,
+            &args.agent_args,
             interrupts,
         )
         .await;

@@ -75,6 +75,12 @@ pub struct HostReport {
     pub socket: PathBuf,
     /// `VMNET_SOCKET=<socket> vmnet status`.
     pub client_hint: String,
+    /// Its agent's pid (recorded in `sandbox.json`, stopped by `down`).
+    pub agent_pid: u32,
+    /// Its agent's log file.
+    pub agent_log: PathBuf,
+    /// Its agent's whole command line, the `vmnet` binary first.
+    pub agent_command: Vec<String>,
     /// Its agent's database in the shared cluster.
     pub database: String,
     /// Its mesh address (on its WireGuard interface).
@@ -205,6 +211,13 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
         }
     }
     steps::start_echo(paths, &mut st, &inet, timeout)?;
+    // The sandbox's own routes on both ends of every uplink, put back after a flap.
+    let inet_ifs: Vec<&str> = nets.iter().map(|n| n.inet_if.as_str()).collect();
+    steps::keep_uplinks(paths, &mut st, &inet, &inet_ifs, timeout)?;
+    for n in &nets {
+        let up = [crate::sandbox::HOST_UPLINK_IF];
+        steps::keep_uplinks(paths, &mut st, &n.ns, &up, timeout)?;
+    }
 
     // The shared store. Started on this thread: an interrupt is seen once it is up, and the
     // teardown then stops it (no start left running behind the teardown's back).
@@ -223,7 +236,8 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
     let registry = pg.url(mesh::REGISTRY_DB);
     let mut hosts = Vec::new();
     for (h, net) in spec.hosts.iter().zip(nets.iter().cloned()) {
-        hosts.push(bring_up_host(paths, &mut st, (&pg, &registry), h, net, timeout).await?);
+        let agent = (registry.as_str(), args.agent_args.as_slice(), timeout);
+        hosts.push(bring_up_host(paths, &mut st, &pg, agent, h, net).await?);
     }
     let clients: Vec<(String, HostNet, vmnet_agent::client::Client)> = hosts
         .iter()
@@ -272,10 +286,10 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &FleetSpec) -> Result<Flee
 async fn bring_up_host(
     paths: &Paths,
     st: &mut SandboxState,
-    (pg, registry): (&DetachedPg, &str),
+    pg: &DetachedPg,
+    (registry, extra, timeout): (&str, &[String], Duration),
     h: &FleetHostSpec,
     net: HostNet,
-    timeout: Duration,
 ) -> Result<HostReport, Error> {
     let database = net.prefix.clone();
     pg.create_database(&database)
@@ -297,7 +311,7 @@ async fn bring_up_host(
             "--public-neighbors",
             net.public_neighbors.as_str(),
         ]);
-    let client = steps::start_agent(paths, st, &role, agent, timeout)
+    let (client, started) = steps::start_agent(paths, st, &role, agent, (extra, timeout))
         .await
         .map_err(|e| Error::new(e.code, format!("host {}: {}", h.name, e.message)))?;
     let applied = vmnet_agent::apply::apply_host_spec(&client, &h.host_spec(), false).await?;
@@ -351,6 +365,9 @@ async fn bring_up_host(
         agent_prefix: net.prefix.clone(),
         client_hint: client_hint(&socket),
         socket,
+        agent_pid: started.pid,
+        agent_log: started.log,
+        agent_command: started.command,
         database,
         mesh_address: mesh::host_mesh(&net).to_string(),
         wg_public_key: String::new(),
@@ -397,7 +414,13 @@ pub fn render(r: &FleetReport, state_dir: &Path) -> String {
             mesh::ifname(&h.agent_prefix),
             h.wg_public_key
         );
-        let _ = writeln!(out, "  agent: {}\n", h.client_hint);
+        let _ = writeln!(out, "  agent: {}", h.client_hint);
+        let started = steps::StartedAgent {
+            pid: h.agent_pid,
+            log: h.agent_log.clone(),
+            command: h.agent_command.clone(),
+        };
+        let _ = writeln!(out, "{}", started.lines("  "));
         if h.vms.is_empty() {
             out.push_str("no VMs\n");
         } else {
@@ -462,6 +485,9 @@ mod tests {
             agent_prefix: format!("fq{i}"),
             socket: format!("/s/{name}/vmnet.sock").into(),
             client_hint: format!("VMNET_SOCKET=/s/{name}/vmnet.sock vmnet status"),
+            agent_pid: 4000 + u32::from(i),
+            agent_log: format!("/s/agent-{name}.log").into(),
+            agent_command: vec!["/bin/vmnet".into(), "serve".into(), "--x=a b".into()],
             database: format!("fq{i}"),
             mesh_address: format!("fdaa::{i}"),
             wg_public_key: "K".into(),
@@ -501,6 +527,10 @@ mod tests {
         );
         assert!(
             text.contains("  uplink 192.0.2.18 2001:db8:0:2::2; public 203.0.113.80/28 2001:db8:2::/48 (proxy); private 10.10.0.2 fd00:10::2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  agent pid 4002, log /s/agent-host-2.log\n  agent command: /bin/vmnet serve '--x=a b'\n"),
             "{text}"
         );
         assert!(text.contains("HOST    CHECK"), "{text}");

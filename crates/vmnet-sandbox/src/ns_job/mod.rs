@@ -32,7 +32,11 @@
 //! --sandbox` stops them by pid, deletes the sandbox's namespaces (`<name>` followed by `host`,
 //! `inet`, `x-…` or a kind letter and four hex digits: never those of a sandbox whose name merely
 //! starts with `<name>`) and the state directory. `up` prints the agent's socket and a
-//! ready-to-copy `VMNET_SOCKET=… vmnet status`.
+//! ready-to-copy `VMNET_SOCKET=… vmnet status`, and the agent's pid, log and command line
+//! (`--agent-arg` adds flags to it, [`crate::agent_args`]). An uplink keeper
+//! ([`crate::uplink`]) per side of the uplink puts the sandbox's own routes back after the
+//! uplink is flapped; `vmnet-lab guest attach` ([`crate::attach`]) gives a VM put after `up`
+//! a simulated guest.
 //!
 //! `up` when the sandbox exists already, or when an existing sandbox's name is a prefix of
 //! `<name>` or starts with it, is refused with `CONFLICT` (run `down` first); a failure while
@@ -86,6 +90,9 @@ pub struct UpReport {
     pub agent_pid: u32,
     /// The sandbox agent's log file.
     pub agent_log: PathBuf,
+    /// The sandbox agent's whole command line, the `vmnet` binary first (with the flags of
+    /// `--agent-arg` last).
+    pub agent_command: Vec<String>,
     /// The VMs.
     pub vms: Vec<VmRow>,
     /// The checks.
@@ -153,6 +160,10 @@ fn print_report(report: &UpReport, paths: &Paths) {
         report.agent_pid,
         report.agent_log.display()
     );
+    println!(
+        "agent command: {}",
+        crate::agent_args::shell_line(&report.agent_command)
+    );
     println!();
     print!("{}", vmnet_agent::table::render(&steps::VM_HEADER, &rows));
     println!();
@@ -188,6 +199,9 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     let inet = st.inet_ns.clone();
     steps::start_echo(paths, &mut st, &inet, timeout)?;
     let host_ns = st.host_ns.clone();
+    // The sandbox's own routes on both ends of the uplink, put back after a flap.
+    steps::keep_uplinks(paths, &mut st, &host_ns, &[sandbox::HOST_UPLINK_IF], timeout)?;
+    steps::keep_uplinks(paths, &mut st, &inet, &[sandbox::INET_UPLINK_IF], timeout)?;
     let agent = AgentOptions::new(&host_ns, &args.name, &paths.dir)
         .socket(paths.socket())
         .state_dir(paths.agent_state())
@@ -203,7 +217,8 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         // Packet activity, its maps pinned in the sandbox's state (removed by `down`).
         .arg("--activity-root")
         .arg(paths.activity_root());
-    let client = steps::start_agent(paths, &mut st, "agent", agent, timeout).await?;
+    let (client, started) =
+        steps::start_agent(paths, &mut st, "agent", agent, (&args.agent_args, timeout)).await?;
 
     let applied = vmnet_agent::apply::apply_host_spec(&client, spec, false).await?;
     for item in &applied.items {
@@ -220,7 +235,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
             views.push(steps::wait_applied(&client, &vm.id, timeout).await?);
         }
         let (rows, checks) = kvm::run(paths, &mut st, &client, &views, host, &inet).await?;
-        return Ok(report(args, paths, &st, rows, checks));
+        return Ok(report(args, paths, started, rows, checks));
     }
     let mut guests = Vec::new();
     let mut rows = Vec::new();
@@ -264,13 +279,13 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(activity::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(repair::run(&client, &inet, &host_ns, &spec.vms, &rows).await);
-    Ok(report(args, paths, &st, rows, results))
+    Ok(report(args, paths, started, rows, results))
 }
 
 fn report(
     args: &UpArgs,
     paths: &Paths,
-    st: &SandboxState,
+    agent: steps::StartedAgent,
     vms: Vec<VmRow>,
     checks: Vec<CheckResult>,
 ) -> UpReport {
@@ -278,12 +293,9 @@ fn report(
     UpReport {
         sandbox: args.name.clone(),
         client_hint: client_hint(&socket),
-        agent_pid: st
-            .procs
-            .iter()
-            .find(|p| p.role == "agent")
-            .map_or(0, |p| p.pid),
-        agent_log: std::path::absolute(paths.log("agent")).unwrap_or_else(|_| paths.log("agent")),
+        agent_pid: agent.pid,
+        agent_log: agent.log,
+        agent_command: agent.command,
         socket,
         vms,
         checks,

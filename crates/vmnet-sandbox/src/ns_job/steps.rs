@@ -83,11 +83,45 @@ pub(crate) fn record(
     role: &str,
     pid: u32,
 ) -> Result<(), Error> {
-    st.procs.push(Proc {
-        role: role.to_owned(),
-        pid,
-    });
+    record_proc(
+        paths,
+        st,
+        Proc {
+            role: role.to_owned(),
+            pid,
+            ..Proc::default()
+        },
+    )
+}
+
+/// Records a background process, with whatever else is known of it, in the state file.
+pub(crate) fn record_proc(paths: &Paths, st: &mut SandboxState, p: Proc) -> Result<(), Error> {
+    st.procs.push(p);
     paths.save(st)
+}
+
+/// An agent `up` started and left running: what it prints of it and records in `sandbox.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct StartedAgent {
+    /// Its pid (`down` stops it by this pid).
+    pub pid: u32,
+    /// Its log file.
+    pub log: std::path::PathBuf,
+    /// Its whole command line, the binary first.
+    pub command: Vec<String>,
+}
+
+impl StartedAgent {
+    /// The text lines `up` prints of it: pid and log, then the command line to copy.
+    #[must_use]
+    pub fn lines(&self, indent: &str) -> String {
+        format!(
+            "{indent}agent pid {}, log {}\n{indent}agent command: {}\n",
+            self.pid,
+            self.log.display(),
+            crate::agent_args::shell_line(&self.command)
+        )
+    }
 }
 
 /// Starts the echo service in the fake internet `inet_ns` as a background helper and waits
@@ -124,22 +158,68 @@ pub(crate) fn start_echo(
     )
 }
 
-/// Starts `agent` (this executable, `vmnet serve --netns …`) in a process group of its own,
-/// records it in the state file as `role`, waits until its API answers and leaves it running
-/// (`down` stops it by pid); returns a client for it.
+/// Starts the uplink keeper of `links` in namespace `ns` ([`crate::uplink`]) as a background
+/// helper, records it as `uplink-<ns>` and waits until it listens.
+pub(crate) fn keep_uplinks(
+    paths: &Paths,
+    st: &mut SandboxState,
+    ns: &str,
+    links: &[&str],
+    timeout: Duration,
+) -> Result<(), Error> {
+    let role = format!("uplink-{ns}");
+    let ready = paths.ready(&role);
+    let mut args: Vec<String> = ["sandbox-helper", "uplink", "--netns", ns]
+        .map(str::to_owned)
+        .to_vec();
+    for l in links {
+        args.extend(["--link".to_owned(), (*l).to_owned()]);
+    }
+    args.extend(["--ready-file".to_owned(), ready.display().to_string()]);
+    let log = paths.log(&role);
+    let mut child = state::spawn_background(&args, &log)?;
+    let keeper = Proc {
+        role: role.clone(),
+        pid: child.id(),
+        log: Some(log.clone()),
+        ..Proc::default()
+    };
+    record_proc(paths, st, keeper)?;
+    state::wait_ready(&mut child, &ready, &log, &role, timeout)
+}
+
+/// Starts `agent` (this executable, `vmnet serve --netns …`) with `extra` (`up --agent-arg`)
+/// appended, in a process group of its own, records it in the state file as `role` (pid, log,
+/// command line), waits until its API answers and leaves it running (`down` stops it by pid);
+/// returns a client for it and what was started.
 pub(crate) async fn start_agent(
     paths: &Paths,
     st: &mut SandboxState,
     role: &str,
     agent: AgentOptions,
-    timeout: Duration,
-) -> Result<Client, Error> {
-    let mut agent = agent.own_process_group().spawn()?;
-    record(paths, st, role, agent.pid())?;
+    (extra, timeout): (&[String], Duration),
+) -> Result<(Client, StartedAgent), Error> {
+    let mut agent = agent.args(extra).own_process_group().spawn()?;
+    let log = std::path::absolute(agent.log_path()).unwrap_or_else(|_| agent.log_path().into());
+    let started = StartedAgent {
+        pid: agent.pid(),
+        log: log.clone(),
+        command: agent.command().to_vec(),
+    };
+    record_proc(
+        paths,
+        st,
+        Proc {
+            role: role.to_owned(),
+            pid: started.pid,
+            log: Some(log),
+            command: started.command.clone(),
+        },
+    )?;
     agent.wait_ready(timeout).await?;
     let client = agent.client().clone();
     let _ = agent.detach();
-    Ok(client)
+    Ok((client, started))
 }
 
 /// Starts a simulated guest for the applied VM `v` of the agent with `prefix` in `host_ns`:
@@ -172,7 +252,13 @@ pub(crate) fn attach_guest(
         ready.display().to_string(),
     ];
     let mut child = state::spawn_background(&relay_args, &paths.log(&role))?;
-    record(paths, st, &role, child.id())?;
+    let relay = Proc {
+        role: role.clone(),
+        pid: child.id(),
+        log: Some(std::path::absolute(paths.log(&role)).unwrap_or_else(|_| paths.log(&role))),
+        ..Proc::default()
+    };
+    record_proc(paths, st, relay)?;
     state::wait_ready(&mut child, &ready, &paths.log(&role), &role, timeout)?;
     let cfg = guest_config(v)?;
     crate::guest::configure(&guest_ns, crate::guest::GUEST_IF, &cfg)

@@ -24,7 +24,8 @@ pub struct PoolAgent {
 
 impl PoolAgent {
     /// Starts `vmnet serve` (this executable) in namespace `host_ns` for `spec`'s host and
-    /// bridge, its database, socket and state under `dir`, and waits until it answers.
+    /// bridge, with `extra` (`up --agent-arg`) appended, its database, socket and state under
+    /// `dir`, and waits until it answers.
     ///
     /// # Errors
     /// `INTERNAL` when it cannot be started or does not answer within `timeout`.
@@ -33,10 +34,11 @@ impl PoolAgent {
         host_ns: &str,
         prefix: &str,
         dir: &Path,
-        timeout: Duration,
+        (extra, timeout): (&[String], Duration),
     ) -> Result<Self, Error> {
         let proc = AgentOptions::new(host_ns, prefix, dir)
             .args(["--host-id", &spec.host.host_id, "--bridge", &spec.bridge])
+            .args(extra)
             .start(timeout)
             .await?;
         Ok(Self {
@@ -50,6 +52,12 @@ impl PoolAgent {
     #[must_use]
     pub fn pid(&self) -> u32 {
         self.proc.pid()
+    }
+
+    /// The agent's whole command line (`up --agent-arg` flags last).
+    #[must_use]
+    pub fn command(&self) -> &[String] {
+        self.proc.command()
     }
 
     /// The last lines of the agent's log.

@@ -63,6 +63,7 @@ pub async fn up_pool(
     root: &Path,
     timeout: Duration,
     guests: GuestKind,
+    agent_args: &[String],
     mut interrupts: crate::state::Interrupts,
 ) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
@@ -81,7 +82,7 @@ pub async fn up_pool(
     let result = tokio::select! {
         biased;
         why = interrupts.wait() => Err(crate::state::interrupted_error(why, name)),
-        r = run(&spec, &bridge, name, &paths, timeout, guests) => r,
+        r = run(&spec, &bridge, name, &paths, (timeout, agent_args), guests) => r,
     };
     let _ = std::fs::remove_dir_all(&paths.dir);
     let report = result?;
@@ -166,7 +167,7 @@ async fn run(
     bridge: &IfName,
     name: &str,
     paths: &Paths,
-    timeout: Duration,
+    (timeout, agent_args): (Duration, &[String]),
     kind: GuestKind,
 ) -> Result<PoolReport, Error> {
     let dir = &paths.dir;
@@ -196,11 +197,19 @@ async fn run(
     paths.save(&st)?;
     host_bridge(&sb, spec, bridge, &range_net)?;
 
-    let agent = PoolAgent::start(spec, &host, name, dir, timeout).await?;
+    let agent = PoolAgent::start(spec, &host, name, dir, (agent_args, timeout)).await?;
+    eprintln!(
+        "agent pid {}, log {} (removed with the sandbox)\nagent command: {}",
+        agent.pid(),
+        dir.join("agent.log").display(),
+        crate::agent_args::shell_line(agent.command())
+    );
     // Recorded so `vmnet-lab down --sandbox` can stop it should this process die without cleaning up.
     st.procs.push(Proc {
         role: "agent".into(),
         pid: agent.pid(),
+        log: Some(dir.join("agent.log")),
+        command: agent.command().to_vec(),
     });
     paths.save(&st)?;
     let mut rows = Vec::new();
@@ -257,6 +266,7 @@ async fn run(
                 st.procs.push(Proc {
                     role: format!("qemu {}", i.instance_id),
                     pid: vm.pid(),
+                    ..Proc::default()
                 });
                 paths.save(&st)?;
                 rows.push(row(addr.to_string(), &nic.tap, &nic.mac, "cloud-init"));
@@ -375,11 +385,14 @@ async fn run(
     if outcome.is_ok() && range.is_some() {
         checks.push(checks::left_behind(&host));
     }
+    let (agent_pid, agent_command) = (agent.pid(), agent.command().to_vec());
     drop(agent);
     drop(sb);
     outcome?;
     Ok(PoolReport {
         sandbox: name.to_owned(),
+        agent_pid,
+        agent_command,
         instances: rows,
         checks,
     })

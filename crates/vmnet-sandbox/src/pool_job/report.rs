@@ -26,6 +26,10 @@ pub struct InstanceRow {
 pub struct PoolReport {
     /// The sandbox name.
     pub sandbox: String,
+    /// The agent's pid while it ran (it is stopped with the sandbox).
+    pub agent_pid: u32,
+    /// The agent's whole command line, the `vmnet` binary first.
+    pub agent_command: Vec<String>,
     /// Instances.
     pub instances: Vec<InstanceRow>,
     /// Checks.
@@ -53,7 +57,12 @@ fn render(r: &PoolReport) -> String {
             ]
         })
         .collect();
-    let mut out = format!("pool sandbox {}\n\n", r.sandbox);
+    let mut out = format!(
+        "pool sandbox {}\nagent pid {} (stopped with the sandbox), command: {}\n\n",
+        r.sandbox,
+        r.agent_pid,
+        crate::agent_args::shell_line(&r.agent_command)
+    );
     out.push_str(&render_table(
         &["INSTANCE", "POLICY", "LEASE", "TAP", "MAC", "SEED ADDRESS"],
         &rows,
@@ -91,6 +100,8 @@ mod tests {
     fn tables_use_the_namespace_mode_layout_and_summary() {
         let r = PoolReport {
             sandbox: "pw1".into(),
+            agent_pid: 42,
+            agent_command: vec!["/bin/vmnet".into(), "serve".into()],
             instances: vec![InstanceRow {
                 instance: "i-1".into(),
                 policy: "default".into(),
@@ -117,8 +128,12 @@ mod tests {
         let text = render(&r);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "pool sandbox pw1");
-        assert!(lines[2].starts_with("INSTANCE  POLICY   LEASE"), "{text}");
-        assert!(lines[3].starts_with("--------  -------"), "{text}");
+        assert_eq!(
+            lines[1],
+            "agent pid 42 (stopped with the sandbox), command: /bin/vmnet serve"
+        );
+        assert!(lines[3].starts_with("INSTANCE  POLICY   LEASE"), "{text}");
+        assert!(lines[4].starts_with("--------  -------"), "{text}");
         assert!(
             lines
                 .iter()
