@@ -123,7 +123,10 @@ fn agent_flags_a_guest_for_a_put_vm_and_an_uplink_flap() {
     // The agent's pid, log and whole command line, the extra flags last.
     let dir = root.join(&name);
     let pid = report["agent_pid"].as_u64().expect("agent_pid");
-    assert_eq!(report["agent_log"], dir.join("agent.log").display().to_string());
+    assert_eq!(
+        report["agent_log"],
+        dir.join("agent.log").display().to_string()
+    );
     let command: Vec<&str> = report["agent_command"]
         .as_array()
         .expect("agent_command")
@@ -141,7 +144,10 @@ fn agent_flags_a_guest_for_a_put_vm_and_an_uplink_flap() {
         .filter(|a| !a.is_empty())
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    assert_eq!(running, command, "the command line printed is the one running");
+    assert_eq!(
+        running, command,
+        "the command line printed is the one running"
+    );
     let state: Value =
         serde_json::from_slice(&std::fs::read(dir.join("sandbox.json")).expect("state"))
             .expect("sandbox.json");
@@ -152,7 +158,10 @@ fn agent_flags_a_guest_for_a_put_vm_and_an_uplink_flap() {
         .find(|p| p["role"] == "agent")
         .expect("agent recorded");
     assert_eq!(agent["pid"], pid);
-    assert_eq!(agent["command"].as_array().map(Vec::len), Some(command.len()));
+    assert_eq!(
+        agent["command"].as_array().map(Vec::len),
+        Some(command.len())
+    );
 
     // A VM put after `up`, its config on stdin, gets a guest that reaches out.
     let socket = dir.join("vmnet.sock");
@@ -176,7 +185,15 @@ fn agent_flags_a_guest_for_a_put_vm_and_an_uplink_flap() {
         String::from_utf8_lossy(&put.stderr)
     );
     let out = lab(&[
-        "--output", "json", "guest", "attach", "--sandbox", "--name", &name, "--root", &root_s,
+        "--output",
+        "json",
+        "guest",
+        "attach",
+        "--sandbox",
+        "--name",
+        &name,
+        "--root",
+        &root_s,
         "vm-try",
     ]);
     assert!(
@@ -187,13 +204,26 @@ fn agent_flags_a_guest_for_a_put_vm_and_an_uplink_flap() {
     let attached: Value = serde_json::from_slice(&out.stdout).expect("attach json");
     let guest = format!("{name}g0032");
     assert_eq!(attached["guest_netns"], guest);
-    assert_eq!(attached["hint"], format!("ip netns exec {guest} ping -c 1 172.16.0.1"));
+    assert_eq!(
+        attached["hint"],
+        format!("ip netns exec {guest} ping -c 1 172.16.0.1")
+    );
     let relay = attached["relay_pid"].as_u64().expect("relay_pid");
     assert!(runs(relay));
     assert!(ping(&guest, "172.16.0.1"), "the guest reaches its gateway");
-    assert!(ping(&guest, "198.51.100.10"), "the guest reaches the fake internet");
+    assert!(
+        ping(&guest, "198.51.100.10"),
+        "the guest reaches the fake internet"
+    );
     let again = lab(&[
-        "guest", "attach", "--sandbox", "--name", &name, "--root", &root_s, "vm-try",
+        "guest",
+        "attach",
+        "--sandbox",
+        "--name",
+        &name,
+        "--root",
+        &root_s,
+        "vm-try",
     ]);
     assert_eq!(again.status.code(), Some(4), "a second attach: CONFLICT");
 
@@ -201,17 +231,42 @@ fn agent_flags_a_guest_for_a_put_vm_and_an_uplink_flap() {
     let host = format!("{name}host");
     let inet = format!("{name}inet");
     let host_expect: &Expect = &[
-        (&["-6", "addr", "show", "dev", "uplink"], "2001:db8:0:1::2/64"),
+        (
+            &["-6", "addr", "show", "dev", "uplink"],
+            "2001:db8:0:1::2/64",
+        ),
         (&["route", "show", "default"], "via 203.0.113.1 dev uplink"),
-        (&["-6", "route", "show", "default"], "via 2001:db8:0:1::1 dev uplink"),
+        (
+            &["-6", "route", "show", "default"],
+            "via 2001:db8:0:1::1 dev uplink",
+        ),
     ];
-    flap(&host, "uplink", host_expect, (&["route", "show", "default"], "via"));
+    flap(
+        &host,
+        "uplink",
+        host_expect,
+        (&["route", "show", "default"], "via"),
+    );
     let inet_expect: &Expect = &[
-        (&["-6", "addr", "show", "dev", "sbhost"], "2001:db8:0:1::1/64"),
-        (&["-6", "route", "show", "fdaa::/16"], "via 2001:db8:0:1::2 dev sbhost"),
+        (
+            &["-6", "addr", "show", "dev", "sbhost"],
+            "2001:db8:0:1::1/64",
+        ),
+        (
+            &["-6", "route", "show", "fdaa::/16"],
+            "via 2001:db8:0:1::2 dev sbhost",
+        ),
     ];
-    flap(&inet, "sbhost", inet_expect, (&["-6", "route", "show", "fdaa::/16"], "via"));
-    assert!(ping(&guest, "198.51.100.10"), "out through the flapped uplink");
+    flap(
+        &inet,
+        "sbhost",
+        inet_expect,
+        (&["-6", "route", "show", "fdaa::/16"], "via"),
+    );
+    assert!(
+        ping(&guest, "198.51.100.10"),
+        "out through the flapped uplink"
+    );
 
     // `down` stops the agent it was given flags for, the relay and the keepers, and deletes
     // every namespace, the attached guest's too.
@@ -221,7 +276,11 @@ fn agent_flags_a_guest_for_a_put_vm_and_an_uplink_flap() {
         "{}",
         String::from_utf8_lossy(&down.stderr)
     );
-    assert!(down.stderr.is_empty(), "{}", String::from_utf8_lossy(&down.stderr));
+    assert!(
+        down.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
     assert!(!runs(pid), "agent {pid} stopped");
     assert!(!runs(relay), "relay {relay} stopped");
     assert_eq!(sandbox::leftovers(&name), Vec::<String>::new());
@@ -241,7 +300,9 @@ fn up_refuses_agent_flags_it_sets_itself() {
     assert_eq!(out.status.code(), Some(2), "INVALID_INPUT");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--agent-arg \"--socket=/tmp/other.sock\": `up` sets --socket on its agents itself"),
+        stderr.contains(
+            "--agent-arg \"--socket=/tmp/other.sock\": `up` sets --socket on its agents itself"
+        ),
         "{stderr}"
     );
 }

@@ -127,7 +127,8 @@ mod tests {
             assert_eq!(e.code, vmnet_model::ErrorCode::InvalidInput, "{a}");
             let flag = a.split('=').next().unwrap();
             assert!(
-                e.message.contains(&format!("`up` sets {flag} on its agents")),
+                e.message
+                    .contains(&format!("`up` sets {flag} on its agents")),
                 "{a}: {e}"
             );
         }

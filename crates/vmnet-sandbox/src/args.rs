@@ -38,7 +38,11 @@ pub struct UpArgs {
     /// (repeatable; a value goes after `=`, e.g. `--agent-arg=--firewall-audit-secs=5`). The
     /// flags `up` sets itself (socket, state directory, database, namespace, name prefix,
     /// uplink, …) are refused.
-    #[arg(long = "agent-arg", value_name = "FLAG[=VALUE]", allow_hyphen_values = true)]
+    #[arg(
+        long = "agent-arg",
+        value_name = "FLAG[=VALUE]",
+        allow_hyphen_values = true
+    )]
     pub agent_args: Vec<String>,
 }
 

@@ -153,9 +153,8 @@ pub async fn run(json: bool, args: AttachArgs) -> Result<(), Error> {
     }
     // The NAT source is only for the checks of `up`, which do not run here.
     let host = (prefix.as_str(), host_ns.as_str(), Ipv4Addr::UNSPECIFIED);
-    let (guest, _) = tokio::task::block_in_place(|| {
-        steps::attach_guest(&paths, &mut st, host, &v, timeout)
-    })?;
+    let (guest, _) =
+        tokio::task::block_in_place(|| steps::attach_guest(&paths, &mut st, host, &v, timeout))?;
     let relay = st.procs.last().cloned().unwrap_or_default();
     let out = Attached {
         sandbox: name.to_owned(),

@@ -38,8 +38,8 @@
 
 pub mod agent;
 pub mod agent_args;
-pub mod attach;
 pub mod args;
+pub mod attach;
 pub mod echo;
 pub mod exe;
 pub mod fleet;

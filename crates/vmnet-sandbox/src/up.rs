@@ -89,8 +89,7 @@ pub async fn run(json: bool, args: UpArgs) -> Result<(), Error> {
             &args.name,
             &args.root,
             Duration::from_secs(args.timeout_secs),
-            args.guests,
-            &args.agent_args,
+            (args.guests, &args.agent_args),
             interrupts,
         )
         .await;

@@ -96,7 +96,11 @@ fn restore(ns: &str, routes: &[Vec<String>]) -> bool {
 ///
 /// # Errors
 /// `INTERNAL` when the routes cannot be read or the netlink socket cannot be opened.
-pub fn run(ns: &str, links: &[String], ready: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+pub fn run(
+    ns: &str,
+    links: &[String],
+    ready: impl FnOnce() -> Result<(), Error>,
+) -> Result<(), Error> {
     use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
     let routes = snapshot(ns, links)?;
     let sock_err = |e: std::io::Error| Error::internal(format!("netns {ns}: netlink socket: {e}"));
@@ -138,7 +142,15 @@ mod tests {
                      {"dst":"203.0.113.0/24","protocol":"kernel","scope":"link","prefsrc":"203.0.113.2","flags":[]}]"#;
         assert_eq!(
             restore_args(v4, false, "uplink").unwrap(),
-            [["route", "replace", "default", "via", "203.0.113.1", "dev", "uplink"]]
+            [[
+                "route",
+                "replace",
+                "default",
+                "via",
+                "203.0.113.1",
+                "dev",
+                "uplink"
+            ]]
         );
         let v6 = r#"[{"dst":"2001:db8:0:1::/64","protocol":"kernel","metric":256,"flags":[],"pref":"medium"},
                      {"dst":"fdaa::/16","gateway":"2001:db8:0:1::2","metric":1024,"flags":["linkdown"],"pref":"medium"},
@@ -147,11 +159,22 @@ mod tests {
         assert_eq!(
             restore_args(v6, true, "sbhost").unwrap(),
             [[
-                "-6", "route", "replace", "fdaa::/16", "via", "2001:db8:0:1::2", "dev", "sbhost",
-                "metric", "1024"
+                "-6",
+                "route",
+                "replace",
+                "fdaa::/16",
+                "via",
+                "2001:db8:0:1::2",
+                "dev",
+                "sbhost",
+                "metric",
+                "1024"
             ]]
         );
-        assert_eq!(restore_args("[]", true, "x").unwrap(), Vec::<Vec<String>>::new());
+        assert_eq!(
+            restore_args("[]", true, "x").unwrap(),
+            Vec::<Vec<String>>::new()
+        );
         assert!(restore_args("not json", false, "x").is_err());
     }
 }

@@ -200,7 +200,13 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     steps::start_echo(paths, &mut st, &inet, timeout)?;
     let host_ns = st.host_ns.clone();
     // The sandbox's own routes on both ends of the uplink, put back after a flap.
-    steps::keep_uplinks(paths, &mut st, &host_ns, &[sandbox::HOST_UPLINK_IF], timeout)?;
+    steps::keep_uplinks(
+        paths,
+        &mut st,
+        &host_ns,
+        &[sandbox::HOST_UPLINK_IF],
+        timeout,
+    )?;
     steps::keep_uplinks(paths, &mut st, &inet, &[sandbox::INET_UPLINK_IF], timeout)?;
     let agent = AgentOptions::new(&host_ns, &args.name, &paths.dir)
         .socket(paths.socket())

@@ -62,8 +62,7 @@ pub async fn up_pool(
     name: &str,
     root: &Path,
     timeout: Duration,
-    guests: GuestKind,
-    agent_args: &[String],
+    (guests, agent_args): (GuestKind, &[String]),
     mut interrupts: crate::state::Interrupts,
 ) -> Result<(), Error> {
     if !nix::unistd::geteuid().is_root() {
