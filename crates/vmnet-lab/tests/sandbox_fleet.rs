@@ -223,11 +223,12 @@ fn up_builds_the_fleet_every_check_passes_and_down_removes_everything() {
         assert!(has(h, c), "{h}: {c}");
     }
 
-    // The sandbox stays up: echo, three agents, five relays; the PostgreSQL server; every
-    // namespace starts with the fleet name. A second `up` is refused.
+    // The sandbox stays up: echo, three agents, five relays, four uplink keepers (the fake
+    // internet's and each host's); the PostgreSQL server; every namespace starts with the fleet
+    // name. A second `up` is refused.
     let dir = root.join(&name);
     let marker = format!("{}/", dir.display());
-    assert_eq!(processes(&marker).len(), 9, "{:#?}", processes(&marker));
+    assert_eq!(processes(&marker).len(), 13, "{:#?}", processes(&marker));
     let pg = report["postgres"]
         .as_str()
         .expect("postgres dir")

@@ -242,12 +242,13 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         true
     );
 
-    // The sandbox stays up: agent, echo service and relays run; a second `up` is refused.
+    // The sandbox stays up: agent, echo service, relays and the two uplink keepers run; a
+    // second `up` is refused.
     let dir = root.join(&name);
     let marker = dir.display().to_string();
     assert_eq!(
         our_processes(&marker).len(),
-        6,
+        8,
         "{:#?}",
         our_processes(&marker)
     );
@@ -284,7 +285,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         "{}",
         String::from_utf8_lossy(&down.stderr)
     );
-    assert_eq!(our_processes(&marker).len(), 6);
+    assert_eq!(our_processes(&marker).len(), 8);
     assert!(dir.exists());
 
     // A process `up` did not start, inside the sandbox host (an agent restarted by hand would
