@@ -1,7 +1,8 @@
 //! Drift by content on a real kernel: every kind of hand edit of the three bcd tables (a rule
 //! deleted, added or changed; a chain deleted or a base chain's policy flipped; a set element
-//! swapped one for one, added or removed; a table deleted) is found by the next audit, repaired
-//! and counted, and an unchanged ruleset is never re-applied, however the instances changed
+//! swapped one for one, added or removed; a table deleted or switched off with `flags dormant`)
+//! is found by the next audit, repaired and counted, and an unchanged ruleset is never
+//! re-applied, however the instances changed
 //! before. The edits that keep every count (a swapped element, a flipped policy) are proven
 //! with packets too.
 
@@ -218,7 +219,13 @@ async fn every_kind_of_hand_edit_is_repaired_and_counted() {
     // Tables.
     nft(&lab, &["delete", "table", "arp", "bcd_taps"]);
     repaired(&mut lab, "table deleted", "table arp bcd_taps is missing");
-    assert_eq!(lab.pool.firewall.status().drift_repairs, 11);
+    nft(&lab, &["add table inet bcd_taps { flags dormant; }"]);
+    repaired(
+        &mut lab,
+        "table switched off",
+        "table inet bcd_taps: table flags is",
+    );
+    assert_eq!(lab.pool.firewall.status().drift_repairs, 12);
     assert!(
         ping_ok(&lab.guests[a].ns, IpAddr::V4(lab.guests[b].ip4)),
         "traffic works after the repairs"

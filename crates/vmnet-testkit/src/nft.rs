@@ -53,17 +53,20 @@ pub enum Edit {
     PolicyFlipped,
     /// The whole table deleted.
     TableDeleted,
+    /// The table switched off (`flags dormant`): its chains stay listed but run no rule.
+    TableDormant,
 }
 
 impl Edit {
     /// Every kind, in a fixed order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::RuleDeleted,
         Self::RuleAdded,
         Self::RuleChanged,
         Self::ChainDeleted,
         Self::PolicyFlipped,
         Self::TableDeleted,
+        Self::TableDormant,
     ];
 }
 
@@ -138,6 +141,10 @@ impl Target {
                 nft(&self.netns, &[cmd.as_str()])?
             }
             Edit::TableDeleted => nft(&self.netns, &["delete", "table", f, t])?,
+            Edit::TableDormant => {
+                let cmd = format!("add table {f} {t} {{ flags dormant; }}");
+                nft(&self.netns, &[cmd.as_str()])?
+            }
         };
         Ok(())
     }

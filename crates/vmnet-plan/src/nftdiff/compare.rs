@@ -197,6 +197,14 @@ fn diff_table(k: &str, p: &Table, l: &Table, out: &mut Vec<Difference>) {
         planned: planned.to_owned(),
         listed: listed.to_owned(),
     };
+    if p.flags != l.flags {
+        out.push(decl(
+            "table",
+            "flags",
+            &p.flags.join(","),
+            &l.flags.join(","),
+        ));
+    }
     for (name, pc, lc) in entries(&p.chains, &l.chains) {
         match (pc, lc) {
             (Some(_), None) => out.push(object("chain", name, true)),

@@ -12,6 +12,7 @@
 //! everything" reads as exactly what it leaves behind; everything else in the document is
 //! ignored. What is compared, per table:
 //!
+//! - the table's flags (`dormant` switches every chain of it off);
 //! - chains, with their type, hook, priority, policy, devices and comment;
 //! - the rules of each chain, in order, with their comments;
 //! - named sets and maps with their declaration (key type, data type, flags, timeout, comment)
@@ -49,7 +50,9 @@
 //! - [`Tables::read`] is lenient (for batches we render and listings nft prints): `delete rule`
 //!   (by handle) and `replace rule` are not followed, unreadable items are skipped. The strict
 //!   reading of [`diff_plan`] refuses those ([`NftCompareError`]), as it does rules placed by
-//!   `index`/`handle`/`position`, table flags, and objects in a table the plan did not add.
+//!   `index`/`handle`/`position`, and objects in a table the plan did not add.
+//! - `add table` without flags leaves an existing table's flags as they are (as the kernel
+//!   does): a plan that must clear them deletes the table and adds it again.
 //! - Set declarations compare the key and data types, flags, timeout and comment only (not
 //!   size, policy or `gc-interval`, which nft may fill in).
 //! - An interval set the kernel merged (auto-merge) lists other elements than were added; plans
@@ -138,6 +141,9 @@ pub struct Table {
     pub sets: BTreeMap<String, Set>,
     /// Other named objects, `kind name` → canonical JSON of their declaration.
     pub objects: BTreeMap<String, String>,
+    /// The table's flags (`dormant`, `owner`, …), sorted: a dormant table's chains run no rule,
+    /// so flags are content.
+    pub flags: Vec<String>,
 }
 
 /// The owned tables of a document, keyed `family name` (e.g. `bridge bcd_instances`).

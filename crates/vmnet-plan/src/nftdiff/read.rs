@@ -84,6 +84,24 @@ fn chain_decl(family: &str, body: &Value) -> String {
     parts.join(" ")
 }
 
+/// A table's flags, listed as one string or an array: sorted, each once. nft 1.0.6 lists a
+/// dormant table's flags as the table's own name (`"flags": "x"` for table `x`): any flag
+/// counts, whatever its spelling.
+fn table_flags(v: &Value) -> Vec<String> {
+    let mut f: Vec<String> = match v {
+        Value::Array(a) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect(),
+        Value::String(s) => vec![s.clone()],
+        _ => Vec::new(),
+    };
+    f.sort();
+    f.dedup();
+    f
+}
+
 fn set_decl(kind: &str, body: &Value) -> String {
     let mut m = Map::new();
     for k in SET_KEYS {
@@ -217,7 +235,10 @@ impl Tables {
                     }
                 }
                 "add" | "create" => {
-                    self.tables.entry(k).or_default();
+                    let t = self.tables.entry(k).or_default();
+                    if let Some(f) = body.get("flags") {
+                        t.flags = table_flags(f);
+                    }
                 }
                 _ if plan => return unsupported(),
                 _ => {

@@ -429,3 +429,22 @@ fn the_plan_is_replayed_in_order() {
     ]});
     assert_eq!(diff_plan(&plan, &listed).unwrap(), []);
 }
+
+#[test]
+fn a_dormant_table_differs_from_its_plan_and_flags_are_read_in_either_spelling() {
+    let (plan, mut listing) = vm_nat();
+    let t = find(&listing, "table", |_| true);
+    items_mut(&mut listing)[t]["table"]["flags"] = json!("dormant");
+    let d = diff_plan(&plan, &listing).unwrap();
+    assert_eq!(
+        one(&d).to_string(),
+        "table inet vmn: table flags is `dormant`, planned ``"
+    );
+    items_mut(&mut listing)[t]["table"]["flags"] = json!(["dormant"]);
+    assert_eq!(diff_plan(&plan, &listing).unwrap(), d);
+    // How nft 1.0.6 lists `add table inet vmn { flags dormant; }`.
+    items_mut(&mut listing)[t]["table"]["flags"] = json!("vmn");
+    assert_eq!(diff_plan(&plan, &listing).unwrap().len(), 1);
+    items_mut(&mut listing)[t]["table"]["flags"] = json!([]);
+    assert_eq!(diff_plan(&plan, &listing).unwrap(), []);
+}
