@@ -307,6 +307,28 @@ async fn drift_is_reported_and_repaired() {
     assert!(env.driver.drift(&plan).await.unwrap().is_empty());
     assert_eq!(link_info(&plan.netns, &plan.tap.name).unwrap().0, 1380);
 
+    // The VM end made with the kernel's own link-locals on (`addrgenmode eui64`) and carrying
+    // one: the mode is set back to `none` and the address removed, in place.
+    let peer = plan.veth.as_ref().unwrap().peer_name.clone();
+    netns::ip(&plan.netns, &["link", "set", &peer, "addrgenmode", "eui64"]).unwrap();
+    netns::ip(
+        &plan.netns,
+        &["addr", "add", "fe80::402:ff:fe00:71/64", "dev", &peer],
+    )
+    .unwrap();
+    let drift = env.driver.drift(&plan).await.unwrap();
+    let said = format!("{drift:?}");
+    assert!(
+        said.contains(&format!("{peer} addrgenmode")) && said.contains("fe80::402:ff:fe00:71/64"),
+        "{said}"
+    );
+    env.driver.apply(&plan).await.unwrap();
+    assert!(env.driver.drift(&plan).await.unwrap().is_empty());
+    let addrs = netns::ip(&plan.netns, &["-6", "addr", "show", "dev", &peer]).unwrap();
+    assert!(!addrs.contains("fe80::402:ff:fe00:71"), "{addrs}");
+    let link = netns::ip(&plan.netns, &["-d", "link", "show", "dev", &peer]).unwrap();
+    assert!(link.contains("addrgenmode none"), "{link}");
+
     // The host veth deleted by hand (its peer goes with it): the pair is made again in place,
     // the netns and its tap stay.
     let v = plan.veth.clone().unwrap();

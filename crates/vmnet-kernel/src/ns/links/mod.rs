@@ -169,7 +169,8 @@ struct LinkSpec<'a> {
     addrs: Vec<(IpAddr, u8)>,
     mac: Option<[u8; 6]>,
     neigh: Option<(IpAddr, [u8; 6])>,
-    /// Whether the kernel must make no IPv6 link-local on it (the host end).
+    /// Whether the kernel must make no IPv6 link-local on it (every link vmnet makes: each
+    /// carries only its planned link-local, if any).
     no_auto_link_local: bool,
 }
 
@@ -191,7 +192,7 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
         ],
         mac: None,
         neigh: None,
-        no_auto_link_local: false,
+        no_auto_link_local: true,
     }];
     if let Some(v) = &plan.veth {
         out.push(LinkSpec {
@@ -207,7 +208,7 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
             ],
             mac: Some(v.peer_mac),
             neigh: Some((IpAddr::V6(v.host_ipv6_link_local.addr()), v.host_mac)),
-            no_auto_link_local: false,
+            no_auto_link_local: true,
         });
         out.push(LinkSpec {
             side: Side::Host,
@@ -245,9 +246,10 @@ fn find<'a>(
 /// Addresses on link `spec.name` (ifindex `index`) that the plan does not put there: every
 /// IPv4 address; on the host end every IPv6 address too (it carries none, and the kernel adds
 /// none: `addrgenmode none`; e.g. the `fe80::1:<uid>` it carried before that plan); in the netns
-/// IPv6 addresses outside the link-local range (the kernel adds link-locals of its own) and a
-/// planned link-local with another prefix length (the kernel does not change the prefix length
-/// of an existing address).
+/// every IPv6 address too on a link with `addrgenmode none` (a link-local the kernel made
+/// before the mode was set, e.g. an EUI-64 one), and otherwise IPv6 addresses outside the
+/// link-local range and a planned link-local with another prefix length (the kernel does not
+/// change the prefix length of an existing address).
 fn stale(have: &HashSet<KAddr>, index: u32, spec: &LinkSpec<'_>) -> Vec<(IpAddr, u8)> {
     let want = &spec.addrs;
     let mut out: Vec<(IpAddr, u8)> = have
@@ -258,7 +260,9 @@ fn stale(have: &HashSet<KAddr>, index: u32, spec: &LinkSpec<'_>) -> Vec<(IpAddr,
                 && match (a, spec.side) {
                     (IpAddr::V4(_), _) | (IpAddr::V6(_), Side::Host) => true,
                     (IpAddr::V6(v6), Side::Vm) => {
-                        !v6.is_unicast_link_local() || want.iter().any(|(w, _)| w == a)
+                        spec.no_auto_link_local
+                            || !v6.is_unicast_link_local()
+                            || want.iter().any(|(w, _)| w == a)
                     }
                 }
         })

@@ -28,7 +28,7 @@ fn good_state(p: &VmPlan) -> VmState {
         mtu,
         up: true,
         mac: None,
-        no_auto_link_local: false,
+        no_auto_link_local: true,
         ipv6_off: false,
     };
     st.ns_links.insert("lo".into(), link("lo", 1, 65536));
@@ -104,18 +104,21 @@ fn missing_links_are_fixed_one_by_one_never_by_a_rebuild() {
 }
 
 #[test]
-fn stale_addresses_are_drift_but_kernel_link_locals_are_not() {
+fn stale_addresses_are_drift_link_locals_the_plan_does_not_put_included() {
     let p = plan(true);
     let mut st = good_state(&p);
     st.ns_addrs
         .insert((2, "fe80::4:ff:fe00:1".parse().unwrap(), 64));
-    assert_eq!(fixed_drift(&p, &st), None);
+    assert_eq!(
+        fixed_drift(&p, &st).unwrap(),
+        "vmnn0007: vmnt0007 stale addresses fe80::4:ff:fe00:1/64"
+    );
     st.ns_addrs.insert((2, "172.16.0.5".parse().unwrap(), 30));
     st.host_addrs
         .insert((10, "2001:db8::9".parse().unwrap(), 64));
     assert_eq!(
         fixed_drift(&p, &st).unwrap(),
-        "vmnn0007: vmnt0007 stale addresses 172.16.0.5/30; vmnh0007 stale addresses 2001:db8::9/64"
+        "vmnn0007: vmnt0007 stale addresses 172.16.0.5/30 fe80::4:ff:fe00:1/64; vmnh0007 stale addresses 2001:db8::9/64"
     );
 }
 
@@ -165,11 +168,18 @@ fn every_ipv6_address_on_the_host_end_is_stale() {
             format!("vmnn0007: {} stale addresses {ll}/128", v.host_name)
         );
     }
-    // In the netns the kernel's own link-locals are never stale.
+    // In the netns too (`addrgenmode none`: the kernel makes none there), a link-local the
+    // plan does not put on the VM end is stale.
     let mut st = good_state(&p);
     st.ns_addrs
         .insert((3, IpAddr::V6("fe80::aa:bbff:fecc:1".parse().unwrap()), 64));
-    assert_eq!(fixed_drift(&p, &st), None);
+    assert_eq!(
+        fixed_drift(&p, &st).unwrap(),
+        format!(
+            "vmnn0007: {} stale addresses fe80::aa:bbff:fecc:1/64",
+            v.peer_name
+        )
+    );
 }
 
 #[test]
@@ -226,4 +236,26 @@ fn a_missing_metadata_address_is_drift() {
         let d = fixed_drift(&p, &st).expect("drift");
         assert!(d.contains(&format!("{} addresses", p.tap.name)), "{d}");
     }
+}
+
+#[test]
+fn a_vm_side_link_with_a_kernel_made_link_local_is_drift() {
+    let p = plan(true);
+    let v = p.veth.as_ref().unwrap();
+    let mut st = good_state(&p);
+    st.ns_links
+        .get_mut(&v.peer_name)
+        .unwrap()
+        .no_auto_link_local = false;
+    let eui64: IpAddr = "fe80::402:ff:fe00:7".parse().unwrap();
+    st.ns_addrs.insert((3, eui64, 64));
+    let drift = fixed_drift(&p, &st).expect("drift");
+    assert!(
+        drift.contains(&format!("{} addrgenmode", v.peer_name))
+            && drift.contains(&format!(
+                "{} stale addresses fe80::402:ff:fe00:7/64",
+                v.peer_name
+            )),
+        "{drift}"
+    );
 }
