@@ -117,7 +117,13 @@ fn fingerprint(cmds: &[Value]) -> String {
 }
 
 /// The host ruleset: table `ip <table>` with chain `postrouting` (nat, srcnat) masquerading
-/// traffic from the transit range to anywhere outside it.
+/// traffic from the transit range to anywhere outside it, and the guard of the host against its
+/// VMs: chain `transit` (filter, prerouting, priority raw, before any DNAT) drops a packet from
+/// the transit range to the transit range (a VM reaching another VM's namespace, and through
+/// its DNAT the guest, or the host's end of a veth pair, by transit address: VMs reach each
+/// other only through public and mesh addresses, where tenants and firewalls apply), and chain
+/// `input` (filter, input) drops a packet from the transit range to the host itself (a VM
+/// reaching a service of the host on any of its IPv4 addresses).
 ///
 /// Returns the transaction and its fingerprint, written (like [`vm_ruleset`]'s) as the comment
 /// of the masquerade rule, so read-back detects a flushed or replaced rule, not only a missing
@@ -132,9 +138,29 @@ pub fn host_ruleset(table: &str, transit: Ipv4Net) -> (Value, String) {
     );
     cmds.push(json!({"add": {"rule": {"family": "ip", "table": table, "chain": "postrouting", "expr": [
         {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": prefix.clone()}},
-        {"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": prefix}},
+        {"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": prefix.clone()}},
         {"masquerade": null}
     ]}}}));
+    let from_transit = json!({"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": prefix.clone()}});
+    cmds.push(
+        json!({"add": {"chain": {"family": "ip", "table": table, "name": "transit",
+        "type": "filter", "hook": "prerouting", "prio": -300, "policy": "accept"}}}),
+    );
+    cmds.push(json!({"add": {"rule": {"family": "ip", "table": table, "chain": "transit", "expr": [
+        from_transit.clone(),
+        {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": prefix}},
+        {"drop": null}
+    ]}}}));
+    cmds.push(
+        json!({"add": {"chain": {"family": "ip", "table": table, "name": "input",
+        "type": "filter", "hook": "input", "prio": 0, "policy": "accept"}}}),
+    );
+    cmds.push(
+        json!({"add": {"rule": {"family": "ip", "table": table, "chain": "input", "expr": [
+            from_transit,
+            {"drop": null}
+        ]}}}),
+    );
     let fp = fingerprint(&cmds);
     cmds[4]["add"]["rule"]["comment"] = Value::String(format!("{FINGERPRINT_PREFIX}{fp}"));
     (json!({"nftables": cmds}), fp)
