@@ -7,6 +7,7 @@ packages=(
   iproute2 nftables util-linux procps kmod
   wireguard-go wireguard-tools  # wg0 without a kernel module; `wg` for tests and debugging
   iperf3  # the throughput-limit tests and the sandbox's limit check measure with it
+  iputils-ping tcpdump  # trying a kept sandbox by hand, as the lab page shows
   postgresql
   genisoimage dosfstools mtools
   clang libbpf-dev linux-libc-dev
