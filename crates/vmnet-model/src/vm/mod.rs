@@ -16,7 +16,8 @@
 //! - `id`: non-empty, at most [`MAX_VM_ID_LEN`] bytes, only `[A-Za-z0-9._-]`.
 //! - `user_id`: `0..=`[`MAX_USER_ID`] (every derived name and transit /30 exists for this range).
 //! - `tenant`: any `u32`.
-//! - `mesh_ipv6`: an address in `fdaa::/16`, written plain (`fdaa:1::7`) or as a /128.
+//! - `mesh_ipv6`: an address in `fdaa::/16` other than `fdaa::` (the range's subnet-router
+//!   anycast address), written plain (`fdaa:1::7`) or as a /128.
 //! - `network.routes[i].destination`: a canonical prefix (no host bits), each destination once,
 //!   written strictly (no whitespace, no leading zeros; see [`parse_net`]); not inside the guest
 //!   link [`GUEST_LINK`] (a wider prefix containing it is fine: the connected /30 is longer), and
@@ -240,10 +241,10 @@ impl VmConfig {
             )));
         }
         if let Some(m) = self.mesh_ipv6
-            && !MESH_RANGE.contains(&m)
+            && (!MESH_RANGE.contains(&m) || m == MESH_RANGE.network())
         {
             return Err(ValidationError::rule(format!(
-                "vm {vm}: mesh_ipv6 {m} is not in fdaa::/16"
+                "vm {vm}: mesh_ipv6 {m} is not a VM address in fdaa::/16 (fdaa:: excluded)"
             )));
         }
         limits::check_limit(
@@ -535,6 +536,11 @@ fn parse_mesh(s: &str) -> Result<Ipv6Addr, String> {
     .ok_or_else(|| format!("{s:?} is not an IPv6 address"))?;
     if !MESH_RANGE.contains(&addr) {
         return Err(format!("{addr} is not in fdaa::/16"));
+    }
+    if addr == MESH_RANGE.network() {
+        return Err(format!(
+            "{addr} is the mesh range's subnet-router anycast address, not one VM's"
+        ));
     }
     Ok(addr)
 }

@@ -50,6 +50,18 @@ fn mesh_ipv6_accepts_slash_128() {
 }
 
 #[test]
+fn mesh_ipv6_is_never_the_ranges_subnet_router_anycast_address() {
+    for m in ["fdaa::", "fdaa::/128"] {
+        let body = format!(r#"{{"id":"a","user_id":1,"tenant":1,"mesh_ipv6":"{m}"}}"#);
+        let e = parse_vm_config(body.as_bytes()).unwrap_err().to_string();
+        assert!(
+            e.contains("mesh_ipv6") && e.contains("subnet-router anycast"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn no_mesh_and_no_routes_is_a_capture_vm() {
     let c =
         parse_vm_config(br#"{"id":"cap","user_id":9,"tenant":0,"network":{"routes":[]}}"#).unwrap();
