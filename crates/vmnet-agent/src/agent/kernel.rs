@@ -13,10 +13,10 @@
 //! - `GET /v1/status` shows the deadline, what holds the lock now and for how long, and the
 //!   changes that ran out of time ([`KernelStatus`]).
 //! - While the lock is held, the kernel's change notifications of what the holder changes are
-//!   its own: the lock holds a [`Quiet`] of the driver's watcher ([`crate::watch`]) for every
-//!   namespace ([`KernelGate::lock`]) or for one VM's netns and the host
-//!   ([`KernelGate::lock_vm`]), and releasing the lock discards what the change caused (the
-//!   `Quiet` drops before the lock is released).
+//!   its own: the lock holds a [`Quiet`] of the driver's watcher ([`crate::watch`])
+//!   ([`KernelGate::lock`]), and releasing the lock discards what the change caused (the
+//!   `Quiet` drops before the lock is released). A check on a notification quiets nothing
+//!   ([`KernelGate::lock_checking`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -90,28 +90,30 @@ impl KernelGate {
     }
 
     /// Takes the lock for `what` (waiting as long as it takes: background work); the holder
-    /// may change anything (every namespace is quiet).
+    /// may change anything (every namespace is quiet while it holds it).
     pub async fn lock(&self, what: impl Into<String>) -> KernelGuard {
-        self.lock_with(what, |w| w.quiet_all()).await
-    }
-
-    /// Takes the lock for `what`, a change of the VM whose netns is `netns` (and of the host)
-    /// only: notifications of the other VMs' netns stay foreign meanwhile.
-    pub async fn lock_vm(&self, what: impl Into<String>, netns: &str) -> KernelGuard {
-        self.lock_with(what, |w| w.quiet(&[netns])).await
-    }
-
-    async fn lock_with(
-        &self,
-        what: impl Into<String>,
-        quiet: impl FnOnce(&Watcher) -> Quiet,
-    ) -> KernelGuard {
         let guard = Arc::clone(&self.lock).lock_owned().await;
         if let Ok(mut r) = self.record.lock() {
             r.holder = Some((what.into(), Instant::now()));
         }
         KernelGuard {
-            _quiet: self.watcher.as_ref().map(quiet),
+            _quiet: self.watcher.as_ref().map(Watcher::quiet_all),
+            _guard: guard,
+            record: Arc::clone(&self.record),
+        }
+    }
+
+    /// Takes the lock for `what`, a check on a notification ([`crate::watch`]): nothing is
+    /// quieted. A check writes only when it repairs; the notifications of its repair then cost
+    /// one more check that finds nothing, and a foreign change made during the check is never
+    /// lost.
+    pub async fn lock_checking(&self, what: impl Into<String>) -> KernelGuard {
+        let guard = Arc::clone(&self.lock).lock_owned().await;
+        if let Ok(mut r) = self.record.lock() {
+            r.holder = Some((what.into(), Instant::now()));
+        }
+        KernelGuard {
+            _quiet: None,
             _guard: guard,
             record: Arc::clone(&self.record),
         }

@@ -45,6 +45,14 @@ impl Names {
     /// The check `ev` asks for, if any.
     #[must_use]
     pub fn target(&self, ev: &Event) -> Option<Target> {
+        // Neighbour entries learned from traffic come and go all the time: only permanent
+        // entries (the veth ends') and proxy entries are vmnet's.
+        if let What::Changed(n) = &ev.what
+            && n.kind == Some(Kind::Neigh)
+            && !(n.proxy || n.permanent)
+        {
+            return None;
+        }
         if let Some(ns) = &ev.netns {
             return parse_uid(&self.prefix, NameKind::Netns, ns).map(Target::Vm);
         }
@@ -157,6 +165,20 @@ mod tests {
             ..note(Kind::Neigh)
         };
         assert_eq!(n.target(&host(proxy)), Some(Target::Pass));
+        let learned = Note {
+            ifindex: Some(0x3000_0036),
+            ..note(Kind::Neigh)
+        };
+        assert_eq!(
+            n.target(&host(learned.clone())),
+            None,
+            "learned from traffic"
+        );
+        let permanent = Note {
+            permanent: true,
+            ..learned
+        };
+        assert_eq!(n.target(&host(permanent)), Some(Target::Vm(0x36)));
         let tc = Note {
             ifindex: Some(0x3400_0001),
             ..note(Kind::Tc)

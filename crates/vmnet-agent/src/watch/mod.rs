@@ -18,16 +18,22 @@
 //!   an in-sync VM costs an observe and writes nothing, to the kernel or the store). The host
 //!   is checked by the driver's `repair_host`, a full pass is [`Agent::reconcile`], pool mode's
 //!   tables by its audit ([`crate::pool::audit::audit_once`]) and its taps by its pass.
-//! - The agent's own changes never trigger a check: every kernel change runs under the kernel
-//!   lock, which quiets the watcher for what it changes and discards the notifications the
-//!   change caused before it is released ([`crate::agent::kernel`]). Pool mode's helper changes
-//!   its tables outside that lock: a notification of its own change costs one audit that finds
-//!   nothing and writes nothing.
+//! - The agent's own changes (API changes, passes, audits) never trigger a check: they run
+//!   under the kernel lock, which quiets the watcher and discards the notifications the change
+//!   caused before it is released ([`crate::agent::kernel`]). Sorting notifications by the
+//!   sender's port id instead does not work: link changes are notified with port id 0, and nft
+//!   changes made by the `nft` executable carry its own. A check on a notification quiets
+//!   nothing: it writes only when it repairs, and the notifications of its repair cost one
+//!   more check that finds nothing, while a foreign change made during the check (a storm
+//!   undoing the repair at once) is never lost. Pool mode's helper changes its tables
+//!   outside the lock: a notification of its own change costs one audit that finds nothing
+//!   and writes nothing.
 //! - A target repaired more than 5 times in 10 s (another program keeps undoing vmnet's
-//!   state) is backed off: its next check waits 250 ms, doubling with each further repair up
-//!   to the reconcile interval; a back-off is counted each time and logged at most once per
-//!   interval. A window without repairs ends it. The agent never spins: a storm of changes
-//!   costs at most one check per target per back-off delay.
+//!   state), or checked more than 20 times in 10 s, is backed off: its next check waits
+//!   250 ms, doubling with each further repair up to the reconcile interval; a back-off is
+//!   counted each time and logged at most once per interval. A check that repairs nothing
+//!   ends it. The agent never spins: a storm of changes costs at most one check per target
+//!   per back-off delay.
 //! - Counted in `GET /v1/status` (`reconcile.notifications`): events, lost notifications,
 //!   checks, repairs, back-offs, and the time from the first notification of a change to the
 //!   end of its repair (last and max). Repairs also count in `drift_repairs_total`.
@@ -45,7 +51,6 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use vmnet_ipam::vm_store;
 use vmnet_kernel::watch::{Event, What};
 use vmnet_model::Error;
-use vmnet_plan::ns::{NameKind, name};
 
 use crate::agent::{Agent, store_tx};
 use attribute::Names;
@@ -153,7 +158,7 @@ impl Agent {
             Target::Vm(uid) => self.check_vm(uid).await,
             Target::Host => {
                 self.yield_to_api().await;
-                let _kernel = self.kernel.lock("notification: host state").await;
+                let _kernel = self.kernel.lock_checking("notification: host state").await;
                 let changes = self
                     .driver()
                     .repair_host()
@@ -178,10 +183,9 @@ impl Agent {
         }
     }
 
-    /// The reconcile pass's check of one VM, by user id: under the kernel lock (quiet for its
-    /// netns and the host), its stored row applied by [`Agent::converge`].
+    /// The reconcile pass's check of one VM, by user id: under the kernel lock, its stored row
+    /// applied by [`Agent::converge`].
     async fn check_vm(&self, uid: u32) -> Result<Vec<String>, Error> {
-        let netns = name(&self.settings().name_prefix, NameKind::Netns, uid);
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
         let Some(id) = rows.into_iter().find(|r| r.user_id == uid).map(|r| r.id) else {
             // Not a stored VM's (one being removed, or an orphan for the pass's collection).
@@ -190,7 +194,7 @@ impl Agent {
         self.yield_to_api().await;
         let _kernel = self
             .kernel
-            .lock_vm(format!("notification: vm {id}"), &netns)
+            .lock_checking(format!("notification: vm {id}"))
             .await;
         let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, &id).await)? else {
             return Ok(Vec::new());

@@ -42,8 +42,11 @@ pub struct Tuning {
     pub debounce: Duration,
     /// Repairs of one target within this window …
     pub window: Duration,
-    /// … above this many put it in back-off.
+    /// … above this many put it in back-off; so do checks (repairing or not) above
+    /// `check_limit` in the window.
     pub limit: usize,
+    /// See `limit`.
+    pub check_limit: usize,
     /// The first back-off; each further repair in back-off doubles it …
     pub first_backoff: Duration,
     /// … up to this (the reconcile interval: the pass repairs it then anyway).
@@ -51,14 +54,15 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// The agent's: 30 ms debounce, back-off after 5 repairs in 10 s, from 250 ms doubling up
-    /// to `max_backoff`.
+    /// The agent's: 30 ms debounce, back-off after 5 repairs or 20 checks in 10 s, from 250 ms
+    /// doubling up to `max_backoff`.
     #[must_use]
     pub fn agent(max_backoff: Duration) -> Self {
         Self {
             debounce: Duration::from_millis(30),
             window: Duration::from_secs(10),
             limit: 5,
+            check_limit: 20,
             first_backoff: Duration::from_millis(250),
             max_backoff,
         }
@@ -75,6 +79,7 @@ struct Pending {
 #[derive(Debug, Default)]
 struct History {
     repairs: VecDeque<Instant>,
+    checks: VecDeque<Instant>,
     backoff: Option<Duration>,
     until: Option<Instant>,
     logged: Option<Instant>,
@@ -148,29 +153,36 @@ impl Schedule {
     }
 
     /// Records the check of `target` at `now`: whether it repaired something. More than
-    /// `limit` repairs within `window` put the target in back-off; each further repair doubles
-    /// it (capped); a check that repaired nothing ends it.
+    /// `limit` repairs, or `check_limit` checks, within `window` put the target in back-off;
+    /// each further repair (or check above the limit) doubles it (capped); a check that
+    /// repaired nothing, within the check limit, ends it.
     pub fn checked(&mut self, target: Target, repaired: bool, now: Instant) -> Option<BackOff> {
         let t = self.tuning;
         let h = self.history.entry(target).or_default();
-        while h
-            .repairs
-            .front()
-            .is_some_and(|r| now.saturating_duration_since(*r) > t.window)
-        {
-            h.repairs.pop_front();
+        for q in [&mut h.repairs, &mut h.checks] {
+            while q
+                .front()
+                .is_some_and(|r| now.saturating_duration_since(*r) > t.window)
+            {
+                q.pop_front();
+            }
         }
-        if !repaired {
-            // The other program stopped (for now): no back-off for the next change.
+        h.checks.push_back(now);
+        let too_often = h.checks.len() > t.check_limit;
+        if repaired {
+            h.repairs.push_back(now);
+        }
+        let fight = repaired && (h.backoff.is_some() || h.repairs.len() > t.limit);
+        if !(fight || too_often) {
+            // Within the limits, or the other program stopped (for now): no back-off.
             h.backoff = None;
             h.until = None;
-            if h.repairs.is_empty() {
-                self.history.remove(&target);
-            }
-            return None;
-        }
-        h.repairs.push_back(now);
-        if h.backoff.is_none() && h.repairs.len() <= t.limit {
+            // Forget the targets not checked within the window (none in back-off then).
+            self.history.retain(|_, h| {
+                h.checks
+                    .back()
+                    .is_some_and(|c| now.saturating_duration_since(*c) <= t.window)
+            });
             return None;
         }
         let delay = h
@@ -284,8 +296,28 @@ mod tests {
             "still 7 repairs in the window"
         );
         now += Duration::from_secs(11);
-        assert_eq!(s.checked(v, false, now), None);
-        assert!(s.history.is_empty(), "forgotten after a quiet window");
-        assert_eq!(s.checked(v, true, now), None, "a fresh start");
+        assert_eq!(s.checked(Target::Host, false, now), None);
+        assert_eq!(s.history.len(), 1, "the quiet target is forgotten");
+        for _ in 0..5 {
+            assert_eq!(s.checked(v, true, now), None, "a fresh start");
+        }
+    }
+
+    #[test]
+    fn checks_that_keep_coming_back_off_even_without_repairs() {
+        let mut s = Schedule::new(tuning());
+        let mut now = Instant::now();
+        let v = Target::Vm(3);
+        for _ in 0..20 {
+            assert_eq!(s.checked(v, false, now), None);
+            now += Duration::from_millis(30);
+        }
+        let b = s.checked(v, false, now).expect("the 21st check in 10 s");
+        assert_eq!(b.delay, Duration::from_millis(250));
+        now += b.delay;
+        assert_eq!(
+            s.checked(v, false, now).map(|b| b.delay),
+            Some(Duration::from_millis(500))
+        );
     }
 }

@@ -21,15 +21,14 @@
 //!   when they were read, so the caller can time its repair from the change.
 //! - A receive-buffer overrun (`ENOBUFS`) means notifications of that namespace were lost:
 //!   it becomes an [`What::Lost`] event (the caller checks the whole namespace).
-//! - The caller's own changes: while the caller changes the kernel it holds a [`Quiet`] for
-//!   the namespaces it touches (or for all of them); what is read from those sockets meanwhile
-//!   is discarded, and dropping the `Quiet` reads what is still queued on them and discards
-//!   it too. Netlink notifications are queued before the request that caused them is
+//! - The caller's own changes: while the caller changes the kernel it holds a [`Quiet`]; what
+//!   is read meanwhile is discarded, and dropping the `Quiet` reads what is still queued and
+//!   discards it too. Netlink notifications are queued before the request that caused them is
 //!   answered, so when the caller's change returns, everything it caused is on the sockets
 //!   already: none of it reaches the caller as a change. What the kernel does later on its own
 //!   (a carrier coming on in its link-watch work) does, and costs one check that finds nothing.
-//!   A foreign change made in a quiet namespace while the caller changes it is lost too: the
-//!   periodic pass, which stays, repairs it.
+//!   A foreign change made while the caller changes the kernel is lost too: the periodic
+//!   pass, which stays, repairs it.
 //! - A VM's sockets are closed when it is removed ([`Watcher::unwatch`]), before its netns is
 //!   deleted: a socket holds its namespace, and a kept one would keep a deleted netns (and the
 //!   veth pair in it) alive. [`Watcher::watch`] of a path that names another namespace now
@@ -90,16 +89,8 @@ struct State {
     socks: HashMap<u64, Entry>,
     spaces: HashMap<Option<String>, Space>,
     next: u64,
-    /// Quiet holds over every namespace.
-    quiet_all: u32,
-    /// Quiet holds per namespace.
-    quiet: HashMap<Option<String>, u32>,
-}
-
-impl State {
-    fn is_quiet(&self, netns: &Option<String>) -> bool {
-        self.quiet_all > 0 || self.quiet.get(netns).is_some_and(|n| *n > 0)
-    }
+    /// [`Quiet`]s held.
+    quiet: u32,
 }
 
 struct Inner {
@@ -244,58 +235,28 @@ impl Watcher {
         self.lock().spaces.keys().flatten().cloned().collect()
     }
 
-    /// Marks the caller's own change of every namespace (see the module docs) until the
-    /// returned guard drops.
+    /// Marks the caller's own change (see the module docs) until the returned guard drops.
     #[must_use]
     pub fn quiet_all(&self) -> Quiet {
-        self.lock().quiet_all += 1;
-        Quiet {
-            w: self.clone(),
-            scope: None,
-        }
+        self.lock().quiet += 1;
+        Quiet { w: self.clone() }
     }
 
-    /// Marks the caller's own change of the host and the VM netns `netns` until the returned
-    /// guard drops.
-    #[must_use]
-    pub fn quiet(&self, netns: &[&str]) -> Quiet {
-        let scope: Vec<Option<String>> = std::iter::once(None)
-            .chain(netns.iter().map(|n| Some((*n).to_owned())))
-            .collect();
-        let mut st = self.lock();
-        for k in &scope {
-            *st.quiet.entry(k.clone()).or_default() += 1;
-        }
-        Quiet {
-            w: self.clone(),
-            scope: Some(scope),
-        }
-    }
-
-    /// Reads every ready socket (`only`: of these namespaces) until empty; sends the events
-    /// of the namespaces not quiet. Returns whether any socket was ready.
-    fn drain(&self, st: &mut State, only: Option<&[Option<String>]>) -> bool {
-        let keys: Vec<u64> = match only {
-            Some(scope) => scope
-                .iter()
-                .filter_map(|n| st.spaces.get(n))
-                .flat_map(|s| s.keys)
-                .collect(),
-            None => {
-                let mut evs = Vec::with_capacity(64);
-                let zero = rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                match epoll::wait(
-                    self.0.epoll.get_ref(),
-                    rustix::buffer::spare_capacity(&mut evs),
-                    Some(&zero),
-                ) {
-                    Ok(_) => evs.iter().map(|e| e.data.u64()).collect(),
-                    Err(_) => Vec::new(),
-                }
-            }
+    /// Reads every ready socket until empty; sends the events unless quiet. Returns whether
+    /// any socket was ready.
+    fn drain(&self, st: &mut State) -> bool {
+        let mut evs = Vec::with_capacity(64);
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let keys: Vec<u64> = match epoll::wait(
+            self.0.epoll.get_ref(),
+            rustix::buffer::spare_capacity(&mut evs),
+            Some(&zero),
+        ) {
+            Ok(_) => evs.iter().map(|e| e.data.u64()).collect(),
+            Err(_) => Vec::new(),
         };
         let mut buf = vec![0u8; BUF];
         let mut out: Vec<Event> = Vec::new();
@@ -304,7 +265,7 @@ impl Watcher {
         let mut failed = Vec::new();
         for k in keys {
             let Some(e) = st.socks.get(&k) else { continue };
-            let quiet = st.is_quiet(&e.netns);
+            let quiet = st.quiet > 0;
             loop {
                 let mut b: &mut [u8] = &mut buf[..];
                 match e.sock.recv(&mut b, libc::MSG_DONTWAIT) {
@@ -367,46 +328,28 @@ impl Watcher {
     }
 }
 
-/// A caller's own change in progress (see [`Watcher::quiet`]); dropping it discards what the
-/// change caused.
+/// A caller's own change in progress (see [`Watcher::quiet_all`]); dropping it discards what
+/// the change caused.
 pub struct Quiet {
     w: Watcher,
-    scope: Option<Vec<Option<String>>>,
 }
 
 impl std::fmt::Debug for Quiet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Quiet")
-            .field("scope", &self.scope)
-            .finish_non_exhaustive()
+        f.debug_struct("Quiet").finish_non_exhaustive()
     }
 }
 
 impl Drop for Quiet {
     fn drop(&mut self) {
         let mut st = self.w.lock();
-        match &self.scope {
-            None => {
-                // Bounded: a socket is emptied or dropped from the set in one round.
-                for _ in 0..4 {
-                    if !self.w.drain(&mut st, None) {
-                        break;
-                    }
-                }
-                st.quiet_all -= 1;
-            }
-            Some(scope) => {
-                self.w.drain(&mut st, Some(scope));
-                for k in scope {
-                    if let Some(n) = st.quiet.get_mut(k) {
-                        *n -= 1;
-                        if *n == 0 {
-                            st.quiet.remove(k);
-                        }
-                    }
-                }
+        // Bounded: a socket is emptied or dropped from the set in one round.
+        for _ in 0..4 {
+            if !self.w.drain(&mut st) {
+                break;
             }
         }
+        st.quiet -= 1;
     }
 }
 
@@ -419,7 +362,7 @@ async fn read_loop(w: Watcher) {
         };
         let any = {
             let mut st = w.lock();
-            w.drain(&mut st, None)
+            w.drain(&mut st)
         };
         if !any {
             guard.clear_ready();

@@ -51,6 +51,8 @@ pub struct Note {
     pub table: Option<u32>,
     /// A neighbour entry with `NTF_PROXY`.
     pub proxy: bool,
+    /// A neighbour entry in state `NUD_PERMANENT` (made by hand or by vmnet, never learned).
+    pub permanent: bool,
     /// An nf_tables object's table: its family (`NFPROTO_*`) and name.
     pub nft_table: Option<(u8, String)>,
 }
@@ -61,6 +63,7 @@ const NLMSG_DONE: u16 = 3;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWGEN: u16 = 15;
 const NTF_PROXY: u8 = 0x08;
+const NUD_PERMANENT: u16 = 0x80;
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
@@ -155,6 +158,7 @@ fn route_note(ty: u16, body: &[u8]) -> Note {
             n.kind = Some(Kind::Neigh);
             n.ifindex = u32_at(body, 4);
             n.proxy = body.get(10).is_some_and(|f| f & NTF_PROXY != 0);
+            n.permanent = u16_at(body, 8).is_some_and(|st| st & NUD_PERMANENT != 0);
         }
         // RTM_NEWRULE, RTM_DELRULE: fib_rule_hdr (12 bytes), table at 4; FRA_IIFNAME = 3,
         // FRA_TABLE = 15.
@@ -236,6 +240,7 @@ mod tests {
         buf.extend(msg(33, &rule, &[(3, b"vmh0036\0")]));
         let mut nd = vec![0u8; 12];
         nd[4..8].copy_from_slice(&2u32.to_ne_bytes());
+        nd[8..10].copy_from_slice(&NUD_PERMANENT.to_ne_bytes());
         nd[10] = NTF_PROXY;
         buf.extend(msg(29, &nd, &[]));
         let notes = route_notes(&buf);
@@ -247,7 +252,7 @@ mod tests {
         assert_eq!((notes[1].ifindex, notes[1].table), (Some(7), Some(5000)));
         assert_eq!(notes[2].kind, Some(Kind::Rule));
         assert_eq!(notes[2].ifname.as_deref(), Some("vmh0036"));
-        assert!(notes[3].proxy && notes[3].kind == Some(Kind::Neigh));
+        assert!(notes[3].proxy && notes[3].permanent && notes[3].kind == Some(Kind::Neigh));
     }
 
     #[test]
