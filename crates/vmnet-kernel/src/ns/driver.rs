@@ -156,6 +156,20 @@ impl NetlinkNsDriver {
         Ok(events)
     }
 
+    /// Whether the driver watches the kernel's notifications.
+    pub(super) fn watcher_on(&self) -> bool {
+        self.watcher.is_some()
+    }
+
+    /// Watches `netns` with sockets a create opened inside it.
+    pub(super) fn adopt_watch(&self, netns: &str, pair: crate::watch::Pair) {
+        if let Some(w) = &self.watcher
+            && let Err(e) = w.adopt(netns, pair)
+        {
+            tracing::warn!(netns, error = %e, "cannot watch the netns's notifications; the periodic pass covers it");
+        }
+    }
+
     /// Watches the netns of an applied VM (a no-op without a watcher). A failure is logged:
     /// the periodic pass still covers the VM.
     pub(super) fn watch_netns(&self, netns: &str) {

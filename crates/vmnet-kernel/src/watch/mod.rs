@@ -6,9 +6,10 @@
 //!   socket in the groups of links, IPv4/IPv6 addresses, routes and rules, neighbours and tc
 //!   (qdiscs, classes, filters: BPF attachments are filters), and a `NETLINK_NETFILTER` socket in
 //!   `NFNLGRP_NFTABLES` (tables, chains, rules, sets, elements). A netlink socket belongs to the
-//!   namespace of the thread that opens it: a VM's pair is opened on a short-lived thread inside
-//!   its netns ([`crate::netns::run_in`]), and the namespace the thread is in is checked to be
-//!   the one the path names (by device and inode) before the sockets are kept.
+//!   namespace of the thread that opens it: a new VM's pair is opened by the create's own thread
+//!   inside the new netns ([`Pair::open_here`], no thread of its own), an existing VM's on a
+//!   short-lived thread inside its netns ([`crate::netns::run_in`]); either way the namespace
+//!   is checked to be the one the path names (by device and inode) before the sockets are kept.
 //!   One socket pair per namespace rather than one socket listening to all namespaces
 //!   (`NETLINK_LISTEN_ALL_NSID`): that one needs a namespace id assigned in the host for every
 //!   VM netns and hands out events by id; per-namespace sockets name their namespace
@@ -49,6 +50,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 pub use parse::{Kind, Note};
+pub use sock::Pair;
 use sock::Proto;
 
 use crate::nftgen::NsId;
@@ -159,7 +161,26 @@ impl Watcher {
     /// Opens the sockets of `key` (`None`: the host) in namespace `path_name` and registers
     /// them, replacing any kept for `key`.
     fn add(&self, key: Option<String>, path_name: Option<&str>) -> io::Result<()> {
-        let (id, route, nft) = sock::open_pair(path_name)?;
+        let pair = sock::open_pair(path_name)?;
+        self.insert(key, pair)
+    }
+
+    /// Watches the VM netns `netns` with `pair`, opened inside it by the caller (a create's
+    /// thread in the new netns): checked to be the namespace the path names now.
+    ///
+    /// # Errors
+    /// The path names another namespace, or the registration fails.
+    pub fn adopt(&self, netns: &str, pair: Pair) -> io::Result<()> {
+        if NsId::of_path(&crate::netns::path(netns))? != pair.id {
+            return Err(io::Error::other(format!(
+                "netns {netns}: the sockets were opened in another namespace"
+            )));
+        }
+        self.insert(Some(netns.to_owned()), pair)
+    }
+
+    fn insert(&self, key: Option<String>, pair: Pair) -> io::Result<()> {
+        let Pair { id, route, nft } = pair;
         let mut st = self.lock();
         let stale = st.spaces.remove(&key);
         let mut closed = Vec::new();

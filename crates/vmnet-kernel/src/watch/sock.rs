@@ -62,24 +62,50 @@ fn open_here(proto: Proto) -> io::Result<Socket> {
     Ok(s)
 }
 
-/// The route and nf_tables sockets of a namespace: the named one (`Some`), checked to be the
-/// namespace the path names when they were opened, or the calling process's own (`None`).
-pub(super) fn open_pair(netns: Option<&str>) -> io::Result<(NsId, Socket, Socket)> {
-    let both = || -> io::Result<(NsId, Socket, Socket)> {
-        let here = NsId::here()?;
-        Ok((here, open_here(Proto::Route)?, open_here(Proto::Nft)?))
-    };
+/// The route and nf_tables sockets of one namespace and which namespace that is.
+pub struct Pair {
+    pub(super) id: NsId,
+    pub(super) route: Socket,
+    pub(super) nft: Socket,
+}
+
+impl std::fmt::Debug for Pair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pair")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pair {
+    /// Opens the pair in the calling thread's namespace (a thread that entered or made the
+    /// namespace to watch, e.g. a create's).
+    ///
+    /// # Errors
+    /// A socket cannot be opened or subscribed.
+    pub fn open_here() -> io::Result<Self> {
+        Ok(Self {
+            id: NsId::here()?,
+            route: open_here(Proto::Route)?,
+            nft: open_here(Proto::Nft)?,
+        })
+    }
+}
+
+/// The pair of a namespace: the named one (`Some`), checked to be the namespace the path names
+/// when they were opened, or the calling process's own (`None`).
+pub(super) fn open_pair(netns: Option<&str>) -> io::Result<Pair> {
     match netns {
-        None => both(),
+        None => Pair::open_here(),
         Some(name) => {
             let want = NsId::of_path(&netns::path(name))?;
-            let (got, r, n) = netns::run_in(name, both).map_err(io::Error::other)??;
-            if got != want {
+            let pair = netns::run_in(name, Pair::open_here).map_err(io::Error::other)??;
+            if pair.id != want {
                 return Err(io::Error::other(format!(
                     "netns {name}: the sockets were opened in another namespace"
                 )));
             }
-            Ok((got, r, n))
+            Ok(pair)
         }
     }
 }
