@@ -190,12 +190,13 @@ impl Agent {
         interval: Duration,
     ) -> Result<Arc<Self>, Error> {
         settings.validate()?;
+        let kernel = kernel::KernelGate::new(driver.watcher());
         Ok(Arc::new(Self {
             db,
             driver,
             settings,
             interval,
-            kernel: kernel::KernelGate::default(),
+            kernel,
             pass_lock: Mutex::new(()),
             record: StdMutex::new(ReconcileStatus::default()),
             wake: Notify::new(),

@@ -33,4 +33,5 @@ pub mod reconcile;
 pub mod server;
 pub mod status;
 pub mod table;
+pub mod watch;
 pub mod worker;

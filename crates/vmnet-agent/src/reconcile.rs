@@ -155,6 +155,7 @@ impl Agent {
                     r.last_errors.clone_from(&o.errors);
                     r.orphans_removed_total += o.collected.len() as u64;
                     r.drift_repairs_total += o.repaired.len() as u64;
+                    r.pass_repairs_total += o.repaired.len() as u64;
                 }
                 Err(e) => {
                     r.last_ok = Some(false);
@@ -306,7 +307,7 @@ impl Agent {
     /// Applies one stored VM's desired config; on failure re-applies its last good config.
     /// Returns the drift repaired: the changes made to a VM whose config was already applied
     /// without error (one line, logged), else nothing.
-    async fn converge(&self, row: &VmRow) -> Result<Option<String>, Error> {
+    pub(crate) async fn converge(&self, row: &VmRow) -> Result<Option<String>, Error> {
         let desired = parse_vm_config(row.config.as_bytes()).map_err(|e| {
             Error::internal(format!(
                 "vm {}: stored config does not parse: {}",

@@ -173,6 +173,35 @@ pub struct ReconcileStatus {
     /// table) and put back, one per pass that put back the host-wide state.
     #[serde(default)]
     pub drift_repairs_total: u64,
+    /// Of `drift_repairs_total`, the repairs made by reconcile passes.
+    #[serde(default)]
+    pub pass_repairs_total: u64,
+    /// Repairs triggered by the kernel's change notifications.
+    #[serde(default)]
+    pub notifications: NotificationStatus,
+}
+
+/// The repair by the kernel's change notifications in [`ReconcileStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotificationStatus {
+    /// Whether the agent listens to the kernel's change notifications.
+    pub on: bool,
+    /// Notifications of vmnet's objects received (one per object and read).
+    pub events_total: u64,
+    /// Times notifications were lost (a receive buffer overran): a full pass followed.
+    pub lost_total: u64,
+    /// Checks run on notifications (a VM, the host-wide state, a full pass, pool mode's tables
+    /// or taps).
+    pub checks_total: u64,
+    /// Checks that repaired something (also counted in `drift_repairs_total`).
+    pub repairs_total: u64,
+    /// Times an object repaired again and again was put in back-off.
+    pub backoffs_total: u64,
+    /// From the first notification of the last repaired change to the end of its repair, µs.
+    pub last_change_to_repair_us: Option<u64>,
+    /// The longest such time since the agent started, µs.
+    pub max_change_to_repair_us: Option<u64>,
 }
 
 /// Body of `GET /v1/status`.

@@ -23,6 +23,7 @@ pub mod nftgen;
 pub mod ns;
 pub mod tap;
 mod tcfilter;
+pub mod watch;
 pub mod wg;
 
 pub mod pool;

@@ -12,6 +12,11 @@
 //!   the VM's status when it ends, and the lock is free again then.
 //! - `GET /v1/status` shows the deadline, what holds the lock now and for how long, and the
 //!   changes that ran out of time ([`KernelStatus`]).
+//! - While the lock is held, the kernel's change notifications of what the holder changes are
+//!   its own: the lock holds a [`Quiet`] of the driver's watcher ([`crate::watch`])
+//!   ([`KernelGate::lock`]), and releasing the lock discards what the change caused (the
+//!   `Quiet` drops before the lock is released). A check on a notification quiets nothing
+//!   ([`KernelGate::lock_checking`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -19,6 +24,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
+use vmnet_kernel::watch::{Quiet, Watcher};
 use vmnet_model::Error;
 
 use super::Agent;
@@ -42,21 +48,22 @@ pub struct KernelGate {
     lock: Arc<Mutex<()>>,
     record: Arc<StdMutex<Record>>,
     deadline: StdMutex<Duration>,
+    /// The driver's notification watcher, when it has one.
+    watcher: Option<Watcher>,
 }
 
 impl Default for KernelGate {
     fn default() -> Self {
-        Self {
-            lock: Arc::new(Mutex::new(())),
-            record: Arc::default(),
-            deadline: StdMutex::new(Duration::from_secs(DEFAULT_KERNEL_DEADLINE_SECS)),
-        }
+        Self::new(None)
     }
 }
 
 /// The kernel lock, held; what held it is forgotten when it drops.
 #[derive(Debug)]
 pub struct KernelGuard {
+    // Declared first, so it drops (discarding the holder's own notifications) before the lock
+    // is released.
+    _quiet: Option<Quiet>,
     _guard: OwnedMutexGuard<()>,
     record: Arc<StdMutex<Record>>,
 }
@@ -70,13 +77,43 @@ impl Drop for KernelGuard {
 }
 
 impl KernelGate {
-    /// Takes the lock for `what` (waiting as long as it takes: background work).
+    /// A free lock; the notifications of `watcher` (the driver's) are quieted while it is
+    /// held.
+    #[must_use]
+    pub fn new(watcher: Option<Watcher>) -> Self {
+        Self {
+            lock: Arc::new(Mutex::new(())),
+            record: Arc::default(),
+            deadline: StdMutex::new(Duration::from_secs(DEFAULT_KERNEL_DEADLINE_SECS)),
+            watcher,
+        }
+    }
+
+    /// Takes the lock for `what` (waiting as long as it takes: background work); the holder
+    /// may change anything (every namespace is quiet while it holds it).
     pub async fn lock(&self, what: impl Into<String>) -> KernelGuard {
         let guard = Arc::clone(&self.lock).lock_owned().await;
         if let Ok(mut r) = self.record.lock() {
             r.holder = Some((what.into(), Instant::now()));
         }
         KernelGuard {
+            _quiet: self.watcher.as_ref().map(Watcher::quiet_all),
+            _guard: guard,
+            record: Arc::clone(&self.record),
+        }
+    }
+
+    /// Takes the lock for `what`, a check on a notification ([`crate::watch`]): nothing is
+    /// quieted. A check writes only when it repairs; the notifications of its repair then cost
+    /// one more check that finds nothing, and a foreign change made during the check is never
+    /// lost.
+    pub async fn lock_checking(&self, what: impl Into<String>) -> KernelGuard {
+        let guard = Arc::clone(&self.lock).lock_owned().await;
+        if let Ok(mut r) = self.record.lock() {
+            r.holder = Some((what.into(), Instant::now()));
+        }
+        KernelGuard {
+            _quiet: None,
             _guard: guard,
             record: Arc::clone(&self.record),
         }

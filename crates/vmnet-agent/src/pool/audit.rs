@@ -37,37 +37,49 @@ pub fn spawn<E: NftExec + 'static>(
         tick.tick().await;
         loop {
             tick.tick().await;
-            let fw = Arc::clone(&firewall);
-            let res = tokio::task::spawn_blocking(move || {
-                fw.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .audit()
-            })
-            .await;
-            let error = match res {
-                Ok(Ok(r)) => {
-                    if r.repaired {
-                        tracing::warn!(drift = ?r.drift, "bcd tables repaired");
-                    }
-                    None
-                }
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, "pool firewall audit failed");
-                    Some(from_firewall(&e).message)
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "pool firewall audit task failed");
-                    Some(format!("audit task: {e}"))
-                }
-            };
-            let mut r = record
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            r.audits += 1;
-            r.last_audit_at_unix_ms = Some(crate::status::now_ms());
-            r.last_error = error;
+            audit_once(&firewall, &record).await;
         }
     })
+}
+
+/// Runs one audit now (what every tick of [`spawn`] runs, and what a notification of a change
+/// to the tables runs at once) and records it; returns whether it repaired the tables.
+pub async fn audit_once<E: NftExec + 'static>(
+    firewall: &Arc<Mutex<PoolFirewall<E>>>,
+    record: &Arc<Mutex<AuditRecord>>,
+) -> bool {
+    let fw = Arc::clone(firewall);
+    let res = tokio::task::spawn_blocking(move || {
+        fw.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .audit()
+    })
+    .await;
+    let mut repaired = false;
+    let error = match res {
+        Ok(Ok(r)) => {
+            if r.repaired {
+                tracing::warn!(drift = ?r.drift, "bcd tables repaired");
+                repaired = true;
+            }
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "pool firewall audit failed");
+            Some(from_firewall(&e).message)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "pool firewall audit task failed");
+            Some(format!("audit task: {e}"))
+        }
+    };
+    let mut r = record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    r.audits += 1;
+    r.last_audit_at_unix_ms = Some(crate::status::now_ms());
+    r.last_error = error;
+    repaired
 }
 
 /// The status counters of the firewall (taps, drift repairs, last drift).

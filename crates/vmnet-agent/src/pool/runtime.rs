@@ -121,6 +121,12 @@ impl PoolRuntime {
         audit::status(&self.firewall)
     }
 
+    /// Runs one audit of the tables now ([`audit::audit_once`]); returns whether it repaired
+    /// them.
+    pub async fn audit_now(&self) -> bool {
+        audit::audit_once(&self.firewall, &self.record).await
+    }
+
     /// What the audit loop has done.
     #[must_use]
     pub fn audit_record(&self) -> AuditRecord {

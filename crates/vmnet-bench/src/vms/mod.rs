@@ -63,6 +63,10 @@ pub struct VmsBenchArgs {
     /// Give every VM a 50-prefix firewall; time one VM's firewall change and an audit pass.
     #[arg(long)]
     pub firewall: bool,
+    /// Run the driver without the kernel-notification watcher the agent runs (the sockets of
+    /// every VM netns, their notifications read and discarded as the agent's own changes).
+    #[arg(long)]
+    pub no_watch: bool,
 }
 
 /// Latency statistics of one phase.
@@ -173,10 +177,20 @@ pub async fn run(args: VmsBenchArgs) -> Result<(), Error> {
         name_prefix: sb.agent_prefix(),
         ..NsSettings::default()
     };
-    let driver = Arc::new(
-        NetlinkNsDriver::new(settings.clone(), Some(host.clone()))
-            .map_err(|e| Error::internal(format!("driver: {e}")))?,
-    );
+    let mut driver = NetlinkNsDriver::new(settings.clone(), Some(host.clone()))
+        .map_err(|e| Error::internal(format!("driver: {e}")))?;
+    // As in the agent: every change is its own, so its notifications are read and discarded.
+    let _events = if args.no_watch {
+        None
+    } else {
+        Some(
+            driver
+                .watch_kernel()
+                .map_err(|e| Error::internal(format!("watcher: {e}")))?,
+        )
+    };
+    let driver = Arc::new(driver);
+    let _quiet = driver.watcher().map(|w| w.quiet_all());
     eprintln!("bench sandbox {} (host netns {host})", sb.prefix());
     let mut rows = Vec::new();
     for &n in &counts {

@@ -31,6 +31,7 @@ pub(super) async fn apply(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
     changes.extend(public);
     changes.extend(d.sync_proxies(plan, &touched, old_block).await?);
     d.flush_conntrack(&touched).await;
+    d.watch_netns(&plan.netns);
     Ok(changes)
 }
 

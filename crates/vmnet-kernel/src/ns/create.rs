@@ -201,6 +201,11 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     };
     let t = TableWork::of(plan);
     let spares = std::sync::Arc::clone(&d.spares);
+    // The notification sockets of the new netns, opened on its own thread (no thread hop of
+    // their own) when the driver watches.
+    let watch_cell: std::sync::Arc<std::sync::Mutex<Option<crate::watch::Pair>>> =
+        std::sync::Arc::default();
+    let cell = d.watcher_on().then(|| std::sync::Arc::clone(&watch_cell));
     let work = tokio::task::spawn_blocking(move || {
         let spare = spares.take();
         let made = spare.as_ref().map(|s| s.fd.as_fd());
@@ -215,6 +220,12 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
         netns::name_and_run(&p.netns, made, || -> Result<Made, NsError> {
             if let Some(tx) = ns_tx.take() {
                 let _ = tx.send(None);
+            }
+            if let Some(cell) = cell
+                && let Ok(pair) = crate::watch::Pair::open_here()
+                && let Ok(mut c) = cell.lock()
+            {
+                *c = Some(pair);
             }
             // A thread started here lives in the new netns too (it inherits this one's).
             let spawned = std::thread::Builder::new()
@@ -256,6 +267,9 @@ async fn create_inner(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Change>,
     d.spares.refill(&plan.ns_sysctls);
     if let Some((sock, at)) = table? {
         d.nft_gens.adopt_created(&plan.netns, sock, at, plan);
+    }
+    if let Some(pair) = watch_cell.lock().ok().and_then(|mut c| c.take()) {
+        d.adopt_watch(&plan.netns, pair);
     }
     links?;
     Ok(vec![Change::CreateVm {

@@ -57,6 +57,9 @@ pub struct NetlinkNsDriver {
     pub(super) guard: Option<std::sync::Arc<crate::guard::GuestGuard>>,
     /// The next VM's namespace, made ahead (see [`super::spare`]).
     pub(super) spares: std::sync::Arc<super::spare::Spares>,
+    /// The change notifications of the host and every VM netns, when the agent listens to
+    /// them ([`Self::watch_kernel`]).
+    watcher: Option<crate::watch::Watcher>,
 }
 
 /// Where the driver stands with the host-wide state (forwarding, router advertisements, the host
@@ -124,7 +127,57 @@ impl NetlinkNsDriver {
             activity: None,
             guard: None,
             spares: std::sync::Arc::default(),
+            watcher: None,
         })
+    }
+
+    /// Makes this driver listen to the kernel's change notifications in the host namespace and
+    /// in the netns of every VM it applies ([`crate::watch`]): an applied VM's netns is
+    /// watched from the end of its apply, and its sockets are closed before its removal
+    /// deletes the netns. Returns the events.
+    ///
+    /// # Errors
+    /// The host's notification sockets cannot be opened (the driver works on without).
+    pub fn watch_kernel(
+        &mut self,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<crate::watch::Event>, NsError> {
+        let host = match &self.host_ns {
+            HostNs::Current => None,
+            HostNs::Named(n) => Some(n.as_str()),
+        };
+        let (w, events) = crate::watch::Watcher::start(host).map_err(|source| {
+            NsError::Netns(netns::NetnsError::Io {
+                name: self.host_ns.label().to_owned(),
+                op: "open notification sockets",
+                source,
+            })
+        })?;
+        self.watcher = Some(w);
+        Ok(events)
+    }
+
+    /// Whether the driver watches the kernel's notifications.
+    pub(super) fn watcher_on(&self) -> bool {
+        self.watcher.is_some()
+    }
+
+    /// Watches `netns` with sockets a create opened inside it.
+    pub(super) fn adopt_watch(&self, netns: &str, pair: crate::watch::Pair) {
+        if let Some(w) = &self.watcher
+            && let Err(e) = w.adopt(netns, pair)
+        {
+            tracing::warn!(netns, error = %e, "cannot watch the netns's notifications; the periodic pass covers it");
+        }
+    }
+
+    /// Watches the netns of an applied VM (a no-op without a watcher). A failure is logged:
+    /// the periodic pass still covers the VM.
+    pub(super) fn watch_netns(&self, netns: &str) {
+        if let Some(w) = &self.watcher
+            && let Err(e) = w.watch(netns)
+        {
+            tracing::warn!(netns, error = %e, "cannot watch the netns's notifications; the periodic pass covers it");
+        }
     }
 
     /// This driver, writing each planned activity entry ([`VmPlan::activity`]) in the maps
@@ -267,8 +320,11 @@ impl NetlinkNsDriver {
             }
         }
         self.nft_memo.forget_netns(&ns);
-        // Before the unmount: the kept socket holds the namespace (and the veth pair in it).
+        // Before the unmount: the kept sockets hold the namespace (and the veth pair in it).
         self.nft_gens.close(&ns);
+        if let Some(w) = &self.watcher {
+            w.unwatch(&ns);
+        }
         let forgotten = [
             self.activity
                 .as_ref()
@@ -511,6 +567,10 @@ impl NsDriver for NetlinkNsDriver {
             super::apply::check_prefix(self, plan)?;
             super::firewall::audit(self, plan).await
         })
+    }
+
+    fn watcher(&self) -> Option<crate::watch::Watcher> {
+        self.watcher.clone()
     }
 
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {

@@ -154,6 +154,12 @@ pub trait NsDriver: Send + Sync {
         Box::pin(async { Ok(None) })
     }
 
+    /// The change notifications this driver listens to, when it does
+    /// ([`NetlinkNsDriver::watch_kernel`]); `None` by default.
+    fn watcher(&self) -> Option<crate::watch::Watcher> {
+        None
+    }
+
     /// Checks the host-wide state (forwarding and router-advertisement sysctls, the host nft
     /// table) and repairs what differs; returns the repairs (empty when in sync, and always for
     /// a driver that does not manage the host). A host whose last VM garbage collection removed

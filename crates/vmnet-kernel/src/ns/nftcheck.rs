@@ -8,13 +8,16 @@
 //! fingerprint, the listing read right after our own transaction whenever it still differed
 //! from the plan: that listing then counts as in sync, so such a table is re-applied at most once
 //! per plan and driver, never on every pass. The differences are logged once, naming them, so
-//! the normalization can learn the shape.
+//! the normalization can learn the shape. Only a difference of form is remembered: a listing
+//! that lacks or adds a table, chain, set, rule or element (counted) was changed by someone
+//! else right after our transaction (a program deleting a rule again and again), and counting
+//! it as in sync would hide that change from every later check.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use serde_json::{Value, json};
-use vmnet_plan::nftdiff::{NftCompareError, canonical_listing, diff_plan};
+use vmnet_plan::nftdiff::{Difference, NftCompareError, canonical_listing, diff_plan};
 
 use super::NsError;
 
@@ -82,8 +85,13 @@ impl ListingMemo {
             self.lock().remove(key);
             return Ok(());
         }
-        let canonical = canonical_listing(listing).map_err(compare_err(netns))?;
         let lines: Vec<String> = diffs.iter().map(ToString::to_string).collect();
+        if diffs.iter().any(changes_content) {
+            self.lock().remove(key);
+            tracing::warn!(table = key, differences = ?lines, "the table just applied was changed again at once; the next check repairs it");
+            return Ok(());
+        }
+        let canonical = canonical_listing(listing).map_err(compare_err(netns))?;
         tracing::warn!(table = key, differences = ?lines, "nft lists the table just applied differently from the plan; accepting this listing as the plan's form");
         self.lock()
             .insert(key.to_owned(), (fp.to_owned(), canonical));
@@ -94,6 +102,23 @@ impl ListingMemo {
     pub(super) fn forget_netns(&self, netns: &str) {
         let prefix = format!("{netns} ");
         self.lock().retain(|k, _| !k.starts_with(&prefix));
+    }
+}
+
+/// Whether `d` is more than a difference of form: something planned is missing or something
+/// unplanned is there (tables, objects, or a different number of rules or elements).
+fn changes_content(d: &Difference) -> bool {
+    match d {
+        Difference::TableMissing { .. }
+        | Difference::TableUnexpected { .. }
+        | Difference::Object { .. } => true,
+        Difference::Rules {
+            planned, listed, ..
+        }
+        | Difference::Elements {
+            planned, listed, ..
+        } => planned != listed,
+        Difference::Declaration { .. } => false,
     }
 }
 
@@ -148,6 +173,17 @@ mod tests {
             {"rule": {"family": "ip", "table": "t", "chain": "c", "handle": 3, "expr": [{"accept": null}]}}]});
         m.after_apply("ns1", &k, "fp1", &plan(), &plain).unwrap();
         assert!(m.lock().is_empty());
+        // A listing that lost its rule right after the apply (someone deleted it) is no
+        // listing shape: never remembered, still drift.
+        let flushed = json!({"nftables": [{"table": {"family": "ip", "name": "t", "handle": 1}},
+            {"chain": {"family": "ip", "table": "t", "name": "c", "handle": 2}}]});
+        m.after_apply("ns1", &k, "fp1", &plan(), &flushed).unwrap();
+        assert!(m.lock().is_empty());
+        assert!(
+            !m.drift("ns1", &k, "fp1", &plan(), &flushed)
+                .unwrap()
+                .is_empty()
+        );
         assert!(
             m.drift("ns1", &k, "fp1", &plan(), &plain)
                 .unwrap()

@@ -328,6 +328,16 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         tracing::info!(program = guard.program_id(), "guest guard on");
         driver = driver.with_guard(Arc::new(guard));
     }
+    let events = match driver.watch_kernel() {
+        Ok(e) => Some(e),
+        Err(e) => {
+            tracing::warn!(
+                "kernel change notifications off: {}; drift waits for the next pass",
+                chain(&e)
+            );
+            None
+        }
+    };
     let agent = Agent::new(
         db,
         Arc::new(driver),
@@ -387,8 +397,12 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         None
     };
     let reconciler = tokio::spawn(Arc::clone(&agent).run_loop());
+    let watcher = events.map(|e| agent.start_watching(e));
     let router = vmnet_agent::api::router(Arc::clone(&agent));
     let result = server::serve(router, unix, server::shutdown_signal()).await;
+    if let Some(w) = watcher {
+        agent.stop_loop(w).await;
+    }
     agent.stop_loop(reconciler).await;
     // wireguard-go keeps running: a restarted agent adopts it without interrupting tunnels.
     for w in watch.into_iter().flatten() {

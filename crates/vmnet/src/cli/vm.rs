@@ -343,7 +343,14 @@ pub async fn status(g: &Global) -> Result<(), Error> {
         ],
         vec![
             "drift repaired".to_owned(),
-            r.drift_repairs_total.to_string(),
+            format!(
+                "{} ({} by passes, {} on notifications)",
+                r.drift_repairs_total, r.pass_repairs_total, r.notifications.repairs_total
+            ),
+        ],
+        vec![
+            "kernel notifications".to_owned(),
+            notifications_line(&r.notifications),
         ],
         vec![
             "firewall audit".to_owned(),
@@ -526,6 +533,25 @@ async fn activity(
     println!();
     println!("baseline (agent start): {baseline}");
     Ok(())
+}
+
+/// The `kernel notifications` row of `vmnet status`.
+fn notifications_line(n: &vmnet_agent::status::NotificationStatus) -> String {
+    if !n.on {
+        return "off (drift waits for the next pass)".to_owned();
+    }
+    let ms = |us: Option<u64>| {
+        us.map_or_else(|| "-".to_owned(), |u| format!("{:.1}", u as f64 / 1000.0))
+    };
+    format!(
+        "on, {} checks, {} repairs, {} back-offs, {} lost; change to repair {} ms (max {} ms)",
+        n.checks_total,
+        n.repairs_total,
+        n.backoffs_total,
+        n.lost_total,
+        ms(n.last_change_to_repair_us),
+        ms(n.max_change_to_repair_us)
+    )
 }
 
 #[cfg(test)]

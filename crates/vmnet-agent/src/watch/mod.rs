@@ -1,0 +1,214 @@
+//! Repair on the kernel's change notifications: a change to something vmnet owns is checked
+//! and repaired as soon as the kernel reports it, through the reconcile pass's own per-VM path.
+//!
+//! # Design
+//! - The driver's watcher ([`vmnet_kernel::watch`]) reports "namespace X changed (kind)" for
+//!   the host and every VM netns. Each event is attributed ([`attribute`]): everything in a
+//!   VM's netns is that VM's; in the host, a host veth end (by name or derived ifindex), a
+//!   VM's routing table or a rule naming its veth is that VM's, vmnet's host nft table is the
+//!   host-wide state, a proxy entry or the public address table asks for a full pass (which VM
+//!   it was for is not in the message), pool mode's tables ask for its audit and its taps for
+//!   its pass; anything else in the host (another program's links, routes, tables) asks for
+//!   nothing. Lost notifications (a receive buffer overran) ask for a full pass.
+//! - Checks are debounced per target ([`schedule`]): the first notification makes the check
+//!   due 30 ms later, and the notifications until then join it, so an `nft flush ruleset`
+//!   (one message per chain and rule) is one check and one repair.
+//! - A VM is checked exactly as a full pass checks it: under the kernel lock, its row re-read,
+//!   its desired config applied by [`Agent::converge`] (observe, compare, repair what differs;
+//!   an in-sync VM costs an observe and writes nothing, to the kernel or the store). The host
+//!   is checked by the driver's `repair_host`, a full pass is [`Agent::reconcile`], pool mode's
+//!   tables by its audit ([`crate::pool::audit::audit_once`]) and its taps by its pass.
+//! - The agent's own changes (API changes, passes, audits) never trigger a check: they run
+//!   under the kernel lock, which quiets the watcher and discards the notifications the change
+//!   caused before it is released ([`crate::agent::kernel`]). Sorting notifications by the
+//!   sender's port id instead does not work: link changes are notified with port id 0, and nft
+//!   changes made by the `nft` executable carry its own. A check on a notification quiets
+//!   nothing: it writes only when it repairs, and the notifications of its repair cost one
+//!   more check that finds nothing, while a foreign change made during the check (a storm
+//!   undoing the repair at once) is never lost. Pool mode's helper changes its tables
+//!   outside the lock: a notification of its own change costs one audit that finds nothing
+//!   and writes nothing.
+//! - A target repaired more than 5 times in 10 s (another program keeps undoing vmnet's
+//!   state), or checked more than 20 times in 10 s, is backed off: its next check waits
+//!   250 ms, doubling with each further repair up to the reconcile interval; a back-off is
+//!   counted each time and logged at most once per interval. A check that repairs nothing
+//!   ends it. The agent never spins: a storm of changes costs at most one check per target
+//!   per back-off delay.
+//! - Counted in `GET /v1/status` (`reconcile.notifications`): events, lost notifications,
+//!   checks, repairs, back-offs, and the time from the first notification of a change to the
+//!   end of its repair (last and max). Repairs also count in `drift_repairs_total`.
+//! - The passes stay as they are: the backstop for what has no notification (sysctls), for
+//!   notifications lost or discarded (a foreign change made while the agent changed the same
+//!   namespace), and for VMs whose netns could not be watched.
+
+pub mod attribute;
+pub mod schedule;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use vmnet_ipam::vm_store;
+use vmnet_kernel::watch::{Event, What};
+use vmnet_model::Error;
+
+use crate::agent::{Agent, store_tx};
+use attribute::Names;
+use schedule::{Schedule, Target, Tuning};
+
+impl Agent {
+    /// Starts the repair on notifications (see the module docs) with the driver's `events`
+    /// ([`vmnet_kernel::ns::NetlinkNsDriver::watch_kernel`]); it runs until the task is
+    /// aborted or the events end. Call it after pool mode is set, if it runs.
+    pub fn start_watching(
+        self: &Arc<Self>,
+        events: UnboundedReceiver<Event>,
+    ) -> tokio::task::JoinHandle<()> {
+        if let Ok(mut r) = self.record.lock() {
+            r.notifications.on = true;
+        }
+        tokio::spawn(Arc::clone(self).watch_loop(events))
+    }
+
+    async fn watch_loop(self: Arc<Self>, mut events: UnboundedReceiver<Event>) {
+        let names = Names {
+            prefix: self.settings().name_prefix.clone(),
+            table_base: self.settings().host_table_base,
+            pool: self.pool().is_some(),
+        };
+        let mut sched = Schedule::new(Tuning::agent(self.interval()));
+        loop {
+            let next = sched.next_due();
+            tokio::select! {
+                ev = events.recv() => {
+                    let Some(ev) = ev else { return };
+                    self.notified(&names, &mut sched, &ev);
+                    // Take what else is queued before sleeping.
+                    while let Ok(ev) = events.try_recv() {
+                        self.notified(&names, &mut sched, &ev);
+                    }
+                }
+                () = sleep_until(next) => {
+                    for (target, first) in sched.take_due(Instant::now()) {
+                        self.check_notified(&mut sched, target, first).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn notified(&self, names: &Names, sched: &mut Schedule, ev: &Event) {
+        let Some(target) = names.target(ev) else {
+            return;
+        };
+        if let Ok(mut r) = self.record.lock() {
+            r.notifications.events_total += 1;
+            if ev.what == What::Lost {
+                r.notifications.lost_total += 1;
+            }
+        }
+        tracing::debug!(netns = ?ev.netns, what = ?ev.what, %target, "kernel change notified");
+        sched.notified(target, ev.at);
+    }
+
+    /// Runs the check of `target` and records it; `first` is when its first notification
+    /// was read.
+    async fn check_notified(&self, sched: &mut Schedule, target: Target, first: Instant) {
+        let repaired = match self.check_target(target).await {
+            Ok(lines) => {
+                if !lines.is_empty() {
+                    tracing::warn!(%target, repairs = ?lines, "repaired on a kernel notification");
+                }
+                lines.len() as u64
+            }
+            Err(e) => {
+                tracing::warn!(%target, "check on a kernel notification failed: {e}");
+                0
+            }
+        };
+        let took = u64::try_from(first.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let backoff = sched.checked(target, repaired > 0, Instant::now());
+        if let Ok(mut r) = self.record.lock() {
+            let n = &mut r.notifications;
+            n.checks_total += 1;
+            n.backoffs_total = sched.backoffs_total;
+            if repaired > 0 {
+                n.repairs_total += repaired;
+                n.last_change_to_repair_us = Some(took);
+                n.max_change_to_repair_us = Some(n.max_change_to_repair_us.unwrap_or(0).max(took));
+                if target != Target::Pass {
+                    // A full pass counts its own repairs.
+                    r.drift_repairs_total += repaired;
+                }
+            }
+        }
+        if let Some(b) = backoff.filter(|b| b.log) {
+            tracing::warn!(
+                %target,
+                repairs_in_window = b.repairs,
+                delay_ms = u64::try_from(b.delay.as_millis()).unwrap_or(u64::MAX),
+                "another program keeps changing this; its repairs are backed off"
+            );
+        }
+    }
+
+    /// Checks and repairs `target`; returns the repairs made (one line each).
+    async fn check_target(&self, target: Target) -> Result<Vec<String>, Error> {
+        match target {
+            Target::Vm(uid) => self.check_vm(uid).await,
+            Target::Host => {
+                self.yield_to_api().await;
+                let _kernel = self.kernel.lock_checking("notification: host state").await;
+                let changes = self
+                    .driver()
+                    .repair_host()
+                    .await
+                    .map_err(|e| Error::unavailable(format!("host: {e}")))?;
+                Ok(changes.iter().map(|c| format!("host: {c}")).collect())
+            }
+            Target::Pass => Ok(self.reconcile().await?.repaired),
+            Target::PoolTables => Ok(match self.pool() {
+                Some(p) if p.runtime().audit_now().await => vec!["pool: tables".to_owned()],
+                _ => Vec::new(),
+            }),
+            Target::PoolTaps => {
+                if let Some(p) = self.pool() {
+                    let o = p.converge(self.db()).await?;
+                    if !o.errors.is_empty() {
+                        tracing::warn!(errors = ?o.errors, "pool pass on a tap notification had errors");
+                    }
+                }
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// The reconcile pass's check of one VM, by user id: under the kernel lock, its stored row
+    /// applied by [`Agent::converge`].
+    async fn check_vm(&self, uid: u32) -> Result<Vec<String>, Error> {
+        let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
+        let Some(id) = rows.into_iter().find(|r| r.user_id == uid).map(|r| r.id) else {
+            // Not a stored VM's (one being removed, or an orphan for the pass's collection).
+            return Ok(Vec::new());
+        };
+        self.yield_to_api().await;
+        let _kernel = self
+            .kernel
+            .lock_checking(format!("notification: vm {id}"))
+            .await;
+        let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, &id).await)? else {
+            return Ok(Vec::new());
+        };
+        if row.user_id != uid {
+            return Ok(Vec::new());
+        }
+        Ok(self.converge(&row).await?.into_iter().collect())
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
