@@ -224,16 +224,22 @@ fn up_runs_the_main_job_and_down_removes_everything() {
         let c = check(checks, "vm-gateway", name);
         assert!(c["seen"].as_str().unwrap_or("").starts_with(seen), "{c}");
     }
-    // IPv6 turned off by hand on vm-gateway's host veth end: cut off, repaired by a pass.
-    let c = check(checks, "vm-gateway", "drift: IPv6 off on the host veth end");
-    assert_eq!(c["ok"], true, "{c}");
-    assert!(
-        c["seen"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("cut off (0/2 pings), then repaired by a pass"),
-        "{c}"
-    );
+    // IPv6 turned off by hand on vm-gateway's host veth end and its guard deleted: each
+    // repaired on its notification, not by a pass.
+    for name in [
+        "drift: IPv6 off on the host veth end",
+        "drift: guest guard deleted by hand",
+    ] {
+        let c = check(checks, "vm-gateway", name);
+        assert_eq!(c["ok"], true, "{c}");
+        assert!(
+            c["seen"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("repaired by its notification in "),
+            "{c}"
+        );
+    }
     // vm-gateway's public limit (10 MiB/s) measured with a short iperf3 download, and counted.
     let lim = check(checks, "vm-gateway", "public limit download");
     assert_eq!(lim["expected"], "10 MiB/s ±5 %", "{lim}");
