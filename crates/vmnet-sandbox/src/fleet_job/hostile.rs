@@ -7,7 +7,7 @@
 //! | `impersonation: honest mesh <a> -> <b>` | `arrives` at `b`'s guest |
 //! | `impersonation: <m> (another VM's mesh address) -> <b>` | `dropped`: not at `b`'s guest |
 //! | `impersonation: guard drops mesh_source` | `+1` on `a`'s VM |
-//! | `… with the guard and the namespace's table removed by hand` | `dropped` all the same: the mesh program on `a`'s host veth end checks the source (`GET /v1/mesh` `spoofed_source` `+1`) |
+//! | `… with the guard and the namespace's table removed by hand` | `dropped` all the same: the mesh program on `a`'s host veth end checks the source (`GET /v1/mesh` `spoofed_source` `+1`); `a`'s agent is held with `SIGSTOP` meanwhile, or it would put both back on their notifications first |
 //! | `… after a re-apply` | `dropped`, guard drops `mesh_source` `+1`: the apply attached the guard again |
 
 use std::collections::BTreeMap;
@@ -129,6 +129,22 @@ async fn send(
     .map_err(|e| e.to_string())?
 }
 
+/// Deletes the guest guard's filter from `side`'s tap and the VM namespace's table `table`.
+fn remove_guard_and_table(side: &Side, table: &str) -> Result<(), String> {
+    let tap = side.tap.clone();
+    vmnet_kernel::netns::run_in(&side.vm_ns, move || vmnet_kernel::guard::detach_here(&tap))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    netns::exec(
+        &side.vm_ns,
+        "nft",
+        &["delete", "table", "inet", table],
+        std::time::Duration::from_secs(5),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 async fn checks(
     hosts: &[HostReport],
     a: &MeshGuest,
@@ -190,20 +206,20 @@ async fn checks(
     );
 
     // 2. The guard and the namespace's table removed by hand: the mesh program still drops it.
-    let tap = side.tap.clone();
-    vmnet_kernel::netns::run_in(&side.vm_ns, move || vmnet_kernel::guard::detach_here(&tap))
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    let table = host_a.agent_prefix.clone();
-    netns::exec(
-        &side.vm_ns,
-        "nft",
-        &["delete", "table", "inet", &table],
-        std::time::Duration::from_secs(5),
-    )
-    .map_err(|e| e.to_string())?;
+    // The attacking host's agent is held (SIGSTOP) meanwhile: it would put both back on their
+    // notifications before the frame is sent.
     let s0 = mesh_drop(&side.client).await?;
-    let (_, spoof) = send(side.tap_mac, a, b, m, "fleet2").await?;
+    let agent = nix::unistd::Pid::from_raw(i32::try_from(host_a.agent_pid).unwrap_or(0));
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGSTOP)
+        .map_err(|e| format!("holding the agent: {e}"))?;
+    let removed = remove_guard_and_table(&side, &host_a.agent_prefix);
+    let sent = match removed {
+        Ok(()) => send(side.tap_mac, a, b, m, "fleet2").await,
+        Err(e) => Err(e),
+    };
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGCONT)
+        .map_err(|e| format!("letting the agent run again: {e}"))?;
+    let (_, spoof) = sent?;
     let s1 = mesh_drop(&side.client).await?;
     check(
         format!("{spoof_name}, with the guard and the namespace's table removed by hand"),
