@@ -40,9 +40,7 @@
 //! ignored.
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::str::FromStr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -55,6 +53,10 @@ pub mod limits;
 pub mod metadata;
 
 pub mod public;
+mod route;
+
+use route::parse_mesh;
+pub use route::{Route, Via};
 
 /// The largest supported VM user id. Every derived name (4 hex digits) and every transit /30 (a
 /// /14 holds 2^16 of them) exists for `0..=MAX_USER_ID`.
@@ -78,65 +80,6 @@ pub const GUEST_LINK: IpNet = IpNet::V4(match Ipv4Net::new(Ipv4Addr::new(172, 16
 
 /// Fields of later issues, at the top level or under `network`, refused with "… is not supported yet".
 pub const FUTURE_FIELDS: &[&str] = &["wireguard", "peers", "packet_activity"];
-
-/// Where a route's traffic goes (spec "Routes": the `via` column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Via {
-    /// `"host"`: the host uplink; IPv4 leaves through NAT in the VM's namespace.
-    Host,
-    /// A gateway VM's mesh address in `fdaa::/16` (IPv6 destinations only).
-    Mesh(Ipv6Addr),
-}
-
-impl fmt::Display for Via {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Host => f.write_str("host"),
-            Self::Mesh(a) => write!(f, "{a}"),
-        }
-    }
-}
-
-impl FromStr for Via {
-    type Err = String;
-
-    /// Parses `host` or an IPv6 address in `fdaa::/16`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "host" {
-            return Ok(Self::Host);
-        }
-        match s.parse::<Ipv6Addr>() {
-            Ok(a) if MESH_RANGE.contains(&a) => Ok(Self::Mesh(a)),
-            Ok(a) => Err(format!("{a} is not a mesh address in fdaa::/16")),
-            Err(_) => Err(format!(
-                "{s:?} is neither \"host\" nor a mesh address in fdaa::/16"
-            )),
-        }
-    }
-}
-
-impl Serialize for Via {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Via {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// One route: traffic to `destination` goes `via` the host uplink or a gateway VM.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Route {
-    /// A canonical IPv4 or IPv6 prefix, e.g. `0.0.0.0/0`, `2000::/3`.
-    pub destination: IpNet,
-    /// `host` or a mesh address.
-    pub via: Via,
-}
 
 /// The `network` object of a VM config.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -524,25 +467,6 @@ fn parse_network(
         routes.push(Route { destination, via });
     }
     Ok(routes)
-}
-
-/// Parses a mesh address: plain (`fdaa:1::7`) or as a /128 (`fdaa:1::7/128`), in `fdaa::/16`.
-fn parse_mesh(s: &str) -> Result<Ipv6Addr, String> {
-    let addr = match s.split_once('/') {
-        Some((a, "128")) => a.parse::<Ipv6Addr>().ok(),
-        Some(_) => return Err(format!("{s} must be a single address (a /128)")),
-        None => s.parse::<Ipv6Addr>().ok(),
-    }
-    .ok_or_else(|| format!("{s:?} is not an IPv6 address"))?;
-    if !MESH_RANGE.contains(&addr) {
-        return Err(format!("{addr} is not in fdaa::/16"));
-    }
-    if addr == MESH_RANGE.network() {
-        return Err(format!(
-            "{addr} is the mesh range's subnet-router anycast address, not one VM's"
-        ));
-    }
-    Ok(addr)
 }
 
 impl<'de> Deserialize<'de> for VmConfig {
