@@ -22,19 +22,25 @@ fn addresses(sb: &Sandbox, dev: &str) -> Vec<String> {
     v
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
-async fn a_changed_mesh_address_replaces_the_old_one() {
-    vmnet_testkit::require_root();
-    let sb = Sandbox::new("wl").expect("sandbox");
+/// The link standing in for the WireGuard device in `sb`'s host: one end of a veth pair (this
+/// kernel has no dummy links); its name.
+fn stand_in(sb: &Sandbox) -> String {
     let dev = format!("{}m", sb.agent_prefix());
-    // A veth pair stands in (this kernel has no dummy links).
     let peer = format!("{}n", sb.agent_prefix());
     netns::ip(
         &sb.host(),
         &["link", "add", &dev, "type", "veth", "peer", "name", &peer],
     )
     .expect("stand-in link");
+    dev
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
+async fn a_changed_mesh_address_replaces_the_old_one() {
+    vmnet_testkit::require_root();
+    let sb = Sandbox::new("wl").expect("sandbox");
+    let dev = stand_in(&sb);
     netns::ip(
         &sb.host(),
         &["addr", "add", "2001:db8:5::1/128", "dev", &dev],
@@ -72,13 +78,7 @@ fn range_routes(sb: &Sandbox) -> Vec<String> {
 async fn the_range_route_is_written_only_when_it_is_not_in_place() {
     vmnet_testkit::require_root();
     let sb = Sandbox::new("wr").expect("sandbox");
-    let dev = format!("{}m", sb.agent_prefix());
-    let peer = format!("{}n", sb.agent_prefix());
-    netns::ip(
-        &sb.host(),
-        &["link", "add", &dev, "type", "veth", "peer", "name", &peer],
-    )
-    .expect("stand-in link");
+    let dev = stand_in(&sb);
     netns::ip(&sb.host(), &["link", "set", &dev, "up"]).expect("up");
     let h = netlink_in(&sb.host()).expect("netlink");
     let index = link::by_name(&h, &dev).await.unwrap().expect("link").index;
