@@ -1,7 +1,8 @@
 //! The binary's behaviour at its edges, without an agent or root: command-line errors in the
 //! documented `error: CODE: message` shape with exit status 2, `--help`/`--version` exiting 0,
 //! output into a pipe whose reader is gone ending quietly (no panic), and no lab commands (the
-//! sandbox and the benchmarks are `vmnet-lab`'s).
+//! sandbox and the benchmarks are `vmnet-lab`'s), and `vmnet` handing what is not a client
+//! command to `vmnetd`.
 #![allow(missing_docs)]
 
 use std::os::unix::process::ExitStatusExt;
@@ -133,4 +134,48 @@ fn a_closed_pipe_on_stdout_ends_quietly() {
         "{:?}: {stderr}",
         out.status
     );
+}
+
+/// `vmnet` runs the client commands itself and hands the rest to `vmnetd` beside it: alone in a
+/// directory it still reaches (or fails to reach) the agent, while `serve` and the IPAM commands
+/// fail with `UNAVAILABLE` naming the `vmnetd` it looked for.
+#[test]
+fn the_client_runs_alone_and_hands_the_rest_to_vmnetd() {
+    let dir = tempfile::tempdir().unwrap();
+    let lone = dir.path().join("vmnet");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_vmnet"), &lone).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_vmnet"), &lone).unwrap();
+    }
+    let run = |args: &[&str]| {
+        let out = Command::new(&lone)
+            .args(args)
+            .env_remove("VMNET_SOCKET")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8(out.stderr).unwrap())
+    };
+    let socket = dir.path().join("none.sock");
+    let (code, err) = run(&["--socket", socket.to_str().unwrap(), "vm", "get", "a"]);
+    assert_eq!(code, Some(6), "{err}");
+    assert!(
+        err.starts_with("error: UNAVAILABLE: cannot reach the agent"),
+        "{err}"
+    );
+    for args in [&["serve"][..], &["pool", "list"], &["serve", "--help"]] {
+        let (code, err) = run(args);
+        assert_eq!(code, Some(6), "{args:?}: {err}");
+        let want = format!("cannot run {}", dir.path().join("vmnetd").display());
+        assert!(
+            err.starts_with(&format!("error: UNAVAILABLE: {want}")),
+            "{err}"
+        );
+    }
+    // Beside vmnetd, a handed command is the whole command line's: its own help and flags.
+    let out = vmnet(&["serve", "--help"]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success() && help.contains("--socket-group"),
+        "{help}"
+    );
+    assert!(help.contains("Usage: vmnet serve"), "{help}");
 }

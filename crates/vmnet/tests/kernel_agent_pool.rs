@@ -26,19 +26,24 @@ use vmnet_testkit::{Sandbox, netns, require_root, traffic};
 
 const T: Duration = Duration::from_secs(10);
 
-/// `vmnet` alone in a directory of its own (a hard link, or a copy across file systems), so
-/// no `vmnet-pool-helper` sits next to it and the agent runs itself as the root helper
-/// (`vmnet serve --pool-helper-serve`), as an installed `vmnet` without the helper binary does.
+/// `vmnet` and `vmnetd` alone in a directory of their own (hard links, or copies across file
+/// systems), so no `vmnet-pool-helper` sits next to them and the agent runs itself as the root
+/// helper (`vmnetd serve --pool-helper-serve`), as an installed `vmnet` without the helper
+/// binary does.
 fn lone_vmnet() -> (tempfile::TempDir, PathBuf) {
     let target = Path::new(VMNET).parent().unwrap().parent().unwrap();
     let d = tempfile::Builder::new()
         .prefix("vmnet-lone-")
         .tempdir_in(target)
         .unwrap();
-    let exe = d.path().join("vmnet");
-    if std::fs::hard_link(VMNET, &exe).is_err() {
-        std::fs::copy(VMNET, &exe).unwrap();
+    for name in ["vmnet", "vmnetd"] {
+        let from = Path::new(VMNET).with_file_name(name);
+        let to = d.path().join(name);
+        if std::fs::hard_link(&from, &to).is_err() {
+            std::fs::copy(&from, &to).unwrap();
+        }
     }
+    let exe = d.path().join("vmnet");
     (d, exe)
 }
 

@@ -28,21 +28,21 @@ impl std::fmt::Debug for WorkerSettings {
     }
 }
 
-/// The `vmnet` binary that runs the worker: this executable when it is `vmnet`, else `vmnet`
-/// next to it.
+/// The binary that runs the worker (`serve --worker-serve`): this executable when it is the
+/// agent's own `vmnetd`, else `vmnetd` next to it.
 ///
 /// # Errors
 /// When the executable's path is unknown.
 pub fn vmnet_exe() -> std::io::Result<std::path::PathBuf> {
     let exe = std::env::current_exe()?;
-    if exe.file_name().is_some_and(|n| n == "vmnet") {
+    if exe.file_name().is_some_and(|n| n == "vmnetd") {
         Ok(exe)
     } else {
-        Ok(exe.with_file_name("vmnet"))
+        Ok(exe.with_file_name("vmnetd"))
     }
 }
 
-/// The worker command of the `vmnet` binary `exe`: `exe serve --worker-serve`, environment
+/// The worker command of the `vmnetd` binary `exe`: `exe serve --worker-serve`, environment
 /// cleared but `RUST_LOG`, stdin closed, stdout and stderr the agent's.
 #[must_use]
 pub fn command(exe: std::path::PathBuf) -> Box<dyn Fn() -> std::process::Command + Send + Sync> {

@@ -1,61 +1,21 @@
-//! The `vmnet` command, what a host runs: the agent (`serve`), the CLI client (`vm`, `mesh`,
-//! `status`, `apply`) and the IPAM commands. The sandbox and the benchmarks are the separate
-//! `vmnet-lab` binary; this one carries no lab code.
-//!
-//! Errors print once, as `error: CODE: message` on stderr, and the process exits with the code's
-//! documented exit status ([`vmnet_model::ErrorCode::exit_code`]), as [`vmnet_cli`] does it.
+//! The whole command line, as the `vmnetd` binary runs it: the agent (`serve`), the IPAM
+//! commands and the client commands. `vmnet` hands every command but the client ones to it.
 
-mod cli;
-
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use vmnet_agent::api::error::from_ipam;
-pub use vmnet_cli::Output;
 use vmnet_cli::{finish, report, usage_error};
 use vmnet_model::Error;
 
-/// Options every command accepts.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Global {
-    /// Database URL: `sqlite://PATH` or `postgres://…`. Default: a SQLite file under --state-dir.
-    #[arg(long, global = true, env = "VMNET_DATABASE_URL")]
-    pub database_url: Option<String>,
-    /// Directory for vmnet's own state (the default SQLite database lives here).
-    #[arg(
-        long,
-        global = true,
-        env = "VMNET_STATE_DIR",
-        default_value = "/var/lib/vmnet"
-    )]
-    pub state_dir: PathBuf,
-    /// The agent's unix socket, for client commands.
-    #[arg(
-        long,
-        global = true,
-        env = "VMNET_SOCKET",
-        default_value = "/run/vmnet/vmnet.sock"
-    )]
-    pub socket: PathBuf,
-    /// Output format.
-    #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
-}
-
-impl Global {
-    /// The database URL to use: --database-url, or `sqlite://<state-dir>/vmnet.db`.
-    #[must_use]
-    pub fn database_url(&self) -> String {
-        self.database_url
-            .clone()
-            .unwrap_or_else(|| format!("sqlite://{}", self.state_dir.join("vmnet.db").display()))
-    }
-}
+use crate::Global;
+use crate::cli;
+use crate::client::{self, ClientCmd};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "vmnet",
+    bin_name = "vmnet",
     version,
     about = "Host networking for virtual machines"
 )]
@@ -82,19 +42,13 @@ enum Command {
     Lease(cli::ipam::LeaseCmd),
     /// Run the agent: HTTP API on a unix socket and the reconcile loop.
     Serve(Box<cli::serve::ServeArgs>),
-    /// VM network configs held by the agent (namespace mode).
-    #[command(subcommand)]
-    Vm(cli::vm::VmCmd),
-    /// The mesh's WireGuard interface (`vmnet serve --mesh`).
-    #[command(subcommand)]
-    Mesh(cli::mesh::MeshCmd),
-    /// The agent's status.
-    Status,
-    /// Apply a host spec (pools, instances and VMs in one file) declaratively.
-    Apply(cli::vm::ApplyArgs),
+    #[command(flatten)]
+    Client(ClientCmd),
 }
 
-fn main() -> ExitCode {
+/// Runs the command line given to this process.
+#[must_use]
+pub fn main() -> ExitCode {
     vmnet_cli::restore_sigpipe();
     vmnet_cli::raise_nofile_limit();
     let cli = match Cli::try_parse() {
@@ -159,9 +113,6 @@ async fn run(cli: Cli) -> Result<(), Error> {
             .await
             .map_err(from_ipam),
         Command::Serve(a) => cli::serve::run(g, *a).await,
-        Command::Vm(c) => cli::vm::vm(g, c).await,
-        Command::Mesh(c) => cli::mesh::mesh(g, c).await,
-        Command::Status => cli::vm::status(g).await,
-        Command::Apply(a) => cli::vm::apply(g, a).await,
+        Command::Client(c) => client::run(g, c).await,
     }
 }
