@@ -30,6 +30,7 @@ pub mod pool;
 pub mod provider;
 pub mod public;
 pub mod reconcile;
+pub mod repairs;
 pub mod server;
 pub mod status;
 pub mod table;

@@ -42,11 +42,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vmnet_ipam::vm_store::{self, VmRow};
-use vmnet_kernel::ns::{Change, ObservedVm};
+use vmnet_kernel::ns::{Change, ObjectKind, ObservedVm};
 use vmnet_model::Error;
 use vmnet_model::vm::{Via, parse_vm_config};
 
 use crate::agent::{Agent, store_tx};
+use crate::repairs::{Repaired, Trigger};
 use crate::status::now_ms;
 
 /// How long the loop waits after a wake-up before its pass, so a burst of API changes costs one
@@ -76,6 +77,22 @@ pub struct PassOutcome {
     /// Drift repaired by the pass, one line per repair: `host: …` for the host-wide state,
     /// `vm <id>: <changes>` for a VM.
     pub repaired: Vec<String>,
+    /// The kinds of object those repairs put back, once per repair that touched them (the
+    /// mesh's repairs count as `other`).
+    pub repaired_kinds: Vec<ObjectKind>,
+}
+
+impl PassOutcome {
+    fn add(&mut self, r: Repaired) {
+        self.repaired.push(r.line);
+        self.repaired_kinds.extend(r.kinds);
+    }
+
+    fn add_lines(&mut self, lines: Vec<String>) {
+        self.repaired_kinds
+            .extend(std::iter::repeat_n(ObjectKind::Other, lines.len()));
+        self.repaired.extend(lines);
+    }
 }
 
 impl Agent {
@@ -86,7 +103,14 @@ impl Agent {
     /// `UNAVAILABLE` when the store cannot be read (nothing was changed then). Per-VM failures
     /// do not fail the pass; they are in the outcome and on the VMs.
     pub async fn reconcile(&self) -> Result<PassOutcome, Error> {
-        self.run_pass(true).await
+        self.run_pass(true, Trigger::Pass).await
+    }
+
+    /// A full pass run on a kernel change notification (lost notifications, or a change no
+    /// narrower check covers): as [`Agent::reconcile`], its repairs counted as found by a
+    /// notification.
+    pub(crate) async fn reconcile_notified(&self) -> Result<PassOutcome, Error> {
+        self.run_pass(true, Trigger::Notification).await
     }
 
     /// Runs one change pass now (see the module docs): applies only the VMs that are not known
@@ -95,10 +119,10 @@ impl Agent {
     /// # Errors
     /// As [`Agent::reconcile`].
     pub async fn reconcile_changes(&self) -> Result<PassOutcome, Error> {
-        self.run_pass(false).await
+        self.run_pass(false, Trigger::Pass).await
     }
 
-    async fn run_pass(&self, full: bool) -> Result<PassOutcome, Error> {
+    async fn run_pass(&self, full: bool, trigger: Trigger) -> Result<PassOutcome, Error> {
         let _pass = self.pass_lock.lock().await;
         let started = now_ms();
         let clock = Instant::now();
@@ -124,7 +148,7 @@ impl Agent {
             let converged = mesh.converge(self.db()).await;
             if let Ok(o) = &mut result {
                 match converged {
-                    Ok(r) => o.repaired.extend(r),
+                    Ok(r) => o.add_lines(r),
                     Err(e) => o.errors.push(format!("mesh: {}", e.message)),
                 }
             }
@@ -137,7 +161,7 @@ impl Agent {
                 };
                 if let Ok(o) = &mut result {
                     match vms {
-                        Ok(r) => o.repaired.extend(r),
+                        Ok(r) => o.add_lines(r),
                         Err(e) => o.errors.push(format!("mesh registrations: {}", e.message)),
                     }
                 }
@@ -156,6 +180,8 @@ impl Agent {
                     r.orphans_removed_total += o.collected.len() as u64;
                     r.drift_repairs_total += o.repaired.len() as u64;
                     r.pass_repairs_total += o.repaired.len() as u64;
+                    r.repairs
+                        .record(trigger, o.repaired.len() as u64, &o.repaired_kinds);
                 }
                 Err(e) => {
                     r.last_ok = Some(false);
@@ -194,9 +220,11 @@ impl Agent {
             self.yield_to_api().await;
             let _kernel = self.kernel.lock("reconcile: host state").await;
             match self.driver().repair_host().await {
-                Ok(changes) => out
-                    .repaired
-                    .extend(changes.iter().map(|c| format!("host: {c}"))),
+                Ok(changes) => {
+                    for r in changes.iter().filter_map(|c| Repaired::of("host", &[c])) {
+                        out.add(r);
+                    }
+                }
                 Err(e) => out.errors.push(format!("host: {e}")),
             }
         }
@@ -230,7 +258,9 @@ impl Agent {
             match self.converge(&row).await {
                 Ok(repaired) => {
                     out.applied += 1;
-                    out.repaired.extend(repaired);
+                    if let Some(r) = repaired {
+                        out.add(r);
+                    }
                 }
                 Err(e) => out.errors.push(e.message),
             }
@@ -306,8 +336,8 @@ impl Agent {
 
     /// Applies one stored VM's desired config; on failure re-applies its last good config.
     /// Returns the drift repaired: the changes made to a VM whose config was already applied
-    /// without error (one line, logged), else nothing.
-    pub(crate) async fn converge(&self, row: &VmRow) -> Result<Option<String>, Error> {
+    /// without error (one line, logged, with the kinds of object put back), else nothing.
+    pub(crate) async fn converge(&self, row: &VmRow) -> Result<Option<Repaired>, Error> {
         let desired = parse_vm_config(row.config.as_bytes()).map_err(|e| {
             Error::internal(format!(
                 "vm {}: stored config does not parse: {}",
@@ -335,8 +365,7 @@ impl Agent {
                     tracing::info!(vm = %row.id, changes = ?upgrades, "configure on start: replaced an earlier agent's objects");
                 }
                 let changes: Vec<&Change> = changes.iter().filter(|c| c.is_drift()).collect();
-                if in_sync && !changes.is_empty() {
-                    let lines: Vec<String> = changes.iter().map(ToString::to_string).collect();
+                if in_sync && let Some(r) = Repaired::of(&format!("vm {}", row.id), &changes) {
                     if plan.firewall.is_some()
                         && let Some(Change::ReplaceNft { differences, .. }) = changes
                             .iter()
@@ -344,8 +373,8 @@ impl Agent {
                     {
                         self.count_firewall_repair(&row.id, differences);
                     }
-                    tracing::warn!(vm = %row.id, changes = ?lines, "kernel state changed behind the agent's back; repaired");
-                    repaired = Some(format!("vm {}: {}", row.id, lines.join("; ")));
+                    tracing::warn!(vm = %row.id, changes = %r.line, "kernel state changed behind the agent's back; repaired");
+                    repaired = Some(r);
                 }
                 if let Some(g) = good_plan.as_ref().filter(|g| g.user_id != plan.user_id) {
                     let _ = self.driver().remove(g.user_id).await;
@@ -408,7 +437,7 @@ impl Agent {
             if tokio::time::Instant::now() >= next_full {
                 full = true;
             }
-            match self.run_pass(full).await {
+            match self.run_pass(full, Trigger::Pass).await {
                 Ok(o) if o.errors.is_empty() => {
                     tracing::debug!(full, applied = o.applied, collected = ?o.collected, "reconcile pass ok");
                 }

@@ -179,6 +179,9 @@ pub struct ReconcileStatus {
     /// Repairs triggered by the kernel's change notifications.
     #[serde(default)]
     pub notifications: NotificationStatus,
+    /// Repairs by object kind and trigger, and the time from a change to its repair.
+    #[serde(default)]
+    pub repairs: crate::repairs::RepairStatus,
 }
 
 /// The repair by the kernel's change notifications in [`ReconcileStatus`].

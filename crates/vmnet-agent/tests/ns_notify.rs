@@ -1,9 +1,13 @@
 //! Drift repaired on the kernel's change notifications (root required): an agent whose driver
 //! listens to the notifications of its sandbox host and VM netns, with no reconcile pass
 //! running at all, repairs each hand change of what it owns within a second, and real
-//! packets flow again: guest → fake internet (UDP echo, through the VM's NAT, its firewall and
-//! its limits) and fake internet → guest (TCP echo to the public address). A storm of the same
-//! change, 100 times a second, is backed off and keeps the agent's CPU bounded.
+//! packets flow again: guest → fake internet (UDP echo, through the VM's NAT, its firewall,
+//! its limits and the guest guard) and fake internet → guest (TCP echo to the public address,
+//! on the uplink's subnet, so the fake internet finds it by ARP: the host's proxy entry
+//! answers). The uplink set down and up (which deletes its proxy entries without a
+//! notification of their own) is repaired on the link's notification. An idle, converged
+//! agent's passes write nothing. A storm of the same change, 100 times a second, is backed
+//! off and keeps the agent's CPU bounded.
 
 mod common;
 
@@ -14,16 +18,19 @@ use std::time::{Duration, Instant};
 use axum::http::Method;
 use common::Harness;
 use serde_json::{Value, json};
+use vmnet_kernel::guard::GuestGuard;
 use vmnet_kernel::ns::{NetlinkNsDriver, NsDriver};
+use vmnet_kernel::watch::{Kind, Watcher, What};
 use vmnet_model::vm::parse_vm_config;
-use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
+use vmnet_plan::ns::{NsSettings, PublicNeighbors, VmPlan, plan_vm};
 use vmnet_testkit::echo::EchoService;
 use vmnet_testkit::guest::{GuestConfig, SimGuest};
 use vmnet_testkit::nft::nft;
-use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_V4};
+use vmnet_testkit::sandbox::{ECHO_PORT, ECHO_V4, HOST_UPLINK_IF, INET_UPLINK_IF, INET_UPLINK_V4};
 use vmnet_testkit::{Sandbox, netns, traffic};
 
-const PUB4: &str = "198.51.100.81";
+/// On the uplink's subnet (203.0.113.0/24): reached by ARP, answered by the proxy entry.
+const PUB4: &str = "203.0.113.81";
 const T: Duration = Duration::from_secs(3);
 /// How long a repair by notification may take.
 const REPAIRED_WITHIN: Duration = Duration::from_secs(1);
@@ -44,20 +51,28 @@ fn vm() -> Value {
         "private_network_throughput_mibps": 100, "public_network_throughput_mibps": 50,
         "network": {"routes": [{"destination": "0.0.0.0/0", "via": "host"}]},
         "firewall": {"enabled": true,
-            "inbound": [{"protocol": "tcp", "ports": "7", "prefixes": ["0.0.0.0/0"]}],
+            "inbound": [{"protocol": "tcp", "ports": "7", "prefixes": ["0.0.0.0/0"]},
+                {"protocol": "icmp", "prefixes": ["0.0.0.0/0"]}],
             "outbound": [{"protocol": "udp", "ports": "7", "prefixes": ["198.51.100.10/32"]}]}})
 }
 
 /// A sandbox, an agent with notifications on (no reconcile loop: nothing but a notification
-/// can repair), one VM with a guest, the fake internet's echo and the guest's.
+/// can repair), proxy entries on the uplink and the guest guard, one VM with a guest, the
+/// fake internet's echo and the guest's.
 async fn world(tag: &str) -> World {
     vmnet_testkit::require_root();
     let sb = Sandbox::new(tag).unwrap();
     let settings = NsSettings {
         name_prefix: sb.agent_prefix(),
+        uplink: Some(HOST_UPLINK_IF.into()),
+        public_neighbors: PublicNeighbors::Proxy,
+        guard: true,
         ..NsSettings::default()
     };
-    let mut driver = NetlinkNsDriver::new(settings.clone(), Some(sb.host())).unwrap();
+    let guard = Arc::new(GuestGuard::load().unwrap());
+    let mut driver = NetlinkNsDriver::new(settings.clone(), Some(sb.host()))
+        .unwrap()
+        .with_guard(guard);
     let events = driver.watch_kernel().unwrap();
     let driver: Arc<dyn NsDriver> = Arc::new(driver);
     let tmp = tempfile::tempdir().unwrap();
@@ -69,18 +84,6 @@ async fn world(tag: &str) -> World {
     let plan = plan_vm(
         &parse_vm_config(v.to_string().as_bytes()).unwrap(),
         &settings,
-    )
-    .unwrap();
-    let inet = sb.inet();
-    netns::ip(
-        &inet,
-        &[
-            "route",
-            "add",
-            "198.51.100.64/26",
-            "via",
-            &HOST_UPLINK_V4.to_string(),
-        ],
     )
     .unwrap();
     let echo = sb.start_echo().unwrap();
@@ -120,6 +123,8 @@ impl World {
     }
 
     fn traffic_flows(&self, step: &str) {
+        // The fake internet asks again: the host's proxy entry must answer.
+        forget_neighbour(&self.sb.inet());
         let out = SocketAddr::new(IpAddr::V4(ECHO_V4), ECHO_PORT);
         traffic::udp_echo(self.guest.netns(), out, T)
             .unwrap_or_else(|e| panic!("{step}: guest → internet: {e}"));
@@ -210,6 +215,98 @@ fn delete_rule(ns: &str, table: &str, needles: &[&str]) {
     panic!("no rule with {needles:?} in {ns}:\n{listing}");
 }
 
+fn proxies(host: &str) -> String {
+    netns::ip(host, &["neigh", "show", "proxy"]).unwrap()
+}
+
+/// The uplink set down and up: the kernel deletes its proxy entries with the link (no
+/// notification of their own); the link's notification has them put back, and the public
+/// address answers the fake internet's ping within a second of the link coming up.
+async fn uplink_flap_is_repaired(w: &World) {
+    let host = w.sb.host();
+    let inet = w.sb.inet();
+    w.settled().await;
+    let before = w.status().await;
+    netns::ip(&host, &["link", "set", HOST_UPLINK_IF, "down"]).unwrap();
+    assert!(
+        !proxies(&host).contains(PUB4),
+        "the kernel dropped the entry"
+    );
+    netns::ip(&host, &["link", "set", HOST_UPLINK_IF, "up"]).unwrap();
+    let up = Instant::now();
+    forget_neighbour(&inet);
+    let target: IpAddr = PUB4.parse().unwrap();
+    loop {
+        let r = traffic::ping(&inet, target, 1, Duration::from_millis(100)).unwrap();
+        if r.received == 1 {
+            break;
+        }
+        assert!(
+            up.elapsed() < REPAIRED_WITHIN,
+            "no answer within {REPAIRED_WITHIN:?} of the uplink coming up; proxy entries: {}",
+            proxies(&host)
+        );
+    }
+    eprintln!(
+        "uplink down and up: the public address answers {:.1} ms after up",
+        up.elapsed().as_secs_f64() * 1000.0
+    );
+    assert!(proxies(&host).contains(PUB4), "{}", proxies(&host));
+    let after = w.status().await;
+    assert_eq!(after["passes"], before["passes"], "no pass ran");
+    assert!(
+        after["notifications"]["repairs_total"].as_u64()
+            > before["notifications"]["repairs_total"].as_u64(),
+        "{after}"
+    );
+    // The kernel deleted the sandbox's default route with the link (the sandbox's, not
+    // vmnet's: a real host's network manager puts it back).
+    netns::ip(
+        &host,
+        &[
+            "route",
+            "replace",
+            "default",
+            "via",
+            &INET_UPLINK_V4.to_string(),
+        ],
+    )
+    .unwrap();
+    w.traffic_flows("after the uplink flap");
+}
+
+/// Two full passes of an idle, converged agent write nothing: a listener of its own, in the
+/// host and the VM netns, sees no change to a link, address, route, rule, proxy or permanent
+/// neighbour entry, tc object or nf_tables object.
+async fn idle_passes_write_nothing(w: &World) {
+    w.settled().await;
+    let (listener, mut events) = Watcher::start(Some(&w.sb.host())).unwrap();
+    listener.watch(&w.plan.netns).unwrap();
+    for _ in 0..2 {
+        let o = w.h.agent.reconcile().await.unwrap();
+        assert!(o.errors.is_empty() && o.repaired.is_empty(), "{o:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut seen = Vec::new();
+    while let Ok(ev) = events.try_recv() {
+        // Entries learned from traffic are the kernel's, not vmnet's.
+        if let What::Changed(n) = &ev.what
+            && n.kind == Some(Kind::Neigh)
+            && !(n.proxy || n.permanent)
+        {
+            continue;
+        }
+        seen.push(ev);
+    }
+    listener.stop();
+    assert!(seen.is_empty(), "idle passes changed the kernel: {seen:#?}");
+}
+
+/// Deletes the fake internet's neighbour entry of the public address (if any).
+fn forget_neighbour(inet: &str) {
+    let _ = netns::ip(inet, &["neigh", "del", PUB4, "dev", INET_UPLINK_IF]);
+}
+
 fn tc(ns: &str, args: &[&str]) -> std::process::Output {
     netns::exec(ns, "tc", args, T).unwrap()
 }
@@ -263,6 +360,59 @@ async fn each_change_to_an_owned_object_is_repaired_on_its_notification_within_a
         })
         .await,
     );
+    times.push(
+        w.repaired("proxy entry deleted", || {
+            netns::ip(
+                &host,
+                &["neigh", "del", "proxy", PUB4, "dev", HOST_UPLINK_IF],
+            )
+            .unwrap();
+        })
+        .await,
+    );
+    assert!(proxies(&host).contains(PUB4), "back: {}", proxies(&host));
+    let tap = w.plan.tap.name.clone();
+    let guard_pref = |ns: &str| {
+        let out = tc(ns, &["filter", "show", "dev", &tap, "ingress"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find(|l| l.contains(" bpf "))
+            .and_then(|l| l.split_whitespace().skip_while(|w| *w != "pref").nth(1))
+            .map(str::to_owned)
+    };
+    let pref = guard_pref(&ns).expect("the guard's filter on the tap");
+    times.push(
+        w.repaired("guard's BPF filter deleted from the tap", || {
+            let out = tc(
+                &ns,
+                &["filter", "del", "dev", &tap, "ingress", "pref", &pref],
+            );
+            assert!(out.status.success(), "{out:?}");
+            assert_eq!(guard_pref(&ns), None, "deleted");
+        })
+        .await,
+    );
+    assert!(guard_pref(&ns).is_some(), "the guard's filter is back");
+    uplink_flap_is_repaired(&w).await;
+    let counters = w.status().await["repairs"].clone();
+    eprintln!("repair counters: {counters}");
+    for kind in [
+        "nft_rule",
+        "route",
+        "tc_class",
+        "link",
+        "neighbour",
+        "tc_filter",
+    ] {
+        assert!(
+            counters["by_kind"][kind]["notification"].as_u64().unwrap() >= 1,
+            "{kind}: {counters}"
+        );
+    }
+    assert_eq!(counters["by_trigger"]["pass"], 0, "{counters}");
+    assert!(counters["change_to_repair"]["count"].as_u64().unwrap() >= 8);
+    assert!(counters["change_to_repair"]["p99_us"].as_u64().unwrap() < 1_000_000);
+    idle_passes_write_nothing(&w).await;
 
     // Nothing changed: nothing is checked, nothing repaired, nothing written.
     w.settled().await;

@@ -1,8 +1,9 @@
 //! Pool mode's tables repaired on the kernel's nf_tables notifications (root required): the
 //! agent runs pool mode with the real root helper inside a sandbox host (the links are the
 //! fakes of `pool_fakes`), its 5-second audit slowed to an hour, and listens to the
-//! notifications of that host. `nft flush ruleset` and a deleted anti-spoofing rule are each
-//! put back by the audit the notification runs, within a second.
+//! notifications of that host. `nft flush ruleset`, a deleted anti-spoofing rule, a swapped
+//! set element (a tap's MAC) and a base chain's policy flipped to drop are each put back by
+//! the audit the notification runs, within a second, and counted by kind.
 
 mod common;
 mod pool_fakes;
@@ -69,6 +70,38 @@ fn bridge_rule(ns: &str, needle: &str) -> (String, String) {
         }
     }
     panic!("no rule naming {needle}:\n{listing}");
+}
+
+/// The first element of set `set` of `bridge bcd_instances`, as nft lists it.
+fn first_element(ns: &str, set: &str) -> String {
+    let listing = nft(ns, &["list", "set", "bridge", "bcd_instances", set]).unwrap();
+    let (_, rest) = listing
+        .split_once("elements = {")
+        .unwrap_or_else(|| panic!("no elements: {listing}"));
+    rest.split([',', '}']).next().unwrap().trim().to_owned()
+}
+
+/// `elem` (`"tap" . 02:…:xx`) with the MAC's last octet changed.
+fn swap_last_octet(elem: &str) -> String {
+    let (head, last) = elem.rsplit_once(':').unwrap();
+    let octet = u8::from_str_radix(last.trim(), 16).unwrap() ^ 0x5a;
+    format!("{head}:{octet:02x}")
+}
+
+/// The first base chain (one with a policy) of `bridge bcd_instances`: name and policy.
+fn base_chain(ns: &str) -> (String, String) {
+    let listing = nft(ns, &["list", "table", "bridge", "bcd_instances"]).unwrap();
+    let mut chain = String::new();
+    for line in listing.lines().map(str::trim) {
+        if let Some(c) = line.strip_prefix("chain ") {
+            chain = c.split_whitespace().next().unwrap().to_owned();
+        } else if line.starts_with("type ")
+            && let Some((_, p)) = line.split_once("; policy ")
+        {
+            return (chain, p.trim_end_matches(';').trim().to_owned());
+        }
+    }
+    panic!("no base chain: {listing}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,6 +190,48 @@ async fn pool_tables_flushed_or_edited_are_repaired_on_their_notification() {
         after.contains(spoof),
         "the anti-spoofing rule is back: {after}"
     );
+    // A tap's MAC element swapped for another MAC (what a guest spoofing its MAC would need).
+    let elem = first_element(&host, "tap_mac");
+    let swapped = swap_last_octet(&elem);
+    times.push(
+        repaired(&h, "set element swapped", || {
+            // One transaction: the delete and the add.
+            let cmd = format!(
+                "delete element bridge bcd_instances tap_mac {{ {elem} }}; \
+                 add element bridge bcd_instances tap_mac {{ {swapped} }}"
+            );
+            nft(&host, &[&cmd]).unwrap();
+        })
+        .await,
+    );
+    assert_eq!(
+        first_element(&host, "tap_mac"),
+        elem,
+        "the planned element is back"
+    );
+    let (chain, policy) = base_chain(&host);
+    let flipped = if policy == "accept" { "drop" } else { "accept" };
+    times.push(
+        repaired(&h, "chain policy flipped", || {
+            let spec = format!("{{ policy {flipped}; }}");
+            nft(&host, &["chain", "bridge", "bcd_instances", &chain, &spec]).unwrap();
+        })
+        .await,
+    );
+    assert_eq!(
+        base_chain(&host),
+        (chain, policy),
+        "the planned policy is back"
+    );
+    let (_, st) = h.call(Method::GET, "/v1/status", None).await;
+    let kinds = &st["reconcile"]["repairs"]["by_kind"];
+    eprintln!("repairs by kind: {kinds}");
+    for kind in ["nft_table", "nft_rule", "nft_set", "nft_chain"] {
+        assert!(
+            kinds[kind]["notification"].as_u64().unwrap() >= 1,
+            "{kind}: {kinds}"
+        );
+    }
     // The audit that ran is the pool's own, recorded as such.
     let (_, st) = h.call(Method::GET, "/v1/status", None).await;
     assert!(

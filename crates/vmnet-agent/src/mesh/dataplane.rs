@@ -15,7 +15,7 @@ use std::path::Path;
 
 use ipnet::Ipv6Net;
 use serde::{Deserialize, Serialize};
-use vmnet_kernel::mesh::{MeshError, MeshHost, MeshPlane, route};
+use vmnet_kernel::mesh::{MeshError, MeshHost, MeshPlane, filter, route};
 use vmnet_kernel::wg::link::Link;
 use vmnet_model::Error;
 
@@ -71,8 +71,9 @@ impl DataPlane {
 
     /// Writes what the data plane takes from the mesh settings and the last sync: host address
     /// and VM MTU, the whitelist, and, when `wg.2` says so, the program on the WireGuard link
-    /// (`wg.0`, `wg.1`) and the mesh range route (a sync skips those two netlink round trips
-    /// unless it started the device; every reconcile pass writes them).
+    /// (`wg.0`, `wg.1`) and the mesh range route (a sync skips those netlink round trips
+    /// unless it started the device; every reconcile pass checks them, each read first and
+    /// written only when missing or different).
     ///
     /// # Errors
     /// `UNAVAILABLE` when a map, the attachment or the route fails; `INTERNAL` for a recorded
@@ -92,7 +93,14 @@ impl DataPlane {
                     .map_err(|_| Error::internal(format!("recorded whitelist entry {w:?}")))
             })
             .collect::<Result<_, _>>()?;
-        let (ifname, link, attach) = wg;
+        let (ifname, link, check) = wg;
+        // Read first: the filter on the WireGuard link is written only when it is missing or
+        // runs another program, so a pass that finds it in place writes nothing.
+        let attach = check
+            && match filter::filter_program(nl, link.index).await {
+                Ok(Some(id)) => Some(id) != self.plane.wg_program_id().ok(),
+                Ok(None) | Err(_) => true,
+            };
         tokio::task::block_in_place(|| -> Result<(), MeshError> {
             if let Some(mesh) = mesh {
                 self.plane.set_host(&MeshHost {
@@ -106,7 +114,7 @@ impl DataPlane {
             self.plane.set_whitelist(&nets)
         })
         .map_err(|e| unavailable(&e))?;
-        if attach {
+        if check {
             route::ensure_range_route(nl, link.index, VM_MTU)
                 .await
                 .map_err(|e| unavailable(&e))?;

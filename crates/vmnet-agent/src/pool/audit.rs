@@ -43,11 +43,12 @@ pub fn spawn<E: NftExec + 'static>(
 }
 
 /// Runs one audit now (what every tick of [`spawn`] runs, and what a notification of a change
-/// to the tables runs at once) and records it; returns whether it repaired the tables.
+/// to the tables runs at once) and records it; returns the differences it repaired, one line
+/// each (empty: the tables were as planned, or the audit failed).
 pub async fn audit_once<E: NftExec + 'static>(
     firewall: &Arc<Mutex<PoolFirewall<E>>>,
     record: &Arc<Mutex<AuditRecord>>,
-) -> bool {
+) -> Vec<String> {
     let fw = Arc::clone(firewall);
     let res = tokio::task::spawn_blocking(move || {
         fw.lock()
@@ -55,12 +56,12 @@ pub async fn audit_once<E: NftExec + 'static>(
             .audit()
     })
     .await;
-    let mut repaired = false;
+    let mut repaired = Vec::new();
     let error = match res {
         Ok(Ok(r)) => {
             if r.repaired {
                 tracing::warn!(drift = ?r.drift, "bcd tables repaired");
-                repaired = true;
+                repaired = r.drift;
             }
             None
         }

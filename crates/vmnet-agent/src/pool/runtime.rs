@@ -121,9 +121,9 @@ impl PoolRuntime {
         audit::status(&self.firewall)
     }
 
-    /// Runs one audit of the tables now ([`audit::audit_once`]); returns whether it repaired
-    /// them.
-    pub async fn audit_now(&self) -> bool {
+    /// Runs one audit of the tables now ([`audit::audit_once`]); returns the differences it
+    /// repaired (empty: none).
+    pub async fn audit_now(&self) -> Vec<String> {
         audit::audit_once(&self.firewall, &self.record).await
     }
 

@@ -1,7 +1,7 @@
 //! Which check a notification asks for: everything in a VM's netns is that VM's; in the host,
 //! what names one of vmnet's objects is attributed by that name (a host veth end, its derived
-//! ifindex, a VM's routing table, vmnet's nft tables), and what names none is another
-//! program's business and asks for nothing.
+//! ifindex, a VM's routing table, vmnet's nft tables, the uplink carrying its proxy entries),
+//! and what names none is another program's business and asks for nothing.
 
 use vmnet_kernel::watch::{Event, Kind, Note, What};
 use vmnet_model::vm::MAX_USER_ID;
@@ -23,6 +23,8 @@ pub struct Names {
     pub table_base: u32,
     /// Whether pool mode runs (its tables and taps are in the host namespace).
     pub pool: bool,
+    /// The uplink, when vmnet keeps proxy entries on it (`--public-neighbors proxy`).
+    pub uplink: Option<String>,
 }
 
 fn uid_of_index(index: u32) -> Option<u32> {
@@ -71,6 +73,10 @@ impl Names {
                 if let Some(u) = by_name {
                     return Some(Target::Vm(u));
                 }
+                // Down, up, carrier: a link set down loses its proxy entries silently.
+                if n.ifname.is_some() && n.ifname == self.uplink {
+                    return Some(Target::Proxies);
+                }
                 if self.pool
                     && n.ifname
                         .as_deref()
@@ -84,7 +90,7 @@ impl Names {
             Kind::Route => by_index.or(by_table.map(Target::Vm)),
             Kind::Rule => by_name.or(by_table).map(Target::Vm),
             // A VM's proxy entry sits on the uplink: which VM it was for is not in the message.
-            Kind::Neigh if n.proxy => Some(Target::Pass),
+            Kind::Neigh if n.proxy => Some(Target::Proxies),
             Kind::Neigh => by_index,
             Kind::Nft => {
                 let (_, table) = n.nft_table.as_ref()?;
@@ -111,6 +117,7 @@ mod tests {
             prefix: "vm".into(),
             table_base: 10_000,
             pool: true,
+            uplink: Some("uplink".into()),
         }
     }
 
@@ -159,12 +166,17 @@ mod tests {
             ifname: Some("eth0".into()),
             ..note(Kind::Link)
         };
-        assert_eq!(n.target(&host(uplink)), None);
+        assert_eq!(n.target(&host(uplink)), None, "not the uplink named");
+        let uplink = Note {
+            ifname: Some("uplink".into()),
+            ..note(Kind::Link)
+        };
+        assert_eq!(n.target(&host(uplink)), Some(Target::Proxies));
         let proxy = Note {
             proxy: true,
             ..note(Kind::Neigh)
         };
-        assert_eq!(n.target(&host(proxy)), Some(Target::Pass));
+        assert_eq!(n.target(&host(proxy)), Some(Target::Proxies));
         let learned = Note {
             ifindex: Some(0x3000_0036),
             ..note(Kind::Neigh)

@@ -49,10 +49,14 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use vmnet_ipam::vm_store;
+use vmnet_kernel::ns::{Change, ObjectKind};
 use vmnet_kernel::watch::{Event, What};
 use vmnet_model::Error;
+use vmnet_model::vm::parse_vm_config;
+use vmnet_plan::ns::PublicNeighbors;
 
 use crate::agent::{Agent, store_tx};
+use crate::repairs::{Repaired, Trigger};
 use attribute::Names;
 use schedule::{Schedule, Target, Tuning};
 
@@ -75,6 +79,11 @@ impl Agent {
             prefix: self.settings().name_prefix.clone(),
             table_base: self.settings().host_table_base,
             pool: self.pool().is_some(),
+            uplink: self
+                .settings()
+                .uplink
+                .clone()
+                .filter(|_| self.settings().public_neighbors == PublicNeighbors::Proxy),
         };
         let mut sched = Schedule::new(Tuning::agent(self.interval()));
         loop {
@@ -114,18 +123,20 @@ impl Agent {
     /// Runs the check of `target` and records it; `first` is when its first notification
     /// was read.
     async fn check_notified(&self, sched: &mut Schedule, target: Target, first: Instant) {
-        let repaired = match self.check_target(target).await {
-            Ok(lines) => {
-                if !lines.is_empty() {
+        let done = match self.check_target(target).await {
+            Ok(done) => {
+                if !done.is_empty() {
+                    let lines: Vec<&str> = done.iter().map(|r| r.line.as_str()).collect();
                     tracing::warn!(%target, repairs = ?lines, "repaired on a kernel notification");
                 }
-                lines.len() as u64
+                done
             }
             Err(e) => {
                 tracing::warn!(%target, "check on a kernel notification failed: {e}");
-                0
+                Vec::new()
             }
         };
+        let repaired = done.len() as u64;
         let took = u64::try_from(first.elapsed().as_micros()).unwrap_or(u64::MAX);
         let backoff = sched.checked(target, repaired > 0, Instant::now());
         if let Ok(mut r) = self.record.lock() {
@@ -136,9 +147,13 @@ impl Agent {
                 n.repairs_total += repaired;
                 n.last_change_to_repair_us = Some(took);
                 n.max_change_to_repair_us = Some(n.max_change_to_repair_us.unwrap_or(0).max(took));
+                r.repairs.change_to_repair.record(took);
                 if target != Target::Pass {
                     // A full pass counts its own repairs.
                     r.drift_repairs_total += repaired;
+                    let kinds: Vec<ObjectKind> =
+                        done.iter().flat_map(|d| d.kinds.iter().copied()).collect();
+                    r.repairs.record(Trigger::Notification, repaired, &kinds);
                 }
             }
         }
@@ -152,8 +167,8 @@ impl Agent {
         }
     }
 
-    /// Checks and repairs `target`; returns the repairs made (one line each).
-    async fn check_target(&self, target: Target) -> Result<Vec<String>, Error> {
+    /// Checks and repairs `target`; returns the repairs made.
+    async fn check_target(&self, target: Target) -> Result<Vec<Repaired>, Error> {
         match target {
             Target::Vm(uid) => self.check_vm(uid).await,
             Target::Host => {
@@ -164,13 +179,42 @@ impl Agent {
                     .repair_host()
                     .await
                     .map_err(|e| Error::unavailable(format!("host: {e}")))?;
-                Ok(changes.iter().map(|c| format!("host: {c}")).collect())
+                Ok(changes
+                    .iter()
+                    .filter_map(|c| Repaired::of("host", &[c]))
+                    .collect())
             }
-            Target::Pass => Ok(self.reconcile().await?.repaired),
-            Target::PoolTables => Ok(match self.pool() {
-                Some(p) if p.runtime().audit_now().await => vec!["pool: tables".to_owned()],
-                _ => Vec::new(),
-            }),
+            // The pass counts its repairs' kinds itself.
+            Target::Pass => Ok(self
+                .reconcile_notified()
+                .await?
+                .repaired
+                .into_iter()
+                .map(|line| Repaired {
+                    line,
+                    kinds: Vec::new(),
+                })
+                .collect()),
+            Target::Proxies => self.check_proxies().await,
+            Target::PoolTables => {
+                let Some(p) = self.pool() else {
+                    return Ok(Vec::new());
+                };
+                let drift = p.runtime().audit_now().await;
+                let mut kinds: Vec<ObjectKind> = drift
+                    .iter()
+                    .map(|d| ObjectKind::of_nft_difference(d))
+                    .collect();
+                kinds.sort_unstable();
+                kinds.dedup();
+                Ok((!drift.is_empty())
+                    .then(|| Repaired {
+                        line: format!("pool: tables: {}", drift.join("; ")),
+                        kinds,
+                    })
+                    .into_iter()
+                    .collect())
+            }
             Target::PoolTaps => {
                 if let Some(p) = self.pool() {
                     let o = p.converge(self.db()).await?;
@@ -185,7 +229,7 @@ impl Agent {
 
     /// The reconcile pass's check of one VM, by user id: under the kernel lock, its stored row
     /// applied by [`Agent::converge`].
-    async fn check_vm(&self, uid: u32) -> Result<Vec<String>, Error> {
+    async fn check_vm(&self, uid: u32) -> Result<Vec<Repaired>, Error> {
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
         let Some(id) = rows.into_iter().find(|r| r.user_id == uid).map(|r| r.id) else {
             // Not a stored VM's (one being removed, or an orphan for the pass's collection).
@@ -203,6 +247,49 @@ impl Agent {
             return Ok(Vec::new());
         }
         Ok(self.converge(&row).await?.into_iter().collect())
+    }
+
+    /// Every stored VM's proxy entries on the uplink, checked and repaired by the driver's
+    /// comparison of them ([`vmnet_kernel::ns::NsDriver::repair_proxies`], what an apply runs),
+    /// one VM at a time under the kernel lock: one lookup per entry, nothing written when all
+    /// are there. Only VMs with a public address and their desired config applied (the check
+    /// of a VM mid-change or failed is its own apply's or the pass's).
+    async fn check_proxies(&self) -> Result<Vec<Repaired>, Error> {
+        let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
+        let ids: Vec<String> = rows
+            .into_iter()
+            .filter(|r| {
+                parse_vm_config(r.config.as_bytes())
+                    .is_ok_and(|c| c.public_ipv4.is_some() || c.public_ipv6.is_some())
+            })
+            .map(|r| r.id)
+            .collect();
+        let mut out = Vec::new();
+        for id in ids {
+            self.yield_to_api().await;
+            let _kernel = self
+                .kernel
+                .lock_checking(format!("notification: proxy entries of vm {id}"))
+                .await;
+            let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, &id).await)? else {
+                continue;
+            };
+            if row.last_error.is_some() || row.applied.as_deref() != Some(row.config.as_str()) {
+                continue;
+            }
+            let Ok(config) = parse_vm_config(row.config.as_bytes()) else {
+                continue;
+            };
+            let plan = self.plan(&config)?;
+            let changes = self
+                .driver()
+                .repair_proxies(&plan)
+                .await
+                .map_err(|e| Error::unavailable(format!("vm {id}: proxy entries: {e}")))?;
+            let changes: Vec<&Change> = changes.iter().collect();
+            out.extend(Repaired::of(&format!("vm {id}"), &changes));
+        }
+        Ok(out)
     }
 }
 

@@ -13,8 +13,11 @@ pub enum Target {
     /// The host-wide state (forwarding, router advertisements, the host nft table).
     Host,
     /// Everything: a full reconcile pass (lost notifications, or a change no single VM can be
-    /// named for, e.g. a host proxy entry or the public address table).
+    /// named for, e.g. the public address table).
     Pass,
+    /// Every VM's proxy ARP/NDP entries on the uplink (a proxy entry changed, or the uplink
+    /// did: a link going down loses its proxy entries without a notification of their own).
+    Proxies,
     /// Pool mode's tables: its audit, at once.
     PoolTables,
     /// Pool mode's instances (a tap changed): its pass.
@@ -27,6 +30,7 @@ impl std::fmt::Display for Target {
             Self::Vm(uid) => write!(f, "vm user id {uid}"),
             Self::Host => f.write_str("host-wide state"),
             Self::Pass => f.write_str("every vm (full pass)"),
+            Self::Proxies => f.write_str("proxy entries on the uplink"),
             Self::PoolTables => f.write_str("pool tables"),
             Self::PoolTaps => f.write_str("pool taps"),
         }

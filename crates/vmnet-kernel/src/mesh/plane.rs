@@ -185,6 +185,12 @@ impl MeshPlane {
             vm_mtu: host.vm_mtu,
             pad: 0,
         };
+        // Read first: a pass that finds the entry in place writes nothing.
+        if a.get(&0, 0)
+            .is_ok_and(|c| (c.host, c.vm_mtu) == (cfg.host, cfg.vm_mtu))
+        {
+            return Ok(());
+        }
         a.set(0, cfg, 0).map_err(map_err(maps::CONFIG))
     }
 
@@ -542,14 +548,27 @@ impl MeshPlane {
     /// # Errors
     /// [`MeshError::Invalid`] when the program is not loaded.
     pub fn vm_program_id(&self) -> Result<u32, MeshError> {
+        self.program_id(FROM_VM)
+    }
+
+    /// The kernel's id of this plane's WireGuard-side program (`mesh_from_wg`), as
+    /// [`Self::vm_program_id`].
+    ///
+    /// # Errors
+    /// [`MeshError::Invalid`] when the program is not loaded.
+    pub fn wg_program_id(&self) -> Result<u32, MeshError> {
+        self.program_id(FROM_WG)
+    }
+
+    fn program_id(&self, name: &'static str) -> Result<u32, MeshError> {
         let bpf = self.lock();
         let prog: &SchedClassifier = bpf
-            .program(FROM_VM)
+            .program(name)
             .and_then(|p| p.try_into().ok())
-            .ok_or_else(|| MeshError::Invalid(format!("no program {FROM_VM}")))?;
+            .ok_or_else(|| MeshError::Invalid(format!("no program {name}")))?;
         prog.info()
             .map(|i| i.id())
-            .map_err(|e| MeshError::Invalid(format!("{FROM_VM}: {e}")))
+            .map_err(|e| MeshError::Invalid(format!("{name}: {e}")))
     }
 
     /// The ifindex of device `dev` in the plane's namespace.

@@ -152,6 +152,7 @@ impl NetlinkNsDriver {
                 source,
             })
         })?;
+        self.poll_proxies(&w, host)?;
         self.watcher = Some(w);
         Ok(events)
     }
@@ -571,6 +572,13 @@ impl NsDriver for NetlinkNsDriver {
 
     fn watcher(&self) -> Option<crate::watch::Watcher> {
         self.watcher.clone()
+    }
+
+    fn repair_proxies<'a>(
+        &'a self,
+        plan: &'a VmPlan,
+    ) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        Box::pin(self.sync_proxies(plan, &[], None))
     }
 
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {

@@ -80,6 +80,7 @@ mod guard;
 mod host;
 mod hostnft;
 mod inns;
+mod kinds;
 mod links;
 mod lookup;
 mod nftcheck;
@@ -102,6 +103,7 @@ use std::pin::Pin;
 use vmnet_plan::ns::{PlannedRule, VmPlan};
 
 pub use driver::{NetlinkNsDriver, TEARDOWN_GRACE};
+pub use kinds::ObjectKind;
 pub use lookup::HostUse;
 pub use tc::LimitCounters;
 
@@ -165,6 +167,19 @@ pub trait NsDriver: Send + Sync {
     /// a driver that does not manage the host). A host whose last VM garbage collection removed
     /// is left alone until the next VM's apply.
     fn repair_host(&self) -> BoxFuture<'_, Result<Vec<Change>, NsError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Checks the proxy ARP/NDP entries `plan` wants on the uplink (`--public-neighbors
+    /// proxy`) and adds the missing ones, as an apply's comparison of them does: one lookup per
+    /// entry, nothing written when all are there. The entries of other VMs and those of the
+    /// VM's earlier addresses are left alone (an apply deletes the latter). Returns the
+    /// repairs; always none for a driver that does not manage a host (the default).
+    fn repair_proxies<'a>(
+        &'a self,
+        plan: &'a VmPlan,
+    ) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {
+        let _ = plan;
         Box::pin(async { Ok(Vec::new()) })
     }
 

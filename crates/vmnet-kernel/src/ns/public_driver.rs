@@ -34,6 +34,22 @@ impl NetlinkNsDriver {
         }
     }
 
+    /// Has `w` read the host's proxy entries periodically in proxy mode (they have no change
+    /// notifications: [`crate::watch::Watcher::poll_proxies`]).
+    pub(super) fn poll_proxies(
+        &self,
+        w: &crate::watch::Watcher,
+        host: Option<&str>,
+    ) -> Result<(), NsError> {
+        if self.settings.uplink.is_none()
+            || self.settings.public_neighbors != PublicNeighbors::Proxy
+        {
+            return Ok(());
+        }
+        w.poll_proxies(host, crate::watch::PROXY_POLL)
+            .map_err(|e| NsError::Missing(format!("host: read proxy entries: {e}")))
+    }
+
     /// The routed public block of the VM whose host veth is `host_veth`, from its host routes.
     pub(super) async fn routed_block_of(
         &self,

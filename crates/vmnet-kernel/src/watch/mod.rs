@@ -20,6 +20,8 @@
 //!   attribute a change are parsed ([`parse`]): the events say which namespace, what kind of
 //!   object, and the interface, routing table or nf_tables table it belongs to. They carry
 //!   when they were read, so the caller can time its repair from the change.
+//! - Proxy ARP/NDP entries have no notifications: the watcher reads them periodically and
+//!   reports one gone as a changed proxy entry ([`Watcher::poll_proxies`], [`proxypoll`]).
 //! - A receive-buffer overrun (`ENOBUFS`) means notifications of that namespace were lost:
 //!   it becomes an [`What::Lost`] event (the caller checks the whole namespace).
 //! - The caller's own changes: while the caller changes the kernel it holds a [`Quiet`]; what
@@ -36,6 +38,7 @@
 //!   (deleted and made again) replaces the sockets.
 
 mod parse;
+mod proxypoll;
 mod sock;
 
 use std::collections::{HashMap, HashSet};
@@ -100,6 +103,8 @@ struct Inner {
     state: Mutex<State>,
     tx: mpsc::UnboundedSender<Event>,
     task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The proxy entries' reads ([`Watcher::poll_proxies`]).
+    polls: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 /// The watcher (see the module docs). Cloning shares it.
@@ -111,6 +116,10 @@ impl std::fmt::Debug for Watcher {
         f.debug_struct("Watcher").finish_non_exhaustive()
     }
 }
+
+/// How often the host's proxy entries are read in proxy mode ([`Watcher::poll_proxies`]): one
+/// dump each time.
+pub const PROXY_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The largest datagram read at once: notifications are far smaller.
 const BUF: usize = 64 * 1024;
@@ -134,6 +143,7 @@ impl Watcher {
             state: Mutex::new(State::default()),
             tx,
             task: Mutex::new(None),
+            polls: Mutex::new(Vec::new()),
         });
         let w = Self(inner);
         w.add(None, host)?;
@@ -148,6 +158,11 @@ impl Watcher {
     pub fn stop(&self) {
         if let Some(t) = self.0.task.lock().ok().and_then(|mut t| t.take()) {
             t.abort();
+        }
+        if let Ok(mut p) = self.0.polls.lock() {
+            for t in p.drain(..) {
+                t.abort();
+            }
         }
     }
 
