@@ -3,13 +3,13 @@
 mod gc;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
 use rtnetlink::{Handle, IpVersion};
-use std::net::IpAddr;
 
 use vmnet_plan::ns::{HostPlan, NameKind, NsSettings, VmPlan, parse_uid, plan_host};
 
@@ -18,8 +18,7 @@ use super::host::{self, HostNs};
 use super::nftcheck::ListingMemo;
 use super::routecache::RouteCache;
 use super::rulecache::RuleCache;
-use super::{BoxFuture, Change, NsDriver, NsError, ObservedVm, apply};
-use super::{lookup, routes};
+use super::{BoxFuture, Change, NsDriver, NsError, ObservedVm, apply, lookup, routes};
 use crate::netns;
 
 /// The real namespace-mode driver for one host.
