@@ -311,10 +311,17 @@ async fn a_link_unpinned_by_hand_stops_recording_until_the_pass_repairs_it() {
     let _echo = EchoService::start(guest.netns(), &[sock("fdaa:1::1", 7)]).expect("echo");
     let root = env.activity.as_ref().expect("act").1.0.clone();
     std::fs::remove_file(root.join("activity_link")).expect("unpin by hand");
-    assert!(
-        !linked_programs().contains(&env.recorder().program_id()),
-        "without its pin the program is detached"
-    );
+    // The kernel releases an unpinned link from a work queue, and a tracepoint's program runs
+    // until the release has waited out the readers already inside it: wait for both.
+    let gone = std::time::Instant::now() + T;
+    while linked_programs().contains(&env.recorder().program_id()) {
+        assert!(
+            std::time::Instant::now() < gone,
+            "without its pin the program is detached"
+        );
+        std::thread::sleep(PAUSE);
+    }
+    std::thread::sleep(Duration::from_millis(200));
     traffic::tcp_echo(&env.sb.inet(), sock("fdaa:1::1", 7), T).expect("tcp");
     assert_eq!(last(&env, 1), None, "nothing is recorded while detached");
     // The pass's garbage collection checks the link and attaches the program again.

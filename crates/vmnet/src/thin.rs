@@ -1,7 +1,7 @@
 //! The `vmnet` binary's command line: the client commands run here; every other command is
 //! handed, with its arguments untouched, to `vmnetd` beside this executable by `exec` (the
-//! process id, its environment and its open files carry on), so `vmnet serve` is the agent
-//! and `vmnet pool set …` the IPAM command, as `vmnetd` runs them.
+//! process id, its command line, its environment and its open files carry on), so
+//! `vmnet serve` is the agent and `vmnet pool set …` the IPAM command, as `vmnetd` runs them.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
@@ -83,9 +83,14 @@ fn hand_over() -> ExitCode {
             )));
         }
     };
-    let e = std::process::Command::new(&agent)
-        .args(std::env::args_os().skip(1))
-        .exec();
+    // The command line stays the one that was typed (`ps` and `/proc/PID/cmdline` show
+    // `vmnet serve …`); only the executable changes.
+    let mut args = std::env::args_os();
+    let mut cmd = std::process::Command::new(&agent);
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    let e = cmd.args(args).exec();
     report(&Error::unavailable(format!(
         "cannot run {}: {e} (vmnet runs the agent and the IPAM commands from {AGENT_BINARY} \
          beside it)",
