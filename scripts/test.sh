@@ -10,22 +10,31 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+# Two tools, pinned and built once into ~/.cargo/bin: cargo-machete (unused dependencies fail
+# the run) and mdBook (the book in docs/, without its server and file watcher). They build
+# while apt installs the Debian packages, in a profile that compiles fast (they only run here).
+machete_version=0.9.2
+mdbook_version=0.5.4
+tools() {
+  export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_DEBUG=false
+  if [ "$(cargo machete --version 2>/dev/null)" != "$machete_version" ]; then
+    cargo install cargo-machete --version "$machete_version" --locked --quiet
+  fi
+  if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$mdbook_version" ]; then
+    cargo install mdbook --version "$mdbook_version" --locked --quiet \
+      --no-default-features --features search
+  fi
+}
+tools &
+tools_pid=$!
 scripts/install-deps.sh
+wait "$tools_pid"
 
 cargo fmt --all -- --check
-# Unused dependencies fail the run (cargo-machete, pinned; built once into ~/.cargo/bin).
-machete_version=0.9.2
-if [ "$(cargo machete --version 2>/dev/null)" != "$machete_version" ]; then
-  cargo install cargo-machete --version "$machete_version" --locked
-fi
 cargo machete
-# The book (docs/) builds with mdBook, pinned and built once into ~/.cargo/bin (without its
-# server and file watcher); a build error fails the run. Its links and examples are checked by
-# the vmnet tests `docs` and `kernel_docs_examples`.
-mdbook_version=0.5.4
-if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$mdbook_version" ]; then
-  cargo install mdbook --version "$mdbook_version" --locked --no-default-features --features search
-fi
+# A build error of the book fails the run. Its links and examples are checked by the vmnet
+# tests `docs` and `kernel_docs_examples`.
 mdbook build docs
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Tests that need root (they build network namespaces) are marked #[ignore = "needs root: …"], so
@@ -46,6 +55,15 @@ if [ ! -e /dev/kvm ]; then
   echo "no /dev/kvm: the real-guest tests (kvm_guests_in_the_pool_sandbox, kvm_guests_in_the_namespace_sandbox) are skipped" >&2
   skip=(--skip kvm_guests_in_the_pool_sandbox --skip kvm_guests_in_the_namespace_sandbox) kvm_skipped=2
 fi
+# The guest image (network-bound: mmdebstrap fetches Debian packages) builds while the tests
+# compile; a failure here is left to the KVM tests, which build it again and report why.
+image_pid=
+if [ -e /dev/kvm ]; then
+  scripts/guest-image.sh "${CARGO_TARGET_DIR:-target}/debug/vmnet-guest" >/dev/null &
+  image_pid=$!
+fi
+cargo test --workspace --all-targets --locked --no-run
+if [ -n "$image_pid" ]; then wait "$image_pid" || echo "guest image: the KVM tests build it again" >&2; fi
 cargo test --workspace --all-targets --locked --no-fail-fast -- --include-ignored "${skip[@]}" 2>&1 |
   tee "$log" || status=$?
 awk -v extra="$kvm_skipped" '/^test result:/ { p += $4; f += $6; i += $8 }
