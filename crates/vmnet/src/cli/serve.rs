@@ -212,7 +212,7 @@ fn parse_owner(s: &str) -> Result<(u32, Option<u32>), String> {
 /// # Errors
 /// `INVALID_INPUT` when the namespace does not exist or cannot be entered.
 pub fn enter_netns(args: &ServeArgs) -> Result<(), Error> {
-    super::trust::worker_entry(&args.trust);
+    super::trust::worker_entry(&args.trust, args.log_format);
     if args.pool_helper_serve {
         let code = match vmnet_agent::pool::helper::main_from_fd(None) {
             Ok(()) => 0,
@@ -331,7 +331,13 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         None
     } else {
         let w =
-            super::trust::start_worker(&args.trust, &agent, poller_settings.http.clone()).await?;
+            super::trust::start_worker(
+                &args.trust,
+                args.log_format,
+                &agent,
+                poller_settings.http.clone(),
+            )
+            .await?;
         let st = w.status();
         tracing::info!(pid = ?st.pid, user = %st.user, uid = st.uid, "worker on (metadata service, provider polls)");
         Some(w)

@@ -367,7 +367,9 @@ fn config_path(m: &ArgMatches) -> (PathBuf, bool) {
 /// file, or for a flag the file's settings break a rule with (clap's message, naming the file).
 pub fn parse_cli(argv: &[OsString]) -> Result<Cli, ParseFailure> {
     let mut root = Cli::command().try_get_matches_from(argv)?;
-    if let Some(("serve", m)) = root.subcommand() {
+    if let Some(("serve", m)) = root.subcommand()
+        && !internal(m)
+    {
         let (path, explicit) = config_path(m);
         if let Some(file) = read(&path, explicit, &serve_command()).map_err(ParseFailure::Config)? {
             let extra: Vec<OsString> = file
@@ -385,6 +387,16 @@ pub fn parse_cli(argv: &[OsString]) -> Result<Cli, ParseFailure> {
         }
     }
     Ok(Cli::from_arg_matches_mut(&mut root)?)
+}
+
+/// Whether `serve` runs in an internal role (a hidden flag such as `--worker-serve` given by
+/// the agent that started it): the agent read the file already, and passes what the helper
+/// needs; the unprivileged worker may not even be able to read it.
+fn internal(m: &ArgMatches) -> bool {
+    serve_command()
+        .get_arguments()
+        .filter(|a| a.is_hide_set())
+        .any(|a| m.value_source(a.get_id().as_str()) == Some(ValueSource::CommandLine))
 }
 
 /// A clap error for the command line with a file's settings, naming the file.

@@ -34,8 +34,36 @@ pub enum LogFormat {
     Json,
 }
 
+impl std::fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Text => "text",
+            Self::Json => "json",
+        })
+    }
+}
+
 fn filter() -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+}
+
+/// Installs the log of the unprivileged worker (`--worker-serve`): JSON or text lines on the
+/// stderr it shares with the agent. Never the journal's socket: the worker's system call
+/// filter allows none.
+pub fn init_worker(format: LogFormat) {
+    let _ = match format {
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_env_filter(filter())
+            .with_writer(std::io::stderr)
+            .try_init(),
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init(),
+    };
 }
 
 /// Installs the agent's log for `format` (once; a second call changes nothing).
