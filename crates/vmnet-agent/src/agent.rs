@@ -483,10 +483,10 @@ impl Agent {
             tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
         }
         if unchanged {
-            tracing::debug!(vm = %cfg.id, op = "change", change = ?kind, "vm applied (unchanged)");
+            tracing::debug!(vm = %cfg.id, op = "change", apply = kind.as_str(), "vm applied (unchanged)");
         } else {
             let op = if before.is_some() { "change" } else { "create" };
-            tracing::info!(vm = %cfg.id, op, change = ?kind, "vm applied");
+            tracing::info!(vm = %cfg.id, op, apply = kind.as_str(), "vm applied");
         }
         let row = match before {
             Some(b) if unchanged => b,

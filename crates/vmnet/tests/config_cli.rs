@@ -61,8 +61,14 @@ fn the_shipped_example_passes_config_check() {
         + 1;
     let (v, from) = row(&stdout, "reconcile-interval-secs");
     assert_eq!(v, "10");
-    assert!(from.ends_with(&format!("examples/vmnet.toml:{line}")), "{from}");
-    assert_eq!(row(&stdout, "wg-port"), ("51820".to_owned(), "default".to_owned()));
+    assert!(
+        from.ends_with(&format!("examples/vmnet.toml:{line}")),
+        "{from}"
+    );
+    assert_eq!(
+        row(&stdout, "wg-port"),
+        ("51820".to_owned(), "default".to_owned())
+    );
 }
 
 #[test]
@@ -81,17 +87,29 @@ fn command_line_beats_environment_beats_file_beats_default() {
         text(&out.stdout)
     };
     let out = check(&[], &[]);
-    assert_eq!(row(&out, "state-dir"), ("/from/file".to_owned(), format!("{f}:1")));
+    assert_eq!(
+        row(&out, "state-dir"),
+        ("/from/file".to_owned(), format!("{f}:1"))
+    );
     assert_eq!(row(&out, "name-prefix").0, "fil");
-    assert_eq!(row(&out, "socket"), ("/run/vmnet/vmnet.sock".to_owned(), "default".to_owned()));
+    assert_eq!(
+        row(&out, "socket"),
+        ("/run/vmnet/vmnet.sock".to_owned(), "default".to_owned())
+    );
     let env = [("VMNET_STATE_DIR", "/from/env")];
     let out = check(&[], &env);
     assert_eq!(
         row(&out, "state-dir"),
-        ("/from/env".to_owned(), "environment VMNET_STATE_DIR".to_owned())
+        (
+            "/from/env".to_owned(),
+            "environment VMNET_STATE_DIR".to_owned()
+        )
     );
     let out = check(&["--state-dir", "/from/cli"], &env);
-    assert_eq!(row(&out, "state-dir"), ("/from/cli".to_owned(), "command line".to_owned()));
+    assert_eq!(
+        row(&out, "state-dir"),
+        ("/from/cli".to_owned(), "command line".to_owned())
+    );
     // The file named by the environment.
     let out = vmnet(&["config", "check"], &[("VMNET_CONFIG", &f)]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -115,7 +133,10 @@ fn a_bad_file_is_refused_with_file_line_and_key() {
         stderr.contains(&format!("{f}:3: unknown key \"reconcile-intervall-secs\"")),
         "{stderr}"
     );
-    assert!(stderr.contains(&format!("{f}:4: key \"wg-port\": invalid value '99999'")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{f}:4: key \"wg-port\": invalid value '99999'")),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -130,7 +151,10 @@ fn a_missing_named_file_is_not_found() {
     ] {
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{stderr}");
-        assert!(stderr.starts_with("error: NOT_FOUND: configuration file "), "{stderr}");
+        assert!(
+            stderr.starts_with("error: NOT_FOUND: configuration file "),
+            "{stderr}"
+        );
         assert!(stderr.contains(missing), "{stderr}");
     }
 }
@@ -141,12 +165,21 @@ fn serve_refuses_a_bad_file_before_it_binds_anything() {
     let socket = dir.path().join("vmnet.sock");
     let f = write(dir.path(), "vmnet.toml", "bridge = \"br1\"\n");
     let out = vmnet(
-        &["serve", "--config", &f, "--socket", socket.to_str().unwrap()],
+        &[
+            "serve",
+            "--config",
+            &f,
+            "--socket",
+            socket.to_str().unwrap(),
+        ],
         &[],
     );
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains(&f) && stderr.contains("--host-id"), "{stderr}");
+    assert!(
+        stderr.contains(&f) && stderr.contains("--host-id"),
+        "{stderr}"
+    );
     assert!(!socket.exists(), "nothing was bound");
 }
 
@@ -166,7 +199,10 @@ fn secrets_in_urls_are_not_printed() {
         let stdout = text(&out.stdout);
         assert!(out.status.success(), "{}", text(&out.stderr));
         assert!(!stdout.contains("hunter2"), "{stdout}");
-        assert!(stdout.contains("postgres://vmnet:***@db.example.com/vmnet"), "{stdout}");
+        assert!(
+            stdout.contains("postgres://vmnet:***@db.example.com/vmnet"),
+            "{stdout}"
+        );
     }
 }
 
@@ -174,7 +210,10 @@ fn secrets_in_urls_are_not_printed() {
 fn config_check_prints_json_on_request() {
     let dir = tempfile::tempdir().unwrap();
     let f = write(dir.path(), "vmnet.toml", "log-format = \"json\"\n");
-    let out = vmnet(&["--output", "json", "config", "check", "--config", &f], &[]);
+    let out = vmnet(
+        &["--output", "json", "config", "check", "--config", &f],
+        &[],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["file"], f.as_str());
@@ -204,7 +243,12 @@ fn man_pages_are_written_for_vmnet_and_each_subcommand() {
     let out_dir = dir.path().join("man1");
     let out = vmnet(&["man", "--dir", out_dir.to_str().unwrap()], &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    for page in ["vmnet.1", "vmnet-serve.1", "vmnet-config-check.1", "vmnet-vm-put.1"] {
+    for page in [
+        "vmnet.1",
+        "vmnet-serve.1",
+        "vmnet-config-check.1",
+        "vmnet-vm-put.1",
+    ] {
         let p = out_dir.join(page);
         let roff = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{page}: {e}"));
         assert!(roff.contains(".TH "), "{page}: {roff}");

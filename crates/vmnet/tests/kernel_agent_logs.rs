@@ -18,10 +18,9 @@ async fn a_json_log_from_the_config_file_names_the_vm_and_the_operation() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("vmnet.toml");
     std::fs::write(&config, "log-format = \"json\"\nno-metadata = true\n").unwrap();
-    let mut agent = start(&options(&sb, tmp.path(), 60).args([
-        "--config".to_owned(),
-        config.display().to_string(),
-    ]))
+    let mut agent = start(
+        &options(&sb, tmp.path(), 60).args(["--config".to_owned(), config.display().to_string()]),
+    )
     .await;
     let client = agent.client();
     let mut body = vm("lj", 1);

@@ -330,14 +330,13 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     let worker = if args.no_metadata && !args.poll_providers {
         None
     } else {
-        let w =
-            super::trust::start_worker(
-                &args.trust,
-                args.log_format,
-                &agent,
-                poller_settings.http.clone(),
-            )
-            .await?;
+        let w = super::trust::start_worker(
+            &args.trust,
+            args.log_format,
+            &agent,
+            poller_settings.http.clone(),
+        )
+        .await?;
         let st = w.status();
         tracing::info!(pid = ?st.pid, user = %st.user, uid = st.uid, "worker on (metadata service, provider polls)");
         Some(w)

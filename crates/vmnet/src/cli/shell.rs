@@ -41,9 +41,8 @@ pub fn completions(args: &CompletionsArgs) -> Result<(), Error> {
 /// # Errors
 /// `UNAVAILABLE` naming the directory when it cannot be made or written.
 pub fn man(args: &ManArgs) -> Result<(), Error> {
-    let failed = |e: std::io::Error| {
-        Error::unavailable(format!("man --dir {}: {e}", args.dir.display()))
-    };
+    let failed =
+        |e: std::io::Error| Error::unavailable(format!("man --dir {}: {e}", args.dir.display()));
     std::fs::create_dir_all(&args.dir).map_err(failed)?;
     clap_mangen::generate_to(Cli::command(), &args.dir).map_err(failed)?;
     let mut pages: Vec<_> = std::fs::read_dir(&args.dir)

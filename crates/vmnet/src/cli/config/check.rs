@@ -90,7 +90,9 @@ pub fn check(g: &Global, cmd: &ConfigCmd) -> Result<(), Error> {
     }
     let cli = Cli::from_arg_matches(&m).map_err(|e| Error::invalid(super::clap_message(&e)))?;
     let Command::Serve(serve_args) = &cli.command else {
-        return Err(Error::internal("config check: parsed as another command than serve"));
+        return Err(Error::internal(
+            "config check: parsed as another command than serve",
+        ));
     };
     // The checks `serve` makes before it touches anything.
     crate::cli::serve::preflight(&cli.global, serve_args)?;
@@ -103,7 +105,10 @@ pub fn check(g: &Global, cmd: &ConfigCmd) -> Result<(), Error> {
         .collect();
     let shown = file.as_ref().map(|f| f.path.display().to_string());
     if g.output == Output::Json {
-        let report = Report { file: shown, keys: rows };
+        let report = Report {
+            file: shown,
+            keys: rows,
+        };
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::internal(format!("config check: {e}")))?;
         println!("{text}");
@@ -111,16 +116,26 @@ pub fn check(g: &Global, cmd: &ConfigCmd) -> Result<(), Error> {
     }
     match &shown {
         Some(p) => println!("{p}: ok"),
-        None => println!("{}: no such file; the flags, environment and built-in defaults: ok", path.display()),
+        None => println!(
+            "{}: no such file; the flags, environment and built-in defaults: ok",
+            path.display()
+        ),
     }
     let cells: Vec<Vec<String>> = rows
         .into_iter()
         .map(|r| {
-            let v = if r.value.is_empty() { "-".to_owned() } else { r.value.join(", ") };
+            let v = if r.value.is_empty() {
+                "-".to_owned()
+            } else {
+                r.value.join(", ")
+            };
             vec![r.key, v, r.from]
         })
         .collect();
-    print!("{}", vmnet_agent::table::render(&["KEY", "VALUE", "FROM"], &cells));
+    print!(
+        "{}",
+        vmnet_agent::table::render(&["KEY", "VALUE", "FROM"], &cells)
+    );
     Ok(())
 }
 
@@ -130,7 +145,8 @@ fn given_globals(root: &ArgMatches) -> Vec<OsString> {
     let mut out = Vec::new();
     for a in cmd.get_arguments().filter(|a| a.is_global_set()) {
         let id = a.get_id().as_str();
-        let (Some(long), Some(ValueSource::CommandLine)) = (a.get_long(), root.value_source(id)) else {
+        let (Some(long), Some(ValueSource::CommandLine)) = (a.get_long(), root.value_source(id))
+        else {
             continue;
         };
         for v in root.get_raw(id).into_iter().flatten() {
@@ -143,8 +159,18 @@ fn given_globals(root: &ArgMatches) -> Vec<OsString> {
 }
 
 /// One key's value as `serve` would use it and where it comes from.
-fn row(k: &Key, sm: &ArgMatches, root: &ArgMatches, file: Option<&ConfigFile>, from_file: &[super::Setting]) -> Row {
-    let m = if sm.try_contains_id(&k.id).is_ok() { sm } else { root };
+fn row(
+    k: &Key,
+    sm: &ArgMatches,
+    root: &ArgMatches,
+    file: Option<&ConfigFile>,
+    from_file: &[super::Setting],
+) -> Row {
+    let m = if sm.try_contains_id(&k.id).is_ok() {
+        sm
+    } else {
+        root
+    };
     let value: Vec<String> = m
         .get_raw(&k.id)
         .into_iter()
@@ -162,5 +188,9 @@ fn row(k: &Key, sm: &ArgMatches, root: &ArgMatches, file: Option<&ConfigFile>, f
             _ => "unset".to_owned(),
         },
     };
-    Row { key: k.name.clone(), value, from }
+    Row {
+        key: k.name.clone(),
+        value,
+        from,
+    }
 }

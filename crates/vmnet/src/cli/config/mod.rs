@@ -135,7 +135,11 @@ pub struct ConfigFile {
 /// `NOT_FOUND` for a missing explicit file; `INVALID_INPUT` naming the file (and the line and
 /// key) for a file that is not TOML, an unknown key or a bad value; `UNAVAILABLE` when it
 /// cannot be read.
-pub fn read(path: &Path, explicit: bool, serve: &clap::Command) -> Result<Option<ConfigFile>, Error> {
+pub fn read(
+    path: &Path,
+    explicit: bool,
+    serve: &clap::Command,
+) -> Result<Option<ConfigFile>, Error> {
     let text = match std::fs::read(path) {
         Ok(bytes) => String::from_utf8(bytes).map_err(|e| {
             Error::invalid(format!(
@@ -148,7 +152,10 @@ pub fn read(path: &Path, explicit: bool, serve: &clap::Command) -> Result<Option
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Error::new(
                 ErrorCode::NotFound,
-                format!("configuration file {}: no such file (--config or {CONFIG_ENV})", path.display()),
+                format!(
+                    "configuration file {}: no such file (--config or {CONFIG_ENV})",
+                    path.display()
+                ),
             ));
         }
         Err(e) => {
@@ -173,7 +180,10 @@ pub fn parse(path: &Path, text: &str, serve: &clap::Command) -> Result<ConfigFil
             .span()
             .map(|s| format!(":{}", line_of(text, s.start)))
             .unwrap_or_default();
-        Error::invalid(format!("{shown}{at}: not valid TOML: {}", e.message().trim_end()))
+        Error::invalid(format!(
+            "{shown}{at}: not valid TOML: {}",
+            e.message().trim_end()
+        ))
     })?;
     let keys = keys(serve);
     let mut entries: Vec<_> = table.get_ref().iter().collect();
@@ -184,7 +194,10 @@ pub fn parse(path: &Path, text: &str, serve: &clap::Command) -> Result<ConfigFil
         let name = k.get_ref().as_ref();
         let line = line_of(text, k.span().start);
         let Some(key) = keys.iter().find(|key| key.name == name) else {
-            problems.push(format!("{shown}:{line}: unknown key \"{name}\"{}", hint(name, &keys)));
+            problems.push(format!(
+                "{shown}:{line}: unknown key \"{name}\"{}",
+                hint(name, &keys)
+            ));
             continue;
         };
         match setting(key, v.get_ref(), serve) {
@@ -225,7 +238,11 @@ fn hint(name: &str, keys: &[Key]) -> String {
 }
 
 /// The flags one value of the file stands for, each value checked by the flag's parser.
-fn setting(key: &Key, value: &toml::de::DeValue<'_>, serve: &clap::Command) -> Result<Vec<String>, String> {
+fn setting(
+    key: &Key,
+    value: &toml::de::DeValue<'_>,
+    serve: &clap::Command,
+) -> Result<Vec<String>, String> {
     use toml::de::DeValue;
     let flag = format!("--{}", key.name);
     let values = match (key.kind, value) {
@@ -276,7 +293,10 @@ fn scalar(value: &toml::de::DeValue<'_>) -> Result<String, String> {
         DeValue::Integer(i) => i128::from_str_radix(i.as_str(), i.radix())
             .map(|n| n.to_string())
             .map_err(|_| format!("integer {i} is out of range")),
-        other => Err(format!("expects a string or an integer, not {}", type_name(other))),
+        other => Err(format!(
+            "expects a string or an integer, not {}",
+            type_name(other)
+        )),
     }
 }
 
@@ -299,7 +319,10 @@ fn clap_message(e: &clap::Error) -> String {
     let rendered = e.render().to_string();
     let body = rendered.strip_prefix("error: ").unwrap_or(&rendered);
     let body = body.split("\n\nUsage:").next().unwrap_or(body);
-    let body = body.split("\n\nFor more information").next().unwrap_or(body);
+    let body = body
+        .split("\n\nFor more information")
+        .next()
+        .unwrap_or(body);
     body.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -308,9 +331,7 @@ fn clap_message(e: &clap::Error) -> String {
 fn given(id: &str, m: &ArgMatches, root: &ArgMatches) -> bool {
     [m, root].iter().any(|m| {
         matches!(
-            m.try_contains_id(id)
-                .ok()
-                .and_then(|_| m.value_source(id)),
+            m.try_contains_id(id).ok().and_then(|_| m.value_source(id)),
             Some(ValueSource::CommandLine | ValueSource::EnvVariable)
         )
     })
@@ -431,20 +452,32 @@ pub fn redact(value: &str) -> String {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(k, v)| {
-                let v = if secret(&k) { "***".to_owned() } else { v.into_owned() };
+                let v = if secret(&k) {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
                 (k.into_owned(), v)
             })
             .collect();
         url.query_pairs_mut().clear().extend_pairs(pairs);
         changed = true;
     }
-    if changed { url.to_string() } else { value.to_owned() }
+    if changed {
+        url.to_string()
+    } else {
+        value.to_owned()
+    }
 }
 
 /// `message` with `value` replaced by its [`redact`]ed form.
 fn redact_in(message: &str, value: &str) -> String {
     let r = redact(value);
-    if r == value { message.to_owned() } else { message.replace(value, &r) }
+    if r == value {
+        message.to_owned()
+    } else {
+        message.replace(value, &r)
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,10 @@ fn invalid(text: &str) -> String {
 }
 
 /// `vmnet serve` parsed with `args` after `--config FILE`.
-fn serve(f: &tempfile::NamedTempFile, args: &[&str]) -> Result<crate::cli::serve::ServeArgs, String> {
+fn serve(
+    f: &tempfile::NamedTempFile,
+    args: &[&str],
+) -> Result<crate::cli::serve::ServeArgs, String> {
     let mut argv: Vec<OsString> = ["vmnet", "serve", "--config"].map(OsString::from).to_vec();
     argv.push(f.path().into());
     argv.extend(args.iter().map(OsString::from));
@@ -96,41 +99,78 @@ fn a_table_is_an_unknown_key() {
 fn every_problem_is_reported_at_once() {
     let m = invalid("a = 1\nwg-port = 70000\nmesh = \"yes\"\nprivate-mtu = 1.5\n");
     assert!(m.contains(":1: unknown key \"a\""), "{m}");
-    assert!(m.contains(":2: key \"wg-port\": invalid value '70000'"), "{m}");
-    assert!(m.contains(":3: key \"mesh\": expects true or false, not a string"), "{m}");
-    assert!(m.contains(":4: key \"private-mtu\": expects a string or an integer, not a float"), "{m}");
+    assert!(
+        m.contains(":2: key \"wg-port\": invalid value '70000'"),
+        "{m}"
+    );
+    assert!(
+        m.contains(":3: key \"mesh\": expects true or false, not a string"),
+        "{m}"
+    );
+    assert!(
+        m.contains(":4: key \"private-mtu\": expects a string or an integer, not a float"),
+        "{m}"
+    );
 }
 
 #[test]
 fn values_go_through_the_flags_own_parsers() {
     let m = invalid("reconcile-interval-secs = 0\n");
-    assert!(m.contains(":1: key \"reconcile-interval-secs\": invalid value '0'"), "{m}");
+    assert!(
+        m.contains(":1: key \"reconcile-interval-secs\": invalid value '0'"),
+        "{m}"
+    );
     let m = invalid("transit-cidr = \"10.0.0.0/33\"\n");
-    assert!(m.contains("key \"transit-cidr\": invalid value '10.0.0.0/33'"), "{m}");
+    assert!(
+        m.contains("key \"transit-cidr\": invalid value '10.0.0.0/33'"),
+        "{m}"
+    );
     let m = invalid("log-format = \"xml\"\n");
     assert!(m.contains("key \"log-format\": invalid value 'xml'"), "{m}");
-    assert!(m.contains("text") && m.contains("json"), "lists the choices: {m}");
+    assert!(
+        m.contains("text") && m.contains("json"),
+        "lists the choices: {m}"
+    );
     let m = invalid("name-prefix = [\"a\", \"b\"]\n");
-    assert!(m.contains("key \"name-prefix\": expects a string or an integer, not an array"), "{m}");
+    assert!(
+        m.contains("key \"name-prefix\": expects a string or an integer, not an array"),
+        "{m}"
+    );
 }
 
 #[test]
 fn text_that_is_not_toml_names_the_line() {
     let m = invalid("mesh = true\nwg-port = \n");
-    assert!(m.starts_with("/etc/vmnet/vmnet.toml:2: not valid TOML"), "{m}");
+    assert!(
+        m.starts_with("/etc/vmnet/vmnet.toml:2: not valid TOML"),
+        "{m}"
+    );
     let m = invalid("mesh = true\nmesh = false\n");
-    assert!(m.contains("/etc/vmnet/vmnet.toml:2: not valid TOML"), "a repeated key: {m}");
+    assert!(
+        m.contains("/etc/vmnet/vmnet.toml:2: not valid TOML"),
+        "a repeated key: {m}"
+    );
 }
 
 #[test]
 fn values_become_flags() {
-    let f = parse_text("wg-port = 0x1f90\nmesh = true\nno-metadata = false\nuplink = \"eth0\"\n").unwrap();
+    let f = parse_text("wg-port = 0x1f90\nmesh = true\nno-metadata = false\nuplink = \"eth0\"\n")
+        .unwrap();
     let args: Vec<_> = f.settings.iter().flat_map(|s| s.args.clone()).collect();
     assert_eq!(args, ["--wg-port=8080", "--mesh", "--uplink=eth0"]);
-    let lines: Vec<_> = f.settings.iter().map(|s| (s.key.as_str(), s.line)).collect();
+    let lines: Vec<_> = f
+        .settings
+        .iter()
+        .map(|s| (s.key.as_str(), s.line))
+        .collect();
     assert_eq!(
         lines,
-        [("wg-port", 1), ("mesh", 2), ("no-metadata", 3), ("uplink", 4)]
+        [
+            ("wg-port", 1),
+            ("mesh", 2),
+            ("no-metadata", 3),
+            ("uplink", 4)
+        ]
     );
 }
 
@@ -184,6 +224,9 @@ fn url_passwords_are_not_shown() {
     );
     let r = redact("postgres://db.example.com/vmnet?user=vmnet&password=hunter2");
     assert!(!r.contains("hunter2") && r.contains("user=vmnet"), "{r}");
-    assert_eq!(redact("sqlite:///var/lib/vmnet/vmnet.db"), "sqlite:///var/lib/vmnet/vmnet.db");
+    assert_eq!(
+        redact("sqlite:///var/lib/vmnet/vmnet.db"),
+        "sqlite:///var/lib/vmnet/vmnet.db"
+    );
     assert_eq!(redact("/var/lib/vmnet"), "/var/lib/vmnet");
 }

@@ -182,7 +182,11 @@ fn entry(identifier: &str, event: &Event<'_>) -> (Vec<u8>, String) {
     event.record(&mut f);
     let text = line(meta.target(), &f);
     let mut buf = Vec::with_capacity(256);
-    put(&mut buf, "PRIORITY", priority(*meta.level()).to_string().as_bytes());
+    put(
+        &mut buf,
+        "PRIORITY",
+        priority(*meta.level()).to_string().as_bytes(),
+    );
     put(&mut buf, "SYSLOG_IDENTIFIER", identifier.as_bytes());
     put(&mut buf, "MESSAGE", text.as_bytes());
     put(&mut buf, "TRACING_TARGET", meta.target().as_bytes());
@@ -256,7 +260,10 @@ mod tests {
         assert!(lines.contains(&"SYSLOG_IDENTIFIER=vmnet"), "{text}");
         assert!(lines.contains(&"VM=web-1"), "{text}");
         assert!(lines.contains(&"OP=create"), "{text}");
-        assert!(lines.contains(&"TRACING_TARGET=vmnet_agent::agent"), "{text}");
+        assert!(
+            lines.contains(&"TRACING_TARGET=vmnet_agent::agent"),
+            "{text}"
+        );
         assert!(
             lines.contains(
                 &r#"MESSAGE=vmnet_agent::agent: vm applied vm=web-1 op="create" changes=["a b"]"#

@@ -92,7 +92,7 @@ pub fn init(format: LogFormat) {
                 .with_env_filter(filter())
                 .with_writer(std::io::stderr)
                 .try_init()
-            .map_err(|_| ()),
+                .map_err(|_| ()),
         },
         LogFormat::Text => tracing_subscriber::fmt()
             .with_env_filter(filter())

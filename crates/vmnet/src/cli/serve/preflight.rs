@@ -79,4 +79,3 @@ pub fn check_uplink(uplink: Option<&str>) -> Result<(), Error> {
     }
     Ok(())
 }
-
