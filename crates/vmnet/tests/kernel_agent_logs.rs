@@ -1,6 +1,6 @@
 //! The agent's configuration file and JSON log, end to end (root required: the agent runs in a
 //! sandbox host namespace): `vmnet serve --config FILE` with `log-format = "json"` in the file
-//! logs one JSON object per line, and a VM's create, change and delete each carry the VM id
+//! logs one JSON object per line (its worker too), and a VM's create, change and delete each carry the VM id
 //! and the operation as fields.
 
 mod agent_support;
@@ -17,7 +17,7 @@ async fn a_json_log_from_the_config_file_names_the_vm_and_the_operation() {
     let sb = Sandbox::new("lj").expect("sandbox");
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("vmnet.toml");
-    std::fs::write(&config, "log-format = \"json\"\nno-metadata = true\n").unwrap();
+    std::fs::write(&config, "log-format = \"json\"\n").unwrap();
     let mut agent = start(
         &options(&sb, tmp.path(), 60).args(["--config".to_owned(), config.display().to_string()]),
     )
