@@ -1,7 +1,7 @@
 //! The agent's configuration file and JSON log, end to end (root required: the agent runs in a
 //! sandbox host namespace): `vmnet serve --config FILE` with `log-format = "json"` in the file
-//! logs one JSON object per line (its worker too), and a VM's create, change and delete each carry the VM id
-//! and the operation as fields.
+//! logs one JSON object per line (its worker too), and a VM's create, change and delete each
+//! carry the VM id and the operation as fields.
 
 mod agent_support;
 
