@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::Subcommand;
+use clap::{Parser, Subcommand};
 use vmnet_agent::api::error::from_ipam;
 use vmnet_cli::{finish, report, usage_error};
 use vmnet_model::Error;

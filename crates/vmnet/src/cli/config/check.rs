@@ -11,7 +11,10 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use serde::Serialize;
 use vmnet_model::Error;
 
-use super::{CONFIG_ENV, ConfigFile, DEFAULT_PATH, Key, config_path, keys, read, redact, serve_command, with_file};
+use super::{
+    CONFIG_ENV, ConfigFile, DEFAULT_PATH, Key, config_path, keys, read, redact, serve_command,
+    with_file,
+};
 use crate::full::{Cli, Command};
 use crate::{Global, Output};
 

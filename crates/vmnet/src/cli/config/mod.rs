@@ -386,7 +386,7 @@ fn config_path(m: &ArgMatches) -> (PathBuf, bool) {
 /// # Errors
 /// [`ParseFailure::Usage`] for the command line itself; [`ParseFailure::Config`] for the
 /// file, or for a flag the file's settings break a rule with (clap's message, naming the file).
-pub fn parse_cli(argv: &[OsString]) -> Result<Cli, ParseFailure> {
+pub(crate) fn parse_cli(argv: &[OsString]) -> Result<Cli, ParseFailure> {
     let mut root = Cli::command().try_get_matches_from(argv)?;
     if let Some(("serve", m)) = root.subcommand()
         && !internal(m)

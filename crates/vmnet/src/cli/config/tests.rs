@@ -1,7 +1,7 @@
 use std::io::Write as _;
 
 use super::*;
-use crate::Command;
+use crate::full::Command;
 
 fn file(text: &str) -> tempfile::NamedTempFile {
     let mut f = tempfile::NamedTempFile::new().unwrap();
