@@ -482,6 +482,12 @@ impl Agent {
         {
             tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
         }
+        if unchanged {
+            tracing::debug!(vm = %cfg.id, op = "change", apply = kind.as_str(), "vm applied (unchanged)");
+        } else {
+            let op = if before.is_some() { "change" } else { "create" };
+            tracing::info!(vm = %cfg.id, op, apply = kind.as_str(), "vm applied");
+        }
         let row = match before {
             Some(b) if unchanged => b,
             _ => row,
@@ -542,6 +548,7 @@ impl Agent {
         }
         store_tx!(self.db, tx => vm_store::delete(tx, id).await)?;
         self.activity_ends(view.config.user_id);
+        tracing::info!(vm = %id, op = "delete", "vm deleted");
         Ok(view)
     }
 }

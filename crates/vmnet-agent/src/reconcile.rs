@@ -362,7 +362,7 @@ impl Agent {
                     .map(ToString::to_string)
                     .collect();
                 if !upgrades.is_empty() {
-                    tracing::info!(vm = %row.id, changes = ?upgrades, "configure on start: replaced an earlier agent's objects");
+                    tracing::info!(vm = %row.id, op = "adopt", changes = ?upgrades, "configure on start: replaced an earlier agent's objects");
                 }
                 let changes: Vec<&Change> = changes.iter().filter(|c| c.is_drift()).collect();
                 if in_sync && let Some(r) = Repaired::of(&format!("vm {}", row.id), &changes) {
@@ -373,7 +373,7 @@ impl Agent {
                     {
                         self.count_firewall_repair(&row.id, differences);
                     }
-                    tracing::warn!(vm = %row.id, changes = %r.line, "kernel state changed behind the agent's back; repaired");
+                    tracing::warn!(vm = %row.id, op = "repair", changes = %r.line, "kernel state changed behind the agent's back; repaired");
                     repaired = Some(r);
                 }
                 if let Some(g) = good_plan.as_ref().filter(|g| g.user_id != plan.user_id) {

@@ -12,6 +12,7 @@ use crate::Global;
 use crate::cli;
 use crate::client::{self, ClientCmd};
 
+/// The whole command line.
 #[derive(Debug, Parser)]
 #[command(
     name = "vmnet",
@@ -19,15 +20,16 @@ use crate::client::{self, ClientCmd};
     version,
     about = "Host networking for virtual machines"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
-    global: Global,
+    pub(crate) global: Global,
     #[command(subcommand)]
-    command: Command,
+    pub(crate) command: Command,
 }
 
+/// Its commands.
 #[derive(Debug, Subcommand)]
-enum Command {
+pub(crate) enum Command {
     /// Pool ranges (IPAM).
     #[command(subcommand)]
     Pool(cli::ipam::PoolCmd),
@@ -44,6 +46,13 @@ enum Command {
     Serve(Box<cli::serve::ServeArgs>),
     #[command(flatten)]
     Client(ClientCmd),
+    /// The agent's configuration file (/etc/vmnet/vmnet.toml).
+    #[command(subcommand)]
+    Config(cli::config::ConfigCmd),
+    /// Print a shell completion script (bash, zsh, fish) on stdout.
+    Completions(cli::shell::CompletionsArgs),
+    /// Write the manual pages (vmnet.1 and one per subcommand) into a directory.
+    Man(cli::shell::ManArgs),
 }
 
 /// Runs the command line given to this process.
@@ -51,9 +60,11 @@ enum Command {
 pub fn main() -> ExitCode {
     vmnet_cli::restore_sigpipe();
     vmnet_cli::raise_nofile_limit();
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match cli::config::parse_cli(&argv) {
         Ok(cli) => cli,
-        Err(e) => return usage_error(&e),
+        Err(cli::config::ParseFailure::Usage(e)) => return usage_error(&e),
+        Err(cli::config::ParseFailure::Config(e)) => return report(&e),
     };
     // The agent outlives its clients and helpers: a peer that hangs up is an error for that
     // peer, never the end of the agent.
@@ -114,5 +125,8 @@ async fn run(cli: Cli) -> Result<(), Error> {
             .map_err(from_ipam),
         Command::Serve(a) => cli::serve::run(g, *a).await,
         Command::Client(c) => client::run(g, c).await,
+        Command::Config(c) => cli::config::check(g, &c),
+        Command::Completions(a) => cli::shell::completions(&a),
+        Command::Man(a) => cli::shell::man(&a),
     }
 }

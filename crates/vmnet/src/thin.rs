@@ -52,6 +52,15 @@ enum Command {
     /// Run the agent: HTTP API on a unix socket and the reconcile loop.
     #[command(disable_help_flag = true)]
     Serve(Handed),
+    /// The agent's configuration file (/etc/vmnet/vmnet.toml).
+    #[command(disable_help_flag = true)]
+    Config(Handed),
+    /// Print a shell completion script (bash, zsh, fish) on stdout.
+    #[command(disable_help_flag = true)]
+    Completions(Handed),
+    /// Write the manual pages (vmnet.1 and one per subcommand) into a directory.
+    #[command(disable_help_flag = true)]
+    Man(Handed),
     #[command(flatten)]
     Client(ClientCmd),
     /// Print help for a command.

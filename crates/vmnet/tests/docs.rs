@@ -167,6 +167,32 @@ fn the_configuration_page_lists_exactly_the_serve_flags() {
     );
 }
 
+/// Every configuration file the book shows (```toml) passes `vmnet config check`.
+#[test]
+fn the_books_configuration_files_pass_config_check() {
+    let files: Vec<_> = blocks().into_iter().filter(|b| b.info == "toml").collect();
+    assert!(!files.is_empty(), "the book shows a configuration file");
+    let dir = tempfile::tempdir().unwrap();
+    for (i, b) in files.iter().enumerate() {
+        let file = dir.path().join(format!("vmnet{i}.toml"));
+        std::fs::write(&file, &b.text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+            .args(["config", "check", "--config"])
+            .arg(&file)
+            .env_remove("VMNET_STATE_DIR")
+            .env_remove("VMNET_SOCKET")
+            .env_remove("VMNET_DATABASE_URL")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: vmnet config check: {}",
+            b.page,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Every systemd unit the book shows (```ini,systemd-unit) passes `systemd-analyze verify`, with
 /// its `/usr/local/bin/vmnet` standing for the `vmnet` this suite built: no unknown key, no
 /// setting systemd cannot parse.

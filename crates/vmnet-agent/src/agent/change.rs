@@ -19,6 +19,16 @@ pub(super) enum Kind {
 }
 
 impl Kind {
+    /// The name the log gives it (the field `apply`).
+    pub(super) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Limits => "limits",
+            Self::Firewall => "firewall",
+            Self::Public => "public",
+            Self::Full => "full",
+        }
+    }
+
     /// The kind of the change from `old` (the applied config) to `new`.
     pub(super) fn of(old: &VmConfig, new: &VmConfig) -> Self {
         if limits_only_change(old, new) {

@@ -17,6 +17,8 @@ impl Agent {
     ) -> Error {
         let restored = self.restore_after_failure(cfg, prev_good).await;
         let message = format!("vm {}: apply failed: {}{restored}", cfg.id, err.message);
+        let op = if before.is_some() { "change" } else { "create" };
+        tracing::warn!(vm = %cfg.id, op, code = %err.code, error = %message, "vm apply failed");
         let put_back: Result<(), Error> = match before {
             Some(b) => {
                 let row = VmRow {
@@ -34,7 +36,7 @@ impl Agent {
             None => Ok(()),
         };
         if let Err(e) = put_back {
-            tracing::warn!(vm = %cfg.id, "putting the stored VM back after the failed apply failed: {e}");
+            tracing::warn!(vm = %cfg.id, op = "restore", "putting the stored VM back after the failed apply failed: {e}");
         }
         Error::new(err.code, message)
     }

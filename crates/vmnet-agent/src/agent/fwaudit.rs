@@ -127,7 +127,7 @@ impl Agent {
             match self.driver().audit_table(&plan).await {
                 Ok(None) => {}
                 Ok(Some(diffs)) => {
-                    tracing::warn!(vm = %row.id, differences = ?diffs, "firewall audit: the filter table was changed behind the agent's back; replaced it");
+                    tracing::warn!(vm = %row.id, op = "firewall-repair", differences = ?diffs, "firewall audit: the filter table was changed behind the agent's back; replaced it");
                     self.count_firewall_repair(&row.id, &diffs);
                     repairs.push(format!("vm {}: {}", row.id, diffs.join("; ")));
                 }

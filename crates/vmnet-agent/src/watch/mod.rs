@@ -116,7 +116,7 @@ impl Agent {
                 r.notifications.lost_total += 1;
             }
         }
-        tracing::debug!(netns = ?ev.netns, what = ?ev.what, %target, "kernel change notified");
+        tracing::debug!(netns = ?ev.netns, what = ?ev.what, scope = %target, "kernel change notified");
         sched.notified(target, ev.at);
     }
 
@@ -127,12 +127,12 @@ impl Agent {
             Ok(done) => {
                 if !done.is_empty() {
                     let lines: Vec<&str> = done.iter().map(|r| r.line.as_str()).collect();
-                    tracing::warn!(%target, repairs = ?lines, "repaired on a kernel notification");
+                    tracing::warn!(scope = %target, op = "repair", repairs = ?lines, "repaired on a kernel notification");
                 }
                 done
             }
             Err(e) => {
-                tracing::warn!(%target, "check on a kernel notification failed: {e}");
+                tracing::warn!(scope = %target, "check on a kernel notification failed: {e}");
                 Vec::new()
             }
         };
@@ -159,7 +159,7 @@ impl Agent {
         }
         if let Some(b) = backoff.filter(|b| b.log) {
             tracing::warn!(
-                %target,
+                scope = %target,
                 repairs_in_window = b.repairs,
                 delay_ms = u64::try_from(b.delay.as_millis()).unwrap_or(u64::MAX),
                 "another program keeps changing this; its repairs are backed off"

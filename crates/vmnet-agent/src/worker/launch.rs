@@ -46,10 +46,22 @@ pub fn vmnet_exe() -> std::io::Result<std::path::PathBuf> {
 /// cleared but `RUST_LOG`, stdin closed, stdout and stderr the agent's.
 #[must_use]
 pub fn command(exe: std::path::PathBuf) -> Box<dyn Fn() -> std::process::Command + Send + Sync> {
+    command_with(exe, Vec::new())
+}
+
+/// Like [`command`], with `serve_args` (e.g. the agent's `--log-format`) given to `serve`
+/// before `--worker-serve`.
+#[must_use]
+pub fn command_with(
+    exe: std::path::PathBuf,
+    serve_args: Vec<String>,
+) -> Box<dyn Fn() -> std::process::Command + Send + Sync> {
     let log = std::env::var("RUST_LOG").ok();
     Box::new(move || {
         let mut c = std::process::Command::new(&exe);
-        c.args(["serve", "--worker-serve"])
+        c.arg("serve")
+            .args(&serve_args)
+            .arg("--worker-serve")
             .env_clear()
             .stdin(std::process::Stdio::null());
         if let Some(l) = &log {

@@ -38,5 +38,5 @@ pub mod proto;
 pub mod supervisor;
 
 pub use confine::{DEFAULT_USER, WorkerUser};
-pub use launch::{WorkerSettings, command, vmnet_exe};
+pub use launch::{WorkerSettings, command, command_with, vmnet_exe};
 pub use supervisor::Worker;

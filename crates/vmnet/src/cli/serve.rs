@@ -13,17 +13,11 @@
 //! realises each placed instance's NIC (tap on `--bridge`, set elements) and writes its NoCloud
 //! seed under `<state dir>/pool/seeds/<instance>/` (with a `cidata` image when `genisoimage` is
 //! installed); instances that leave the host lose theirs.
-//!
-//! With `--host-id H` the agent also runs pool mode for the instances the store places on host
-//! `H` ([`vmnet_agent::pool::node`]): it starts the root helper for nftables (a child process
-//! spoken to over a socketpair: `vmnet-pool-helper` next to this executable, or this executable
-//! itself as `vmnet serve --pool-helper-serve`), loads the three bcd tables before touching any
-//! tap, and from then on every reconcile pass and every instance change through the API
-//! realises each placed instance's NIC (tap on `--bridge`, set elements) and writes its NoCloud
-//! seed under `<state dir>/pool/seeds/<instance>/`; instances that leave the host lose theirs.
 
 mod helper;
+mod preflight;
 use helper::start_pool;
+pub use preflight::preflight;
 
 use std::net::Ipv6Addr;
 use std::path::PathBuf;
@@ -58,6 +52,17 @@ pub struct ServeArgs {
     /// Who may use the API, where credentials come from and go, the worker, deadlines.
     #[command(flatten)]
     pub trust: super::trust::TrustArgs,
+    /// The configuration file: a TOML file whose keys are these flags without `--` (see
+    /// configuration.md). A missing default file is no error; a missing named one is. Command
+    /// line and environment override it.
+    #[arg(long, env = crate::cli::config::CONFIG_ENV, value_name = "PATH",
+          default_value = crate::cli::config::DEFAULT_PATH)]
+    pub config: PathBuf,
+    /// The log format on stderr: `text` (under systemd, with its stderr on the journal: each
+    /// line goes to the journal with its fields as journal fields, without a timestamp) or
+    /// `json` (one object per line, for log shippers).
+    #[arg(long, value_enum, default_value_t = super::logs::LogFormat::Text)]
+    pub log_format: super::logs::LogFormat,
     /// The prefix of every kernel object name (netns, links, nft tables): 1-10 bytes, a lowercase
     /// letter then lowercase letters or digits.
     #[arg(long, default_value = "vmn")]
@@ -207,7 +212,7 @@ fn parse_owner(s: &str) -> Result<(u32, Option<u32>), String> {
 /// # Errors
 /// `INVALID_INPUT` when the namespace does not exist or cannot be entered.
 pub fn enter_netns(args: &ServeArgs) -> Result<(), Error> {
-    super::trust::worker_entry(&args.trust);
+    super::trust::worker_entry(&args.trust, args.log_format);
     if args.pool_helper_serve {
         let code = match vmnet_agent::pool::helper::main_from_fd(None) {
             Ok(()) => 0,
@@ -255,45 +260,16 @@ impl ServeArgs {
     }
 }
 
-/// Checks that the `--uplink` interface exists in the namespace the agent runs in (after
-/// `--netns`), before the agent touches anything: a mistyped name would otherwise surface only
-/// when the first VM's public address is proxied on it.
-///
-/// # Errors
-/// `INVALID_INPUT` naming the flag and the interface (also for the loopback device).
-fn check_uplink(uplink: Option<&str>) -> Result<(), Error> {
-    /// The loopback device's ifindex, the same in every network namespace.
-    const LOOPBACK_IFINDEX: u32 = 1;
-    let Some(u) = uplink else { return Ok(()) };
-    let index = nix::net::if_::if_nametoindex(u).map_err(|e| {
-        Error::invalid(format!(
-            "--uplink {u}: no interface of that name in the agent's network namespace ({e})"
-        ))
-    })?;
-    if index == LOOPBACK_IFINDEX {
-        return Err(Error::invalid(format!(
-            "--uplink {u}: the loopback device is not an uplink (no neighbour answers there reach anyone)"
-        )));
-    }
-    Ok(())
-}
-
 /// Runs the command until SIGTERM or SIGINT; returns once the server, the loops and the store
 /// are closed (`main` logs "vmnet agent stopped" after the runtime's threads ended).
 pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: logs written to files (sandboxes, services) stay plain.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-    let settings = args.settings()?;
-    check_uplink(settings.uplink.as_deref())?;
-    let access = args.trust.access()?;
-    let rules = args.trust.provider_rules()?;
+    super::logs::init(args.log_format);
+    let preflight::Checked {
+        settings,
+        access,
+        rules,
+    } = preflight(g, &args)?;
+    preflight::check_uplink(settings.uplink.as_deref())?;
     // The socket first: a second agent for the same socket is refused before it touches
     // anything (the trial saw a refused agent replace the pinned activity program first).
     let unix = server::bind_unix(&g.socket, access)
@@ -354,8 +330,13 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     let worker = if args.no_metadata && !args.poll_providers {
         None
     } else {
-        let w =
-            super::trust::start_worker(&args.trust, &agent, poller_settings.http.clone()).await?;
+        let w = super::trust::start_worker(
+            &args.trust,
+            args.log_format,
+            &agent,
+            poller_settings.http.clone(),
+        )
+        .await?;
         let st = w.status();
         tracing::info!(pid = ?st.pid, user = %st.user, uid = st.uid, "worker on (metadata service, provider polls)");
         Some(w)
@@ -424,14 +405,6 @@ async fn start_mesh(
     args: &ServeArgs,
     agent: &Arc<Agent>,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, Error> {
-    if let Some(a) = args.mesh_address
-        && !vmnet_agent::mesh::body::mesh_range().contains(&a)
-    {
-        return Err(Error::invalid(format!(
-            "--mesh-address {a}: not in {}",
-            vmnet_agent::mesh::body::mesh_range()
-        )));
-    }
     let mesh = Mesh::new(MeshSettings {
         ifname: args.wg_interface.clone(),
         listen_port: args.wg_port,

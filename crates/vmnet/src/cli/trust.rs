@@ -15,6 +15,8 @@ use vmnet_agent::worker::{Worker, WorkerSettings, WorkerUser};
 use vmnet_model::Error;
 use vmnet_model::pool::{DEFAULT_CREDENTIALS_DIR, ProviderRules};
 
+use super::logs::LogFormat;
+
 /// The trust-boundary flags of `vmnet serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TrustArgs {
@@ -78,18 +80,11 @@ impl TrustArgs {
 
 /// When this process is the worker (`--worker-serve`): serves the agent and exits; never
 /// returns then. Call on the main thread before the runtime starts.
-pub fn worker_entry(args: &TrustArgs) {
+pub fn worker_entry(args: &TrustArgs, log_format: LogFormat) {
     let Some(ids) = &args.worker_serve else {
         return;
     };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+    super::logs::init_worker(log_format);
     let code = match vmnet_agent::worker::child::main(ids) {
         Ok(()) => 0,
         Err(e) => {
@@ -106,6 +101,7 @@ pub fn worker_entry(args: &TrustArgs) {
 /// `INVALID_INPUT` for an unknown or root user; `UNAVAILABLE` when the worker does not start.
 pub async fn start_worker(
     args: &TrustArgs,
+    log_format: LogFormat,
     agent: &Agent,
     http: HttpSettings,
 ) -> Result<Arc<Worker>, Error> {
@@ -113,7 +109,7 @@ pub async fn start_worker(
     let exe = vmnet_agent::worker::vmnet_exe()
         .map_err(|e| Error::unavailable(format!("the worker: this executable: {e}")))?;
     let worker = Worker::start(WorkerSettings {
-        command: vmnet_agent::worker::command(exe),
+        command: vmnet_agent::worker::command_with(exe, vec![format!("--log-format={log_format}")]),
         user,
         http,
     })
