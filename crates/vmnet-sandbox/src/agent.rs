@@ -167,6 +167,17 @@ impl AgentOptions {
             "--state-dir".into(),
             self.state_dir.clone().into(),
             "serve".into(),
+        ]);
+        // A sandbox agent takes its settings from this line (and a file it is given), never
+        // from a host's /etc/vmnet/vmnet.toml.
+        let own_file = self.args.iter().any(|a| {
+            a.to_str()
+                .is_some_and(|a| a == "--config" || a.starts_with("--config="))
+        });
+        if !own_file {
+            a.extend(["--config".into(), "/dev/null".into()]);
+        }
+        a.extend([
             "--netns".into(),
             (&self.netns).into(),
             "--name-prefix".into(),
