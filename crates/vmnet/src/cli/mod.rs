@@ -1,5 +1,6 @@
 //! Subcommands, one module per area (each owned by one area of the product).
 
+pub mod events;
 mod guard;
 pub mod ipam;
 pub mod mesh;
