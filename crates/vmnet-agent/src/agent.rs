@@ -487,7 +487,11 @@ impl Agent {
                 Some(_) => Applied::Changed,
             };
             let trigger = Trigger::Api;
-            self.emit_vm(&cfg.id, cfg.user_id, EventBody::VmApplied { change, trigger });
+            self.emit_vm(
+                &cfg.id,
+                cfg.user_id,
+                EventBody::VmApplied { change, trigger },
+            );
         }
         if before.as_ref().is_none_or(|b| b.user_id != cfg.user_id) {
             self.activity_starts(cfg.user_id, before.as_ref().map(|b| b.user_id));

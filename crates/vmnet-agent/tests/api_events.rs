@@ -47,12 +47,7 @@ async fn lines(h: &Harness, path: &str) -> Vec<Value> {
 fn kinds(events: &[Value]) -> Vec<(&str, &str)> {
     events
         .iter()
-        .map(|e| {
-            (
-                e["kind"].as_str().unwrap(),
-                e["vm"].as_str().unwrap_or("-"),
-            )
-        })
+        .map(|e| (e["kind"].as_str().unwrap(), e["vm"].as_str().unwrap_or("-")))
         .collect()
 }
 
@@ -67,7 +62,10 @@ async fn vm_changes_publish_applied_changed_failed_and_deleted() {
     changed["network"]["routes"] = serde_json::json!([]);
     assert_eq!(h.put_vm(&changed).await.0, StatusCode::OK);
     h.driver.fail(2, true);
-    assert_eq!(h.put_vm(&vm("b", 2)).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        h.put_vm(&vm("b", 2)).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     assert_eq!(h.delete("/v1/vms/a").await.0, StatusCode::OK);
 
     let all = lines(&h, "/v1/events").await;
@@ -94,12 +92,18 @@ async fn vm_changes_publish_applied_changed_failed_and_deleted() {
     assert_eq!(seqs, [1, 2, 3, 4]);
     // RFC 3339 in UTC.
     let t = all[0]["time"].as_str().unwrap();
-    assert!(humantime::parse_rfc3339(t).is_ok() && t.ends_with('Z'), "{t}");
+    assert!(
+        humantime::parse_rfc3339(t).is_ok() && t.ends_with('Z'),
+        "{t}"
+    );
 
     // Filters: by VM (repeated or a comma list), by kind, and since.
     assert_eq!(lines(&h, "/v1/events?vm=b").await.len(), 1);
     assert_eq!(lines(&h, "/v1/events?vm=a&vm=b").await.len(), 4);
-    assert_eq!(lines(&h, "/v1/events?vm=a,b&kind=vm_deleted").await.len(), 1);
+    assert_eq!(
+        lines(&h, "/v1/events?vm=a,b&kind=vm_deleted").await.len(),
+        1
+    );
     assert_eq!(
         kinds(&lines(&h, "/v1/events?kind=vm_failed,vm_deleted&since=3").await),
         [("vm_deleted", "a")]
@@ -119,7 +123,10 @@ async fn a_pass_repairing_drift_publishes_what_and_where() {
     let drift = lines(&h, "/v1/events?kind=drift_repaired").await;
     assert!(!drift.is_empty(), "no drift event");
     let d = &drift[0];
-    assert_eq!((d["vm"].as_str(), d["trigger"].as_str()), (Some("a"), Some("pass")));
+    assert_eq!(
+        (d["vm"].as_str(), d["trigger"].as_str()),
+        (Some("a"), Some("pass"))
+    );
     assert!(d["object"].is_string() && d["detail"].is_string(), "{d}");
 }
 
@@ -127,7 +134,10 @@ async fn a_pass_repairing_drift_publishes_what_and_where() {
 async fn bad_filters_are_refused_naming_the_parameter() {
     let h = Harness::new().await;
     for (q, needle) in [
-        ("kind=vm_exploded", "query parameter kind: \"vm_exploded\" is not an event kind"),
+        (
+            "kind=vm_exploded",
+            "query parameter kind: \"vm_exploded\" is not an event kind",
+        ),
         ("vm=..", "query parameter vm"),
         ("follow=1", "query parameter follow"),
         ("since=x", "query parameter since"),
@@ -149,7 +159,10 @@ fn every_kind_is_in_the_openapi_document_and_nothing_else() {
             let s = doc
                 .pointer(r["$ref"].as_str().unwrap().trim_start_matches('#'))
                 .unwrap();
-            s["properties"]["kind"]["enum"][0].as_str().unwrap().to_owned()
+            s["properties"]["kind"]["enum"][0]
+                .as_str()
+                .unwrap()
+                .to_owned()
         })
         .collect();
     assert_eq!(documented, KINDS);
@@ -165,7 +178,8 @@ fn every_kind_is_in_the_openapi_document_and_nothing_else() {
 /// Reads `s` until EOF or `limit`; returns what came and whether EOF was seen.
 fn read_until_eof(s: &mut std::os::unix::net::UnixStream, limit: Duration) -> (Vec<u8>, bool) {
     let start = Instant::now();
-    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 65536];
     while start.elapsed() < limit {
@@ -240,7 +254,10 @@ async fn a_follower_that_stops_reading_never_delays_puts_and_is_cut() {
 
     // The stream was cut: the bus has no follower left, and the connection is closed after
     // the grace period even though the follower never read.
-    assert!(!h.agent.events().followed(), "the stalled follower was not cut");
+    assert!(
+        !h.agent.events().followed(),
+        "the stalled follower was not cut"
+    );
     // Closed by the agent while the follower still has not read: its socket hangs up.
     let hung_up = |s: &std::os::unix::net::UnixStream| {
         let mut p = libc::pollfd {
@@ -264,7 +281,10 @@ async fn a_follower_that_stops_reading_never_delays_puts_and_is_cut() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("connection closed {:?} after the stream was cut", start.elapsed());
+    eprintln!(
+        "connection closed {:?} after the stream was cut",
+        start.elapsed()
+    );
     assert!(start.elapsed() >= vmnet_agent::events::stream::CUT_GRACE - Duration::from_millis(200));
     let (got, eof) =
         tokio::task::spawn_blocking(move || read_until_eof(&mut stalled, Duration::from_secs(10)))
@@ -273,7 +293,11 @@ async fn a_follower_that_stops_reading_never_delays_puts_and_is_cut() {
     assert!(eof, "the connection stayed open ({} bytes read)", got.len());
     // What it did get is whole events from the start of the stream.
     let text = String::from_utf8_lossy(&got);
-    assert!(text.contains("\"kind\":\"vm_applied\""), "{}", &text[..text.len().min(500)]);
+    assert!(
+        text.contains("\"kind\":\"vm_applied\""),
+        "{}",
+        &text[..text.len().min(500)]
+    );
 
     // A follower that keeps up sees new events live.
     let c2 = client.clone();
@@ -296,6 +320,9 @@ async fn a_follower_that_stops_reading_never_delays_puts_and_is_cut() {
         .unwrap()
         .unwrap();
     let e: Value = serde_json::from_str(&seen[0]).unwrap();
-    assert_eq!((e["kind"].as_str(), e["vm"].as_str()), (Some("vm_deleted"), Some("v0")));
+    assert_eq!(
+        (e["kind"].as_str(), e["vm"].as_str()),
+        (Some("vm_deleted"), Some("v0"))
+    );
     task.abort();
 }

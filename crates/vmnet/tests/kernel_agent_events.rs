@@ -71,7 +71,10 @@ async fn the_stream_shows_a_put_a_drift_repair_and_a_delete() {
         move |e: &Value| e["kind"] == kind && e["vm"] == id.as_str()
     };
     let put = next(&rx, "vm_applied", is("vm_applied"));
-    assert_eq!((put["change"].as_str(), put["user_id"].as_u64()), (Some("created"), Some(7)));
+    assert_eq!(
+        (put["change"].as_str(), put["user_id"].as_u64()),
+        (Some("created"), Some(7))
+    );
 
     // The tap deleted by hand in the VM's netns comes back, and the stream says so.
     let (ns, tap) = (view.status.netns.clone(), view.status.tap.clone());
@@ -105,7 +108,10 @@ async fn the_stream_shows_a_put_a_drift_repair_and_a_delete() {
     BufReader::new(piped.stdout.take().unwrap())
         .read_line(&mut first)
         .unwrap();
-    assert!(first.contains("vm_applied") && first.contains(&id), "{first}");
+    assert!(
+        first.contains("vm_applied") && first.contains(&id),
+        "{first}"
+    );
     // (The reader above is dropped: the pipe has no reader left.)
     let again = vm("ev", 8);
     let _: VmView = client.put("/v1/vms/ev8", &again).await.unwrap();
@@ -114,11 +120,13 @@ async fn the_stream_shows_a_put_a_drift_repair_and_a_delete() {
         loop {
             if let Some(s) = piped.try_wait().unwrap() {
                 let mut err = String::new();
-                std::io::Read::read_to_string(&mut piped.stderr.take().unwrap(), &mut err)
-                    .unwrap();
+                std::io::Read::read_to_string(&mut piped.stderr.take().unwrap(), &mut err).unwrap();
                 return (s, err);
             }
-            assert!(std::time::Instant::now() < deadline, "vmnet events kept running");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "vmnet events kept running"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     })

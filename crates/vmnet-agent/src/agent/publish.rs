@@ -116,14 +116,14 @@ impl Agent {
             .filter(|(_, d)| !d.is_empty())
             .collect();
         if !moved_vms.is_empty() {
-            let ids: BTreeMap<u32, String> =
-                match store_tx!(self.db, tx => vm_store::list(tx).await) {
-                    Ok(rows) => rows.into_iter().map(|r| (r.user_id, r.id)).collect(),
-                    Err(e) => {
-                        tracing::debug!("spoof summaries: reading the VMs failed: {e}");
-                        BTreeMap::new()
-                    }
-                };
+            let ids: BTreeMap<u32, String> = match store_tx!(self.db, tx => vm_store::list(tx).await)
+            {
+                Ok(rows) => rows.into_iter().map(|r| (r.user_id, r.id)).collect(),
+                Err(e) => {
+                    tracing::debug!("spoof summaries: reading the VMs failed: {e}");
+                    BTreeMap::new()
+                }
+            };
             for (uid, drops) in moved_vms {
                 let subject = match ids.get(&uid) {
                     Some(id) => Subject::vm(id, uid),

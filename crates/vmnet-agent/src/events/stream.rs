@@ -285,7 +285,10 @@ mod tests {
     #[test]
     fn bad_filters_are_refused_naming_the_parameter() {
         for (q, needle) in [
-            ("kind=nope", "query parameter kind: \"nope\" is not an event kind"),
+            (
+                "kind=nope",
+                "query parameter kind: \"nope\" is not an event kind",
+            ),
             ("vm=a/b", "query parameter vm"),
             ("vm=", "query parameter vm"),
             ("follow=yes", "query parameter follow"),

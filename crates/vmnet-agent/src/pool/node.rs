@@ -468,7 +468,10 @@ impl PoolNode {
     /// when the counters cannot be read.
     #[must_use]
     pub fn guard_drops(&self) -> Option<BTreeMap<String, u64>> {
-        self.taps.guard_status().filter(|g| g.error.is_none()).map(|g| g.drops)
+        self.taps
+            .guard_status()
+            .filter(|g| g.error.is_none())
+            .map(|g| g.drops)
     }
 
     /// The pool part of `GET /v1/status`: the tables as the kernel lists them now, the audit's

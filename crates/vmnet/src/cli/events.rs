@@ -100,10 +100,16 @@ mod tests {
             t.starts_with("     7 2025-01-01T00:00:00.000Z drift_repaired       web-1"),
             "{t}"
         );
-        assert!(t.contains(" object=tap ") && t.contains(" trigger=notification"), "{t}");
+        assert!(
+            t.contains(" object=tap ") && t.contains(" trigger=notification"),
+            "{t}"
+        );
         assert!(t.contains(r#"detail="repair vmn0007: tap"#), "{t}");
         let lagged = text_line(r#"{"kind":"lagged","missed":3,"last_seq":9}"#);
-        assert!(lagged.contains("lagged") && lagged.contains("missed=3"), "{lagged}");
+        assert!(
+            lagged.contains("lagged") && lagged.contains("missed=3"),
+            "{lagged}"
+        );
     }
 
     #[test]
@@ -114,9 +120,6 @@ mod tests {
             kinds: vec!["vm_applied".into()],
             since: Some(4),
         };
-        assert_eq!(
-            query(&a),
-            "follow=true&vm=a&vm=b&kind=vm_applied&since=4"
-        );
+        assert_eq!(query(&a), "follow=true&vm=a&vm=b&kind=vm_applied&since=4");
     }
 }
