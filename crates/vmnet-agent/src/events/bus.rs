@@ -205,7 +205,7 @@ mod tests {
         }
         match rx.recv().await {
             Err(broadcast::error::RecvError::Lagged(n)) => {
-                assert_eq!(n as usize, 9 * CHANNEL_EVENTS);
+                assert_eq!(usize::try_from(n).unwrap(), 9 * CHANNEL_EVENTS);
             }
             other => panic!("expected a lag, got {other:?}"),
         }

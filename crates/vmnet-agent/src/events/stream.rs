@@ -156,7 +156,6 @@ fn lagged_line(missed: u64, last_seq: Option<u64>) -> Bytes {
 }
 
 /// The response body for `filter` over `bus`; `cut` closes the connection of a stalled reader.
-#[must_use]
 pub fn body(bus: &Events, filter: Filter, cut: Option<ConnCut>) -> Body {
     let since = filter.since.unwrap_or(0);
     if !filter.follow {
