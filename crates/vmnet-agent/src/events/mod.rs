@@ -258,11 +258,13 @@ pub fn drift_object(change: &Change, netns: &str) -> (&'static str, String) {
 
 /// The object class of a [`Change::Repair`]'s text: the driver names the object in it.
 fn repair_object(text: &str) -> &'static str {
-    const CLASSES: [(&str, &str); 7] = [
+    const CLASSES: [(&str, &str); 9] = [
         (" tap ", "tap"),
-        ("veth", "veth"),
         ("proxy neighbour", "neighbour"),
         ("sysctl", "sysctl"),
+        ("disable_ipv6", "sysctl"),
+        ("forwarding", "sysctl"),
+        ("veth", "veth"),
         ("router advertisements", "sysctl"),
         ("address", "address"),
         ("nft", "nft_table"),
@@ -343,6 +345,12 @@ mod tests {
             (
                 Change::Repair {
                     what: "sysctls net.ipv6.conf.vmh0007.disable_ipv6".into(),
+                },
+                ("sysctl", ns),
+            ),
+            (
+                Change::Repair {
+                    what: "vmn0007: vmh0007 disable_ipv6; vmh0007 neighbour fe80::2".into(),
                 },
                 ("sysctl", ns),
             ),
