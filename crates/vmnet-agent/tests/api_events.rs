@@ -127,7 +127,8 @@ async fn a_pass_repairing_drift_publishes_what_and_where() {
         (d["vm"].as_str(), d["trigger"].as_str()),
         (Some("a"), Some("pass"))
     );
-    assert!(d["object"].is_string() && d["detail"].is_string(), "{d}");
+    assert_eq!(d["objects"], serde_json::json!(["netns"]), "{d}");
+    assert!(d["detail"].is_string(), "{d}");
 }
 
 #[tokio::test]

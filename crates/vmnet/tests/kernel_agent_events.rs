@@ -80,8 +80,9 @@ async fn the_stream_shows_a_put_a_drift_repair_and_a_delete() {
     let (ns, tap) = (view.status.netns.clone(), view.status.tap.clone());
     netns::ip(&ns, &["link", "del", &tap]).expect("delete the tap");
     let drift = next(&rx, "drift_repaired", |e| {
-        is("drift_repaired")(e) && e["object"] == "tap"
+        is("drift_repaired")(e) && e["detail"].as_str().is_some_and(|d| d.contains(&tap))
     });
+    assert_eq!(drift["objects"], serde_json::json!(["link"]), "{drift}");
     assert_eq!(drift["netns"].as_str(), Some(ns.as_str()), "{drift}");
     assert_eq!(drift["trigger"], "notification", "{drift}");
     assert!(links(&ns).contains(&tap), "the tap is back");

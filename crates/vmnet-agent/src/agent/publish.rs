@@ -10,7 +10,7 @@ use vmnet_kernel::ns::Change;
 
 use super::{Agent, store_tx};
 use crate::events::spoof::{Counts, moved};
-use crate::events::{EventBody, Events, GuardMode, Subject, Trigger, drift_object};
+use crate::events::{EventBody, Events, GuardMode, Subject, Trigger, drift_objects, drift_place};
 
 impl Agent {
     /// The agent's event bus.
@@ -37,12 +37,11 @@ impl Agent {
             None => (Subject::host(), "host"),
         };
         for c in changes {
-            let (object, netns) = drift_object(c, netns);
             self.events.publish(
                 subject.clone(),
                 EventBody::DriftRepaired {
-                    object: object.to_owned(),
-                    netns,
+                    objects: drift_objects(c),
+                    netns: drift_place(c, netns),
                     trigger,
                     detail: c.to_string(),
                 },
@@ -57,7 +56,7 @@ impl Agent {
             self.events.publish(
                 Subject::host(),
                 EventBody::DriftRepaired {
-                    object: object.to_owned(),
+                    objects: vec![object.to_owned()],
                     netns: "host".to_owned(),
                     trigger,
                     detail: l.clone(),

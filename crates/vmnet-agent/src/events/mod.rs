@@ -129,8 +129,9 @@ event_kinds! {
     /// Something vmnet owns was found changed behind its back and was repaired (found and
     /// repaired are one step: the apply that observes the difference writes it back).
     DriftRepaired = "drift_repaired" {
-        /// What kind of object (`tap`, `veth`, `route`, `rule`, `nft_table`, …).
-        object: String,
+        /// The kinds of object put back (`link`, `address`, `route`, `nft_rule`, …; the
+        /// names of the repair counters), or `mesh` or `pool_tables`.
+        objects: Vec<String>,
         /// Where: `host`, or the VM's netns name.
         netns: String,
         /// Whether a kernel notification or a pass found it.
@@ -229,50 +230,29 @@ pub struct Event {
     pub body: EventBody,
 }
 
-/// The coarse object class and the place (`host`, or `netns`) of one drift repair.
+/// Where one drift repair happened: `host`, or the VM's netns `netns`.
 #[must_use]
-pub fn drift_object(change: &Change, netns: &str) -> (&'static str, String) {
-    let at = |side: Side| match side {
-        Side::Host => "host".to_owned(),
-        Side::Vm => netns.to_owned(),
+pub fn drift_place(change: &Change, netns: &str) -> String {
+    let host = match change {
+        Change::AddVeth { .. } | Change::DelVeth { .. } => true,
+        Change::AddRoute(s, _)
+        | Change::DelRoute(s, _)
+        | Change::AddRule(s, _)
+        | Change::DelRule(s, _) => *s == Side::Host,
+        Change::Repair { what } => what.starts_with("host: "),
+        _ => false,
     };
-    match change {
-        Change::CreateVm { .. } | Change::RemoveVm { .. } => ("netns", netns.to_owned()),
-        Change::AddVeth { .. } | Change::DelVeth { .. } => ("veth", "host".to_owned()),
-        Change::AddRoute(s, _) | Change::DelRoute(s, _) => ("route", at(*s)),
-        Change::AddRule(s, _) | Change::DelRule(s, _) => ("rule", at(*s)),
-        Change::ReplaceNft { .. } => ("nft_table", netns.to_owned()),
-        Change::Tc { .. } => ("tc", netns.to_owned()),
-        Change::Guard { .. } => ("guard", netns.to_owned()),
-        Change::Activity { .. } => ("activity", netns.to_owned()),
-        Change::Upgrade { .. } => ("upgrade", netns.to_owned()),
-        Change::Repair { what } => {
-            let (side, text) = match what.strip_prefix("host: ") {
-                Some(rest) => ("host".to_owned(), rest),
-                None => (netns.to_owned(), what.as_str()),
-            };
-            (repair_object(text), side)
-        }
-    }
+    if host { "host" } else { netns }.to_owned()
 }
 
-/// The object class of a [`Change::Repair`]'s text: the driver names the object in it.
-fn repair_object(text: &str) -> &'static str {
-    const CLASSES: [(&str, &str); 9] = [
-        (" tap ", "tap"),
-        ("proxy neighbour", "neighbour"),
-        ("sysctl", "sysctl"),
-        ("disable_ipv6", "sysctl"),
-        ("forwarding", "sysctl"),
-        ("veth", "veth"),
-        ("router advertisements", "sysctl"),
-        ("address", "address"),
-        ("nft", "nft_table"),
-    ];
-    CLASSES
+/// The kinds of object one repair put back ([`Change::kinds`], the repair counters' names).
+#[must_use]
+pub fn drift_objects(change: &Change) -> Vec<String> {
+    change
+        .kinds()
         .iter()
-        .find(|(needle, _)| text.contains(needle))
-        .map_or("netns_state", |(_, class)| class)
+        .map(|k| k.as_str().to_owned())
+        .collect()
 }
 
 #[cfg(test)]
@@ -322,48 +302,41 @@ mod tests {
     }
 
     #[test]
-    fn drift_repairs_name_their_object_and_place() {
+    fn drift_repairs_name_their_objects_and_place() {
         let ns = "vmn0007";
         let cases = [
             (
                 Change::Repair {
                     what: "vmn0007: tap vmt0007 missing, made again".into(),
                 },
-                ("tap", ns),
+                ns,
             ),
             (
                 Change::AddRoute(Side::Host, "10.0.0.0/8 table 254".into()),
-                ("route", "host"),
+                "host",
             ),
-            (Change::AddRule(Side::Vm, "x".into()), ("rule", ns)),
+            (Change::AddRule(Side::Vm, "x".into()), ns),
             (
                 Change::Repair {
                     what: "host: add proxy neighbour 203.0.113.5 dev eth0".into(),
                 },
-                ("neighbour", "host"),
+                "host",
             ),
             (
-                Change::Repair {
-                    what: "sysctls net.ipv6.conf.vmh0007.disable_ipv6".into(),
+                Change::AddVeth {
+                    host: "vmh0007".into(),
+                    peer: "vmp0007".into(),
                 },
-                ("sysctl", ns),
-            ),
-            (
-                Change::Repair {
-                    what: "vmn0007: vmh0007 disable_ipv6; vmh0007 neighbour fe80::2".into(),
-                },
-                ("sysctl", ns),
-            ),
-            (
-                Change::ReplaceNft {
-                    fingerprint: "f".into(),
-                    differences: vec![],
-                },
-                ("nft_table", ns),
+                "host",
             ),
         ];
-        for (c, (object, at)) in cases {
-            assert_eq!(drift_object(&c, ns), (object, at.to_owned()), "{c}");
+        for (c, at) in cases {
+            assert_eq!(drift_place(&c, ns), at, "{c}");
+            assert!(!drift_objects(&c).is_empty(), "{c}");
         }
+        assert_eq!(
+            drift_objects(&Change::AddRoute(Side::Vm, "r".into())),
+            ["route"]
+        );
     }
 }

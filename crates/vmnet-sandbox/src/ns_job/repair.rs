@@ -10,7 +10,7 @@
 //! | check | expected |
 //! |---|---|
 //! | `drift: IPv6 off on the host veth end` | `repaired, pings answered`: after a stray `sysctl -w net.ipv6.conf.<end>.disable_ipv6=1` on the VM's host veth end (it cuts the VM's IPv6 off without touching a link, an address or an nft table), within two reconcile intervals the sysctl is back at 0, `drift_repairs_total` has moved and a `drift_repaired` event names the VM, and pings from the fake internet to the guest's mesh address are answered; what was seen says whether a notification or a pass repaired it and how long that took |
-//! | `drift: guest guard deleted by hand` | `repaired, echo answered`: after the guard's filter is deleted from the tap, within two reconcile intervals the tap's filter runs the guard again (a `drift_repaired` event of object `guard` names the VM) and the guest's IPv4 UDP echo to the fake internet is answered (that the namespace drops what the guard did not mark while the filter is gone is shown by the kernel tests: repaired on its notification, the gap is too short to probe here) |
+//! | `drift: guest guard deleted by hand` | `repaired, echo answered`: after the guard's filter is deleted from the tap, within two reconcile intervals the tap's filter runs the guard again (a `drift_repaired` event names the VM) and the guest's IPv4 UDP echo to the fake internet is answered (that the namespace drops what the guard did not mark while the filter is gone is shown by the kernel tests: repaired on its notification, the gap is too short to probe here) |
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -86,7 +86,7 @@ async fn repaired(
             {
                 let by = match &e.body {
                     EventBody::DriftRepaired {
-                        object,
+                        objects,
                         netns,
                         trigger,
                         ..
@@ -96,7 +96,7 @@ async fn repaired(
                         } else {
                             "a pass"
                         };
-                        format!("{by} (event {}: {object} in {netns})", e.seq)
+                        format!("{by} (event {}: {} in {netns})", e.seq, objects.join(", "))
                     }
                     _ => "an event of another kind".to_owned(),
                 };

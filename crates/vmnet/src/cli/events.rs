@@ -94,14 +94,14 @@ mod tests {
 
     #[test]
     fn an_event_is_one_text_line_with_its_fields() {
-        let l = r#"{"seq":7,"time":"2025-01-01T00:00:00.000Z","vm":"web-1","user_id":7,"kind":"drift_repaired","object":"tap","netns":"vmn0007","trigger":"notification","detail":"repair vmn0007: tap vmt0007 missing, made again"}"#;
+        let l = r#"{"seq":7,"time":"2025-01-01T00:00:00.000Z","vm":"web-1","user_id":7,"kind":"drift_repaired","objects":["link"],"netns":"vmn0007","trigger":"notification","detail":"repair vmn0007: tap vmt0007 missing, made again"}"#;
         let t = text_line(l);
         assert!(
             t.starts_with("     7 2025-01-01T00:00:00.000Z drift_repaired       web-1"),
             "{t}"
         );
         assert!(
-            t.contains(" object=tap ") && t.contains(" trigger=notification"),
+            t.contains(r#" objects=["link"] "#) && t.contains(" trigger=notification"),
             "{t}"
         );
         assert!(t.contains(r#"detail="repair vmn0007: tap"#), "{t}");
