@@ -59,6 +59,7 @@ use vmnet_model::vm::{VmConfig, parse_vm_config};
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
 use crate::api::error::from_ns;
+use crate::events::{Applied, EventBody, Trigger};
 use crate::mesh::runtime::Mesh;
 use crate::metadata::MetadataService;
 use crate::pool::node::PoolNode;
@@ -71,6 +72,7 @@ mod guard;
 pub mod kernel;
 mod meshvms;
 mod meta;
+mod publish;
 mod view;
 
 use view::vm_not_found;
@@ -124,6 +126,8 @@ pub struct Agent {
     started: std::time::SystemTime,
     /// When this agent created each VM (by user id) it created: that VM's later baseline.
     activity_since: StdMutex<std::collections::HashMap<u32, std::time::SystemTime>>,
+    /// The event bus (`GET /v1/events`).
+    events: crate::events::Events,
 }
 
 impl std::fmt::Debug for Agent {
@@ -218,6 +222,7 @@ impl Agent {
             activity: OnceLock::new(),
             started: std::time::SystemTime::now(),
             activity_since: StdMutex::default(),
+            events: crate::events::Events::new(),
         }))
     }
 
@@ -238,6 +243,7 @@ impl Agent {
     /// # Errors
     /// `CONFLICT` when a poller is already set.
     pub fn set_providers(&self, poller: Arc<Poller>) -> Result<(), Error> {
+        let _ = poller.events.set(self.events.clone());
         self.providers
             .set(poller)
             .map_err(|_| Error::conflict("the provider poller is already set on this agent"))
@@ -249,6 +255,7 @@ impl Agent {
     /// # Errors
     /// `CONFLICT` when the mesh is already set.
     pub fn set_mesh(&self, mesh: Arc<Mesh>) -> Result<(), Error> {
+        let _ = mesh.events.set(self.events.clone());
         self.mesh
             .set(mesh)
             .map_err(|_| Error::conflict("the mesh is already set on this agent"))
@@ -468,10 +475,24 @@ impl Agent {
             (Ok(_), Err(e)) => {
                 // The store keeps the previous state: take the kernel back to it.
                 let restored = self.restore_after_failure(&cfg, prev_good.as_ref()).await;
-                return Err(Error::new(e.code, format!("{}{restored}", e.message)));
+                let e = Error::new(e.code, format!("{}{restored}", e.message));
+                self.emit_failed(&cfg, &e);
+                return Err(e);
             }
         }
         self.sync_metadata(&plan);
+        if !unchanged {
+            let change = match before.as_ref().and_then(|b| b.applied.as_ref()) {
+                None => Applied::Created,
+                Some(_) => Applied::Changed,
+            };
+            let trigger = Trigger::Api;
+            self.emit_vm(
+                &cfg.id,
+                cfg.user_id,
+                EventBody::VmApplied { change, trigger },
+            );
+        }
         if before.as_ref().is_none_or(|b| b.user_id != cfg.user_id) {
             self.activity_starts(cfg.user_id, before.as_ref().map(|b| b.user_id));
         }
@@ -549,6 +570,7 @@ impl Agent {
         store_tx!(self.db, tx => vm_store::delete(tx, id).await)?;
         self.activity_ends(view.config.user_id);
         tracing::info!(vm = %id, op = "delete", "vm deleted");
+        self.emit_vm(id, view.config.user_id, EventBody::VmDeleted {});
         Ok(view)
     }
 }

@@ -4,13 +4,15 @@
 //! documented error body otherwise, so callers (the CLI, the sandbox, tests) print or match on
 //! the same `CODE: message` the API sent.
 //!
+//! The event stream is read line by line as it arrives ([`Client::events_lines`]).
+//!
 //! # Limitations
 //! One connection per request (the CLI makes a handful of calls); no TLS, no TCP.
 
 use std::path::{Path, PathBuf};
 
 use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
+use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
@@ -19,6 +21,7 @@ use tokio::net::UnixStream;
 use vmnet_model::Error;
 
 use crate::api::error::ErrorBody;
+use crate::events::Event;
 
 /// A client bound to the agent's unix socket path.
 #[derive(Debug, Clone)]
@@ -38,6 +41,26 @@ pub fn segment(s: &str) -> String {
         }
     }
     out
+}
+
+/// Aborts a connection task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The error of a non-2xx answer: the documented body's, or `INTERNAL` naming what came.
+fn decode_error(status: StatusCode, path: &str, bytes: &[u8]) -> Error {
+    match serde_json::from_slice::<ErrorBody>(bytes) {
+        Ok(b) => b.error,
+        Err(_) => Error::internal(format!(
+            "agent answered {status} for {path} with an undocumented body: {}",
+            String::from_utf8_lossy(bytes)
+        )),
+    }
 }
 
 impl Client {
@@ -66,6 +89,27 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), Error> {
         let sock = self.socket.display().to_string();
+        let (status, body, conn_task) = self.open(method, path, body).await?;
+        let bytes = body
+            .collect()
+            .await
+            .map_err(|e| {
+                Error::unavailable(format!("agent at {sock}: reading the reply failed: {e}"))
+            })?
+            .to_bytes();
+        conn_task.abort();
+        Ok((status, bytes))
+    }
+
+    /// Sends one request; returns the status, the body as it arrives, and the connection's task
+    /// (abort it when done).
+    async fn open(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Incoming, tokio::task::JoinHandle<()>), Error> {
+        let sock = self.socket.display().to_string();
         let stream = UnixStream::connect(&self.socket).await.map_err(|e| {
             Error::unavailable(format!(
                 "cannot reach the agent at {sock}: {e} (is `vmnet serve` running?)"
@@ -74,7 +118,9 @@ impl Client {
         let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| Error::unavailable(format!("agent at {sock}: handshake failed: {e}")))?;
-        let conn_task = tokio::spawn(conn);
+        let conn_task = tokio::spawn(async move {
+            let _ = conn.await;
+        });
         let mut req = Request::builder()
             .method(method)
             .uri(path)
@@ -92,17 +138,78 @@ impl Client {
         let resp = tx.send_request(req).await.map_err(|e| {
             Error::unavailable(format!("agent at {sock}: request {path} failed: {e}"))
         })?;
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| {
-                Error::unavailable(format!("agent at {sock}: reading the reply failed: {e}"))
-            })?
-            .to_bytes();
-        conn_task.abort();
-        Ok((status, bytes))
+        Ok((resp.status(), resp.into_body(), conn_task))
+    }
+
+    /// `GET /v1/events?{query}`: calls `line` with each line of the stream as it arrives
+    /// (without its newline) until the stream ends or `line` returns `false`.
+    ///
+    /// # Errors
+    /// The API's documented error (a bad filter is `INVALID_INPUT`); `UNAVAILABLE` when the
+    /// agent cannot be reached or the stream breaks off mid-line.
+    pub async fn events_lines(
+        &self,
+        query: &str,
+        mut line: impl FnMut(&str) -> bool,
+    ) -> Result<(), Error> {
+        let path = format!("/v1/events?{query}");
+        let (status, mut body, conn_task) = self.open(Method::GET, &path, None).await?;
+        let _abort = AbortOnDrop(conn_task);
+        if !status.is_success() {
+            let bytes = body
+                .collect()
+                .await
+                .map(http_body_util::Collected::to_bytes)
+                .unwrap_or_default();
+            return Err(decode_error(status, &path, &bytes));
+        }
+        let mut pending: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                Error::unavailable(format!("{path}: the event stream broke off: {e}"))
+            })?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            pending.extend_from_slice(&data);
+            while let Some(n) = pending.iter().position(|b| *b == b'\n') {
+                let text = String::from_utf8_lossy(&pending[..n]).into_owned();
+                pending.drain(..=n);
+                if !line(&text) {
+                    return Ok(());
+                }
+            }
+        }
+        if !pending.is_empty() {
+            return Err(Error::unavailable(format!(
+                "{path}: the event stream ended in the middle of a line"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The kept events matching `query` (`GET /v1/events?{query}`, without `follow`).
+    ///
+    /// # Errors
+    /// As [`Client::events_lines`]; `INTERNAL` when a line does not decode.
+    pub async fn recent_events(&self, query: &str) -> Result<Vec<Event>, Error> {
+        let mut out = Vec::new();
+        let mut bad = None;
+        self.events_lines(query, |l| match serde_json::from_str(l) {
+            Ok(e) => {
+                out.push(e);
+                true
+            }
+            Err(e) => {
+                bad = Some(format!("an event does not decode ({e}): {l}"));
+                false
+            }
+        })
+        .await?;
+        match bad {
+            Some(b) => Err(Error::internal(b)),
+            None => Ok(out),
+        }
     }
 
     /// Sends a request and decodes a 2xx JSON reply into `T` (use `()` for an empty reply).
@@ -125,13 +232,7 @@ impl Client {
             };
         let (status, bytes) = self.send_raw(method, path, body).await?;
         if !status.is_success() {
-            return Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
-                Ok(b) => b.error,
-                Err(_) => Error::internal(format!(
-                    "agent answered {status} for {path} with an undocumented body: {}",
-                    String::from_utf8_lossy(&bytes)
-                )),
-            });
+            return Err(decode_error(status, path, &bytes));
         }
         let bytes = if bytes.is_empty() {
             Bytes::from_static(b"null")

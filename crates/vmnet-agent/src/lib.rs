@@ -10,6 +10,7 @@
 //! * [`metadata`] — the metadata service (MMDS) served inside every VM's netns.
 //! * [`worker`] — the unprivileged process that serves the metadata service and sends the
 //!   provider polls.
+//! * [`events`] — the event bus, its kinds and the `GET /v1/events` stream.
 //! * [`agent`] — the agent's state and the VM operations (store + driver, serialized).
 //! * [`reconcile`] — the full pass and the background loop.
 //! * [`api`] — routes, error mapping, request/response types; `openapi.json` documents it.
@@ -22,6 +23,7 @@ pub mod agent;
 pub mod api;
 pub mod apply;
 pub mod client;
+pub mod events;
 pub mod hostspec;
 pub mod malloc;
 pub mod mesh;

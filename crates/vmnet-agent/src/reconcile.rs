@@ -47,6 +47,7 @@ use vmnet_model::Error;
 use vmnet_model::vm::{Via, parse_vm_config};
 
 use crate::agent::{Agent, store_tx};
+use crate::events::{Applied, EventBody};
 use crate::repairs::{Repaired, Trigger};
 use crate::status::now_ms;
 
@@ -129,7 +130,7 @@ impl Agent {
         if let Ok(mut r) = self.record.lock() {
             r.last_started_at_unix_ms = Some(started);
         }
-        let mut result = self.pass(full).await;
+        let mut result = self.pass(full, trigger).await;
         // Pool mode: converge this host's instances in the same pass (every pass is cheap for
         // it: unchanged instances cost a listing, nothing is rewritten).
         if let Some(pool) = self.pool() {
@@ -148,7 +149,10 @@ impl Agent {
             let converged = mesh.converge(self.db()).await;
             if let Ok(o) = &mut result {
                 match converged {
-                    Ok(r) => o.add_lines(r),
+                    Ok(r) => {
+                        self.emit_host_lines("mesh", &r, trigger.into());
+                        o.add_lines(r);
+                    }
                     Err(e) => o.errors.push(format!("mesh: {}", e.message)),
                 }
             }
@@ -161,7 +165,10 @@ impl Agent {
                 };
                 if let Ok(o) = &mut result {
                     match vms {
-                        Ok(r) => o.add_lines(r),
+                        Ok(r) => {
+                            self.emit_host_lines("mesh", &r, trigger.into());
+                            o.add_lines(r);
+                        }
                         Err(e) => o.errors.push(format!("mesh registrations: {}", e.message)),
                     }
                 }
@@ -209,7 +216,7 @@ impl Agent {
         }
     }
 
-    async fn pass(&self, full: bool) -> Result<PassOutcome, Error> {
+    async fn pass(&self, full: bool, trigger: Trigger) -> Result<PassOutcome, Error> {
         let ids: Vec<String> = {
             let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
             pass_order(rows)
@@ -221,6 +228,7 @@ impl Agent {
             let _kernel = self.kernel.lock("reconcile: host state").await;
             match self.driver().repair_host().await {
                 Ok(changes) => {
+                    self.emit_drift(None, &changes, trigger.into());
                     for r in changes.iter().filter_map(|c| Repaired::of("host", &[c])) {
                         out.add(r);
                     }
@@ -255,7 +263,7 @@ impl Agent {
                 out.applied += 1;
                 continue;
             }
-            match self.converge(&row).await {
+            match self.converge(&row, trigger).await {
                 Ok(repaired) => {
                     out.applied += 1;
                     if let Some(r) = repaired {
@@ -337,7 +345,13 @@ impl Agent {
     /// Applies one stored VM's desired config; on failure re-applies its last good config.
     /// Returns the drift repaired: the changes made to a VM whose config was already applied
     /// without error (one line, logged, with the kinds of object put back), else nothing.
-    pub(crate) async fn converge(&self, row: &VmRow) -> Result<Option<Repaired>, Error> {
+    /// Publishes the repairs, and the VM's applied or failed state when it changed, as events
+    /// of `trigger`.
+    pub(crate) async fn converge(
+        &self,
+        row: &VmRow,
+        trigger: Trigger,
+    ) -> Result<Option<Repaired>, Error> {
         let desired = parse_vm_config(row.config.as_bytes()).map_err(|e| {
             Error::internal(format!(
                 "vm {}: stored config does not parse: {}",
@@ -371,8 +385,14 @@ impl Agent {
                             .iter()
                             .find(|c| matches!(c, Change::ReplaceNft { .. }))
                     {
-                        self.count_firewall_repair(&row.id, differences);
+                        self.count_firewall_repair(
+                            (&row.id, desired.user_id),
+                            differences,
+                            trigger.into(),
+                        );
                     }
+                    let at = Some((row.id.as_str(), desired.user_id, plan.netns.as_str()));
+                    self.emit_drift(at, changes.iter().copied(), trigger.into());
                     tracing::warn!(vm = %row.id, op = "repair", changes = %r.line, "kernel state changed behind the agent's back; repaired");
                     repaired = Some(r);
                 }
@@ -405,6 +425,26 @@ impl Agent {
                 (row.applied.clone(), Some(msg))
             }
         };
+        let outcome = match &error {
+            // Once per change of error, not every pass that fails again the same way.
+            Some(m) if error != row.last_error => Some(EventBody::VmFailed {
+                code: vmnet_model::ErrorCode::Unavailable,
+                message: m.clone(),
+                trigger: trigger.into(),
+            }),
+            None if !in_sync => Some(EventBody::VmApplied {
+                change: if row.applied.is_none() {
+                    Applied::Created
+                } else {
+                    Applied::Changed
+                },
+                trigger: trigger.into(),
+            }),
+            _ => None,
+        };
+        if let Some(body) = outcome {
+            self.emit_vm(&row.id, desired.user_id, body);
+        }
         if applied != row.applied || error != row.last_error {
             store_tx!(self.db(), tx => vm_store::set_result(tx, &row.id, applied.as_deref(), error.as_deref(), now_ms()).await)?;
         }

@@ -21,6 +21,9 @@ pub enum ClientCmd {
     Mesh(cli::mesh::MeshCmd),
     /// The agent's status.
     Status,
+    /// What the agent does, one line per event: VMs applied, deleted or failed, drift
+    /// repaired, firewall repairs, mesh peers, provider poll failures, spoof drops.
+    Events(cli::events::EventsArgs),
     /// Apply a host spec (pools, instances and VMs in one file) declaratively.
     Apply(cli::vm::ApplyArgs),
 }
@@ -34,6 +37,7 @@ pub async fn run(g: &Global, c: ClientCmd) -> Result<(), Error> {
         ClientCmd::Vm(c) => cli::vm::vm(g, c).await,
         ClientCmd::Mesh(c) => cli::mesh::mesh(g, c).await,
         ClientCmd::Status => cli::vm::status(g).await,
+        ClientCmd::Events(a) => cli::events::events(g, a).await,
         ClientCmd::Apply(a) => cli::vm::apply(g, a).await,
     }
 }

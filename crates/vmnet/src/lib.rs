@@ -1,7 +1,7 @@
 //! The `vmnet` command line, what a host runs, as two binaries built from this crate:
 //!
 //! - `vmnet`, the client an orchestrator calls once per VM: it runs the client commands (`vm`,
-//!   `mesh`, `status`, `apply`) itself and hands every other command (`serve`, the IPAM
+//!   `mesh`, `status`, `events`, `apply`) itself and hands every other command (`serve`, the IPAM
 //!   commands) to `vmnetd` beside it by `exec`, so the same process id carries on. It links
 //!   only the client's code, which keeps its start-up close to a bare process's.
 //! - `vmnetd`, the whole command line: the agent (`serve`), the IPAM commands and the client

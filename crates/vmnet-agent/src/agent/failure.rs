@@ -38,7 +38,19 @@ impl Agent {
         if let Err(e) = put_back {
             tracing::warn!(vm = %cfg.id, op = "restore", "putting the stored VM back after the failed apply failed: {e}");
         }
-        Error::new(err.code, message)
+        let e = Error::new(err.code, message);
+        self.emit_failed(cfg, &e);
+        e
+    }
+
+    /// Publishes `vm_failed` for a PUT of `cfg` that failed with `e`.
+    pub(super) fn emit_failed(&self, cfg: &VmConfig, e: &Error) {
+        let body = crate::events::EventBody::VmFailed {
+            code: e.code,
+            message: e.message.clone(),
+            trigger: crate::events::Trigger::Api,
+        };
+        self.emit_vm(&cfg.id, cfg.user_id, body);
     }
 
     /// After a failed apply of `cfg`: re-apply the previous good config, or remove the VM when

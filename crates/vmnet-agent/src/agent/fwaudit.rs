@@ -58,8 +58,19 @@ impl Agent {
             .unwrap_or(Duration::from_secs(DEFAULT_FIREWALL_AUDIT_SECS))
     }
 
-    /// Counts one replaced filter table of VM `id` with its differences.
-    pub(crate) fn count_firewall_repair(&self, id: &str, differences: &[String]) {
+    /// Counts one replaced filter table of VM `id` (user id `uid`) with its differences, and
+    /// publishes it as a `firewall_repaired` event of `trigger`.
+    pub(crate) fn count_firewall_repair(
+        &self,
+        (id, uid): (&str, u32),
+        differences: &[String],
+        trigger: crate::events::Trigger,
+    ) {
+        let body = crate::events::EventBody::FirewallRepaired {
+            trigger,
+            differences: differences.to_vec(),
+        };
+        self.emit_vm(id, uid, body);
         if let Ok(mut r) = self.firewall.lock() {
             *r.per_vm.entry(id.to_owned()).or_default() += 1;
             r.status.repairs_total += 1;
@@ -128,7 +139,8 @@ impl Agent {
                 Ok(None) => {}
                 Ok(Some(diffs)) => {
                     tracing::warn!(vm = %row.id, op = "firewall-repair", differences = ?diffs, "firewall audit: the filter table was changed behind the agent's back; replaced it");
-                    self.count_firewall_repair(&row.id, &diffs);
+                    let trigger = crate::events::Trigger::Audit;
+                    self.count_firewall_repair((&row.id, cfg.user_id), &diffs, trigger);
                     repairs.push(format!("vm {}: {}", row.id, diffs.join("; ")));
                 }
                 Err(e) => errors.push(format!("vm {}: {e}", row.id)),

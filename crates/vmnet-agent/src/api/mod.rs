@@ -6,6 +6,7 @@
 //! body (see [`error`]).
 
 pub mod error;
+pub mod events;
 pub mod ipam;
 pub mod mesh;
 pub mod nics;
@@ -55,6 +56,7 @@ fn build() -> Routes {
         .add(Method::DELETE, "/v1/vms/{id}", delete(vms::delete_vm))
         .add(Method::GET, "/v1/vms/{id}/activity", get(vms::vm_activity))
         .add(Method::GET, "/v1/activity", get(vms::activity))
+        .add(Method::GET, "/v1/events", get(events::events))
         .add(
             Method::POST,
             "/v1/sync",
@@ -139,7 +141,7 @@ pub fn allowed_methods(path: &str) -> Option<(&'static str, Vec<Method>)> {
 }
 
 /// The routes that read a query string (path templates); every other route refuses one.
-const QUERY_ROUTES: [&str; 1] = ["/v1/activity"];
+const QUERY_ROUTES: [&str; 2] = ["/v1/activity", "/v1/events"];
 
 /// Refuses a query string on a matched route that takes none, with `INVALID_INPUT` naming its
 /// first parameter, so that a misspelt filter (`GET /v1/vms?tenant=1`) is not silently ignored

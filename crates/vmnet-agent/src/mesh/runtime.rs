@@ -112,6 +112,8 @@ pub struct Mesh {
     plane: Option<DataPlane>,
     /// The VMs' registrations and locations, with the data plane and a mesh address.
     locations: Option<Locations>,
+    /// The agent's event bus, for peers added and removed ([`crate::agent::Agent::set_mesh`]).
+    pub(crate) events: std::sync::OnceLock<crate::events::Events>,
 }
 
 impl Mesh {
@@ -146,6 +148,7 @@ impl Mesh {
             mtu: AtomicU32::new(0),
             starts: AtomicU64::new(0),
             known: StdMutex::new(None),
+            events: std::sync::OnceLock::new(),
             s,
         }))
     }
@@ -407,6 +410,10 @@ impl Mesh {
             .await?;
         }
         lap("apply");
+        if let Some(ev) = self.events.get() {
+            let added = p.set.iter().filter(|s| !seen.contains_key(&s.public_key));
+            super::view::publish_peers(ev, added, &p.remove);
+        }
         // Every row marked leaving (by this sync or an earlier one) is off wg0 now, unless the
         // sync brought it back.
         let left: BTreeSet<WgKey> = diff.leave.iter().copied().collect();

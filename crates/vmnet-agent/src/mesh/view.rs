@@ -8,6 +8,30 @@ use super::body::WgKey;
 use super::dataplane::DataPlaneView;
 use super::plan::RecordPeer;
 
+/// Publishes `mesh_peer_added` for each of `added` and `mesh_peer_removed` for each of
+/// `removed`.
+pub(crate) fn publish_peers<'a>(
+    events: &crate::events::Events,
+    added: impl Iterator<Item = &'a super::body::PeerSpec>,
+    removed: &[WgKey],
+) {
+    use crate::events::{EventBody, Subject};
+    for p in added {
+        let body = EventBody::MeshPeerAdded {
+            public_key: p.public_key.to_string(),
+            mesh_address: p.mesh_address.to_string(),
+            endpoint: p.endpoint.to_string(),
+        };
+        events.publish(Subject::host(), body);
+    }
+    for k in removed {
+        let body = EventBody::MeshPeerRemoved {
+            public_key: k.to_string(),
+        };
+        events.publish(Subject::host(), body);
+    }
+}
+
 /// `GET /v1/mesh`: this host's side of the mesh and every peer on the interface.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MeshView {

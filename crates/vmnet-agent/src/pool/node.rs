@@ -464,6 +464,16 @@ impl PoolNode {
         self.realised.lock().await.contains_key(instance_id)
     }
 
+    /// The tap guard's drops by reason since the agent started; `None` without the guard or
+    /// when the counters cannot be read.
+    #[must_use]
+    pub fn guard_drops(&self) -> Option<BTreeMap<String, u64>> {
+        self.taps
+            .guard_status()
+            .filter(|g| g.error.is_none())
+            .map(|g| g.drops)
+    }
+
     /// The pool part of `GET /v1/status`: the tables as the kernel lists them now, the audit's
     /// counters and the last pass.
     pub async fn status(&self) -> PoolStatus {

@@ -72,6 +72,8 @@ pub struct Poller {
     fetcher: Arc<dyn Fetcher>,
     rules: ProviderRules,
     pools: Mutex<BTreeMap<String, Entry>>,
+    /// The agent's event bus, for failed polls ([`crate::agent::Agent::set_providers`]).
+    pub(crate) events: std::sync::OnceLock<crate::events::Events>,
 }
 
 fn fresh(pool: &ProviderPool) -> ProviderPoolStatus {
@@ -126,6 +128,7 @@ impl Poller {
             fetcher,
             rules,
             pools: Mutex::new(BTreeMap::new()),
+            events: std::sync::OnceLock::new(),
         })
     }
 
@@ -241,6 +244,20 @@ impl Poller {
             }
             Some((state, kind, message)) => {
                 tracing::warn!(pool = %pool.pool_id, provider = %pool.provider, kind, error = %message, "provider poll failed; the last good addresses stay, marked stale");
+                if let Some(ev) = self.events.get() {
+                    let state = serde_json::to_value(state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    let body = crate::events::EventBody::ProviderPollFailed {
+                        pool: pool.pool_id.clone(),
+                        provider: pool.provider.to_string(),
+                        state,
+                        error_kind: kind.to_owned(),
+                        error: message.clone(),
+                    };
+                    ev.publish(crate::events::Subject::host(), body);
+                }
                 if state == ProviderPoolState::Degraded {
                     st.consecutive_failures = 0;
                     st.last_success_at_unix_ms = Some(at);

@@ -14,6 +14,8 @@
 //!   hung up while its answers were being written, a malformed request) ends that connection
 //!   only and is logged with its peer; the process ignores `SIGPIPE`, so a write to a vanished
 //!   client is an `EPIPE` for that connection and nothing else.
+//! - Every request carries its connection's [`ConnCut`]: an event stream whose reader stopped
+//!   reading fires it, and the connection is closed ([`crate::events::stream`]).
 //! - The API is served on this socket only: there is no TCP listener (a TCP port cannot tell
 //!   which local user connects).
 
@@ -31,6 +33,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{UnixListener, UnixStream};
 
 pub use access::{Access, Peer, Verdict};
+
+use crate::events::stream::ConnCut;
 
 /// The unix socket's file mode: owner (root) and group read/write.
 pub const SOCKET_MODE: u32 = 0o660;
@@ -232,9 +236,10 @@ pub async fn serve(
                 continue;
             }
         };
+        let cut = ConnCut::default();
         let conn = {
-            let router = router.clone();
-            let svc = TowerToHyperService::new(router);
+            let svc = tower::Layer::layer(&axum::Extension(cut.clone()), router.clone());
+            let svc = TowerToHyperService::new(svc);
             hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc)
         };
         let watched = graceful.watch(conn);
@@ -248,7 +253,14 @@ pub async fn serve(
                 );
                 return;
             }
-            if let Err(e) = watched.await {
+            let ended = tokio::select! {
+                r = watched => r,
+                () = cut.0.notified() => {
+                    tracing::warn!(peer.uid, peer.gid, peer.pid, "API connection from {peer} closed: its event stream's reader stopped reading");
+                    return;
+                }
+            };
+            if let Err(e) = ended {
                 tracing::warn!(
                     peer.uid,
                     peer.gid,

@@ -56,6 +56,7 @@ use vmnet_model::vm::parse_vm_config;
 use vmnet_plan::ns::PublicNeighbors;
 
 use crate::agent::{Agent, store_tx};
+use crate::events;
 use crate::repairs::{Repaired, Trigger};
 use attribute::Names;
 use schedule::{Schedule, Target, Tuning};
@@ -179,6 +180,7 @@ impl Agent {
                     .repair_host()
                     .await
                     .map_err(|e| Error::unavailable(format!("host: {e}")))?;
+                self.emit_drift(None, &changes, events::Trigger::Notification);
                 Ok(changes
                     .iter()
                     .filter_map(|c| Repaired::of("host", &[c]))
@@ -207,6 +209,7 @@ impl Agent {
                     .collect();
                 kinds.sort_unstable();
                 kinds.dedup();
+                self.emit_host_lines("pool_tables", &drift, events::Trigger::Notification);
                 Ok((!drift.is_empty())
                     .then(|| Repaired {
                         line: format!("pool: tables: {}", drift.join("; ")),
@@ -246,7 +249,11 @@ impl Agent {
         if row.user_id != uid {
             return Ok(Vec::new());
         }
-        Ok(self.converge(&row).await?.into_iter().collect())
+        Ok(self
+            .converge(&row, Trigger::Notification)
+            .await?
+            .into_iter()
+            .collect())
     }
 
     /// Every stored VM's proxy entries on the uplink, checked and repaired by the driver's
@@ -287,6 +294,8 @@ impl Agent {
                 .await
                 .map_err(|e| Error::unavailable(format!("vm {id}: proxy entries: {e}")))?;
             let changes: Vec<&Change> = changes.iter().collect();
+            let at = Some((id.as_str(), config.user_id, plan.netns.as_str()));
+            self.emit_drift(at, changes.iter().copied(), events::Trigger::Notification);
             out.extend(Repaired::of(&format!("vm {id}"), &changes));
         }
         Ok(out)

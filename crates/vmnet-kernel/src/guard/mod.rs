@@ -182,6 +182,8 @@ pub struct GuardTotals {
     pub drops: BTreeMap<&'static str, u64>,
     /// Frames dropped on a tap whose namespace has no entry.
     pub unregistered: u64,
+    /// Drops of each registered VM by kind, by user id (the agent's spoof-drop summaries).
+    pub per_vm: BTreeMap<u32, BTreeMap<&'static str, u64>>,
 }
 
 /// The loaded guest guard. All methods are blocking (`bpf(2)`); the `*_here` ones work on the
@@ -471,12 +473,10 @@ impl GuestGuard {
     /// # Errors
     /// A map error.
     pub fn totals(&self) -> Result<GuardTotals, GuestGuardError> {
-        let all: Vec<PerCpuValues<[u64; KINDS]>> = self.drops_map(|m| {
-            m.iter()
-                .map(|r| r.map(|(_, v)| v))
-                .collect::<Result<_, _>>()
-        })?;
-        let drops = by_kind(all.iter().flat_map(|v| v.iter()));
+        let all: Vec<(u32, PerCpuValues<[u64; KINDS]>)> =
+            self.drops_map(|m| m.iter().collect::<Result<_, _>>())?;
+        let drops = by_kind(all.iter().flat_map(|(_, v)| v.iter()));
+        let per_vm = all.iter().map(|(u, v)| (*u, by_kind(v.iter()))).collect();
         let unregistered = {
             let bpf = self.lock();
             let map = bpf.map(UNKNOWN).ok_or(GuestGuardError::Map {
@@ -492,6 +492,7 @@ impl GuestGuard {
             vms: self.by_uid().len() as u64,
             drops,
             unregistered,
+            per_vm,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! Subcommands, one module per area (each owned by one area of the product).
 
 pub mod config;
+pub mod events;
 mod guard;
 pub mod ipam;
 pub mod logs;

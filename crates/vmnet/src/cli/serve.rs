@@ -379,8 +379,18 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     };
     let reconciler = tokio::spawn(Arc::clone(&agent).run_loop());
     let watcher = events.map(|e| agent.start_watching(e));
+    let summaries = tokio::spawn(Arc::clone(&agent).run_spoof_summaries(
+        std::time::Duration::from_secs(vmnet_agent::events::spoof::SPOOF_SUMMARY_SECS),
+    ));
     let router = vmnet_agent::api::router(Arc::clone(&agent));
-    let result = server::serve(router, unix, server::shutdown_signal()).await;
+    // Stopping ends the event streams, so their requests do not hold the shutdown up.
+    let bus = agent.events().clone();
+    let shutdown = async move {
+        server::shutdown_signal().await;
+        bus.close();
+    };
+    let result = server::serve(router, unix, shutdown).await;
+    summaries.abort();
     if let Some(w) = watcher {
         agent.stop_loop(w).await;
     }
