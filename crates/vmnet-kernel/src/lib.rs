@@ -11,6 +11,7 @@ pub mod conntrack;
 /// The guest guard: the BPF program on each namespace-mode tap that drops what a guest may not
 /// send.
 pub mod guard;
+pub mod keptfd;
 pub mod mesh;
 mod netlink;
 pub mod netns;

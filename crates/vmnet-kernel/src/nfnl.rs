@@ -71,23 +71,12 @@ impl NfnlSocket {
         })
     }
 
-    /// Moves the socket to the lowest free descriptor number at or above `min` (the same
-    /// socket under a new, close-on-exec descriptor; the old one is closed, which does not close
-    /// the socket). Where that fails (e.g. `min` at or above `RLIMIT_NOFILE`) it stays where it
-    /// is. For sockets kept by the thousand: libnftables waits for its answers with `select(2)`,
-    /// which takes descriptors below `FD_SETSIZE` (1024) only, so those are left free for it.
-    pub(crate) fn move_fd_above(&mut self, min: i32) {
-        use std::os::fd::{AsRawFd, FromRawFd};
-        if self.sock.as_raw_fd() >= min {
-            return;
+    /// The socket moved above the descriptors libnftables needs ([`crate::keptfd`]).
+    pub(crate) fn kept(self) -> Self {
+        Self {
+            sock: crate::keptfd::move_above(self.sock),
+            ..self
         }
-        let Ok(fd) = nix::fcntl::fcntl(&self.sock, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(min))
-        else {
-            return;
-        };
-        // SAFETY: `fd` is a descriptor fcntl(2) just made for this socket; nothing else owns it.
-        let moved = unsafe { Socket::from_raw_fd(fd) };
-        drop(std::mem::replace(&mut self.sock, moved));
     }
 
     /// Sends one request of `family` with netlink `flags`; returns its sequence number.

@@ -20,7 +20,7 @@
 //!   where that wait is acceptable, never while holding a lock others wait on.
 //!
 //! - The socket's descriptor is moved to 1024 or above where the open-files limit allows
-//!   (`KEPT_FD_MIN`).
+//!   (`crate::keptfd`).
 //!
 //! # Limitations
 //! The generation says *whether* something changed, not what: any commit in the namespace
@@ -72,11 +72,6 @@ impl NsId {
 /// and the acknowledgement, each under 100 bytes; a page is room to spare.
 const ANSWER_BUFFER: usize = 4096;
 
-/// Where kept sockets' descriptors go: at or above `FD_SETSIZE`, so the thousand of them a
-/// host with 1,000 VMs keeps never take the numbers below it, which libnftables needs (it
-/// waits with `select(2)`; a higher descriptor aborts it in glibc's fortify check).
-const KEPT_FD_MIN: i32 = 1024;
-
 /// A netfilter socket kept in one namespace for generation reads (see the module docs).
 pub struct GenSocket {
     sock: NfnlSocket,
@@ -102,8 +97,7 @@ impl GenSocket {
             op: "stat the thread's netns",
             source,
         })?;
-        let mut sock = NfnlSocket::open_with_buffer(ANSWER_BUFFER)?;
-        sock.move_fd_above(KEPT_FD_MIN);
+        let sock = NfnlSocket::open_with_buffer(ANSWER_BUFFER)?.kept();
         Ok(Self { sock, netns })
     }
 

@@ -59,7 +59,8 @@ fn open_here(proto: Proto) -> io::Result<Socket> {
     for g in groups {
         s.add_membership(*g)?;
     }
-    Ok(s)
+    // Two per VM namespace: kept above the descriptors libnftables needs.
+    Ok(crate::keptfd::move_above(s))
 }
 
 /// The route and nf_tables sockets of one namespace and which namespace that is.
