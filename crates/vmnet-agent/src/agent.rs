@@ -297,7 +297,9 @@ impl Agent {
     }
 
     /// The packet-activity program, when it runs.
-    pub(crate) fn activity_recorder(&self) -> Option<&Arc<vmnet_kernel::activity::ActivityRecorder>> {
+    pub(crate) fn activity_recorder(
+        &self,
+    ) -> Option<&Arc<vmnet_kernel::activity::ActivityRecorder>> {
         self.activity.get()
     }
 

@@ -9,8 +9,10 @@
 //!   beat is older than its deadline ([`DEFAULT_LOOP_DEADLINE`]) is *stalled*: a kernel call
 //!   that never returns, a lock never released, a deadlock. Pool mode's table audit counts
 //!   as stalled when its last audit finished longer ago than the deadline.
-//! - A pass run on behalf of the notification loop (a full pass on lost notifications) beats
-//!   both loops: the other one waits for the pass lock behind a pass that progresses.
+//! - Every step of a pass beats both loops: a pass may run on behalf of the notification loop
+//!   (a full pass on lost notifications), and a loop waiting for the pass lock behind a pass
+//!   that progresses is not stalled. (A notification loop stuck elsewhere while a pass runs is
+//!   seen once the pass ends.)
 //! - Alive ([`Agent::health`]) means no loop is stalled. The systemd watchdog is fed only while
 //!   alive ([`crate::notify`]), so a stalled loop gets the agent restarted.
 //! - Ready ([`Agent::readiness`]) means alive, a full reconcile pass has finished since the
@@ -189,7 +191,9 @@ impl Agent {
                 "not ready: the first reconcile pass since the agent started has not finished",
             ));
         }
-        let probe = async { store_tx!(self.db(), _tx => async { Ok::<(), vmnet_ipam::IpamError>(()) }.await) };
+        let probe = async {
+            store_tx!(self.db(), _tx => async { Ok::<(), vmnet_ipam::IpamError>(()) }.await)
+        };
         match tokio::time::timeout(STORE_PROBE_TIMEOUT, probe).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(Error::unavailable(format!(

@@ -86,13 +86,24 @@ async fn ready_after_the_first_pass_and_the_scrape_counts_what_happened() {
     );
     assert_eq!(h.delete("/v1/vms/a2").await.0, StatusCode::OK);
     h.agent.reconcile().await.unwrap();
-    assert_eq!(h.get("/readyz").await, (StatusCode::OK, json!({"status": "ok"})));
+    assert_eq!(
+        h.get("/readyz").await,
+        (StatusCode::OK, json!({"status": "ok"}))
+    );
 
     let (status, ct, text) = scrape(&h.router).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(ct, "text/plain; version=0.0.4; charset=utf-8");
-    assert_eq!(sample(&text, r#"vmnet_vms{state="applied"}"#), Some(1.0), "{text}");
-    assert_eq!(sample(&text, r#"vmnet_vms{state="failed"}"#), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, r#"vmnet_vms{state="applied"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"vmnet_vms{state="failed"}"#),
+        Some(0.0),
+        "{text}"
+    );
     let count = |kind: &str| {
         sample(
             &text,
@@ -124,16 +135,28 @@ async fn a_reconcile_loop_stuck_in_a_kernel_call_is_not_alive_until_it_returns()
     h.driver.kernel().hold.insert(1, Arc::clone(&gate));
     let task = tokio::spawn(Arc::clone(&h.agent).run_loop());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(h.get("/healthz").await.0, StatusCode::OK, "within the deadline");
+    assert_eq!(
+        h.get("/healthz").await.0,
+        StatusCode::OK,
+        "within the deadline"
+    );
     tokio::time::sleep(Duration::from_millis(700)).await;
     let stalled = h.get("/healthz").await;
     assert_error(
         &stalled,
         503,
         "UNAVAILABLE",
-        &["not alive: reconcile loop: no progress for", "(deadline 0.5 s)"],
+        &[
+            "not alive: reconcile loop: no progress for",
+            "(deadline 0.5 s)",
+        ],
     );
-    assert_error(&h.get("/readyz").await, 503, "UNAVAILABLE", &["not alive: reconcile loop"]);
+    assert_error(
+        &h.get("/readyz").await,
+        503,
+        "UNAVAILABLE",
+        &["not alive: reconcile loop"],
+    );
     // The call returns: the pass finishes, the loop is alive and the agent ready.
     gate.add_permits(1);
     h.driver.kernel().hold.clear();
@@ -147,7 +170,11 @@ async fn a_reconcile_loop_stuck_in_a_kernel_call_is_not_alive_until_it_returns()
     assert_eq!(h.get("/healthz").await.0, StatusCode::OK);
     // Idle between passes, the loop still beats: alive long past the deadline.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(h.get("/healthz").await.0, StatusCode::OK, "an idle loop is alive");
+    assert_eq!(
+        h.get("/healthz").await.0,
+        StatusCode::OK,
+        "an idle loop is alive"
+    );
     h.agent.stop_loop(task).await;
 }
 

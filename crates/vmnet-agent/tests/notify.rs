@@ -56,7 +56,9 @@ fn ready_after_the_first_pass_and_the_watchdog_only_while_the_loops_progress() {
         .unwrap();
     rt.block_on(async move {
         let h = Arc::new(Harness::new().await);
-        let (s, _) = h.put_vm(&json!({"id": "a1", "user_id": 1, "tenant": 1})).await;
+        let (s, _) = h
+            .put_vm(&json!({"id": "a1", "user_id": 1, "tenant": 1}))
+            .await;
         assert_eq!(s.as_u16(), 200);
         h.agent.set_loop_deadline(Duration::from_millis(800));
         // The first pass hangs applying a1 until released.
@@ -72,7 +74,10 @@ fn ready_after_the_first_pass_and_the_watchdog_only_while_the_loops_progress() {
         // Converging, within the deadline: pings, no READY.
         let first = wait(Duration::from_millis(600)).await.unwrap();
         assert!(has(&first, "WATCHDOG=1"), "{first:?}");
-        assert!(!has(&first, "READY=1"), "READY before the first pass finished: {first:?}");
+        assert!(
+            !has(&first, "READY=1"),
+            "READY before the first pass finished: {first:?}"
+        );
         assert!(
             first.iter().any(|m| m.contains("STATUS=converging")),
             "{first:?}"
@@ -82,7 +87,10 @@ fn ready_after_the_first_pass_and_the_watchdog_only_while_the_loops_progress() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let _ = wait(Duration::from_millis(1)).await.unwrap();
         let stuck = wait(Duration::from_millis(800)).await.unwrap();
-        assert!(!has(&stuck, "WATCHDOG=1"), "pinged while stalled: {stuck:?}");
+        assert!(
+            !has(&stuck, "WATCHDOG=1"),
+            "pinged while stalled: {stuck:?}"
+        );
         assert!(!has(&stuck, "READY=1"), "{stuck:?}");
         assert!(
             stuck
@@ -97,7 +105,9 @@ fn ready_after_the_first_pass_and_the_watchdog_only_while_the_loops_progress() {
         assert!(has(&after, "READY=1"), "{after:?}");
         assert!(has(&after, "WATCHDOG=1"), "{after:?}");
         assert!(
-            after.iter().any(|m| m.contains("STATUS=1 VMs: 1 applied, 0 failed")),
+            after
+                .iter()
+                .any(|m| m.contains("STATUS=1 VMs: 1 applied, 0 failed")),
             "{after:?}"
         );
         let later = wait(Duration::from_millis(600)).await.unwrap();

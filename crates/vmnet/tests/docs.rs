@@ -206,7 +206,10 @@ fn the_books_agent_unit_is_the_packaged_one() {
         .filter(|b| b.info == "ini,systemd-unit" && b.page.ends_with("install.md"))
         .collect();
     assert_eq!(shown.len(), 1, "install.md shows the agent's unit once");
-    assert_eq!(shown[0].text, unit, "install.md's unit differs from packaging/vmnet.service");
+    assert_eq!(
+        shown[0].text, unit,
+        "install.md's unit differs from packaging/vmnet.service"
+    );
     for key in [
         "Type=notify",
         "NotifyAccess=main",

@@ -27,8 +27,15 @@ fn http_get(ns: &str, path: &str) -> (u16, String) {
         write!(s, "GET {path} HTTP/1.0\r\nHost: vmnet\r\n\r\n").unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
-        let code = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        let code = out
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
         (code, body)
     })
     .unwrap()
@@ -42,7 +49,12 @@ fn promtool(text: &str) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("promtool (Debian's prometheus package, scripts/install-deps.sh)");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
@@ -77,20 +89,34 @@ async fn metrics_and_probes_over_the_socket_and_the_metrics_listener() {
         if text.contains(r#"vmnet_vm_bytes_total{vm="m5",direction="download",class="private"}"#) {
             break text;
         }
-        assert!(Instant::now() < deadline, "no class counters after 20 s:\n{text}");
+        assert!(
+            Instant::now() < deadline,
+            "no class counters after 20 s:\n{text}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(text.contains("vmnet_vms{state=\"applied\"} 1\n"), "{text}");
-    assert!(text.contains("vmnet_vm_apply_duration_seconds_count{kind=\"create\"} 1\n"), "{text}");
+    assert!(
+        text.contains("vmnet_vm_apply_duration_seconds_count{kind=\"create\"} 1\n"),
+        "{text}"
+    );
     promtool(&text);
     let h = host.clone();
     let (code, tcp_text) = tokio::task::spawn_blocking(move || http_get(&h, "/metrics"))
         .await
         .unwrap();
     assert_eq!(code, 200, "{tcp_text}");
-    assert!(tcp_text.contains("vmnet_vms{state=\"applied\"} 1\n"), "{tcp_text}");
+    assert!(
+        tcp_text.contains("vmnet_vms{state=\"applied\"} 1\n"),
+        "{tcp_text}"
+    );
     promtool(&tcp_text);
-    for (path, want) in [("/healthz", 200), ("/readyz", 200), ("/v1/vms", 404), ("/v1/status", 404)] {
+    for (path, want) in [
+        ("/healthz", 200),
+        ("/readyz", 200),
+        ("/v1/vms", 404),
+        ("/v1/status", 404),
+    ] {
         let h = host.clone();
         let (code, body) = tokio::task::spawn_blocking(move || http_get(&h, path))
             .await
@@ -108,7 +134,9 @@ async fn metrics_and_probes_over_the_socket_and_the_metrics_listener() {
                 .collect();
             std::thread::sleep(Duration::from_millis(200));
             let mut extra = TcpStream::connect(ADDR).expect("connect");
-            extra.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            extra
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .unwrap();
             let mut b = [0u8; 1];
             assert!(
                 matches!(extra.read(&mut b), Ok(0) | Err(_)),
@@ -120,7 +148,10 @@ async fn metrics_and_probes_over_the_socket_and_the_metrics_listener() {
                 let _ = s.read(&mut b);
             }
             let took = t.elapsed();
-            assert!(took < Duration::from_secs(8), "idle connections closed after {took:?}");
+            assert!(
+                took < Duration::from_secs(8),
+                "idle connections closed after {took:?}"
+            );
         })
         .unwrap();
     })

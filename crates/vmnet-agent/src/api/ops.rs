@@ -65,7 +65,10 @@ async fn not_here(req: axum::extract::Request) -> axum::response::Response {
     if ["/metrics", "/healthz", "/readyz"].contains(&path) {
         let mut resp = ApiError(vmnet_model::Error::new(
             vmnet_model::ErrorCode::MethodNotAllowed,
-            format!("method {} is not allowed on {path}; allowed: GET", req.method()),
+            format!(
+                "method {} is not allowed on {path}; allowed: GET",
+                req.method()
+            ),
         ))
         .into_response();
         resp.headers_mut()

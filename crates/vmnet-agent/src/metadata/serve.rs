@@ -44,7 +44,10 @@ fn count(f: impl FnOnce(&mut Counts)) {
 /// The counts since the last call (every VM's listeners in this process), reset.
 #[must_use]
 pub fn take_counts() -> Counts {
-    COUNTS.lock().map(|mut c| std::mem::take(&mut *c)).unwrap_or_default()
+    COUNTS
+        .lock()
+        .map(|mut c| std::mem::take(&mut *c))
+        .unwrap_or_default()
 }
 
 /// A VM's document and version, replaced together.

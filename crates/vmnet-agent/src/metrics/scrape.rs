@@ -527,10 +527,7 @@ impl Snapshot {
             ]
         };
         let rows = |f: fn(&ClassRow) -> u64| -> Vec<([(&'static str, String); 3], u64)> {
-            self.classes
-                .iter()
-                .map(|r| (labels(r), f(r)))
-                .collect()
+            self.classes.iter().map(|r| (labels(r), f(r))).collect()
         };
         family(
             e,

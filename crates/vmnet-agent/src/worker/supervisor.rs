@@ -486,7 +486,10 @@ fn answer(
         if requests.len() > super::proto::MAX_STATUSES
             || requests.keys().any(|s| !(100..=599).contains(s))
         {
-            return Err("its metadata counts name more statuses than allowed, or a status out of range".into());
+            return Err(
+                "its metadata counts name more statuses than allowed, or a status out of range"
+                    .into(),
+            );
         }
         if let Ok(mut c) = counts.lock() {
             for (s, n) in requests {
