@@ -215,7 +215,7 @@ async fn converge(
     }
     let (tc_changes, counters) = tc::sync(ns, plan, &st.ns_links, false).await?;
     changes.extend(tc_changes);
-    d.keep_counters(plan.user_id, counters);
+    d.tc_counters.keep(plan.user_id, counters);
     changes.extend(super::activity::sync(d, plan, ns, &st.ns_links).await?);
     Ok(())
 }

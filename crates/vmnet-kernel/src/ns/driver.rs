@@ -59,9 +59,8 @@ pub struct NetlinkNsDriver {
     /// The change notifications of the host and every VM netns, when the agent listens to
     /// them ([`Self::watch_kernel`]).
     watcher: Option<crate::watch::Watcher>,
-    /// The class counters of each VM (by user id) as its last converge observed them (see
-    /// [`NsDriver::kept_limit_counters`]).
-    tc_counters: StdMutex<HashMap<u32, Vec<super::LimitCounters>>>,
+    /// The class counters of each VM as its last converge observed them.
+    pub(super) tc_counters: super::tc::KeptCounters,
 }
 
 /// Where the driver stands with the host-wide state (forwarding, router advertisements, the host
@@ -130,7 +129,7 @@ impl NetlinkNsDriver {
             guard: None,
             spares: std::sync::Arc::default(),
             watcher: None,
-            tc_counters: StdMutex::default(),
+            tc_counters: super::tc::KeptCounters::default(),
         })
     }
 
@@ -263,18 +262,6 @@ impl NetlinkNsDriver {
 
     /// Removes everything of `uid`: host rules, the host table, the veth pair (and with it the
     /// routes through it), the netns (and with it the tap). Goes on past failures and reports all.
-    /// Keeps the class counters of `uid` as a converge observed them (none kept for a VM
-    /// without limits in force).
-    pub(super) fn keep_counters(&self, uid: u32, counters: Vec<super::LimitCounters>) {
-        if let Ok(mut c) = self.tc_counters.lock() {
-            if counters.iter().any(|r| r.applied) {
-                c.insert(uid, counters);
-            } else {
-                c.remove(&uid);
-            }
-        }
-    }
-
     pub(super) async fn remove_uid(&self, uid: u32) -> Result<Vec<Change>, NsError> {
         self.remove_with(uid, false).await
     }
@@ -285,9 +272,7 @@ impl NetlinkNsDriver {
     /// this returns, instead of a synchronous delete that waits for the kernel (≈ 30–40 ms). A
     /// host end whose netns is already gone is deleted either way.
     async fn remove_with(&self, uid: u32, deferred: bool) -> Result<Vec<Change>, NsError> {
-        if let Ok(mut c) = self.tc_counters.lock() {
-            c.remove(&uid);
-        }
+        self.tc_counters.forget(uid);
         let mut errors = Vec::new();
         let mut found = false;
         let host_veth = self.name(NameKind::HostVeth, uid);
@@ -560,10 +545,7 @@ impl NsDriver for NetlinkNsDriver {
     }
 
     fn kept_limit_counters(&self) -> HashMap<u32, Vec<super::LimitCounters>> {
-        self.tc_counters
-            .lock()
-            .map(|c| c.clone())
-            .unwrap_or_default()
+        self.tc_counters.all()
     }
 
     fn apply_table<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {

@@ -22,7 +22,10 @@
 //! - Each device's class and filter dumps are separate requests; a VM with limits costs three
 //!   dumps per device on every reconcile pass.
 
+mod kept;
 mod wire;
+
+pub(crate) use kept::KeptCounters;
 
 use std::collections::{BTreeSet, HashMap};
 
