@@ -11,6 +11,7 @@ packages=(
   postgresql
   genisoimage dosfstools mtools
   clang libbpf-dev linux-libc-dev
+  prometheus  # promtool: the metrics tests check every scrape with `promtool check metrics`
   libvirt-clients  # virsh: the tests validate the generated libvirt XML with libvirt itself
   mmdebstrap qemu-system-x86 qemu-utils  # real guests: scripts/guest-image.sh and --guests kvm
   python3 python3-yaml python3-jinja2 python3-jsonschema python3-configobj
@@ -46,7 +47,7 @@ fi
 
 # Debian's postgresql package tries to start a system cluster; vmnet never uses it (tests start
 # their own cluster on a unix socket). Nothing else to start here.
-for tool in ip nft tc clang wireguard-go wg iperf3 mmdebstrap qemu-system-x86_64 qemu-img; do
+for tool in ip nft tc clang wireguard-go wg iperf3 promtool mmdebstrap qemu-system-x86_64 qemu-img; do
   command -v "$tool" >/dev/null || { echo "missing $tool after install" >&2; exit 1; }
 done
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null

@@ -101,6 +101,10 @@ pub struct Agent {
     pub(crate) pass_lock: Mutex<()>,
     pub(crate) record: StdMutex<ReconcileStatus>,
     pub(crate) wake: Notify,
+    /// The loops' heartbeats and the convergence since start ([`crate::health`]).
+    pub(crate) loops: crate::health::Loops,
+    /// What the metrics observe as the agent works ([`crate::metrics`]).
+    pub(crate) metrics: crate::metrics::AgentMetrics,
     /// When the last VM change through the API (PUT or DELETE) started or ended: a reconcile
     /// pass yields to a burst of them (see [`crate::reconcile::API_QUIET`]).
     pub(crate) last_api_change: StdMutex<Option<tokio::time::Instant>>,
@@ -145,7 +149,7 @@ impl std::fmt::Debug for Agent {
 /// the API edge ([`from_ipam`](crate::api::error::from_ipam)).
 macro_rules! store_tx {
     ($db:expr, $tx:ident => $body:expr) => {
-        vmnet_ipam::transaction!($db, $tx => $body).map_err($crate::api::error::from_ipam)
+        vmnet_ipam::transaction!($db, $tx => $body).map_err($crate::metrics::store_error)
     };
 }
 pub(crate) use store_tx;
@@ -204,6 +208,8 @@ impl Agent {
             pass_lock: Mutex::new(()),
             record: StdMutex::new(ReconcileStatus::default()),
             wake: Notify::new(),
+            loops: crate::health::Loops::default(),
+            metrics: crate::metrics::AgentMetrics::default(),
             last_api_change: StdMutex::new(None),
             pool: OnceLock::new(),
             mesh: OnceLock::new(),
@@ -288,6 +294,28 @@ impl Agent {
                 Err(e) => tracing::warn!("pool pass failed: {e}"),
             }
         }
+    }
+
+    /// The packet-activity program, when it runs.
+    pub(crate) fn activity_recorder(
+        &self,
+    ) -> Option<&Arc<vmnet_kernel::activity::ActivityRecorder>> {
+        self.activity.get()
+    }
+
+    /// The unprivileged worker, when it runs.
+    pub(crate) fn worker_handle(&self) -> Option<&Arc<crate::worker::Worker>> {
+        self.worker.get()
+    }
+
+    /// The provider pools' poller, when it runs.
+    pub(crate) fn provider_poller(&self) -> Option<&Arc<Poller>> {
+        self.providers.get()
+    }
+
+    /// Whether the agent listens to the kernel's change notifications.
+    pub(crate) fn notifications_on(&self) -> bool {
+        self.record.lock().is_ok_and(|r| r.notifications.on)
     }
 
     /// The store.
@@ -406,6 +434,7 @@ impl Agent {
 
     /// The rest of [`Self::put_vm`], under the kernel lock.
     async fn put_locked(&self, cfg: VmConfig, plan: VmPlan, json: String) -> Result<VmView, Error> {
+        let clock = std::time::Instant::now();
         crate::public::check_host(self.driver.as_ref(), &cfg).await?;
         self.mesh_claim_free(&cfg).await?;
         let mesh = cfg.mesh_ipv6.map(|m| m.to_string());
@@ -509,10 +538,16 @@ impl Agent {
             let op = if before.is_some() { "change" } else { "create" };
             tracing::info!(vm = %cfg.id, op, apply = kind.as_str(), "vm applied");
         }
+        let metric_kind = if before.is_some() {
+            crate::metrics::ApplyKind::Change
+        } else {
+            crate::metrics::ApplyKind::Create
+        };
         let row = match before {
             Some(b) if unchanged => b,
             _ => row,
         };
+        self.metrics.observe_apply(metric_kind, clock.elapsed());
         self.view_planned(&row, cfg, &plan)
     }
 
@@ -533,6 +568,7 @@ impl Agent {
 
     /// The rest of [`Self::delete_vm`], under the kernel lock.
     async fn delete_locked(&self, id: &str) -> Result<VmView, Error> {
+        let clock = std::time::Instant::now();
         let row = store_tx!(self.db, tx => vm_store::get(tx, id).await)?;
         let row = row.ok_or_else(|| vm_not_found(id))?;
         let view = self.view(&row)?;
@@ -569,6 +605,8 @@ impl Agent {
         }
         store_tx!(self.db, tx => vm_store::delete(tx, id).await)?;
         self.activity_ends(view.config.user_id);
+        self.metrics
+            .observe_apply(crate::metrics::ApplyKind::Delete, clock.elapsed());
         tracing::info!(vm = %id, op = "delete", "vm deleted");
         self.emit_vm(id, view.config.user_id, EventBody::VmDeleted {});
         Ok(view)

@@ -13,6 +13,9 @@
 //! * [`events`] — the event bus, its kinds and the `GET /v1/events` stream.
 //! * [`agent`] — the agent's state and the VM operations (store + driver, serialized).
 //! * [`reconcile`] — the full pass and the background loop.
+//! * [`health`] — the loops' heartbeats, `GET /healthz` and `GET /readyz`.
+//! * [`metrics`] — `GET /metrics`: what the agent observes and a snapshot per scrape.
+//! * [`notify`] — systemd's `READY=1`, `WATCHDOG=1`, `STATUS=`, `STOPPING=1`.
 //! * [`api`] — routes, error mapping, request/response types; `openapi.json` documents it.
 //! * [`server`] — binding the unix socket and checking who connects.
 //! * [`client`] — the API client over the unix socket.
@@ -24,10 +27,13 @@ pub mod api;
 pub mod apply;
 pub mod client;
 pub mod events;
+pub mod health;
 pub mod hostspec;
 pub mod malloc;
 pub mod mesh;
 pub mod metadata;
+pub mod metrics;
+pub mod notify;
 pub mod pool;
 pub mod provider;
 pub mod public;

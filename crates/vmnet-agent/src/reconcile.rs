@@ -125,6 +125,7 @@ impl Agent {
 
     async fn run_pass(&self, full: bool, trigger: Trigger) -> Result<PassOutcome, Error> {
         let _pass = self.pass_lock.lock().await;
+        self.pass_progress();
         let started = now_ms();
         let clock = Instant::now();
         if let Ok(mut r) = self.record.lock() {
@@ -175,6 +176,15 @@ impl Agent {
             }
         }
         crate::malloc::release_free();
+        self.metrics.observe_pass(full, clock.elapsed());
+        if let Ok(o) = &result {
+            self.metrics
+                .count_repairs(crate::metrics::Trigger::Pass, &o.repaired);
+            if full {
+                self.loops.set_converged();
+            }
+        }
+        self.pass_progress();
         let took = u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX);
         if let Ok(mut r) = self.record.lock() {
             r.passes += 1;
@@ -226,6 +236,7 @@ impl Agent {
         if full && !ids.is_empty() {
             self.yield_to_api().await;
             let _kernel = self.kernel.lock("reconcile: host state").await;
+            self.pass_progress();
             match self.driver().repair_host().await {
                 Ok(changes) => {
                     self.emit_drift(None, &changes, trigger.into());
@@ -239,6 +250,7 @@ impl Agent {
         let observed = {
             self.yield_to_api().await;
             let _kernel = self.kernel.lock("reconcile: observe").await;
+            self.pass_progress();
             self.driver().observe().await
         };
         let seen: Option<BTreeMap<u32, ObservedVm>> = match observed {
@@ -256,6 +268,7 @@ impl Agent {
         for id in &ids {
             self.yield_to_api().await;
             let _kernel = self.kernel.lock(format!("reconcile: vm {id}")).await;
+            self.pass_progress();
             let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, id).await)? else {
                 continue;
             };
@@ -277,6 +290,7 @@ impl Agent {
         // (its desired config's and, while they differ, its applied config's).
         self.yield_to_api().await;
         let _kernel = self.kernel.lock("reconcile: garbage collection").await;
+        self.pass_progress();
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
         if let Some(m) = self.metadata() {
             m.retain(&rows.iter().map(|r| r.id.clone()).collect());
@@ -490,7 +504,10 @@ impl Agent {
                 next_full = tokio::time::Instant::now() + self.interval();
             }
             loop {
+                self.loops.beat(crate::health::Loop::Reconcile);
                 tokio::select! {
+                    // The loop is alive while it waits: it beats every `Loops::idle_beat`.
+                    () = tokio::time::sleep(self.loops.idle_beat()) => continue,
                     () = self.wake.notified() => {
                         // Coalesce a burst of changes into one pass.
                         tokio::time::sleep(WAKE_DEBOUNCE).await;

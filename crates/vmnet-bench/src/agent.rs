@@ -15,6 +15,9 @@
 //! [`LEFTOVER_WAIT`]) until the host shows no object of the agent's prefix any more: the kernel
 //! may finish a VM's device teardown after the DELETE was answered, but nothing may stay.
 //!
+//! At the last checkpoint it also times `GET /metrics` and the PUT median with and without
+//! scrapes running ([`crate::agent_scrape`]).
+//!
 //! It prints the targets: RSS < 64 MiB at 1000 VMs, descriptors a fixed set plus one metadata
 //! listener per VM, PUT ≤ 4 ms and DELETE ≤ 5 ms median, last 100 within 1.2× of first 100.
 //!
@@ -377,8 +380,10 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
         again.push(t.elapsed());
     }
     let after = usage(agent.pid())?;
+    let scraped = crate::agent_scrape::measure(&client, last_n, &body).await?;
     let deleted = delete_all(&client, last_n, &sb.host(), &sb.agent_prefix()).await?;
     print!("{}", render(&rows, stats(&again), &after, &deleted));
+    print!("{}", crate::agent_scrape::render(&scraped));
     if let Some(line) = cpu_line(first_cpu, last_cpu, group) {
         println!("{line}");
     }

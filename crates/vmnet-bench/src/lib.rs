@@ -17,6 +17,7 @@
 pub mod activity;
 pub mod agent;
 pub mod agent_load;
+pub mod agent_scrape;
 pub mod guard;
 pub mod guests;
 pub mod guests_pool;

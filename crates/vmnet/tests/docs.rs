@@ -193,6 +193,35 @@ fn the_books_configuration_files_pass_config_check() {
     }
 }
 
+/// The agent's unit in the book is `packaging/vmnet.service`, byte for byte: what the docs show
+/// is what a host installs.
+#[test]
+fn the_books_agent_unit_is_the_packaged_one() {
+    let unit = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/vmnet.service"),
+    )
+    .unwrap();
+    let shown: Vec<_> = blocks()
+        .into_iter()
+        .filter(|b| b.info == "ini,systemd-unit" && b.page.ends_with("install.md"))
+        .collect();
+    assert_eq!(shown.len(), 1, "install.md shows the agent's unit once");
+    assert_eq!(
+        shown[0].text, unit,
+        "install.md's unit differs from packaging/vmnet.service"
+    );
+    for key in [
+        "Type=notify",
+        "NotifyAccess=main",
+        "WatchdogSec=",
+        "Restart=on-failure",
+        "KillMode=process",
+        "CapabilityBoundingSet=",
+    ] {
+        assert!(unit.contains(key), "the unit sets {key}");
+    }
+}
+
 /// Every systemd unit the book shows (```ini,systemd-unit) passes `systemd-analyze verify`, with
 /// its `/usr/local/bin/vmnet` standing for the `vmnet` this suite built: no unknown key, no
 /// setting systemd cannot parse.

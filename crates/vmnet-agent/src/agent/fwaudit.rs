@@ -134,6 +134,7 @@ impl Agent {
                 .kernel
                 .lock(format!("firewall audit: vm {}", row.id))
                 .await;
+            self.pass_progress();
             tables += 1;
             match self.driver().audit_table(&plan).await {
                 Ok(None) => {}

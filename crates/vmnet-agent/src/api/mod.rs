@@ -10,6 +10,7 @@ pub mod events;
 pub mod ipam;
 pub mod mesh;
 pub mod nics;
+pub mod ops;
 pub mod types;
 pub mod vms;
 
@@ -49,7 +50,10 @@ fn build() -> Routes {
         router: Router::new(),
         list: Vec::new(),
     };
-    r.add(Method::GET, "/v1/status", get(vms::status))
+    r.add(Method::GET, "/metrics", get(ops::metrics))
+        .add(Method::GET, "/healthz", get(ops::healthz))
+        .add(Method::GET, "/readyz", get(ops::readyz))
+        .add(Method::GET, "/v1/status", get(vms::status))
         .add(Method::GET, "/v1/vms", get(vms::list_vms))
         .add(Method::PUT, "/v1/vms/{id}", put(vms::put_vm))
         .add(Method::GET, "/v1/vms/{id}", get(vms::get_vm))

@@ -19,6 +19,37 @@ use super::limits::{self, TokenBucket};
 use super::tokens::{Tokens, boot_secs};
 use super::{fds, mmds};
 
+/// The requests this process answered, by HTTP status, and the connections it refused, since
+/// the last [`take_counts`]: the worker reports them to the agent (the metrics).
+static COUNTS: Mutex<Counts> = Mutex::new(Counts {
+    requests: std::collections::BTreeMap::new(),
+    refused: 0,
+});
+
+/// Requests by status and refused connections ([`take_counts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Requests answered, by HTTP status.
+    pub requests: std::collections::BTreeMap<u16, u64>,
+    /// Connections closed on accept (the VM had [`limits::MAX_CONNECTIONS`] open).
+    pub refused: u64,
+}
+
+fn count(f: impl FnOnce(&mut Counts)) {
+    if let Ok(mut c) = COUNTS.lock() {
+        f(&mut c);
+    }
+}
+
+/// The counts since the last call (every VM's listeners in this process), reset.
+#[must_use]
+pub fn take_counts() -> Counts {
+    COUNTS
+        .lock()
+        .map(|mut c| std::mem::take(&mut *c))
+        .unwrap_or_default()
+}
+
 /// A VM's document and version, replaced together.
 #[derive(Debug)]
 struct Served {
@@ -131,6 +162,7 @@ pub fn serve(listener: tokio::net::TcpListener, meta: Arc<VmMeta>) -> JoinHandle
             };
             let Ok(permit) = Arc::clone(&meta.conns).try_acquire_owned() else {
                 meta.refused.fetch_add(1, Ordering::Relaxed);
+                count(|c| c.refused += 1);
                 drop(stream);
                 continue;
             };
@@ -140,6 +172,8 @@ pub fn serve(listener: tokio::net::TcpListener, meta: Arc<VmMeta>) -> JoinHandle
                 let _permit = permit;
                 let svc = service_fn(move |req| {
                     let r = m.answer(&req);
+                    let status = r.status().as_u16();
+                    count(|c| *c.requests.entry(status).or_default() += 1);
                     async move { Ok::<_, Infallible>(r) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()

@@ -117,6 +117,8 @@ pub struct PoolNode {
     /// Realised instances by id; the pass lock.
     realised: Mutex<BTreeMap<String, InstanceSpec>>,
     record: StdMutex<Record>,
+    /// When pool mode started, ms since the Unix epoch.
+    started_at_unix_ms: i64,
 }
 
 impl std::fmt::Debug for PoolNode {
@@ -191,6 +193,7 @@ impl PoolNode {
             taps,
             realised: Mutex::new(BTreeMap::new()),
             record: StdMutex::new(Record::default()),
+            started_at_unix_ms: crate::status::now_ms(),
         }))
     }
 
@@ -198,6 +201,18 @@ impl PoolNode {
     #[must_use]
     pub fn config(&self) -> &PoolConfig {
         &self.cfg
+    }
+
+    /// When pool mode started, ms since the Unix epoch.
+    #[must_use]
+    pub fn started_at_unix_ms(&self) -> i64 {
+        self.started_at_unix_ms
+    }
+
+    /// The tap guard's counters; `None` when it is off.
+    #[must_use]
+    pub fn guard_status(&self) -> Option<crate::status::GuardStatus> {
+        self.taps.guard_status()
     }
 
     /// The runtime (firewall and audit).

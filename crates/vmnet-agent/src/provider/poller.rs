@@ -62,6 +62,21 @@ struct Entry {
     status: ProviderPoolStatus,
     due: Option<Instant>,
     running: bool,
+    /// Polls that failed (state `failing` or `auth_failed`) since the agent started.
+    failures: u64,
+}
+
+/// One pool's poll counts since the agent started (the metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollCounts {
+    /// The pool.
+    pub pool_id: String,
+    /// Its provider.
+    pub provider: Provider,
+    /// Polls finished.
+    pub polls: u64,
+    /// Polls that failed (every machine kept its last good addresses, marked stale).
+    pub failures: u64,
 }
 
 /// The poller of one agent.
@@ -132,6 +147,24 @@ impl Poller {
         })
     }
 
+    /// Every polled pool's poll counts, by pool id.
+    #[must_use]
+    pub fn counts(&self) -> Vec<PollCounts> {
+        self.pools
+            .lock()
+            .map(|m| {
+                m.values()
+                    .map(|e| PollCounts {
+                        pool_id: e.status.pool_id.clone(),
+                        provider: e.status.provider,
+                        polls: e.status.polls,
+                        failures: e.failures,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Every polled pool's status, by pool id.
     #[must_use]
     pub fn status(&self) -> Vec<ProviderPoolStatus> {
@@ -171,6 +204,7 @@ impl Poller {
             status: fresh(pool),
             due: None,
             running: false,
+            failures: 0,
         });
         let st = &mut entry.status;
         st.provider = pool.provider;
@@ -263,6 +297,7 @@ impl Poller {
                     st.last_success_at_unix_ms = Some(at);
                 } else {
                     st.consecutive_failures += 1;
+                    entry.failures += 1;
                 }
                 st.state = state;
                 st.last_error_kind = Some(kind.to_owned());
@@ -340,6 +375,7 @@ impl Poller {
                     status: fresh(&p),
                     due: None,
                     running: false,
+                    failures: 0,
                 });
                 if !e.running && e.due.is_none_or(|d| d <= now) {
                     e.running = true;

@@ -16,10 +16,12 @@
 //!   client is an `EPIPE` for that connection and nothing else.
 //! - Every request carries its connection's [`ConnCut`]: an event stream whose reader stopped
 //!   reading fires it, and the connection is closed ([`crate::events::stream`]).
-//! - The API is served on this socket only: there is no TCP listener (a TCP port cannot tell
-//!   which local user connects).
+//! - The API is served on this socket only (a TCP port cannot tell which local user
+//!   connects); the optional metrics listener ([`tcp`]) serves the metrics and the health
+//!   probes, nothing else.
 
 pub mod access;
+pub mod tcp;
 
 use std::future::Future;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};

@@ -88,10 +88,16 @@ impl Agent {
         };
         let mut sched = Schedule::new(Tuning::agent(self.interval()));
         loop {
+            self.loops.beat(crate::health::Loop::Watch);
             let next = sched.next_due();
             tokio::select! {
+                // The loop is alive while it waits: it beats every `Loops::idle_beat`.
+                () = tokio::time::sleep(self.loops.idle_beat()) => {}
                 ev = events.recv() => {
-                    let Some(ev) = ev else { return };
+                    let Some(ev) = ev else {
+                        self.loops.end(crate::health::Loop::Watch);
+                        return;
+                    };
                     self.notified(&names, &mut sched, &ev);
                     // Take what else is queued before sleeping.
                     while let Ok(ev) = events.try_recv() {
@@ -129,6 +135,11 @@ impl Agent {
                 if !done.is_empty() {
                     let lines: Vec<&str> = done.iter().map(|r| r.line.as_str()).collect();
                     tracing::warn!(scope = %target, op = "repair", repairs = ?lines, "repaired on a kernel notification");
+                    if target != Target::Pass {
+                        // A full pass counts its own repairs.
+                        self.metrics
+                            .count_repairs(crate::metrics::Trigger::Notification, &lines);
+                    }
                 }
                 done
             }

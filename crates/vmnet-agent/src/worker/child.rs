@@ -113,8 +113,17 @@ async fn run(sock: OwnedFd) -> Result<(), String> {
     );
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<FromWorker>();
     let mut vms: HashMap<String, Vm> = HashMap::new();
+    let mut report = tokio::time::interval(super::proto::COUNTS_PERIOD);
+    report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = report.tick() => {
+                let c = crate::metadata::serve::take_counts();
+                if !c.requests.is_empty() || c.refused > 0 {
+                    let msg = FromWorker::MetadataCounts { requests: c.requests, refused: c.refused };
+                    chan.send_msg(&msg, &[]).await.map_err(fail)?;
+                }
+            }
             got = chan.recv() => {
                 let Some((body, fds)) = got.map_err(fail)? else {
                     tracing::info!("the agent closed the worker's socket; stopping");

@@ -172,7 +172,21 @@ pub enum FromWorker {
         /// Requests the failed poll sent.
         requests: u64,
     },
+    /// The metadata requests answered since the last such message, by HTTP status, and the
+    /// connections refused (sent every [`COUNTS_PERIOD`] when there are any).
+    MetadataCounts {
+        /// Requests by status (at most [`MAX_STATUSES`] entries, each a status 100-599).
+        requests: std::collections::BTreeMap<u16, u64>,
+        /// Connections refused.
+        refused: u64,
+    },
 }
+
+/// How often the worker reports its metadata counts.
+pub const COUNTS_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The most statuses one [`FromWorker::MetadataCounts`] may carry.
+pub const MAX_STATUSES: usize = 32;
 
 /// Why a frame could not be read or written.
 #[derive(Debug, thiserror::Error)]

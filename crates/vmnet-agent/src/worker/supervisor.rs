@@ -88,6 +88,8 @@ pub struct Worker {
     polls: mpsc::UnboundedSender<PollRequest>,
     status: Mutex<WorkerStatus>,
     ready: Notify,
+    /// The metadata requests every worker reported, by status, and the refused connections.
+    counts: Mutex<crate::metadata::serve::Counts>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -129,6 +131,7 @@ impl Worker {
             wake: Notify::new(),
             polls: tx,
             ready: Notify::new(),
+            counts: Mutex::default(),
         });
         let ready = w.ready.notified();
         tokio::spawn(Arc::clone(&w).pump(rx));
@@ -216,6 +219,13 @@ impl Worker {
     #[must_use]
     pub fn serves(&self, vm: &str) -> bool {
         self.lock().vms.contains_key(vm)
+    }
+
+    /// The metadata requests the workers answered since the agent started, by HTTP status, and
+    /// the connections they refused.
+    #[must_use]
+    pub fn metadata_counts(&self) -> crate::metadata::serve::Counts {
+        self.counts.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
     /// The running worker's pid, if one runs.
@@ -383,7 +393,7 @@ impl Worker {
                         if !fds.is_empty() {
                             return Ended::Broken("it sent descriptors".into());
                         }
-                        if let Err(why) = answer(&body, inflight) {
+                        if let Err(why) = answer(&body, inflight, &self.counts) {
                             return Ended::Broken(why);
                         }
                     }
@@ -463,10 +473,33 @@ fn poll_message(id: u64, job: FetchJob) -> ToWorker {
     }
 }
 
-/// Takes one message of the worker: only `polled`, for a poll in flight, that matches its job.
+/// Takes one message of the worker: `polled`, for a poll in flight, that matches its job, or
+/// the metadata counts (added to `counts`).
 #[allow(clippy::type_complexity)]
-fn answer(body: &[u8], inflight: &mut Inflight) -> Result<(), String> {
+fn answer(
+    body: &[u8],
+    inflight: &mut Inflight,
+    counts: &Mutex<crate::metadata::serve::Counts>,
+) -> Result<(), String> {
     let msg = decode::<FromWorker>(body).map_err(|e| e.to_string())?;
+    if let FromWorker::MetadataCounts { requests, refused } = &msg {
+        if requests.len() > super::proto::MAX_STATUSES
+            || requests.keys().any(|s| !(100..=599).contains(s))
+        {
+            return Err(
+                "its metadata counts name more statuses than allowed, or a status out of range"
+                    .into(),
+            );
+        }
+        if let Ok(mut c) = counts.lock() {
+            for (s, n) in requests {
+                let e = c.requests.entry(*s).or_default();
+                *e = e.saturating_add(*n);
+            }
+            c.refused = c.refused.saturating_add(*refused);
+        }
+        return Ok(());
+    }
     let FromWorker::Polled {
         id,
         report,

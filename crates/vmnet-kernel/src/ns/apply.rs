@@ -160,7 +160,7 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
             differences: st.nft_drift.clone(),
         });
     }
-    changes.extend(tc::sync(&ns, plan, &st.ns_links, true).await?);
+    changes.extend(tc::sync(&ns, plan, &st.ns_links, true).await?.0);
     for what in public::drift(d, plan)? {
         changes.push(Change::Repair {
             what: format!("host: {what}"),
@@ -213,7 +213,9 @@ async fn converge(
             differences: st.nft_drift.clone(),
         });
     }
-    changes.extend(tc::sync(ns, plan, &st.ns_links, false).await?);
+    let (tc_changes, counters) = tc::sync(ns, plan, &st.ns_links, false).await?;
+    changes.extend(tc_changes);
+    d.tc_counters.keep(plan.user_id, counters);
     changes.extend(super::activity::sync(d, plan, ns, &st.ns_links).await?);
     Ok(())
 }

@@ -59,6 +59,8 @@ pub struct NetlinkNsDriver {
     /// The change notifications of the host and every VM netns, when the agent listens to
     /// them ([`Self::watch_kernel`]).
     watcher: Option<crate::watch::Watcher>,
+    /// The class counters of each VM as its last converge observed them.
+    pub(super) tc_counters: super::tc::KeptCounters,
 }
 
 /// Where the driver stands with the host-wide state (forwarding, router advertisements, the host
@@ -127,6 +129,7 @@ impl NetlinkNsDriver {
             guard: None,
             spares: std::sync::Arc::default(),
             watcher: None,
+            tc_counters: super::tc::KeptCounters::default(),
         })
     }
 
@@ -269,6 +272,7 @@ impl NetlinkNsDriver {
     /// this returns, instead of a synchronous delete that waits for the kernel (≈ 30–40 ms). A
     /// host end whose netns is already gone is deleted either way.
     async fn remove_with(&self, uid: u32, deferred: bool) -> Result<Vec<Change>, NsError> {
+        self.tc_counters.forget(uid);
         let mut errors = Vec::new();
         let mut found = false;
         let host_veth = self.name(NameKind::HostVeth, uid);
@@ -538,6 +542,10 @@ impl NsDriver for NetlinkNsDriver {
         plan: &'a VmPlan,
     ) -> BoxFuture<'a, Result<Vec<super::LimitCounters>, NsError>> {
         Box::pin(super::tc::counters(plan))
+    }
+
+    fn kept_limit_counters(&self) -> HashMap<u32, Vec<super::LimitCounters>> {
+        self.tc_counters.all()
     }
 
     fn apply_table<'a>(&'a self, plan: &'a VmPlan) -> BoxFuture<'a, Result<Vec<Change>, NsError>> {

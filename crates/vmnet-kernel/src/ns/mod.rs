@@ -264,6 +264,14 @@ pub trait NsDriver: Send + Sync {
         let _ = plan;
         Box::pin(async { Ok(Vec::new()) })
     }
+
+    /// The class counters of every VM with limits in force (by user id), as the VM's last
+    /// converge (a full reconcile pass, a check on a notification, a full apply) observed
+    /// them: no kernel read, so a scrape of every VM costs nothing in the kernel; the values lag
+    /// by at most one reconcile interval. Empty for a driver that does not shape.
+    fn kept_limit_counters(&self) -> std::collections::HashMap<u32, Vec<LimitCounters>> {
+        std::collections::HashMap::new()
+    }
 }
 
 /// What [`NsDriver::observe`] found for one user id.

@@ -15,6 +15,7 @@
 //! installed); instances that leave the host lose theirs.
 
 mod helper;
+mod ops;
 mod preflight;
 use helper::start_pool;
 pub use preflight::preflight;
@@ -180,6 +181,11 @@ pub struct ServeArgs {
     /// Do not serve the metadata service (169.254.169.254 inside each VM's netns).
     #[arg(long)]
     pub no_metadata: bool,
+    /// Serve `GET /metrics` (Prometheus text format), `GET /healthz` and `GET /readyz` on this
+    /// TCP address too (e.g. `127.0.0.1:9851`), for a Prometheus server and health probes;
+    /// nothing else is served there. Default: on the API socket only.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Internal: serve as the pool root helper on descriptor 3 (started by the agent).
     #[arg(long, hide = true)]
     pub pool_helper_serve: bool,
@@ -377,20 +383,23 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     } else {
         None
     };
+    let metrics = ops::bind_metrics(args.metrics_listen).await?;
     let reconciler = tokio::spawn(Arc::clone(&agent).run_loop());
     let watcher = events.map(|e| agent.start_watching(e));
     let summaries = tokio::spawn(Arc::clone(&agent).run_spoof_summaries(
         std::time::Duration::from_secs(vmnet_agent::events::spoof::SPOOF_SUMMARY_SECS),
     ));
+    let ops = ops::start(&agent, metrics);
     let router = vmnet_agent::api::router(Arc::clone(&agent));
     // Stopping ends the event streams, so their requests do not hold the shutdown up.
     let bus = agent.events().clone();
     let shutdown = async move {
-        server::shutdown_signal().await;
+        ops::shutdown().await;
         bus.close();
     };
     let result = server::serve(router, unix, shutdown).await;
     summaries.abort();
+    ops.stop();
     if let Some(w) = watcher {
         agent.stop_loop(w).await;
     }

@@ -3,6 +3,18 @@
 use super::*;
 
 impl Mesh {
+    /// Every peer the device has now, by public key, with when it last completed a handshake
+    /// (seconds since the Unix epoch; 0: never). Empty while the device is down.
+    #[must_use]
+    pub fn handshakes(&self) -> Vec<(String, u64)> {
+        let u = self.daemon.uapi();
+        let dev = tokio::task::block_in_place(|| u.get()).unwrap_or_default();
+        dev.peers
+            .iter()
+            .map(|(k, d)| (WgKey(*k).to_string(), d.last_handshake_sec))
+            .collect()
+    }
+
     /// `GET /v1/mesh`.
     ///
     /// # Errors

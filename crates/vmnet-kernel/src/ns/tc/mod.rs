@@ -22,7 +22,10 @@
 //! - Each device's class and filter dumps are separate requests; a VM with limits costs three
 //!   dumps per device on every reconcile pass.
 
+mod kept;
 mod wire;
+
+pub(crate) use kept::KeptCounters;
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -451,22 +454,27 @@ pub(super) async fn change_classes(plan: &VmPlan) -> Result<Option<Vec<Change>>,
 }
 
 /// Observes the VM's tc objects and, unless `dry`, makes them equal to the plan; returns the
-/// changes (made, or needed when `dry`).
+/// changes (made, or needed when `dry`) and the counters of the classes as observed (before
+/// any repair), as [`counters`] reads them.
 pub(super) async fn sync(
     h: &Handle,
     plan: &VmPlan,
     links: &HashMap<String, KLink>,
     dry: bool,
-) -> Result<Vec<Change>, NsError> {
+) -> Result<(Vec<Change>, Vec<LimitCounters>), NsError> {
     let mut roots = roots(h).await?;
     let mut changes = Vec::new();
-    for dev in devices(plan) {
+    let mut seen: [Vec<KClass>; 2] = [Vec::new(), Vec::new()];
+    for (i, dev) in devices(plan).into_iter().enumerate() {
         let Some(index) = links.get(dev).map(|l| l.index) else {
             continue; // the link repair makes it; the next pass shapes it
         };
         let tree = plan.limits.trees.iter().find(|t| t.dev == dev);
         let st = dev_state(h, index, roots.remove(&index), dev).await?;
         let fixes = diff(tree, &st);
+        if tree.is_some() {
+            seen[i].clone_from(&st.classes);
+        }
         if fixes.is_empty() {
             continue;
         }
@@ -483,7 +491,7 @@ pub(super) async fn sync(
                 }),
         );
     }
-    Ok(changes)
+    Ok((changes, rows(plan, &seen)))
 }
 
 /// The counters of each planned class (download then upload, private then public) of a VM;
@@ -506,17 +514,12 @@ pub(super) async fn counters(plan: &VmPlan) -> Result<Vec<LimitCounters>, NsErro
             links.insert(dev.to_owned(), m.header.index);
         }
     }
-    let l = &plan.limits;
-    let mut out = Vec::new();
-    for (dev, direction) in devices(plan)
-        .into_iter()
-        .zip([Direction::Download, Direction::Upload])
-    {
-        let mut have = Vec::new();
-        if l.trees.iter().any(|t| t.dev == dev)
+    let mut seen: [Vec<KClass>; 2] = [Vec::new(), Vec::new()];
+    for (i, dev) in devices(plan).into_iter().enumerate() {
+        if plan.limits.trees.iter().any(|t| t.dev == dev)
             && let Some(index) = links.get(dev).copied()
         {
-            have = dev_state(
+            seen[i] = dev_state(
                 &h,
                 index,
                 Some(KQdisc {
@@ -531,6 +534,21 @@ pub(super) async fn counters(plan: &VmPlan) -> Result<Vec<LimitCounters>, NsErro
             .await?
             .classes;
         }
+    }
+    Ok(rows(plan, &seen))
+}
+
+/// The counter rows of `plan` (download then upload, private then public) from the classes
+/// seen on its two devices (the tap: download; the VM veth end: upload).
+fn rows(plan: &VmPlan, seen: &[Vec<KClass>; 2]) -> Vec<LimitCounters> {
+    let l = &plan.limits;
+    let mut out = Vec::with_capacity(4);
+    let devs = devices(plan).len();
+    for (have, direction) in seen
+        .iter()
+        .take(devs)
+        .zip([Direction::Download, Direction::Upload])
+    {
         for (class, limit) in [
             (TrafficClass::Private, l.private_mibps),
             (TrafficClass::Public, l.public_mibps),
@@ -556,7 +574,7 @@ pub(super) async fn counters(plan: &VmPlan) -> Result<Vec<LimitCounters>, NsErro
             });
         }
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
