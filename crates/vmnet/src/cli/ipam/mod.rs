@@ -482,7 +482,7 @@ impl Deleted {
             instance_id: i.instance_id.clone(),
             released: i.address.map(|address| Lease {
                 pool_id: i.pool_id.clone(),
-                address,
+                address: std::net::IpAddr::V4(address),
                 instance_id: i.instance_id.clone(),
             }),
             instance: i,

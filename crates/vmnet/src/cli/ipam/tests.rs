@@ -118,6 +118,7 @@ fn delete_says_what_was_released() {
         state: InstanceState::Running,
         conditions: vec![],
         address: Some("10.0.0.4".parse().unwrap()),
+        address6: None,
         network_policy: vmnet_ipam::NetworkPolicy::Private,
         sandbox: true,
         allocation_id: "alloc-1-vm3".into(),
