@@ -213,3 +213,53 @@ pub(crate) async fn list_leases6(tx: &mut Tx, pool_id: &str) -> Result<Vec<Lease
         })
         .collect()
 }
+
+/// Inserts IPv6 leases for `addresses` of `pool_id` in bulk (instance ids `<prefix><n>`) and
+/// rebuilds the free index of the pool's IPv6 ranges. For benchmarks and tests that need a full
+/// range fast; the addresses are not checked against the ranges.
+///
+/// # Errors
+/// `NOT_FOUND` for an unknown pool; `UNAVAILABLE` on a database failure (including an address
+/// already leased).
+pub async fn bulk_insert_leases6(
+    tx: &mut Tx,
+    pool_id: &str,
+    addresses: &[Ipv6Addr],
+    prefix: &str,
+) -> Result<(), IpamError> {
+    require_pool(tx, pool_id).await?;
+    for (c, chunk) in addresses.chunks(1000).enumerate() {
+        let base = c * 1000;
+        match tx {
+            Tx::Sqlite(t) => {
+                let mut qb = sqlx::QueryBuilder::new(
+                    "INSERT INTO ip6_leases (pool_id, address, address_bytes, instance_id) ",
+                );
+                qb.push_values(chunk.iter().enumerate(), |mut b, (i, a)| {
+                    b.push_bind(pool_id)
+                        .push_bind(a.to_string())
+                        .push_bind(bytes6(u128::from(*a)))
+                        .push_bind(format!("{prefix}{}", base + i));
+                });
+                qb.build().execute(&mut **t).await.map_err(db_err)?;
+            }
+            Tx::Postgres(t) => {
+                let mut qb = sqlx::QueryBuilder::new(
+                    "INSERT INTO ip6_leases (pool_id, address, instance_id) ",
+                );
+                qb.push_values(chunk.iter().enumerate(), |mut b, (i, a)| {
+                    b.push_bind(pool_id)
+                        .push_bind(a.to_string())
+                        .push_unseparated("::inet")
+                        .push_bind(format!("{prefix}{}", base + i));
+                });
+                qb.build().execute(&mut **t).await.map_err(db_err)?;
+            }
+        }
+    }
+    let ranges = ranges_of(tx, pool_id, Some(Family::Ipv6), true).await?;
+    for b in ranges.iter().filter_map(Stored::bounds6) {
+        free6::rebuild6(tx, pool_id, b).await?;
+    }
+    Ok(())
+}

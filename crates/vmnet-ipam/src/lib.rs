@@ -82,7 +82,7 @@ pub use db::{
 pub use error::{BUSY, IpamError, TxError};
 pub use instances::lease_net;
 pub use leases::{LEASE_ATTEMPTS, bulk_insert_leases, lease, lease_of, list_leases, release};
-pub use leases6::{lease6, lease6_of, release6};
+pub use leases6::{bulk_insert_leases6, lease6, lease6_of, release6};
 pub use loss::{HostLoss, lose_host};
 pub use placement::{
     Ensured, add_host, create_instance, delete_instance, ensure_instance, get_host, get_instance,
