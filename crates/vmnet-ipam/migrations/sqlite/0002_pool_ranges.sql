@@ -16,8 +16,12 @@ CREATE TABLE ip_ranges (
 
 -- The free IPv4 intervals say which range they belong to (0: the first range), so the lowest
 -- free address of the first range with room is one index seek on (pool_id, range_seq, first).
+-- A release merges with the interval of its range that ends just below it: one seek on
+-- (pool_id, range_seq, last), which replaces the index on (pool_id, last).
 ALTER TABLE ip_free ADD COLUMN range_seq INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX ip_free_by_range ON ip_free (pool_id, range_seq, first);
+DROP INDEX ip_free_by_last;
+CREATE INDEX ip_free_by_last ON ip_free (pool_id, range_seq, last);
 
 -- IPv6 leases: at most one per instance (instance_id is unique), like ip_leases for IPv4.
 -- address is the canonical text (RFC 5952), address_bytes the 16 bytes big-endian, which sort
@@ -42,4 +46,4 @@ CREATE TABLE ip6_free (
     PRIMARY KEY (pool_id, first)
 );
 CREATE INDEX ip6_free_by_range ON ip6_free (pool_id, range_seq, first);
-CREATE INDEX ip6_free_by_last ON ip6_free (pool_id, last);
+CREATE INDEX ip6_free_by_last ON ip6_free (pool_id, range_seq, last);
