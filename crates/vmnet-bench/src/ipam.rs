@@ -1,10 +1,12 @@
 //! `vmnet-lab bench ipam`: lease/release latency and throughput on SQLite and PostgreSQL.
 //!
-//! For each store, three `/16` pools are filled to 0 %, 50 % and 99 % with a bulk insert (50 %:
-//! every other address, the most fragmented free index; 99 %: every hundredth address left free),
-//! then one writer takes `--ops` leases (at most as many as are free: 655 at 99 %), each in its
-//! own committed transaction, and releases
-//! them again, each in its own transaction. On PostgreSQL the same runs again with
+//! For each store, three dual-stack pools are filled to 0 %, 50 % and 99 % with a bulk insert
+//! (50 %: every other address, the most fragmented free index; 99 %: every hundredth address
+//! left free): a `/16` and an IPv6 range of as many addresses (65,533) at the top of a `/64`, each
+//! filled the same way. One writer takes `--ops` IPv4 leases (at most as many as are free: 655 at
+//! 99 %), each in its own committed transaction, releases them again, each in its own
+//! transaction, then does the same with IPv6 leases of the same pool; the IPv6 columns stand
+//! beside the IPv4 ones. On PostgreSQL the same runs again with
 //! `--placers` concurrent placers on separate connections. The table shows per-transaction
 //! latency (median, p99) and leases per second; the two targets (99 %-full lease at most 3× the
 //! empty-pool lease; SQLite at least 2,000 durable leases/s) are checked on the last lines.
@@ -13,11 +15,11 @@
 //! PostgreSQL with its defaults `fsync=on`, `synchronous_commit=on`. Without `--postgres-url`
 //! a throwaway cluster (unix socket only) is started and removed afterwards.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use vmnet_ipam::{Db, IpamError, SetIpPool, Store};
+use vmnet_ipam::{AddRange, Db, IpamError, SetIpPool, Store};
 use vmnet_model::Error;
 
 use crate::BenchError;
@@ -51,7 +53,14 @@ struct Row {
     lease: Vec<Duration>,
     release: Vec<Duration>,
     leases_per_s: f64,
+    lease6: Vec<Duration>,
+    release6: Vec<Duration>,
+    leases6_per_s: f64,
 }
+
+/// The leasable addresses of each range, IPv4 and IPv6 alike: a `/16` less network, gateway and
+/// broadcast.
+const RANGE_SIZE: u128 = 65_533;
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -100,24 +109,66 @@ async fn prepare(db: &Db, pool: &str, octet: u8, fill: u32) -> Result<usize, Ben
             .collect(),
     };
     vmnet_ipam::bulk_insert_leases(&mut tx, pool, &taken, &format!("{pool}-fill-")).await?;
+    // The IPv6 range: as many addresses, at the top of a /64 (the default last host).
+    let net = u128::from(Ipv6Addr::new(
+        0x2001,
+        0xdb8,
+        u16::from(octet),
+        0,
+        0,
+        0,
+        0,
+        0,
+    ));
+    let last = net + (1u128 << 64) - 129;
+    let first = last + 1 - RANGE_SIZE;
+    let r6 = vmnet_ipam::add_range(
+        &mut tx,
+        &AddRange {
+            pool_id: pool.to_owned(),
+            cidr: format!("{}/64", Ipv6Addr::from(net)),
+            gateway: "fe80::1".into(),
+            first_host: Some(Ipv6Addr::from(first).to_string()),
+            last_host: None,
+        },
+    )
+    .await?;
+    if r6.size() != RANGE_SIZE {
+        return Err(bench_err(format!("IPv6 range of {} addresses", r6.size())));
+    }
+    let taken6: Vec<Ipv6Addr> = (first..=last)
+        .enumerate()
+        .filter(|(i, _)| match fill {
+            0 => false,
+            50 => i % 2 == 0,
+            _ => i % 100 != 0,
+        })
+        .map(|(_, a)| Ipv6Addr::from(a))
+        .collect();
+    vmnet_ipam::bulk_insert_leases6(&mut tx, pool, &taken6, &format!("{pool}-fill6-")).await?;
     tx.commit().await?;
     Ok(all.len() - taken.len())
 }
 
-/// One writer: `ops` leases then `ops` releases, each its own transaction.
-async fn single(
-    db: &Db,
-    pool: &str,
-    ops: usize,
-) -> Result<(Vec<Duration>, Vec<Duration>, f64), BenchError> {
+/// What one writer measured for one family.
+type Measured = (Vec<Duration>, Vec<Duration>, f64);
+
+/// One writer: `ops` leases of one family then `ops` releases, each its own transaction.
+async fn single(db: &Db, pool: &str, ops: usize, v6: bool) -> Result<Measured, BenchError> {
     let mut lease = Vec::with_capacity(ops);
     let start = Instant::now();
     for i in 0..ops {
         let t = Instant::now();
         let mut tx = db.begin().await?;
-        vmnet_ipam::lease(&mut tx, pool, &format!("{pool}-b{i}"))
-            .await?
-            .ok_or_else(|| bench_err("no range"))?;
+        let id = format!("{pool}-b{i}");
+        let got = if v6 {
+            vmnet_ipam::lease6(&mut tx, pool, &id).await?.is_some()
+        } else {
+            vmnet_ipam::lease(&mut tx, pool, &id).await?.is_some()
+        };
+        if !got {
+            return Err(bench_err("no range"));
+        }
         tx.commit().await?;
         lease.push(t.elapsed());
     }
@@ -127,7 +178,12 @@ async fn single(
     for i in 0..ops {
         let t = Instant::now();
         let mut tx = db.begin().await?;
-        vmnet_ipam::release(&mut tx, &format!("{pool}-b{i}")).await?;
+        let id = format!("{pool}-b{i}");
+        if v6 {
+            vmnet_ipam::release6(&mut tx, &id).await?;
+        } else {
+            vmnet_ipam::release(&mut tx, &id).await?;
+        }
         tx.commit().await?;
         release.push(t.elapsed());
     }
@@ -140,7 +196,8 @@ async fn concurrent(
     pool: &str,
     placers: usize,
     per: usize,
-) -> Result<(Vec<Duration>, Vec<Duration>, f64), BenchError> {
+    v6: bool,
+) -> Result<Measured, BenchError> {
     let run = |release: bool| {
         let mut tasks = Vec::new();
         for p in 0..placers {
@@ -152,10 +209,11 @@ async fn concurrent(
                     let id = format!("{pool}-p{p}-{i}");
                     let t = Instant::now();
                     let mut tx = db.begin().await?;
-                    if release {
-                        vmnet_ipam::release(&mut tx, &id).await?;
-                    } else {
-                        vmnet_ipam::lease(&mut tx, &pool, &id).await?;
+                    match (release, v6) {
+                        (true, false) => drop(vmnet_ipam::release(&mut tx, &id).await?),
+                        (true, true) => drop(vmnet_ipam::release6(&mut tx, &id).await?),
+                        (false, false) => drop(vmnet_ipam::lease(&mut tx, &pool, &id).await?),
+                        (false, true) => drop(vmnet_ipam::lease6(&mut tx, &pool, &id).await?),
                     }
                     tx.commit().await?;
                     lat.push(t.elapsed());
@@ -190,13 +248,17 @@ async fn store_rows(
         let octet = u8::try_from(k).map_err(bench_err)?;
         let pool = format!("fill{fill}");
         let free = prepare(db, &pool, octet, fill).await?;
-        let (lease, release, rate) = single(db, &pool, ops.min(free)).await?;
+        let (lease, release, rate) = single(db, &pool, ops.min(free), false).await?;
+        let (lease6, release6, rate6) = single(db, &pool, ops.min(free), true).await?;
         rows.push(Row {
             store: name.to_owned(),
             fill,
             lease,
             release,
             leases_per_s: rate,
+            lease6,
+            release6,
+            leases6_per_s: rate6,
         });
     }
     if let Some(placers) = placers {
@@ -205,13 +267,17 @@ async fn store_rows(
             let pool = format!("conc{fill}");
             let free = prepare(db, &pool, octet, fill).await?;
             let per = ops.min(free) / placers;
-            let (lease, release, rate) = concurrent(db, &pool, placers, per).await?;
+            let (lease, release, rate) = concurrent(db, &pool, placers, per, false).await?;
+            let (lease6, release6, rate6) = concurrent(db, &pool, placers, per, true).await?;
             rows.push(Row {
                 store: format!("{name}, {placers} placers"),
                 fill,
                 lease,
                 release,
                 leases_per_s: rate,
+                lease6,
+                release6,
+                leases6_per_s: rate6,
             });
         }
     }
@@ -225,6 +291,8 @@ fn print_table(rows: &mut [Row]) {
         .map(|r| {
             r.lease.sort();
             r.release.sort();
+            r.lease6.sort();
+            r.release6.sort();
             vec![
                 r.store.clone(),
                 format!("{}%", r.fill),
@@ -233,11 +301,15 @@ fn print_table(rows: &mut [Row]) {
                 format!("{} ms", ms(pct(&r.release, 0.5))),
                 format!("{} ms", ms(pct(&r.release, 0.99))),
                 format!("{:.0}", r.leases_per_s),
+                format!("{} ms", ms(pct(&r.lease6, 0.5))),
+                format!("{} ms", ms(pct(&r.lease6, 0.99))),
+                format!("{} ms", ms(pct(&r.release6, 0.5))),
+                format!("{:.0}", r.leases6_per_s),
             ]
         })
         .collect();
     let mut align = vec![Align::Left];
-    align.extend([Align::Right; 6]);
+    align.extend([Align::Right; 10]);
     print!(
         "{}",
         render_aligned(
@@ -248,7 +320,11 @@ fn print_table(rows: &mut [Row]) {
                 "lease p99",
                 "release p50",
                 "release p99",
-                "leases/s"
+                "leases/s",
+                "IPv6 lease p50",
+                "IPv6 lease p99",
+                "IPv6 release p50",
+                "IPv6 leases/s"
             ],
             &align,
             &cells
@@ -263,17 +339,19 @@ fn check_targets(rows: &[Row]) {
         .map(|r| r.store.as_str())
         .collect();
     for s in stores {
-        let p50 = |fill| {
-            rows.iter()
-                .find(|r| r.store == s && r.fill == fill)
-                .map(|r| pct(&r.lease, 0.5))
-        };
-        if let (Some(empty), Some(full)) = (p50(0), p50(99)) {
-            let ratio = full.as_secs_f64() / empty.as_secs_f64().max(1e-9);
-            let verdict = if ratio <= 3.0 { "ok" } else { "MISSED" };
-            println!(
-                "target {s}: 99%-full lease p50 / empty lease p50 = {ratio:.2} (at most 3): {verdict}"
-            );
+        for (family, v6) in [("", false), (" IPv6", true)] {
+            let p50 = |fill| {
+                rows.iter()
+                    .find(|r| r.store == s && r.fill == fill)
+                    .map(|r| pct(if v6 { &r.lease6 } else { &r.lease }, 0.5))
+            };
+            if let (Some(empty), Some(full)) = (p50(0), p50(99)) {
+                let ratio = full.as_secs_f64() / empty.as_secs_f64().max(1e-9);
+                let verdict = if ratio <= 3.0 { "ok" } else { "MISSED" };
+                println!(
+                    "target {s}:{family} 99%-full lease p50 / empty lease p50 = {ratio:.2} (at most 3): {verdict}"
+                );
+            }
         }
     }
     if let Some(r) = rows.iter().find(|r| r.store == "sqlite" && r.fill == 0) {
@@ -299,8 +377,9 @@ pub async fn run(args: IpamBenchArgs) -> Result<(), BenchError> {
         "durability: SQLite WAL + synchronous=FULL; PostgreSQL fsync=on, synchronous_commit=on"
     );
     println!(
-        "pools: /16 (65,533 leasable addresses); up to {} lease + {} release transactions per row \
-         (at most the free addresses: 655 at 99 %)",
+        "pools: /16 (65,533 leasable addresses) and as many IPv6 addresses at the top of a /64; up \
+         to {} lease + {} release transactions per family and row (at most the free addresses: \
+         655 at 99 %)",
         args.ops, args.ops
     );
     let (dir, remove) = match &args.dir {

@@ -1,26 +1,59 @@
-//! The free-address index: per pool, the free addresses of its range as disjoint intervals
-//! `ip_free(pool_id, first, last)` (integers), so the lowest free address is one index seek.
+//! The IPv4 free-address index: per pool and range, the free addresses as disjoint intervals
+//! `ip_free(pool_id, range_seq, first, last)` (integers), so the lowest free address of the
+//! first range with room is one index seek on `(pool_id, range_seq, first)`.
 //!
-//! Invariant: the intervals of a pool are exactly `first_host..=last_host` minus the gateway minus
-//! the leased addresses. `set_ip_pool` rebuilds them; a lease shrinks the lowest one; a release
-//! inserts the address back, merged with its neighbours.
+//! Invariant: the intervals of a range are exactly `first_host..=last_host` minus the gateway
+//! minus the leased addresses. Writing a range rebuilds its intervals; a lease shrinks the lowest
+//! one; a release inserts the address back, merged with its neighbours of the same range.
+//! The IPv6 index is [`crate::free6`].
 
 use crate::error::IpamError;
 use sqlx::QueryBuilder;
-use vmnet_model::pool::IpRange;
 
 use crate::db::{Tx, db_err, on_tx};
-use crate::stored::num;
 
 /// Rows per multi-row INSERT when rebuilding.
 const CHUNK: usize = 1000;
 
-/// Rebuilds the intervals of `range.pool_id` from the range, the gateway and the current leases.
-pub(crate) async fn rebuild(tx: &mut Tx, range: &IpRange) -> Result<(), IpamError> {
-    let pool = range.pool_id.as_str();
-    let (lo, hi) = (num(range.first_host), num(range.last_host));
-    on_tx!(tx, t => sqlx::query("DELETE FROM ip_free WHERE pool_id = $1")
+/// The leasable bounds of one IPv4 range as integers, with its position in the pool's list.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// The range's position (`ip_free.range_seq`; 0 for the first range).
+    pub(crate) seq: i64,
+    /// `first_host`.
+    pub(crate) lo: i64,
+    /// `last_host`.
+    pub(crate) hi: i64,
+    /// The gateway (never leased).
+    pub(crate) gw: i64,
+}
+
+impl Bounds {
+    /// Whether `n` is leasable in this range.
+    pub(crate) fn leases(&self, n: i64) -> bool {
+        (self.lo..=self.hi).contains(&n) && n != self.gw
+    }
+}
+
+/// Drops the intervals of one range (it was removed, or is about to be rebuilt).
+pub(crate) async fn clear(tx: &mut Tx, pool: &str, seq: i64) -> Result<(), IpamError> {
+    on_tx!(tx, t => sqlx::query("DELETE FROM ip_free WHERE pool_id = $1 AND range_seq = $2")
         .bind(pool)
+        .bind(seq)
+        .execute(&mut **t)
+        .await
+        .map_err(db_err)?
+        .rows_affected());
+    Ok(())
+}
+
+/// Rebuilds the intervals of one range of `pool` from its bounds, its gateway and the current
+/// leases.
+pub(crate) async fn rebuild(tx: &mut Tx, pool: &str, b: Bounds) -> Result<(), IpamError> {
+    let (lo, hi) = (b.lo, b.hi);
+    on_tx!(tx, t => sqlx::query("DELETE FROM ip_free WHERE pool_id = $1 AND range_seq = $2")
+        .bind(pool)
+        .bind(b.seq)
         .execute(&mut **t)
         .await
         .map_err(db_err)?
@@ -46,7 +79,7 @@ pub(crate) async fn rebuild(tx: &mut Tx, range: &IpRange) -> Result<(), IpamErro
         .await
         .map_err(db_err)?,
     };
-    let gw = num(range.gateway);
+    let gw = b.gw;
     if (lo..=hi).contains(&gw) {
         taken.push(gw);
     }
@@ -55,9 +88,9 @@ pub(crate) async fn rebuild(tx: &mut Tx, range: &IpRange) -> Result<(), IpamErro
     let intervals = gaps(lo, hi, &taken);
     for chunk in intervals.chunks(CHUNK) {
         on_tx!(tx, t => {
-            let mut qb = QueryBuilder::new("INSERT INTO ip_free (pool_id, first, last) ");
-            qb.push_values(chunk, |mut b, (f, l)| {
-                b.push_bind(pool).push_bind(*f).push_bind(*l);
+            let mut qb = QueryBuilder::new("INSERT INTO ip_free (pool_id, range_seq, first, last) ");
+            qb.push_values(chunk, |mut q, (f, l)| {
+                q.push_bind(pool).push_bind(b.seq).push_bind(*f).push_bind(*l);
             });
             qb.build().execute(&mut **t).await.map_err(db_err)?.rows_affected()
         });
@@ -66,14 +99,22 @@ pub(crate) async fn rebuild(tx: &mut Tx, range: &IpRange) -> Result<(), IpamErro
 }
 
 /// The intervals of `lo..=hi` not in `taken` (sorted, deduplicated, all within `lo..=hi`).
-fn gaps(lo: i64, hi: i64, taken: &[i64]) -> Vec<(i64, i64)> {
+pub(crate) fn gaps<T>(lo: T, hi: T, taken: &[T]) -> Vec<(T, T)>
+where
+    T: Copy + Ord + std::ops::Add<Output = T> + std::ops::Sub<Output = T> + From<u8>,
+{
     let mut out = Vec::with_capacity(taken.len() + 1);
     let mut next = lo;
+    let one = T::from(1);
     for &t in taken {
         if t > next {
-            out.push((next, t - 1));
+            out.push((next, t - one));
         }
-        next = t + 1;
+        // The last address of the family has no successor; nothing after it remains.
+        if t == hi {
+            return out;
+        }
+        next = t + one;
     }
     if next <= hi {
         out.push((next, hi));
@@ -81,8 +122,8 @@ fn gaps(lo: i64, hi: i64, taken: &[i64]) -> Vec<(i64, i64)> {
     out
 }
 
-/// Takes the lowest free address of `pool` out of the index and returns it, or `None` when the
-/// range is exhausted. On PostgreSQL the interval row is locked first: the lowest one no other
+/// Takes the lowest free address of the first range of `pool` with room out of the index and
+/// returns it, or `None` when every range is exhausted. On PostgreSQL the interval row is locked first: the lowest one no other
 /// placer holds (`FOR UPDATE SKIP LOCKED`), else the lowest one (`FOR UPDATE`, queueing behind
 /// the holder and then taking the next address), so concurrent placers never fail on each other.
 pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, IpamError> {
@@ -92,8 +133,8 @@ pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, 
             // more than one address, else delete it (a one-address interval, or none left).
             let shrunk: Option<i64> = sqlx::query_scalar(
                 "UPDATE ip_free SET first = first + 1 WHERE pool_id = $1 AND first = \
-                 (SELECT MIN(first) FROM ip_free WHERE pool_id = $1) AND first < last \
-                 RETURNING first - 1",
+                 (SELECT first FROM ip_free WHERE pool_id = $1 ORDER BY range_seq, first LIMIT 1) \
+                 AND first < last RETURNING first - 1",
             )
             .bind(pool)
             .fetch_optional(&mut **t)
@@ -104,7 +145,8 @@ pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, 
             }
             return sqlx::query_scalar(
                 "DELETE FROM ip_free WHERE pool_id = $1 AND first = \
-                 (SELECT MIN(first) FROM ip_free WHERE pool_id = $1) RETURNING first",
+                 (SELECT first FROM ip_free WHERE pool_id = $1 ORDER BY range_seq, first LIMIT 1) \
+                 RETURNING first",
             )
             .bind(pool)
             .fetch_optional(&mut **t)
@@ -115,25 +157,34 @@ pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, 
             // First the lowest interval no other placer holds (they work on different holes in
             // parallel); if every interval is held (typically the one big interval of a sparse
             // pool), queue for the lowest one.
-            let skip = sqlx::query_as(
-                "SELECT first, last FROM ip_free WHERE pool_id = $1 \
-                 ORDER BY first LIMIT 1 FOR UPDATE SKIP LOCKED",
-            )
-            .bind(pool)
-            .fetch_optional(&mut **t)
-            .await
-            .map_err(db_err)?;
-            match skip {
-                Some(r) => Some(r),
-                None => sqlx::query_as(
+            let mut row = None;
+            for _ in 0..LOCK_ROUNDS {
+                let skip = sqlx::query_as(
                     "SELECT first, last FROM ip_free WHERE pool_id = $1 \
-                     ORDER BY first LIMIT 1 FOR UPDATE",
+                     ORDER BY range_seq, first LIMIT 1 FOR UPDATE SKIP LOCKED",
                 )
                 .bind(pool)
                 .fetch_optional(&mut **t)
                 .await
-                .map_err(db_err)?,
+                .map_err(db_err)?;
+                row = match skip {
+                    Some(r) => Some(r),
+                    None => sqlx::query_as(
+                        "SELECT first, last FROM ip_free WHERE pool_id = $1 \
+                         ORDER BY range_seq, first LIMIT 1 FOR UPDATE",
+                    )
+                    .bind(pool)
+                    .fetch_optional(&mut **t)
+                    .await
+                    .map_err(db_err)?,
+                };
+                // The queued-for interval may have been deleted by its holder (its last address
+                // taken, or its range removed): look again while any interval is left.
+                if row.is_some() || !any_left(t, "ip_free", pool).await? {
+                    break;
+                }
             }
+            row
         }
     };
     let Some((first, last)) = row else {
@@ -148,22 +199,44 @@ pub(crate) async fn take_lowest(tx: &mut Tx, pool: &str) -> Result<Option<i64>, 
     Ok(Some(first))
 }
 
-/// Puts `a` back into the index of `pool`, merged with the intervals just below and above it.
-/// The caller checked that `a` is leasable in the current range and was leased.
-pub(crate) async fn give_back(tx: &mut Tx, pool: &str, a: i64) -> Result<(), IpamError> {
+/// How often a PostgreSQL placer looks for an interval again after the one it queued for was
+/// deleted under it.
+pub(crate) const LOCK_ROUNDS: usize = 4;
+
+/// Whether `table` (`ip_free` or `ip6_free`) still holds an interval of `pool`.
+pub(crate) async fn any_left(
+    t: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    table: &'static str,
+    pool: &str,
+) -> Result<bool, IpamError> {
+    let sql = sqlx::AssertSqlSafe(format!(
+        "SELECT EXISTS (SELECT 1 FROM {table} WHERE pool_id = $1)"
+    ));
+    sqlx::query_scalar(sql)
+        .bind(pool)
+        .fetch_one(&mut **t)
+        .await
+        .map_err(db_err)
+}
+
+/// Puts `a` back into the index of range `seq` of `pool`, merged with the intervals of that range
+/// just below and above it. The caller checked that `a` is leasable in that range and was leased.
+pub(crate) async fn give_back(tx: &mut Tx, pool: &str, seq: i64, a: i64) -> Result<(), IpamError> {
     let lower: Option<i64> = on_tx!(tx, t => sqlx::query_scalar(
-        "UPDATE ip_free SET last = $2 WHERE pool_id = $1 AND last = $3 RETURNING first")
+        "UPDATE ip_free SET last = $2 WHERE pool_id = $1 AND last = $3 AND range_seq = $4 RETURNING first")
         .bind(pool)
         .bind(a)
         .bind(a - 1)
+        .bind(seq)
         .fetch_optional(&mut **t)
         .await
         .map_err(db_err)?);
     if let Some(lower_first) = lower {
         let upper: Option<i64> = on_tx!(tx, t => sqlx::query_scalar(
-            "DELETE FROM ip_free WHERE pool_id = $1 AND first = $2 RETURNING last")
+            "DELETE FROM ip_free WHERE pool_id = $1 AND first = $2 AND range_seq = $3 RETURNING last")
             .bind(pool)
             .bind(a + 1)
+            .bind(seq)
             .fetch_optional(&mut **t)
             .await
             .map_err(db_err)?);
@@ -179,18 +252,20 @@ pub(crate) async fn give_back(tx: &mut Tx, pool: &str, a: i64) -> Result<(), Ipa
         }
         return Ok(());
     }
-    let grown = on_tx!(tx, t => sqlx::query("UPDATE ip_free SET first = $2 WHERE pool_id = $1 AND first = $3")
+    let grown = on_tx!(tx, t => sqlx::query("UPDATE ip_free SET first = $2 WHERE pool_id = $1 AND first = $3 AND range_seq = $4")
         .bind(pool)
         .bind(a)
         .bind(a + 1)
+        .bind(seq)
         .execute(&mut **t)
         .await
         .map_err(db_err)?
         .rows_affected());
     if grown == 0 {
-        on_tx!(tx, t => sqlx::query("INSERT INTO ip_free (pool_id, first, last) VALUES ($1, $2, $2)")
+        on_tx!(tx, t => sqlx::query("INSERT INTO ip_free (pool_id, range_seq, first, last) VALUES ($1, $3, $2, $2)")
             .bind(pool)
             .bind(a)
+            .bind(seq)
             .execute(&mut **t)
             .await
             .map_err(db_err)?

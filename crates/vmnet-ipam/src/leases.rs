@@ -1,7 +1,7 @@
-//! Leases: the lowest free address of a pool's range for an instance, and returning it (spec:
-//! "How leases work").
+//! IPv4 leases: the lowest free address of the first IPv4 range of a pool with room for an
+//! instance, and returning it (spec: "How leases work"). IPv6 leases are [`crate::leases6`].
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::error::IpamError;
 use vmnet_model::ids::validate_id;
@@ -9,18 +9,21 @@ use vmnet_model::pool::Lease;
 
 use crate::db::{Tx, db_err, on_tx, release_savepoint, rollback_to, savepoint};
 use crate::free;
-use crate::ranges::{bounds_of, range_of, require_pool};
+use crate::pool_ranges::ranges_of;
+use crate::ranges::require_pool;
 use crate::stored::{addr, num, parse_stored};
+use vmnet_model::pool::Family;
 
 /// How many times a placement retries on the next free address after its insert hit an address
 /// another transaction took (spec: "retry, up to 8 times").
 pub const LEASE_ATTEMPTS: usize = 8;
 
-/// Leases the lowest free address of `pool_id`'s range (from `first_host` to `last_host`,
-/// skipping the gateway) to `instance_id`, in the caller's transaction.
+/// Leases the lowest free IPv4 address of `pool_id`'s first IPv4 range with room (from
+/// `first_host` to `last_host`, skipping the gateway; then the next IPv4 range) to
+/// `instance_id`, in the caller's transaction.
 ///
 /// * An instance holding a lease in this pool gets the same address back.
-/// * A pool without a range leases nothing: `Ok(None)`.
+/// * A pool without an IPv4 range leases nothing: `Ok(None)`.
 /// * A conflicting insert (the address was taken concurrently) is undone (inside a savepoint on
 ///   PostgreSQL; SQLite undoes just the failed statement) and retried on the next free address,
 ///   up to [`LEASE_ATTEMPTS`] times; the caller's transaction stays usable.
@@ -53,20 +56,22 @@ pub async fn lease(
             if let (Some(p), Some(a)) = (held_pool, held_addr) {
                 let l = Lease {
                     pool_id: p,
-                    address: parse_stored("address", &a)?,
+                    address: IpAddr::V4(parse_stored("address", &a)?),
                     instance_id: instance_id.to_owned(),
                 };
                 return held_in(pool_id, &l).map(Some);
             }
             has_range
         }
-        // The range row is share-locked here (FOR SHARE cannot go on an outer join's
-        // nullable side), so two round trips.
+        // The range rows are share-locked here (FOR SHARE cannot go on an outer join's
+        // nullable side), so more round trips.
         Tx::Postgres(_) => {
             if let Some(held) = same_pool_lease(tx, pool_id, instance_id).await? {
                 return Ok(Some(held));
             }
-            bounds_of(tx, pool_id, true).await?.is_some()
+            !ranges_of(tx, pool_id, Some(Family::Ipv4), true)
+                .await?
+                .is_empty()
         }
     };
     if !has_range {
@@ -131,17 +136,24 @@ async fn same_pool_lease(
     }
 }
 
-/// The address of a lease the instance already holds: the same address when it is in `pool_id`,
-/// `CONFLICT` when it is in another pool.
+/// The address of an IPv4 lease the instance already holds: the same address when it is in
+/// `pool_id`, `CONFLICT` when it is in another pool.
 fn held_in(pool_id: &str, l: &Lease) -> Result<Ipv4Addr, IpamError> {
-    if l.pool_id == pool_id {
-        Ok(l.address)
-    } else {
-        Err(IpamError::Conflict(format!(
-            "instance {} already holds lease {} in pool {}",
-            l.instance_id, l.address, l.pool_id
-        )))
+    match l.address {
+        IpAddr::V4(a) if l.pool_id == pool_id => Ok(a),
+        IpAddr::V6(a) => Err(IpamError::Corrupt(format!(
+            "IPv6 address {a} among IPv4 leases"
+        ))),
+        IpAddr::V4(_) => Err(held_elsewhere(l)),
     }
+}
+
+/// The `CONFLICT` of an instance that holds a lease in another pool.
+pub(crate) fn held_elsewhere(l: &Lease) -> IpamError {
+    IpamError::Conflict(format!(
+        "instance {} already holds lease {} in pool {}",
+        l.instance_id, l.address, l.pool_id
+    ))
 }
 
 async fn insert_lease(
@@ -176,9 +188,10 @@ async fn insert_lease(
     Ok(())
 }
 
-/// Returns the lease of `instance_id` and gives the address back to its pool's free addresses
-/// (unless it lies outside the pool's current range or is its gateway). `Ok(None)` when the
-/// instance holds no lease.
+/// Returns the IPv4 lease of `instance_id` and gives the address back to the free addresses of
+/// the pool's IPv4 range that leases it (unless no current range does: it lies outside every
+/// range after a replacement, or is a gateway). `Ok(None)` when the instance holds no IPv4 lease.
+/// [`crate::release6`] returns the IPv6 lease; deleting an instance returns both.
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `UNAVAILABLE` on a database failure.
@@ -197,20 +210,22 @@ pub async fn release(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, Ip
         return Ok(None);
     };
     let address = addr(n)?;
-    if let Some((first, last, gateway)) = bounds_of(tx, &pool_id, true).await?
-        && (first..=last).contains(&n)
-        && n != gateway
+    let ranges = ranges_of(tx, &pool_id, Some(Family::Ipv4), true).await?;
+    if let Some(b) = ranges
+        .iter()
+        .filter_map(crate::pool_ranges::Stored::bounds)
+        .find(|b| b.leases(n))
     {
-        free::give_back(tx, &pool_id, n).await?;
+        free::give_back(tx, &pool_id, b.seq, n).await?;
     }
     Ok(Some(Lease {
         pool_id,
-        address,
+        address: IpAddr::V4(address),
         instance_id: instance_id.to_owned(),
     }))
 }
 
-/// The lease an instance holds, if any.
+/// The IPv4 lease an instance holds, if any.
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `UNAVAILABLE` on a database failure.
@@ -228,12 +243,13 @@ pub async fn lease_of(tx: &mut Tx, instance_id: &str) -> Result<Option<Lease>, I
     };
     Ok(Some(Lease {
         pool_id,
-        address: parse_stored("address", &a)?,
+        address: IpAddr::V4(parse_stored("address", &a)?),
         instance_id: instance_id.to_owned(),
     }))
 }
 
-/// The leases of a pool, ordered by address.
+/// The leases of a pool: the IPv4 leases ordered by address, then the IPv6 leases ordered by
+/// address.
 ///
 /// # Errors
 /// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown pool; `UNAVAILABLE` on a database failure.
@@ -249,15 +265,18 @@ pub async fn list_leases(tx: &mut Tx, pool_id: &str) -> Result<Vec<Lease>, IpamE
         }
     };
     let rows: Vec<(String, String)> = on_tx!(tx, t => sqlx::query_as(sql).bind(pool_id).fetch_all(&mut **t).await.map_err(db_err)?);
-    rows.into_iter()
+    let mut out: Vec<Lease> = rows
+        .into_iter()
         .map(|(a, instance_id)| {
             Ok(Lease {
                 pool_id: pool_id.to_owned(),
-                address: parse_stored("address", &a)?,
+                address: IpAddr::V4(parse_stored("address", &a)?),
                 instance_id,
             })
         })
-        .collect()
+        .collect::<Result<_, IpamError>>()?;
+    out.extend(crate::leases6::list_leases6(tx, pool_id).await?);
+    Ok(out)
 }
 
 /// Inserts leases for `addresses` of `pool_id` in bulk (instance ids `<prefix><n>`) and rebuilds
@@ -303,8 +322,9 @@ pub async fn bulk_insert_leases(
             }
         }
     }
-    if let Some(range) = range_of(tx, pool_id, true).await? {
-        free::rebuild(tx, &range).await?;
+    let ranges = ranges_of(tx, pool_id, Some(Family::Ipv4), true).await?;
+    for b in ranges.iter().filter_map(crate::pool_ranges::Stored::bounds) {
+        free::rebuild(tx, pool_id, b).await?;
     }
     Ok(())
 }

@@ -2,12 +2,16 @@
 //! hosted-pool-networking.md, "Give a hosted pool a range", "How leases work").
 //!
 //! # Design
-//! * One range per pool in `ip_pools`, one row per lease in `ip_leases` with primary key
-//!   `(pool_id, address)` and a unique `instance_id` (one lease per instance). PostgreSQL stores
-//!   `cidr`/`inet`; SQLite stores dotted text plus an integer copy for ordering.
-//! * The free addresses of each range are kept as disjoint integer intervals in `ip_free`
-//!   (`(pool_id, first)` primary key). The lowest free address is the smallest `first`: one index
-//!   seek, whatever the size or fill of the range. A lease shrinks (or deletes) that interval; a
+//! * A pool holds an ordered list of ranges ([`pool_ranges`]): the first IPv4 range in
+//!   `ip_pools` (what `set_ip_pool` sets, as before), then the ranges added after it, IPv4 and
+//!   IPv6, in `ip_ranges`. One row per IPv4 lease in `ip_leases` and per IPv6 lease in
+//!   `ip6_leases`, each with primary key `(pool_id, address)` and a unique `instance_id` (at most
+//!   one lease per family per instance). PostgreSQL stores `cidr`/`inet`; SQLite stores text plus
+//!   an integer (IPv4) or 16-byte big-endian (IPv6) copy for ordering.
+//! * The free addresses of each range are kept as disjoint intervals in `ip_free` (IPv4,
+//!   integers) and `ip6_free` (IPv6, 16 bytes big-endian, since a /64 outgrows 64-bit integers),
+//!   tagged with the range's position. The lowest free address of the first range with room is
+//!   the smallest `(range_seq, first)`: one index seek, whatever the size or fill of the ranges. A lease shrinks (or deletes) that interval; a
 //!   release puts the address back, merged with its neighbours; `set_ip_pool` rebuilds the
 //!   intervals from the new range minus the gateway minus the existing leases.
 //! * Concurrency: on PostgreSQL a placer share-locks the range row and locks the lowest interval
@@ -39,7 +43,9 @@
 //!   their instances are machines whose addresses each poll replaces.
 //!
 //! # Limitations
-//! * IPv4 only, one range and one lease per instance.
+//! * Instances placed before their pool got its first range of a family hold no lease of that
+//!   family until they are placed again.
+//! * DNS servers are the first IPv4 range's (`ip_pools.dns`), for both families.
 //! * A release outside the current range (after a range replacement) does not return the address
 //!   to the free index; the address becomes leasable again only if a later `set_ip_pool` covers it.
 //! * Concurrent releases of neighbouring addresses may leave adjacent intervals unmerged; that
@@ -53,12 +59,16 @@ mod addresses;
 pub mod db;
 pub mod error;
 mod free;
+mod free6;
+mod instances;
 pub mod leases;
+pub mod leases6;
 mod locks;
 pub mod loss;
 pub mod mesh_store;
 pub mod mesh_vms;
 pub mod placement;
+pub mod pool_ranges;
 pub mod providers;
 pub mod ranges;
 pub mod reports;
@@ -70,12 +80,15 @@ pub use db::{
     retried_transactions, retry,
 };
 pub use error::{BUSY, IpamError, TxError};
+pub use instances::lease_net;
 pub use leases::{LEASE_ATTEMPTS, bulk_insert_leases, lease, lease_of, list_leases, release};
+pub use leases6::{bulk_insert_leases6, lease6, lease6_of, release6};
 pub use loss::{HostLoss, lose_host};
 pub use placement::{
     Ensured, add_host, create_instance, delete_instance, ensure_instance, get_host, get_instance,
     list_hosts, list_instances,
 };
+pub use pool_ranges::{add_range, list_ranges, remove_range};
 pub use providers::{
     MachinePoll, list_provider_pools, mark_pool_stale, provider_machines, record_poll,
     set_provider_pool,
@@ -83,8 +96,8 @@ pub use providers::{
 pub use ranges::{create_pool, get_ip_pool, get_pool, list_pools, set_ip_pool};
 pub use reports::report_host_status;
 pub use vmnet_model::pool::{
-    Condition, Credentials, Host, HostState, Instance, InstanceState, IpRange, Lease, Machine,
-    NetworkPolicy, NewInstance, Pool, PoolKind, Provider, ProviderPool, ReportedInstance,
-    SetIpPool, SetProviderPool, SkipReason, SkippedInstance, StatusReport, StatusReportOutcome,
-    UpdatedInstance,
+    AddRange, Condition, Credentials, Family, Host, HostState, Instance, InstanceState, IpRange,
+    Lease, Machine, NetworkPolicy, NewInstance, Pool, PoolKind, PoolRange, Provider, ProviderPool,
+    ReportedInstance, SetIpPool, SetProviderPool, SkipReason, SkippedInstance, StatusReport,
+    StatusReportOutcome, UpdatedInstance,
 };

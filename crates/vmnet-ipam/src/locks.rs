@@ -4,18 +4,22 @@
 //! # The order
 //! 1. `hosts` rows, in ascending `host_id`;
 //! 2. `instances` rows, in ascending `instance_id`;
-//! 3. the `ip_pools` row of a pool (share lock; `set_ip_pool` locks the table against other
-//!    range writes first, which placements' share locks do not wait for);
-//! 4. `ip_free` intervals of that pool, in ascending address;
-//! 5. `ip_leases` and `instance_addresses` rows.
+//! 3. the `ip_pools` row of a pool, then its `ip_ranges` rows in list order (share locks;
+//!    `set_ip_pool`, `add_range` and `remove_range` lock the `ip_pools` table against other range
+//!    writes first, which placements' share locks do not wait for);
+//! 4. `ip_free` intervals of that pool, then its `ip6_free` intervals, each in ascending address;
+//! 5. `ip_leases`, `ip6_leases` and `instance_addresses` rows.
 //!
 //! A transaction may skip levels but never goes back to an earlier one. So:
-//! * a placement (create, re-placement) claims its host, then leases (range, then interval);
+//! * a placement (create, re-placement) claims its host, then leases IPv4 (ranges, then interval)
+//!   and IPv6 (ranges, then interval); a lease's level-3 share locks come after the IPv4
+//!   interval's for the IPv6 lease, and PostgreSQL's deadlock detection plus the retry cover that
+//!   step back;
 //! * `delete_instance` locks the instance's host, then the instance, then returns the claim
 //!   before the lease ([`lock_placed_instance`]);
 //! * `lose_host` locks the lost host and every ready host (the ones re-placement may claim) in
 //!   id order before anything else, then the instances on the lost host in id order, and
-//!   returns their leases in address order;
+//!   returns their IPv4 leases in address order, then their IPv6 leases in address order;
 //! * a status report share-locks the reported instances in id order before it looks at them.
 //!
 //! A new instance row is the exception: `create_instance` inserts it before claiming a host. No

@@ -1,5 +1,5 @@
 //! Host loss (spec: "How leases work"): `lose_host` marks the host lost and returns each
-//! affected instance's lease with its claim. Instances with `recreate_on_host_loss` are placed on
+//! affected instance's leases (both families) with its claim. Instances with `recreate_on_host_loss` are placed on
 //! another ready host with a new lowest-free lease; when that fails they move to `error` with an
 //! `Unschedulable` condition. The others move to `lost` with a `HostLost` condition. Either way
 //! the addresses host status reports added to the instance are cleared (they came from the lost
@@ -17,9 +17,11 @@ use vmnet_model::pool::{Condition, Instance, InstanceState};
 
 use crate::addresses::clear_reported;
 use crate::db::{Tx, atomically, db_err, on_tx, release_savepoint, rollback_to, savepoint};
+use crate::instances::{instance_row, instance_sql};
 use crate::leases::release;
+use crate::leases6::release6;
 use crate::locks::{lock_hosts_for_loss, lock_instances_on};
-use crate::placement::{Want, get_host, get_instance, instance_row, instance_sql, place};
+use crate::placement::{Want, get_host, get_instance, place};
 
 /// What a host loss did: the affected instances as they are afterwards (ordered by id).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,6 +92,13 @@ async fn lose_inner(tx: &mut Tx, host_id: &str) -> Result<HostLoss, IpamError> {
     by_address.sort_by_key(|i| (i.pool_id.as_str(), i.address));
     for inst in by_address {
         release(tx, &inst.instance_id).await?;
+    }
+    // Then the IPv6 leases, in address order too (IPv4 intervals before IPv6 ones).
+    let mut by_address6: Vec<&Instance> =
+        affected.iter().filter(|i| i.address6.is_some()).collect();
+    by_address6.sort_by_key(|i| (i.pool_id.as_str(), i.address6));
+    for inst in by_address6 {
+        release6(tx, &inst.instance_id).await?;
     }
     for inst in &affected {
         set_state(tx, &inst.instance_id, InstanceState::Lost, &lost).await?;

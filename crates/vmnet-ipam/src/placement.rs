@@ -10,22 +10,17 @@
 //!   `allocation_id` ([`Instance::allocation_id`]); the network policy and the sandbox flag are
 //!   the instance's own and survive re-placement unchanged.
 
-use std::collections::HashMap;
-use std::net::Ipv4Addr;
-
-use ipnet::Ipv4Net;
-
 use crate::error::IpamError;
 use sqlx::Row;
 use vmnet_model::ids::validate_id;
 use vmnet_model::pool::{Host, HostState, Instance, NewInstance};
 
-use crate::addresses::{append_stored, reported};
 use crate::db::{Tx, atomically, db_err, on_tx};
+pub use crate::instances::{get_instance, list_instances};
 use crate::leases::{lease, release};
+use crate::leases6::{lease6, release6};
 use crate::locks::lock_placed_instance;
 use crate::ranges::require_pool;
-use crate::stored::parse_stored;
 
 fn to_u32(field: &str, v: i64) -> Result<u32, IpamError> {
     u32::try_from(v).map_err(|_| IpamError::Corrupt(format!("stored {field} {v} is out of range")))
@@ -118,142 +113,6 @@ pub async fn get_host(tx: &mut Tx, host_id: &str) -> Result<Host, IpamError> {
 pub async fn list_hosts(tx: &mut Tx) -> Result<Vec<Host>, IpamError> {
     let sql = sqlx::AssertSqlSafe(format!("{HOST_COLS} ORDER BY host_id"));
     on_tx!(tx, t => sqlx::query(sql).fetch_all(&mut **t).await.map_err(db_err)?.iter().map(host_row).collect())
-}
-
-pub(crate) fn instance_sql(tx: &Tx, filter: &str) -> sqlx::AssertSqlSafe<String> {
-    let (address, cidr) = match tx {
-        Tx::Sqlite(_) => ("l.address", "p.cidr"),
-        Tx::Postgres(_) => ("host(l.address)", "text(p.cidr)"),
-    };
-    sqlx::AssertSqlSafe(format!(
-        "SELECT i.instance_id, i.pool_id, i.host_id, i.vcpus, i.memory_mib, i.recreate_on_host_loss, \
-         i.state, i.conditions, i.network_policy, i.sandbox, i.allocation_id, {address} AS address, \
-         {cidr} AS range_cidr, m.server_id, m.node, m.vmid, m.addresses AS machine_addresses, \
-         m.polled_at, m.stale \
-         FROM instances i LEFT JOIN ip_leases l ON l.instance_id = i.instance_id \
-         LEFT JOIN ip_pools p ON p.pool_id = l.pool_id \
-         LEFT JOIN provider_machines m ON m.instance_id = i.instance_id {filter}"
-    ))
-}
-
-pub(crate) fn instance_row<R: Row>(r: &R) -> Result<Instance, IpamError>
-where
-    for<'a> &'a str: sqlx::ColumnIndex<R>,
-    for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
-    for<'a> bool: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
-    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
-    for<'a> Option<String>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
-    for<'a> Option<i64>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
-    for<'a> Option<bool>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
-{
-    let state: String = r.try_get("state").map_err(db_err)?;
-    let conditions: String = r.try_get("conditions").map_err(db_err)?;
-    let address: Option<String> = r.try_get("address").map_err(db_err)?;
-    let policy: String = r.try_get("network_policy").map_err(db_err)?;
-    let range_cidr: Option<String> = r.try_get("range_cidr").map_err(db_err)?;
-    let address = address
-        .map(|a| parse_stored::<Ipv4Addr>("address", &a))
-        .transpose()?;
-    let mut addresses = match address {
-        Some(a) => vec![lease_cidr(a, range_cidr.as_deref())?.to_string()],
-        None => Vec::new(),
-    };
-    // An instance of a provider pool: its machine and the addresses of the last good poll.
-    let machine_addresses: Option<String> = r.try_get("machine_addresses").map_err(db_err)?;
-    let machine = match &machine_addresses {
-        Some(json) => {
-            addresses = crate::providers::stored_addresses(json)?;
-            Some(crate::providers::machine_of(
-                r.try_get("server_id").map_err(db_err)?,
-                r.try_get("node").map_err(db_err)?,
-                r.try_get("vmid").map_err(db_err)?,
-            )?)
-        }
-        None => None,
-    };
-    let stale: Option<bool> = r.try_get("stale").map_err(db_err)?;
-    Ok(Instance {
-        instance_id: r.try_get("instance_id").map_err(db_err)?,
-        pool_id: r.try_get("pool_id").map_err(db_err)?,
-        host_id: r.try_get("host_id").map_err(db_err)?,
-        vcpus: to_u32("vcpus", r.try_get("vcpus").map_err(db_err)?)?,
-        memory_mib: to_u32("memory_mib", r.try_get("memory_mib").map_err(db_err)?)?,
-        recreate_on_host_loss: r.try_get("recreate_on_host_loss").map_err(db_err)?,
-        state: state
-            .parse()
-            .map_err(|e| IpamError::Corrupt(format!("stored {e}")))?,
-        conditions: serde_json::from_str(&conditions).map_err(|source| IpamError::Json {
-            what: format!("stored conditions {conditions:?}"),
-            source,
-        })?,
-        address,
-        network_policy: policy
-            .parse()
-            .map_err(|e| IpamError::Corrupt(format!("stored {e}")))?,
-        sandbox: r.try_get("sandbox").map_err(db_err)?,
-        allocation_id: r.try_get("allocation_id").map_err(db_err)?,
-        addresses,
-        machine,
-        addresses_stale: stale.unwrap_or(false),
-        addresses_polled_at_unix_ms: r.try_get("polled_at").map_err(db_err)?,
-    })
-}
-
-/// The lease in CIDR form ([`vmnet_model::nic::lease_cidr`], the rule the host plan uses too):
-/// the address with the prefix length of its pool's range, or `/32` when the range no longer
-/// contains it (replaced since) or the pool has no range any more.
-fn lease_cidr(address: Ipv4Addr, range_cidr: Option<&str>) -> Result<Ipv4Net, IpamError> {
-    let range = range_cidr
-        .map(|c| parse_stored::<Ipv4Net>("range cidr", c))
-        .transpose()?;
-    Ok(vmnet_model::nic::lease_cidr(address, range))
-}
-
-/// Appends each instance's reported addresses (in arrival order) to its lease in `addresses`;
-/// `one` limits the read to one instance.
-async fn with_reported(
-    tx: &mut Tx,
-    one: Option<&str>,
-    list: &mut [Instance],
-) -> Result<(), IpamError> {
-    let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
-    for (id, a) in reported(tx, one).await? {
-        by_id.entry(id).or_default().push(a);
-    }
-    for inst in list.iter_mut() {
-        if let Some(stored) = by_id.get(&inst.instance_id) {
-            append_stored(&mut inst.addresses, stored)?;
-        }
-    }
-    Ok(())
-}
-
-/// An instance with its lease and its `addresses` (the lease, then reported addresses; see
-/// [`crate::reports`]).
-///
-/// # Errors
-/// `INVALID_INPUT` for a bad id; `NOT_FOUND` for an unknown instance; `UNAVAILABLE` on a database failure.
-pub async fn get_instance(tx: &mut Tx, instance_id: &str) -> Result<Instance, IpamError> {
-    validate_id("instance_id", instance_id)?;
-    let sql = instance_sql(tx, "WHERE i.instance_id = $1");
-    let row = on_tx!(tx, t => match sqlx::query(sql).bind(instance_id).fetch_optional(&mut **t).await.map_err(db_err)? {
-        Some(r) => Some(instance_row(&r)?),
-        None => None,
-    });
-    let mut inst = row.ok_or_else(|| IpamError::not_found(format!("instance {instance_id}")))?;
-    with_reported(tx, Some(instance_id), std::slice::from_mut(&mut inst)).await?;
-    Ok(inst)
-}
-
-/// Every instance, ordered by id.
-///
-/// # Errors
-/// `UNAVAILABLE` on a database failure.
-pub async fn list_instances(tx: &mut Tx) -> Result<Vec<Instance>, IpamError> {
-    let sql = instance_sql(tx, "ORDER BY i.instance_id");
-    let mut list: Vec<Instance> = on_tx!(tx, t => sqlx::query(sql).fetch_all(&mut **t).await.map_err(db_err)?.iter().map(instance_row).collect::<Result<_, _>>()?);
-    with_reported(tx, None, &mut list).await?;
-    Ok(list)
 }
 
 /// Creates an instance: claims its vCPUs and memory on a host (the given one, or the first ready
@@ -454,7 +313,10 @@ pub(crate) async fn place(
         .execute(&mut **t)
         .await
         .map_err(db_err)?.rows_affected());
+    // Both families in this transaction: IPv4 first, then IPv6 (the order of the free-interval
+    // locks, see crate::locks).
     lease(tx, want.pool_id, want.instance_id).await?;
+    lease6(tx, want.pool_id, want.instance_id).await?;
     Ok(())
 }
 
@@ -511,7 +373,7 @@ async fn unclaim(tx: &mut Tx, inst: &Instance) -> Result<(), IpamError> {
     Ok(())
 }
 
-/// Deletes an instance, returning its lease and its claim. Returns the instance as it was.
+/// Deletes an instance, returning its leases (both families) and its claim. Returns the instance as it was.
 /// Locks its host, then the instance (see [`crate::locks`] for the order every transaction
 /// follows).
 ///
@@ -528,6 +390,7 @@ async fn delete_inner(tx: &mut Tx, instance_id: &str) -> Result<Instance, IpamEr
     let inst = get_instance(tx, instance_id).await?;
     unclaim(tx, &inst).await?;
     release(tx, instance_id).await?;
+    release6(tx, instance_id).await?;
     on_tx!(tx, t => sqlx::query("DELETE FROM instances WHERE instance_id = $1")
         .bind(instance_id)
         .execute(&mut **t)

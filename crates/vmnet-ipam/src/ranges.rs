@@ -6,7 +6,7 @@ use crate::error::IpamError;
 use ipnet::Ipv4Net;
 use sqlx::Row;
 use vmnet_model::ids::validate_id;
-use vmnet_model::pool::{IpRange, Pool, PoolKind, SetIpPool};
+use vmnet_model::pool::{IpRange, Pool, PoolKind, PoolRange, SetIpPool};
 
 use crate::db::{Tx, db_err, on_tx};
 use crate::free;
@@ -37,8 +37,15 @@ pub async fn set_ip_pool(tx: &mut Tx, req: SetIpPool) -> Result<IpRange, IpamErr
             range.pool_id, p.provider
         )));
     }
-    for other in other_ranges(tx, &range.pool_id).await? {
-        if let Some(why) = range.clash(&other) {
+    let mine = PoolRange::from(&range);
+    let mut others: Vec<PoolRange> = other_ranges(tx, &range.pool_id)
+        .await?
+        .iter()
+        .map(PoolRange::from)
+        .collect();
+    others.extend(crate::pool_ranges::added_ranges(tx).await?);
+    for other in others {
+        if let Some(why) = mine.clash(&other) {
             return Err(IpamError::Conflict(format!(
                 "pool {}: {why}",
                 range.pool_id
@@ -92,13 +99,18 @@ pub async fn set_ip_pool(tx: &mut Tx, req: SetIpPool) -> Result<IpRange, IpamErr
             .map_err(db_err)?;
         }
     }
-    free::rebuild(tx, &range).await?;
+    let (lo, hi, gw) = (
+        num(range.first_host),
+        num(range.last_host),
+        num(range.gateway),
+    );
+    free::rebuild(tx, &range.pool_id, free::Bounds { seq: 0, lo, hi, gw }).await?;
     Ok(range)
 }
 
 /// Shuts out every other range write until the transaction ends (PostgreSQL; SQLite writers are
 /// serialized by `BEGIN IMMEDIATE`).
-async fn lock_ranges(tx: &mut Tx) -> Result<(), IpamError> {
+pub(crate) async fn lock_ranges(tx: &mut Tx) -> Result<(), IpamError> {
     if let Tx::Postgres(t) = tx {
         sqlx::query("LOCK TABLE ip_pools IN SHARE ROW EXCLUSIVE MODE")
             .execute(&mut **t)
@@ -108,8 +120,8 @@ async fn lock_ranges(tx: &mut Tx) -> Result<(), IpamError> {
     Ok(())
 }
 
-/// The ranges of every pool but `pool_id`, without their DNS servers.
-async fn other_ranges(tx: &mut Tx, pool_id: &str) -> Result<Vec<IpRange>, IpamError> {
+/// The first IPv4 ranges of every pool but `pool_id`, without their DNS servers.
+pub(crate) async fn other_ranges(tx: &mut Tx, pool_id: &str) -> Result<Vec<IpRange>, IpamError> {
     let sql = match tx {
         Tx::Sqlite(_) => {
             "SELECT pool_id, cidr, gateway, first_host, last_host FROM ip_pools WHERE pool_id <> $1"
@@ -148,7 +160,7 @@ pub async fn create_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, IpamError> 
     ensure_pool(tx, pool_id).await
 }
 
-async fn ensure_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, IpamError> {
+pub(crate) async fn ensure_pool(tx: &mut Tx, pool_id: &str) -> Result<bool, IpamError> {
     let done = on_tx!(tx, t => sqlx::query("INSERT INTO pools (pool_id) VALUES ($1) ON CONFLICT (pool_id) DO NOTHING")
         .bind(pool_id)
         .execute(&mut **t)
@@ -177,7 +189,7 @@ pub(crate) async fn require_pool(tx: &mut Tx, pool_id: &str) -> Result<(), IpamE
     }
 }
 
-/// The range of a pool, `None` when the pool has none (or does not exist). With `lock`, on
+/// The first IPv4 range of a pool, `None` when the pool has none (or does not exist). With `lock`, on
 /// PostgreSQL the range row is share-locked until the transaction ends, so a concurrent
 /// `set_ip_pool` waits (and vice versa).
 pub(crate) async fn range_of(
@@ -245,32 +257,6 @@ pub(crate) async fn range_of(
     }))
 }
 
-/// The leasable bounds of a pool's range as integers `(first_host, last_host, gateway)`, `None`
-/// when the pool has no range. With `lock`, on PostgreSQL the range row is share-locked like in
-/// [`range_of`]. Cheaper than [`range_of`]: one small row, nothing to parse.
-pub(crate) async fn bounds_of(
-    tx: &mut Tx,
-    pool_id: &str,
-    lock: bool,
-) -> Result<Option<(i64, i64, i64)>, IpamError> {
-    let sql = match (&*tx, lock) {
-        (Tx::Sqlite(_), _) => {
-            "SELECT first_host_num, last_host_num, gateway_num FROM ip_pools WHERE pool_id = $1"
-        }
-        (Tx::Postgres(_), false) => {
-            "SELECT first_host - '0.0.0.0'::inet, last_host - '0.0.0.0'::inet, gateway - '0.0.0.0'::inet \
-             FROM ip_pools WHERE pool_id = $1"
-        }
-        (Tx::Postgres(_), true) => {
-            "SELECT first_host - '0.0.0.0'::inet, last_host - '0.0.0.0'::inet, gateway - '0.0.0.0'::inet \
-             FROM ip_pools WHERE pool_id = $1 FOR SHARE"
-        }
-    };
-    Ok(
-        on_tx!(tx, t => sqlx::query_as(sql).bind(pool_id).fetch_optional(&mut **t).await.map_err(db_err)?),
-    )
-}
-
 const PG_RANGE: &str = "SELECT cidr::text AS cidr, host(gateway) AS gateway, host(first_host) AS first_host, \
      host(last_host) AS last_host, \
      ARRAY(SELECT host(d) FROM unnest(dns) WITH ORDINALITY AS u(d, i) ORDER BY i) AS dns \
@@ -296,18 +282,19 @@ pub async fn get_ip_pool(tx: &mut Tx, pool_id: &str) -> Result<Option<IpRange>, 
 /// As [`get_ip_pool`].
 pub async fn get_pool(tx: &mut Tx, pool_id: &str) -> Result<Pool, IpamError> {
     let range = get_ip_pool(tx, pool_id).await?;
-    let leases = count_leases(tx, pool_id).await?;
-    pool_of(tx, pool_id.to_owned(), range, leases).await
+    pool_of(tx, pool_id.to_owned(), range).await
 }
 
 /// The listed form of a pool: its kind and, for a provider pool, its settings.
-async fn pool_of(
-    tx: &mut Tx,
-    pool_id: String,
-    range: Option<IpRange>,
-    leases: u64,
-) -> Result<Pool, IpamError> {
+async fn pool_of(tx: &mut Tx, pool_id: String, range: Option<IpRange>) -> Result<Pool, IpamError> {
     let provider = crate::providers::provider_of(tx, &pool_id).await?;
+    let ranges = crate::pool_ranges::ranges_of(tx, &pool_id, None, false)
+        .await?
+        .into_iter()
+        .map(|s| s.range)
+        .collect();
+    let leases = count_leases(tx, "ip_leases", &pool_id).await?;
+    let leases_ipv6 = count_leases(tx, "ip6_leases", &pool_id).await?;
     Ok(Pool {
         kind: if provider.is_some() {
             PoolKind::Provider
@@ -316,13 +303,16 @@ async fn pool_of(
         },
         pool_id,
         range,
+        ranges,
         leases,
+        leases_ipv6,
         provider,
     })
 }
 
-async fn count_leases(tx: &mut Tx, pool_id: &str) -> Result<u64, IpamError> {
-    let n: i64 = on_tx!(tx, t => sqlx::query_scalar("SELECT COUNT(*) FROM ip_leases WHERE pool_id = $1")
+async fn count_leases(tx: &mut Tx, table: &'static str, pool_id: &str) -> Result<u64, IpamError> {
+    let sql = sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table} WHERE pool_id = $1"));
+    let n: i64 = on_tx!(tx, t => sqlx::query_scalar(sql)
         .bind(pool_id)
         .fetch_one(&mut **t)
         .await
@@ -342,8 +332,7 @@ pub async fn list_pools(tx: &mut Tx) -> Result<Vec<Pool>, IpamError> {
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         let range = range_of(tx, &id, false).await?;
-        let leases = count_leases(tx, &id).await?;
-        out.push(pool_of(tx, id, range, leases).await?);
+        out.push(pool_of(tx, id, range).await?);
     }
     Ok(out)
 }

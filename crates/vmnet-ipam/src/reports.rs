@@ -1,9 +1,9 @@
 //! Host status reports and `Instance.addresses` (spec: hosted-pool-networking.md, "Addresses on
 //! an instance", hosted pools).
 //!
-//! * `Instance.addresses` is the lease first (CIDR form: the address with its range's prefix
-//!   length, or `/32` when the range no longer contains it; [`vmnet_model::nic::lease_cidr`],
-//!   the rule the host's NIC uses too), then the addresses host status reports added, in
+//! * `Instance.addresses` is the IPv4 lease, then the IPv6 lease (CIDR form: the address with
+//!   the prefix length of the pool's range that contains it, or `/32`, `/128` when none does;
+//!   [`crate::lease_net`]), then the addresses host status reports added, in
 //!   arrival order, each once.
 //! * [`report_host_status`] appends, for each reported instance placed on the reporting host, the
 //!   reported addresses not yet in its list. Reports only add: nothing is removed or reordered,

@@ -1,4 +1,5 @@
-//! Values as the store holds them: addresses as integers (`ip_free`, `ip_leases.address_num`)
+//! Values as the store holds them: IPv4 addresses as integers (`ip_free`, `ip_leases.address_num`),
+//! IPv6 addresses as 16 bytes big-endian (`ip6_free`, `ip6_leases.address_bytes`),
 //! and as text. A leaf module: the range, free-index, lease, placement and report modules share
 //! these conversions.
 
@@ -23,4 +24,17 @@ pub(crate) fn addr(n: i64) -> Result<Ipv4Addr, IpamError> {
 /// only ever holds what vmnet wrote), naming `what`.
 pub(crate) fn parse_stored<T: FromStr>(what: &str, s: &str) -> Result<T, IpamError> {
     T::from_str(s).map_err(|_| IpamError::Corrupt(format!("stored {what} {s:?} does not parse")))
+}
+
+/// An IPv6 address (or any 128-bit address number) as the 16 bytes big-endian stored in
+/// `ip6_free` and `ip6_leases.address_bytes`; they sort like the numbers.
+pub(crate) fn bytes6(n: u128) -> Vec<u8> {
+    n.to_be_bytes().to_vec()
+}
+
+/// The number of 16 stored bytes.
+pub(crate) fn num6(b: &[u8]) -> Result<u128, IpamError> {
+    <[u8; 16]>::try_from(b)
+        .map(u128::from_be_bytes)
+        .map_err(|_| IpamError::Corrupt(format!("stored IPv6 value has {} bytes, not 16", b.len())))
 }

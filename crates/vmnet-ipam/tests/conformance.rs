@@ -233,7 +233,10 @@ mod cases {
             "instance a already holds lease 10.0.0.2 in pool p1",
         );
         let l = release(db, "a").await.unwrap().unwrap();
-        assert_eq!((l.pool_id.as_str(), l.address), ("p1", ip("10.0.0.2")));
+        assert_eq!(
+            (l.pool_id.as_str(), l.address),
+            ("p1", std::net::IpAddr::V4(ip("10.0.0.2")))
+        );
         assert_eq!(release(db, "a").await.unwrap(), None);
         assert_eq!(lease(db, "p1", "c").await.unwrap(), Some(ip("10.0.0.2")));
         assert_eq!(lease(db, "p1", "d").await.unwrap(), Some(ip("10.0.0.4")));

@@ -56,7 +56,9 @@ async fn operator_queries_run_exactly_as_written() {
     let listed = vmnet_ipam::list_leases(&mut tx, "pool_01jz").await.unwrap();
     tx.commit().await.unwrap();
     let addrs: Vec<_> = listed.iter().map(|l| l.address).collect();
-    let numeric: Vec<_> = (2..14).map(|i| ip(&format!("10.0.0.{i}"))).collect();
+    let numeric: Vec<_> = (2..14)
+        .map(|i| std::net::IpAddr::V4(ip(&format!("10.0.0.{i}"))))
+        .collect();
     assert_eq!(addrs, numeric, "vmnet lists leases in address order");
     // The column types are the documented ones.
     let types = c
@@ -119,13 +121,11 @@ async fn sixteen_concurrent_placers_get_distinct_lowest_addresses() {
     // holes first, lowest first, then continue above.
     let mut expect = BTreeSet::new();
     for i in (0..16).step_by(2) {
-        expect.insert(
-            release(db, &format!("l{i}"))
-                .await
-                .unwrap()
-                .unwrap()
-                .address,
-        );
+        let released = release(db, &format!("l{i}")).await.unwrap().unwrap();
+        let std::net::IpAddr::V4(a) = released.address else {
+            panic!("an IPv4 lease: {released:?}");
+        };
+        expect.insert(a);
     }
     add_host(db, "h1", 8, 65536).await;
     add_host(db, "h2", 8, 65536).await;

@@ -64,6 +64,10 @@ async fn expected_lowest(db: &Db) -> Option<Ipv4Addr> {
         .unwrap()
         .into_iter()
         .map(|l| l.address)
+        .filter_map(|a| match a {
+            std::net::IpAddr::V4(a) => Some(a),
+            std::net::IpAddr::V6(_) => None,
+        })
         .collect();
     tx.commit().await.unwrap();
     (u32::from(r.first_host)..=u32::from(r.last_host))

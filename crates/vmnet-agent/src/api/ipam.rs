@@ -11,13 +11,14 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use vmnet_ipam::{Db, IpamError, Tx};
 use vmnet_model::pool::{
-    Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool, SetProviderPool, StatusReport,
-    StatusReportOutcome,
+    AddRange, Host, Instance, IpRange, Lease, NewInstance, Pool, SetIpPool, SetProviderPool,
+    StatusReport, StatusReportOutcome,
 };
 
 use super::error::{ApiBody, ApiError, ApiJson};
-use super::types::{HostCapacity, PoolProvider, PoolRange};
+use super::types::{HostCapacity, NewRange, PoolProvider, PoolRange as RangeBody};
 use crate::agent::Agent;
+use vmnet_model::pool::PoolRange;
 
 /// Runs `$body` (an expression using `$tx: &mut Tx`) in a transaction on `$db`; commits on `Ok`,
 /// rolls back on `Err`, and runs it again when it failed on a deadlock or serialization conflict
@@ -52,7 +53,7 @@ pub async fn get_pool(
 pub async fn set_range(
     State(a): State<Arc<Agent>>,
     Path(id): Path<String>,
-    ApiJson(body): ApiJson<PoolRange>,
+    ApiJson(body): ApiJson<RangeBody>,
 ) -> Result<Json<IpRange>, ApiError> {
     let req = SetIpPool {
         pool_id: id,
@@ -64,6 +65,52 @@ pub async fn set_range(
     };
     let range: Result<IpRange, IpamError> =
         in_tx!(db(&a), tx => vmnet_ipam::set_ip_pool(tx, req.clone()).await);
+    let range = range?;
+    a.converge_pool().await;
+    Ok(Json(range))
+}
+
+/// `GET /v1/pools/{id}/ranges`: the pool's ranges in order (the first IPv4 range, then the
+/// added ones).
+pub async fn list_ranges(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<PoolRange>>, ApiError> {
+    let list: Result<Vec<PoolRange>, IpamError> =
+        in_tx!(db(&a), tx => vmnet_ipam::list_ranges(tx, &id).await);
+    Ok(Json(list?))
+}
+
+/// `POST /v1/pools/{id}/ranges`: append a range (IPv4 after the first, or IPv6) to the pool's
+/// list; `201 Created` with the range, its defaults filled in.
+pub async fn add_range(
+    State(a): State<Arc<Agent>>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<NewRange>,
+) -> Result<(StatusCode, Json<PoolRange>), ApiError> {
+    let req = AddRange {
+        pool_id: id,
+        cidr: body.cidr,
+        gateway: body.gateway,
+        first_host: body.first_host,
+        last_host: body.last_host,
+    };
+    let range: Result<PoolRange, IpamError> =
+        in_tx!(db(&a), tx => vmnet_ipam::add_range(tx, &req).await);
+    let range = range?;
+    a.converge_pool().await;
+    Ok((StatusCode::CREATED, Json(range)))
+}
+
+/// `DELETE /v1/pools/{id}/ranges/{address}/{prefix_len}`: remove the added range whose cidr the
+/// path spells (`/v1/pools/p1/ranges/2001:db8::/64`); answers it.
+pub async fn remove_range(
+    State(a): State<Arc<Agent>>,
+    Path((id, address, prefix_len)): Path<(String, String, String)>,
+) -> Result<Json<PoolRange>, ApiError> {
+    let cidr = format!("{address}/{prefix_len}");
+    let range: Result<PoolRange, IpamError> =
+        in_tx!(db(&a), tx => vmnet_ipam::remove_range(tx, &id, &cidr).await);
     let range = range?;
     a.converge_pool().await;
     Ok(Json(range))
@@ -96,7 +143,7 @@ pub async fn set_provider(
     Ok(Json(pool?))
 }
 
-/// `GET /v1/pools/{id}/leases`: the pool's leases ordered by address.
+/// `GET /v1/pools/{id}/leases`: the pool's leases, IPv4 then IPv6, each ordered by address.
 pub async fn list_leases(
     State(a): State<Arc<Agent>>,
     Path(id): Path<String>,
@@ -159,6 +206,11 @@ pub async fn lose_host(
     let loss = loss?;
     a.converge_pool().await;
     Ok(Json(loss))
+}
+
+/// JSON errors of a range body name the pool (`pool: unknown field …`), as for the first range.
+impl ApiBody for NewRange {
+    const OBJECT: &'static str = "pool";
 }
 
 /// JSON errors of a status report body name it `status report` (e.g. `status report: unknown

@@ -71,6 +71,13 @@ fn build() -> Routes {
         .add(Method::GET, "/v1/pools", get(ipam::list_pools))
         .add(Method::GET, "/v1/pools/{id}", get(ipam::get_pool))
         .add(Method::PUT, "/v1/pools/{id}/range", put(ipam::set_range))
+        .add(Method::GET, "/v1/pools/{id}/ranges", get(ipam::list_ranges))
+        .add(Method::POST, "/v1/pools/{id}/ranges", post(ipam::add_range))
+        .add(
+            Method::DELETE,
+            "/v1/pools/{id}/ranges/{address}/{prefix_len}",
+            delete(ipam::remove_range),
+        )
         .add(
             Method::PUT,
             "/v1/pools/{id}/provider",

@@ -34,6 +34,23 @@ pub struct PoolRange {
     pub dns: Option<Vec<String>>,
 }
 
+/// Body of `POST /v1/pools/{id}/ranges`: a range to append to the pool's list, IPv4 (after the
+/// first range) or IPv6. The pool id comes from the path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewRange {
+    /// The network, e.g. `2001:db8:0:1::/64` or `10.0.1.0/24`.
+    pub cidr: String,
+    /// The gateway; never leased.
+    pub gateway: String,
+    /// The first address to lease (default: see `AddRange`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_host: Option<String>,
+    /// The last address to lease (default: see `AddRange`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_host: Option<String>,
+}
+
 /// Body of `PUT /v1/pools/{id}/provider`: make the pool a provider pool (spec: the table of
 /// pools, "Provider"), or replace its settings. The pool id comes from the path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

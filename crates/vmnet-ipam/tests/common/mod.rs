@@ -1,11 +1,14 @@
 //! Shared fixtures: a fresh store of either backend, helpers and a whole-database snapshot.
 #![allow(dead_code, missing_docs)]
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use std::collections::BTreeSet;
 use vmnet_ipam::IpamError;
-use vmnet_ipam::{Db, NewInstance, SetIpPool, Store, Tx};
+use vmnet_ipam::{AddRange, Db, Family, NewInstance, SetIpPool, Store, Tx};
+
 use vmnet_model::error::chain;
+use vmnet_model::pool::addr_num;
 
 /// The kind of failure a test expects, read from the [`IpamError`] variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,11 +186,85 @@ pub async fn release(db: &Db, instance: &str) -> Result<Option<vmnet_ipam::Lease
     Ok(r)
 }
 
+/// The IPv4 leases of a pool in address order.
 pub async fn leases(db: &Db, pool: &str) -> Vec<(Ipv4Addr, String)> {
     let mut tx = db.begin().await.unwrap();
     let r = vmnet_ipam::list_leases(&mut tx, pool).await.unwrap();
     tx.commit().await.unwrap();
-    r.into_iter().map(|l| (l.address, l.instance_id)).collect()
+    r.into_iter()
+        .filter_map(|l| match l.address {
+            IpAddr::V4(a) => Some((a, l.instance_id)),
+            IpAddr::V6(_) => None,
+        })
+        .collect()
+}
+
+/// The IPv6 leases of a pool in address order.
+pub async fn leases6(db: &Db, pool: &str) -> Vec<(Ipv6Addr, String)> {
+    let mut tx = db.begin().await.unwrap();
+    let r = vmnet_ipam::list_leases(&mut tx, pool).await.unwrap();
+    tx.commit().await.unwrap();
+    r.into_iter()
+        .filter_map(|l| match l.address {
+            IpAddr::V6(a) => Some((a, l.instance_id)),
+            IpAddr::V4(_) => None,
+        })
+        .collect()
+}
+
+pub fn ip6(s: &str) -> Ipv6Addr {
+    s.parse().unwrap()
+}
+
+/// An added range request.
+pub fn add(pool: &str, cidr: &str, gw: &str) -> AddRange {
+    AddRange {
+        pool_id: pool.into(),
+        cidr: cidr.into(),
+        gateway: gw.into(),
+        ..Default::default()
+    }
+}
+
+/// Runs `add_range` in its own transaction.
+pub async fn add_range(db: &Db, req: AddRange) -> Result<vmnet_ipam::PoolRange, IpamError> {
+    let mut tx = db.begin().await?;
+    let r = vmnet_ipam::add_range(&mut tx, &req).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+/// Runs `remove_range` in its own transaction.
+pub async fn remove_range(
+    db: &Db,
+    pool: &str,
+    cidr: &str,
+) -> Result<vmnet_ipam::PoolRange, IpamError> {
+    let mut tx = db.begin().await?;
+    let r = vmnet_ipam::remove_range(&mut tx, pool, cidr).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+/// Runs `lease6` in its own transaction.
+pub async fn lease6(db: &Db, pool: &str, instance: &str) -> Result<Option<Ipv6Addr>, IpamError> {
+    let mut tx = db.begin().await?;
+    let r = vmnet_ipam::lease6(&mut tx, pool, instance).await?;
+    tx.commit().await?;
+    Ok(r)
+}
+
+/// The IPv6 free intervals as `(pool, range_seq, first, last)`.
+pub async fn free6_rows(tx: &mut Tx) -> Vec<(String, i64, u128, u128)> {
+    let sql = "SELECT pool_id, range_seq, first, last FROM ip6_free ORDER BY pool_id, first";
+    let rows: Vec<(String, i64, Vec<u8>, Vec<u8>)> = match tx {
+        Tx::Sqlite(t) => sqlx::query_as(sql).fetch_all(&mut **t).await.unwrap(),
+        Tx::Postgres(t) => sqlx::query_as(sql).fetch_all(&mut **t).await.unwrap(),
+    };
+    let n = |b: &[u8]| u128::from_be_bytes(b.try_into().unwrap());
+    rows.into_iter()
+        .map(|(p, s, f, l)| (p, s, n(&f), n(&l)))
+        .collect()
 }
 
 pub fn assert_err(r: Result<impl std::fmt::Debug, IpamError>, want: Kind, message: &str) {
@@ -219,9 +296,13 @@ pub async fn snapshot(db: &Db) -> Vec<String> {
     for (p, f, l) in free_rows(&mut tx).await {
         out.push(format!("free {p} {f} {l}"));
     }
+    for (p, s, f, l) in free6_rows(&mut tx).await {
+        out.push(format!("free6 {p} {s} {f} {l}"));
+    }
     out.push(format!(
-        "all leases {}",
-        count(&mut tx, "SELECT COUNT(*) FROM ip_leases").await
+        "all leases {} {}",
+        count(&mut tx, "SELECT COUNT(*) FROM ip_leases").await,
+        count(&mut tx, "SELECT COUNT(*) FROM ip6_leases").await
     ));
     tx.commit().await.unwrap();
     out
@@ -278,6 +359,32 @@ pub async fn check_invariants(db: &Db) {
     )
     .await;
     assert_eq!(multi, 0, "instances with more than one lease");
+    let missing6 = count(
+        &mut tx,
+        q(
+            "SELECT COUNT(*) FROM instances i WHERE i.state = 'running' \
+           AND EXISTS (SELECT 1 FROM ip_ranges r WHERE r.pool_id = i.pool_id AND r.family = 6) \
+           AND NOT EXISTS (SELECT 1 FROM ip6_leases l WHERE l.instance_id = i.instance_id)",
+        ),
+    )
+    .await;
+    assert_eq!(missing6, 0, "running instances without an IPv6 lease");
+    let leaked6 = count(
+        &mut tx,
+        q("SELECT COUNT(*) FROM ip6_leases l WHERE NOT EXISTS \
+           (SELECT 1 FROM instances i WHERE i.instance_id = l.instance_id AND i.state = 'running' AND i.pool_id = l.pool_id)"),
+    )
+    .await;
+    assert_eq!(
+        leaked6, 0,
+        "IPv6 leases not held by a running instance of the pool"
+    );
+    let multi6 = count(
+        &mut tx,
+        q("SELECT COUNT(*) FROM (SELECT instance_id FROM ip6_leases GROUP BY instance_id HAVING COUNT(*) > 1) s"),
+    )
+    .await;
+    assert_eq!(multi6, 0, "instances with more than one IPv6 lease");
     let unplaced_with_host = count(
         &mut tx,
         q("SELECT COUNT(*) FROM instances WHERE state <> 'running' AND host_id IS NOT NULL"),
@@ -296,39 +403,94 @@ pub async fn check_invariants(db: &Db) {
         bad_claims, 0,
         "host claims differ from their running instances"
     );
-    // The free index is exactly range - gateway - leases.
+    tx.commit().await.unwrap();
+    check_free_index(db).await;
+}
+
+/// Checks that the free index is exactly range - gateway - leases, per family.
+pub async fn check_free_index(db: &Db) {
+    let mut tx = db.begin().await.unwrap();
     let pools = vmnet_ipam::list_pools(&mut tx).await.unwrap();
     let free = free_rows(&mut tx).await;
+    let free6 = free6_rows(&mut tx).await;
     for p in pools {
-        let Some(r) = p.range else { continue };
-        let leased: std::collections::BTreeSet<u32> = vmnet_ipam::list_leases(&mut tx, &p.pool_id)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|l| u32::from(l.address))
-            .collect();
-        let mut free_set = std::collections::BTreeSet::new();
+        let all = vmnet_ipam::list_leases(&mut tx, &p.pool_id).await.unwrap();
+        let leased: BTreeSet<u128> = all.iter().map(|l| addr_num(l.address)).collect();
+        // IPv4: every address of every range, enumerated.
+        let mut free_set = BTreeSet::new();
         for (_, f, l) in free.iter().filter(|(pp, _, _)| *pp == p.pool_id) {
             for a in *f..=*l {
                 assert!(
-                    free_set.insert(u32::try_from(a).unwrap()),
+                    free_set.insert(u128::try_from(a).unwrap()),
                     "overlapping free intervals"
                 );
             }
         }
-        for a in u32::from(r.first_host)..=u32::from(r.last_host) {
-            let expect_free = a != u32::from(r.gateway) && !leased.contains(&a);
-            assert_eq!(
-                free_set.contains(&a),
-                expect_free,
-                "free index wrong for {}",
-                Ipv4Addr::from(a)
-            );
+        let v4: Vec<_> = p
+            .ranges
+            .iter()
+            .filter(|r| r.family == Family::Ipv4)
+            .collect();
+        for r in &v4 {
+            let (lo, hi, gw) = r.bounds();
+            for a in lo..=hi {
+                let expect_free = a != gw && !leased.contains(&a);
+                assert_eq!(
+                    free_set.contains(&a),
+                    expect_free,
+                    "free index wrong for {a}"
+                );
+            }
         }
         assert!(
-            free_set.iter().all(|a| r.is_leasable(Ipv4Addr::from(*a))),
-            "free address outside the range"
+            free_set.iter().all(|a| v4
+                .iter()
+                .any(|r| r.is_leasable(IpAddr::V4(Ipv4Addr::from(u32::try_from(*a).unwrap()))))),
+            "free address outside the ranges"
         );
+        // IPv6: ranges too large to enumerate. Disjoint intervals inside the ranges, holding no
+        // lease and no gateway, as many free addresses as the ranges less their leases.
+        let v6: Vec<_> = p
+            .ranges
+            .iter()
+            .filter(|r| r.family == Family::Ipv6)
+            .collect();
+        let mut iv: Vec<(u128, u128)> = free6
+            .iter()
+            .filter(|r| r.0 == p.pool_id)
+            .map(|r| (r.2, r.3))
+            .collect();
+        iv.sort_unstable();
+        for w in iv.windows(2) {
+            assert!(w[0].1 < w[1].0, "overlapping IPv6 free intervals");
+        }
+        let mut free_count = 0u128;
+        for (f, l) in &iv {
+            assert!(f <= l);
+            let r = v6
+                .iter()
+                .find(|r| {
+                    let (lo, hi, _) = r.bounds();
+                    lo <= *f && *l <= hi
+                })
+                .expect("IPv6 free interval outside the ranges");
+            let gw = r.bounds().2;
+            assert!(!(*f..=*l).contains(&gw), "free IPv6 gateway");
+            assert!(
+                leased.range(*f..=*l).next().is_none(),
+                "free interval holds a lease"
+            );
+            free_count += l - f + 1;
+        }
+        let in_ranges = leased
+            .iter()
+            .filter(|a| {
+                v6.iter()
+                    .any(|r| r.is_leasable(IpAddr::V6(Ipv6Addr::from(**a))))
+            })
+            .count();
+        let size: u128 = v6.iter().map(|r| r.size()).sum();
+        assert_eq!(free_count, size - in_ranges as u128, "IPv6 free count");
     }
     tx.commit().await.unwrap();
 }

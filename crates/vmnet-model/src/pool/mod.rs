@@ -7,7 +7,7 @@
 //! result and hands out leases.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use ipnet::IpNet;
@@ -20,6 +20,7 @@ pub use crate::nic::NetworkPolicy;
 mod provider;
 mod provider_rules;
 mod range;
+mod ranges;
 pub use provider::{
     Credentials, DEFAULT_POLL_INTERVAL_SECS, HETZNER_API_URL, MAX_POLL_INTERVAL_SECS,
     MAX_PROXMOX_VMID, MAX_SETTING_LEN, MIN_POLL_INTERVAL_SECS, Machine, Provider, ProviderPool,
@@ -29,14 +30,18 @@ pub use provider_rules::{DEFAULT_CREDENTIALS_DIR, ProviderRules};
 pub use range::{
     IpRange, MAX_DNS, MAX_PREFIX_LEN, MIN_PREFIX_LEN, RESERVED, SetIpPool, usable_hosts,
 };
+pub use ranges::{
+    AddRange, Family, MAX_PREFIX_LEN_V6, MIN_PREFIX_LEN_V6, PoolRange, RESERVED_V6, addr_num,
+    usable_hosts6,
+};
 
 /// One lease: `(pool_id, address)` is unique, and so is `instance_id`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// The pool the address belongs to.
     pub pool_id: String,
-    /// The leased address.
-    pub address: Ipv4Addr,
+    /// The leased address: IPv4 or IPv6 (an instance holds at most one of each per pool).
+    pub address: IpAddr,
     /// The instance holding it.
     pub instance_id: String,
 }
@@ -62,11 +67,18 @@ pub struct Pool {
     /// `hosted` or `provider`.
     #[serde(default)]
     pub kind: PoolKind,
-    /// The range, or `None` for a pool without a range (it leases nothing; always `None` for a
-    /// provider pool).
+    /// The first IPv4 range (the one `set_ip_pool` sets, with the DNS servers), or `None` for a
+    /// pool without one (always `None` for a provider pool).
     pub range: Option<IpRange>,
-    /// How many leases the pool holds (always 0 for a provider pool).
+    /// Every range in the pool's order: the first IPv4 range (as in `range`), then the ranges
+    /// added after it, IPv4 and IPv6. Empty for a pool without ranges (it leases nothing).
+    #[serde(default)]
+    pub ranges: Vec<PoolRange>,
+    /// How many IPv4 leases the pool holds (always 0 for a provider pool).
     pub leases: u64,
+    /// How many IPv6 leases the pool holds.
+    #[serde(default)]
+    pub leases_ipv6: u64,
     /// The provider settings of a provider pool; `None` for a hosted pool.
     #[serde(default)]
     pub provider: Option<ProviderPool>,
@@ -228,8 +240,11 @@ pub struct Instance {
     pub state: InstanceState,
     /// Conditions, e.g. `Unschedulable`.
     pub conditions: Vec<Condition>,
-    /// Its lease, when it holds one.
+    /// Its IPv4 lease, when it holds one.
     pub address: Option<Ipv4Addr>,
+    /// Its IPv6 lease, when it holds one (the pool has IPv6 ranges).
+    #[serde(default)]
+    pub address6: Option<Ipv6Addr>,
     /// What traffic it may exchange (`public`, `private` or `none`).
     #[serde(default)]
     pub network_policy: NetworkPolicy,
@@ -245,8 +260,9 @@ pub struct Instance {
     #[serde(default)]
     pub allocation_id: String,
     /// `Instance.addresses` (spec: "Addresses on an instance", hosted pools), CIDR form: the
-    /// lease first (the address with its range's prefix length, `/32` when the lease lies outside
-    /// the pool's current range after a range replacement), then every address the host's status
+    /// IPv4 lease first, then the IPv6 lease (each the address with the prefix length of the
+    /// pool's range that contains it, `/32` or `/128` when none does after a range replacement),
+    /// then every address the host's status
     /// reports added ([`StatusReport`]), in arrival order, each once. Reports only add; the
     /// reported addresses are cleared when a host loss takes the instance off its host. Empty for
     /// an instance without a lease and without reports.

@@ -147,26 +147,7 @@ impl IpRange {
     /// `cidr 10.0.0.0/24 overlaps cidr 10.0.0.0/16 of pool p2`.
     #[must_use]
     pub fn clash(&self, other: &IpRange) -> Option<String> {
-        let o = &other.pool_id;
-        if self.cidr.contains(&other.cidr.network()) || other.cidr.contains(&self.cidr.network()) {
-            return Some(format!(
-                "cidr {} overlaps cidr {} of pool {o}",
-                self.cidr, other.cidr
-            ));
-        }
-        if other.is_leasable(self.gateway) {
-            return Some(format!(
-                "gateway {} is a leasable address of pool {o} ({} to {})",
-                self.gateway, other.first_host, other.last_host
-            ));
-        }
-        if self.is_leasable(other.gateway) {
-            return Some(format!(
-                "the gateway {} of pool {o} would be leased by this range ({} to {})",
-                other.gateway, self.first_host, self.last_host
-            ));
-        }
-        None
+        super::ranges::PoolRange::from(self).clash(&super::ranges::PoolRange::from(other))
     }
 }
 

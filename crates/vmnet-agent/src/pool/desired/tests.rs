@@ -32,6 +32,7 @@ fn the_nic_carries_the_stored_policy_sandbox_flag_and_allocation() {
         state: vmnet_model::pool::InstanceState::Running,
         conditions: Vec::new(),
         address: None,
+        address6: None,
         network_policy: vmnet_model::nic::NetworkPolicy::Private,
         sandbox: true,
         allocation_id: "alloc-7-inst-1".into(),

@@ -12,12 +12,14 @@ use clap::Subcommand;
 use serde::Serialize;
 use vmnet_agent::table::render;
 use vmnet_ipam::{
-    Credentials, Db, Instance, IpamError, Lease, Machine, NewInstance, ReportedInstance, SetIpPool,
-    SetProviderPool, StatusReport, Store, Tx,
+    AddRange, Credentials, Db, Instance, IpamError, Lease, Machine, NewInstance, ReportedInstance,
+    SetIpPool, SetProviderPool, StatusReport, Store, Tx,
 };
 use vmnet_model::ValidationError;
 
 use crate::{Global, Output};
+
+pub use self::range_cmd::RangeCmd;
 
 /// `vmnet pool …`
 #[derive(Debug, Clone, Subcommand)]
@@ -27,12 +29,17 @@ pub enum PoolCmd {
     /// pool if needed. Existing leases stay. A range overlapping another pool's is refused
     /// (CONFLICT), and so are a range on a provider pool and a provider on a pool with a range.
     Set(Box<PoolSetArgs>),
+    /// Add, remove or list a pool's ranges: IPv4 ranges after the first (which `pool set`
+    /// sets) and IPv6 ranges. An instance leases one address per family, from the first range
+    /// of that family with room.
+    #[command(subcommand)]
+    Range(RangeCmd),
     /// Create a pool without a range (its instances are placed without an address).
     Create {
         /// The pool id.
         pool: String,
     },
-    /// Show a pool's range and lease count.
+    /// Show a pool's ranges and lease counts (IPv4 and IPv6).
     Show {
         /// The pool id.
         pool: String,
@@ -213,7 +220,7 @@ pub enum InstanceCmd {
 /// `vmnet lease …`
 #[derive(Debug, Clone, Subcommand)]
 pub enum LeaseCmd {
-    /// List a pool's leases in address order.
+    /// List a pool's leases: IPv4 in address order, then IPv6 in address order.
     List {
         /// The pool id.
         pool: String,
@@ -248,12 +255,14 @@ async fn finish<T: Serialize>(
     Ok(())
 }
 
+mod range_cmd;
 mod tables;
 #[cfg(test)]
 mod tests;
 
 use self::tables::{
-    RANGE_HEADER, hosts_table, instances_table, leases_table, pools_table, range_row, report_table,
+    RANGE_HEADER, hosts_table, instances_table, leases_table, pools_table, range_row, ranges_table,
+    report_table,
 };
 
 /// Runs `vmnet pool …`.
@@ -311,6 +320,34 @@ pub async fn pool(g: &Global, c: PoolCmd) -> Result<(), IpamError> {
                 render(&RANGE_HEADER, &[range_row(&r.pool_id, Some(r), None)])
             })
             .await
+        }
+        PoolCmd::Range(RangeCmd::Add {
+            pool,
+            cidr,
+            gateway,
+            first_host,
+            last_host,
+        }) => {
+            let req = AddRange {
+                pool_id: pool,
+                cidr,
+                gateway,
+                first_host,
+                last_host,
+            };
+            let r = vmnet_ipam::add_range(&mut tx, &req).await?;
+            finish(db, tx, g, &r, |r| ranges_table(std::slice::from_ref(r))).await
+        }
+        PoolCmd::Range(RangeCmd::Remove { pool, cidr }) => {
+            let r = vmnet_ipam::remove_range(&mut tx, &pool, &cidr).await?;
+            finish(db, tx, g, &r, |r| {
+                format!("removed range {} of pool {}\n", r.cidr, r.pool_id)
+            })
+            .await
+        }
+        PoolCmd::Range(RangeCmd::List { pool }) => {
+            let list = vmnet_ipam::list_ranges(&mut tx, &pool).await?;
+            finish(db, tx, g, &list, |l| ranges_table(l)).await
         }
         PoolCmd::Create { pool } => {
             vmnet_ipam::create_pool(&mut tx, &pool).await?;
@@ -466,12 +503,15 @@ pub async fn instance(g: &Global, c: InstanceCmd) -> Result<(), IpamError> {
 
 /// The output of `instance delete`: JSON
 /// `{"deleted": true, "instance_id": …, "released": {pool_id, address, instance_id} | null,
-/// "instance": {… as it was}}`, or one line in table mode.
+/// "released_ipv6": {…} | null, "instance": {… as it was}}`, or one line in table mode.
 #[derive(Debug, Serialize)]
 struct Deleted {
     deleted: bool,
     instance_id: String,
+    /// The IPv4 lease returned.
     released: Option<Lease>,
+    /// The IPv6 lease returned.
+    released_ipv6: Option<Lease>,
     instance: Instance,
 }
 
@@ -482,21 +522,34 @@ impl Deleted {
             instance_id: i.instance_id.clone(),
             released: i.address.map(|address| Lease {
                 pool_id: i.pool_id.clone(),
-                address,
+                address: std::net::IpAddr::V4(address),
+                instance_id: i.instance_id.clone(),
+            }),
+            released_ipv6: i.address6.map(|address| Lease {
+                pool_id: i.pool_id.clone(),
+                address: std::net::IpAddr::V6(address),
                 instance_id: i.instance_id.clone(),
             }),
             instance: i,
         }
     }
 
-    /// `deleted instance vm3 (released 10.0.0.4)` or `deleted instance vm3 (it held no lease)`.
+    /// `deleted instance vm3 (released 10.0.0.4)`, `… (released 10.0.0.4 and 2001:db8::4)` or
+    /// `deleted instance vm3 (it held no lease)`.
     fn line(&self) -> String {
-        match &self.released {
-            Some(l) => format!(
+        let released: Vec<String> = [&self.released, &self.released_ipv6]
+            .into_iter()
+            .flatten()
+            .map(|l| l.address.to_string())
+            .collect();
+        if released.is_empty() {
+            format!("deleted instance {} (it held no lease)\n", self.instance_id)
+        } else {
+            format!(
                 "deleted instance {} (released {})\n",
-                self.instance_id, l.address
-            ),
-            None => format!("deleted instance {} (it held no lease)\n", self.instance_id),
+                self.instance_id,
+                released.join(" and ")
+            )
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The human tables of the IPAM commands: pools, hosts, instances, leases and `host report`.
 
 use vmnet_agent::table::render;
-use vmnet_ipam::{Host, Instance, IpRange, Lease, Pool, StatusReportOutcome};
+use vmnet_ipam::{Family, Host, Instance, IpRange, Lease, Pool, PoolRange, StatusReportOutcome};
 
 fn opt<T: ToString>(v: Option<&T>) -> String {
     v.map_or_else(|| "-".to_owned(), ToString::to_string)
@@ -34,9 +34,58 @@ pub(super) fn range_row(pool_id: &str, r: Option<&IpRange>, leases: Option<u64>)
 }
 
 pub(super) const RANGE_HEADER: [&str; 6] = ["POOL", "CIDR", "GATEWAY", "FIRST", "LAST", "DNS"];
-pub(super) const POOL_HEADER: [&str; 8] = [
-    "POOL", "CIDR", "GATEWAY", "FIRST", "LAST", "DNS", "LEASES", "PROVIDER",
+pub(super) const POOL_HEADER: [&str; 10] = [
+    "POOL",
+    "CIDR",
+    "GATEWAY",
+    "FIRST",
+    "LAST",
+    "DNS",
+    "LEASES",
+    "MORE RANGES",
+    "IPV6 LEASES",
+    "PROVIDER",
 ];
+
+/// The ranges after the first IPv4 range, as their networks: `2001:db8::/64,10.0.1.0/24`, or
+/// `-`.
+fn more_ranges(p: &Pool) -> String {
+    let first = p.range.as_ref().map(|r| ipnet::IpNet::V4(r.cidr));
+    let more: Vec<String> = p
+        .ranges
+        .iter()
+        .filter(|r| Some(r.cidr) != first)
+        .map(|r| r.cidr.to_string())
+        .collect();
+    if more.is_empty() {
+        "-".into()
+    } else {
+        more.join(",")
+    }
+}
+
+pub(super) fn ranges_table(ranges: &[PoolRange]) -> String {
+    let rows: Vec<_> = ranges
+        .iter()
+        .map(|r| {
+            vec![
+                r.pool_id.clone(),
+                match r.family {
+                    Family::Ipv4 => "ipv4".into(),
+                    Family::Ipv6 => "ipv6".into(),
+                },
+                r.cidr.to_string(),
+                r.gateway.to_string(),
+                r.first_host.to_string(),
+                r.last_host.to_string(),
+            ]
+        })
+        .collect();
+    render(
+        &["POOL", "FAMILY", "CIDR", "GATEWAY", "FIRST", "LAST"],
+        &rows,
+    )
+}
 
 /// A provider pool's settings in one cell: `hetzner-cloud https://api.hetzner.cloud/v1 env
 /// HCLOUD_TOKEN every 30s` (where the secret is, never the secret); `-` for a hosted pool.
@@ -64,6 +113,8 @@ pub(super) fn pools_table(pools: &[Pool]) -> String {
             } else {
                 range_row(&p.pool_id, p.range.as_ref(), Some(p.leases))
             };
+            row.push(more_ranges(p));
+            row.push(p.leases_ipv6.to_string());
             row.push(provider_cell(p));
             row
         })
@@ -104,6 +155,7 @@ pub(super) fn instances_table(instances: &[Instance]) -> String {
                 opt(i.host_id.as_ref()),
                 i.state.to_string(),
                 opt(i.address.as_ref()),
+                opt(i.address6.as_ref()),
                 match (i.addresses.is_empty(), i.addresses_stale) {
                     (true, false) => "-".into(),
                     (true, true) => "- (stale)".into(),
@@ -136,6 +188,7 @@ pub(super) fn instances_table(instances: &[Instance]) -> String {
             "HOST",
             "STATE",
             "ADDRESS",
+            "ADDRESS6",
             "ADDRESSES",
             "VCPUS",
             "MEMORY_MIB",

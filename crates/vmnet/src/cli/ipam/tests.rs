@@ -118,6 +118,7 @@ fn delete_says_what_was_released() {
         state: InstanceState::Running,
         conditions: vec![],
         address: Some("10.0.0.4".parse().unwrap()),
+        address6: None,
         network_policy: vmnet_ipam::NetworkPolicy::Private,
         sandbox: true,
         allocation_id: "alloc-1-vm3".into(),
@@ -148,7 +149,19 @@ fn delete_says_what_was_released() {
         v["released"],
         serde_json::json!({"pool_id": "p1", "address": "10.0.0.4", "instance_id": "vm3"})
     );
+    assert_eq!(v["released_ipv6"], serde_json::Value::Null);
+    i.address6 = Some("2001:db8::4".parse().unwrap());
+    let d = Deleted::of(i.clone());
+    assert_eq!(
+        d.line(),
+        "deleted instance vm3 (released 10.0.0.4 and 2001:db8::4)\n"
+    );
+    assert_eq!(
+        serde_json::to_value(&d).unwrap()["released_ipv6"],
+        serde_json::json!({"pool_id": "p1", "address": "2001:db8::4", "instance_id": "vm3"})
+    );
     i.address = None;
+    i.address6 = None;
     let d = Deleted::of(i);
     assert_eq!(d.line(), "deleted instance vm3 (it held no lease)\n");
     assert_eq!(
