@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use vmnet_ipam::{Db, Store};
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec};
-use vmnet_model::pool::{Instance, InstanceState, IpRange};
+use vmnet_model::pool::{Instance, InstanceState, IpRange, PoolRange};
 use vmnet_plan::pool::nft::{TapEntry, tap_entries};
 use vmnet_plan::pool::nic::instance_spec;
 
@@ -33,7 +34,8 @@ pub(super) async fn desired(
     let all = vmnet_ipam::list_instances(&mut tx)
         .await
         .map_err(from_ipam)?;
-    let mut ranges: BTreeMap<String, Option<IpRange>> = BTreeMap::new();
+    // Per pool: its first IPv4 range and its IPv4 ranges in order (the first among them).
+    let mut ranges: BTreeMap<String, (Option<IpRange>, Vec<PoolRange>)> = BTreeMap::new();
     let mut out = BTreeMap::new();
     let mut gateways = Vec::new();
     let mut failed = Vec::new();
@@ -42,13 +44,21 @@ pub(super) async fn desired(
         .filter(|i| i.host_id.as_deref() == Some(host_id) && i.state == InstanceState::Running)
     {
         if !ranges.contains_key(&inst.pool_id) {
-            let r = vmnet_ipam::get_ip_pool(&mut tx, &inst.pool_id)
+            let first = vmnet_ipam::get_ip_pool(&mut tx, &inst.pool_id)
                 .await
                 .map_err(from_ipam)?;
-            ranges.insert(inst.pool_id.clone(), r);
+            let all = match first {
+                Some(_) => vmnet_ipam::list_ranges(&mut tx, &inst.pool_id)
+                    .await
+                    .map_err(from_ipam)?,
+                None => Vec::new(),
+            };
+            ranges.insert(inst.pool_id.clone(), (first, all));
         }
-        let range = ranges.get(&inst.pool_id).and_then(Option::as_ref);
-        match spec_of(inst, range, bridge) {
+        let range = ranges
+            .get(&inst.pool_id)
+            .and_then(|(first, all)| lease_range(first.as_ref(), all, inst));
+        match spec_of(inst, range.as_ref(), bridge) {
             Ok(spec) => {
                 if let (Some(r), Some(_)) = (range, inst.address) {
                     let gw = IpAddr::V4(r.gateway);
@@ -64,6 +74,35 @@ pub(super) async fn desired(
     let _ = tx.rollback().await;
     gateways.sort();
     Ok((out, gateways, failed))
+}
+
+/// The range the instance's IPv4 lease is in, as the NIC takes it (its prefix and gateway;
+/// the nameservers are the first range's): the first range, or an IPv4 range added after it.
+fn lease_range(first: Option<&IpRange>, all: &[PoolRange], inst: &Instance) -> Option<IpRange> {
+    let first = first?;
+    let Some(addr) = inst.address else {
+        return Some(first.clone());
+    };
+    if first.cidr.contains(&addr) {
+        return Some(first.clone());
+    }
+    all.iter()
+        .find_map(|r| match (r.cidr, r.gateway, r.first_host, r.last_host) {
+            (
+                IpNet::V4(cidr),
+                IpAddr::V4(gateway),
+                IpAddr::V4(first_host),
+                IpAddr::V4(last_host),
+            ) if cidr.contains(&addr) => Some(IpRange {
+                pool_id: first.pool_id.clone(),
+                cidr,
+                gateway,
+                first_host,
+                last_host,
+                dns: first.dns.clone(),
+            }),
+            _ => None,
+        })
 }
 
 /// The tap entries of every instance in `want`, sorted by tap name: the first load of the
