@@ -236,7 +236,7 @@ fn up_runs_the_main_job_and_down_removes_everything() {
             c["seen"]
                 .as_str()
                 .unwrap_or("")
-                .starts_with("repaired by its notification in "),
+                .starts_with("repaired by its notification"),
             "{c}"
         );
     }

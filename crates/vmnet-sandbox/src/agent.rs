@@ -167,6 +167,10 @@ impl AgentOptions {
             "--state-dir".into(),
             self.state_dir.clone().into(),
             "serve".into(),
+            "--netns".into(),
+            (&self.netns).into(),
+            "--name-prefix".into(),
+            (&self.name_prefix).into(),
         ]);
         // A sandbox agent takes its settings from this line (and a file it is given), never
         // from a host's /etc/vmnet/vmnet.toml.
@@ -177,12 +181,6 @@ impl AgentOptions {
         if !own_file {
             a.extend(["--config".into(), "/dev/null".into()]);
         }
-        a.extend([
-            "--netns".into(),
-            (&self.netns).into(),
-            "--name-prefix".into(),
-            (&self.name_prefix).into(),
-        ]);
         a.extend(self.args.iter().cloned());
         a
     }
@@ -471,8 +469,13 @@ mod tests {
                 "h1host",
                 "--name-prefix",
                 "h1",
+                "--config",
+                "/dev/null",
             ]
         );
+        let own = AgentOptions::new("h1host", "h1", dir).args(["--config", "/c.toml"]);
+        assert_eq!(args(&own)[args(&own).len() - 2..], ["--config", "/c.toml"]);
+        assert_eq!(args(&own).iter().filter(|a| *a == "--config").count(), 1);
         let o = o
             .socket("/s/api.sock")
             .state_dir("/s/st")
@@ -491,6 +494,8 @@ mod tests {
                 "h1host",
                 "--name-prefix",
                 "h1",
+                "--config",
+                "/dev/null",
                 "--host-id",
                 "h1",
                 "--create-bridge",

@@ -333,7 +333,27 @@ async fn kill_9_of_the_worker_costs_a_polling_guest_at_most_one_poll() {
     assert!(failed.len() <= 1, "at most one failed poll: {failed:?}");
     assert!(ok >= 15, "{ok} polls answered");
     let w = worker_status(&client).await;
-    assert!(w.last_exit.unwrap_or_default().contains("SIGKILL"));
+    let exit = w.last_exit.unwrap_or_default();
+    assert!(
+        exit.contains("SIGKILL"),
+        "the last exit is the kill: {exit}"
+    );
+    // The new worker reported its requests (every 2 s) and kept running: started once more.
+    assert_eq!(w.starts, 2, "one start after the kill, none after: {exit}");
+    let (_, body) = client
+        .send_raw(hyper::Method::GET, "/metrics", None)
+        .await
+        .expect("metrics");
+    let text = String::from_utf8_lossy(&body);
+    let answered: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("vmnet_metadata_requests_total{status=\"200\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_default();
+    assert!(
+        answered >= 5.0,
+        "the workers' counts reached the metrics: {text}"
+    );
     drop(guest);
     drop(agent);
     drop(sb);

@@ -120,7 +120,8 @@ async fn run(sock: OwnedFd) -> Result<(), String> {
             _ = report.tick() => {
                 let c = crate::metadata::serve::take_counts();
                 if !c.requests.is_empty() || c.refused > 0 {
-                    let msg = FromWorker::MetadataCounts { requests: c.requests, refused: c.refused };
+                    let requests = c.requests.into_iter().collect();
+                    let msg = FromWorker::MetadataCounts { requests, refused: c.refused };
                     chan.send_msg(&msg, &[]).await.map_err(fail)?;
                 }
             }

@@ -175,8 +175,11 @@ pub enum FromWorker {
     /// The metadata requests answered since the last such message, by HTTP status, and the
     /// connections refused (sent every [`COUNTS_PERIOD`] when there are any).
     MetadataCounts {
-        /// Requests by status (at most [`MAX_STATUSES`] entries, each a status 100-599).
-        requests: std::collections::BTreeMap<u16, u64>,
+        /// Requests by status: pairs of a status 100-599 and a count, at most
+        /// [`MAX_STATUSES`] of them. A list, not a map: this enum is internally tagged, and
+        /// serde reads a tagged variant through a buffer that does not turn JSON's string keys
+        /// back into numbers.
+        requests: Vec<(u16, u64)>,
         /// Connections refused.
         refused: u64,
     },
@@ -408,6 +411,22 @@ mod tests {
     use std::os::fd::AsFd;
 
     use super::*;
+
+    /// Every message the worker sends decodes as the agent reads it.
+    #[test]
+    fn the_metadata_counts_decode_as_sent() {
+        let msg = FromWorker::MetadataCounts {
+            requests: vec![(200, 5), (401, 1)],
+            refused: 2,
+        };
+        let body = encode(&msg).unwrap();
+        match decode::<FromWorker>(&body).unwrap() {
+            FromWorker::MetadataCounts { requests, refused } => {
+                assert_eq!((requests, refused), (vec![(200, 5), (401, 1)], 2));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[tokio::test]
     async fn frames_carry_descriptors_and_keep_their_order() {

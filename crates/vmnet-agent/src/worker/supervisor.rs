@@ -484,7 +484,7 @@ fn answer(
     let msg = decode::<FromWorker>(body).map_err(|e| e.to_string())?;
     if let FromWorker::MetadataCounts { requests, refused } = &msg {
         if requests.len() > super::proto::MAX_STATUSES
-            || requests.keys().any(|s| !(100..=599).contains(s))
+            || requests.iter().any(|(s, _)| !(100..=599).contains(s))
         {
             return Err(
                 "its metadata counts name more statuses than allowed, or a status out of range"
