@@ -126,8 +126,15 @@ async fn no_secret_reaches_the_log_at_trace_level() {
             .any(|a| *a == format!("Bearer {token}")),
         "the fake received the token"
     );
+    // The pool's state and the instance's addresses are written apart: wait for the second.
+    let want = json!(["203.0.113.10/32"]);
+    let reported = eventually(Duration::from_secs(20), || async {
+        let inst: Value = client.get("/v1/instances/m1").await.unwrap();
+        inst["addresses"] == want
+    })
+    .await;
     let inst: Value = client.get("/v1/instances/m1").await.unwrap();
-    assert_eq!(inst["addresses"], json!(["203.0.113.10/32"]), "{inst}");
+    assert!(reported, "{inst}");
 
     // A mesh sync (the device got the private key when the agent started).
     let mut k = [9u8; 32];
