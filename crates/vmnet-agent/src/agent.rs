@@ -424,7 +424,7 @@ impl Agent {
                 return Err(e);
             }
         }
-        self.sync_metadata(&plan);
+        let served = self.sync_metadata(&plan);
         if !unchanged {
             let change = match before.as_ref().and_then(|b| b.applied.as_ref()) {
                 None => Applied::Created,
@@ -441,6 +441,7 @@ impl Agent {
             self.activity_starts(cfg.user_id, before.as_ref().map(|b| b.user_id));
         }
         self.mesh_vm_up(&cfg, &plan, prev_good.as_ref()).await;
+        self.metadata_served(&cfg.id, served).await;
         // A changed user id leaves the old names behind: remove them now.
         if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
             && let Err(e) = self.driver.remove_deferred(old.user_id).await

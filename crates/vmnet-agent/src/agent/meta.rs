@@ -9,7 +9,10 @@ use vmnet_plan::ns::VmPlan;
 
 use super::Agent;
 use crate::metadata::MetadataService;
-use crate::worker::Worker;
+use crate::worker::{Change, Worker};
+
+/// The longest a `PUT` waits for the metadata worker to serve its new document.
+pub const SERVED_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 use vmnet_model::pool::ProviderRules;
 
 impl Agent {
@@ -66,11 +69,31 @@ impl Agent {
 
     /// After a successful apply of `plan`: serve its document (logged, not returned, on
     /// failure: the kernel change stands and the next reconcile pass retries the listener).
-    pub(crate) fn sync_metadata(&self, plan: &VmPlan) {
-        if let Some(m) = self.metadata.get()
-            && let Err(e) = m.sync(plan)
-        {
-            tracing::warn!(vm = %plan.vm_id, "metadata listener: {e}");
+    /// Answers the worker's change, to wait for with [`Agent::metadata_served`].
+    pub(crate) fn sync_metadata(&self, plan: &VmPlan) -> Option<Change> {
+        let m = self.metadata.get()?;
+        match m.sync(plan) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(vm = %plan.vm_id, "metadata listener: {e}");
+                None
+            }
+        }
+    }
+
+    /// Waits until the worker serves `change` (at most [`SERVED_WITHIN`]): the API answers a
+    /// `PUT` once the guest can read what it put. A worker that does not confirm in time (dead,
+    /// starting again) is logged; the answer goes out and the worker catches up when it runs.
+    pub(crate) async fn metadata_served(&self, vm: &str, change: Option<Change>) {
+        let (Some(c), Some(m)) = (change, self.metadata.get()) else {
+            return;
+        };
+        if !m.worker().settled(c, SERVED_WITHIN).await {
+            tracing::warn!(
+                vm,
+                "the metadata worker did not confirm the VM's document within {SERVED_WITHIN:?}; \
+                 it serves it once it runs"
+            );
         }
     }
 }

@@ -53,7 +53,7 @@ use vmnet_plan::ns::VmPlan;
 use vmnet_plan::ns::metadata::{METADATA_IPV4, METADATA_PORT};
 
 pub use self::serve::{VmMeta, serve};
-use crate::worker::Worker;
+use crate::worker::{Change, Worker};
 
 /// Asks the kernel to hand a connection to `accept` only once its first data arrived
 /// (`TCP_DEFER_ACCEPT`, `secs` seconds at most): the service then reads the request at once
@@ -159,12 +159,13 @@ impl MetadataService {
 
     /// Makes VM `plan.vm_id` serve `plan`'s document in `plan.netns` (call after a successful
     /// apply): hands the worker the new document, or a new listener when the VM has none or its
-    /// netns changed.
+    /// netns changed. Answers the worker's change to wait for ([`Worker::settled`]), `None` when
+    /// nothing changed.
     ///
     /// # Errors
     /// A message naming the netns when the listener cannot be created (the VM keeps no
     /// listener; the next call retries).
-    pub fn sync(&self, plan: &VmPlan) -> Result<(), String> {
+    pub fn sync(&self, plan: &VmPlan) -> Result<Option<Change>, String> {
         let version = plan.metadata.version.unwrap_or(self.default_version);
         let doc = plan.metadata.document.clone();
         let ino = netns_inode(&plan.netns).ok();
@@ -177,15 +178,15 @@ impl MetadataService {
                 && Some(l.ino) == ino
                 && self.worker.serves(&plan.vm_id)
             {
-                self.worker.document(&plan.vm_id, version, doc);
-                return Ok(());
+                return Ok(self.worker.document(&plan.vm_id, version, doc));
             }
         }
         // Close the old listener first: a re-created netns with the same name needs no port
         // of the old one, but the old socket must not outlive the VM's change.
         self.remove(&plan.vm_id);
         let (listener, ino) = bind_in(&plan.netns)?;
-        self.worker
+        let change = self
+            .worker
             .listen(&plan.vm_id, listener.into(), version, doc);
         if let Ok(mut vms) = self.vms.lock() {
             vms.insert(
@@ -196,7 +197,7 @@ impl MetadataService {
                 },
             );
         }
-        Ok(())
+        Ok(Some(change))
     }
 
     /// Closes VM `vm_id`'s listener and every connection on it (no-op without one).

@@ -184,6 +184,9 @@ fn handle(
         ToWorker::Forget { vm } => {
             vms.remove(&vm);
         }
+        ToWorker::Sync { upto } => {
+            let _ = tx.send(FromWorker::Synced { upto });
+        }
         ToWorker::Poll {
             id,
             provider,

@@ -36,7 +36,9 @@ pub mod confine;
 pub mod launch;
 pub mod proto;
 pub mod supervisor;
+pub mod table;
 
 pub use confine::{DEFAULT_USER, WorkerUser};
 pub use launch::{WorkerSettings, command, command_with, vmnet_exe};
 pub use supervisor::Worker;
+pub use table::Change;

@@ -110,6 +110,11 @@ pub enum ToWorker {
         /// The VM's id.
         vm: String,
     },
+    /// Everything sent before this is in place: answer [`FromWorker::Synced`] with `upto`.
+    Sync {
+        /// The agent's number of the newest change sent before it.
+        upto: u64,
+    },
     /// One provider poll; answered by [`FromWorker::Polled`] with the same `id`.
     Poll {
         /// The agent's id of this poll.
@@ -171,6 +176,11 @@ pub enum FromWorker {
         error: Option<crate::provider::PollError>,
         /// Requests the failed poll sent.
         requests: u64,
+    },
+    /// Every message before the `sync` of `upto` is in place.
+    Synced {
+        /// The number the `sync` carried.
+        upto: u64,
     },
     /// The metadata requests answered since the last such message, by HTTP status, and the
     /// connections refused (sent every [`COUNTS_PERIOD`] when there are any).

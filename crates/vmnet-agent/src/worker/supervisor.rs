@@ -7,7 +7,8 @@
 //!   [`Worker::document`], [`Worker::forget`]): per VM its listening socket (the agent keeps its
 //!   own descriptor), MMDS version and document. A change marks the VM dirty and wakes the pump
 //!   task, which sends that VM's message only: one VM's change costs one message, whatever the
-//!   number of VMs.
+//!   number of VMs. Each batch ends with a `sync` the worker confirms, so a caller can wait
+//!   until its change is served ([`super::table`]).
 //! - The pump task owns the worker process and the socket. When the worker exits (or breaks
 //!   the protocol, and is then killed), the pump logs how it ended, fails the polls in flight,
 //!   starts a new worker (after [`RESTART_DELAY`], longer while it keeps dying at once), says
@@ -16,7 +17,7 @@
 //! - Polls go to the pump through a queue and come back by id; each answer is checked against
 //!   the job it answers ([`super::check`]) before the poller writes anything.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,6 +32,7 @@ use vmnet_model::vm::metadata::MetadataVersion;
 use super::check;
 pub use super::launch::WorkerSettings;
 use super::proto::{Channel, FromWorker, HttpWire, ProtoError, ToWorker, WireSecret, decode};
+use super::table::{Change, Settled, Table};
 use crate::metadata::tokens::TokenKey;
 use crate::provider::fetch::{FetchError, FetchJob, Fetcher};
 use crate::provider::{PollError, PollReport};
@@ -46,23 +48,6 @@ pub const MAX_RESTART_DELAY: Duration = Duration::from_secs(5);
 pub const STABLE_AFTER: Duration = Duration::from_secs(10);
 /// The longest the agent waits for the worker's answer to one poll.
 pub const POLL_DEADLINE: Duration = Duration::from_secs(300);
-
-/// One VM as the worker should serve it.
-#[derive(Debug, Clone)]
-struct VmEntry {
-    listener: Arc<OwnedFd>,
-    /// Bumped for every new listener.
-    generation: u64,
-    version: MetadataVersion,
-    document: Arc<Value>,
-}
-
-#[derive(Debug, Default)]
-struct Table {
-    vms: BTreeMap<String, VmEntry>,
-    dirty: BTreeSet<String>,
-    generation: u64,
-}
 
 /// The polls sent to the running worker, by id: the instances each asked for, and where its
 /// answer goes.
@@ -90,6 +75,8 @@ pub struct Worker {
     ready: Notify,
     /// The metadata requests every worker reported, by status, and the refused connections.
     counts: Mutex<crate::metadata::serve::Counts>,
+    /// The newest table change a worker confirmed.
+    settled: Settled,
 }
 
 impl std::fmt::Debug for Worker {
@@ -132,6 +119,7 @@ impl Worker {
             polls: tx,
             ready: Notify::new(),
             counts: Mutex::default(),
+            settled: Settled::default(),
         });
         let ready = w.ready.notified();
         tokio::spawn(Arc::clone(&w).pump(rx));
@@ -172,47 +160,38 @@ impl Worker {
     }
 
     /// Serves VM `vm` on `listener` (the agent keeps it) with `document`, replacing any
-    /// listener the VM had.
-    pub fn listen(&self, vm: &str, listener: OwnedFd, version: MetadataVersion, document: Value) {
-        let mut t = self.lock();
-        t.generation += 1;
-        let generation = t.generation;
-        t.vms.insert(
-            vm.to_owned(),
-            VmEntry {
-                listener: Arc::new(listener),
-                generation,
-                version,
-                document: Arc::new(document),
-            },
-        );
-        t.dirty.insert(vm.to_owned());
-        drop(t);
+    /// listener the VM had; the change to wait for with [`Worker::settled`].
+    pub fn listen(
+        &self,
+        vm: &str,
+        listener: OwnedFd,
+        version: MetadataVersion,
+        document: Value,
+    ) -> Change {
+        let c = self.lock().listen(vm, listener, version, document);
         self.wake.notify_one();
+        c
     }
 
-    /// VM `vm`'s new document (no-op for a VM without a listener).
-    pub fn document(&self, vm: &str, version: MetadataVersion, document: Value) {
-        let mut t = self.lock();
-        let Some(e) = t.vms.get_mut(vm) else { return };
-        if e.version == version && *e.document == document {
-            return;
-        }
-        e.version = version;
-        e.document = Arc::new(document);
-        t.dirty.insert(vm.to_owned());
-        drop(t);
+    /// VM `vm`'s new document; `None` (nothing to wait for) for a VM without a listener or
+    /// when the document is the same.
+    pub fn document(&self, vm: &str, version: MetadataVersion, document: Value) -> Option<Change> {
+        let c = self.lock().document(vm, version, document)?;
         self.wake.notify_one();
+        Some(c)
     }
 
     /// Stops serving VM `vm` and closes the agent's copy of its listener.
     pub fn forget(&self, vm: &str) {
-        let mut t = self.lock();
-        if t.vms.remove(vm).is_some() {
-            t.dirty.insert(vm.to_owned());
-            drop(t);
+        if self.lock().forget(vm).is_some() {
             self.wake.notify_one();
         }
+    }
+
+    /// Waits until a running worker serves change `c`, at most `within`; whether it does. A
+    /// worker that is dead or starting again is waited for only that long.
+    pub async fn settled(&self, c: Change, within: Duration) -> bool {
+        self.settled.has(c) || self.settled.wait(c, within).await
     }
 
     /// Whether VM `vm` has a listener.
@@ -356,16 +335,18 @@ impl Worker {
         self.ready.notify_waiters();
         // Everything the worker should serve, again.
         let mut sent: HashMap<String, u64> = HashMap::new();
-        {
-            let mut t = self.lock();
-            let all: Vec<String> = t.vms.keys().cloned().collect();
-            t.dirty.extend(all);
-        }
+        self.lock().all_dirty();
         let mut next_id: u64 = 0;
+        // The newest change number this worker was sent a `sync` for.
+        let mut synced_upto = Change(0);
+        let mut first = true;
         loop {
-            if let Err(e) = self.flush(chan, &mut sent).await {
-                return broken(e);
+            match self.flush(chan, &mut sent, first).await {
+                Ok(Some(upto)) => synced_upto = upto,
+                Ok(None) => {}
+                Err(e) => return broken(e),
             }
+            first = false;
             tokio::select! {
                 () = self.wake.notified() => {}
                 req = polls.recv() => {
@@ -393,7 +374,8 @@ impl Worker {
                         if !fds.is_empty() {
                             return Ended::Broken("it sent descriptors".into());
                         }
-                        if let Err(why) = answer(&body, inflight, &self.counts) {
+                        let sync = (&self.settled, synced_upto);
+                        if let Err(why) = answer(&body, inflight, &self.counts, sync) {
                             return Ended::Broken(why);
                         }
                     }
@@ -411,23 +393,18 @@ impl Worker {
     }
 
     /// Sends the worker what changed for every dirty VM: a new listener, a new document, or
-    /// forget.
+    /// forget; then a `sync` of the newest change when anything was sent (or `always`, for a
+    /// new worker), whose number it answers.
     async fn flush(
         &self,
         chan: &Channel,
         sent: &mut HashMap<String, u64>,
-    ) -> Result<(), ProtoError> {
-        let work: Vec<(String, Option<VmEntry>)> = {
-            let mut t = self.lock();
-            let dirty = std::mem::take(&mut t.dirty);
-            dirty
-                .into_iter()
-                .map(|vm| {
-                    let e = t.vms.get(&vm).cloned();
-                    (vm, e)
-                })
-                .collect()
-        };
+        always: bool,
+    ) -> Result<Option<Change>, ProtoError> {
+        let (work, upto) = self.lock().take_dirty();
+        if work.is_empty() && !always {
+            return Ok(None);
+        }
         for (vm, entry) in work {
             match entry {
                 Some(e) if sent.get(&vm) == Some(&e.generation) => {
@@ -454,7 +431,8 @@ impl Worker {
                 }
             }
         }
-        Ok(())
+        chan.send_msg(&ToWorker::Sync { upto: upto.0 }, &[]).await?;
+        Ok(Some(upto))
     }
 }
 
@@ -473,15 +451,28 @@ fn poll_message(id: u64, job: FetchJob) -> ToWorker {
     }
 }
 
-/// Takes one message of the worker: `polled`, for a poll in flight, that matches its job, or
-/// the metadata counts (added to `counts`).
+/// Takes one message of the worker: `polled`, for a poll in flight, that matches its job, the
+/// metadata counts (added to `counts`), or `synced` (recorded in `sync.0`; it may not name a
+/// change beyond `sync.1`, the newest one the worker was sent).
 #[allow(clippy::type_complexity)]
 fn answer(
     body: &[u8],
     inflight: &mut Inflight,
     counts: &Mutex<crate::metadata::serve::Counts>,
+    sync: (&Settled, Change),
 ) -> Result<(), String> {
     let msg = decode::<FromWorker>(body).map_err(|e| e.to_string())?;
+    if let FromWorker::Synced { upto } = msg {
+        let (settled, sent) = sync;
+        if upto > sent.0 {
+            return Err(format!(
+                "it confirmed change {upto}, beyond the newest it was sent ({})",
+                sent.0
+            ));
+        }
+        settled.confirm(Change(upto));
+        return Ok(());
+    }
     if let FromWorker::MetadataCounts { requests, refused } = &msg {
         if requests.len() > super::proto::MAX_STATUSES
             || requests.iter().any(|(s, _)| !(100..=599).contains(s))
@@ -567,5 +558,23 @@ impl Fetcher for Worker {
                 )),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_may_confirm_only_changes_it_was_sent() {
+        let settled = Settled::default();
+        let counts = Mutex::default();
+        let mut inflight = Inflight::new();
+        let body = |upto: u64| super::super::proto::encode(&FromWorker::Synced { upto }).unwrap();
+        answer(&body(4), &mut inflight, &counts, (&settled, Change(5))).unwrap();
+        assert!(settled.has(Change(4)) && !settled.has(Change(5)));
+        let e = answer(&body(6), &mut inflight, &counts, (&settled, Change(5))).unwrap_err();
+        assert!(e.contains("change 6"), "{e}");
+        assert!(!settled.has(Change(6)));
     }
 }
