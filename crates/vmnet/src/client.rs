@@ -43,11 +43,13 @@ pub async fn run(g: &Global, c: ClientCmd) -> Result<(), Error> {
 }
 
 /// Runs one client command on this thread alone (one short exchange with the agent: no worker
-/// threads to start, wake and join) and turns its result into the exit status.
+/// threads to start, wake and join, and no signal driver: the client handles no signal) and
+/// turns its result into the exit status.
 #[must_use]
 pub fn main(g: &Global, c: ClientCmd) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+        .enable_io()
+        .enable_time()
         .build();
     match runtime {
         Ok(rt) => finish(rt.block_on(run(g, c))),
