@@ -441,32 +441,24 @@ async fn each_change_to_an_owned_object_is_repaired_on_its_notification_within_a
     eprintln!("change-to-repair (ms): {}", ms.join(", "));
 }
 
-/// CPU time (user + system, clock ticks) of this process's tokio worker and blocking threads:
-/// the agent's work, not the storm's (which runs on its own thread). Processes the agent runs
-/// (an `nft` executable, if libnftables is not used) are not in it; the number of checks
-/// bounds their work.
-fn agent_ticks() -> u64 {
-    threads_ticks(|comm| comm.contains("tokio-runtime"))
+/// CPU time (user + system, clock ticks) of this whole process, the threads that ended
+/// included (`/proc/self/stat` counts them; a list of the live threads would lose the time of
+/// tokio's blocking threads that exit while they are idle).
+fn process_ticks() -> u64 {
+    ticks_of("/proc/self/stat")
 }
 
-/// CPU time of this process's threads whose name passes `pick`, clock ticks.
-fn threads_ticks(pick: impl Fn(&str) -> bool) -> u64 {
-    let mut total = 0;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue;
-        };
-        let Some((comm, rest)) = stat.split_once(") ") else {
-            continue;
-        };
-        if !pick(comm) {
-            continue;
-        }
-        // After the comm: state is field 3; utime and stime are fields 14 and 15.
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        total += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    }
-    total
+/// CPU time of the calling thread, clock ticks.
+fn own_thread_ticks() -> u64 {
+    ticks_of("/proc/thread-self/stat")
+}
+
+fn ticks_of(path: &str) -> u64 {
+    let stat = std::fs::read_to_string(path).unwrap();
+    let (_, rest) = stat.rsplit_once(") ").unwrap();
+    // After the comm: state is field 3; utime and stime are fields 14 and 15.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -489,8 +481,7 @@ async fn a_storm_of_the_same_change_is_backed_off_and_the_agent_stays_calm() {
         nft(&ns, &["-a", "list", "table", "inet", &table]).unwrap()
     );
     let before = w.status().await;
-    let cpu0 = agent_ticks();
-    let all0 = threads_ticks(|_| true);
+    let cpu0 = process_ticks();
     let start = Instant::now();
     // The storm: the VM's NAT rules deleted 100 times a second for 5 s.
     let storm_ns = ns.clone();
@@ -509,19 +500,19 @@ async fn a_storm_of_the_same_change_is_backed_off_and_the_agent_stays_calm() {
                 let next = t0 + Duration::from_millis(10 * n);
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
-            n
+            (n, own_thread_ticks())
         })
         .unwrap();
-    let n = tokio::task::spawn_blocking(move || storm.join().unwrap())
+    let (n, storm_ticks) = tokio::task::spawn_blocking(move || storm.join().unwrap())
         .await
         .unwrap();
     let wall = start.elapsed();
-    let cpu = agent_ticks() - cpu0;
-    let all = threads_ticks(|_| true) - all0;
+    // The agent runs in this process: everything the process spent but the storm's thread
+    // (the test's own polling is in it too, so this bounds the agent's share from above).
+    let all = process_ticks() - cpu0;
+    let cpu = all.saturating_sub(storm_ticks);
     let hz = 100.0; // USER_HZ
     let share = cpu as f64 / hz / wall.as_secs_f64();
-    // An upper bound of the agent's share that cannot miss any of its threads.
-    let share_all = all as f64 / hz / wall.as_secs_f64();
     let after = w.status().await;
     let checks = after["notifications"]["checks_total"].as_u64().unwrap()
         - before["notifications"]["checks_total"].as_u64().unwrap();
@@ -529,7 +520,7 @@ async fn a_storm_of_the_same_change_is_backed_off_and_the_agent_stays_calm() {
         - before["notifications"]["repairs_total"].as_u64().unwrap();
     let backoffs = after["notifications"]["backoffs_total"].as_u64().unwrap();
     eprintln!(
-        "storm: {n} flushes in {:.1} s; agent threads' CPU {cpu} ticks ({all} for the whole test process, storm included), {:.1} % of a core; {checks} checks, {repairs} repairs, {backoffs} back-offs",
+        "storm: {n} flushes in {:.1} s; the process's CPU but the storm's {cpu} ticks ({all} with it), {:.1} % of a core; {checks} checks, {repairs} repairs, {backoffs} back-offs",
         wall.as_secs_f64(),
         share * 100.0
     );
@@ -537,11 +528,6 @@ async fn a_storm_of_the_same_change_is_backed_off_and_the_agent_stays_calm() {
     assert!(backoffs > 0, "backed off: {after}");
     assert!(checks <= 40, "checks bounded by the back-off: {checks}");
     assert!(share < 0.3, "agent CPU {:.1} % of a core", share * 100.0);
-    assert!(
-        share_all < 0.3,
-        "the whole process's CPU {:.1} % of a core",
-        share_all * 100.0
-    );
     // After the storm the last change is repaired (the back-off ends at the latest after the
     // reconcile interval; here it is far shorter) and packets flow.
     let deadline = Instant::now() + Duration::from_secs(15);
