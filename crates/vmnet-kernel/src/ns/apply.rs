@@ -255,15 +255,16 @@ fn onlink_guess(r: &KRoute) -> bool {
 }
 
 fn route_changes(want: &Desired, st: &VmState, out: &mut Vec<Change>) {
-    for (side, w, have) in [
-        (Side::Host, &want.host_routes, &st.host_routes),
-        (Side::Vm, &want.ns_routes, &st.ns_routes),
+    let [host_names, ns_names] = link_names(st);
+    for (side, w, have, names) in [
+        (Side::Host, &want.host_routes, &st.host_routes, &host_names),
+        (Side::Vm, &want.ns_routes, &st.ns_routes, &ns_names),
     ] {
         for r in have.iter().filter(|r| !w.contains_key(*r)) {
-            out.push(Change::DelRoute(side, r.to_string()));
+            out.push(Change::DelRoute(side, r.describe(names)));
         }
         for r in w.keys().filter(|r| !have.contains(*r)) {
-            out.push(Change::AddRoute(side, r.to_string()));
+            out.push(Change::AddRoute(side, r.describe(names)));
         }
     }
     for (side, w, have) in [
@@ -337,8 +338,9 @@ pub(super) async fn sync_routes(
     }
     try_join_all(steps.drain(..)).await?;
     for (side, h, wr, have, label) in route_sides {
+        let names = &names[usize::from(side == Side::Vm)];
         for r in have.iter().filter(|r| !wr.contains_key(*r)) {
-            changes.push(Change::DelRoute(side, r.to_string()));
+            changes.push(Change::DelRoute(side, r.describe(names)));
             steps.push(Box::pin(routes::del_route(h, r, label)));
         }
     }
@@ -354,7 +356,7 @@ pub(super) async fn sync_routes(
                 .iter()
                 .filter(|(r, o)| **o == onlink_step && !have.contains(*r))
             {
-                changes.push(Change::AddRoute(side, r.to_string()));
+                changes.push(Change::AddRoute(side, r.describe(names)));
                 steps.push(Box::pin(routes::add_route(h, r, *onlink, label, names)));
             }
         }

@@ -55,19 +55,10 @@ pub(super) struct Desired {
     pub host_rules: BTreeSet<KRule>,
 }
 
+/// A route with its links as `#<ifindex>` ([`KRoute::describe`] names them).
 impl fmt::Display for KRoute {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} table {} metric {} ",
-            self.dst, self.table, self.metric
-        )?;
-        match &self.kind {
-            KKind::Dev { oif } => write!(f, "dev #{oif}"),
-            KKind::Via { gw, oif } => write!(f, "via {gw} dev #{oif}"),
-            KKind::Throw => f.write_str("throw"),
-            KKind::Unreachable => f.write_str("unreachable"),
-        }
+        f.write_str(&self.describe(&HashMap::new()))
     }
 }
 

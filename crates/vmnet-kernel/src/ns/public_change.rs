@@ -117,14 +117,14 @@ async fn sync_host_routes(
         .into_iter()
         .filter(|r| r.table == MAIN_TABLE)
         .collect();
+    let names = HashMap::from([(link.index, link.name.clone())]);
     for r in have.iter().filter(|r| !want.contains_key(*r)) {
         routes::del_route(&d.host, r, "host").await?;
-        changes.push(Change::DelRoute(super::Side::Host, r.to_string()));
+        changes.push(Change::DelRoute(super::Side::Host, r.describe(&names)));
     }
-    let names = HashMap::from([(link.index, link.name.clone())]);
     for (r, onlink) in want.iter().filter(|(r, _)| !have.contains(*r)) {
         routes::add_route(&d.host, r, *onlink, "host", &names).await?;
-        changes.push(Change::AddRoute(super::Side::Host, r.to_string()));
+        changes.push(Change::AddRoute(super::Side::Host, r.describe(&names)));
     }
     Ok(())
 }

@@ -218,6 +218,21 @@ pub(super) async fn add_route(
         )))
 }
 
+impl KRoute {
+    /// The route in `ip route` words with link names where `names` knows them (`#<ifindex>`
+    /// otherwise), as drift reports and events show it:
+    /// `10.200.0.28/30 table 254 metric 0 dev vmh0007`.
+    pub(super) fn describe(&self, names: &HashMap<u32, String>) -> String {
+        format!(
+            "{} table {} metric {} {}",
+            self.dst,
+            self.table,
+            self.metric,
+            describe_kind(&self.kind, false, names)
+        )
+    }
+}
+
 /// What a route does, in `ip route` words with link names (`#<ifindex>` for a link not in
 /// `names`): `dev tap0`, `via fdaa:2::2 dev tap0 onlink`, `throw`, `unreachable`.
 pub(super) fn describe_kind(kind: &KKind, onlink: bool, names: &HashMap<u32, String>) -> String {
@@ -485,5 +500,20 @@ mod tests {
             "dev #9"
         );
         assert_eq!(describe_kind(&KKind::Throw, false, &names), "throw");
+        let r = KRoute {
+            table: 254,
+            dst: "10.200.0.28/30".parse().unwrap(),
+            kind: KKind::Dev { oif: 2 },
+            metric: 0,
+        };
+        assert_eq!(
+            r.describe(&names),
+            "10.200.0.28/30 table 254 metric 0 dev fu1t00c8"
+        );
+        assert_eq!(
+            r.describe(&HashMap::new()),
+            "10.200.0.28/30 table 254 metric 0 dev #2",
+            "a link the caller does not know keeps its index"
+        );
     }
 }
