@@ -1,6 +1,7 @@
 //! The event stream on a real kernel (root required; a throwaway sandbox): `vmnet events
-//! --follow --output json`, run as an operator runs it, shows a VM's PUT, the repair of its tap
-//! deleted by hand in its netns (found by the kernel's notification), and its DELETE; the text
+//! --follow --output json`, run as an operator runs it, shows a VM's PUT, the repairs of its tap
+//! deleted by hand in its netns and of its host route (found by the kernel's notifications;
+//! the route's link named), and its DELETE; the text
 //! output ends quietly when its reader goes away (`| head -1`).
 
 mod agent_support;
@@ -86,6 +87,22 @@ async fn the_stream_shows_a_put_a_drift_repair_and_a_delete() {
     assert_eq!(drift["netns"].as_str(), Some(ns.as_str()), "{drift}");
     assert_eq!(drift["trigger"], "notification", "{drift}");
     assert!(links(&ns).contains(&tap), "the tap is back");
+
+    // The host's route to the VM's mesh address deleted by hand: its repair names the link
+    // the route goes through, not its ifindex.
+    let veth = view.status.veth_host.clone().unwrap();
+    netns::ip(&sb.host(), &["-6", "route", "del", "fdaa:7::7/128"]).expect("delete the route");
+    let route = next(&rx, "drift_repaired of the host route", |e| {
+        is("drift_repaired")(e)
+            && e["objects"] == serde_json::json!(["route"])
+            && e["netns"] == "host"
+    });
+    let detail = route["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("fdaa:7::7/128") && detail.contains(&format!(" dev {veth}")),
+        "{route}"
+    );
+    assert!(!detail.contains('#'), "a link name, not an ifindex: {route}");
 
     let _: VmView = client.delete(&format!("/v1/vms/{id}")).await.unwrap();
     let del = next(&rx, "vm_deleted", is("vm_deleted"));
