@@ -142,10 +142,43 @@ async fn bad_filters_are_refused_naming_the_parameter() {
         ("vm=..", "query parameter vm"),
         ("follow=1", "query parameter follow"),
         ("since=x", "query parameter since"),
+        ("run=abc", "query parameter run: \"abc\" is not a run id"),
         ("tenant=1", "query parameter \"tenant\" is unknown"),
     ] {
         let got = h.get(&format!("/v1/events?{q}")).await;
         assert_error(&got, 400, "INVALID_INPUT", &[needle]);
+    }
+}
+
+/// A position from an earlier run of the agent (another bus: every start is a new run) is
+/// refused with `CONFLICT` naming this run (the harness checks the answer against
+/// openapi.json), whether the client gives the old run or only a sequence number this run has
+/// not reached; the current run's position resumes.
+#[tokio::test]
+async fn a_position_from_an_earlier_run_is_refused_with_conflict() {
+    let h = Harness::new().await;
+    assert_eq!(h.put_vm(&vm("a", 1)).await.0, StatusCode::OK);
+    assert_eq!(h.delete("/v1/vms/a").await.0, StatusCode::OK);
+    let all = lines(&h, "/v1/events").await;
+    let run = all[0]["run"].as_str().unwrap().to_owned();
+    assert!(all.iter().all(|e| e["run"] == run.as_str()), "{all:?}");
+    assert_eq!(
+        lines(&h, &format!("/v1/events?since=1&run={run}")).await.len(),
+        1
+    );
+    let earlier = Harness::new().await;
+    let old = earlier.agent.events().run().id.clone();
+    assert_ne!(old, run);
+    for q in [format!("since=1&run={old}"), "since=4711".to_owned()] {
+        for follow in ["false", "true"] {
+            let got = h.get(&format!("/v1/events?{q}&follow={follow}")).await;
+            assert_error(
+                &got,
+                409,
+                "CONFLICT",
+                &["the agent restarted", &format!("since=0&run={run}")],
+            );
+        }
     }
 }
 

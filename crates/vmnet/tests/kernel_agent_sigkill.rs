@@ -2,7 +2,8 @@
 //! process, several VMs put through the API, the agent killed with SIGKILL while it applies,
 //! half-made leftovers planted by hand, then a restart over the same store must converge: every
 //! stored VM complete (netns, both veth ends, tap), nothing of a VM that is not stored, and the
-//! CLI client (`vmnet vm list`, `vmnet status`, `vmnet apply`) works against it.
+//! CLI client (`vmnet vm list`, `vmnet status`, `vmnet apply`) works against it, and refuses
+//! an event position from before the restart (`vmnet events --since`).
 
 mod agent_support;
 
@@ -164,6 +165,33 @@ async fn sigkill_during_apply_converges_after_restart() {
     let (ok, out, err) = run_cli(&dir, &["status"]);
     assert!(ok, "status: {err}");
     assert!(out.contains(&format!("prefix {p}")), "{out}");
+    // A position from before the restart: sequence numbers start again at 1 in each run, so
+    // an old one is refused as CONFLICT, not answered with nothing.
+    let (ok, _, err) = run_cli(&dir, &["events", "--since", "1000000"]);
+    assert!(!ok);
+    assert!(
+        err.starts_with("error: CONFLICT: query parameter since: 1000000 is beyond the last event")
+            && err.contains("the agent restarted"),
+        "{err}"
+    );
+    let (ok, out, err) = run_cli(&dir, &["events", "--output", "json"]);
+    assert!(ok, "events: {err}");
+    let run = out
+        .lines()
+        .next()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["run"].clone())
+        .unwrap_or_default();
+    let old = if run == "0123456789abcdef" {
+        "fedcba9876543210"
+    } else {
+        "0123456789abcdef"
+    };
+    let (ok, _, err) = run_cli(&dir, &["events", "--since", "1", "--run", old]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("CONFLICT: query parameter run: \"{old}\" is not this agent's run")),
+        "{err}"
+    );
     let (ok, _, err) = run_cli(&dir, &["vm", "get", "nope"]);
     assert!(!ok);
     assert!(

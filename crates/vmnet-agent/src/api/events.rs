@@ -11,8 +11,9 @@ use super::error::ApiError;
 use crate::agent::Agent;
 use crate::events::stream::{ConnCut, Filter, NDJSON, body};
 
-/// `GET /v1/events[?vm=ID][&kind=K][&follow=true|false][&since=SEQ]`: the kept events, and with
-/// `follow=true` every new one, one JSON object per line.
+/// `GET /v1/events[?vm=ID][&kind=K][&follow=true|false][&since=SEQ][&run=ID]`: the kept events,
+/// and with `follow=true` every new one, one JSON object per line; a position of another run
+/// of the agent, or one whose events are no longer kept, is `CONFLICT`.
 pub async fn events(
     State(a): State<Arc<Agent>>,
     RawQuery(q): RawQuery,
@@ -20,7 +21,7 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let filter = Filter::parse(q.as_deref())?;
     let follow = filter.follow;
-    let body = body(a.events(), filter, cut.map(|Extension(c)| c));
+    let body = body(a.events(), filter, cut.map(|Extension(c)| c))?;
     let mut resp = (
         [
             (header::CONTENT_TYPE, NDJSON),

@@ -7,9 +7,9 @@
 //!   events) and hands it to a `tokio::sync::broadcast` channel. Nothing a consumer does reaches
 //!   back to a producer: with no consumer an event costs its ring slot; a consumer that falls
 //!   behind is cut ([`stream`]), never waited for.
-//! - Every event carries a sequence number (per agent, from 1, gap-free in the ring), its time
-//!   (RFC 3339, UTC, milliseconds), its `kind`, the VM id and user id when it is about one VM,
-//!   and the fields of its kind ([`EventBody`]).
+//! - Every event carries the agent's run id (random per start) and a sequence number (per run,
+//!   from 1, gap-free in the ring), its time (RFC 3339, UTC, milliseconds), its `kind`, the VM
+//!   id and user id when it is about one VM, and the fields of its kind ([`EventBody`]).
 //! - The kinds are one list ([`event_kinds!`]): adding a kind is one line there (its name and
 //!   fields) plus the `publish` call where it happens; the name list the API validates filters
 //!   against ([`KINDS`]) and [`EventBody::kind`] come from the same line.
@@ -23,7 +23,8 @@
 //!   per interval with what moved ([`spoof`]).
 //!
 //! # Limitations
-//! - Events live in memory: a restarted agent starts again at sequence 1 with an empty ring.
+//! - Events live in memory: a restarted agent starts a new run at sequence 1 with an empty
+//!   ring (a position of the old run is refused, [`bus`]).
 //! - An event is published after the change it reports; a change whose answer was lost (the
 //!   agent killed mid-change) may have no event.
 
@@ -215,7 +216,9 @@ impl Subject {
 /// (`{"seq":1,"time":"…","vm":"a","user_id":7,"kind":"vm_applied",…}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
-    /// The agent's sequence number of the event, from 1.
+    /// The agent's run (random per start, [`bus::Run`]): with `seq`, the event's position.
+    pub run: String,
+    /// The agent's sequence number of the event, from 1 in each run.
     pub seq: u64,
     /// When it was published: RFC 3339, UTC, milliseconds.
     pub time: String,
@@ -262,6 +265,7 @@ mod tests {
     #[test]
     fn events_serialize_flat_with_their_kind() {
         let e = Event {
+            run: "0123456789abcdef".into(),
             seq: 3,
             time: "2025-01-01T00:00:00.000Z".into(),
             vm: Some("a".into()),
@@ -274,7 +278,7 @@ mod tests {
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(
             v,
-            serde_json::json!({"seq":3,"time":"2025-01-01T00:00:00.000Z","vm":"a","user_id":7,
+            serde_json::json!({"run":"0123456789abcdef","seq":3,"time":"2025-01-01T00:00:00.000Z","vm":"a","user_id":7,
                 "kind":"vm_applied","change":"created","trigger":"api"})
         );
         let back: Event = serde_json::from_value(v).unwrap();

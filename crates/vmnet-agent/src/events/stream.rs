@@ -4,8 +4,10 @@
 //! # Design
 //! - The query is checked whole before anything is streamed ([`Filter::parse`]): `vm=ID` and
 //!   `kind=K` (each repeatable or a comma list; an unknown kind or a malformed VM id is
-//!   `INVALID_INPUT` naming the parameter), `follow=true|false`, `since=SEQ`; any other
-//!   parameter is refused by name.
+//!   `INVALID_INPUT` naming the parameter), `follow=true|false`, `since=SEQ`, `run=ID`; any
+//!   other parameter is refused by name. A position the bus cannot resume from (another run's,
+//!   or events no longer kept) is `CONFLICT` before anything is streamed ([`super::bus`]).
+//! - The `lagged` line carries the run too: with `last_seq` it is where to resume.
 //! - `follow=false` answers the kept events that match (the ring, [`super::bus::RING_EVENTS`])
 //!   and ends. `follow=true` answers the kept events above `since` (none without `since`), then
 //!   every new one as it is published, until the client goes or the agent stops.
@@ -31,7 +33,7 @@ use tokio::sync::{Notify, broadcast, mpsc};
 use vmnet_model::Error;
 use vmnet_model::vm::validate_vm_id;
 
-use super::bus::{Events, RING_EVENTS, rfc3339};
+use super::bus::{Events, Position, RING_EVENTS, RUN_ID_DIGITS, rfc3339};
 use super::{Event, KINDS};
 
 /// How many events a following stream queues for its connection beyond the replay before it
@@ -60,6 +62,8 @@ pub struct Filter {
     pub follow: bool,
     /// Only events with a sequence number above this.
     pub since: Option<u64>,
+    /// The run `since` belongs to (a position of another run is refused).
+    pub run: Option<String>,
 }
 
 fn once(seen: &mut bool, name: &str) -> Result<(), Error> {
@@ -78,7 +82,7 @@ impl Filter {
     /// `INVALID_INPUT` naming the parameter and the bad value.
     pub fn parse(query: Option<&str>) -> Result<Self, Error> {
         let mut f = Self::default();
-        let (mut follow_seen, mut since_seen) = (false, false);
+        let (mut follow_seen, mut since_seen, mut run_seen) = (false, false, false);
         for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
             match k.as_ref() {
                 "vm" => {
@@ -119,14 +123,34 @@ impl Filter {
                         ))
                     })?);
                 }
+                "run" => {
+                    once(&mut run_seen, "run")?;
+                    if v.len() != RUN_ID_DIGITS
+                        || !v.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+                    {
+                        return Err(Error::invalid(format!(
+                            "query parameter run: {v:?} is not a run id ({RUN_ID_DIGITS} lowercase hex digits, the run of an event)"
+                        )));
+                    }
+                    f.run = Some(v.into_owned());
+                }
                 other => {
                     return Err(Error::invalid(format!(
-                        "query parameter {other:?} is unknown: /v1/events takes vm, kind, follow and since"
+                        "query parameter {other:?} is unknown: /v1/events takes vm, kind, follow, since and run"
                     )));
                 }
             }
         }
         Ok(f)
+    }
+
+    /// Where the client asked the stream to start.
+    #[must_use]
+    pub fn position(&self) -> Position<'_> {
+        Position {
+            since: self.since,
+            run: self.run.as_deref(),
+        }
     }
 
     /// Whether `e` passes the VM and kind filters.
@@ -145,9 +169,10 @@ fn line(e: &Event) -> Bytes {
 }
 
 /// The last line of a cut stream.
-fn lagged_line(missed: u64, last_seq: Option<u64>) -> Bytes {
+fn lagged_line(run: &str, missed: u64, last_seq: Option<u64>) -> Bytes {
     let v = serde_json::json!({
         "kind": "lagged",
+        "run": run,
         "time": rfc3339(SystemTime::now()),
         "missed": missed,
         "last_seq": last_seq,
@@ -156,18 +181,20 @@ fn lagged_line(missed: u64, last_seq: Option<u64>) -> Bytes {
 }
 
 /// The response body for `filter` over `bus`; `cut` closes the connection of a stalled reader.
-pub fn body(bus: &Events, filter: Filter, cut: Option<ConnCut>) -> Body {
-    let since = filter.since.unwrap_or(0);
+///
+/// # Errors
+/// `CONFLICT` when the filter's position cannot be resumed ([`super::bus`]).
+pub fn body(bus: &Events, filter: Filter, cut: Option<ConnCut>) -> Result<Body, Error> {
     if !filter.follow {
         let text: Vec<u8> = bus
-            .recent(since)
+            .recent(filter.position())?
             .iter()
             .filter(|e| filter.matches(e))
             .flat_map(|e| line(e))
             .collect();
-        return Body::from(text);
+        return Ok(Body::from(text));
     }
-    let (past, rx) = bus.subscribe(since);
+    let (past, rx) = bus.subscribe(filter.position())?;
     let past = if filter.since.is_some() {
         past
     } else {
@@ -194,7 +221,7 @@ pub fn body(bus: &Events, filter: Filter, cut: Option<ConnCut>) -> Body {
             }
         }
     });
-    Body::from_stream(stream)
+    Ok(Body::from_stream(stream))
 }
 
 /// Moves `past` and then every event of `rx` that passes `filter` into `tx`, never waiting for
@@ -250,7 +277,7 @@ async fn forward(
         "event stream: its reader fell behind; ended it"
     );
     if let Ok(mut l) = last.lock() {
-        *l = Some(lagged_line(missed, last_seq));
+        *l = Some(lagged_line(&bus.run().id, missed, last_seq));
     }
     drop(tx);
     drop(rx);
@@ -273,11 +300,15 @@ mod tests {
 
     #[test]
     fn filters_parse_repeated_and_comma_lists() {
-        let f = parse("vm=a&vm=b,c&kind=vm_applied,vm_deleted&follow=true&since=5").unwrap();
+        let f = parse(
+            "vm=a&vm=b,c&kind=vm_applied,vm_deleted&follow=true&since=5&run=0123456789abcdef",
+        )
+        .unwrap();
         assert_eq!(f.vms.len(), 3);
         assert_eq!(f.kinds.len(), 2);
         assert!(f.follow);
         assert_eq!(f.since, Some(5));
+        assert_eq!(f.run.as_deref(), Some("0123456789abcdef"));
         assert_eq!(Filter::parse(None).unwrap(), Filter::default());
     }
 
@@ -293,6 +324,9 @@ mod tests {
             ("follow=yes", "query parameter follow"),
             ("follow=true&follow=false", "\"follow\" is given twice"),
             ("since=-1", "query parameter since"),
+            ("run=0123", "query parameter run: \"0123\" is not a run id"),
+            ("run=0123456789ABCDEF", "query parameter run"),
+            ("run=0123456789abcdef&run=0123456789abcdef", "\"run\" is given twice"),
             ("tenant=1", "query parameter \"tenant\" is unknown"),
         ] {
             let e = parse(q).unwrap_err();
@@ -317,7 +351,7 @@ mod tests {
             follow: true,
             ..Filter::default()
         };
-        let body = body(&bus, f, None);
+        let body = body(&bus, f, None).unwrap();
         // Nobody reads the body while far more than the queue is published.
         let n = RING_EVENTS + QUEUE_EVENTS + 100;
         for i in 0..n {
@@ -328,6 +362,7 @@ mod tests {
         let (last, events) = got.split_last().unwrap();
         assert_eq!(events.len(), RING_EVENTS + QUEUE_EVENTS);
         assert_eq!(last["kind"], "lagged");
+        assert_eq!(last["run"].as_str(), Some(bus.run().id.as_str()));
         assert_eq!(last["last_seq"], events.last().unwrap()["seq"]);
         assert!(last["missed"].as_u64().unwrap() >= 1, "{last}");
     }
@@ -338,7 +373,7 @@ mod tests {
         bus.publish(Subject::vm("a", 1), EventBody::VmDeleted {});
         bus.publish(Subject::vm("b", 2), EventBody::VmDeleted {});
         let f = Filter::parse(Some("follow=true&since=0&vm=b")).unwrap();
-        let mut s = body(&bus, f, None).into_data_stream();
+        let mut s = body(&bus, f, None).unwrap().into_data_stream();
         let first: serde_json::Value =
             serde_json::from_slice(&s.next().await.unwrap().unwrap()).unwrap();
         assert_eq!(first["vm"], "b");

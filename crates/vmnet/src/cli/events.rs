@@ -32,6 +32,11 @@ pub struct EventsArgs {
     /// first (resume after a `lagged` line with its `last_seq`).
     #[arg(long, value_name = "SEQ")]
     pub since: Option<u64>,
+    /// The agent run --since belongs to (the `run` of the event or `lagged` line, in
+    /// `--output json`): when the agent restarted since, the command fails with `CONFLICT`
+    /// instead of resuming in the new run.
+    #[arg(long, value_name = "ID", requires = "since")]
+    pub run: Option<String>,
 }
 
 /// The query string of `a`.
@@ -42,10 +47,14 @@ fn query(a: &EventsArgs) -> String {
     if let Some(s) = a.since {
         q.push(format!("since={s}"));
     }
+    if let Some(r) = &a.run {
+        q.push(format!("run={}", segment(r)));
+    }
     q.join("&")
 }
 
-/// One event as a text line: `SEQ TIME KIND VM key=value …` (`-` for no VM).
+/// One event as a text line: `SEQ TIME KIND VM key=value …` (`-` for no VM; the run, the same
+/// on every line, is left out).
 #[must_use]
 pub fn text_line(line: &str) -> String {
     let Ok(Value::Object(mut o)) = serde_json::from_str::<Value>(line) else {
@@ -56,6 +65,7 @@ pub fn text_line(line: &str) -> String {
     let time = take("time").and_then(|v| v.as_str().map(str::to_owned));
     let kind = take("kind").and_then(|v| v.as_str().map(str::to_owned));
     let vm = take("vm").and_then(|v| v.as_str().map(str::to_owned));
+    take("run");
     let mut out = format!(
         "{seq:>6} {} {:<20} {:<16}",
         time.as_deref().unwrap_or("-"),
@@ -94,7 +104,7 @@ mod tests {
 
     #[test]
     fn an_event_is_one_text_line_with_its_fields() {
-        let l = r#"{"seq":7,"time":"2025-01-01T00:00:00.000Z","vm":"web-1","user_id":7,"kind":"drift_repaired","objects":["link"],"netns":"vmn0007","trigger":"notification","detail":"repair vmn0007: tap vmt0007 missing, made again"}"#;
+        let l = r#"{"run":"0123456789abcdef","seq":7,"time":"2025-01-01T00:00:00.000Z","vm":"web-1","user_id":7,"kind":"drift_repaired","objects":["link"],"netns":"vmn0007","trigger":"notification","detail":"repair vmn0007: tap vmt0007 missing, made again"}"#;
         let t = text_line(l);
         assert!(
             t.starts_with("     7 2025-01-01T00:00:00.000Z drift_repaired       web-1"),
@@ -105,6 +115,7 @@ mod tests {
             "{t}"
         );
         assert!(t.contains(r#"detail="repair vmn0007: tap"#), "{t}");
+        assert!(!t.contains("run"), "{t}");
         let lagged = text_line(r#"{"kind":"lagged","missed":3,"last_seq":9}"#);
         assert!(
             lagged.contains("lagged") && lagged.contains("missed=3"),
@@ -119,7 +130,11 @@ mod tests {
             vms: vec!["a".into(), "b".into()],
             kinds: vec!["vm_applied".into()],
             since: Some(4),
+            run: Some("0123456789abcdef".into()),
         };
-        assert_eq!(query(&a), "follow=true&vm=a&vm=b&kind=vm_applied&since=4");
+        assert_eq!(
+            query(&a),
+            "follow=true&vm=a&vm=b&kind=vm_applied&since=4&run=0123456789abcdef"
+        );
     }
 }
