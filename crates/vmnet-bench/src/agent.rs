@@ -77,6 +77,8 @@ impl AgentProc {
             .arg(format!("sqlite://{}", dir.join("vmnet.db").display()))
             .arg("--socket")
             .arg(dir.join("vmnet.sock"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
             .args(["serve", "--netns", host_ns, "--name-prefix", prefix])
             // Packet activity on: the program on every VM's tap, its maps pinned in the state
             // dir (removed after the agent stopped, see `StateDir`).

@@ -29,11 +29,15 @@ fn ifindex(ns: &str, link: &str) -> u32 {
     out.split(':').next().unwrap().trim().parse().unwrap()
 }
 
-/// Runs `vmnet serve` on `socket` in namespace `host` with `extra` flags and a database it
-/// cannot reach, and returns how it ended (it must refuse before it needs the store).
+/// Runs `vmnet serve` on `socket` in namespace `host` with `extra` flags, a state directory
+/// `socket` with the extension `state` (unless `extra` names one) and a database it cannot reach,
+/// and returns how it ended (it must refuse before it needs the store).
 fn agent_that_fails(socket: &std::path::Path, host: &str, extra: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_vmnet"))
-        .arg("--socket")
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vmnet"));
+    if !extra.contains(&"--state-dir") {
+        cmd.arg("--state-dir").arg(socket.with_extension("state"));
+    }
+    cmd.arg("--socket")
         .arg(socket)
         .args([
             "--database-url",
@@ -223,8 +227,9 @@ async fn bad_input_keeps_the_good_state_reachable() {
         "nothing stored"
     );
 
-    // A second agent on the same socket is refused before it touches anything: given a
-    // database it cannot reach, it still answers with the socket conflict (the trial saw a
+    // A second agent on the same socket (another state directory and prefix) is refused
+    // before it touches anything: given a database it cannot reach, it still answers with the
+    // socket conflict (the trial saw a
     // refused agent replace the pinned activity program before it refused).
     let second = agent_that_fails(&dir.join("vmnet.sock"), &sb.host(), &[]);
     let err = String::from_utf8_lossy(&second.stderr);
@@ -233,9 +238,34 @@ async fn bad_input_keeps_the_good_state_reachable() {
         err.contains("another agent is listening on it"),
         "refused for the socket first: {err}"
     );
+    // A second agent on the same state directory, or with the same name prefix in the same
+    // namespace, is refused as CONFLICT (exit 4) naming it and the first agent's pid, before
+    // it binds its socket.
+    let other_sock = dir.join("other.sock");
+    let state = dir.join("state");
+    let prefix = sb.agent_prefix();
+    for (extra, needle) in [
+        (
+            vec!["--state-dir", state.to_str().unwrap()],
+            format!("--state-dir {}: the agent with pid {}", state.display(), agent.pid()),
+        ),
+        (
+            vec!["--name-prefix", prefix.as_str()],
+            format!(
+                "--name-prefix {prefix}: the agent with pid {} uses this prefix in network namespace {}",
+                agent.pid(),
+                sb.host()
+            ),
+        ),
+    ] {
+        let out = agent_that_fails(&other_sock, &sb.host(), &extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{err}");
+        assert!(err.contains("error: CONFLICT: ") && err.contains(&needle), "{err}");
+        assert!(!other_sock.exists(), "no socket bound");
+    }
     // A mistyped uplink is refused at start, naming the flag, before the agent binds its
     // socket or opens its store.
-    let other_sock = dir.join("other.sock");
     let typo = agent_that_fails(&other_sock, &sb.host(), &["--uplink", "nosuchif0"]);
     let err = String::from_utf8_lossy(&typo.stderr);
     assert!(!typo.status.success(), "{err}");

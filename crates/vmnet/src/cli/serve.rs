@@ -15,6 +15,7 @@
 //! installed); instances that leave the host lose theirs.
 
 mod helper;
+mod lock;
 mod ops;
 mod preflight;
 use helper::start_pool;
@@ -276,8 +277,17 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         rules,
     } = preflight(g, &args)?;
     preflight::check_uplink(settings.uplink.as_deref())?;
-    // The socket first: a second agent for the same socket is refused before it touches
-    // anything (the trial saw a refused agent replace the pinned activity program first).
+    // The locks and the socket first: a second agent on the same state directory, prefix (in
+    // this namespace) or socket is refused before it touches anything (the trial saw a refused
+    // agent replace the pinned activity program first). Held until this function returns.
+    let _locks = (
+        lock::state_dir(&g.state_dir)?,
+        lock::prefix(
+            std::path::Path::new(lock::PREFIX_LOCK_DIR),
+            &settings.name_prefix,
+            args.netns.as_deref(),
+        )?,
+    );
     let unix = server::bind_unix(&g.socket, access)
         .await
         .map_err(from_server)?;
