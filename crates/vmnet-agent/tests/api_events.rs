@@ -163,7 +163,9 @@ async fn a_position_from_an_earlier_run_is_refused_with_conflict() {
     let run = all[0]["run"].as_str().unwrap().to_owned();
     assert!(all.iter().all(|e| e["run"] == run.as_str()), "{all:?}");
     assert_eq!(
-        lines(&h, &format!("/v1/events?since=1&run={run}")).await.len(),
+        lines(&h, &format!("/v1/events?since=1&run={run}"))
+            .await
+            .len(),
         1
     );
     let earlier = Harness::new().await;

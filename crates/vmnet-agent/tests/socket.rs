@@ -203,11 +203,7 @@ async fn raw_exchange(sock: &std::path::Path, request: Vec<u8>) -> String {
     // The server may answer (and close) before it has read everything.
     let _ = s.write_all(&request).await;
     let mut got = Vec::new();
-    let _ = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        s.read_to_end(&mut got),
-    )
-    .await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut got)).await;
     String::from_utf8_lossy(&got).into_owned()
 }
 
@@ -242,7 +238,9 @@ async fn heads_the_http_layer_refuses_are_answered_bare_as_documented() {
         let answer = raw_exchange(&sock, request).await;
         assert!(
             answer.starts_with(&format!("HTTP/1.1 {status} "))
-                && answer.to_ascii_lowercase().contains("content-length: 0\r\n")
+                && answer
+                    .to_ascii_lowercase()
+                    .contains("content-length: 0\r\n")
                 && answer.ends_with("\r\n\r\n"),
             "{answer}"
         );

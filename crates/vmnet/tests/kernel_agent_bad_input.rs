@@ -247,7 +247,11 @@ async fn bad_input_keeps_the_good_state_reachable() {
     for (extra, needle) in [
         (
             vec!["--state-dir", state.to_str().unwrap()],
-            format!("--state-dir {}: the agent with pid {}", state.display(), agent.pid()),
+            format!(
+                "--state-dir {}: the agent with pid {}",
+                state.display(),
+                agent.pid()
+            ),
         ),
         (
             vec!["--name-prefix", prefix.as_str()],
@@ -261,7 +265,10 @@ async fn bad_input_keeps_the_good_state_reachable() {
         let out = agent_that_fails(&other_sock, &sb.host(), &extra);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(4), "{err}");
-        assert!(err.contains("error: CONFLICT: ") && err.contains(&needle), "{err}");
+        assert!(
+            err.contains("error: CONFLICT: ") && err.contains(&needle),
+            "{err}"
+        );
         assert!(!other_sock.exists(), "no socket bound");
     }
     // A mistyped uplink is refused at start, naming the flag, before the agent binds its

@@ -102,7 +102,10 @@ async fn the_stream_shows_a_put_a_drift_repair_and_a_delete() {
         detail.contains("fdaa:7::7/128") && detail.contains(&format!(" dev {veth}")),
         "{route}"
     );
-    assert!(!detail.contains('#'), "a link name, not an ifindex: {route}");
+    assert!(
+        !detail.contains('#'),
+        "a link name, not an ifindex: {route}"
+    );
 
     let _: VmView = client.delete(&format!("/v1/vms/{id}")).await.unwrap();
     let del = next(&rx, "vm_deleted", is("vm_deleted"));

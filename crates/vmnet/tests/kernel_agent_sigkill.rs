@@ -189,7 +189,9 @@ async fn sigkill_during_apply_converges_after_restart() {
     let (ok, _, err) = run_cli(&dir, &["events", "--since", "1", "--run", old]);
     assert!(!ok);
     assert!(
-        err.contains(&format!("CONFLICT: query parameter run: \"{old}\" is not this agent's run")),
+        err.contains(&format!(
+            "CONFLICT: query parameter run: \"{old}\" is not this agent's run"
+        )),
         "{err}"
     );
     let (ok, _, err) = run_cli(&dir, &["vm", "get", "nope"]);

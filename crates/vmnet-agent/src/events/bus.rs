@@ -82,6 +82,10 @@ pub struct Position<'a> {
     pub run: Option<&'a str>,
 }
 
+/// What [`Events::subscribe`] gives: the kept events to replay, then a receiver of every later
+/// one.
+pub type Subscription = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
+
 #[derive(Debug)]
 struct Inner {
     seq: u64,
@@ -184,7 +188,7 @@ impl Events {
     pub fn subscribe(
         &self,
         from: Position<'_>,
-    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), Error> {
+    ) -> Result<Subscription, Error> {
         let inner = self
             .0
             .inner
@@ -311,7 +315,8 @@ mod tests {
         assert!(
             e.message
                 .contains("since: events 10 to 10 are no longer kept")
-                && e.message.contains(&format!("since={}&run=", bus.last_seq())),
+                && e.message
+                    .contains(&format!("since={}&run=", bus.last_seq())),
             "{e}"
         );
         assert_eq!(
@@ -351,7 +356,10 @@ mod tests {
         };
         for (from, needle) in [
             (theirs, "query parameter run"),
-            (since(old.last_seq()), "since: 5 is beyond the last event, 1"),
+            (
+                since(old.last_seq()),
+                "since: 5 is beyond the last event, 1",
+            ),
         ] {
             let e = bus.subscribe(from).unwrap_err();
             assert_eq!(e.code, vmnet_model::ErrorCode::Conflict);

@@ -326,7 +326,10 @@ mod tests {
             ("since=-1", "query parameter since"),
             ("run=0123", "query parameter run: \"0123\" is not a run id"),
             ("run=0123456789ABCDEF", "query parameter run"),
-            ("run=0123456789abcdef&run=0123456789abcdef", "\"run\" is given twice"),
+            (
+                "run=0123456789abcdef&run=0123456789abcdef",
+                "\"run\" is given twice",
+            ),
             ("tenant=1", "query parameter \"tenant\" is unknown"),
         ] {
             let e = parse(q).unwrap_err();

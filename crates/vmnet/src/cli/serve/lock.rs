@@ -141,7 +141,9 @@ pub fn state_dir(dir: &Path) -> Result<Held, Error> {
 fn this_netns(netns: Option<&str>) -> Result<(u64, String), Error> {
     let ino = std::fs::metadata("/proc/thread-self/ns/net")
         .map_err(|e| {
-            Error::unavailable(format!("--name-prefix: cannot identify the network namespace: {e}"))
+            Error::unavailable(format!(
+                "--name-prefix: cannot identify the network namespace: {e}"
+            ))
         })?
         .ino();
     let shown = match netns {
@@ -197,7 +199,8 @@ mod tests {
         let e = state_dir(&dir).unwrap_err();
         assert_eq!(e.code, ErrorCode::Conflict);
         assert!(
-            e.message.contains(&format!("--state-dir {}", dir.display()))
+            e.message
+                .contains(&format!("--state-dir {}", dir.display()))
                 && e.message
                     .contains(&format!("the agent with pid {}", std::process::id())),
             "{e}"
