@@ -247,3 +247,63 @@ async fn heads_the_http_layer_refuses_are_answered_bare_as_documented() {
     }
     task.abort();
 }
+
+/// Clients that open connections and send nothing cannot use up the agent: past the cap a new
+/// connection is closed at accept, an idle one is closed once its header time is up, and then
+/// the agent answers again. (Small bounds here; the agent's are `server::MAX_CONNECTIONS` and
+/// `server::HEADER_TIMEOUT`.)
+#[tokio::test]
+async fn idle_connections_are_capped_and_timed_out() {
+    use std::time::{Duration, Instant};
+    use tokio::io::AsyncReadExt as _;
+    let h = Harness::new().await;
+    let sock = h.dir.join("vmnet.sock");
+    let unix = server::bind_unix(&sock, server::Access::default())
+        .await
+        .unwrap();
+    let router = vmnet_agent::api::router(Arc::clone(&h.agent));
+    let limits = server::Limits {
+        max_connections: 3,
+        header_timeout: Duration::from_millis(400),
+    };
+    let task = tokio::spawn(async move {
+        server::serve_with(router, unix, std::future::pending(), limits)
+            .await
+            .unwrap();
+    });
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        idle.push(tokio::net::UnixStream::connect(&sock).await.unwrap());
+    }
+    // Let the agent accept the three before the fourth comes.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t0 = Instant::now();
+    let mut fourth = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_millis(300), fourth.read(&mut buf))
+        .await
+        .expect("the fourth connection is closed at accept, before any header timeout")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed unanswered");
+    // The idle ones are closed when their header time is up.
+    for mut s in idle {
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .expect("an idle connection is closed")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t0.elapsed()
+    );
+    // The slots are free again: a real request is answered.
+    let answer = raw_exchange(
+        &sock,
+        b"GET /v1/status HTTP/1.1\r\nHost: vmnet\r\nConnection: close\r\n\r\n".to_vec(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    task.abort();
+}

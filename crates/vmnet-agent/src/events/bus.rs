@@ -185,10 +185,7 @@ impl Events {
     ///
     /// # Errors
     /// `CONFLICT` when `from` cannot be resumed exactly ([`Events::check`]).
-    pub fn subscribe(
-        &self,
-        from: Position<'_>,
-    ) -> Result<Subscription, Error> {
+    pub fn subscribe(&self, from: Position<'_>) -> Result<Subscription, Error> {
         let inner = self
             .0
             .inner

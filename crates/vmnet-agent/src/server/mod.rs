@@ -14,6 +14,13 @@
 //!   hung up while its answers were being written, a malformed request) ends that connection
 //!   only and is logged with its peer; the process ignores `SIGPIPE`, so a write to a vanished
 //!   client is an `EPIPE` for that connection and nothing else.
+//! - Bounded, so no local client can use up the agent's descriptors (libnftables ends the
+//!   process when it cannot open its netlink socket): at most [`MAX_CONNECTIONS`] connections
+//!   are open at once (a further one is closed at accept, and the refusals are logged once per
+//!   [`REFUSED_LOG_INTERVAL`] with their count); a client must send each request's headers
+//!   within [`HEADER_TIMEOUT`] of the connection becoming ready for one, so a connection that
+//!   sends nothing, or sends a head slowly, or idles between requests, is closed after it. A
+//!   response in progress (an event stream) is not limited by it.
 //! - Every request carries its connection's [`ConnCut`]: an event stream whose reader stopped
 //!   reading fires it, and the connection is closed ([`crate::events::stream`]).
 //! - The API is served on this socket only (a TCP port cannot tell which local user
@@ -26,13 +33,15 @@ pub mod tcp;
 use std::future::Future;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
 
 pub use access::{Access, Peer, Verdict};
 
@@ -43,6 +52,16 @@ pub const SOCKET_MODE: u32 = 0o660;
 
 /// How long a stopping agent lets open connections finish their requests.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The most API connections open at once.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// How long a client has to send a request's headers, from the moment its connection is ready
+/// for a request (accepted, or done with the previous answer).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often connections refused for [`MAX_CONNECTIONS`] are logged (with their count).
+pub const REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Why the agent cannot listen or serve. Mapped to a documented code at the CLI's edge
 /// ([`server_code`](crate::api::error::server_code)).
@@ -215,9 +234,42 @@ pub async fn serve(
     api: ApiListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    serve_with(router, api, shutdown, Limits::default()).await
+}
+
+/// The bounds of the API socket's connections ([`serve_with`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The most connections open at once.
+    pub max_connections: usize,
+    /// How long a client has to send a request's headers.
+    pub header_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: MAX_CONNECTIONS,
+            header_timeout: HEADER_TIMEOUT,
+        }
+    }
+}
+
+/// [`serve`] with other bounds than the defaults (tests use small ones).
+///
+/// # Errors
+/// `UNAVAILABLE` when accepting fails for good.
+pub async fn serve_with(
+    router: Router,
+    api: ApiListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: Limits,
+) -> Result<(), ServerError> {
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     let access = api.access;
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut refused = RefusedLog::new(limits.max_connections);
     loop {
         let stream = tokio::select! {
             () = &mut shutdown => break,
@@ -231,6 +283,10 @@ pub async fn serve(
                 }
             },
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            refused.one();
+            continue;
+        };
         let peer = match peer_of(&stream) {
             Ok(p) => p,
             Err(e) => {
@@ -242,10 +298,14 @@ pub async fn serve(
         let conn = {
             let svc = tower::Layer::layer(&axum::Extension(cut.clone()), router.clone());
             let svc = TowerToHyperService::new(svc);
-            hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc)
+            hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(stream), svc)
         };
         let watched = graceful.watch(conn);
         tokio::spawn(async move {
+            let _slot = slot;
             if let Verdict::Refused(why) = verdict(access, peer).await {
                 tracing::warn!(
                     peer.uid,
@@ -262,8 +322,11 @@ pub async fn serve(
                     return;
                 }
             };
+            // A client that hangs up, sends a malformed head or is too slow ends its own
+            // connection: not the agent's problem, and one line each would let a client flood
+            // the log.
             if let Err(e) = ended {
-                tracing::warn!(
+                tracing::debug!(
                     peer.uid,
                     peer.gid,
                     peer.pid,
@@ -284,6 +347,42 @@ pub async fn serve(
         );
     }
     Ok(())
+}
+
+/// Connections closed at accept because `max` were open: counted, and logged at most once per
+/// [`REFUSED_LOG_INTERVAL`].
+#[derive(Debug)]
+struct RefusedLog {
+    max: usize,
+    since_logged: u64,
+    last: Option<Instant>,
+}
+
+impl RefusedLog {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            since_logged: 0,
+            last: None,
+        }
+    }
+
+    fn one(&mut self) {
+        self.since_logged += 1;
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < REFUSED_LOG_INTERVAL)
+        {
+            return;
+        }
+        tracing::warn!(
+            refused = self.since_logged,
+            "API socket: {} connections open; closed new ones at accept",
+            self.max
+        );
+        self.since_logged = 0;
+        self.last = Some(Instant::now());
+    }
 }
 
 /// Completes on SIGTERM or SIGINT.
