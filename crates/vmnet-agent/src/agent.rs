@@ -442,11 +442,15 @@ impl Agent {
         }
         self.mesh_vm_up(&cfg, &plan, prev_good.as_ref()).await;
         self.metadata_served(&cfg.id, served).await;
-        // A changed user id leaves the old names behind: remove them now.
-        if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id)
-            && let Err(e) = self.driver.remove_deferred(old.user_id).await
-        {
-            tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
+        // A changed user id leaves the old names behind: remove them now, but not the public
+        // map entries the VM holds under its new user id.
+        if let Some(old) = prev_good.as_ref().filter(|o| o.user_id != cfg.user_id) {
+            if let Err(e) = self.driver.release_public(old.user_id) {
+                tracing::warn!(vm = %cfg.id, "releasing the public entries of the old user id failed: {e}");
+            }
+            if let Err(e) = self.driver.remove_deferred(old.user_id).await {
+                tracing::warn!(vm = %cfg.id, "removing the objects of the old user id failed: {e}");
+            }
         }
         if unchanged {
             tracing::debug!(vm = %cfg.id, op = "change", apply = kind.as_str(), "vm applied (unchanged)");

@@ -411,6 +411,7 @@ impl Agent {
                     repaired = Some(r);
                 }
                 if let Some(g) = good_plan.as_ref().filter(|g| g.user_id != plan.user_id) {
+                    let _ = self.driver().release_public(g.user_id);
                     let _ = self.driver().remove(g.user_id).await;
                 }
                 self.sync_metadata(&plan);

@@ -276,4 +276,25 @@ async fn a_public_address_change_alone_moves_the_mapping_in_place() {
     assert_eq!(out.peer.ip(), IpAddr::V4(v4("198.51.100.75")));
     assert_eq!(env.driver.drift(&moved).await.expect("drift"), vec![]);
     assert_eq!(env.driver.apply(&moved).await.expect("re-apply"), vec![]);
+
+    // The VM's user id changes and it keeps its addresses and mesh address, as the agent does
+    // it: the new user id applied while the old one's entries still hold the public keys, then
+    // the old one released and removed. Both addresses reach the guest on the new user id's
+    // tap, and nothing drifts.
+    drop(guest);
+    let renamed = env.plan(
+        r#"{"id":"web","user_id":2,"tenant":1,"mesh_ipv6":"fdaa:1::1","public_ipv4":"198.51.100.75",
+        "public_ipv6":"2001:db8:7::75",
+        "network":{"routes":[{"destination":"0.0.0.0/0","via":"host"},{"destination":"::/0","via":"host"}]}}"#,
+    );
+    env.driver
+        .apply(&renamed)
+        .await
+        .expect("the new user id takes the public keys over");
+    env.driver.release_public(1).expect("release");
+    env.driver.remove(1).await.expect("remove the old user id");
+    let (_guest2, _svc2) = guest_with_echo(&env, "web2", &renamed);
+    reach("198.51.100.75").expect("the IPv4 reaches the new user id's guest");
+    reach("2001:db8:7::75").expect("the /128 reaches the new user id's guest");
+    assert_eq!(env.driver.drift(&renamed).await.expect("drift"), vec![]);
 }

@@ -345,6 +345,10 @@ impl NsDriver for NetlinkNsDriver {
         Box::pin(self.remove_with(user_id, true))
     }
 
+    fn release_public(&self, user_id: u32) -> Result<(), NsError> {
+        super::public::release(self, user_id)
+    }
+
     fn host_use<'a>(
         &'a self,
         addrs: &'a [IpAddr],

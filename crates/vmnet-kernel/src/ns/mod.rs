@@ -140,6 +140,18 @@ pub trait NsDriver: Send + Sync {
         self.remove(user_id)
     }
 
+    /// After a VM's user id changed from `user_id` to another and the new one applied: drops
+    /// the old user id's own entries of the host's public maps (those keyed by its transit
+    /// address) and leaves the entries keyed by the VM's public and mesh addresses, which now
+    /// belong to the new user id. Call before removing the old user id's objects, which would
+    /// otherwise take those shared entries with them.
+    ///
+    /// The default does nothing (a driver without a host).
+    fn release_public(&self, user_id: u32) -> Result<(), NsError> {
+        let _ = user_id;
+        Ok(())
+    }
+
     /// What exists on the host with our prefix, by user id.
     fn observe(&self) -> BoxFuture<'_, Result<Vec<ObservedVm>, NsError>>;
 

@@ -149,36 +149,79 @@ pub(super) fn differences(have: &Have, plan: Option<&PublicPlan>) -> Vec<String>
     d
 }
 
+/// The elements keyed by one of `plan`'s public addresses that point elsewhere than `plan`
+/// wants (`(map, key)`): left by the VM under its previous user id (the change of a user id
+/// applies the new one first and removes the old one's elements after), or by a VM deleted
+/// while the agent was down. The store gives a public address to one VM only, so such an
+/// element is never another live VM's; the plan's own element replaces it.
+pub(super) fn taken_keys(
+    rd: &mut ElementReader,
+    label: &str,
+    table: &str,
+    plan: Option<&PublicPlan>,
+) -> Result<Vec<(&'static str, String)>, NsError> {
+    let mut out = Vec::new();
+    let Some(p) = plan else { return Ok(out) };
+    if let Some(a) = p.ipv4
+        && let Some(v) = get(rd, label, table, maps::DNAT4, IpAddr::V4(a))?
+        && v != IpAddr::V4(p.transit)
+    {
+        out.push((maps::DNAT4, a.to_string()));
+    }
+    if let Some(a) = p.ipv6 {
+        if let Some(v) = get(rd, label, table, maps::DNAT6, IpAddr::V6(a))?
+            && v != IpAddr::V6(p.mesh)
+        {
+            out.push((maps::DNAT6, a.to_string()));
+        }
+        if let Some(v) = get(rd, label, table, maps::SNAT6, IpAddr::V6(p.mesh))?
+            && v != IpAddr::V6(a)
+        {
+            out.push((maps::SNAT6, p.mesh.to_string()));
+        }
+    }
+    Ok(out)
+}
+
 /// The transaction taking the VM from `have` to `plan` (`None` when in sync): its stale
-/// elements deleted (one keyed by a public address only while it points at this VM), then the
-/// planned ones added.
+/// elements deleted (one keyed by a public address only while it points at this VM), the
+/// `taken` keys ([`taken_keys`]) deleted, then the planned ones added.
 pub(super) fn transaction(
     table: &str,
     transit: Ipv4Addr,
     have: &Have,
+    taken: &[(&str, String)],
     plan: Option<&PublicPlan>,
 ) -> Option<serde_json::Value> {
     if differences(have, plan).is_empty() {
         return None;
     }
     let t = transit.to_string();
-    let mut cmds = Vec::new();
-    let del = |map: &str, key: String| element_cmd("delete", table, map, &key, None);
+    let mut dels: Vec<(&str, String)> = Vec::new();
     if let Some(a) = have.ipv4 {
         if have.dnat4_ours {
-            cmds.push(del(maps::DNAT4, a.to_string()));
+            dels.push((maps::DNAT4, a.to_string()));
         }
-        cmds.push(del(maps::SNAT4, t.clone()));
+        dels.push((maps::SNAT4, t.clone()));
     }
     if let Some(m) = have.mesh {
         if let Some(a) = have.ipv6 {
             if have.dnat6_ours {
-                cmds.push(del(maps::DNAT6, a.to_string()));
+                dels.push((maps::DNAT6, a.to_string()));
             }
-            cmds.push(del(maps::SNAT6, m.to_string()));
+            dels.push((maps::SNAT6, m.to_string()));
         }
-        cmds.push(del(maps::OWN6, t.clone()));
+        dels.push((maps::OWN6, t.clone()));
     }
+    for k in taken {
+        if !dels.contains(k) {
+            dels.push(k.clone());
+        }
+    }
+    let mut cmds: Vec<serde_json::Value> = dels
+        .iter()
+        .map(|(map, key)| element_cmd("delete", table, map, key, None))
+        .collect();
     if let Some(p) = plan {
         for (map, k, v) in p.elements() {
             cmds.push(element_cmd("add", table, map, &k, Some(&v)));
@@ -214,7 +257,11 @@ pub(super) fn sync(
     let want = plan.public.as_ref();
     d.host_nft.with(|nft, rd| {
         let have = read(rd, &label, &table, transit)?;
-        let Some(tx) = transaction(&table, transit, &have, want) else {
+        if differences(&have, want).is_empty() {
+            return Ok((None, Vec::new()));
+        }
+        let taken = taken_keys(rd, &label, &table, want)?;
+        let Some(tx) = transaction(&table, transit, &have, &taken, want) else {
             return Ok((None, Vec::new()));
         };
         let what = differences(&have, want).join("; ");
@@ -252,10 +299,35 @@ pub(super) fn remove(d: &NetlinkNsDriver, uid: u32) -> Result<Vec<IpAddr>, NsErr
     let label = d.host_ns.label().to_owned();
     d.host_nft.with(|nft, rd| {
         let have = read(rd, &label, &table, transit)?;
-        if let Some(tx) = transaction(&table, transit, &have, None) {
+        if let Some(tx) = transaction(&table, transit, &have, &[], None) {
             nft.json(&tx)?;
         }
         Ok(have.addresses())
+    })
+}
+
+/// Deletes user id `uid`'s entries keyed by its transit address (`snat4`, `own6`) and keeps
+/// those keyed by public or mesh addresses ([`super::NsDriver::release_public`]).
+pub(super) fn release(d: &NetlinkNsDriver, uid: u32) -> Result<(), NsError> {
+    let Some(table) = table(d) else {
+        return Ok(());
+    };
+    let transit = transit_of(d, uid);
+    let t = transit.to_string();
+    let label = d.host_ns.label().to_owned();
+    d.host_nft.with(|nft, rd| {
+        let have = read(rd, &label, &table, transit)?;
+        let mut cmds = Vec::new();
+        if have.ipv4.is_some() {
+            cmds.push(element_cmd("delete", &table, maps::SNAT4, &t, None));
+        }
+        if have.mesh.is_some() {
+            cmds.push(element_cmd("delete", &table, maps::OWN6, &t, None));
+        }
+        if !cmds.is_empty() {
+            nft.json(&serde_json::json!({ "nftables": cmds }))?;
+        }
+        Ok(())
     })
 }
 
