@@ -14,7 +14,7 @@ use serde_json::Value;
 use vmnet_kernel::pool::seed_image::write_iso;
 use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy, NicSpec};
 use vmnet_model::pool::IpRange;
-use vmnet_plan::pool::nic::instance_spec;
+use vmnet_plan::pool::nic::{Leases, instance_spec};
 use vmnet_plan::pool::seed::{Seed, seed};
 
 /// The unpacked cloud-init, fetched once per test binary: the tests run in parallel and would
@@ -125,7 +125,7 @@ fn leased(id: &str, alloc: &str, lease: &str) -> InstanceSpec {
         id,
         alloc,
         &br,
-        Some((lease.parse().unwrap(), &range())),
+        Leases::v4(Some((lease.parse().unwrap(), &range()))),
         NetworkPolicy::Public,
         false,
     )
@@ -213,6 +213,7 @@ fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
                 mac: MacAddr::for_instance("inst-2"),
                 addresses: vec!["2001:db8:5::7/64".parse().unwrap()],
                 gateway: Some("2001:db8:5::1".parse().unwrap()),
+                gateway6: None,
                 nameservers: vec![],
             },
             NicSpec {
@@ -220,6 +221,7 @@ fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
                 mac: "02:00:00:00:00:42".parse().unwrap(),
                 addresses: vec![],
                 gateway: None,
+                gateway6: None,
                 nameservers: vec![],
             },
         ],
@@ -236,7 +238,15 @@ fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
 #[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
 fn no_static_nic_writes_no_network_config() {
     let br: IfName = "br0".parse().unwrap();
-    let inst = instance_spec("inst-3", "alloc-3", &br, None, NetworkPolicy::Public, false).unwrap();
+    let inst = instance_spec(
+        "inst-3",
+        "alloc-3",
+        &br,
+        Leases::default(),
+        NetworkPolicy::Public,
+        false,
+    )
+    .unwrap();
     let s = seed(&inst, None).unwrap();
     assert!(s.network_config.is_none());
     let v = parse_with_cloud_init(&s).unwrap();

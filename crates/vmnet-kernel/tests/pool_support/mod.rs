@@ -17,7 +17,7 @@ use vmnet_kernel::tap::TapOwner;
 use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy};
 use vmnet_model::pool::IpRange;
 use vmnet_plan::pool::nft::{Firewall, HostAddrs};
-use vmnet_plan::pool::nic::instance_spec;
+use vmnet_plan::pool::nic::{Leases, instance_spec};
 use vmnet_plan::pool::seed::seed;
 use vmnet_testkit::Sandbox;
 use vmnet_testkit::netns as tk;
@@ -136,7 +136,7 @@ impl Lab {
             id,
             &format!("alloc-{id}"),
             &br,
-            Some((ip.parse().unwrap(), &r)),
+            Leases::v4(Some((ip.parse().unwrap(), &r))),
             policy,
             sandbox,
         )
@@ -177,7 +177,7 @@ impl Lab {
             id,
             &format!("alloc-{id}"),
             &br,
-            None,
+            Leases::default(),
             NetworkPolicy::Public,
             false,
         )

@@ -12,13 +12,17 @@
 //! a malformed lease fails when the NodeSpec is parsed, before any seed exists.
 //!
 //! Each NIC is keyed `eth<index>` (its position in the instance's NIC list), matched by its
-//! MAC and renamed with `set-name: eth<index>`. A static NIC gets `dhcp4: false`, its addresses,
-//! a default route (`0.0.0.0/0`, or `::/0` for an IPv6 gateway) via its gateway, and its
-//! nameservers. When no address of the NIC contains the gateway (a `/32` lease outside a
-//! replaced range, or a gateway outside the range's network, which the model allows) the route
-//! carries `"on-link": true`, so the gateway is reached directly on the link instead of the
-//! route being refused as unreachable. A NIC without addresses gets `dhcp4: true`. With no static NIC at all there is
-//! no network-config, so the image's own fallback (DHCP on the first NIC) stays.
+//! MAC and renamed with `set-name: eth<index>`. A static NIC gets `dhcp4: false`, its addresses
+//! (the IPv4 lease, then the IPv6 lease), a default route per gateway (`0.0.0.0/0` via
+//! `gateway`, or `::/0` when it is IPv6; then `::/0` via `gateway6`), and its nameservers. A
+//! NIC with an IPv6 address also gets `accept-ra: false`: its IPv6 address and route are
+//! static, and an address the guest formed from a router advertisement (SLAAC) would be a
+//! foreign source the anti-spoofing rules drop. When no address of the NIC contains a gateway
+//! (a `/32` lease outside a replaced range, a gateway outside the range's network, which the
+//! model allows, or a link-local IPv6 gateway such as `fe80::1`) its route carries
+//! `"on-link": true`, so the gateway is reached directly on the link instead of the route being
+//! refused as unreachable. A NIC without addresses gets `dhcp4: true`. With no static NIC at
+//! all there is no network-config, so the image's own fallback (DHCP on the first NIC) stays.
 
 use std::net::IpAddr;
 
@@ -91,8 +95,12 @@ fn ethernet(index: usize, nic: &NicSpec) -> Value {
             "addresses".into(),
             nic.addresses.iter().copied().map(net_str).collect(),
         );
-        if let Some(gw) = nic.gateway {
-            e.insert("routes".into(), json!([default_route(nic, gw)]));
+        if nic.addresses.iter().any(|a| a.addr().is_ipv6()) {
+            e.insert("accept-ra".into(), Value::Bool(false));
+        }
+        let routes: Vec<Value> = nic.gateways().map(|gw| default_route(nic, gw)).collect();
+        if !routes.is_empty() {
+            e.insert("routes".into(), Value::Array(routes));
         }
         if !nic.nameservers.is_empty() {
             let ns: Vec<Value> = nic.nameservers.iter().copied().map(ip_str).collect();
@@ -245,6 +253,7 @@ mod tests {
             mac: MacAddr::for_instance("inst-1"),
             addresses: vec!["10.0.0.2/29".parse().unwrap()],
             gateway: Some("10.0.0.1".parse().unwrap()),
+            gateway6: None,
             nameservers: vec!["10.0.0.1".parse().unwrap()],
         }
     }
@@ -256,6 +265,7 @@ mod tests {
             mac: "02:00:00:00:00:09".parse().unwrap(),
             addresses: vec![],
             gateway: None,
+            gateway6: None,
             nameservers: vec![],
         };
         let s = seed(&inst(vec![static_nic(), dhcp]), None).unwrap();
@@ -286,6 +296,102 @@ mod tests {
             json!([{"to":"::/0","via":"2001:db8::1"}])
         );
         assert!(nc["ethernets"]["eth0"].get("nameservers").is_none());
+    }
+
+    /// A dual-stack lease: the exact `network-config` (both addresses, IPv4 first, a default
+    /// route per family, `accept-ra: false`, the first range's nameservers).
+    #[test]
+    fn dual_stack_network_config_exact() {
+        use crate::pool::nic::{Leases, instance_spec};
+        let br = "br0".parse().unwrap();
+        let r = crate::pool::nic::tests::range();
+        let r6 = crate::pool::nic::tests::range6();
+        let leases = Leases {
+            v4: Some(("10.0.0.2".parse().unwrap(), &r)),
+            v6: Some(("2001:db8::2".parse().unwrap(), &r6)),
+        };
+        let i = instance_spec("inst-1", "a-1", &br, leases, NetworkPolicy::Public, false).unwrap();
+        let s = seed(&i, None).unwrap();
+        assert_eq!(
+            s.network_config.as_deref().unwrap(),
+            r#"{
+  "ethernets": {
+    "eth0": {
+      "accept-ra": false,
+      "addresses": [
+        "10.0.0.2/29",
+        "2001:db8::2/64"
+      ],
+      "dhcp4": false,
+      "match": {
+        "macaddress": "02:81:bf:91:24:5c"
+      },
+      "nameservers": {
+        "addresses": [
+          "10.0.0.1",
+          "2001:db8::53"
+        ]
+      },
+      "routes": [
+        {
+          "to": "0.0.0.0/0",
+          "via": "10.0.0.1"
+        },
+        {
+          "to": "::/0",
+          "via": "2001:db8::1"
+        }
+      ],
+      "set-name": "eth0"
+    }
+  },
+  "version": 2
+}
+"#
+        );
+    }
+
+    /// Only an IPv6 lease: the IPv6 address, the `::/0` route via `gateway6`, no nameservers;
+    /// a link-local gateway is reached on-link.
+    #[test]
+    fn ipv6_only_network_config_exact() {
+        use crate::pool::nic::{Leases, instance_spec};
+        let br = "br0".parse().unwrap();
+        let mut r6 = crate::pool::nic::tests::range6();
+        r6.gateway = "fe80::1".parse().unwrap();
+        let leases = Leases {
+            v4: None,
+            v6: Some(("2001:db8::2".parse().unwrap(), &r6)),
+        };
+        let i = instance_spec("inst-1", "a-1", &br, leases, NetworkPolicy::Public, false).unwrap();
+        let s = seed(&i, None).unwrap();
+        assert_eq!(
+            s.network_config.as_deref().unwrap(),
+            r#"{
+  "ethernets": {
+    "eth0": {
+      "accept-ra": false,
+      "addresses": [
+        "2001:db8::2/64"
+      ],
+      "dhcp4": false,
+      "match": {
+        "macaddress": "02:81:bf:91:24:5c"
+      },
+      "routes": [
+        {
+          "on-link": true,
+          "to": "::/0",
+          "via": "fe80::1"
+        }
+      ],
+      "set-name": "eth0"
+    }
+  },
+  "version": 2
+}
+"#
+        );
     }
 
     #[test]
