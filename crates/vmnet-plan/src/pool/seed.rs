@@ -13,16 +13,25 @@
 //!
 //! Each NIC is keyed `eth<index>` (its position in the instance's NIC list), matched by its
 //! MAC and renamed with `set-name: eth<index>`. A static NIC gets `dhcp4: false`, its addresses
-//! (the IPv4 lease, then the IPv6 lease), a default route per gateway (`0.0.0.0/0` via
-//! `gateway`, or `::/0` when it is IPv6; then `::/0` via `gateway6`), and its nameservers. A
-//! NIC with an IPv6 address also gets `accept-ra: false`: its IPv6 address and route are
+//! (the IPv4 lease, then the IPv6 lease), a default route per gateway, and its nameservers:
+//!
+//! - An IPv4 gateway is a route `{"to": "0.0.0.0/0", "via": gateway}`. When no address of the
+//!   NIC contains it (a `/32` lease outside a replaced range, or a gateway outside the range's
+//!   network, which the model allows) the route carries `"on-link": true`, so the gateway is
+//!   reached directly on the link instead of the route being refused as unreachable.
+//! - An IPv6 gateway (`gateway6`, or an IPv6 `gateway`) that one of the NIC's addresses
+//!   contains, or that is link-local (`fe80::1`), is the `gateway6` key. cloud-init (22.4, in
+//!   Debian 12) reads a `::/0` route as `::/64` when it renders systemd-networkd or ifupdown
+//!   configuration (it drops the prefix length 0 as empty), so the guest would get no IPv6
+//!   default route; `gateway6` reaches every renderer as the default route (netplan warns that
+//!   the key is deprecated and applies it). Any other IPv6 gateway is a route
+//!   `{"to": "::/0", "via": gateway, "on-link": true}` (netplan honours it).
+//!
+//! A NIC with an IPv6 address also gets `accept-ra: false`: its IPv6 address and route are
 //! static, and an address the guest formed from a router advertisement (SLAAC) would be a
-//! foreign source the anti-spoofing rules drop. When no address of the NIC contains a gateway
-//! (a `/32` lease outside a replaced range, a gateway outside the range's network, which the
-//! model allows, or a link-local IPv6 gateway such as `fe80::1`) its route carries
-//! `"on-link": true`, so the gateway is reached directly on the link instead of the route being
-//! refused as unreachable. A NIC without addresses gets `dhcp4: true`. With no static NIC at
-//! all there is no network-config, so the image's own fallback (DHCP on the first NIC) stays.
+//! foreign source the anti-spoofing rules drop. A NIC without addresses gets `dhcp4: true`.
+//! With no static NIC at all there is no network-config, so the image's own fallback (DHCP on
+//! the first NIC) stays.
 
 use std::net::IpAddr;
 
@@ -72,6 +81,11 @@ fn net_str(n: IpNet) -> Value {
     Value::String(n.to_string())
 }
 
+/// Whether one of the NIC's addresses contains `gw`.
+fn on_subnet(nic: &NicSpec, gw: IpAddr) -> bool {
+    nic.addresses.iter().any(|a| a.contains(&gw))
+}
+
 /// The default route of a static NIC through `gw`: `{"to", "via"}`, plus `"on-link": true`
 /// when none of the NIC's addresses contains `gw` (cloud-init network-config v2 route key).
 fn default_route(nic: &NicSpec, gw: IpAddr) -> Value {
@@ -79,7 +93,7 @@ fn default_route(nic: &NicSpec, gw: IpAddr) -> Value {
     let mut r = Map::new();
     r.insert("to".into(), Value::String(to.into()));
     r.insert("via".into(), ip_str(gw));
-    if !nic.addresses.iter().any(|a| a.contains(&gw)) {
+    if !on_subnet(nic, gw) {
         r.insert("on-link".into(), Value::Bool(true));
     }
     Value::Object(r)
@@ -98,7 +112,15 @@ fn ethernet(index: usize, nic: &NicSpec) -> Value {
         if nic.addresses.iter().any(|a| a.addr().is_ipv6()) {
             e.insert("accept-ra".into(), Value::Bool(false));
         }
-        let routes: Vec<Value> = nic.gateways().map(|gw| default_route(nic, gw)).collect();
+        let mut routes = Vec::new();
+        for gw in nic.gateways() {
+            match gw {
+                IpAddr::V6(g) if g.is_unicast_link_local() || on_subnet(nic, gw) => {
+                    e.insert("gateway6".into(), ip_str(gw));
+                }
+                _ => routes.push(default_route(nic, gw)),
+            }
+        }
         if !routes.is_empty() {
             e.insert("routes".into(), Value::Array(routes));
         }
@@ -291,15 +313,14 @@ mod tests {
         n.gateway = Some("2001:db8::1".parse().unwrap());
         n.nameservers.clear();
         let nc = network_config(&inst(vec![n])).unwrap();
-        assert_eq!(
-            nc["ethernets"]["eth0"]["routes"],
-            json!([{"to":"::/0","via":"2001:db8::1"}])
-        );
+        assert_eq!(nc["ethernets"]["eth0"]["gateway6"], "2001:db8::1");
+        assert!(nc["ethernets"]["eth0"].get("routes").is_none());
         assert!(nc["ethernets"]["eth0"].get("nameservers").is_none());
     }
 
-    /// A dual-stack lease: the exact `network-config` (both addresses, IPv4 first, a default
-    /// route per family, `accept-ra: false`, the first range's nameservers).
+    /// A dual-stack lease: the exact `network-config` (both addresses, IPv4 first, the IPv4
+    /// default route and the IPv6 gateway as `gateway6`, `accept-ra: false`, the first range's
+    /// nameservers).
     #[test]
     fn dual_stack_network_config_exact() {
         use crate::pool::nic::{Leases, instance_spec};
@@ -323,6 +344,7 @@ mod tests {
         "2001:db8::2/64"
       ],
       "dhcp4": false,
+      "gateway6": "2001:db8::1",
       "match": {
         "macaddress": "02:81:bf:91:24:5c"
       },
@@ -336,10 +358,6 @@ mod tests {
         {
           "to": "0.0.0.0/0",
           "via": "10.0.0.1"
-        },
-        {
-          "to": "::/0",
-          "via": "2001:db8::1"
         }
       ],
       "set-name": "eth0"
@@ -351,8 +369,8 @@ mod tests {
         );
     }
 
-    /// Only an IPv6 lease: the IPv6 address, the `::/0` route via `gateway6`, no nameservers;
-    /// a link-local gateway is reached on-link.
+    /// Only an IPv6 lease: the IPv6 address, its link-local gateway as `gateway6`, no
+    /// nameservers.
     #[test]
     fn ipv6_only_network_config_exact() {
         use crate::pool::nic::{Leases, instance_spec};
@@ -375,16 +393,10 @@ mod tests {
         "2001:db8::2/64"
       ],
       "dhcp4": false,
+      "gateway6": "fe80::1",
       "match": {
         "macaddress": "02:81:bf:91:24:5c"
       },
-      "routes": [
-        {
-          "on-link": true,
-          "to": "::/0",
-          "via": "fe80::1"
-        }
-      ],
       "set-name": "eth0"
     }
   },
