@@ -153,7 +153,7 @@ async fn dual_stack_guests_and_ipv6_spoofs_with_nftables_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root: builds network namespaces (scripts/test.sh runs it)"]
 async fn ipv6_spoofs_with_both_layers_and_with_the_guard_alone() {
-    let mut lab = Lab::new("pw").await;
+    let mut lab = Lab::new("py").await;
     let (a, b, c) = three_guests(&mut lab).await;
     let (ga, gb, gc) = (&lab.guests[a], &lab.guests[b], &lab.guests[c]);
     assert!(
