@@ -4,7 +4,7 @@
 //! An instance of a hosted pool reaches its host as an [`InstanceSpec`] inside a [`NodeSpec`]:
 //! its id, its `allocationId`, its network policy and its NICs in guest interface order. Each
 //! [`NicSpec`] names the host bridge (`network`), a stable [`MacAddr`], the lease in CIDR form,
-//! the range's gateway and its nameservers.
+//! the ranges' gateways (`gateway`, and `gateway6` for an IPv6 lease) and its nameservers.
 //!
 //! # Design
 //! Every value is a parsed type ([`MacAddr`], [`ipnet::IpNet`], [`std::net::IpAddr`],
@@ -238,8 +238,9 @@ pub struct NicSpec {
     pub network: Option<IfName>,
     /// The guest MAC ([`MacAddr::for_instance`] for vps NICs).
     pub mac: MacAddr,
-    /// The lease in CIDR form ([`lease_cidr`]: the range's prefix length, or `/32` for a lease
-    /// outside its range); empty without a lease.
+    /// The IPv4 lease, then the IPv6 lease, in CIDR form ([`lease_cidr`]: the prefix length of
+    /// the range each is in, or `/32`, `/128` for a lease outside its range); empty without a
+    /// lease.
     #[serde(default)]
     pub addresses: Vec<IpNet>,
     /// The range's gateway, for a NIC with a lease: the IPv4 range's for an IPv4 lease. A NIC
