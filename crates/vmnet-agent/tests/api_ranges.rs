@@ -39,6 +39,18 @@ async fn dual_stack_over_the_api() {
             ])
         );
     }
+    // The NIC carries both leases and both gateways, and so does the runtime plugin spec.
+    let (st, nics) = h.get("/v1/instances/i0/nics").await;
+    assert_eq!(st, 200, "{nics}");
+    let nic = &nics["nics"][0];
+    assert_eq!(nic["addresses"], json!(["10.0.0.2/29", "2001:db8::2/64"]));
+    assert_eq!(
+        (&nic["gateway"], &nic["gateway6"]),
+        (&json!("10.0.0.1"), &json!("2001:db8::1"))
+    );
+    let plugin = &nics["runtime"]["plugin"]["nics"][0];
+    assert_eq!(plugin["addresses"], nic["addresses"]);
+    assert_eq!(plugin["gateway6"], "2001:db8::1");
     assert_error(
         &h.post("/v1/instances", instance("i5", "p1")).await,
         503,
@@ -100,6 +112,14 @@ async fn dual_stack_over_the_api() {
     assert_eq!(
         (&v["address6"], &v["addresses"]),
         (&json!(null), &json!(["10.0.0.2/29"]))
+    );
+    let (_, nics) = h.get("/v1/instances/v4only/nics").await;
+    assert_eq!(nics["nics"][0]["addresses"], json!(["10.0.0.2/29"]));
+    assert_eq!(nics["nics"][0]["gateway6"], json!(null));
+    assert!(
+        nics["runtime"]["plugin"]["nics"][0]
+            .get("gateway6")
+            .is_none()
     );
 }
 

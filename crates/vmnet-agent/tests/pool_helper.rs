@@ -45,6 +45,7 @@ fn helper_applies_bcd_tables_and_refuses_anything_else() {
             mac: MacAddr::for_instance("inst-h"),
             addresses: vec!["10.0.0.2/29".parse().unwrap()],
             gateway: Some("10.0.0.1".parse().unwrap()),
+            gateway6: None,
             nameservers: vec![],
         }],
     };
@@ -115,6 +116,7 @@ async fn runtime_audit_repairs_a_flush_through_the_helper() {
             mac: MacAddr::for_instance("inst-r"),
             addresses: vec![],
             gateway: None,
+            gateway6: None,
             nameservers: vec![],
         }],
     };

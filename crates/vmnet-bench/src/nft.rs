@@ -191,6 +191,7 @@ fn instance(i: usize) -> InstanceSpec {
                     .expect("prefix 16"),
             )],
             gateway: Some(std::net::IpAddr::from([10, 0, 0, 1])),
+            gateway6: None,
             nameservers: vec![],
         }],
         id,

@@ -13,8 +13,8 @@ use std::process::Command;
 use serde_json::Value;
 use vmnet_kernel::pool::seed_image::write_iso;
 use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy, NicSpec};
-use vmnet_model::pool::IpRange;
-use vmnet_plan::pool::nic::instance_spec;
+use vmnet_model::pool::{Family, IpRange, PoolRange};
+use vmnet_plan::pool::nic::{Leases, instance_spec};
 use vmnet_plan::pool::seed::{Seed, seed};
 
 /// The unpacked cloud-init, fetched once per test binary: the tests run in parallel and would
@@ -125,7 +125,7 @@ fn leased(id: &str, alloc: &str, lease: &str) -> InstanceSpec {
         id,
         alloc,
         &br,
-        Some((lease.parse().unwrap(), &range())),
+        Leases::v4(Some((lease.parse().unwrap(), &range()))),
         NetworkPolicy::Public,
         false,
     )
@@ -199,6 +199,84 @@ fn cloud_init_reads_an_on_link_default_route_for_a_32_lease() {
     );
 }
 
+/// A dual-stack lease: cloud-init reads both addresses and both default routes, and the
+/// renderers write both (and no router advertisements for the IPv6 address).
+#[test]
+#[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
+fn cloud_init_reads_both_leases_and_both_default_routes() {
+    let br: IfName = "br0".parse().unwrap();
+    let r6 = PoolRange {
+        pool_id: "pool-1".into(),
+        family: Family::Ipv6,
+        cidr: "2001:db8:10::/64".parse().unwrap(),
+        gateway: "2001:db8:10::1".parse().unwrap(),
+        first_host: "2001:db8:10::2".parse().unwrap(),
+        last_host: "2001:db8:10::6".parse().unwrap(),
+    };
+    let leases = Leases {
+        v4: Some(("10.0.0.2".parse().unwrap(), &range())),
+        v6: Some(("2001:db8:10::2".parse().unwrap(), &r6)),
+    };
+    let inst = instance_spec(
+        "inst-5",
+        "alloc-5",
+        &br,
+        leases,
+        NetworkPolicy::Public,
+        false,
+    )
+    .unwrap();
+    let v = parse_with_cloud_init(&seed(&inst, None).unwrap()).unwrap();
+    let subs = v["interfaces"][0]["subnets"].as_array().unwrap();
+    // The IPv4 subnet with its 0.0.0.0/0 route, the IPv6 subnet with its gateway (the
+    // default route; a `::/0` route would be read as `::/64`).
+    assert_eq!(subs.len(), 2, "{v}");
+    assert_eq!(
+        (&subs[0]["address"], &subs[0]["prefix"]),
+        (&"10.0.0.2".into(), &29.into())
+    );
+    let r4 = &subs[0]["routes"];
+    assert_eq!(r4.as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(
+        (&r4[0]["network"], &r4[0]["prefix"]),
+        (&"0.0.0.0".into(), &0.into())
+    );
+    assert_eq!(r4[0]["gateway"], "10.0.0.1");
+    assert_eq!(
+        (&subs[1]["address"], &subs[1]["prefix"], &subs[1]["gateway"]),
+        (
+            &"2001:db8:10::2".into(),
+            &64.into(),
+            &"2001:db8:10::1".into()
+        ),
+        "{v}"
+    );
+    let eth0 = &v["netplan"]["network"]["ethernets"]["eth0"];
+    assert_eq!(
+        eth0["addresses"],
+        serde_json::json!(["10.0.0.2/29", "2001:db8:10::2/64"])
+    );
+    assert_eq!(
+        eth0["routes"],
+        serde_json::json!([{"to": "0.0.0.0/0", "via": "10.0.0.1"}])
+    );
+    assert_eq!(eth0["gateway6"], "2001:db8:10::1", "{v}");
+    assert_eq!(eth0["accept-ra"], false, "{v}");
+    // systemd-networkd: both addresses, the IPv4 default route and a gateway-only route (the
+    // IPv6 default route), nothing to ::/64.
+    let networkd = v["networkd"]["eth0"].as_str().unwrap();
+    for line in [
+        "Address=10.0.0.2/29",
+        "Address=2001:db8:10::2/64",
+        "Destination=0.0.0.0/0",
+        "Gateway=10.0.0.1",
+        "Gateway=2001:db8:10::1",
+    ] {
+        assert!(networkd.contains(line), "{line} missing in\n{networkd}");
+    }
+    assert!(!networkd.contains("Destination=::"), "{networkd}");
+}
+
 #[test]
 #[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
 fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
@@ -213,6 +291,7 @@ fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
                 mac: MacAddr::for_instance("inst-2"),
                 addresses: vec!["2001:db8:5::7/64".parse().unwrap()],
                 gateway: Some("2001:db8:5::1".parse().unwrap()),
+                gateway6: None,
                 nameservers: vec![],
             },
             NicSpec {
@@ -220,14 +299,20 @@ fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
                 mac: "02:00:00:00:00:42".parse().unwrap(),
                 addresses: vec![],
                 gateway: None,
+                gateway6: None,
                 nameservers: vec![],
             },
         ],
     };
     let v = parse_with_cloud_init(&seed(&inst, None).unwrap()).unwrap();
+    // The IPv6 gateway is the subnet's gateway (the default route in every renderer), not a
+    // route cloud-init would read as ::/64.
     let subs0 = &v["interfaces"][0]["subnets"][0];
-    assert_eq!(subs0["routes"][0]["gateway"], "2001:db8:5::1");
-    assert_eq!(subs0["routes"][0]["network"], "::");
+    assert_eq!(subs0["gateway"], "2001:db8:5::1", "{v}");
+    assert_eq!(subs0["routes"], serde_json::json!([]), "{v}");
+    let networkd = v["networkd"]["eth0"].as_str().unwrap();
+    assert!(networkd.contains("Gateway=2001:db8:5::1"), "{networkd}");
+    assert!(!networkd.contains("Destination=::"), "{networkd}");
     assert_eq!(v["interfaces"][1]["name"], "eth1");
     assert_eq!(v["interfaces"][1]["subnets"][0]["type"], "dhcp4");
 }
@@ -236,7 +321,15 @@ fn cloud_init_keeps_dhcp_and_reads_ipv6_default_route() {
 #[ignore = "needs root: runs cloud-init and mounts seed images (scripts/test.sh runs it)"]
 fn no_static_nic_writes_no_network_config() {
     let br: IfName = "br0".parse().unwrap();
-    let inst = instance_spec("inst-3", "alloc-3", &br, None, NetworkPolicy::Public, false).unwrap();
+    let inst = instance_spec(
+        "inst-3",
+        "alloc-3",
+        &br,
+        Leases::default(),
+        NetworkPolicy::Public,
+        false,
+    )
+    .unwrap();
     let s = seed(&inst, None).unwrap();
     assert!(s.network_config.is_none());
     let v = parse_with_cloud_init(&s).unwrap();

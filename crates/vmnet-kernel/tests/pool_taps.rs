@@ -8,7 +8,7 @@ use pool_support::{Lab, ping_ok, range};
 use vmnet_kernel::tap::TapOwner;
 use vmnet_model::error::chain;
 use vmnet_model::nic::{IfName, NetworkPolicy};
-use vmnet_plan::pool::nic::instance_spec;
+use vmnet_plan::pool::nic::{Leases, instance_spec};
 use vmnet_testkit::netns as tk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,7 +25,7 @@ async fn tap_is_persistent_owned_and_locked_on_the_bridge() {
         "inst-o",
         "alloc-o",
         &br,
-        Some(("10.0.0.4".parse().unwrap(), &r)),
+        Leases::v4(Some(("10.0.0.4".parse().unwrap(), &r))),
         NetworkPolicy::Public,
         false,
     )
@@ -69,7 +69,7 @@ async fn a_tap_that_cannot_be_attached_fails_the_instance() {
         "inst-x",
         "alloc-x",
         &missing,
-        Some(("10.0.0.5".parse().unwrap(), &r)),
+        Leases::v4(Some(("10.0.0.5".parse().unwrap(), &r))),
         NetworkPolicy::Public,
         false,
     )
@@ -91,7 +91,7 @@ async fn a_tap_that_cannot_be_attached_fails_the_instance() {
         "inst-y",
         "alloc-y",
         &veth,
-        Some(("10.0.0.6".parse().unwrap(), &r)),
+        Leases::v4(Some(("10.0.0.6".parse().unwrap(), &r))),
         NetworkPolicy::Public,
         false,
     )
@@ -152,7 +152,7 @@ async fn a_failed_start_never_removes_a_tap_that_existed_before() {
         "inst-t",
         "alloc-t",
         &"br0".parse().unwrap(),
-        Some(("10.0.0.4".parse().unwrap(), &range())),
+        Leases::v4(Some(("10.0.0.4".parse().unwrap(), &range()))),
         NetworkPolicy::Public,
         false,
     )

@@ -18,6 +18,7 @@ fn instance(id: &str, ip: &str, policy: NetworkPolicy, sandbox: bool) -> Instanc
             mac: MacAddr::for_instance(id),
             addresses: vec![format!("{ip}/29").parse().unwrap()],
             gateway: Some("10.0.0.1".parse().unwrap()),
+            gateway6: None,
             nameservers: vec!["10.0.0.1".parse().unwrap()],
         }],
     }

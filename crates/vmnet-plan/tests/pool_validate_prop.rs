@@ -38,6 +38,7 @@ fn node(spec: &[(u8, bool, bool)]) -> NodeSpec {
                             vec![]
                         },
                         gateway: lease.then(|| "10.0.0.1".parse().unwrap()),
+                        gateway6: None,
                         nameservers: vec![],
                     }],
                     id,

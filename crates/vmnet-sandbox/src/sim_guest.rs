@@ -1,7 +1,8 @@
 //! A simulated guest configures its interface from its own NoCloud `network-config` the way
 //! cloud-init's v2 renderer would: the ethernet whose `match.macaddress` is the interface's MAC
-//! gets its static addresses and its default route; `dhcp4: true` leaves it unconfigured. For
-//! sandboxes and tests only (`vmnet-lab up --sandbox`, the pool integration tests).
+//! gets its static addresses and its default routes (`routes`, then `gateway4`/`gateway6`);
+//! `dhcp4: true` leaves it unconfigured. For sandboxes and tests only (`vmnet-lab up
+//! --sandbox`, the pool integration tests).
 //!
 //! # Limitations
 //! Uses `ip -n NS …` (iproute2); nameservers are returned, not written anywhere.
@@ -16,7 +17,7 @@ use vmnet_model::nic::MacAddr;
 pub struct GuestNet {
     /// Static addresses (CIDR).
     pub addresses: Vec<String>,
-    /// Default routes as `(to, via)`.
+    /// Default routes as `(to, via)`: the `routes` in order, then `gateway4`, `gateway6`.
     pub routes: Vec<(String, String)>,
     /// Nameservers.
     pub nameservers: Vec<String>,
@@ -107,6 +108,16 @@ pub fn configure(
         };
         ip(ns, &[fam, "route", "add", dest, "via", via, "dev", ifname])?;
         g.routes.push((to.to_owned(), via.to_owned()));
+    }
+    // The v2 gateway keys: a default route each, as cloud-init renders them.
+    for (key, fam, to) in [("gateway4", "-4", "0.0.0.0/0"), ("gateway6", "-6", "::/0")] {
+        if let Some(via) = eth[key].as_str() {
+            ip(
+                ns,
+                &[fam, "route", "add", "default", "via", via, "dev", ifname],
+            )?;
+            g.routes.push((to.to_owned(), via.to_owned()));
+        }
     }
     g.nameservers = strings(eth["nameservers"].get("addresses"));
     Ok(g)

@@ -15,22 +15,23 @@ use vmnet_plan::pool::seed::guest_ifname;
 use super::error::{ApiError, from_ipam};
 use super::types::{InstanceNics, NicView, RuntimeConfigs};
 use crate::agent::Agent;
-use crate::pool::node::spec_of;
+use crate::pool::node::{NicRanges, spec_of};
 use crate::pool::seeds;
 
-/// The NICs of instance `id`: from the store (its lease and range) on this agent's bridge
+/// The NICs of instance `id`: from the store (its leases and the ranges they are in) on this
+/// agent's bridge
 /// (`br0` without pool mode), with whether they are realised here.
 ///
 /// # Errors
 /// `NOT_FOUND` for an unknown instance; `UNAVAILABLE` on a store failure. A lease its range no
 /// longer contains is no error: the NIC shows it as `/32` ([`vmnet_model::nic::lease_cidr`]).
 pub async fn instance_nics(agent: &Agent, id: &str) -> Result<InstanceNics, Error> {
-    let (inst, range) = {
+    let (inst, ranges) = {
         let mut tx = agent.db().begin().await.map_err(from_ipam)?;
         let got = async {
             let inst = vmnet_ipam::get_instance(&mut tx, id).await?;
-            let range = vmnet_ipam::get_ip_pool(&mut tx, &inst.pool_id).await?;
-            Ok::<_, vmnet_ipam::IpamError>((inst, range))
+            let ranges = NicRanges::read(&mut tx, &inst.pool_id).await?;
+            Ok::<_, vmnet_ipam::IpamError>((inst, ranges))
         }
         .await;
         let _ = tx.rollback().await;
@@ -41,7 +42,7 @@ pub async fn instance_nics(agent: &Agent, id: &str) -> Result<InstanceNics, Erro
         Some(p) => p.config().bridge.clone(),
         None => DEFAULT_BRIDGE.parse()?,
     };
-    let spec = spec_of(&inst, range.as_ref(), &bridge)?;
+    let spec = spec_of(&inst, &ranges, &bridge)?;
     let realised = match pool {
         Some(p) => p.is_realised(id).await,
         None => false,
@@ -69,6 +70,7 @@ pub async fn instance_nics(agent: &Agent, id: &str) -> Result<InstanceNics, Erro
                 .unwrap_or_default(),
             addresses: n.addresses.iter().map(ToString::to_string).collect(),
             gateway: n.gateway.map(|g| g.to_string()),
+            gateway6: n.gateway6.map(|g| g.to_string()),
             nameservers: n.nameservers.iter().map(ToString::to_string).collect(),
         })
         .collect();

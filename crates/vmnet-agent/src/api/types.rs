@@ -94,11 +94,13 @@ pub struct NicView {
     pub mac: String,
     /// The host bridge the tap joins.
     pub network: String,
-    /// The lease first, in CIDR form with the range's prefix length (`/32` when the range no
-    /// longer contains it); empty without a lease.
+    /// The IPv4 lease, then the IPv6 lease, in CIDR form with the prefix length of the range
+    /// each is in (`/32`, `/128` when no range contains it); empty without a lease.
     pub addresses: Vec<String>,
-    /// The range's gateway; `null` without a lease.
+    /// The IPv4 range's gateway; `null` without an IPv4 lease.
     pub gateway: Option<String>,
+    /// The IPv6 range's gateway; `null` without an IPv6 lease.
+    pub gateway6: Option<String>,
     /// The range's DNS servers.
     pub nameservers: Vec<String>,
 }

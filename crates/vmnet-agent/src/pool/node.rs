@@ -63,8 +63,8 @@ use vmnet_model::nic::{IfName, InstanceSpec};
 use vmnet_plan::nftdiff::Tables;
 use vmnet_plan::pool::nft::{Firewall, HostAddrs, tap_entries};
 
+pub use super::desired::{NicRanges, is_instance_tap, spec_of};
 use super::desired::{TAP_PREFIX_LEN, desired, first_taps, same_taps, tap_prefix};
-pub use super::desired::{is_instance_tap, spec_of};
 use super::runtime::{AgentFirewall, PoolRuntime};
 use super::seeds;
 use super::taps::PoolTaps;

@@ -124,6 +124,7 @@ mod tests {
                 network: Some("br0".parse().unwrap()),
                 mac: MacAddr::for_instance(id),
                 gateway: (!addresses.is_empty()).then(|| "10.0.0.1".parse().unwrap()),
+                gateway6: None,
                 addresses,
                 nameservers: vec![],
             }],

@@ -1,6 +1,7 @@
 //! Shared setup of the pool-mode kernel tests: a sandbox host with bridge `br0`
-//! (10.0.0.1/29, the gateway), the bcd tables loaded through libnftables, and instances whose
-//! taps are relayed to simulated guests configured from their own seeds.
+//! (10.0.0.1/29, the gateway, and 2001:db8:10::1/64, the IPv6 range's gateway), the bcd tables
+//! loaded through libnftables, and instances whose taps are relayed to simulated guests
+//! configured from their own seeds.
 
 #![allow(dead_code, missing_docs)]
 
@@ -15,9 +16,9 @@ use vmnet_kernel::pool::libnft::LibNft;
 use vmnet_kernel::pool::tap::Taps;
 use vmnet_kernel::tap::TapOwner;
 use vmnet_model::nic::{IfName, InstanceSpec, MacAddr, NetworkPolicy};
-use vmnet_model::pool::IpRange;
+use vmnet_model::pool::{Family, IpRange, PoolRange};
 use vmnet_plan::pool::nft::{Firewall, HostAddrs};
-use vmnet_plan::pool::nic::instance_spec;
+use vmnet_plan::pool::nic::{Leases, instance_spec};
 use vmnet_plan::pool::seed::seed;
 use vmnet_testkit::Sandbox;
 use vmnet_testkit::netns as tk;
@@ -26,6 +27,8 @@ use vmnet_testkit::sandbox::{HOST_UPLINK_V4, HOST_UPLINK_V6};
 use vmnet_testkit::sim_guest;
 
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+/// The IPv6 range's gateway, on `br0`.
+pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 1);
 
 pub fn range() -> IpRange {
     IpRange {
@@ -38,14 +41,27 @@ pub fn range() -> IpRange {
     }
 }
 
+/// The pool's IPv6 range: `2001:db8:10::/64`, gateway [`GATEWAY6`], leasing `::2` to `::6`.
+pub fn range6() -> PoolRange {
+    PoolRange {
+        pool_id: "pool-1".into(),
+        family: Family::Ipv6,
+        cidr: "2001:db8:10::/64".parse().unwrap(),
+        gateway: IpAddr::V6(GATEWAY6),
+        first_host: "2001:db8:10::2".parse().unwrap(),
+        last_host: "2001:db8:10::6".parse().unwrap(),
+    }
+}
+
 pub fn host_addrs() -> HostAddrs {
     HostAddrs {
         own: vec![
             IpAddr::V4(GATEWAY),
+            IpAddr::V6(GATEWAY6),
             IpAddr::V4(HOST_UPLINK_V4),
             IpAddr::V6(HOST_UPLINK_V6),
         ],
-        gateways: vec![IpAddr::V4(GATEWAY)],
+        gateways: vec![IpAddr::V4(GATEWAY), IpAddr::V6(GATEWAY6)],
     }
 }
 
@@ -54,6 +70,8 @@ pub struct Guest {
     pub ns: String,
     pub mac: MacAddr,
     pub ip4: Ipv4Addr,
+    /// The IPv6 lease (`::` without one).
+    pub ip6: Ipv6Addr,
     pub ll6: Ipv6Addr,
     pub tap: String,
     pub relay: Option<Relay>,
@@ -84,6 +102,8 @@ impl Lab {
         let host = sb.host();
         tk::ip(&host, &["link", "add", "br0", "type", "bridge"]).unwrap();
         tk::ip(&host, &["addr", "add", "10.0.0.1/29", "dev", "br0"]).unwrap();
+        let gw6 = format!("{GATEWAY6}/64");
+        tk::ip(&host, &["addr", "add", &gw6, "dev", "br0", "nodad"]).unwrap();
         tk::ip(&host, &["link", "set", "br0", "up"]).unwrap();
         tk::ip(
             &sb.inet(),
@@ -130,17 +150,34 @@ impl Lab {
     /// Starts instance `id` with lease `ip` and attaches a simulated guest configured from the
     /// instance's own seed. Returns its index in `guests`.
     pub async fn add(&mut self, id: &str, ip: &str, policy: NetworkPolicy, sandbox: bool) -> usize {
+        self.add_leased(id, ip, None, policy, sandbox).await
+    }
+
+    /// Starts instance `id` with both leases, `ip` from [`range`] and `ip6` from [`range6`],
+    /// and attaches a simulated guest configured from its own seed (both addresses, both
+    /// default routes). Returns its index in `guests`.
+    pub async fn add_dual(&mut self, id: &str, ip: &str, ip6: &str) -> usize {
+        self.add_leased(id, ip, Some(ip6), NetworkPolicy::Public, false)
+            .await
+    }
+
+    async fn add_leased(
+        &mut self,
+        id: &str,
+        ip: &str,
+        ip6: Option<&str>,
+        policy: NetworkPolicy,
+        sandbox: bool,
+    ) -> usize {
         let br: IfName = "br0".parse().unwrap();
-        let r = range();
-        let inst = instance_spec(
-            id,
-            &format!("alloc-{id}"),
-            &br,
-            Some((ip.parse().unwrap(), &r)),
-            policy,
-            sandbox,
-        )
-        .expect("instance spec");
+        let (r, r6) = (range(), range6());
+        let ip6: Option<Ipv6Addr> = ip6.map(|a| a.parse().unwrap());
+        let leases = Leases {
+            v4: Some((ip.parse().unwrap(), &r)),
+            v6: ip6.map(|a| (a, &r6)),
+        };
+        let inst = instance_spec(id, &format!("alloc-{id}"), &br, leases, policy, sandbox)
+            .expect("instance spec");
         self.pool
             .start_instance(&inst)
             .await
@@ -154,12 +191,24 @@ impl Lab {
         let mac = inst.nics[0].mac;
         let net = sim_guest::configure(&ns, "eth0", mac, s.network_config.as_deref())
             .expect("guest config");
-        assert_eq!(net.addresses, [format!("{ip}/29")]);
+        let mut want = vec![format!("{ip}/29")];
+        want.extend(ip6.map(|a| format!("{a}/64")));
+        assert_eq!(net.addresses, want);
+        if ip6.is_some() {
+            assert_eq!(
+                net.routes,
+                [
+                    ("0.0.0.0/0".to_owned(), GATEWAY.to_string()),
+                    ("::/0".to_owned(), GATEWAY6.to_string())
+                ]
+            );
+        }
         self.guests.push(Guest {
             inst,
             ns,
             mac,
             ip4: ip.parse().unwrap(),
+            ip6: ip6.unwrap_or(Ipv6Addr::UNSPECIFIED),
             ll6: mac.link_local_v6(),
             tap,
             relay: Some(relay),
@@ -177,7 +226,7 @@ impl Lab {
             id,
             &format!("alloc-{id}"),
             &br,
-            None,
+            Leases::default(),
             NetworkPolicy::Public,
             false,
         )
@@ -197,6 +246,7 @@ impl Lab {
             ns,
             mac,
             ip4: Ipv4Addr::UNSPECIFIED,
+            ip6: Ipv6Addr::UNSPECIFIED,
             ll6: mac.link_local_v6(),
             tap,
             relay: Some(relay),

@@ -4,7 +4,7 @@
 //! An instance of a hosted pool reaches its host as an [`InstanceSpec`] inside a [`NodeSpec`]:
 //! its id, its `allocationId`, its network policy and its NICs in guest interface order. Each
 //! [`NicSpec`] names the host bridge (`network`), a stable [`MacAddr`], the lease in CIDR form,
-//! the range's gateway and its nameservers.
+//! the ranges' gateways (`gateway`, and `gateway6` for an IPv6 lease) and its nameservers.
 //!
 //! # Design
 //! Every value is a parsed type ([`MacAddr`], [`ipnet::IpNet`], [`std::net::IpAddr`],
@@ -17,7 +17,7 @@
 //! At most [`MAX_NICS`] NICs per instance (the tap name must fit 15 bytes).
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use ipnet::{IpNet, Ipv4Net};
@@ -238,13 +238,19 @@ pub struct NicSpec {
     pub network: Option<IfName>,
     /// The guest MAC ([`MacAddr::for_instance`] for vps NICs).
     pub mac: MacAddr,
-    /// The lease in CIDR form ([`lease_cidr`]: the range's prefix length, or `/32` for a lease
-    /// outside its range); empty without a lease.
+    /// The IPv4 lease, then the IPv6 lease, in CIDR form ([`lease_cidr`]: the prefix length of
+    /// the range each is in, or `/32`, `/128` for a lease outside its range); empty without a
+    /// lease.
     #[serde(default)]
     pub addresses: Vec<IpNet>,
-    /// The range's gateway, for a NIC with a lease.
+    /// The range's gateway, for a NIC with a lease: the IPv4 range's for an IPv4 lease. A NIC
+    /// with only an IPv6 address may carry its IPv6 gateway here instead of in `gateway6`.
     #[serde(default)]
     pub gateway: Option<IpAddr>,
+    /// The IPv6 range's gateway, for a NIC with an IPv6 lease (omitted on the wire when there
+    /// is none, so an IPv4-only NIC reads as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway6: Option<Ipv6Addr>,
     /// The range's `dns`, for a NIC with a lease.
     #[serde(default)]
     pub nameservers: Vec<IpAddr>,
@@ -255,6 +261,13 @@ impl NicSpec {
     #[must_use]
     pub fn is_static(&self) -> bool {
         !self.addresses.is_empty()
+    }
+
+    /// The NIC's gateways in order: `gateway`, then `gateway6`.
+    pub fn gateways(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.gateway
+            .into_iter()
+            .chain(self.gateway6.map(IpAddr::V6))
     }
 }
 
@@ -282,8 +295,9 @@ pub struct InstanceSpec {
 impl InstanceSpec {
     /// Checks the instance against the rules of "What reaches the host" and "bcd's nftables
     /// tables": ids well formed, at most [`MAX_NICS`] NICs, every NIC has a network, no network
-    /// starts with `bc`, gateways and nameservers only with addresses, a gateway of the same
-    /// family as one of the NIC's addresses, no MAC used twice.
+    /// starts with `bc`, gateways and nameservers only with addresses, a gateway (`gateway`,
+    /// `gateway6`) of the same family as one of the NIC's addresses, at most one IPv6 gateway,
+    /// no MAC used twice.
     ///
     /// # Errors
     /// `INVALID_INPUT` naming the instance and the field, e.g.
@@ -310,19 +324,31 @@ impl InstanceSpec {
                     net.as_str()
                 )));
             }
-            if nic.addresses.is_empty() && (nic.gateway.is_some() || !nic.nameservers.is_empty()) {
+            if nic.addresses.is_empty()
+                && (nic.gateways().next().is_some() || !nic.nameservers.is_empty())
+            {
                 return Err(ctx(format!(
                     "nics[{i}]: gateway or nameservers without addresses"
                 )));
             }
-            if let Some(gw) = nic.gateway
-                && !nic
-                    .addresses
-                    .iter()
-                    .any(|a| a.addr().is_ipv4() == gw.is_ipv4())
-            {
+            for (field, gw) in [
+                ("gateway", nic.gateway),
+                ("gateway6", nic.gateway6.map(IpAddr::V6)),
+            ] {
+                if let Some(gw) = gw
+                    && !nic
+                        .addresses
+                        .iter()
+                        .any(|a| a.addr().is_ipv4() == gw.is_ipv4())
+                {
+                    return Err(ctx(format!(
+                        "nics[{i}].{field} {gw} has no address of its family on the NIC"
+                    )));
+                }
+            }
+            if let (Some(IpAddr::V6(gw)), Some(gw6)) = (nic.gateway, nic.gateway6) {
                 return Err(ctx(format!(
-                    "nics[{i}].gateway {gw} has no address of its family on the NIC"
+                    "nics[{i}]: gateway {gw} and gateway6 {gw6} are both IPv6; give one"
                 )));
             }
             if self.nics[..i].iter().any(|o| o.mac == nic.mac) {

@@ -6,6 +6,7 @@ fn nic(network: &str) -> NicSpec {
         mac: MacAddr::for_instance("inst-1"),
         addresses: vec!["10.0.0.2/24".parse().unwrap()],
         gateway: Some("10.0.0.1".parse().unwrap()),
+        gateway6: None,
         nameservers: vec!["10.0.0.53".parse().unwrap()],
     }
 }
@@ -109,6 +110,50 @@ fn gateway_family_must_match_an_address() {
     n.gateway = Some("2001:db8::1".parse().unwrap());
     let e = inst(vec![n]).validate().unwrap_err();
     assert!(e.message().contains("nics[0].gateway 2001:db8::1"), "{e}");
+}
+
+/// A dual-stack NIC: `gateway` the IPv4 range's, `gateway6` the IPv6 range's; each needs an
+/// address of its family, there is one IPv6 gateway at most, and an IPv4-only NIC's JSON has no
+/// `gateway6` key.
+#[test]
+fn gateway6_rules_and_wire_form() {
+    let mut n = nic("br0");
+    let v4_only = serde_json::to_value(&n).unwrap();
+    assert!(v4_only.get("gateway6").is_none(), "{v4_only}");
+    n.gateway6 = Some("2001:db8::1".parse().unwrap());
+    let e = inst(vec![n.clone()]).validate().unwrap_err();
+    assert!(
+        e.message()
+            .contains("nics[0].gateway6 2001:db8::1 has no address of its family"),
+        "{e}"
+    );
+    n.addresses.push("2001:db8::5/64".parse().unwrap());
+    inst(vec![n.clone()]).validate().unwrap();
+    assert_eq!(
+        n.gateways().map(|g| g.to_string()).collect::<Vec<_>>(),
+        ["10.0.0.1", "2001:db8::1"]
+    );
+    let j = serde_json::to_value(&n).unwrap();
+    assert_eq!(j["gateway6"], "2001:db8::1");
+    assert_eq!(serde_json::from_value::<NicSpec>(j).unwrap(), n);
+    // Two IPv6 gateways: refused.
+    let mut two = n.clone();
+    two.gateway = Some("2001:db8::2".parse().unwrap());
+    let e = inst(vec![two]).validate().unwrap_err();
+    assert!(e.message().contains("both IPv6"), "{e}");
+    // An IPv6-only NIC with its gateway in gateway6.
+    let mut v6 = n.clone();
+    v6.addresses.remove(0);
+    v6.gateway = None;
+    inst(vec![v6.clone()]).validate().unwrap();
+    // gateway6 without addresses.
+    v6.addresses.clear();
+    v6.nameservers.clear();
+    let e = inst(vec![v6]).validate().unwrap_err();
+    assert!(e.message().contains("without addresses"), "{e}");
+    // An IPv4 address in gateway6 fails parsing.
+    let bad = r#"{"network":"br0","mac":"02:00:00:00:00:01","addresses":["10.0.0.2/24"],"gateway6":"10.0.0.1"}"#;
+    assert!(serde_json::from_str::<NicSpec>(bad).is_err());
 }
 
 #[test]

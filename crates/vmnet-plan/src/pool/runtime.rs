@@ -7,7 +7,8 @@
 //! - Firecracker: the `network-interfaces` array (`iface_id`, `host_dev_name`, `guest_mac`).
 //! - qemu: `-netdev tap,id=net<i>,ifname=<tap>,script=no,downscript=no -device
 //!   virtio-net-pci,netdev=net<i>,mac=<mac>` per NIC.
-//! - plugins: a JSON spec with every NIC's tap, bridge, MAC, addresses, gateway and nameservers.
+//! - plugins: a JSON spec with every NIC's tap, bridge, MAC, addresses (the IPv4 lease, then the
+//!   IPv6 lease), gateway, `gateway6` (only for a NIC with an IPv6 gateway) and nameservers.
 //!
 //! All values are printed from parsed types (names of `[A-Za-z0-9_.-]`, MACs, addresses); the
 //! XML is escaped anyway.
@@ -138,7 +139,7 @@ pub fn qemu_args(inst: &InstanceSpec) -> Result<Vec<String>, ValidationError> {
 }
 
 /// The runtime plugin spec: instance, allocation and each NIC with tap, network, MAC, addresses,
-/// gateway and nameservers.
+/// gateway, `gateway6` (present only when the NIC has an IPv6 gateway) and nameservers.
 ///
 /// # Errors
 /// `INVALID_INPUT` when the instance does not validate.
@@ -150,14 +151,18 @@ pub fn plugin_spec(inst: &InstanceSpec) -> Result<Value, ValidationError> {
         .iter()
         .zip(taps)
         .map(|(n, tap)| {
-            json!({
+            let mut v = json!({
                 "tap": tap.as_str(),
                 "network": n.network.as_ref().map(IfName::as_str),
                 "mac": n.mac.to_string(),
                 "addresses": n.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "gateway": n.gateway.map(|g| g.to_string()),
                 "nameservers": n.nameservers.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            })
+            });
+            if let Some(g) = n.gateway6 {
+                v["gateway6"] = Value::String(g.to_string());
+            }
+            v
         })
         .collect();
     Ok(json!({ "instance_id": inst.id, "allocation_id": inst.allocation_id, "nics": nics }))
@@ -179,6 +184,7 @@ mod tests {
                 mac: MacAddr::for_instance("inst-1"),
                 addresses: vec!["10.0.0.2/29".parse().unwrap()],
                 gateway: Some("10.0.0.1".parse().unwrap()),
+                gateway6: None,
                 nameservers: vec!["10.0.0.1".parse().unwrap()],
             }],
         }
@@ -381,6 +387,41 @@ mod tests {
         assert_eq!(p["nics"][0]["gateway"], "10.0.0.1");
         assert_eq!(p["nics"][0]["nameservers"], json!(["10.0.0.1"]));
         assert_eq!(p["allocation_id"], "alloc-1");
+    }
+
+    /// A dual-stack NIC: both addresses and both gateways reach the plugin; the other runtimes'
+    /// configs carry no addresses and stay as for an IPv4-only NIC.
+    #[test]
+    fn plugin_spec_dual_stack() {
+        let v4 = inst();
+        assert!(
+            plugin_spec(&v4).unwrap()["nics"][0]
+                .get("gateway6")
+                .is_none()
+        );
+        let mut i = inst();
+        i.nics[0].addresses.push("2001:db8::2/64".parse().unwrap());
+        i.nics[0].gateway6 = Some("2001:db8::1".parse().unwrap());
+        let p = plugin_spec(&i).unwrap();
+        assert_eq!(
+            p["nics"][0],
+            json!({"tap":"bc81bf91245cn0","network":"br0","mac":"02:81:bf:91:24:5c",
+                "addresses":["10.0.0.2/29","2001:db8::2/64"],"gateway":"10.0.0.1",
+                "gateway6":"2001:db8::1","nameservers":["10.0.0.1"]})
+        );
+        assert_eq!(
+            libvirt_interfaces(&i).unwrap(),
+            libvirt_interfaces(&v4).unwrap()
+        );
+        assert_eq!(
+            cloud_hypervisor_args(&i).unwrap(),
+            cloud_hypervisor_args(&v4).unwrap()
+        );
+        assert_eq!(
+            firecracker_interfaces(&i).unwrap(),
+            firecracker_interfaces(&v4).unwrap()
+        );
+        assert_eq!(qemu_args(&i).unwrap(), qemu_args(&v4).unwrap());
     }
 
     #[test]

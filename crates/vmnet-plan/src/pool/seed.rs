@@ -12,13 +12,26 @@
 //! a malformed lease fails when the NodeSpec is parsed, before any seed exists.
 //!
 //! Each NIC is keyed `eth<index>` (its position in the instance's NIC list), matched by its
-//! MAC and renamed with `set-name: eth<index>`. A static NIC gets `dhcp4: false`, its addresses,
-//! a default route (`0.0.0.0/0`, or `::/0` for an IPv6 gateway) via its gateway, and its
-//! nameservers. When no address of the NIC contains the gateway (a `/32` lease outside a
-//! replaced range, or a gateway outside the range's network, which the model allows) the route
-//! carries `"on-link": true`, so the gateway is reached directly on the link instead of the
-//! route being refused as unreachable. A NIC without addresses gets `dhcp4: true`. With no static NIC at all there is
-//! no network-config, so the image's own fallback (DHCP on the first NIC) stays.
+//! MAC and renamed with `set-name: eth<index>`. A static NIC gets `dhcp4: false`, its addresses
+//! (the IPv4 lease, then the IPv6 lease), a default route per gateway, and its nameservers:
+//!
+//! - An IPv4 gateway is a route `{"to": "0.0.0.0/0", "via": gateway}`. When no address of the
+//!   NIC contains it (a `/32` lease outside a replaced range, or a gateway outside the range's
+//!   network, which the model allows) the route carries `"on-link": true`, so the gateway is
+//!   reached directly on the link instead of the route being refused as unreachable.
+//! - An IPv6 gateway (`gateway6`, or an IPv6 `gateway`) that one of the NIC's addresses
+//!   contains, or that is link-local (`fe80::1`), is the `gateway6` key. cloud-init (22.4, in
+//!   Debian 12) reads a `::/0` route as `::/64` when it renders systemd-networkd or ifupdown
+//!   configuration (it drops the prefix length 0 as empty), so the guest would get no IPv6
+//!   default route; `gateway6` reaches every renderer as the default route (netplan warns that
+//!   the key is deprecated and applies it). Any other IPv6 gateway is a route
+//!   `{"to": "::/0", "via": gateway, "on-link": true}` (netplan honours it).
+//!
+//! A NIC with an IPv6 address also gets `accept-ra: false`: its IPv6 address and route are
+//! static, and an address the guest formed from a router advertisement (SLAAC) would be a
+//! foreign source the anti-spoofing rules drop. A NIC without addresses gets `dhcp4: true`.
+//! With no static NIC at all there is no network-config, so the image's own fallback (DHCP on
+//! the first NIC) stays.
 
 use std::net::IpAddr;
 
@@ -68,6 +81,11 @@ fn net_str(n: IpNet) -> Value {
     Value::String(n.to_string())
 }
 
+/// Whether one of the NIC's addresses contains `gw`.
+fn on_subnet(nic: &NicSpec, gw: IpAddr) -> bool {
+    nic.addresses.iter().any(|a| a.contains(&gw))
+}
+
 /// The default route of a static NIC through `gw`: `{"to", "via"}`, plus `"on-link": true`
 /// when none of the NIC's addresses contains `gw` (cloud-init network-config v2 route key).
 fn default_route(nic: &NicSpec, gw: IpAddr) -> Value {
@@ -75,7 +93,7 @@ fn default_route(nic: &NicSpec, gw: IpAddr) -> Value {
     let mut r = Map::new();
     r.insert("to".into(), Value::String(to.into()));
     r.insert("via".into(), ip_str(gw));
-    if !nic.addresses.iter().any(|a| a.contains(&gw)) {
+    if !on_subnet(nic, gw) {
         r.insert("on-link".into(), Value::Bool(true));
     }
     Value::Object(r)
@@ -91,8 +109,20 @@ fn ethernet(index: usize, nic: &NicSpec) -> Value {
             "addresses".into(),
             nic.addresses.iter().copied().map(net_str).collect(),
         );
-        if let Some(gw) = nic.gateway {
-            e.insert("routes".into(), json!([default_route(nic, gw)]));
+        if nic.addresses.iter().any(|a| a.addr().is_ipv6()) {
+            e.insert("accept-ra".into(), Value::Bool(false));
+        }
+        let mut routes = Vec::new();
+        for gw in nic.gateways() {
+            match gw {
+                IpAddr::V6(g) if g.is_unicast_link_local() || on_subnet(nic, gw) => {
+                    e.insert("gateway6".into(), ip_str(gw));
+                }
+                _ => routes.push(default_route(nic, gw)),
+            }
+        }
+        if !routes.is_empty() {
+            e.insert("routes".into(), Value::Array(routes));
         }
         if !nic.nameservers.is_empty() {
             let ns: Vec<Value> = nic.nameservers.iter().copied().map(ip_str).collect();
@@ -245,6 +275,7 @@ mod tests {
             mac: MacAddr::for_instance("inst-1"),
             addresses: vec!["10.0.0.2/29".parse().unwrap()],
             gateway: Some("10.0.0.1".parse().unwrap()),
+            gateway6: None,
             nameservers: vec!["10.0.0.1".parse().unwrap()],
         }
     }
@@ -256,6 +287,7 @@ mod tests {
             mac: "02:00:00:00:00:09".parse().unwrap(),
             addresses: vec![],
             gateway: None,
+            gateway6: None,
             nameservers: vec![],
         };
         let s = seed(&inst(vec![static_nic(), dhcp]), None).unwrap();
@@ -281,11 +313,97 @@ mod tests {
         n.gateway = Some("2001:db8::1".parse().unwrap());
         n.nameservers.clear();
         let nc = network_config(&inst(vec![n])).unwrap();
-        assert_eq!(
-            nc["ethernets"]["eth0"]["routes"],
-            json!([{"to":"::/0","via":"2001:db8::1"}])
-        );
+        assert_eq!(nc["ethernets"]["eth0"]["gateway6"], "2001:db8::1");
+        assert!(nc["ethernets"]["eth0"].get("routes").is_none());
         assert!(nc["ethernets"]["eth0"].get("nameservers").is_none());
+    }
+
+    /// A dual-stack lease: the exact `network-config` (both addresses, IPv4 first, the IPv4
+    /// default route and the IPv6 gateway as `gateway6`, `accept-ra: false`, the first range's
+    /// nameservers).
+    #[test]
+    fn dual_stack_network_config_exact() {
+        use crate::pool::nic::{Leases, instance_spec};
+        let br = "br0".parse().unwrap();
+        let r = crate::pool::nic::tests::range();
+        let r6 = crate::pool::nic::tests::range6();
+        let leases = Leases {
+            v4: Some(("10.0.0.2".parse().unwrap(), &r)),
+            v6: Some(("2001:db8::2".parse().unwrap(), &r6)),
+        };
+        let i = instance_spec("inst-1", "a-1", &br, leases, NetworkPolicy::Public, false).unwrap();
+        let s = seed(&i, None).unwrap();
+        assert_eq!(
+            s.network_config.as_deref().unwrap(),
+            r#"{
+  "ethernets": {
+    "eth0": {
+      "accept-ra": false,
+      "addresses": [
+        "10.0.0.2/29",
+        "2001:db8::2/64"
+      ],
+      "dhcp4": false,
+      "gateway6": "2001:db8::1",
+      "match": {
+        "macaddress": "02:81:bf:91:24:5c"
+      },
+      "nameservers": {
+        "addresses": [
+          "10.0.0.1",
+          "2001:db8::53"
+        ]
+      },
+      "routes": [
+        {
+          "to": "0.0.0.0/0",
+          "via": "10.0.0.1"
+        }
+      ],
+      "set-name": "eth0"
+    }
+  },
+  "version": 2
+}
+"#
+        );
+    }
+
+    /// Only an IPv6 lease: the IPv6 address, its link-local gateway as `gateway6`, no
+    /// nameservers.
+    #[test]
+    fn ipv6_only_network_config_exact() {
+        use crate::pool::nic::{Leases, instance_spec};
+        let br = "br0".parse().unwrap();
+        let mut r6 = crate::pool::nic::tests::range6();
+        r6.gateway = "fe80::1".parse().unwrap();
+        let leases = Leases {
+            v4: None,
+            v6: Some(("2001:db8::2".parse().unwrap(), &r6)),
+        };
+        let i = instance_spec("inst-1", "a-1", &br, leases, NetworkPolicy::Public, false).unwrap();
+        let s = seed(&i, None).unwrap();
+        assert_eq!(
+            s.network_config.as_deref().unwrap(),
+            r#"{
+  "ethernets": {
+    "eth0": {
+      "accept-ra": false,
+      "addresses": [
+        "2001:db8::2/64"
+      ],
+      "dhcp4": false,
+      "gateway6": "fe80::1",
+      "match": {
+        "macaddress": "02:81:bf:91:24:5c"
+      },
+      "set-name": "eth0"
+    }
+  },
+  "version": 2
+}
+"#
+        );
     }
 
     #[test]

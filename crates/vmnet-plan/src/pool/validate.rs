@@ -166,6 +166,7 @@ mod tests {
                 mac: MacAddr::for_instance("i-1"),
                 addresses: vec!["10.0.0.2/24".parse().unwrap()],
                 gateway: Some("10.0.0.1".parse().unwrap()),
+                gateway6: None,
                 nameservers: vec![],
             }],
         };

@@ -1,5 +1,6 @@
 //! What the store wants on this host in pool mode, as pure data: the [`InstanceSpec`] of every
-//! `running` instance placed here ([`spec_of`]), the gateways of their ranges, the tap entries
+//! `running` instance placed here ([`spec_of`]: its IPv4 and IPv6 leases with the ranges they
+//! are in, [`NicRanges`]), the gateways of their ranges, the tap entries
 //! of the first table load, whether a new spec can replace a realised one in place, and which
 //! links are instance taps and whose (see [`super::node`] for how a pass uses them).
 
@@ -7,17 +8,17 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use vmnet_ipam::{Db, Store};
+use vmnet_ipam::{Db, Store, Tx};
 use vmnet_model::Error;
 use vmnet_model::nic::{IfName, InstanceSpec};
-use vmnet_model::pool::{Instance, InstanceState, IpRange, PoolRange};
+use vmnet_model::pool::{Family, Instance, InstanceState, IpRange, PoolRange};
 use vmnet_plan::pool::nft::{TapEntry, tap_entries};
-use vmnet_plan::pool::nic::instance_spec;
+use vmnet_plan::pool::nic::{Leases, instance_spec};
 
 use crate::api::error::from_ipam;
 
 /// The desired instances of `host_id` from the store: id → spec, the gateways of their
-/// ranges, the ids that could not be planned (with the reason).
+/// ranges (IPv4 and IPv6), the ids that could not be planned (with the reason).
 pub(super) async fn desired(
     db: &Db,
     host_id: &str,
@@ -34,8 +35,7 @@ pub(super) async fn desired(
     let all = vmnet_ipam::list_instances(&mut tx)
         .await
         .map_err(from_ipam)?;
-    // Per pool: its first IPv4 range and its IPv4 ranges in order (the first among them).
-    let mut ranges: BTreeMap<String, (Option<IpRange>, Vec<PoolRange>)> = BTreeMap::new();
+    let mut ranges: BTreeMap<String, NicRanges> = BTreeMap::new();
     let mut out = BTreeMap::new();
     let mut gateways = Vec::new();
     let mut failed = Vec::new();
@@ -44,24 +44,15 @@ pub(super) async fn desired(
         .filter(|i| i.host_id.as_deref() == Some(host_id) && i.state == InstanceState::Running)
     {
         if !ranges.contains_key(&inst.pool_id) {
-            let first = vmnet_ipam::get_ip_pool(&mut tx, &inst.pool_id)
+            let r = NicRanges::read(&mut tx, &inst.pool_id)
                 .await
                 .map_err(from_ipam)?;
-            let all = match first {
-                Some(_) => vmnet_ipam::list_ranges(&mut tx, &inst.pool_id)
-                    .await
-                    .map_err(from_ipam)?,
-                None => Vec::new(),
-            };
-            ranges.insert(inst.pool_id.clone(), (first, all));
+            ranges.insert(inst.pool_id.clone(), r);
         }
-        let range = ranges
-            .get(&inst.pool_id)
-            .and_then(|(first, all)| lease_range(first.as_ref(), all, inst));
-        match spec_of(inst, range.as_ref(), bridge) {
+        let pool_ranges = ranges.get(&inst.pool_id).cloned().unwrap_or_default();
+        match spec_of(inst, &pool_ranges, bridge) {
             Ok(spec) => {
-                if let (Some(r), Some(_)) = (range, inst.address) {
-                    let gw = IpAddr::V4(r.gateway);
+                for gw in spec.nics.iter().flat_map(|n| n.gateways()) {
                     if !gateways.contains(&gw) {
                         gateways.push(gw);
                     }
@@ -76,33 +67,71 @@ pub(super) async fn desired(
     Ok((out, gateways, failed))
 }
 
-/// The range the instance's IPv4 lease is in, as the NIC takes it (its prefix and gateway;
-/// the nameservers are the first range's): the first range, or an IPv4 range added after it.
-fn lease_range(first: Option<&IpRange>, all: &[PoolRange], inst: &Instance) -> Option<IpRange> {
-    let first = first?;
-    let Some(addr) = inst.address else {
-        return Some(first.clone());
-    };
-    if first.cidr.contains(&addr) {
-        return Some(first.clone());
+/// A pool's ranges as its instances' NICs take them: the first IPv4 range (which carries the
+/// pool's DNS servers) and every range in the pool's order, IPv4 and IPv6.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NicRanges {
+    /// The first IPv4 range, if the pool has one.
+    pub first: Option<IpRange>,
+    /// Every range in order (the first IPv4 range among them).
+    pub all: Vec<PoolRange>,
+}
+
+impl NicRanges {
+    /// The ranges of `pool_id` from the store.
+    ///
+    /// # Errors
+    /// As [`vmnet_ipam::list_ranges`] (`NOT_FOUND` for an unknown pool).
+    pub async fn read(tx: &mut Tx, pool_id: &str) -> Result<Self, vmnet_ipam::IpamError> {
+        let first = vmnet_ipam::get_ip_pool(tx, pool_id).await?;
+        let all = vmnet_ipam::list_ranges(tx, pool_id).await?;
+        Ok(Self { first, all })
     }
-    all.iter()
-        .find_map(|r| match (r.cidr, r.gateway, r.first_host, r.last_host) {
-            (
-                IpNet::V4(cidr),
-                IpAddr::V4(gateway),
-                IpAddr::V4(first_host),
-                IpAddr::V4(last_host),
-            ) if cidr.contains(&addr) => Some(IpRange {
-                pool_id: first.pool_id.clone(),
-                cidr,
-                gateway,
-                first_host,
-                last_host,
-                dns: first.dns.clone(),
-            }),
-            _ => None,
-        })
+
+    /// The range the instance's IPv4 lease is in, as the NIC takes it (its prefix and gateway;
+    /// the nameservers are the first range's): the first range, or an IPv4 range added after
+    /// it. A lease in no range (the first range was replaced since) takes the first range: the
+    /// NIC shows it as `/32` with the first range's gateway. `None` without a first range.
+    fn lease_range(&self, inst: &Instance) -> Option<IpRange> {
+        let first = self.first.as_ref()?;
+        let Some(addr) = inst.address else {
+            return Some(first.clone());
+        };
+        if first.cidr.contains(&addr) {
+            return Some(first.clone());
+        }
+        let added =
+            self.all
+                .iter()
+                .find_map(|r| match (r.cidr, r.gateway, r.first_host, r.last_host) {
+                    (
+                        IpNet::V4(cidr),
+                        IpAddr::V4(gateway),
+                        IpAddr::V4(first_host),
+                        IpAddr::V4(last_host),
+                    ) if cidr.contains(&addr) => Some(IpRange {
+                        pool_id: first.pool_id.clone(),
+                        cidr,
+                        gateway,
+                        first_host,
+                        last_host,
+                        dns: first.dns.clone(),
+                    }),
+                    _ => None,
+                });
+        Some(added.unwrap_or_else(|| first.clone()))
+    }
+
+    /// The IPv6 range the instance's IPv6 lease is in (its prefix and gateway), or the pool's
+    /// first IPv6 range when none contains it (the NIC then shows the lease as `/128`). `None`
+    /// without an IPv6 lease or without IPv6 ranges.
+    fn lease6_range(&self, inst: &Instance) -> Option<&PoolRange> {
+        let addr = IpAddr::V6(inst.address6?);
+        let mut v6 = self.all.iter().filter(|r| r.family == Family::Ipv6);
+        v6.clone()
+            .find(|r| r.cidr.contains(&addr))
+            .or_else(|| v6.next())
+    }
 }
 
 /// The tap entries of every instance in `want`, sorted by tap name: the first load of the
@@ -162,21 +191,27 @@ pub fn is_instance_tap(name: &str) -> bool {
             .is_some_and(|i| (1..=2).contains(&i.len()) && i.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// The [`InstanceSpec`] of a stored instance on bridge `bridge` (see the module docs).
+/// The [`InstanceSpec`] of a stored instance on bridge `bridge`, its pool's ranges `ranges`
+/// (see the module docs): the IPv4 lease with the range it is in, the IPv6 lease with the IPv6
+/// range it is in.
 ///
 /// # Errors
-/// `INVALID_INPUT` naming the instance when its lease lies outside its range.
+/// `INVALID_INPUT` naming the instance when its NIC does not validate.
 pub fn spec_of(
     inst: &Instance,
-    range: Option<&IpRange>,
+    ranges: &NicRanges,
     bridge: &IfName,
 ) -> Result<InstanceSpec, Error> {
-    let lease = inst.address.zip(range);
+    let v4 = ranges.lease_range(inst);
+    let leases = Leases {
+        v4: inst.address.zip(v4.as_ref()),
+        v6: inst.address6.zip(ranges.lease6_range(inst)),
+    };
     instance_spec(
         &inst.instance_id,
         &inst.allocation_id,
         bridge,
-        lease,
+        leases,
         inst.network_policy,
         inst.sandbox,
     )

@@ -48,7 +48,7 @@ fn the_nic_carries_the_stored_policy_sandbox_flag_and_allocation() {
     let mut inst = instance("inst-1");
     inst.sandbox = true;
     let bridge: IfName = "br0".parse().unwrap();
-    let spec = spec_of(&inst, None, &bridge).unwrap();
+    let spec = spec_of(&inst, &NicRanges::default(), &bridge).unwrap();
     assert_eq!(spec.allocation_id, "alloc-7-inst-1");
     assert_eq!(spec.policy, vmnet_model::nic::NetworkPolicy::Private);
     assert!(spec.sandbox);
@@ -82,27 +82,85 @@ fn the_nic_takes_the_range_its_lease_is_in() {
         first_host: "2001:db8::2".parse().unwrap(),
         last_host: "2001:db8::ffff".parse().unwrap(),
     };
-    let all = [v6, second];
+    let ranges = NicRanges {
+        first: Some(first.clone()),
+        all: vec![PoolRange::from(&first), v6.clone(), second],
+    };
     let mut inst = instance("inst-1");
     for (addr, cidr, gw) in [
         ("10.0.0.3", "10.0.0.0/29", "10.0.0.1"),
         ("10.0.1.9", "10.0.1.0/24", "10.0.1.1"),
     ] {
         inst.address = Some(addr.parse().unwrap());
-        let r = lease_range(Some(&first), &all, &inst).expect(addr);
+        let r = ranges.lease_range(&inst).expect(addr);
         assert_eq!(r.cidr.to_string(), cidr, "{addr}");
         assert_eq!(r.gateway.to_string(), gw, "{addr}");
         assert_eq!(r.dns, first.dns, "{addr}");
     }
+    // A lease in no range (the first was replaced since): the first range, so the NIC shows
+    // it as /32 with the first range's gateway.
     inst.address = Some("10.9.9.9".parse().unwrap());
-    assert_eq!(
-        lease_range(Some(&first), &all, &inst),
-        None,
-        "a lease in no range"
-    );
+    assert_eq!(ranges.lease_range(&inst), Some(first.clone()));
+    let bridge: IfName = "br0".parse().unwrap();
+    let nic = &spec_of(&inst, &ranges, &bridge).unwrap().nics[0];
+    assert_eq!(nic.addresses, ["10.9.9.9/32".parse::<IpNet>().unwrap()]);
+    assert_eq!(nic.gateway, Some("10.0.0.1".parse().unwrap()));
     inst.address = None;
-    assert_eq!(lease_range(Some(&first), &all, &inst), Some(first.clone()));
-    assert_eq!(lease_range(None, &all, &inst), None);
+    assert_eq!(ranges.lease_range(&inst), Some(first.clone()));
+    assert_eq!(NicRanges::default().lease_range(&inst), None);
+
+    // Dual stack: the IPv4 lease with its range, then the IPv6 lease with the IPv6 range's
+    // prefix and gateway.
+    inst.address = Some("10.0.1.9".parse().unwrap());
+    inst.address6 = Some("2001:db8::7".parse().unwrap());
+    assert_eq!(ranges.lease6_range(&inst), Some(&v6));
+    let nic = &spec_of(&inst, &ranges, &bridge).unwrap().nics[0];
+    let addrs: Vec<String> = nic.addresses.iter().map(ToString::to_string).collect();
+    assert_eq!(addrs, ["10.0.1.9/24", "2001:db8::7/64"]);
+    assert_eq!(nic.gateway, Some("10.0.1.1".parse().unwrap()));
+    assert_eq!(nic.gateway6, Some("2001:db8::1".parse().unwrap()));
+    assert_eq!(nic.nameservers, first.dns);
+}
+
+/// An IPv6-only pool: the NIC takes the IPv6 lease and `gateway6`, no IPv4 gateway and no
+/// nameservers; an IPv6 lease no range contains is a `/128` with the first IPv6 range's
+/// gateway; without IPv6 ranges the lease is left out.
+#[test]
+fn an_ipv6_only_pool_gives_the_nic_its_ipv6_lease() {
+    let v6 = PoolRange {
+        pool_id: "p6".into(),
+        family: vmnet_model::pool::Family::Ipv6,
+        cidr: "2001:db8:6::/64".parse().unwrap(),
+        gateway: "fe80::1".parse().unwrap(),
+        first_host: "2001:db8:6::1".parse().unwrap(),
+        last_host: "2001:db8:6::ffff".parse().unwrap(),
+    };
+    let ranges = NicRanges {
+        first: None,
+        all: vec![v6],
+    };
+    let bridge: IfName = "br0".parse().unwrap();
+    let mut inst = instance("inst-6");
+    inst.address6 = Some("2001:db8:6::1".parse().unwrap());
+    let nic = &spec_of(&inst, &ranges, &bridge).unwrap().nics[0];
+    assert_eq!(
+        nic.addresses,
+        ["2001:db8:6::1/64".parse::<IpNet>().unwrap()]
+    );
+    assert_eq!(
+        (nic.gateway, nic.gateway6),
+        (None, Some("fe80::1".parse().unwrap()))
+    );
+    assert!(nic.nameservers.is_empty());
+    inst.address6 = Some("2001:db8:7::1".parse().unwrap());
+    let nic = &spec_of(&inst, &ranges, &bridge).unwrap().nics[0];
+    assert_eq!(
+        nic.addresses,
+        ["2001:db8:7::1/128".parse::<IpNet>().unwrap()]
+    );
+    assert_eq!(nic.gateway6, Some("fe80::1".parse().unwrap()));
+    let nic = &spec_of(&inst, &NicRanges::default(), &bridge).unwrap().nics[0];
+    assert!(nic.addresses.is_empty() && nic.gateway6.is_none());
 }
 
 #[test]

@@ -46,6 +46,7 @@ fn inst(id: &str, ip: &str) -> InstanceSpec {
             mac: MacAddr::for_instance(id),
             addresses: vec![format!("{ip}/24").parse().unwrap()],
             gateway: None,
+            gateway6: None,
             nameservers: vec![],
         }],
     }

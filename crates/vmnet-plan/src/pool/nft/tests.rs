@@ -13,6 +13,7 @@ pub(crate) fn instance(id: &str, ip: &str, policy: NetworkPolicy, sandbox: bool)
             mac: MacAddr::for_instance(id),
             addresses: vec![format!("{ip}/24").parse().unwrap()],
             gateway: Some("10.0.0.1".parse().unwrap()),
+            gateway6: None,
             nameservers: vec![],
         }],
     }
@@ -225,4 +226,73 @@ fn the_content_holds_chains_and_sets() {
         .insert("sneaky".into(), "regular".into());
     let d = diff(&c, &extra);
     assert!(d.iter().any(|m| m.to_string().contains("sneaky")), "{d:?}");
+}
+
+/// A dual-stack NIC (from the plan of a NIC with both leases): `tap_ip6` holds exactly its
+/// EUI-64 link-local address and its IPv6 lease, so chain `from_tap` drops every other IPv6
+/// source (neighbour discovery included: `::` only for DAD solicitations and MLD reports) and
+/// the router advertisements it sends; the IPv4 lease is checked as before.
+#[test]
+fn dual_stack_entries_allow_the_ipv6_lease_only() {
+    use crate::pool::nic::{Leases, instance_spec};
+    let r = crate::pool::nic::tests::range();
+    let r6 = crate::pool::nic::tests::range6();
+    let leases = Leases {
+        v4: Some(("10.0.0.2".parse().unwrap(), &r)),
+        v6: Some(("2001:db8::2".parse().unwrap(), &r6)),
+    };
+    let br = "br0".parse().unwrap();
+    let inst = instance_spec("inst-1", "a-1", &br, leases, NetworkPolicy::Public, false).unwrap();
+    let e = &tap_entries(&inst).unwrap()[0];
+    assert!(!e.ip4_unchecked());
+    assert_eq!(e.ip4, ["10.0.0.2".parse::<Ipv4Addr>().unwrap()]);
+    assert_eq!(
+        e.ip6,
+        [
+            inst.nics[0].mac.link_local_v6(),
+            "2001:db8::2".parse().unwrap()
+        ]
+    );
+    let add = render_instance(std::slice::from_ref(e), Change::Add);
+    let ip6: Vec<&Value> = add["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["add"]["element"]["name"] == "tap_ip6")
+        .flat_map(|c| c["add"]["element"]["elem"].as_array().unwrap())
+        .collect();
+    assert_eq!(
+        ip6,
+        [
+            &json!({"concat": ["bc81bf91245cn0", "fe80::81:bfff:fe91:245c"]}),
+            &json!({"concat": ["bc81bf91245cn0", "2001:db8::2"]})
+        ]
+    );
+    // The rules that make the set the only IPv6 sources: the source check and the `::`
+    // exceptions, and the drop of router advertisements.
+    let rules: Vec<String> = rules::from_tap()
+        .iter()
+        .map(|r| json!(r).to_string())
+        .collect();
+    let has = |parts: &[&str]| rules.iter().any(|r| parts.iter().all(|p| r.contains(p)));
+    assert!(has(&[
+        r#""field":"saddr","protocol":"ip6""#,
+        r#""right":"@tap_ip6""#,
+        r#""op":"!=""#
+    ]));
+    assert!(has(&[
+        r#""right":"::""#,
+        "nd-neighbor-solicit",
+        "mld2-listener-report"
+    ]));
+    assert!(has(&["nd-router-advert", "nd-redirect", "drop"]));
+    // An IPv6 gateway the host owns is reachable (ICMPv6 and DNS), not blocked.
+    let host = HostAddrs {
+        own: vec!["10.0.0.1".parse().unwrap(), "2001:db8::1".parse().unwrap()],
+        gateways: vec!["10.0.0.1".parse().unwrap(), "2001:db8::1".parse().unwrap()],
+    };
+    let els: std::collections::BTreeMap<_, _> = host_elements(&host).into_iter().collect();
+    assert_eq!(els["host_gw6"], [json!("2001:db8::1")]);
+    assert!(els["host_block6"].is_empty());
+    assert_eq!(els["reserved4"], [json!("10.0.0.1")]);
 }
