@@ -47,6 +47,7 @@ use vmnet_model::Error;
 use vmnet_plan::ns::NsSettings;
 
 use crate::agent::{ACTIVITY_DIR, AgentProc, StateDir, log_tail, vm_body};
+use crate::procstat::{cpu_busy_ms, proc_cpu_ms};
 
 mod report;
 pub use report::{BootRow, render};
@@ -75,6 +76,10 @@ pub struct Start {
     /// To the end of the first reconcile pass, from the agent's record; `None` when more than
     /// one pass had run when the status was read.
     pub first_pass_end: Option<Duration>,
+    /// The agent's CPU time (user and system, every thread) at ready.
+    pub cpu: Option<Duration>,
+    /// The host's CPU time (every process, both cores) from the spawn to ready.
+    pub host_cpu: Option<Duration>,
     /// The status read right after ready.
     pub status: AgentStatus,
     /// The lines of the agent's log saying it replaced an earlier agent's objects.
@@ -176,6 +181,7 @@ async fn timed_start(
     let client = Client::new(dir.join("vmnet.sock"));
     let log_path = dir.join(log);
     let since_unix_ms = vmnet_agent::agent::now_ms();
+    let host_cpu0 = cpu_busy_ms();
     let t0 = Instant::now();
     // The reconcile module at info: its adoptions of an earlier agent's objects are logged.
     let agent =
@@ -197,6 +203,10 @@ async fn timed_start(
         }
         tokio::time::sleep(POLL).await;
     };
+    let cpu = proc_cpu_ms(agent.pid()).map(Duration::from_millis);
+    let host_cpu = host_cpu0
+        .zip(cpu_busy_ms())
+        .map(|(a, b)| Duration::from_millis(b.saturating_sub(a)));
     let status: AgentStatus = client.get("/v1/status").await?;
     let r = &status.reconcile;
     let first_pass_end = r
@@ -213,6 +223,8 @@ async fn timed_start(
     let start = Start {
         api: api.unwrap_or(ready),
         ready,
+        cpu,
+        host_cpu,
         first_pass_end,
         status,
         adoptions,
@@ -268,6 +280,7 @@ pub async fn run(args: BootBenchArgs) -> Result<(), Error> {
     let before = kernel_state(&host, &prefix).await?;
     eprintln!("restart: {} VM namespaces in place", before.vm_netns());
     let (second, restart) = timed_start(&dir.0, &host, &prefix, "agent-restart.log").await?;
+    eprintln!("restart: agent pid {} ready", second.pid());
     let after = kernel_state(&host, &prefix).await?;
     drop(second);
     let changed = rewritten(&before, &after);
@@ -280,6 +293,7 @@ pub async fn run(args: BootBenchArgs) -> Result<(), Error> {
         .map_err(|e| Error::internal(format!("bench sandbox again: {e}")))?;
     eprintln!("reboot: namespaces deleted, sandbox {prefix} made again");
     let (third, reboot) = timed_start(&dir.0, &host, &prefix, "agent-reboot.log").await?;
+    eprintln!("reboot: agent pid {} ready", third.pid());
     let booted = kernel_state(&host, &prefix).await?;
     drop(third);
 
@@ -296,4 +310,69 @@ pub async fn run(args: BootBenchArgs) -> Result<(), Error> {
     drop(sb);
     drop(dir);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(ino: u64) -> NsId {
+        NsId { dev: 4, ino }
+    }
+
+    fn state(gens: &[(&str, u64, u32)], veths: &[(u32, &str, u32)]) -> KernelState {
+        KernelState {
+            gens: gens
+                .iter()
+                .map(|(n, ino, g)| ((*n).to_owned(), (id(*ino), *g)))
+                .collect(),
+            veths: veths
+                .iter()
+                .map(|(u, n, ix)| (*u, ((*n).to_owned(), *ix)))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn an_untouched_kernel_shows_nothing_rewritten() {
+        let s = state(
+            &[("pfhost", 1, 9), ("pfn0001", 2, 3)],
+            &[(1, "pfh0001", 12)],
+        );
+        assert_eq!(rewritten(&s, &s.clone()), (vec![], vec![]));
+        assert_eq!(s.vm_netns(), 1);
+    }
+
+    #[test]
+    fn commits_remade_namespaces_and_veths_are_each_named() {
+        let before = state(
+            &[
+                ("pfhost", 1, 9),
+                ("pfn0001", 2, 3),
+                ("pfn0002", 3, 3),
+                ("pfn0003", 4, 3),
+            ],
+            &[(1, "pfh0001", 12), (2, "pfh0002", 13), (3, "pfh0003", 14)],
+        );
+        let after = state(
+            &[
+                ("pfhost", 1, 11),
+                ("pfn0001", 2, 3),
+                ("pfn0002", 7, 3),
+                ("pfn0004", 8, 1),
+            ],
+            &[(1, "pfh0001", 12), (2, "pfh0002", 21)],
+        );
+        let (ns, veths) = rewritten(&before, &after);
+        assert_eq!(
+            ns,
+            [
+                "pfhost: 2 nft commits",
+                "pfn0002: made again",
+                "pfn0003: gone",
+                "pfn0004: new"
+            ]
+        );
+        assert_eq!(veths, ["pfh0002 (13) now pfh0002 (21)", "pfh0003: gone"]);
+    }
 }

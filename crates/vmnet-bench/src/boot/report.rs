@@ -65,6 +65,17 @@ pub fn render(r: &BootRow) -> String {
             .last_duration_ms
             .map_or_else(dash, |d| format!("{d} ms"))
     };
+    let cpu = |s: &Start| {
+        format!(
+            "{} of the agent, {} of the host (2 cores: {} ms of CPU per wall s)",
+            s.cpu.map_or_else(dash, ms),
+            s.host_cpu.map_or_else(dash, ms),
+            s.host_cpu.map_or_else(dash, |h| format!(
+                "{:.0}",
+                h.as_secs_f64() * 1000.0 / s.ready.as_secs_f64().max(1e-3)
+            ))
+        )
+    };
     let ra = &a.status.reconcile;
     let rb = &b.status.reconcile;
     let rewrites = rb.drift_repairs_total + rb.notifications.repairs_total;
@@ -104,6 +115,7 @@ pub fn render(r: &BootRow) -> String {
             dash(),
             dash(),
         ],
+        vec!["reboot: CPU to ready".to_owned(), cpu(a), dash(), dash()],
         vec![
             "reboot: VM namespaces once ready".to_owned(),
             r.booted_netns.to_string(),
@@ -128,6 +140,7 @@ pub fn render(r: &BootRow) -> String {
             dash(),
             dash(),
         ],
+        vec!["restart: CPU to ready".to_owned(), cpu(b), dash(), dash()],
         vec![
             "restart: repairs counted / other adoptions logged".to_owned(),
             format!("{rewrites} / {}", other.len()),
@@ -177,4 +190,31 @@ pub fn render(r: &BootRow) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GUARD: &str = r#"2026-12-07T08:06:32.619937Z  INFO vmnet_agent::reconcile: configure on start: replaced an earlier agent's objects vm=bench-1 op="adopt" changes=["vm: upgrade pft0001: no entry in this agent's guard: written", "vm: upgrade pft0001: pft0001's guard filter runs program 3171: program 3177 swapped in"]"#;
+
+    #[test]
+    fn an_adoption_of_the_guard_alone_is_told_apart() {
+        assert!(only_guard(GUARD));
+        let more = GUARD.replace(
+            "swapped in\"]",
+            "swapped in\", \"vm: upgrade pft0001: nft table replaced\"]",
+        );
+        assert!(!only_guard(&more));
+        assert!(!only_guard(
+            "configure on start: replaced an earlier agent's objects"
+        ));
+    }
+
+    #[test]
+    fn a_long_list_is_cut_after_three() {
+        let items: Vec<String> = (1..=5).map(|i| i.to_string()).collect();
+        assert_eq!(some(&items), "1, 2, 3 and 2 more");
+        assert_eq!(some(&items[..2]), "1, 2");
+    }
 }
