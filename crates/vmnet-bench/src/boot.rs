@@ -93,6 +93,9 @@ pub struct KernelState {
     pub gens: BTreeMap<String, (NsId, u32)>,
     /// Each VM's host veth by user id: name and ifindex.
     pub veths: BTreeMap<u32, (String, u32)>,
+    /// How long one observe of the host took (namespaces, host veths, rules: what a change pass
+    /// checks per VM), from this process.
+    pub observe: Duration,
 }
 
 impl KernelState {
@@ -161,14 +164,21 @@ async fn kernel_state(host: &str, prefix: &str) -> Result<KernelState, Error> {
         Some(host.to_owned()),
     )
     .map_err(|e| Error::internal(format!("observer: {e}")))?;
-    let veths = observer
+    let t = Instant::now();
+    let seen = observer
         .observe()
         .await
-        .map_err(|e| Error::internal(format!("observe: {e}")))?
+        .map_err(|e| Error::internal(format!("observe: {e}")))?;
+    let observe = t.elapsed();
+    let veths = seen
         .into_iter()
         .filter_map(|o| o.host_veth.map(|v| (o.user_id, v)))
         .collect();
-    Ok(KernelState { gens, veths })
+    Ok(KernelState {
+        gens,
+        veths,
+        observe,
+    })
 }
 
 /// Starts an agent on `dir`'s store (log `dir/<log>`) and times it to ready.
@@ -305,6 +315,7 @@ pub async fn run(args: BootBenchArgs) -> Result<(), Error> {
             booted_netns: booted.vm_netns(),
             restart,
             changed,
+            observe: before.observe,
         })
     );
     drop(sb);
@@ -330,6 +341,7 @@ mod tests {
                 .iter()
                 .map(|(u, n, ix)| (*u, ((*n).to_owned(), *ix)))
                 .collect(),
+            observe: Duration::ZERO,
         }
     }
 

@@ -24,6 +24,8 @@ pub struct BootRow {
     pub restart: Start,
     /// What the restart rewrote: namespaces (nf_tables commits, made again) and host veths.
     pub changed: (Vec<String>, Vec<String>),
+    /// One observe of the host with the VMs in place, from the bench.
+    pub observe: Duration,
 }
 
 fn ms(d: Duration) -> String {
@@ -141,6 +143,13 @@ pub fn render(r: &BootRow) -> String {
             dash(),
         ],
         vec!["restart: CPU to ready".to_owned(), cpu(b), dash(), dash()],
+        vec![
+            "restart: one observe of the host (netns, host veths, rules), from the bench"
+                .to_owned(),
+            ms(r.observe),
+            dash(),
+            dash(),
+        ],
         vec![
             "restart: repairs counted / other adoptions logged".to_owned(),
             format!("{rewrites} / {}", other.len()),
