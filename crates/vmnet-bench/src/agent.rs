@@ -63,14 +63,26 @@ pub use crate::procstat::{
 };
 
 /// A running `vmnet serve`, stopped by its pid and reaped on drop.
-struct AgentProc {
+pub(crate) struct AgentProc {
     child: Child,
 }
 
 impl AgentProc {
     fn start(dir: &Path, host_ns: &str, prefix: &str) -> Result<Self, Error> {
+        Self::start_logged(dir, host_ns, prefix, "agent.log", "warn")
+    }
+
+    /// Starts `vmnet serve` on the store and socket in `dir`, its log in `dir/log` at the
+    /// `RUST_LOG` filter `filter`.
+    pub(crate) fn start_logged(
+        dir: &Path,
+        host_ns: &str,
+        prefix: &str,
+        log: &str,
+        filter: &str,
+    ) -> Result<Self, Error> {
         let exe = vmnet_sandbox::exe::vmnet()?;
-        let log = std::fs::File::create(dir.join("agent.log"))
+        let log = std::fs::File::create(dir.join(log))
             .map_err(|e| Error::internal(format!("agent log: {e}")))?;
         let child = Command::new(exe)
             .arg("--database-url")
@@ -84,7 +96,7 @@ impl AgentProc {
             // dir (removed after the agent stopped, see `StateDir`).
             .arg("--activity-root")
             .arg(dir.join(ACTIVITY_DIR))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -93,7 +105,7 @@ impl AgentProc {
         Ok(Self { child })
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 }
@@ -121,10 +133,10 @@ impl Drop for AgentProc {
 }
 
 /// A fresh directory removed (with its contents) on drop.
-struct StateDir(PathBuf);
+pub(crate) struct StateDir(pub(crate) PathBuf);
 
 impl StateDir {
-    fn new() -> Result<Self, Error> {
+    pub(crate) fn new() -> Result<Self, Error> {
         let p = std::env::temp_dir().join(format!(
             "vmnet-bench-agent-{}-{}",
             std::process::id(),
@@ -137,7 +149,7 @@ impl StateDir {
 }
 
 /// Where in the state dir the agent pins its packet-activity maps (a bpffs it mounts there).
-const ACTIVITY_DIR: &str = "bpf";
+pub(crate) const ACTIVITY_DIR: &str = "bpf";
 
 impl Drop for StateDir {
     fn drop(&mut self) {
@@ -160,7 +172,8 @@ pub struct AgentRow {
     pub pass_ms: Option<u64>,
 }
 
-fn vm_body(uid: u32) -> serde_json::Value {
+/// The config of VM `uid` (`bench-<uid>`): a mesh address, `0.0.0.0/0` and `::/0` via host.
+pub(crate) fn vm_body(uid: u32) -> serde_json::Value {
     serde_json::json!({
         "id": format!("bench-{uid}"),
         "user_id": uid,
@@ -396,7 +409,7 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
 }
 
 /// The last `n` lines of the agent's log (empty when it cannot be read).
-fn log_tail(log: &Path, n: usize) -> String {
+pub(crate) fn log_tail(log: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")

@@ -3,7 +3,8 @@
 //! - [`ipam`]: lease and release latency and throughput on SQLite and PostgreSQL;
 //! - [`vms`]: a namespace-mode VM's setup and teardown against the shell `ip`/`nft` baseline;
 //! - [`nft`]: pool mode's nftables full replace and per-instance add/remove;
-//! - [`agent`]: the agent process under N VMs put over its API;
+//! - [`agent`]: the agent process under N VMs put over its API, and ([`boot`]) its start with N
+//!   stored VMs after a host reboot and an agent restart;
 //! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent, and
 //!   ([`mesh_forward`]) the data plane's TCP throughput VM to VM against host to host and
 //!   ([`mesh_cost`]) its programs' cost per packet, and
@@ -18,6 +19,7 @@ pub mod activity;
 pub mod agent;
 pub mod agent_load;
 pub mod agent_scrape;
+pub mod boot;
 pub mod guard;
 pub mod guests;
 pub mod guests_pool;
@@ -61,6 +63,8 @@ pub enum BenchCmd {
     Nft(nft::NftBenchArgs),
     /// The agent process (`vmnet serve`) under N VMs put over its API: PUT latency, RSS, fds.
     Agent(agent::AgentBenchArgs),
+    /// The agent's start with N stored VMs: to ready after a host reboot and after a restart.
+    Boot(boot::BootBenchArgs),
     /// `POST /v1/sync` of N WireGuard peers: from empty, one change, no-op.
     Mesh(mesh::MeshBenchArgs),
     /// The metadata service: N VMs' listeners polled every 250 ms (CPU, latency, RSS).
@@ -83,6 +87,7 @@ pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Vms(a) => Ok(vms::run(a).await?),
         BenchCmd::Nft(a) => Ok(nft::run(json, a).await?),
         BenchCmd::Agent(a) => Ok(agent::run(a).await?),
+        BenchCmd::Boot(a) => Ok(boot::run(a).await?),
         BenchCmd::Mesh(a) => Ok(mesh::run(a).await?),
         BenchCmd::Metadata(a) => Ok(metadata::run(a).await?),
         BenchCmd::Activity(a) => Ok(activity::run(a).await?),

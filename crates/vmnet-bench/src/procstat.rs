@@ -92,6 +92,29 @@ pub fn cpu_busy_ms() -> Option<u64> {
     parse_cpu_busy_ms(&std::fs::read_to_string("/proc/stat").ok()?, hz)
 }
 
+/// A process's CPU time in ms (user and system, of every thread, live or ended) from its
+/// `/proc/<pid>/stat` text with `ticks_per_sec` clock ticks per second.
+#[must_use]
+pub fn parse_proc_cpu_ms(text: &str, ticks_per_sec: u64) -> Option<u64> {
+    // The command name may hold spaces and parentheses: the fields follow the last `)`.
+    let (_, rest) = text.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // state is field 3 of stat(5); utime and stime are fields 14 and 15.
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks * 1000 / ticks_per_sec.max(1))
+}
+
+/// [`parse_proc_cpu_ms`] of process `pid` now (`None` when it cannot be read).
+#[must_use]
+pub fn proc_cpu_ms(pid: u32) -> Option<u64> {
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    parse_proc_cpu_ms(
+        &std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?,
+        hz,
+    )
+}
+
 /// Host CPU time per PUT of the first and of the last PUTs, from busy-time readings
 /// ([`cpu_busy_ms`]) taken around each group of `n` PUTs: a view of the per-VM cost that a
 /// slower hypervisor (steal) does not inflate, unlike latency. It counts whatever else ran on
@@ -113,6 +136,15 @@ pub fn cpu_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_a_process_cpu_time() {
+        let stat =
+            "4242 (tokio (rt) x) S 1 4242 4242 0 -1 4194560 500 0 0 0 150 70 0 0 20 0 9 0 100 0 0";
+        assert_eq!(parse_proc_cpu_ms(stat, 100), Some(2200));
+        assert_eq!(parse_proc_cpu_ms("4242 (x) S 1", 100), None);
+        assert_eq!(parse_proc_cpu_ms("garbage", 100), None);
+    }
 
     #[test]
     fn parses_proc_status_and_limits() {
