@@ -75,7 +75,7 @@ pub fn usage_error(e: &clap::Error) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let rendered = e.render().to_string();
-    eprint!("{}", usage_text(e.kind(), &rendered));
+    to_stderr(&usage_text(e.kind(), &rendered));
     exit_status(ErrorCode::InvalidInput)
 }
 
@@ -97,8 +97,35 @@ fn usage_text(kind: clap::error::ErrorKind, rendered: &str) -> String {
 /// Prints `error: CODE: message` on stderr and returns the code's exit status.
 #[must_use]
 pub fn report(e: &Error) -> ExitCode {
-    eprintln!("error: {e}");
+    to_stderr(&format!("error: {e}\n"));
     exit_status(e.code)
+}
+
+/// Writes `text` to stderr in one write, so lines of clients sharing a terminal or a log do not
+/// interleave (`eprint!` writes each formatted piece on its own).
+pub fn to_stderr(text: &str) {
+    use std::io::Write as _;
+    // Nothing useful is left to do when stderr is gone.
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// Reads `r` to its end, at most `limit` bytes: a longer input is an
+/// [`std::io::ErrorKind::FileTooLarge`] error, and nothing past `limit + 1` bytes is read (a
+/// file such as `/dev/zero` cannot fill the memory).
+///
+/// # Errors
+/// The read's own error, or `FileTooLarge`.
+pub fn read_at_most(r: impl std::io::Read, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut buf = Vec::new();
+    r.take(limit.saturating_add(1)).read_to_end(&mut buf)?;
+    if buf.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!("larger than the limit of {limit} bytes"),
+        ));
+    }
+    Ok(buf)
 }
 
 /// The process exit status of an error code ([`ErrorCode::exit_code`]).
@@ -125,6 +152,14 @@ pub fn finish(result: Result<(), Error>) -> ExitCode {
 mod tests {
     use super::*;
     use clap::error::ErrorKind;
+
+    #[test]
+    fn a_read_is_bounded_at_its_limit() {
+        assert_eq!(read_at_most(&b"abc"[..], 3).unwrap(), b"abc");
+        let e = read_at_most(std::io::repeat(0), 3).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::FileTooLarge);
+        assert_eq!(e.to_string(), "larger than the limit of 3 bytes");
+    }
 
     #[test]
     fn usage_text_has_one_error_prefix_and_ends_with_a_newline() {

@@ -179,3 +179,38 @@ fn the_client_runs_alone_and_hands_the_rest_to_vmnetd() {
     );
     assert!(help.contains("Usage: vmnet serve"), "{help}");
 }
+
+/// A VM config is read up to the largest body the agent accepts, then refused naming the file:
+/// `vm put /dev/zero` ends at once instead of reading until the memory runs out.
+#[test]
+fn vm_put_of_an_endless_file_is_refused_after_a_bounded_read() {
+    let out = vmnet(&["vm", "put", "/dev/zero"]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: INVALID_INPUT: /dev/zero: cannot read: larger than the limit of 65536 bytes"
+        ),
+        "{stderr}"
+    );
+}
+
+/// The events filters take a comma list as well as repeated flags, as events.md says.
+#[test]
+fn events_filters_take_comma_lists() {
+    let out = vmnet(&["events", "--kind", "vm_applied,bogus"]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid value 'bogus'"), "{stderr}");
+    // A good list parses and gets as far as the (missing) agent.
+    let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .args(["events", "--kind", "vm_applied,vm_deleted", "--vm", "a,b"])
+        .env("VMNET_SOCKET", "/nonexistent/vmnet.sock")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.starts_with("error: UNAVAILABLE: cannot reach the agent"),
+        "{stderr}"
+    );
+}

@@ -139,6 +139,33 @@ fn a_bad_file_is_refused_with_file_line_and_key() {
     );
 }
 
+/// What `serve` checks before it starts, `config check` checks too: an uplink that is not an
+/// interface here (no `--netns`), and a file too large to be a configuration (`/dev/zero` is
+/// refused after a bounded read, not read until the memory runs out).
+#[test]
+fn config_check_refuses_a_missing_uplink_and_an_endless_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "vmnet.toml",
+        "uplink = \"vmnxnonexist0\"\n",
+    );
+    let out = vmnet(&["config", "check", "--config", &f], &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("error: INVALID_INPUT: --uplink vmnxnonexist0: no interface"),
+        "{stderr}"
+    );
+    let out = vmnet(&["config", "check", "--config", "/dev/zero"], &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("/dev/zero: larger than the limit of 1048576 bytes"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_missing_named_file_is_not_found() {
     let dir = tempfile::tempdir().unwrap();

@@ -22,11 +22,11 @@ pub struct EventsArgs {
     /// events the agent keeps (the last 1024) and end.
     #[arg(long, short = 'f')]
     pub follow: bool,
-    /// Only events about this VM (repeatable).
-    #[arg(long = "vm", value_name = "ID")]
+    /// Only events about this VM (repeatable, or a comma list).
+    #[arg(long = "vm", value_name = "ID", value_delimiter = ',')]
     pub vms: Vec<String>,
-    /// Only events of this kind (repeatable).
-    #[arg(long = "kind", value_name = "KIND", value_parser = clap::builder::PossibleValuesParser::new(KINDS))]
+    /// Only events of this kind (repeatable, or a comma list).
+    #[arg(long = "kind", value_name = "KIND", value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(KINDS))]
     pub kinds: Vec<String>,
     /// Only events after this sequence number; with --follow, the kept ones after it come
     /// first (resume after a `lagged` line with its `last_seq`).

@@ -19,7 +19,7 @@ mod lock;
 mod ops;
 mod preflight;
 use helper::start_pool;
-pub use preflight::preflight;
+pub use preflight::{check_uplink, preflight};
 
 use std::net::Ipv6Addr;
 use std::path::PathBuf;

@@ -62,20 +62,25 @@ pub struct ApplyArgs {
     pub prune: bool,
 }
 
-fn read_file(path: &PathBuf) -> Result<(String, Vec<u8>), Error> {
+/// Reads `path` (`-`: stdin), at most `limit` bytes.
+fn read_file(path: &PathBuf, limit: u64) -> Result<(String, Vec<u8>), Error> {
     let name = path.display().to_string();
     let stdin = name == "-";
     let name = if stdin { "stdin".to_owned() } else { name };
     let bytes = if stdin {
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
-            .map_err(|e| Error::invalid(format!("stdin: cannot read: {e}")))?;
-        buf
+        vmnet_cli::read_at_most(std::io::stdin().lock(), limit)
     } else {
-        std::fs::read(path).map_err(|e| Error::invalid(format!("{name}: cannot read: {e}")))?
+        std::fs::File::open(path).and_then(|f| vmnet_cli::read_at_most(f, limit))
     };
+    let bytes = bytes.map_err(|e| Error::invalid(format!("{name}: cannot read: {e}")))?;
     Ok((name, bytes))
 }
+
+/// The largest VM config file read: the largest body the agent accepts.
+const VM_FILE_LIMIT: u64 = vmnet_agent::api::error::BODY_LIMIT_BYTES as u64;
+
+/// The largest host spec read (it is sent to the agent one object at a time).
+const SPEC_FILE_LIMIT: u64 = 16 * 1024 * 1024;
 
 fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(v)
@@ -89,7 +94,7 @@ pub async fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
     let client = Client::new(&g.socket);
     match c {
         VmCmd::Put { file } => {
-            let (name, bytes) = read_file(&file)?;
+            let (name, bytes) = read_file(&file, VM_FILE_LIMIT)?;
             // Validate locally first for a message naming the file; the agent validates again.
             let cfg = parse_vm_config(&bytes)
                 .map_err(|e| Error::invalid(format!("{name}: {}", e.message())))?;
@@ -469,7 +474,7 @@ fn guard_line(g: Option<&vmnet_agent::api::types::GuardStatus>) -> String {
 
 /// Runs `vmnet apply FILE`.
 pub async fn apply(g: &Global, args: ApplyArgs) -> Result<(), Error> {
-    let (name, bytes) = read_file(&args.file)?;
+    let (name, bytes) = read_file(&args.file, SPEC_FILE_LIMIT)?;
     let text = String::from_utf8(bytes)
         .map_err(|_| Error::invalid(format!("host spec {name}: not UTF-8")))?;
     let spec = HostSpec::parse(&name, &text)?;

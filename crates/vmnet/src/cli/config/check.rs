@@ -97,8 +97,12 @@ pub fn check(g: &Global, cmd: &ConfigCmd) -> Result<(), Error> {
             "config check: parsed as another command than serve",
         ));
     };
-    // The checks `serve` makes before it touches anything.
-    crate::cli::serve::preflight(&cli.global, serve_args)?;
+    // The checks `serve` makes before it touches anything; the uplink only where this command
+    // runs in the agent's namespace (no `--netns`: `serve` checks it once inside).
+    let checked = crate::cli::serve::preflight(&cli.global, serve_args)?;
+    if serve_args.netns.is_none() {
+        crate::cli::serve::check_uplink(checked.settings.uplink.as_deref())?;
+    }
     let Some(("serve", sm)) = m.subcommand() else {
         return Err(Error::internal("config check: no serve matches"));
     };

@@ -36,6 +36,9 @@ pub const DEFAULT_PATH: &str = "/etc/vmnet/vmnet.toml";
 /// The environment variable naming the configuration file.
 pub const CONFIG_ENV: &str = "VMNET_CONFIG";
 
+/// The largest configuration file read.
+pub const CONFIG_LIMIT: u64 = 1024 * 1024;
+
 /// Long flags of `serve` that are not keys of the file: the file's own path, the client
 /// commands' output format, and clap's help and version.
 const NOT_KEYS: &[&str] = &["config", "output", "help", "version"];
@@ -133,14 +136,15 @@ pub struct ConfigFile {
 ///
 /// # Errors
 /// `NOT_FOUND` for a missing explicit file; `INVALID_INPUT` naming the file (and the line and
-/// key) for a file that is not TOML, an unknown key or a bad value; `UNAVAILABLE` when it
+/// key) for a file over [`CONFIG_LIMIT`] bytes, that is not TOML, an unknown key or a bad value; `UNAVAILABLE` when it
 /// cannot be read.
 pub fn read(
     path: &Path,
     explicit: bool,
     serve: &clap::Command,
 ) -> Result<Option<ConfigFile>, Error> {
-    let text = match std::fs::read(path) {
+    let read = std::fs::File::open(path).and_then(|f| vmnet_cli::read_at_most(f, CONFIG_LIMIT));
+    let text = match read {
         Ok(bytes) => String::from_utf8(bytes).map_err(|e| {
             Error::invalid(format!(
                 "configuration file {}: not UTF-8 (byte {})",
@@ -157,6 +161,12 @@ pub fn read(
                     path.display()
                 ),
             ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+            return Err(Error::invalid(format!(
+                "configuration file {}: {e}",
+                path.display()
+            )));
         }
         Err(e) => {
             return Err(Error::unavailable(format!(
