@@ -27,6 +27,7 @@ use crate::events::Event;
 #[derive(Debug, Clone)]
 pub struct Client {
     socket: PathBuf,
+    timeout: std::time::Duration,
 }
 
 /// Percent-encodes one path segment (everything but RFC 3986 unreserved characters).
@@ -53,6 +54,19 @@ impl Drop for AbortOnDrop {
 }
 
 /// The error of a non-2xx answer: the documented body's, or `INTERNAL` naming what came.
+/// The longest one request waits for the agent's whole answer (an event stream: for its
+/// head). Longer than the agent's own default bound on a VM change (`--kernel-deadline-secs`,
+/// 30 s), so a live agent answers first; a stopped or hung one does not keep a caller forever.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The error of a request the agent did not answer within `bound`.
+fn no_answer(sock: &str, path: &str, bound: std::time::Duration) -> Error {
+    Error::unavailable(format!(
+        "agent at {sock}: no answer to {path} within {bound:?} (is it stopped or overloaded? a \
+         change it was asked for may still complete: read it back)"
+    ))
+}
+
 fn decode_error(status: StatusCode, path: &str, bytes: &[u8]) -> Error {
     match serde_json::from_slice::<ErrorBody>(bytes) {
         Ok(b) => b.error,
@@ -69,7 +83,15 @@ impl Client {
     pub fn new(socket: impl Into<PathBuf>) -> Self {
         Self {
             socket: socket.into(),
+            timeout: REQUEST_TIMEOUT,
         }
+    }
+
+    /// The same client with another bound on each request than [`REQUEST_TIMEOUT`].
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The socket path this client talks to.
@@ -89,16 +111,21 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), Error> {
         let sock = self.socket.display().to_string();
-        let (status, body, conn_task) = self.open(method, path, body).await?;
-        let bytes = body
-            .collect()
+        let exchange = async {
+            let (status, body, conn_task) = self.open(method, path, body).await?;
+            let _abort = AbortOnDrop(conn_task);
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| {
+                    Error::unavailable(format!("agent at {sock}: reading the reply failed: {e}"))
+                })?
+                .to_bytes();
+            Ok((status, bytes))
+        };
+        tokio::time::timeout(self.timeout, exchange)
             .await
-            .map_err(|e| {
-                Error::unavailable(format!("agent at {sock}: reading the reply failed: {e}"))
-            })?
-            .to_bytes();
-        conn_task.abort();
-        Ok((status, bytes))
+            .unwrap_or_else(|_| Err(no_answer(&sock, path, self.timeout)))
     }
 
     /// Sends one request; returns the status, the body as it arrives, and the connection's task
@@ -153,7 +180,12 @@ impl Client {
         mut line: impl FnMut(&str) -> bool,
     ) -> Result<(), Error> {
         let path = format!("/v1/events?{query}");
-        let (status, mut body, conn_task) = self.open(Method::GET, &path, None).await?;
+        let sock = self.socket.display().to_string();
+        // The stream itself may stay quiet for as long as nothing happens; its head may not.
+        let (status, mut body, conn_task) =
+            tokio::time::timeout(self.timeout, self.open(Method::GET, &path, None))
+                .await
+                .unwrap_or_else(|_| Err(no_answer(&sock, &path, self.timeout)))?;
         let _abort = AbortOnDrop(conn_task);
         if !status.is_success() {
             let bytes = body

@@ -307,3 +307,34 @@ async fn idle_connections_are_capped_and_timed_out() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     task.abort();
 }
+
+/// A client waits for an agent that accepted its connection and never answers (stopped, hung)
+/// only as long as its bound, then says so naming the request.
+#[tokio::test]
+async fn a_silent_agent_is_waited_for_only_as_long_as_the_bound() {
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("silent.sock");
+    let l = tokio::net::UnixListener::bind(&sock).unwrap();
+    let held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            kept.push(s);
+        }
+    });
+    let client = Client::new(&sock).with_timeout(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let e = client.get::<AgentStatus>("/v1/status").await.unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(e.code, ErrorCode::Unavailable);
+    assert!(
+        e.message.contains("no answer to /v1/status within 300ms"),
+        "{e}"
+    );
+    let e = client
+        .events_lines("follow=true", |_| true)
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("no answer to /v1/events"), "{e}");
+    held.abort();
+}

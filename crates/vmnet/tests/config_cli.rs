@@ -145,11 +145,7 @@ fn a_bad_file_is_refused_with_file_line_and_key() {
 #[test]
 fn config_check_refuses_a_missing_uplink_and_an_endless_file() {
     let dir = tempfile::tempdir().unwrap();
-    let f = write(
-        dir.path(),
-        "vmnet.toml",
-        "uplink = \"vmnxnonexist0\"\n",
-    );
+    let f = write(dir.path(), "vmnet.toml", "uplink = \"vmnxnonexist0\"\n");
     let out = vmnet(&["config", "check", "--config", &f], &[]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
