@@ -119,6 +119,7 @@ pub async fn boots(
                 ch: None,
                 mac,
                 ip4: lease,
+                ip6: None,
                 policy: inst.policy,
                 ready_secs: None,
             };

@@ -48,11 +48,29 @@ fn pool_sandbox_walk_through() {
     assert_eq!(
         seeds,
         [
-            "10.0.0.2/29",
-            "10.0.0.3/29",
-            "10.0.0.4/29",
-            "10.0.0.5/29",
-            "10.0.0.6/29"
+            "10.0.0.2/29,fd00:10::2/64",
+            "10.0.0.3/29,fd00:10::3/64",
+            "10.0.0.4/29,fd00:10::4/64",
+            "10.0.0.5/29,fd00:10::5/64",
+            "10.0.0.6/29,fd00:10::6/64"
+        ]
+    );
+    // Dual-stack: the IPv6 range leases in order beside the /29.
+    let leases6: Vec<&str> = v["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["lease6"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        leases6,
+        [
+            "fd00:10::2",
+            "fd00:10::3",
+            "fd00:10::4",
+            "fd00:10::5",
+            "fd00:10::6",
+            "-"
         ]
     );
     let checks = v["checks"].as_array().unwrap();
@@ -74,6 +92,16 @@ fn pool_sandbox_walk_through() {
         check("gap, at the bridge: web-1 → web-2: foreign IPv4 source")["seen"],
         "dropped"
     );
+    for spoof in [
+        "web-1 → web-2: foreign IPv6 source in the range",
+        "web-1 → web-2: another guest's IPv6 lease as source",
+        "web-1 → web-2: router advertisement from a guest's IPv6 lease",
+        "gap, at the bridge: web-1 → web-2: another guest's IPv6 lease as source",
+    ] {
+        assert_eq!(check(spoof)["seen"], "dropped", "{spoof}");
+    }
+    assert_eq!(check("web-1 → web-2 over IPv6")["seen"], "passes");
+    assert_eq!(check("→ ipv6 gateway fd00:10::1")["seen"], "passes");
     assert_eq!(check("nothing reaches a guest")["seen"], "dropped");
     assert_eq!(check("gap: the audit")["seen"], "repaired");
     assert_eq!(

@@ -30,6 +30,8 @@ pub struct KvmGuest {
     pub mac: MacAddr,
     /// Its lease.
     pub ip4: Ipv4Addr,
+    /// Its IPv6 lease (a dual-stack pool).
+    pub ip6: Option<std::net::Ipv6Addr>,
     /// Its policy.
     pub policy: NetworkPolicy,
     /// Seconds from qemu's start to network-ready, once known: cloud-init done

@@ -66,7 +66,7 @@ impl PoolAgent {
         self.proc.log_tail()
     }
 
-    /// The range and the host of `spec`, over the API.
+    /// The range, the added ranges (in order) and the host of `spec`, over the API.
     ///
     /// # Errors
     /// The API's error (e.g. `INVALID_INPUT` for a bad range).
@@ -80,6 +80,16 @@ impl PoolAgent {
                          "last_host": p.last_host, "dns": p.dns }),
             )
             .await?;
+        for r in &spec.ranges {
+            let _: Value = self
+                .client
+                .post(
+                    &format!("/v1/pools/{}/ranges", segment(&p.pool_id)),
+                    Some(&json!({ "cidr": r.cidr, "gateway": r.gateway,
+                                  "first_host": r.first_host, "last_host": r.last_host })),
+                )
+                .await?;
+        }
         let h = &spec.host;
         let _: Value = self
             .client

@@ -15,7 +15,9 @@ use crate::sandbox::ECHO_V4;
 use serde::Serialize;
 use vmnet_model::ErrorCode;
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
-use vmnet_model::pool::IpRange;
+use vmnet_model::pool::{IpRange, PoolRange};
+
+use super::checks6;
 
 /// A simulated guest of the sandbox.
 #[derive(Debug, Clone)]
@@ -28,10 +30,14 @@ pub struct GuestInfo {
     pub mac: MacAddr,
     /// Its lease.
     pub ip4: Ipv4Addr,
+    /// Its IPv6 lease (a dual-stack pool).
+    pub ip6: Option<Ipv6Addr>,
     /// Its policy.
     pub policy: NetworkPolicy,
     /// The addresses it configured from its seed.
     pub seed_addresses: Vec<String>,
+    /// The default routes it configured from its seed, `(to, via)`.
+    pub seed_routes: Vec<(String, String)>,
 }
 
 /// One check: what was expected and what was seen.
@@ -63,15 +69,15 @@ pub fn check(
 }
 
 /// Whether `up` was interrupted: the checks end early then.
-fn stop() -> bool {
+pub(super) fn stop() -> bool {
     crate::state::stopping()
 }
 
-fn passes(b: bool) -> &'static str {
+pub(super) fn passes(b: bool) -> &'static str {
     if b { "passes" } else { "dropped" }
 }
 
-fn ping(ns: &str, to: IpAddr) -> bool {
+pub(super) fn ping(ns: &str, to: IpAddr) -> bool {
     crate::traffic::ping(ns, to, 3, Duration::from_millis(400)).is_ok_and(|r| r.received > 0)
 }
 
@@ -94,32 +100,50 @@ fn nth_leasable(range: &IpRange, n: usize) -> Option<Ipv4Addr> {
     }
 }
 
-/// Runs every check (blocking: pings and captures).
+/// What placing an instance gave: its IPv4 and IPv6 leases, or the error code.
+pub type Placed = Result<(Ipv4Addr, Option<Ipv6Addr>), ErrorCode>;
+
+/// Runs every check (blocking: pings and captures); `ranges` the first IPv4 range and, for a
+/// dual-stack pool, the IPv6 range.
 pub fn run(
     guests: &[GuestInfo],
-    range: &IpRange,
-    placement: &[(String, Result<Ipv4Addr, ErrorCode>)],
+    (range, range6): (&IpRange, Option<&PoolRange>),
+    placement: &[(String, Placed)],
 ) -> Vec<Check> {
     let mut out = Vec::new();
     for (n, (id, got)) in placement.iter().enumerate() {
         let expected = nth_leasable(range, n)
             .map_or_else(|| "CAPACITY_UNAVAILABLE".to_owned(), |a| a.to_string());
         let seen = match got {
-            Ok(a) => a.to_string(),
+            Ok((a, _)) => a.to_string(),
             Err(c) => c.to_string(),
         };
         out.push(check(format!("placement {id}"), expected, seen));
+    }
+    if let Some(r6) = range6 {
+        let placed: Vec<(&str, Option<Ipv6Addr>)> = placement
+            .iter()
+            .filter_map(|(id, got)| got.as_ref().ok().map(|(_, a6)| (id.as_str(), *a6)))
+            .collect();
+        out.extend(checks6::leases(r6, &placed));
     }
     let prefix = range.cidr.prefix_len();
     for g in guests {
         if stop() {
             return out;
         }
+        let mut want = format!("{}/{prefix}", g.ip4);
+        if let (Some(r6), Some(a6)) = (range6, g.ip6) {
+            want.push_str(&format!(",{a6}/{}", r6.cidr.prefix_len()));
+        }
         out.push(check(
             format!("seed of {} carries its lease", g.id),
-            format!("{}/{prefix}", g.ip4),
+            want,
             g.seed_addresses.join(","),
         ));
+    }
+    if let Some(r6) = range6 {
+        out.extend(checks6::seed_routes(guests, IpAddr::V4(range.gateway), r6));
     }
     let gw = IpAddr::V4(range.gateway);
     for g in guests {
@@ -138,6 +162,9 @@ pub fn run(
             passes(exp),
             passes(ping(&g.ns, IpAddr::V4(ECHO_V4))),
         ));
+    }
+    if let Some(r6) = range6 {
+        out.extend(checks6::reach(guests, r6));
     }
     let public: Vec<&GuestInfo> = guests
         .iter()
@@ -161,19 +188,21 @@ pub fn run(
             passes(ping(&a.ns, IpAddr::V4(none.ip4))),
         ));
     }
-    out.extend(spoofs(a, b, (&b.ns, "eth0"), ""));
+    let other6 = checks6::other_lease(guests, a, b);
+    out.extend(spoofs((a, b, other6), (&b.ns, "eth0"), ""));
     out
 }
 
 /// What guests reach on the host (blocking): from the first public guest, to the gateway
 /// address the host owns ICMP and DNS pass and another port does not; to the bridge's IPv6
-/// link-local address nothing passes, while a frame to all-nodes does (the control). Looked for
-/// on the bridge in `host_ns`.
+/// link-local address nothing passes, while a frame to all-nodes does (the control); with an
+/// IPv6 gateway `gateway6` (a dual-stack pool) ICMPv6 and DNS to it from the guest's IPv6
+/// lease pass and another port does not. Looked for on the bridge in `host_ns`.
 pub fn host_reach(
     guests: &[GuestInfo],
     host_ns: &str,
     bridge: &str,
-    gateway: Ipv4Addr,
+    (gateway, gateway6): (Ipv4Addr, Option<IpAddr>),
 ) -> Vec<Check> {
     let Some(a) = guests.iter().find(|g| g.policy == NetworkPolicy::Public) else {
         return Vec::new();
@@ -187,10 +216,13 @@ pub fn host_reach(
     let br_mac: Option<MacAddr> = json(&["-j", "link", "show", "dev", bridge])
         .and_then(|v| v[0]["address"].as_str().and_then(|m| m.parse().ok()));
     let br_ll: Option<Ipv6Addr> =
+        // iproute2 prints the addresses the scope filter leaves out as `{}`: the first entry
+        // with an address is the link-local one.
         json(&["-j", "-6", "addr", "show", "dev", bridge, "scope", "link"]).and_then(|v| {
-            v[0]["addr_info"][0]["local"]
-                .as_str()
-                .and_then(|a| a.parse().ok())
+            v[0]["addr_info"]
+                .as_array()?
+                .iter()
+                .find_map(|a| a["local"].as_str().and_then(|a| a.parse().ok()))
         });
     let (Some(br_mac), Some(br_ll)) = (br_mac, br_ll) else {
         return vec![check(
@@ -206,7 +238,7 @@ pub fn host_reach(
     let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
     type Build = Box<dyn Fn(&[u8]) -> Vec<u8>>;
     let (am, a4) = (a.mac, a.ip4);
-    let cases: Vec<(String, bool, Build)> = vec![
+    let mut cases: Vec<(String, bool, Build)> = vec![
         (
             format!("gateway {gateway}: ICMP echo"),
             true,
@@ -233,6 +265,23 @@ pub fn host_reach(
             Box::new(move |m| udp6_frame(br_mac, am, ll_a, br_ll, (4000, 4001), m)),
         ),
     ];
+    if let (Some(IpAddr::V6(gw6)), Some(a6)) = (gateway6, a.ip6) {
+        cases.push((
+            format!("IPv6 gateway {gw6}: ICMPv6 echo"),
+            true,
+            Box::new(move |m| icmp6_frame(br_mac, am, a6, gw6, 128, m)),
+        ));
+        cases.push((
+            format!("IPv6 gateway {gw6}: DNS (udp/53)"),
+            true,
+            Box::new(move |m| udp6_frame(br_mac, am, a6, gw6, (4000, 53), m)),
+        ));
+        cases.push((
+            format!("IPv6 gateway {gw6}: another port (udp/9999)"),
+            false,
+            Box::new(move |m| udp6_frame(br_mac, am, a6, gw6, (4000, 9999), m)),
+        ));
+    }
     let tag = std::process::id();
     cases
         .iter()
@@ -308,7 +357,12 @@ pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
     ));
     let promisc = crate::netns::ip(host.ns, &["link", "set", host.bridge, "promisc", "on"]);
     if promisc.is_ok() {
-        out.extend(spoofs(a, b, (host.ns, host.bridge), "gap, at the bridge: "));
+        let other6 = checks6::other_lease(guests, a, b);
+        out.extend(spoofs(
+            (a, b, other6),
+            (host.ns, host.bridge),
+            "gap, at the bridge: ",
+        ));
     }
     out.push(check(
         format!("gap: {} → {} (nothing reaches a guest)", a.id, b.id),
@@ -335,8 +389,13 @@ pub fn gap(guests: &[GuestInfo], host: &mut GapHost<'_>) -> Vec<Check> {
 }
 
 /// The spoof suite from `a` towards `b`, looked for on `at` (namespace, interface); `label`
-/// prefixes the check names.
-fn spoofs(a: &GuestInfo, b: &GuestInfo, at: (&str, &str), label: &str) -> Vec<Check> {
+/// prefixes the check names. With IPv6 leases the IPv6 cases of [`checks6::spoof_cases`]
+/// follow (`other6` the lease of a guest other than `a`).
+fn spoofs(
+    (a, b, other6): (&GuestInfo, &GuestInfo, Option<Ipv6Addr>),
+    at: (&str, &str),
+    label: &str,
+) -> Vec<Check> {
     let Ok(cap) = Capture::start(at.0, at.1) else {
         return vec![check(
             format!("{label}capture on {}", at.1),
@@ -350,9 +409,8 @@ fn spoofs(a: &GuestInfo, b: &GuestInfo, at: (&str, &str), label: &str) -> Vec<Ch
     let (ll_a, ll_b) = (a.mac.link_local_v6(), b.mac.link_local_v6());
     let all_nodes: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
     let foreign4 = Ipv4Addr::from(u32::from(b.ip4).wrapping_add(100));
-    type Build = Box<dyn Fn(&[u8]) -> Vec<u8>>;
     let (am, bm, a4, b4) = (a.mac, b.mac, a.ip4, b.ip4);
-    let cases: Vec<(&str, bool, Build)> = vec![
+    let mut cases: Vec<(&str, bool, checks6::Build)> = vec![
         (
             "honest IPv4 frame",
             true,
@@ -408,27 +466,39 @@ fn spoofs(a: &GuestInfo, b: &GuestInfo, at: (&str, &str), label: &str) -> Vec<Ch
             Box::new(move |m| icmp6_frame(ALL_NODES_MAC, am, ll_a, all_nodes, 134, m)),
         ),
     ];
-    let mut out = Vec::new();
-    for (i, (name, arrives, build)) in cases.iter().enumerate() {
-        if stop() {
-            break;
-        }
-        let marker = format!("vmnet-sbx-{tag}-{label}{i}").into_bytes();
-        let sent = send_frame(&a.ns, "eth0", &build(&marker)).is_ok();
-        let seen = if !sent {
-            "not sent"
-        } else if cap.saw(&marker, wait) {
-            "arrives"
-        } else {
-            "dropped"
-        };
-        out.push(check(
-            format!("{label}{} → {}: {name}", a.id, b.id),
-            if *arrives { "arrives" } else { "dropped" },
-            seen,
-        ));
-    }
-    out
+    cases.extend(checks6::spoof_cases(a, b, other6));
+    // Every frame is sent first, then each is looked for until one shared deadline `wait`
+    // after the last send: each frame gets at least `wait`, and the suite costs one wait, not
+    // one per dropped frame.
+    // Fixed width, so no marker is a prefix of another (`-1` of `-12`).
+    let marker = |i: usize| format!("vmnet-sbx-{tag}-{label}{i:03}").into_bytes();
+    let sent: Vec<bool> = cases
+        .iter()
+        .enumerate()
+        .take_while(|_| !stop())
+        .map(|(i, (_, _, build))| send_frame(&a.ns, "eth0", &build(&marker(i))).is_ok())
+        .collect();
+    let deadline = std::time::Instant::now() + wait;
+    cases
+        .iter()
+        .zip(sent)
+        .enumerate()
+        .map(|(i, ((name, arrives, _), sent))| {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let seen = if !sent {
+                "not sent"
+            } else if cap.saw(&marker(i), left) {
+                "arrives"
+            } else {
+                "dropped"
+            };
+            check(
+                format!("{label}{} → {}: {name}", a.id, b.id),
+                if *arrives { "arrives" } else { "dropped" },
+                seen,
+            )
+        })
+        .collect()
 }
 
 /// After every instance was deleted through the API: the `bc*` links and the per-tap elements

@@ -22,6 +22,7 @@
 
 pub mod agent;
 pub mod checks;
+mod checks6;
 mod report;
 mod spec;
 
@@ -134,6 +135,24 @@ pub fn host_bridge(
         ],
     )
     .map_err(|e| ipf(chain(&e)))?;
+    // A dual-stack pool: the IPv6 gateway on the bridge too, its range routed back likewise.
+    if let Some(r6) = spec.range6() {
+        let gw6 = format!("{}/{}", r6.gateway, r6.cidr.prefix_len());
+        tk::ip(&host, &["-6", "addr", "add", &gw6, "dev", br, "nodad"])
+            .map_err(|e| ipf(chain(&e)))?;
+        tk::ip(
+            &sb.inet(),
+            &[
+                "-6",
+                "route",
+                "add",
+                &r6.cidr.trunc().to_string(),
+                "via",
+                &crate::sandbox::HOST_UPLINK_V6.to_string(),
+            ],
+        )
+        .map_err(|e| ipf(chain(&e)))?;
+    }
     Ok(())
 }
 
@@ -217,6 +236,7 @@ async fn run(
     let mut created = Vec::new();
     let mut placement = Vec::new();
     let mut range = None;
+    let range6 = spec.range6();
     let outcome: Result<(), Error> = async {
         agent.set_up_pool(spec).await?;
         for i in &spec.instances {
@@ -224,6 +244,7 @@ async fn run(
                 instance: i.instance_id.clone(),
                 policy: format!("{:?}", i.policy).to_lowercase(),
                 lease,
+                lease6: "-".to_owned(),
                 tap: tap.into(),
                 mac: mac.into(),
                 seed_address: seed_address.into(),
@@ -243,7 +264,10 @@ async fn run(
                     i.instance_id
                 ))
             })?;
-            placement.push((i.instance_id.clone(), Ok(addr)));
+            placement.push((i.instance_id.clone(), Ok((addr, inst.address6))));
+            let lease6 = inst
+                .address6
+                .map_or_else(|| "-".to_owned(), |a| a.to_string());
             let nics: InstanceNics = agent
                 .client
                 .get(&format!("/v1/instances/{}/nics", segment(&i.instance_id)))
@@ -268,13 +292,17 @@ async fn run(
                     ..Proc::default()
                 });
                 paths.save(&st)?;
-                rows.push(row(addr.to_string(), &nic.tap, &nic.mac, "cloud-init"));
+                rows.push(InstanceRow {
+                    lease6,
+                    ..row(addr.to_string(), &nic.tap, &nic.mac, "cloud-init")
+                });
                 vms.push(KvmGuest {
                     id: i.instance_id.clone(),
                     vm,
                     ch: None,
                     mac,
                     ip4: addr,
+                    ip6: inst.address6,
                     policy: i.policy,
                     ready_secs: None,
                 });
@@ -293,19 +321,24 @@ async fn run(
             );
             let net = sim_guest::configure(&ns, "eth0", mac, Some(&network_config))
                 .map_err(internal("simulated guest"))?;
-            rows.push(row(
-                addr.to_string(),
-                &nic.tap,
-                &nic.mac,
-                &net.addresses.join(","),
-            ));
+            rows.push(InstanceRow {
+                lease6,
+                ..row(
+                    addr.to_string(),
+                    &nic.tap,
+                    &nic.mac,
+                    &net.addresses.join(","),
+                )
+            });
             guests.push(GuestInfo {
                 id: i.instance_id.clone(),
                 ns,
                 mac,
                 ip4: addr,
+                ip6: inst.address6,
                 policy: i.policy,
                 seed_addresses: net.addresses,
+                seed_routes: net.routes,
             });
         }
         let pool: vmnet_model::pool::Pool = agent
@@ -322,7 +355,7 @@ async fn run(
         let pl = &placement;
         let vms = &mut vms;
         checks = tokio::task::block_in_place(|| {
-            let mut all = checks::run(&[], r, pl);
+            let mut all = checks::run(&[], (r, range6.as_ref()), pl);
             all.extend(kvm::pool::wait_booted(vms, KVM_BOOT_WAIT));
             all.extend(kvm::pool::run(vms, r, &spec.pool.dns));
             all
@@ -340,8 +373,13 @@ async fn run(
         let rt = tokio::runtime::Handle::current();
         let agent = &agent;
         checks = tokio::task::block_in_place(|| {
-            let mut all = checks::run(gs, r, pl);
-            all.extend(checks::host_reach(gs, &host, bridge.as_str(), r.gateway));
+            let mut all = checks::run(gs, (r, range6.as_ref()), pl);
+            all.extend(checks::host_reach(
+                gs,
+                &host,
+                bridge.as_str(),
+                (r.gateway, range6.as_ref().map(|r6| r6.gateway)),
+            ));
             let before = std::cell::Cell::new(0);
             let mut hold_audit = || {
                 before.set(

@@ -11,13 +11,15 @@ pub struct InstanceRow {
     pub instance: String,
     /// Policy.
     pub policy: String,
-    /// The lease, or the placement error.
+    /// The IPv4 lease, or the placement error.
     pub lease: String,
+    /// The IPv6 lease, or `-` (no IPv6 range, or no placement).
+    pub lease6: String,
     /// The tap, or `-`.
     pub tap: String,
     /// The MAC, or `-`.
     pub mac: String,
-    /// The address the guest configured from its seed.
+    /// The addresses the guest configured from its seed (`cloud-init` for real guests).
     pub seed_address: String,
 }
 
@@ -51,6 +53,7 @@ fn render(r: &PoolReport) -> String {
                 i.instance.clone(),
                 i.policy.clone(),
                 i.lease.clone(),
+                i.lease6.clone(),
                 i.tap.clone(),
                 i.mac.clone(),
                 i.seed_address.clone(),
@@ -64,7 +67,15 @@ fn render(r: &PoolReport) -> String {
         crate::agent_args::shell_line(&r.agent_command)
     );
     out.push_str(&render_table(
-        &["INSTANCE", "POLICY", "LEASE", "TAP", "MAC", "SEED ADDRESS"],
+        &[
+            "INSTANCE",
+            "POLICY",
+            "LEASE",
+            "LEASE6",
+            "TAP",
+            "MAC",
+            "SEED ADDRESSES",
+        ],
         &rows,
     ));
     let rows: Vec<Vec<String>> = r
@@ -106,6 +117,7 @@ mod tests {
                 instance: "i-1".into(),
                 policy: "default".into(),
                 lease: "10.0.0.2".into(),
+                lease6: "fd00:10::2".into(),
                 tap: "bc0".into(),
                 mac: "02:00:00:00:00:01".into(),
                 seed_address: "10.0.0.2/29".into(),

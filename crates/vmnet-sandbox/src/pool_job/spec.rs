@@ -6,7 +6,7 @@ use serde::Deserialize;
 use crate::sandbox::HOST_UPLINK_V4;
 use vmnet_model::ValidationError;
 use vmnet_model::nic::{IfName, NetworkPolicy};
-use vmnet_model::pool::SetIpPool;
+use vmnet_model::pool::{AddRange, Family, PoolRange, SetIpPool};
 
 /// One instance of a pool spec.
 #[derive(Debug, Clone, Deserialize)]
@@ -20,6 +20,36 @@ pub struct PoolSpecInstance {
     /// A sandbox instance (SSH only from the host).
     #[serde(default)]
     pub sandbox: bool,
+}
+
+/// A range added after the pool's first (`POST /v1/pools/{id}/ranges`): IPv4 or IPv6.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpecRange {
+    /// The network, e.g. `fd00:10::/64`.
+    pub cidr: String,
+    /// The gateway; never leased.
+    pub gateway: String,
+    /// The first address to lease (default: the API's).
+    #[serde(default)]
+    pub first_host: Option<String>,
+    /// The last address to lease (default: the API's).
+    #[serde(default)]
+    pub last_host: Option<String>,
+}
+
+impl PoolSpecRange {
+    /// The API's request for this range of pool `pool_id`.
+    #[must_use]
+    pub fn request(&self, pool_id: &str) -> AddRange {
+        AddRange {
+            pool_id: pool_id.to_owned(),
+            cidr: self.cidr.clone(),
+            gateway: self.gateway.clone(),
+            first_host: self.first_host.clone(),
+            last_host: self.last_host.clone(),
+        }
+    }
 }
 
 /// The host of a pool spec.
@@ -45,6 +75,9 @@ pub struct PoolSpec {
     pub bridge: String,
     /// The range (`setIpPool`).
     pub pool: SetIpPool,
+    /// The ranges added after it, in order (an IPv6 range makes the pool dual-stack).
+    #[serde(default)]
+    pub ranges: Vec<PoolSpecRange>,
     /// The host.
     pub host: PoolSpecHost,
     /// The instances, created in order.
@@ -55,6 +88,7 @@ impl PoolSpec {
     /// Parses and checks a pool spec before anything is built: valid JSON object, `mode`
     /// `"pool"`, a bridge name usable in the sandbox host (an interface name, not `bc…`, not
     /// `lo` or `uplink`), a valid range not overlapping the sandbox's own networks, a valid
+    /// added ranges (`ranges`, each valid, not overlapping the sandbox's networks), a valid
     /// host, at least one instance, instance ids valid and distinct.
     ///
     /// # Errors
@@ -107,6 +141,41 @@ impl PoolSpec {
                 )));
             }
         }
+        let sandbox_nets6 = [
+            (
+                "the sandbox uplink",
+                ipnet::IpNet::from(
+                    ipnet::Ipv6Net::new(
+                        crate::sandbox::HOST_UPLINK_V6,
+                        crate::sandbox::UPLINK_V6_LEN,
+                    )
+                    .map_err(|e| ValidationError::rule(e.to_string()))?
+                    .trunc(),
+                ),
+            ),
+            (
+                "the fake internet's echo address",
+                ipnet::IpNet::from(
+                    ipnet::Ipv6Net::new(crate::sandbox::ECHO_V6, 128)
+                        .map_err(|e| ValidationError::rule(e.to_string()))?,
+                ),
+            ),
+        ];
+        for (n, r) in spec.ranges.iter().enumerate() {
+            let added = r
+                .request(&spec.pool.pool_id)
+                .validate()
+                .map_err(|e| bad(format!("ranges[{n}]: {}", e.message())))?;
+            let v4 = sandbox_nets.map(|(w, net)| (w, ipnet::IpNet::from(net)));
+            for (what, net) in v4.iter().chain(&sandbox_nets6) {
+                if net.contains(&added.cidr.network()) || added.cidr.contains(&net.network()) {
+                    return Err(bad(format!(
+                        "ranges[{n}].cidr {} overlaps {what} {net}",
+                        added.cidr
+                    )));
+                }
+            }
+        }
         vmnet_model::ids::validate_id("host.host_id", &spec.host.host_id)
             .map_err(|e| bad(e.message()))?;
         if spec.host.vcpus == 0 || spec.host.memory_mib == 0 {
@@ -127,6 +196,17 @@ impl PoolSpec {
             }
         }
         Ok(spec)
+    }
+}
+
+impl PoolSpec {
+    /// The first IPv6 range of `ranges`, validated (`None` for an IPv4-only pool).
+    #[must_use]
+    pub fn range6(&self) -> Option<PoolRange> {
+        self.ranges
+            .iter()
+            .filter_map(|r| r.request(&self.pool.pool_id).validate().ok())
+            .find(|r| r.family == Family::Ipv6)
     }
 }
 
@@ -153,6 +233,17 @@ mod tests {
     #[test]
     fn pool_specs_are_checked_before_anything_is_built() {
         assert_eq!(PoolSpec::parse("f", GOOD).unwrap().instances.len(), 2);
+        assert!(PoolSpec::parse("f", GOOD).unwrap().range6().is_none());
+        let dual = GOOD.replacen(
+            r#""host":"#,
+            r#""ranges": [{"cidr": "fd00:10::/64", "gateway": "fd00:10::1"}], "host":"#,
+            1,
+        );
+        let r6 = PoolSpec::parse("f", &dual).unwrap().range6().unwrap();
+        assert_eq!(
+            (r6.gateway.to_string(), r6.first_host.to_string()),
+            ("fd00:10::1".to_owned(), "fd00:10::2".to_owned())
+        );
         let with = |from: &str, to: &str| GOOD.replacen(from, to, 1);
         let cases: Vec<(String, &str)> = vec![
             ("[]".into(), "must be a JSON object"),
@@ -224,6 +315,27 @@ mod tests {
                 "host.host_id",
             ),
             (with(r#""vcpus": 8"#, r#""vcpus": 0"#), "host: vcpus"),
+            (
+                with(
+                    r#""host":"#,
+                    r#""ranges": [{"cidr": "fd00:10::/32", "gateway": "fd00:10::1"}], "host":"#,
+                ),
+                "ranges[0]: pool pool-1: cidr fd00:10::/32 has prefix length 32",
+            ),
+            (
+                with(
+                    r#""host":"#,
+                    r#""ranges": [{"cidr": "fd00:10::/64", "gw": "fd00:10::1"}], "host":"#,
+                ),
+                "unknown field `gw`",
+            ),
+            (
+                with(
+                    r#""host":"#,
+                    r#""ranges": [{"cidr": "2001:db8:0:1::/64", "gateway": "2001:db8:0:1::9"}], "host":"#,
+                ),
+                "ranges[0].cidr 2001:db8:0:1::/64 overlaps the sandbox uplink",
+            ),
         ];
         for (text, want) in cases {
             let e = PoolSpec::parse("f.json", &text).unwrap_err();
