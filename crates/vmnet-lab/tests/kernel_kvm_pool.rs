@@ -58,6 +58,15 @@ fn kvm_guests_in_the_pool_sandbox() {
         "10.0.0.3/29"
     );
     assert_eq!(seen("jail-1: default route"), "via 10.0.0.1");
+    // Dual-stack (examples/pool-kvm.json adds fd00:10::/64): cloud-init brings up both.
+    assert_eq!(
+        seen("web-2: cloud-init put the IPv6 lease on eth0"),
+        "fd00:10::3/64"
+    );
+    assert_eq!(seen("web-1: IPv6 default route"), "via fd00:10::1");
+    assert_eq!(seen("web-1 (public) → ipv6 gateway fd00:10::1"), "passes");
+    assert_eq!(seen("jail-1 (none) → ipv6 gateway"), "dropped");
+    assert_eq!(seen("web-1 → fd00:10::3 over IPv6"), "passes");
     assert_eq!(seen("web-1: nameservers"), "10.0.0.1");
     assert_eq!(seen("jail-1 (none) → gateway"), "dropped");
     assert_eq!(seen("web-1 (public) → internet"), "passes");

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use vmnet_model::Error;
 use vmnet_model::nic::{MacAddr, NetworkPolicy};
-use vmnet_model::pool::IpRange;
+use vmnet_model::pool::{IpRange, PoolRange};
 
 use super::{Channel, Vm};
 use crate::pool_job::checks::{Check, check};
@@ -31,7 +31,7 @@ pub struct KvmGuest {
     /// Its lease.
     pub ip4: Ipv4Addr,
     /// Its IPv6 lease (a dual-stack pool).
-    pub ip6: Option<std::net::Ipv6Addr>,
+    pub ip6: Option<Ipv6Addr>,
     /// Its policy.
     pub policy: NetworkPolicy,
     /// Seconds from qemu's start to network-ready, once known: cloud-init done
@@ -263,6 +263,81 @@ pub fn run(guests: &mut [KvmGuest], range: &IpRange, dns: &[String]) -> Vec<Chec
     }
     let (lo, hi) = guests.split_at_mut(bi);
     out.extend(spoofs(&mut lo[ai], &mut hi[0]));
+    out
+}
+
+/// The guest's global IPv6 addresses on `eth0`, `addr/len`, one a line.
+const LEASE6: &str = "ip -6 -o addr show dev eth0 scope global | awk '{print $4}'";
+/// The guest's IPv6 default route, `via GATEWAY`.
+const ROUTE6: &str = "ip -6 route show default | awk '{print $2, $3}'";
+
+/// The IPv6 checks of a dual-stack pool (blocking), from inside the guests: cloud-init put
+/// the IPv6 lease on `eth0` (`r` the IPv6 range) and the IPv6 default route via its gateway
+/// (`gateway6`); each guest pings the IPv6 gateway (passes unless its policy is `none`), the
+/// first public guest pings the second by its IPv6 lease (passes) and each `none` guest's
+/// (dropped).
+pub fn run6(guests: &mut [KvmGuest], r: &PoolRange) -> Vec<Check> {
+    let mut out = Vec::new();
+    let t = Duration::from_secs(10);
+    for g in guests.iter_mut().filter(|g| g.ch.is_some()) {
+        let want = g.ip6.map_or_else(
+            || "no IPv6 lease".to_owned(),
+            |a| format!("{a}/{}", r.cidr.prefix_len()),
+        );
+        let seen = g.sh(LEASE6, t);
+        out.push(check(
+            format!("{}: cloud-init put the IPv6 lease on eth0", g.id),
+            want,
+            seen,
+        ));
+        let seen = g.sh(ROUTE6, t);
+        out.push(check(
+            format!("{}: IPv6 default route", g.id),
+            format!("via {}", r.gateway),
+            seen,
+        ));
+    }
+    for g in guests.iter_mut().filter(|g| g.ch.is_some()) {
+        if crate::state::stopping() {
+            return out;
+        }
+        let exp = g.policy != NetworkPolicy::None;
+        let seen = ping(g, r.gateway);
+        out.push(check(
+            format!(
+                "{} ({:?}) → IPv6 gateway {}, from the guest",
+                g.id, g.policy, r.gateway
+            )
+            .to_lowercase(),
+            passes(exp),
+            seen,
+        ));
+    }
+    let idx: Vec<usize> = (0..guests.len())
+        .filter(|&i| guests[i].policy == NetworkPolicy::Public && guests[i].ch.is_some())
+        .collect();
+    let (Some(&ai), Some(Some(b6))) = (idx.first(), idx.get(1).map(|&bi| guests[bi].ip6)) else {
+        return out;
+    };
+    let seen = ping(&mut guests[ai], b6);
+    out.push(check(
+        format!("{} → {b6} over IPv6, from the guest", guests[ai].id),
+        "passes",
+        seen,
+    ));
+    let nones: Vec<Ipv6Addr> = guests
+        .iter()
+        .filter(|g| g.policy == NetworkPolicy::None)
+        .filter_map(|g| g.ip6)
+        .collect();
+    for n in nones {
+        let seen = ping(&mut guests[ai], n);
+        out.push(check(
+            format!("{} → {n} (none) over IPv6, from the guest", guests[ai].id),
+            "dropped",
+            seen,
+        ));
+    }
     out
 }
 

@@ -358,6 +358,9 @@ async fn run(
             let mut all = checks::run(&[], (r, range6.as_ref()), pl);
             all.extend(kvm::pool::wait_booted(vms, KVM_BOOT_WAIT));
             all.extend(kvm::pool::run(vms, r, &spec.pool.dns));
+            if let Some(r6) = &range6 {
+                all.extend(kvm::pool::run6(vms, r6));
+            }
             all
         });
         for g in vms.iter() {
