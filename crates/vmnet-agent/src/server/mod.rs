@@ -17,7 +17,7 @@
 //! - Bounded, so no local client can use up the agent's descriptors (libnftables ends the
 //!   process when it cannot open its netlink socket): at most [`MAX_CONNECTIONS`] connections
 //!   are open at once (a further one is closed at accept, and the refusals are logged once per
-//!   [`REFUSED_LOG_INTERVAL`] with their count); a client must send each request's headers
+//!   [`REFUSED_LOG_INTERVAL`] with their count, as are the connections that end with an error); a client must send each request's headers
 //!   within [`HEADER_TIMEOUT`] of the connection becoming ready for one, so a connection that
 //!   sends nothing, or sends a head slowly, or idles between requests, is closed after it. A
 //!   response in progress (an event stream) is not limited by it.
@@ -60,7 +60,8 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// for a request (accepted, or done with the previous answer).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often connections refused for [`MAX_CONNECTIONS`] are logged (with their count).
+/// How often connections refused for [`MAX_CONNECTIONS`], or ended with an error, are logged
+/// (each kind with the count of the lines held back).
 pub const REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Why the agent cannot listen or serve. Mapped to a documented code at the CLI's edge
@@ -269,7 +270,8 @@ pub async fn serve_with(
     tokio::pin!(shutdown);
     let access = api.access;
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut refused = RefusedLog::new(limits.max_connections);
+    let mut refused = LogGate::default();
+    let conn_errors = Arc::new(std::sync::Mutex::new(LogGate::default()));
     loop {
         let stream = tokio::select! {
             () = &mut shutdown => break,
@@ -284,7 +286,13 @@ pub async fn serve_with(
             },
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            refused.one();
+            if let Some(held) = refused.pass() {
+                tracing::warn!(
+                    "API socket: {} connections open; closed a new one at accept ({held} more \
+                     since the last such line)",
+                    limits.max_connections
+                );
+            }
             continue;
         };
         let peer = match peer_of(&stream) {
@@ -304,6 +312,7 @@ pub async fn serve_with(
                 .serve_connection(TokioIo::new(stream), svc)
         };
         let watched = graceful.watch(conn);
+        let conn_errors = Arc::clone(&conn_errors);
         tokio::spawn(async move {
             let _slot = slot;
             if let Verdict::Refused(why) = verdict(access, peer).await {
@@ -323,16 +332,29 @@ pub async fn serve_with(
                 }
             };
             // A client that hangs up, sends a malformed head or is too slow ends its own
-            // connection: not the agent's problem, and one line each would let a client flood
-            // the log.
+            // connection: logged with its peer, but one line per interval (the rest at debug),
+            // so no client can flood the log.
             if let Err(e) = ended {
-                tracing::debug!(
-                    peer.uid,
-                    peer.gid,
-                    peer.pid,
-                    "API connection from {peer} ended with an error: {}",
-                    vmnet_model::error::chain(&e)
-                );
+                let why = vmnet_model::error::chain(&e);
+                let gate = conn_errors
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .pass();
+                match gate {
+                    Some(held) => tracing::warn!(
+                        peer.uid,
+                        peer.gid,
+                        peer.pid,
+                        "API connection from {peer} ended with an error: {why} ({held} more such \
+                         lines since the last one held back)"
+                    ),
+                    None => tracing::debug!(
+                        peer.uid,
+                        peer.gid,
+                        peer.pid,
+                        "API connection from {peer} ended with an error: {why}"
+                    ),
+                }
             }
         });
     }
@@ -349,39 +371,26 @@ pub async fn serve_with(
     Ok(())
 }
 
-/// Connections closed at accept because `max` were open: counted, and logged at most once per
-/// [`REFUSED_LOG_INTERVAL`].
-#[derive(Debug)]
-struct RefusedLog {
-    max: usize,
-    since_logged: u64,
+/// Lets one log line of a kind through per [`REFUSED_LOG_INTERVAL`] and counts the others, so
+/// a client cannot flood the log with lines about its own connections.
+#[derive(Debug, Default)]
+struct LogGate {
     last: Option<Instant>,
+    held: u64,
 }
 
-impl RefusedLog {
-    fn new(max: usize) -> Self {
-        Self {
-            max,
-            since_logged: 0,
-            last: None,
-        }
-    }
-
-    fn one(&mut self) {
-        self.since_logged += 1;
+impl LogGate {
+    /// `Some(lines held back since the last one let through)` when this one may be logged.
+    fn pass(&mut self) -> Option<u64> {
         if self
             .last
             .is_some_and(|t| t.elapsed() < REFUSED_LOG_INTERVAL)
         {
-            return;
+            self.held += 1;
+            return None;
         }
-        tracing::warn!(
-            refused = self.since_logged,
-            "API socket: {} connections open; closed new ones at accept",
-            self.max
-        );
-        self.since_logged = 0;
         self.last = Some(Instant::now());
+        Some(std::mem::take(&mut self.held))
     }
 }
 
