@@ -117,19 +117,25 @@ impl Table {
     }
 }
 
-/// The newest change a worker confirmed.
+/// The newest change a worker confirmed, and whether a wait ran out since the last
+/// confirmation: then the next waits do not wait (a worker that stopped confirming, dead or
+/// compromised by a guest, costs the API one bounded wait, not one per request).
 #[derive(Debug)]
-pub struct Settled(watch::Sender<u64>);
+pub struct Settled(watch::Sender<u64>, std::sync::atomic::AtomicBool);
 
 impl Default for Settled {
     fn default() -> Self {
-        Self(watch::Sender::new(0))
+        Self(
+            watch::Sender::new(0),
+            std::sync::atomic::AtomicBool::new(false),
+        )
     }
 }
 
 impl Settled {
     /// Records that a worker confirmed every change up to `c`.
     pub(super) fn confirm(&self, c: Change) {
+        self.1.store(false, std::sync::atomic::Ordering::Relaxed);
         self.0.send_if_modified(|v| {
             let newer = c.0 > *v;
             if newer {
@@ -145,12 +151,24 @@ impl Settled {
         *self.0.borrow() >= c.0
     }
 
-    /// Waits until change `c` is confirmed, at most `within`; whether it was.
+    /// Waits until change `c` is confirmed, at most `within` (not at all while an earlier wait
+    /// ran out and nothing was confirmed since); whether it was.
     pub async fn wait(&self, c: Change, within: Duration) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.has(c) {
+            return true;
+        }
+        if self.1.load(Ordering::Relaxed) {
+            return false;
+        }
         let mut rx = self.0.subscribe();
-        tokio::time::timeout(within, rx.wait_for(|v| *v >= c.0))
+        let done = tokio::time::timeout(within, rx.wait_for(|v| *v >= c.0))
             .await
-            .is_ok_and(|r| r.is_ok())
+            .is_ok_and(|r| r.is_ok());
+        if !done {
+            self.1.store(true, Ordering::Relaxed);
+        }
+        done
     }
 }
 
@@ -187,6 +205,8 @@ mod tests {
     async fn a_wait_ends_when_confirmed_or_after_its_bound() {
         let s = Arc::new(Settled::default());
         assert!(!s.wait(Change(1), Duration::from_millis(20)).await);
+        // A worker's confirmation (of nothing new) ends the stall the timed-out wait marked.
+        s.confirm(Change(0));
         let s2 = Arc::clone(&s);
         let h = tokio::spawn(async move { s2.wait(Change(2), Duration::from_secs(5)).await });
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -195,5 +215,16 @@ mod tests {
         assert!(h.await.unwrap());
         s.confirm(Change(2));
         assert!(s.has(Change(3)), "a confirmation never goes back");
+        // A wait that runs out makes the next ones return at once, until a confirmation.
+        assert!(!s.wait(Change(4), Duration::from_millis(20)).await);
+        let t0 = std::time::Instant::now();
+        assert!(!s.wait(Change(5), Duration::from_secs(5)).await);
+        assert!(t0.elapsed() < Duration::from_secs(1), "did not wait again");
+        s.confirm(Change(4));
+        let s2 = Arc::clone(&s);
+        let h = tokio::spawn(async move { s2.wait(Change(5), Duration::from_secs(5)).await });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        s.confirm(Change(5));
+        assert!(h.await.unwrap(), "waits again after a confirmation");
     }
 }
