@@ -26,6 +26,15 @@
 // The program only reads (the frame through bpf_probe_read_kernel, within the skb's linear
 // part): it never changes, drops or delays a frame. A tracing program's return value is
 // ignored.
+//
+// Wake on packet: a frame from the host side queued on a VM's tap while the tap's transmit
+// queue is deactivated (no VMM holds the tap: the kernel dropped the carrier and put the
+// built-in `noop` qdisc in place of the real one, so the kernel is about to drop the frame) is
+// copied whole, with a small header (`struct held`), into the perf event array `wake_frames`
+// (bpf_skb_output: the frame's paged part too). The agent keeps the copy and sends it to the
+// tap when the VMM attaches. Only while `wake_cfg[0].enabled` is set (the agent's setting);
+// frames longer than `wake_cfg[0].max_frame` are reported with no bytes (counted, not held).
+// The frame itself is untouched: the kernel drops it as it would without the program.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -60,6 +69,16 @@ typedef struct {
 struct net_device {
 	int ifindex;
 	possible_net_t nd_net;
+	struct netdev_queue *_tx;
+} __attribute__((preserve_access_index));
+
+struct Qdisc {
+	int (*enqueue)(void);
+	unsigned int flags;
+} __attribute__((preserve_access_index));
+
+struct netdev_queue {
+	struct Qdisc *qdisc;
 } __attribute__((preserve_access_index));
 
 struct sk_buff {
@@ -94,6 +113,52 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } activity_last SEC(".maps");
+
+// The agent's wake settings (one entry, written at load).
+struct wake_cfg {
+	__u32 enabled;
+	__u32 max_frame;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct wake_cfg);
+} wake_cfg SEC(".maps");
+
+// Held frames for the agent, one perf buffer per CPU (max_entries 0: one per CPU).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u32));
+} wake_frames SEC(".maps");
+
+// What precedes a held frame's bytes in its perf sample.
+struct held {
+	__u32 uid;
+	// The frame's length, and how many of its bytes follow (0: too long to hold).
+	__u32 len;
+	__u32 caplen;
+	// 1 when the frame counts as activity (TCP from the host side).
+	__u32 tcp;
+};
+
+// TCQ_F_BUILTIN: the kernel's own `noop` and `noqueue` qdiscs; of the two only `noop`
+// enqueues (and drops): a device's queue holds it while the device is deactivated.
+#define TCQ_F_BUILTIN 1
+
+// Whether `dev`'s first transmit queue is deactivated (no carrier): the frame is dropped.
+static __always_inline int deactivated(struct net_device *dev)
+{
+	struct netdev_queue *txq = dev->_tx;
+	if (!txq)
+		return 0;
+	struct Qdisc *q = txq->qdisc;
+	if (!q)
+		return 0;
+	return (q->flags & TCQ_F_BUILTIN) && q->enqueue;
+}
 
 struct ip4 {
 	__u8 vihl;
@@ -214,6 +279,18 @@ int BPF_PROG(activity_xmit, struct sk_buff *skb)
 		tcp = tcp4(&f);
 	else if (proto == bpf_htons(ETH_P_IPV6))
 		tcp = tcp6(&f);
+	__u32 zero = 0;
+	struct wake_cfg *cfg = bpf_map_lookup_elem(&wake_cfg, &zero);
+	if (cfg && cfg->enabled && deactivated(dev)) {
+		struct held h = {
+			.uid = vm->uid,
+			.len = skb->len,
+			.caplen = skb->len <= cfg->max_frame ? skb->len : 0,
+			.tcp = tcp,
+		};
+		bpf_skb_output(skb, &wake_frames, BPF_F_CURRENT_CPU | ((__u64)h.caplen << 32), &h,
+			       sizeof(h));
+	}
 	if (!tcp)
 		return 0;
 	__u32 key = vm->uid;

@@ -24,6 +24,7 @@ pub mod nftgen;
 pub mod ns;
 pub mod tap;
 mod tcfilter;
+pub mod wake;
 pub mod watch;
 pub mod wg;
 

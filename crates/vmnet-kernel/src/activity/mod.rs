@@ -47,6 +47,7 @@
 mod clock;
 mod entry;
 mod filter;
+mod held;
 mod pins;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -67,6 +68,7 @@ use clock::boottime_ns;
 pub use clock::wall_time;
 pub use entry::{Registration, VmEntry, netns_inode};
 pub use filter::{ObservedFilter, detach_filter, leftover_filter};
+pub use held::{Drained, HeldFrame, HeldReader};
 pub use pins::remove_root;
 
 /// The compiled BPF object.
@@ -223,6 +225,36 @@ impl ActivityRecorder {
             prog_id: info.id(),
             prog_tag: info.tag(),
         })
+    }
+
+    /// Turns on wake on packet: from now on the program copies each frame from the host side
+    /// that the kernel is about to drop on a VM's tap without its VMM (at most `max_frame`
+    /// bytes; longer ones are reported without their bytes) to perf buffers of `pages` pages
+    /// per CPU, which the returned reader reads. Once per recorder.
+    ///
+    /// # Errors
+    /// [`ActivityError::Map`] when the maps are gone (called twice) or cannot be written,
+    /// [`ActivityError::Load`] when the buffers cannot be opened.
+    pub fn hold(&self, max_frame: u32, pages: usize) -> Result<HeldReader, ActivityError> {
+        let mut bpf = self.lock();
+        let frames = bpf
+            .take_map(held::FRAMES_MAP)
+            .ok_or(aya::maps::MapError::InvalidName {
+                name: held::FRAMES_MAP.to_owned(),
+            })
+            .map_err(map_err("wake_frames"))?;
+        let frames = aya::maps::PerfEventArray::try_from(frames).map_err(map_err("wake_frames"))?;
+        let reader =
+            HeldReader::open(frames, pages).map_err(|e| ActivityError::Load(Box::new(e)))?;
+        let cfg = bpf
+            .map_mut(held::CFG_MAP)
+            .ok_or(aya::maps::MapError::InvalidName {
+                name: held::CFG_MAP.to_owned(),
+            })
+            .map_err(map_err("wake_cfg"))?;
+        let mut cfg: Array<_, [u32; 2]> = Array::try_from(cfg).map_err(map_err("wake_cfg"))?;
+        cfg.set(0, [1, max_frame], 0).map_err(map_err("wake_cfg"))?;
+        Ok(reader)
     }
 
     /// The kernel id of the loaded program (what the pinned link runs).
