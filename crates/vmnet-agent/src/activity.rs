@@ -33,6 +33,10 @@ pub struct VmActivity {
     pub baseline_unix_ms: i64,
     /// Whole seconds since the later of `last_activity` and `baseline`.
     pub idle_secs: u64,
+    /// Wake on packet's counters for the VM (`GET /v1/vms/{id}/activity` only, when wake on
+    /// packet is on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake: Option<crate::wake::hold::Counters>,
 }
 
 /// `GET /v1/activity`: every VM (or those idle at least `idle_secs`), ordered by id.
@@ -87,6 +91,7 @@ pub fn view(
         baseline: rfc3339(baseline),
         baseline_unix_ms: unix_ms(baseline),
         idle_secs: idle_secs(last, baseline, now),
+        wake: None,
     }
 }
 

@@ -127,6 +127,8 @@ pub struct Agent {
     provider_rules: StdMutex<vmnet_model::pool::ProviderRules>,
     /// The packet-activity program, when the agent runs it (`--activity-root`).
     activity: OnceLock<Arc<vmnet_kernel::activity::ActivityRecorder>>,
+    /// Wake on packet ([`crate::wake`]), when on.
+    wake_on_packet: OnceLock<Arc<crate::wake::Wake>>,
     /// When this agent started: the baseline of the activity reports.
     started: std::time::SystemTime,
     /// When this agent created each VM (by user id) it created: that VM's later baseline.
@@ -227,6 +229,7 @@ impl Agent {
             worker: OnceLock::new(),
             provider_rules: StdMutex::new(vmnet_model::pool::ProviderRules::default()),
             activity: OnceLock::new(),
+            wake_on_packet: OnceLock::new(),
             started: std::time::SystemTime::now(),
             activity_since: StdMutex::default(),
             events: crate::events::Events::new(),

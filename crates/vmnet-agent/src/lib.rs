@@ -42,5 +42,6 @@ pub mod repairs;
 pub mod server;
 pub mod status;
 pub mod table;
+pub mod wake;
 pub mod watch;
 pub mod worker;

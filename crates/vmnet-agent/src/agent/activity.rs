@@ -62,6 +62,11 @@ impl Agent {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(p) = previous {
             since.remove(&p);
+            if p != uid
+                && let Some(w) = self.wake_on_packet.get()
+            {
+                w.forget(p);
+            }
         }
         since.insert(uid, SystemTime::now());
     }
@@ -72,6 +77,31 @@ impl Agent {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&uid);
+        if let Some(w) = self.wake_on_packet.get() {
+            w.forget(uid);
+        }
+    }
+
+    /// Turns wake on packet on. Set once, before serving.
+    ///
+    /// # Errors
+    /// `CONFLICT` when it is already set.
+    pub fn set_wake(&self, wake: Arc<crate::wake::Wake>) -> Result<(), Error> {
+        self.wake_on_packet
+            .set(wake)
+            .map_err(|_| Error::conflict("wake on packet is already set on this agent"))
+    }
+
+    /// Wake on packet, when on.
+    #[must_use]
+    pub fn wake_service(&self) -> Option<&Arc<crate::wake::Wake>> {
+        self.wake_on_packet.get()
+    }
+
+    /// Every VM's id by user id.
+    pub(crate) async fn vm_ids(&self) -> Result<std::collections::HashMap<u32, String>, Error> {
+        let rows = store_tx!(self.db, tx => vm_store::list(tx).await)?;
+        Ok(rows.into_iter().map(|r| (r.user_id, r.id)).collect())
     }
 
     /// `GET /v1/vms/{id}/activity`.
@@ -86,13 +116,15 @@ impl Agent {
         let last = rec
             .last_of(row.user_id)
             .map_err(|e| Error::unavailable(format!("vm {id}: read the activity map: {e}")))?;
-        Ok(view(
+        let mut v = view(
             &row.id,
             row.user_id,
             last,
             self.activity_baseline(row.user_id),
             SystemTime::now(),
-        ))
+        );
+        v.wake = self.wake_service().map(|w| w.counters(row.user_id));
+        Ok(v)
     }
 
     /// `GET /v1/activity`: every VM, or with `idle_secs` those idle at least that long.

@@ -174,6 +174,32 @@ event_kinds! {
         /// The failure, as in `GET /v1/status` (never a credential).
         error: String,
     },
+    /// A packet that counts as activity (TCP from the host side) arrived for a VM whose tap
+    /// has no VMM: it is held, with what follows, until the VMM attaches. At most one per VM
+    /// per wake interval. The flow is the packet's as the guest would receive it.
+    VmWake = "vm_wake" {
+        /// The IP protocol number (6: TCP).
+        protocol: u8,
+        /// The source address.
+        src: String,
+        /// The source port.
+        src_port: u16,
+        /// The destination address.
+        dst: String,
+        /// The destination port.
+        dst_port: u16,
+        /// Frames the VM holds now, this one included.
+        held: u64,
+    },
+    /// A sleeping VM's VMM attached and its held frames were sent to the guest.
+    HeldDelivered = "held_delivered" {
+        /// Frames delivered.
+        delivered: u64,
+        /// Frames the kernel refused (too long for the tap, its queue full).
+        refused: u64,
+        /// How long the oldest of them was held, in milliseconds.
+        waited_ms: u64,
+    },
     /// Frames a guard dropped of what guests sent during the last interval, by kind (only
     /// the kinds that moved): per VM in namespace mode, for the whole host in pool mode.
     SpoofDrops = "spoof_drops" {

@@ -18,8 +18,10 @@ mod helper;
 mod lock;
 mod ops;
 mod preflight;
+mod wake;
 use helper::start_pool;
 pub use preflight::{check_uplink, preflight};
+use wake::start_wake;
 
 use std::net::Ipv6Addr;
 use std::path::PathBuf;
@@ -89,6 +91,24 @@ pub struct ServeArgs {
     /// it is not on one). A restarted agent given the same directory keeps the recorded times.
     #[arg(long, value_name = "PATH")]
     pub activity_root: Option<PathBuf>,
+    /// Wake on packet (with `--activity-root`): how long frames for a VM whose tap has no VMM
+    /// are held for it, in seconds, to be delivered when its VMM attaches; 0 holds nothing.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=300))]
+    pub wake_hold_secs: u64,
+    /// Wake on packet: the most frames held per VM (the oldest are dropped beyond it).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub wake_hold_frames: u64,
+    /// Wake on packet: the most bytes held per VM (the oldest frames are dropped beyond it).
+    #[arg(long, default_value_t = 262_144, value_parser = clap::value_parser!(u64).range(9216..=16_777_216))]
+    pub wake_hold_bytes: u64,
+    /// Wake on packet: the least time between two `vm_wake` events (and hook calls) of one VM,
+    /// in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub wake_interval_ms: u64,
+    /// Wake on packet: also post each `vm_wake` event (JSON, `POST /v1/wake` over HTTP/1.1) to
+    /// this unix socket, at most one per VM per wake interval, waiting at most 1 s for its answer.
+    #[arg(long, value_name = "PATH")]
+    pub wake_hook_socket: Option<PathBuf>,
     /// Do not load the guest guard (the BPF program on each VM's tap that drops what a guest
     /// may not send: spoofed sources, another VM's mesh address, forged ARP, router
     /// advertisements). Only for kernels that cannot load it (it needs BTF and
@@ -336,9 +356,14 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         settings,
         Duration::from_secs(args.reconcile_interval_secs),
     )?;
-    if let Some(rec) = recorder {
-        agent.set_activity(rec)?;
-    }
+    let wake = match recorder {
+        Some(rec) => {
+            let wake = start_wake(&args, &agent, &rec)?;
+            agent.set_activity(rec)?;
+            wake
+        }
+        None => None,
+    };
     agent.set_firewall_audit_period(Duration::from_secs(args.firewall_audit_secs));
     agent.set_kernel_deadline(super::trust::kernel_deadline(&args.trust));
     agent.set_provider_rules(rules.clone());
@@ -396,6 +421,8 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     let metrics = ops::bind_metrics(args.metrics_listen).await?;
     let reconciler = tokio::spawn(Arc::clone(&agent).run_loop());
     let watcher = events.map(|e| agent.start_watching(e));
+    let wake =
+        wake.map(|(w, reader)| tokio::spawn(vmnet_agent::wake::run(Arc::clone(&agent), w, reader)));
     let summaries = tokio::spawn(Arc::clone(&agent).run_spoof_summaries(
         std::time::Duration::from_secs(vmnet_agent::events::spoof::SPOOF_SUMMARY_SECS),
     ));
@@ -409,6 +436,9 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
     };
     let result = server::serve(router, unix, shutdown).await;
     summaries.abort();
+    if let Some(w) = wake {
+        w.abort();
+    }
     ops.stop();
     if let Some(w) = watcher {
         agent.stop_loop(w).await;
