@@ -24,6 +24,7 @@ pub const CONTROLLED: &[&str] = &[
     "--uplink",
     "--public-neighbors",
     "--activity-root",
+    "--wake-hold-secs",
     "--host-id",
     "--bridge",
     "--mesh",

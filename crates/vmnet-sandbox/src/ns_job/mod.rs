@@ -58,6 +58,7 @@ pub mod probes;
 pub mod public;
 pub mod repair;
 pub(crate) mod steps;
+pub mod wake;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -222,7 +223,9 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         ])
         // Packet activity, its maps pinned in the sandbox's state (removed by `down`).
         .arg("--activity-root")
-        .arg(paths.activity_root());
+        .arg(paths.activity_root())
+        // Wake on packet with a short hold, so the main job sees held frames expire.
+        .arg(format!("--wake-hold-secs={}", wake::HOLD_SECS));
     let (client, started) =
         steps::start_agent(paths, &mut st, "agent", agent, (&args.agent_args, timeout)).await?;
 
@@ -284,6 +287,7 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
     results.extend(fwchange::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(limits::run(&client, &inet, &spec.vms, &guest_ns).await);
     results.extend(activity::run(&client, &inet, &spec.vms, &guest_ns).await);
+    results.extend(wake::run(&client, &inet, &args.name, &spec.vms).await);
     results.extend(repair::run(&client, &inet, &host_ns, &spec.vms, &rows).await);
     Ok(report(args, paths, started, rows, results))
 }

@@ -292,7 +292,7 @@ pub(crate) fn guest_info(
 
 /// How the simulated guest of `v` configures itself: the status's MAC, address, gateway and MTU;
 /// its mesh /128; IPv6 routes via `fe80::1` for the mesh range and each IPv6 route destination.
-fn guest_config(v: &VmView) -> Result<GuestConfig, Error> {
+pub(crate) fn guest_config(v: &VmView) -> Result<GuestConfig, Error> {
     let bad = |what: &str, val: &str| {
         Error::internal(format!(
             "vm {}: status {what} {val:?} is not an address",
