@@ -295,6 +295,28 @@ async fn a_sleeping_vms_first_syn_is_held_reported_and_delivered_when_its_vmm_at
     );
     drop(relay);
     drop(vmm);
+    let (status, metrics) = client
+        .send_raw(hyper::Method::GET, "/metrics", None)
+        .await
+        .expect("metrics");
+    assert!(status.is_success());
+    let metrics = String::from_utf8_lossy(&metrics).to_string();
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert!(value("vmnet_wake_events_total") >= 3, "{metrics}");
+    assert!(
+        value("vmnet_wake_frames_total{outcome=\"delivered\"}") >= 2,
+        "{metrics}"
+    );
+    assert!(
+        value("vmnet_wake_frames_total{outcome=\"dropped\"}") >= 1,
+        "{metrics}"
+    );
+    assert_eq!(value("vmnet_wake_hook_failures_total"), 0, "{metrics}");
     let _: Value = client
         .delete(&format!("/v1/vms/{id}"))
         .await

@@ -44,6 +44,8 @@ struct Snapshot {
     classes: Vec<ClassRow>,
     /// (vm, idle seconds); `None` when activity is off.
     idle: Option<Vec<(String, u64)>>,
+    /// Wake on packet's counters; `None` when it is off.
+    wake: Option<crate::wake::Totals>,
     /// (peer public key, seconds since its last handshake or `None`); `None` without the mesh.
     mesh: Option<Vec<(String, Option<u64>)>>,
     metadata: Option<Counts>,
@@ -174,6 +176,7 @@ impl Agent {
             }
             s.pool_table_repairs = Some(p.runtime().status().drift_repairs);
         }
+        s.wake = self.wake_service().map(|w| w.totals());
         if let Some(rec) = self.activity_recorder() {
             match rec.last() {
                 Ok(last) => {
@@ -388,6 +391,38 @@ impl Collector for Snapshot {
                 "Seconds since the VM's last packet (or since the agent started or created it)",
                 false,
                 &per_vm,
+            )?;
+        }
+        if let Some(w) = &self.wake {
+            single(
+                e,
+                "vmnet_wake_events",
+                "vm_wake events: packets that counted as activity for a VM whose tap had no VMM",
+                true,
+                w.wakes,
+            )?;
+            let frames: Vec<([(&str, &str); 1], u64)> = [
+                ("held", w.held),
+                ("delivered", w.delivered),
+                ("dropped", w.dropped),
+                ("lost", w.lost),
+            ]
+            .into_iter()
+            .map(|(k, n)| ([("outcome", k)], n))
+            .collect();
+            family(
+                e,
+                "vmnet_wake_frames",
+                "Frames for sleeping VMs: held, delivered when the VMM attached, dropped (bounds, hold time, too long, refused), lost (the kernel's buffers full)",
+                true,
+                &frames,
+            )?;
+            single(
+                e,
+                "vmnet_wake_hook_failures",
+                "Wake hook calls that failed or were not answered within 1 s",
+                true,
+                w.hook_failures,
             )?;
         }
         if let Some(peers) = &self.mesh {
