@@ -58,7 +58,13 @@ async fn only_tcp_from_the_host_side_moves_activity() {
 
     // From the host side, everything but TCP: NDP and ICMPv6 (ping from the internet to the
     // mesh address), UDP from the internet, ARP, ICMP and UDP from the VM namespace itself.
-    netns::ip(&plan.netns, &["neigh", "flush", "dev", &plan.tap.name]).expect("flush");
+    // `nud all`: the guest's permanent entries too (wake on packet's), so the namespace
+    // resolves the guest by ARP and NDP again.
+    netns::ip(
+        &plan.netns,
+        &["neigh", "flush", "dev", &plan.tap.name, "nud", "all"],
+    )
+    .expect("flush");
     let p = traffic::ping(&env.sb.inet(), IpAddr::V6(v6("fdaa:1::1")), 3, T).expect("ping6");
     assert_eq!(p.received, 3, "the guest answers pings from the internet");
     traffic::udp_echo(&env.sb.inet(), sock("fdaa:1::1", 7), T).expect("udp6 from the internet");

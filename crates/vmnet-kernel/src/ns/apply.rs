@@ -152,6 +152,7 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
     }
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
     route_changes(&want, &st, &mut changes);
+    changes.extend(super::guestneigh::drift(plan, &st.tap_neigh));
     changes.extend(super::activity::drift(d, plan, &ns, &st.ns_links).await?);
     changes.extend(super::guard::drift(d, plan, &ns, &st.ns_links).await?);
     if !st.nft_drift.is_empty() {
@@ -200,6 +201,15 @@ async fn converge(
     changes.extend(super::guard::sync(d, plan, ns, &st.ns_links).await?);
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
     sync_routes(d, plan, ns, &want, st, changes).await?;
+    if let Some(tap) = st.ns_links.get(&plan.tap.name) {
+        // A fixed-state repair may have brought the tap up again, which flushes its entries.
+        let seen = if changes.iter().any(|c| matches!(c, Change::Repair { .. })) {
+            super::guestneigh::observe(ns, tap.index, &plan.netns).await?
+        } else {
+            st.tap_neigh.clone()
+        };
+        changes.extend(super::guestneigh::sync(ns, plan, tap.index, &seen).await?);
+    }
     if !st.nft_drift.is_empty() {
         if st.nft_applied.as_deref() == Some(plan.nft_shape.as_str()) {
             tracing::warn!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table not as planned; replacing it");

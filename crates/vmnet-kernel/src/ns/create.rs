@@ -323,7 +323,11 @@ async fn configure(
     let routes = async {
         let want = observe::resolve(plan, &links, host_link.as_ref(), &d.host).await?;
         let mut ignored = Vec::new();
-        sync_routes(d, plan, ns, &want, &st, &mut ignored).await
+        sync_routes(d, plan, ns, &want, &st, &mut ignored).await?;
+        if let Some(tap) = links.get(&plan.tap.name) {
+            super::guestneigh::sync(ns, plan, tap.index, &[]).await?;
+        }
+        Ok::<(), NsError>(())
     };
     futures::try_join!(routes, tc::create(ns, plan, &links))?;
     Ok(())

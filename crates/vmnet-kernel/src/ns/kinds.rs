@@ -27,7 +27,8 @@ pub enum ObjectKind {
     Route,
     /// A routing rule.
     Rule,
-    /// A neighbour entry: a veth end's permanent entry or a proxy ARP/NDP entry on the uplink.
+    /// A neighbour entry: a veth end's or the guest's permanent entry, or a proxy ARP/NDP entry
+    /// on the uplink.
     Neighbour,
     /// A sysctl.
     Sysctl,
@@ -105,6 +106,7 @@ impl Change {
             Self::AddVeth { .. } | Self::DelVeth { .. } => vec![ObjectKind::Link],
             Self::AddRoute(..) | Self::DelRoute(..) => vec![ObjectKind::Route],
             Self::AddRule(..) | Self::DelRule(..) => vec![ObjectKind::Rule],
+            Self::Neighbour(..) => vec![ObjectKind::Neighbour],
             Self::ReplaceNft { differences, .. } => differences
                 .iter()
                 .map(|d| ObjectKind::of_nft_difference(d))

@@ -77,6 +77,7 @@ mod firewall;
 mod fwbatch;
 mod gens;
 mod guard;
+mod guestneigh;
 mod host;
 mod hostnft;
 mod inns;
@@ -352,6 +353,9 @@ pub enum Change {
     AddRule(Side, String),
     /// Deleted a rule.
     DelRule(Side, String),
+    /// Made or deleted a permanent neighbour entry (the guest's on its tap), described as
+    /// `IP dev TAP permanent` or `del IP dev TAP`.
+    Neighbour(Side, String),
     /// Replaced the netns nft table (one transaction).
     ReplaceNft {
         /// The fingerprint applied.
@@ -418,6 +422,7 @@ impl fmt::Display for Change {
             Self::DelRoute(s, r) => write!(f, "{s}: delete route {r}"),
             Self::AddRule(s, r) => write!(f, "{s}: add rule {r}"),
             Self::DelRule(s, r) => write!(f, "{s}: delete rule {r}"),
+            Self::Neighbour(s, n) => write!(f, "{s}: neighbour {n}"),
             Self::ReplaceNft {
                 fingerprint,
                 differences,

@@ -9,7 +9,7 @@ use futures::TryStreamExt;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use rtnetlink::{Handle, IpVersion};
 use vmnet_model::vm::MESH_RANGE;
-use vmnet_plan::ns::{GUEST_IPV4, MAIN_TABLE, PlannedRoute, RouteKind, VmPlan, names};
+use vmnet_plan::ns::{MAIN_TABLE, PlannedRoute, RouteKind, VmPlan, names};
 
 use super::driver::NetlinkNsDriver;
 use super::links::neigh::{self, KNeigh};
@@ -38,8 +38,8 @@ pub(super) struct VmState {
     pub nft_applied: Option<String>,
     /// The netns's entry for the host end's link-local on the netns veth end.
     pub ns_neigh: Option<KNeigh>,
-    /// The netns's entries for the guest's addresses on the tap (its IPv4 and mesh address).
-    pub tap_neigh: Vec<(IpAddr, Option<KNeigh>)>,
+    /// The neighbour entries on the tap (the guest's permanent ones, [`super::guestneigh`]).
+    pub tap_neigh: Vec<(IpAddr, KNeigh)>,
     pub host_link: Option<KLink>,
     pub host_addrs: HashSet<KAddr>,
     /// The host's entry for the netns end's link-local on the host end.
@@ -125,12 +125,7 @@ pub(super) async fn observe_vm(
         st.ns_neigh = neigh::get(ns, l.index, ip, &plan.netns).await?;
     }
     if let Some(l) = st.ns_links.get(&plan.tap.name) {
-        let index = l.index;
-        let mesh = plan.guest.mesh_ipv6.map(IpAddr::V6);
-        for ip in std::iter::once(IpAddr::V4(GUEST_IPV4)).chain(mesh) {
-            let n = neigh::get(ns, index, ip, &plan.netns).await?;
-            st.tap_neigh.push((ip, n));
-        }
+        st.tap_neigh = super::guestneigh::observe(ns, l.index, &plan.netns).await?;
     }
     let table = names::vm_nft_table(&plan.name_prefix);
     let key = nftcheck::key(&plan.netns, "inet", &table);

@@ -16,7 +16,6 @@ use netlink_packet_route::link::{
     AfSpecInet6, AfSpecUnspec, In6AddrGenMode, LinkAttribute, LinkMessage,
 };
 use rtnetlink::{Handle, LinkUnspec};
-use vmnet_plan::ns::{GUEST_IPV4, GUEST_MAC};
 use vmnet_plan::ns::{NameKind, VmPlan};
 
 use super::create::add_veth;
@@ -162,17 +161,14 @@ pub(super) async fn repair_links(
 /// One link of the VM as planned: where, its name, MTU, the addresses it carries (the tap
 /// three: its /30, `fe80::1/64` and the metadata /32; the netns veth end its transit address
 /// and `fe80::2/64`; the host end only its transit address), its MAC when planned (the veth
-/// ends') and the permanent neighbour entry it keeps for the other end (the veth ends) or for
-/// the guest (the tap).
+/// ends') and the permanent neighbour entry it keeps for the other end (the veth ends).
 struct LinkSpec<'a> {
     side: Side,
     name: &'a str,
     mtu: u32,
     addrs: Vec<(IpAddr, u8)>,
     mac: Option<[u8; 6]>,
-    neigh: Vec<(IpAddr, [u8; 6])>,
-    /// Whether this is the tap (whose neighbour entries are the guest's).
-    tap: bool,
+    neigh: Option<(IpAddr, [u8; 6])>,
     /// Whether the kernel must make no IPv6 link-local on it (every link vmnet makes: each
     /// carries only its planned link-local, if any).
     no_auto_link_local: bool,
@@ -195,11 +191,7 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
             ),
         ],
         mac: None,
-        // The spec's fixed guest: frames to it never wait for ARP or neighbour discovery
-        // (neither while its VMM starts, nor after the kernel flushed learned entries when the
-        // carrier went), so a sleeping VM's first packet reaches its tap.
-        neigh: guest_neighbours(plan),
-        tap: true,
+        neigh: None,
         no_auto_link_local: true,
     }];
     if let Some(v) = &plan.veth {
@@ -215,8 +207,7 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
                 ),
             ],
             mac: Some(v.peer_mac),
-            neigh: vec![(IpAddr::V6(v.host_ipv6_link_local.addr()), v.host_mac)],
-            tap: false,
+            neigh: Some((IpAddr::V6(v.host_ipv6_link_local.addr()), v.host_mac)),
             no_auto_link_local: true,
         });
         out.push(LinkSpec {
@@ -225,53 +216,29 @@ fn link_specs(plan: &VmPlan) -> Vec<LinkSpec<'_>> {
             mtu: v.mtu,
             addrs: vec![(IpAddr::V4(v.host_ipv4.addr()), v.host_ipv4.prefix_len())],
             mac: Some(v.host_mac),
-            neigh: vec![(IpAddr::V6(v.peer_ipv6_link_local.addr()), v.peer_mac)],
-            tap: false,
+            neigh: Some((IpAddr::V6(v.peer_ipv6_link_local.addr()), v.peer_mac)),
             no_auto_link_local: true,
         });
     }
     out
 }
 
-/// The guest's permanent neighbour entries on the tap: its IPv4 address and its mesh address.
-fn guest_neighbours(plan: &VmPlan) -> Vec<(IpAddr, [u8; 6])> {
-    let mut out = vec![(IpAddr::V4(GUEST_IPV4), GUEST_MAC)];
-    if let Some(m) = plan.guest.mesh_ipv6 {
-        out.push((IpAddr::V6(m), GUEST_MAC));
-    }
-    out
-}
-
 /// What `st` has of the link `spec` names: the link, the addresses seen on its side and the
-/// neighbour entries seen for the addresses `spec.neigh` names, in its order (looked up on that
-/// link only).
+/// neighbour entry seen for the address `spec.neigh` names (looked up on that link only).
 fn find<'a>(
     st: &'a VmState,
     spec: &LinkSpec<'_>,
-) -> (Option<&'a KLink>, &'a HashSet<KAddr>, Vec<Option<KNeigh>>) {
+) -> (Option<&'a KLink>, &'a HashSet<KAddr>, Option<KNeigh>) {
     match spec.side {
-        Side::Vm if spec.tap => (
-            st.ns_links.get(spec.name),
-            &st.ns_addrs,
-            spec.neigh
-                .iter()
-                .map(|(ip, _)| {
-                    st.tap_neigh
-                        .iter()
-                        .find(|(a, _)| a == ip)
-                        .and_then(|(_, n)| *n)
-                })
-                .collect(),
-        ),
         Side::Vm => (
             st.ns_links.get(spec.name),
             &st.ns_addrs,
-            spec.neigh.iter().map(|_| st.ns_neigh).collect(),
+            st.ns_neigh.filter(|_| spec.neigh.is_some()),
         ),
         Side::Host => (
             st.host_link.as_ref().filter(|l| l.name == spec.name),
             &st.host_addrs,
-            spec.neigh.iter().map(|_| st.host_neigh).collect(),
+            st.host_neigh,
         ),
     }
 }
@@ -334,10 +301,10 @@ pub(super) fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
                 if l.ipv6_off {
                     bad.push(format!("{name} disable_ipv6"));
                 }
-                for ((ip, mac), n) in spec.neigh.iter().zip(&neigh) {
-                    if !n.is_some_and(|n| n.is_permanent_for(*mac)) {
-                        bad.push(format!("{name} neighbour {ip}"));
-                    }
+                if let Some((ip, mac)) = spec.neigh
+                    && !neigh.is_some_and(|n| n.is_permanent_for(mac))
+                {
+                    bad.push(format!("{name} neighbour {ip}"));
                 }
             }
             _ => bad.push(format!("{name} mtu/up")),
@@ -428,7 +395,7 @@ fn ipv6_on(at: &SysctlNs<'_>, link: &str) -> Result<(), NsError> {
 async fn ensure_link(
     h: &Handle,
     spec: &LinkSpec<'_>,
-    (known, have, neigh): (Option<&KLink>, &HashSet<KAddr>, Vec<Option<KNeigh>>),
+    (known, have, neigh): (Option<&KLink>, &HashSet<KAddr>, Option<KNeigh>),
     w: &str,
     at: SysctlNs<'_>,
 ) -> Result<KLink, NsError> {
@@ -484,10 +451,10 @@ async fn ensure_link(
     futures::future::try_join_all(spec.addrs.iter().map(|a| add_addr(h, have, l.index, *a, w)))
         .await?;
     // After the up: taking a link down flushes its entries, permanent ones included.
-    for ((ip, mac), n) in spec.neigh.iter().zip(&neigh) {
-        if !was_up || !n.is_some_and(|n| n.is_permanent_for(*mac)) {
-            neigh::set(h, l.index, name, *ip, *mac, w).await?;
-        }
+    if let Some((ip, mac)) = spec.neigh
+        && (!was_up || !neigh.is_some_and(|n| n.is_permanent_for(mac)))
+    {
+        neigh::set(h, l.index, name, ip, mac, w).await?;
     }
     Ok(l)
 }
