@@ -128,6 +128,12 @@ fn kvm_guests_in_the_namespace_sandbox() {
         "wake: the first SYN sent while qemu was down reaches the restored guest",
     );
     eprintln!("wake with a restored guest: {woke}");
+    for l in stderr
+        .lines()
+        .filter(|l| l.contains("wake with a restored guest took"))
+    {
+        eprintln!("{l}");
+    }
     assert!(woke.ends_with("; served"), "{woke}");
     // The guests run on after `up` (the sandbox stays up) and `down` stops them by pid.
     let pids: Vec<u32> = v["vms"]

@@ -72,7 +72,12 @@ pub(super) async fn run(
         return Vec::new();
     };
     let id = vm.id.clone();
+    let began = Instant::now();
     let result = |seen: String, ok: bool| {
+        eprintln!(
+            "{id}: wake with a restored guest took {:.1} s",
+            began.elapsed().as_secs_f64()
+        );
         vec![CheckResult {
             vm: id.clone(),
             check: CHECK.into(),
