@@ -5,7 +5,11 @@
 //! guests, a large download and the public limit (iperf3 in the guest) are checked from inside
 //! them, and a mesh address change and a host route change by `PUT` are applied in the running
 //! guest, watched from inside it (`ip monitor` shows only the changed objects, an IPv4 ping
-//! every 10 ms loses nothing), as is a restart of `vmnet-guest` (nothing changes). Then `down` stops
+//! every 10 ms loses nothing), as is a restart of `vmnet-guest` (nothing changes). Wake on
+//! packet: `vm-gateway`'s qemu is saved to a file and quit, a client in the fake internet
+//! connects to its public address, and on the `vm_wake` event qemu restores the guest on the same
+//! tap; the held SYN is delivered to the tap and the connection served (the figures, SYN
+//! retransmissions among them, are printed). Then `down` stops
 //! the guests by pid and leaves no namespace. The guest image is built by
 //! `scripts/guest-image.sh` on first use and cached. `scripts/test.sh` skips this test (and counts
 //! it skipped) on a machine without `/dev/kvm`.
@@ -116,6 +120,21 @@ fn kvm_guests_in_the_namespace_sandbox() {
         seen(i, "vmnet-guest restarted with unchanged metadata: drop-in"),
         "not rewritten"
     );
+    // Wake on packet: vm-gateway's qemu saved and quit, a connection from the fake internet,
+    // qemu restored on the vm_wake event; the held SYN delivered and the connection served (its
+    // figures, the SYN retransmissions among them, are printed).
+    let woke = seen(
+        g,
+        "wake: the first SYN sent while qemu was down reaches the restored guest",
+    );
+    eprintln!("wake with a restored guest: {woke}");
+    for l in stderr
+        .lines()
+        .filter(|l| l.contains("wake with a restored guest took"))
+    {
+        eprintln!("{l}");
+    }
+    assert!(woke.ends_with("; served"), "{woke}");
     // The guests run on after `up` (the sandbox stays up) and `down` stops them by pid.
     let pids: Vec<u32> = v["vms"]
         .as_array()

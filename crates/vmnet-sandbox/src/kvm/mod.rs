@@ -9,6 +9,8 @@
 //!   drop (and by `vmnet-lab down --sandbox`, which finds it in `sandbox.json`: its command line
 //!   names the state directory).
 //! - [`chan`]: the command channel (virtio-serial).
+//! - [`qmp`], [`snapshot`]: the QMP socket (`qmp.sock` in the guest's directory), and a guest
+//!   saved to a file with qemu quit, then restored by a new qemu on the same tap.
 //! - [`pool`]: the pool-mode checks run from inside the guests.
 //! - [`ns`], [`ns_traffic`]: the namespace-mode checks run from inside the guests.
 //!
@@ -22,8 +24,11 @@ pub mod image;
 pub mod ns;
 pub mod ns_traffic;
 pub mod pool;
+pub mod qmp;
+pub mod snapshot;
 pub mod watch;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -127,6 +132,11 @@ pub struct Vm {
     pub console: PathBuf,
     /// The command channel socket.
     pub socket: PathBuf,
+    /// The QMP socket ([`snapshot`]).
+    pub qmp: PathBuf,
+    log: PathBuf,
+    /// qemu's arguments after `ip` (`netns exec NS qemu-system-x86_64 …`), to start it again.
+    argv: Vec<OsString>,
     overlay: PathBuf,
     detached: bool,
 }
@@ -161,74 +171,110 @@ impl Vm {
         }
         let console = vmdir.join("console.log");
         let socket = vmdir.join("cmd.sock");
+        let qmp = vmdir.join("qmp.sock");
         let log = vmdir.join("qemu.log");
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &cfg.netns, "qemu-system-x86_64"])
-            .args([
-                "-machine",
-                "q35",
-                "-m",
-                &cfg.memory_mib.to_string(),
-                "-smp",
-                "1",
-            ])
-            .args(accel.args())
-            .args([
-                "-nodefaults",
-                "-no-user-config",
-                "-display",
-                "none",
-                "-no-reboot",
-            ])
-            .arg("-kernel")
-            .arg(&image.kernel)
-            .arg("-initrd")
-            .arg(&image.initrd)
-            .arg("-append")
-            .arg(format!(
+        // The console is appended to, across a restore too: start it empty.
+        std::fs::File::create(&console)
+            .map_err(|e| Error::internal(format!("{}: {e}", console.display())))?;
+        let mut argv: Vec<OsString> = ["netns", "exec", &cfg.netns, "qemu-system-x86_64"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        let mut add = |a: &[&str]| argv.extend(a.iter().map(OsString::from));
+        add(&[
+            "-machine",
+            "q35",
+            "-m",
+            &cfg.memory_mib.to_string(),
+            "-smp",
+            "1",
+        ]);
+        add(&accel.args());
+        add(&[
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ]);
+        argv.push("-kernel".into());
+        argv.push(image.kernel.clone().into());
+        argv.push("-initrd".into());
+        argv.push(image.initrd.clone().into());
+        argv.push("-append".into());
+        argv.push(
+            format!(
                 "root=LABEL=vmroot rw console=ttyS0 panic=-1 net.ifnames=0 {}",
                 cfg.cmdline_extra
-            ))
-            .arg("-drive")
-            .arg(format!("file={},if=virtio,format=qcow2", overlay.display()))
-            .arg("-serial")
-            .arg(format!("file:{}", console.display()))
-            .args(["-device", "virtio-serial-pci", "-chardev"])
-            .arg(format!(
-                "socket,id=cmd,path={},server=on,wait=off",
-                socket.display()
-            ))
-            .args(["-device", "virtserialport,chardev=cmd,name=vmnet.cmd"])
-            .args(&cfg.nic_args);
+            )
+            .into(),
+        );
+        argv.push("-drive".into());
+        argv.push(format!("file={},if=virtio,format=qcow2", overlay.display()).into());
+        argv.push("-chardev".into());
+        argv.push(format!("file,id=console,path={},append=on", console.display()).into());
+        argv.push("-serial".into());
+        argv.push("chardev:console".into());
+        argv.push("-qmp".into());
+        argv.push(format!("unix:{},server=on,wait=off", qmp.display()).into());
+        argv.extend(["-device", "virtio-serial-pci", "-chardev"].map(OsString::from));
+        argv.push(format!("socket,id=cmd,path={},server=on,wait=off", socket.display()).into());
+        argv.extend(["-device", "virtserialport,chardev=cmd,name=vmnet.cmd"].map(OsString::from));
+        argv.extend(cfg.nic_args.iter().map(OsString::from));
         if let Some(seed) = &cfg.seed_iso {
-            cmd.arg("-drive").arg(format!(
-                "file={},if=virtio,format=raw,readonly=on,media=cdrom",
-                seed.display()
-            ));
+            argv.push("-drive".into());
+            argv.push(
+                format!(
+                    "file={},if=virtio,format=raw,readonly=on,media=cdrom",
+                    seed.display()
+                )
+                .into(),
+            );
         }
-        let logf = std::fs::File::create(&log)
-            .map_err(|e| Error::internal(format!("{}: {e}", log.display())))?;
+        let mut vm = Self {
+            name: cfg.name.clone(),
+            started: std::time::Instant::now(),
+            pid: 0,
+            child: None,
+            marker: vmdir.display().to_string(),
+            console,
+            socket,
+            qmp,
+            log,
+            argv,
+            overlay,
+            detached: false,
+        };
+        vm.spawn(&[], false)?;
+        Ok(vm)
+    }
+
+    /// Starts qemu with the guest's command line and `extra` arguments, its output to
+    /// `qemu.log` (appended to with `append`).
+    fn spawn(&mut self, extra: &[OsString], append: bool) -> Result<(), Error> {
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&self.log)
+            .map_err(|e| Error::internal(format!("{}: {e}", self.log.display())))?;
         let errf = logf
             .try_clone()
-            .map_err(|e| Error::internal(format!("{}: {e}", log.display())))?;
+            .map_err(|e| Error::internal(format!("{}: {e}", self.log.display())))?;
+        let mut cmd = Command::new("ip");
+        cmd.args(&self.argv).args(extra);
         let child = crate::state::inherit_no_descriptors(&mut cmd)
             .stdin(Stdio::null())
             .stdout(logf)
             .stderr(errf)
             .process_group(0)
             .spawn()
-            .map_err(|e| Error::internal(format!("cannot start qemu for {}: {e}", cfg.name)))?;
-        Ok(Self {
-            name: cfg.name.clone(),
-            started: std::time::Instant::now(),
-            pid: child.id(),
-            child: Some(child),
-            marker: vmdir.display().to_string(),
-            console,
-            socket,
-            overlay,
-            detached: false,
-        })
+            .map_err(|e| Error::internal(format!("cannot start qemu for {}: {e}", self.name)))?;
+        self.started = std::time::Instant::now();
+        self.pid = child.id();
+        self.child = Some(child);
+        Ok(())
     }
 
     /// qemu's pid.
@@ -250,7 +296,7 @@ impl Vm {
                 "guest {}: {what}; console: {}; qemu: {}",
                 self.name,
                 crate::state::log_tail(&self.console),
-                crate::state::log_tail(&self.overlay.with_file_name("qemu.log"))
+                crate::state::log_tail(&self.log)
             ))
         };
         let mut ch = loop {

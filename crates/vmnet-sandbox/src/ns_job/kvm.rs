@@ -9,7 +9,10 @@
 //!   ([`crate::kvm::ns_traffic`]);
 //! - changes by `PUT` applied by `vmnet-guest` in the running guest while qemu holds the tap (a
 //!   mesh address moved and back, a host route added and removed, a restart of vmnet-guest),
-//!   each watched from inside the guest: see [`super::kvm_change`].
+//!   each watched from inside the guest: see [`super::kvm_change`];
+//! - wake on packet: a guest's qemu saved to a file and quit, a connection from the fake
+//!   internet, and on the `vm_wake` event qemu restored on the same tap: the held SYN reaches the
+//!   guest and the connection is served ([`super::kvm_wake`]).
 //!
 //! The firewall, metadata, packet-activity and firewall-change checks of the simulated guests
 //! are not run with real guests. The guests stay up with the sandbox (their pids are in the state
@@ -101,6 +104,9 @@ pub(super) async fn run(
         r
     });
     results.extend(super::kvm_change::run(client, &configs, &mut guests).await);
+    results.extend(
+        super::kvm_wake::run(client, inet, (paths, st), &configs, &mut guests, &mut rows).await,
+    );
     for g in guests {
         g.vm.detach();
     }

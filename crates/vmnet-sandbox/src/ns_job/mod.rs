@@ -52,6 +52,7 @@ pub mod fwchange;
 pub mod hostile;
 pub mod kvm;
 pub mod kvm_change;
+pub mod kvm_wake;
 pub mod limits;
 pub mod metadata;
 pub mod probes;

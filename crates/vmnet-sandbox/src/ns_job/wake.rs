@@ -37,13 +37,17 @@ const VM_ID: &str = "wake";
 /// One connection from the fake internet: how long `connect()` took, the SYNs retransmitted,
 /// and whether the echo answered.
 #[derive(Debug)]
-struct Connected {
-    took: Duration,
-    retrans: u32,
-    served: bool,
+pub(super) struct Connected {
+    /// From `connect()` to established.
+    pub took: Duration,
+    /// The client's retransmissions (`tcpi_total_retrans`): SYNs, before established.
+    pub retrans: u32,
+    /// Whether the service answered.
+    pub served: bool,
 }
 
-fn connect(inet: &str, to: SocketAddr, timeout: Duration) -> Result<Connected, String> {
+/// Connects from `inet` to `to`, sends a line and reads the answer.
+pub(super) fn connect(inet: &str, to: SocketAddr, timeout: Duration) -> Result<Connected, String> {
     netns::run_in(inet, move || -> std::io::Result<Connected> {
         let t = Instant::now();
         let mut s = TcpStream::connect_timeout(&to, timeout)?;
@@ -78,10 +82,10 @@ fn connect(inet: &str, to: SocketAddr, timeout: Duration) -> Result<Connected, S
     .map_err(|e| format!("connect to {to}: {e}"))
 }
 
-/// The `vm_wake` events of the VM after sequence `after`, with their sequence numbers.
-async fn wakes(client: &Client, after: u64) -> Vec<u64> {
+/// The `vm_wake` events of `vm` after sequence `after`, with their sequence numbers.
+pub(super) async fn wakes(client: &Client, vm: &str, after: u64) -> Vec<u64> {
     client
-        .recent_events(&format!("kind=vm_wake&vm={VM_ID}"))
+        .recent_events(&format!("kind=vm_wake&vm={}", segment(vm)))
         .await
         .unwrap_or_default()
         .into_iter()
@@ -90,11 +94,17 @@ async fn wakes(client: &Client, after: u64) -> Vec<u64> {
         .collect()
 }
 
-/// Waits up to `max` for a `vm_wake` after `after`; its sequence number and when it was seen.
-async fn wait_wake(client: &Client, after: u64, max: Duration) -> Option<(u64, Instant)> {
+/// Waits up to `max` for a `vm_wake` of `vm` after `after`; its sequence number and when it
+/// was seen.
+pub(super) async fn wait_wake(
+    client: &Client,
+    vm: &str,
+    after: u64,
+    max: Duration,
+) -> Option<(u64, Instant)> {
     let t = Instant::now();
     while t.elapsed() < max {
-        if let Some(s) = wakes(client, after).await.first() {
+        if let Some(s) = wakes(client, vm, after).await.first() {
             return Some((*s, Instant::now()));
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -102,10 +112,13 @@ async fn wait_wake(client: &Client, after: u64, max: Duration) -> Option<(u64, I
     None
 }
 
-/// The VM's wake counters.
-async fn counters(client: &Client) -> Option<vmnet_agent::wake::hold::Counters> {
+/// The wake counters of `vm`.
+pub(super) async fn counters(
+    client: &Client,
+    vm: &str,
+) -> Option<vmnet_agent::wake::hold::Counters> {
     let a: VmActivity = client
-        .get(&format!("/v1/vms/{}/activity", segment(VM_ID)))
+        .get(&format!("/v1/vms/{}/activity", segment(vm)))
         .await
         .ok()?;
     a.wake
@@ -227,12 +240,12 @@ async fn first(
     guest: &Guest,
     target: SocketAddr,
 ) -> Result<(String, bool), String> {
-    let before = wakes(client, 0).await.last().copied().unwrap_or(0);
+    let before = wakes(client, VM_ID, 0).await.last().copied().unwrap_or(0);
     let inet_owned = inet.to_owned();
     let t0 = Instant::now();
     let conn =
         tokio::task::spawn_blocking(move || connect(&inet_owned, target, Duration::from_secs(10)));
-    let Some((_, seen_at)) = wait_wake(client, before, Duration::from_secs(5)).await else {
+    let Some((_, seen_at)) = wait_wake(client, VM_ID, before, Duration::from_secs(5)).await else {
         let _relay = guest.attach();
         let _ = conn.await;
         return Err("no vm_wake within 5 s of connect()".into());
@@ -265,20 +278,25 @@ async fn again(
 ) -> Result<(String, bool), String> {
     // The relay is detached: the VM sleeps. Let the carrier go.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let expired_before = counters(client).await.map_or(0, |c| c.dropped_expired);
-    let before = wakes(client, 0).await.last().copied().unwrap_or(0);
+    let expired_before = counters(client, VM_ID)
+        .await
+        .map_or(0, |c| c.dropped_expired);
+    let before = wakes(client, VM_ID, 0).await.last().copied().unwrap_or(0);
     let inet_owned = inet.to_owned();
     let conn =
         tokio::task::spawn_blocking(move || connect(&inet_owned, target, Duration::from_secs(15)));
-    let Some((first, _)) = wait_wake(client, before, Duration::from_secs(5)).await else {
+    let Some((first, _)) = wait_wake(client, VM_ID, before, Duration::from_secs(5)).await else {
         let _relay = guest.attach();
         let _ = conn.await;
         return Err("no vm_wake within 5 s of connect()".into());
     };
     // Past the hold time, and until a retransmitted SYN woke the VM again.
     tokio::time::sleep(Duration::from_secs(HOLD_SECS) + Duration::from_millis(300)).await;
-    let woke = wait_wake(client, first, Duration::from_secs(8)).await;
-    let expired = counters(client).await.map_or(0, |c| c.dropped_expired) - expired_before;
+    let woke = wait_wake(client, VM_ID, first, Duration::from_secs(8)).await;
+    let expired = counters(client, VM_ID)
+        .await
+        .map_or(0, |c| c.dropped_expired)
+        - expired_before;
     let relay = guest.attach()?;
     let c = conn.await.map_err(|e| e.to_string())??;
     drop(relay);
