@@ -25,6 +25,7 @@ pub const CONTROLLED: &[&str] = &[
     "--public-neighbors",
     "--activity-root",
     "--wake-hold-secs",
+    "--wake-deliver",
     "--host-id",
     "--bridge",
     "--mesh",

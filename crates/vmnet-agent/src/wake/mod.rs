@@ -55,9 +55,24 @@ pub struct WakeSettings {
     pub max_frame: u32,
     /// The least time between two wake events of one VM.
     pub interval: Duration,
+    /// When held frames are delivered.
+    pub deliver: Deliver,
     /// Where each wake event is also posted (`POST` of its JSON over HTTP/1.1 to this unix
     /// socket, at path [`HOOK_PATH`]).
     pub hook: Option<PathBuf>,
+}
+
+/// When a VM's held frames are delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Deliver {
+    /// When the VMM opens the tap (its carrier comes on): for VMMs that keep what is queued on
+    /// the tap until the guest reads it (Firecracker).
+    #[default]
+    Attach,
+    /// When the guest sends its first frame after the VMM opened the tap (a restored guest
+    /// announces itself): for VMMs that drop what reached the tap before they resumed the
+    /// guest (qemu restoring a saved state).
+    FirstFrame,
 }
 
 /// The path the hook is called at.
@@ -89,6 +104,8 @@ pub struct Totals {
 struct Port {
     port: TapPort,
     task: tokio::task::AbortHandle,
+    /// The VMM opened the tap; with [`Deliver::FirstFrame`], delivery waits for the guest.
+    attached: bool,
 }
 
 #[derive(Default)]
@@ -230,16 +247,54 @@ pub async fn run(agent: Arc<Agent>, wake: Arc<Wake>, mut reader: HeldReader) {
                 take_frames(&agent, &wake, &mut reader, &attach_tx).await;
             }
             Some(uid) = attach_rx.recv() => {
-                let up = wake.lock().ports.get(&uid).map(|p| p.port.carrier());
-                match up {
-                    Some(Ok(Some(true))) => deliver(&agent, &wake, &mut reader, &attach_tx, uid).await,
-                    Some(Err(e)) => tracing::warn!(user_id = uid, "wake: reading the tap's state failed: {e}"),
-                    _ => {}
+                if port_says_deliver(&wake, uid) {
+                    deliver(&agent, &wake, &mut reader, &attach_tx, uid).await;
                 }
             }
             _ = tick.tick() => expire(&wake),
         }
     }
+}
+
+/// Reads what the port of `uid` heard (its tap's carrier, and with [`Deliver::FirstFrame`] the
+/// frames on the tap): whether its held frames are to be delivered now.
+fn port_says_deliver(wake: &Wake, uid: u32) -> bool {
+    let mode = wake.settings.deliver;
+    let mut st = wake.lock();
+    let Some(p) = st.ports.get_mut(&uid) else {
+        return false;
+    };
+    match p.port.carrier() {
+        Ok(Some(true)) if !p.attached => {
+            p.attached = true;
+            if mode == Deliver::Attach {
+                return true;
+            }
+            if let Err(e) = p.port.listen() {
+                tracing::warn!(
+                    user_id = uid,
+                    "wake: listening for the guest failed, delivering now: {e}"
+                );
+                return true;
+            }
+        }
+        Ok(Some(false)) => p.attached = false,
+        Ok(_) => {}
+        Err(e) => tracing::warn!(user_id = uid, "wake: reading the tap's state failed: {e}"),
+    }
+    if mode == Deliver::FirstFrame && p.attached {
+        match p.port.guest_sent() {
+            Ok(sent) => return sent,
+            Err(e) => {
+                tracing::warn!(
+                    user_id = uid,
+                    "wake: reading the tap's frames failed, delivering now: {e}"
+                );
+                return true;
+            }
+        }
+    }
+    false
 }
 
 fn expire(wake: &Wake) {
@@ -344,8 +399,12 @@ fn open_port(wake: &Arc<Wake>, uid: u32, attach_tx: &mpsc::UnboundedSender<u32>)
             return;
         }
     };
-    let fd: OwnedFd = match port.notifications().try_clone_to_owned() {
-        Ok(fd) => fd,
+    let fds: Result<Vec<OwnedFd>, _> = [port.notifications(), port.frames()]
+        .into_iter()
+        .map(|fd| fd.try_clone_to_owned())
+        .collect();
+    let fds = match fds {
+        Ok(fds) => fds,
         Err(e) => {
             tracing::warn!(user_id = uid, "wake: {e}");
             return;
@@ -353,21 +412,26 @@ fn open_port(wake: &Arc<Wake>, uid: u32, attach_tx: &mpsc::UnboundedSender<u32>)
     };
     let tx = attach_tx.clone();
     let task = tokio::spawn(async move {
-        // SAFETY: the descriptor is owned by the AsyncFd from here on.
-        let Ok(afd) =
-            (unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) })
-        else {
-            return;
-        };
+        let mut afds = Vec::new();
+        for fd in fds {
+            // SAFETY: the descriptor is owned by the AsyncFd from here on.
+            match unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) } {
+                Ok(a) => afds.push(a),
+                Err(_) => return,
+            }
+        }
         // The answer to the port's first question may be there already.
         if tx.send(uid).is_err() {
             return;
         }
         loop {
-            let Ok(mut g) = afd.readable().await else {
+            let (ready, _, _) =
+                futures::future::select_all(afds.iter().map(|a| Box::pin(a.readable()))).await;
+            let Ok(mut g) = ready else {
                 return;
             };
             g.clear_ready();
+            drop(g);
             if tx.send(uid).is_err() {
                 return;
             }
@@ -378,6 +442,7 @@ fn open_port(wake: &Arc<Wake>, uid: u32, attach_tx: &mpsc::UnboundedSender<u32>)
         Port {
             port,
             task: task.abort_handle(),
+            attached: false,
         },
     );
 }

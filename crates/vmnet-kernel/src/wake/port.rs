@@ -164,6 +164,74 @@ impl TapPort {
         }
     }
 
+    /// The packet socket's descriptor, for polling once [`Self::listen`] was called.
+    #[must_use]
+    pub fn frames(&self) -> BorrowedFd<'_> {
+        self.packet.as_fd()
+    }
+
+    /// Binds the packet socket to every frame on the tap, so that [`Self::guest_sent`] sees
+    /// what the VMM sends.
+    ///
+    /// # Errors
+    /// The bind fails.
+    pub fn listen(&self) -> io::Result<()> {
+        // SAFETY: zeroed sockaddr_ll, then filled.
+        let mut at: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        at.sll_family = u16::try_from(libc::AF_PACKET).unwrap_or_default();
+        at.sll_protocol = u16::try_from(libc::ETH_P_ALL).unwrap_or_default().to_be();
+        at.sll_ifindex = i32::try_from(self.index).unwrap_or(0);
+        // SAFETY: a valid address of the stated length.
+        let rc = unsafe {
+            libc::bind(
+                self.packet.as_raw_fd(),
+                std::ptr::from_ref(&at).cast(),
+                u32::try_from(std::mem::size_of::<libc::sockaddr_ll>()).unwrap_or(0),
+            )
+        };
+        if rc != 0 {
+            return Err(other(&self.netns, &self.tap, io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Reads what the packet socket holds: whether any of it came from the VMM (the guest sent
+    /// it), as opposed to frames sent to the guest.
+    ///
+    /// # Errors
+    /// The socket failed.
+    pub fn guest_sent(&self) -> io::Result<bool> {
+        let mut buf = [0u8; 2048];
+        let mut from_guest = false;
+        loop {
+            // SAFETY: zeroed sockaddr_ll, filled by recvfrom.
+            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut len = u32::try_from(std::mem::size_of::<libc::sockaddr_ll>()).unwrap_or(0);
+            // SAFETY: valid buffer and address of the stated lengths.
+            let n = unsafe {
+                libc::recvfrom(
+                    self.packet.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                    std::ptr::from_mut(&mut from).cast(),
+                    &raw mut len,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(from_guest),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => Err(other(&self.netns, &self.tap, e)),
+                };
+            }
+            if from.sll_pkttype != libc::PACKET_OUTGOING {
+                from_guest = true;
+            }
+        }
+    }
+
     /// Hands `frame` (Ethernet header first) to the tap's transmit path.
     ///
     /// # Errors

@@ -226,7 +226,14 @@ async fn bring_up(args: &UpArgs, paths: &Paths, spec: &HostSpec) -> Result<UpRep
         .arg("--activity-root")
         .arg(paths.activity_root())
         // Wake on packet with a short hold, so the main job sees held frames expire.
-        .arg(format!("--wake-hold-secs={}", wake::HOLD_SECS));
+        .arg(format!("--wake-hold-secs={}", wake::HOLD_SECS))
+        // qemu drops what reached its tap while it restores a guest: deliver to real guests
+        // when they first send (a restored guest announces itself).
+        .arg(if args.guests == crate::kvm::GuestKind::Kvm {
+            "--wake-deliver=first-frame"
+        } else {
+            "--wake-deliver=attach"
+        });
     let (client, started) =
         steps::start_agent(paths, &mut st, "agent", agent, (&args.agent_args, timeout)).await?;
 

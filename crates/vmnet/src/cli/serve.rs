@@ -105,6 +105,10 @@ pub struct ServeArgs {
     /// in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub wake_interval_ms: u64,
+    /// Wake on packet: when held frames are delivered: `attach` (when the VMM opens the tap) or
+    /// `first-frame` (when the guest first sends after that: for qemu restoring a saved state).
+    #[arg(long, default_value = "attach", value_parser = ["attach", "first-frame"])]
+    pub wake_deliver: String,
     /// Wake on packet: also post each `vm_wake` event (JSON, `POST /v1/wake` over HTTP/1.1) to
     /// this unix socket, at most one per VM per wake interval, waiting at most 1 s for its answer.
     #[arg(long, value_name = "PATH")]

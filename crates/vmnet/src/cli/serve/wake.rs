@@ -46,6 +46,11 @@ pub(super) fn start_wake(
         },
         max_frame: WAKE_MAX_FRAME,
         interval: Duration::from_millis(args.wake_interval_ms),
+        deliver: if args.wake_deliver == "first-frame" {
+            vmnet_agent::wake::Deliver::FirstFrame
+        } else {
+            vmnet_agent::wake::Deliver::Attach
+        },
         hook: args.wake_hook_socket.clone(),
     };
     let w = Arc::new(vmnet_agent::wake::Wake::new(settings, &args.name_prefix));
