@@ -15,13 +15,14 @@
 //!    After each connection the echo is read to its end and the connection closed while
 //!    attached (50 ms), the relay detached, and the VM left asleep for 150 ms (the agent hears
 //!    the carrier go).
-//! 2. **Awake cost** (`--rounds`, 0 to skip): both relays attached, iperf3 downloads from each
-//!    fake internet to its guest, alternately (each round starts with the mode the round before
-//!    ended with), `--secs` each. The ratio of the medians is the
-//!    cost of wake on packet on an awake VM (target ≥ 98 %). Both agents' activity programs run
-//!    for every frame the host queues (one BTF tracepoint program per agent), so each
-//!    measurement pays for the other agent's program alike: the only difference is the hold's
-//!    check of the tap's queue in one of them.
+//! 2. **Awake cost** (`--rounds`, 0 to skip): both relays attached (again for each round),
+//!    iperf3 downloads from each fake internet to its guest, alternately (each round starts
+//!    with the mode the round before ended with), `--secs` each. The ratio of the medians, and
+//!    the median of the rounds' ratios (robust to a drift of the host's load), is the cost of
+//!    wake on packet on an awake VM (target ≥ 98 %). Both agents' activity programs run for
+//!    every frame the host queues (one BTF tracepoint program per agent), so each measurement
+//!    pays for the other agent's program alike: the only difference is the hold's check of the
+//!    tap's queue in one of them.
 //!
 //! # Limitations
 //! The guest is joined to the tap by a userspace relay, which bounds the throughput (not the
@@ -349,13 +350,17 @@ fn delta(a: &Counters, b: &Counters) -> Counters {
 /// The awake cost: both relays attached, `rounds` iperf3 downloads per mode, alternately. One
 /// row per round: MiB/s per mode, in the order of `sides`.
 fn awake(sides: &mut [Side], rounds: u32, secs: u32) -> Result<Vec<Vec<f64>>, Error> {
-    let mut relays = Vec::new();
     for s in sides.iter_mut() {
-        relays.push(s.attach()?);
         s._iperf = Some(Server::start(&s.guest_ns, MESH, IPERF_PORT)?);
     }
     let mut rows = Vec::new();
     for round in 0..rounds {
+        // Relays (their threads) made again each round, so where the host runs them varies
+        // from round to round instead of favouring one mode for the whole run.
+        let relays = sides
+            .iter()
+            .map(Side::attach)
+            .collect::<Result<Vec<_>, _>>()?;
         let mut row = vec![0.0; sides.len()];
         // Each round starts with the other mode than the round before.
         let mut order: Vec<usize> = (0..sides.len()).collect();
@@ -367,7 +372,7 @@ fn awake(sides: &mut [Side], rounds: u32, secs: u32) -> Result<Vec<Vec<f64>>, Er
             row[i] = crate::activity::download(&s.sb.inet(), &MESH.to_string(), IPERF_PORT, secs)?;
         }
         rows.push(row);
+        drop(relays);
     }
-    drop(relays);
     Ok(rows)
 }
