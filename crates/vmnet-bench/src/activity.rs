@@ -68,10 +68,10 @@ fn internal(what: &str) -> impl Fn(String) -> Error + '_ {
     move |e| Error::internal(format!("{what}: {e}"))
 }
 
-/// One iperf3 download from `inet` to `to`, MiB/s of payload received.
-fn download(inet: &str, to: &str, secs: u32) -> Result<f64, Error> {
+/// One iperf3 download from `inet` to `to` (a server on `port`), MiB/s of payload received.
+pub(crate) fn download(inet: &str, to: &str, port: u16, secs: u32) -> Result<f64, Error> {
     let t = secs.to_string();
-    let port = PORT.to_string();
+    let port = port.to_string();
     let mut last = String::new();
     for _ in 0..20 {
         let out = netns::exec(
@@ -202,14 +202,14 @@ pub async fn run(args: ActivityBenchArgs) -> Result<(), Error> {
     for round in 1..=args.rounds {
         rec.detach_link()
             .map_err(|e| internal("detach")(e.to_string()))?;
-        let vm_without = download(&inet, MESH, args.secs)?;
-        let fwd_without = download(&inet, BEHIND, args.secs)?;
+        let vm_without = download(&inet, MESH, PORT, args.secs)?;
+        let fwd_without = download(&inet, BEHIND, PORT, args.secs)?;
         rec.ensure_link()
             .map_err(|e| internal("attach")(e.to_string()))?;
         let before = rec.last_boot_ns(1).ok().flatten();
-        let vm_with = download(&inet, MESH, args.secs)?;
+        let vm_with = download(&inet, MESH, PORT, args.secs)?;
         let moved = rec.last_boot_ns(1).ok().flatten() > before;
-        let fwd_with = download(&inet, BEHIND, args.secs)?;
+        let fwd_with = download(&inet, BEHIND, PORT, args.secs)?;
         rows.push(Row {
             round,
             vm: (vm_without, vm_with),

@@ -12,6 +12,8 @@
 //! - [`metadata`]: the metadata service's listeners in N namespaces polled every 250 ms;
 //! - [`activity`] and [`guard`]: iperf3 through a VM's path with and without the
 //!   packet-activity program, and with and without the guest guard;
+//! - [`wake`]: connect to a sleeping VM with and without wake on packet's hold, and iperf3
+//!   through an awake VM with and without it;
 //! - [`guests`]: real guests: boot to network-ready in namespace mode and ([`guests_pool`]) in
 //!   pool mode, TCP throughput through vmnet's path against a bare tap, and with a limit.
 
@@ -33,6 +35,7 @@ pub mod metadata;
 pub mod nft;
 pub mod procstat;
 pub mod vms;
+pub mod wake;
 
 use clap::Subcommand;
 use vmnet_ipam::IpamError;
@@ -75,6 +78,8 @@ pub enum BenchCmd {
     Guard(guard::GuardBenchArgs),
     /// Real guests (qemu): boot to network-ready per mode, throughput against a bare tap.
     Guests(guests::GuestsBenchArgs),
+    /// Wake on packet: connect() to a sleeping VM with and without the hold; its awake cost.
+    Wake(wake::WakeBenchArgs),
 }
 
 /// Runs `vmnet-lab bench …`; `json` prints JSON instead of a table where the bench supports it.
@@ -93,5 +98,6 @@ pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Activity(a) => Ok(activity::run(a).await?),
         BenchCmd::Guard(a) => Ok(guard::run(a).await?),
         BenchCmd::Guests(a) => Ok(guests::run(a).await?),
+        BenchCmd::Wake(a) => Ok(wake::run(a).await?),
     }
 }
