@@ -323,13 +323,18 @@ async fn configure(
     let routes = async {
         let want = observe::resolve(plan, &links, host_link.as_ref(), &d.host).await?;
         let mut ignored = Vec::new();
-        sync_routes(d, plan, ns, &want, &st, &mut ignored).await?;
-        if let Some(tap) = links.get(&plan.tap.name) {
-            super::guestneigh::sync(ns, plan, tap.index, &[]).await?;
-        }
-        Ok::<(), NsError>(())
+        sync_routes(d, plan, ns, &want, &st, &mut ignored).await
     };
-    futures::try_join!(routes, tc::create(ns, plan, &links))?;
+    // The guest's neighbour entries need only the tap.
+    let neighbours = async {
+        match links.get(&plan.tap.name) {
+            Some(tap) => super::guestneigh::sync(ns, plan, tap.index, &[])
+                .await
+                .map(drop),
+            None => Ok(()),
+        }
+    };
+    futures::try_join!(routes, tc::create(ns, plan, &links), neighbours)?;
     Ok(())
 }
 

@@ -146,9 +146,11 @@ pub(super) async fn sync(
             }
         }
     }
-    for ip in &set {
-        neigh::set(h, index, &plan.tap.name, *ip, GUEST_MAC, w).await?;
-    }
+    futures::future::try_join_all(
+        set.iter()
+            .map(|ip| neigh::set(h, index, &plan.tap.name, *ip, GUEST_MAC, w)),
+    )
+    .await?;
     Ok(describe(plan, &set, &del))
 }
 
