@@ -228,10 +228,16 @@ async fn uplink_flap_is_repaired(w: &World) {
     w.settled().await;
     let before = w.status().await;
     netns::ip(&host, &["link", "set", HOST_UPLINK_IF, "down"]).unwrap();
-    assert!(
-        !proxies(&host).contains(PUB4),
-        "the kernel dropped the entry"
-    );
+    // The kernel deletes the entry with the link; on a loaded host the agent may have put it
+    // back already, which its repair count then shows.
+    if proxies(&host).contains(PUB4) {
+        let now = w.status().await;
+        assert!(
+            now["notifications"]["repairs_total"].as_u64()
+                > before["notifications"]["repairs_total"].as_u64(),
+            "the entry stayed with the link down, and no repair put it back: {now}"
+        );
+    }
     netns::ip(&host, &["link", "set", HOST_UPLINK_IF, "up"]).unwrap();
     let up = Instant::now();
     forget_neighbour(&inet);
