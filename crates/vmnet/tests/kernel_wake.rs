@@ -295,18 +295,8 @@ async fn a_sleeping_vms_first_syn_is_held_reported_and_delivered_when_its_vmm_at
     );
     drop(relay);
     drop(vmm);
-    let (status, metrics) = client
-        .send_raw(hyper::Method::GET, "/metrics", None)
-        .await
-        .expect("metrics");
-    assert!(status.is_success());
-    let metrics = String::from_utf8_lossy(&metrics).to_string();
-    let value = |name: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
-    };
+    let metrics = scrape(&client).await;
+    let value = |name: &str| value_of(&metrics, name);
     assert!(value("vmnet_wake_events_total") >= 3, "{metrics}");
     assert!(
         value("vmnet_wake_frames_total{outcome=\"delivered\"}") >= 2,
@@ -317,8 +307,32 @@ async fn a_sleeping_vms_first_syn_is_held_reported_and_delivered_when_its_vmm_at
         "{metrics}"
     );
     assert_eq!(value("vmnet_wake_hook_failures_total"), 0, "{metrics}");
+    let wakes = value("vmnet_wake_events_total");
     let _: Value = client
         .delete(&format!("/v1/vms/{id}"))
         .await
         .expect("delete");
+    // Counters: what the deleted VM counted stays.
+    let after = scrape(&client).await;
+    assert_eq!(
+        value_of(&after, "vmnet_wake_events_total"),
+        wakes,
+        "{after}"
+    );
+}
+
+async fn scrape(client: &Client) -> String {
+    let (status, metrics) = client
+        .send_raw(hyper::Method::GET, "/metrics", None)
+        .await
+        .expect("metrics");
+    assert!(status.is_success());
+    String::from_utf8_lossy(&metrics).to_string()
+}
+
+fn value_of(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
 }

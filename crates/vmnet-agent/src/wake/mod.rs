@@ -113,6 +113,8 @@ struct State {
     /// VM ids by user id, read from the store when one is missing.
     ids: HashMap<u32, String>,
     vms: HashMap<u32, VmHold>,
+    /// What VMs no longer here counted (the totals never go back).
+    gone: Totals,
     ports: HashMap<u32, Port>,
     lost: u64,
     hook_failures: u64,
@@ -173,7 +175,7 @@ impl Wake {
         let mut t = Totals {
             lost: st.lost,
             hook_failures: st.hook_failures,
-            ..Totals::default()
+            ..st.gone
         };
         for h in st.vms.values() {
             let c = h.counters;
@@ -209,7 +211,26 @@ impl Wake {
     pub fn forget(&self, uid: u32) {
         let mut st = self.lock();
         st.ids.remove(&uid);
-        st.vms.remove(&uid);
+        if let Some(h) = st.vms.remove(&uid) {
+            // The totals are counters: what a gone VM counted stays in them, and what it held
+            // is dropped.
+            let c = h.counters;
+            st.gone.wakes += c.wakes;
+            st.gone.held += c.held;
+            st.gone.delivered += c.delivered;
+            st.gone.dropped += c.dropped_overflow
+                + c.dropped_expired
+                + c.dropped_too_big
+                + c.dropped_send
+                + c.held_now;
+            if c.held_now > 0 {
+                tracing::info!(
+                    user_id = uid,
+                    frames = c.held_now,
+                    "wake: the VM is gone; its held frames are dropped"
+                );
+            }
+        }
         if let Some(p) = st.ports.remove(&uid) {
             p.task.abort();
         }
@@ -338,10 +359,10 @@ async fn take_frames(
                 continue;
             }
             let wake_now = f.tcp && h.wake_due(now, wake.settings.interval);
-            let body = wake_now.then(|| wake_body(&f.bytes, h.counters.held_now + 1));
+            let flow_of = wake_now.then(|| f.bytes.clone());
             h.push(now, f.bytes, l);
-            if let Some(b) = body {
-                wakes.push((uid, b));
+            if let Some(head) = flow_of {
+                wakes.push((uid, wake_body(&head, h.counters.held_now)));
             }
             if !has_port && !opens.contains(&uid) {
                 opens.push(uid);
@@ -369,15 +390,12 @@ async fn publish_wake(agent: &Arc<Agent>, wake: &Arc<Wake>, uid: u32, body: Even
         });
         let wake = Arc::clone(wake);
         tokio::spawn(async move {
-            let c = crate::client::Client::new(&sock).with_timeout(HOOK_TIMEOUT);
             let bytes = serde_json::to_vec(&json).unwrap_or_default();
-            let r = c
-                .send_raw(hyper::Method::POST, HOOK_PATH, Some(bytes))
-                .await;
-            let failed = match r {
-                Ok((s, _)) if s.is_success() => None,
-                Ok((s, _)) => Some(format!("answered {s}")),
-                Err(e) => Some(e.message),
+            let failed = match tokio::time::timeout(HOOK_TIMEOUT, call_hook(&sock, bytes)).await {
+                Ok(Ok(status)) if status.is_success() => None,
+                Ok(Ok(status)) => Some(format!("answered {status}")),
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(format!("no answer within {HOOK_TIMEOUT:?}")),
             };
             if let Some(why) = failed {
                 wake.lock().hook_failures += 1;
@@ -386,6 +404,32 @@ async fn publish_wake(agent: &Arc<Agent>, wake: &Arc<Wake>, uid: u32, body: Even
         });
     }
     agent.emit_vm(&id, uid, body);
+}
+
+/// Posts `body` (JSON) to [`HOOK_PATH`] over HTTP/1.1 on the unix socket `sock`; the answer's
+/// status, or what failed.
+async fn call_hook(sock: &std::path::Path, body: Vec<u8>) -> Result<hyper::StatusCode, String> {
+    let stream = tokio::net::UnixStream::connect(sock)
+        .await
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    let (mut tx, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = hyper::Request::post(HOOK_PATH)
+        .header("host", "vmnet-wake")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
+        .map_err(|e| format!("request: {e}"))?;
+    let r = tx
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"));
+    conn.abort();
+    Ok(r?.status())
 }
 
 /// Opens the tap port of `uid` and forwards its notifications as `uid` on `attach_tx`.
