@@ -38,7 +38,6 @@ mod report;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -253,22 +252,7 @@ fn connect(to: SocketAddr, started: &mpsc::Sender<Instant>) -> Result<Connected,
     let mut s =
         TcpStream::connect_timeout(&to, CONNECT_TIMEOUT).map_err(|e| format!("{to}: {e}"))?;
     let took = t.elapsed();
-    // SAFETY: a zeroed tcp_info of the size passed, filled by getsockopt.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = u32::try_from(std::mem::size_of::<libc::tcp_info>()).unwrap_or(0);
-    // SAFETY: valid pointers to `info` and `len`, which holds its size.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            std::ptr::from_mut(&mut info).cast(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(format!("TCP_INFO: {}", std::io::Error::last_os_error()));
-    }
+    let retrans = vmnet_sandbox::traffic::retransmits(&s).map_err(|e| format!("TCP_INFO: {e}"))?;
     s.set_read_timeout(Some(CONNECT_TIMEOUT))
         .map_err(|e| e.to_string())?;
     s.write_all(b"wake\n").map_err(|e| format!("echo: {e}"))?;
@@ -276,7 +260,7 @@ fn connect(to: SocketAddr, started: &mpsc::Sender<Instant>) -> Result<Connected,
     let served = s.read_to_end(&mut out).is_ok() && !out.is_empty();
     Ok(Connected {
         took,
-        retrans: info.tcpi_total_retrans,
+        retrans,
         served,
     })
 }

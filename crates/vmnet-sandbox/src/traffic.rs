@@ -309,6 +309,32 @@ pub fn run(
     netns::exec(ns, program, args, timeout)
 }
 
+/// The segments the kernel retransmitted on connection `s` so far (`TCP_INFO`'s
+/// `tcpi_total_retrans`): a client's SYN retransmissions, read right after `connect()`.
+///
+/// # Errors
+/// When `getsockopt` fails.
+pub fn retransmits(s: &TcpStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed tcp_info of the size passed, filled by getsockopt.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = u32::try_from(std::mem::size_of::<libc::tcp_info>()).unwrap_or(0);
+    // SAFETY: valid pointers to `info` and `len`, which holds its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            std::ptr::from_mut(&mut info).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(info.tcpi_total_retrans)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,6 @@ mod agent_support;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant, SystemTime};
 
 use agent_support::{options, start, vm};
@@ -90,27 +89,14 @@ fn connect(ns: &str, to: SocketAddr, timeout: Duration) -> Conn {
         let t = Instant::now();
         let mut s = TcpStream::connect_timeout(&to, timeout).expect("connect");
         let took = t.elapsed();
-        // SAFETY: a zeroed tcp_info of the size passed, filled by getsockopt.
-        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-        let mut len = u32::try_from(std::mem::size_of::<libc::tcp_info>()).unwrap();
-        // SAFETY: valid pointers to `info` and `len`.
-        let rc = unsafe {
-            libc::getsockopt(
-                s.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                std::ptr::from_mut(&mut info).cast(),
-                &raw mut len,
-            )
-        };
-        assert_eq!(rc, 0, "TCP_INFO");
+        let retrans = vmnet_testkit::traffic::retransmits(&s).expect("TCP_INFO");
         s.set_read_timeout(Some(timeout)).unwrap();
         s.write_all(b"wake\n").unwrap();
         let mut buf = [0u8; 256];
         let served = s.read(&mut buf).is_ok_and(|n| n > 0);
         Conn {
             took,
-            retrans: info.tcpi_total_retrans,
+            retrans,
             served,
         }
     })

@@ -11,7 +11,6 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use vmnet_agent::activity::VmActivity;
@@ -52,29 +51,14 @@ pub(super) fn connect(inet: &str, to: SocketAddr, timeout: Duration) -> Result<C
         let t = Instant::now();
         let mut s = TcpStream::connect_timeout(&to, timeout)?;
         let took = t.elapsed();
-        // SAFETY: a zeroed tcp_info of the size passed, filled by getsockopt.
-        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-        let mut len = u32::try_from(std::mem::size_of::<libc::tcp_info>()).unwrap_or(0);
-        // SAFETY: valid pointers to `info` and `len`.
-        let rc = unsafe {
-            libc::getsockopt(
-                s.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                std::ptr::from_mut(&mut info).cast(),
-                &raw mut len,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let retrans = crate::traffic::retransmits(&s)?;
         s.set_read_timeout(Some(timeout))?;
         s.write_all(b"wake\n")?;
         let mut out = [0u8; 256];
         let served = s.read(&mut out).is_ok_and(|n| n > 0);
         Ok(Connected {
             took,
-            retrans: info.tcpi_total_retrans,
+            retrans,
             served,
         })
     })
