@@ -6,6 +6,9 @@
 //!
 //! The event stream is read line by line as it arrives ([`Client::events_lines`]).
 //!
+//! A command that makes one call and exits calls the `*_blocking` methods ([`blocking`]), which
+//! need no async runtime.
+//!
 //! # Limitations
 //! One connection per request (the CLI makes a handful of calls); no TLS, no TCP.
 
@@ -22,6 +25,8 @@ use vmnet_model::Error;
 
 use crate::api::error::ErrorBody;
 use crate::events::Event;
+
+pub mod blocking;
 
 /// A client bound to the agent's unix socket path.
 #[derive(Debug, Clone)]
@@ -65,6 +70,19 @@ fn no_answer(sock: &str, path: &str, bound: std::time::Duration) -> Error {
         "agent at {sock}: no answer to {path} within {bound:?} (is it stopped or overloaded? a \
          change it was asked for may still complete: read it back)"
     ))
+}
+
+/// The JSON body of a request to `path`.
+fn encode_body(path: &str, body: &(impl Serialize + ?Sized)) -> Result<Vec<u8>, Error> {
+    serde_json::to_vec(body)
+        .map_err(|e| Error::internal(format!("cannot encode request for {path}: {e}")))
+}
+
+/// A 2xx reply's body decoded into `T` (an empty body is `null`, for `()`).
+fn decode_reply<T: DeserializeOwned>(path: &str, bytes: &[u8]) -> Result<T, Error> {
+    let bytes = if bytes.is_empty() { b"null" } else { bytes };
+    serde_json::from_slice(bytes)
+        .map_err(|e| Error::internal(format!("agent reply for {path} does not decode: {e}")))
 }
 
 fn decode_error(status: StatusCode, path: &str, bytes: &[u8]) -> Error {
@@ -255,24 +273,12 @@ impl Client {
         path: &str,
         body: Option<&(impl Serialize + ?Sized)>,
     ) -> Result<T, Error> {
-        let body =
-            match body {
-                Some(b) => Some(serde_json::to_vec(b).map_err(|e| {
-                    Error::internal(format!("cannot encode request for {path}: {e}"))
-                })?),
-                None => None,
-            };
+        let body = body.map(|b| encode_body(path, b)).transpose()?;
         let (status, bytes) = self.send_raw(method, path, body).await?;
         if !status.is_success() {
             return Err(decode_error(status, path, &bytes));
         }
-        let bytes = if bytes.is_empty() {
-            Bytes::from_static(b"null")
-        } else {
-            bytes
-        };
-        serde_json::from_slice(&bytes)
-            .map_err(|e| Error::internal(format!("agent reply for {path} does not decode: {e}")))
+        decode_reply(path, &bytes)
     }
 
     /// `GET path`.

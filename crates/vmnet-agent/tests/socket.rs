@@ -336,5 +336,61 @@ async fn a_silent_agent_is_waited_for_only_as_long_as_the_bound() {
         .await
         .unwrap_err();
     assert!(e.message.contains("no answer to /v1/events"), "{e}");
+    // The blocking exchange of the one-call commands has the same bound and the same words.
+    let blocking = client.clone();
+    let t0 = Instant::now();
+    let e = tokio::task::spawn_blocking(move || blocking.get_blocking::<AgentStatus>("/v1/status"))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(e.code, ErrorCode::Unavailable);
+    assert!(
+        e.message.contains("no answer to /v1/status within 300ms"),
+        "{e}"
+    );
     held.abort();
+}
+
+/// The blocking exchange against an agent that reads the request and hangs up without a word,
+/// and one that answers with a body cut short: each is `UNAVAILABLE` naming the request.
+#[tokio::test]
+async fn a_blocking_request_to_an_agent_that_hangs_up_is_an_error() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("rude.sock");
+    let l = tokio::net::UnixListener::bind(&sock).unwrap();
+    let rude = tokio::spawn(async move {
+        // First connection: read a little, hang up. Second: a head promising more than comes.
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = [0u8; 16];
+        let _ = s.read(&mut buf).await;
+        drop(s);
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"state\"")
+            .await;
+        drop(s);
+    });
+    let client = Client::new(&sock);
+    let big = vec![b' '; 1 << 20];
+    let c = client.clone();
+    let e = tokio::task::spawn_blocking(move || {
+        c.put_blocking::<serde_json::Value>("/v1/vms/x", &String::from_utf8(big).unwrap())
+    })
+    .await
+    .unwrap()
+    .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+    assert!(e.message.contains("/v1/vms/x"), "{e}");
+    let c = client.clone();
+    let e = tokio::task::spawn_blocking(move || c.get_blocking::<AgentStatus>("/v1/status"))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+    assert!(e.message.contains("reading the reply failed"), "{e}");
+    rude.await.unwrap();
 }

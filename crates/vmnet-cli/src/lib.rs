@@ -67,12 +67,12 @@ pub fn raise_nofile_limit() {
 /// stderr (a missing subcommand: `error: INVALID_INPUT: a subcommand is required` and the
 /// help), and exits with INVALID_INPUT's exit status (2).
 #[must_use]
-pub fn usage_error(e: &clap::Error) -> ExitCode {
+pub fn usage_error(e: &clap::Error) -> Status {
     use clap::error::ErrorKind;
     if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         // Printing fails only when stdout is gone; nothing useful is left to do then.
         let _ = e.print();
-        return ExitCode::SUCCESS;
+        return Status::SUCCESS;
     }
     let rendered = e.render().to_string();
     to_stderr(&usage_text(e.kind(), &rendered));
@@ -96,7 +96,7 @@ fn usage_text(kind: clap::error::ErrorKind, rendered: &str) -> String {
 
 /// Prints `error: CODE: message` on stderr and returns the code's exit status.
 #[must_use]
-pub fn report(e: &Error) -> ExitCode {
+pub fn report(e: &Error) -> Status {
     to_stderr(&format!("error: {e}\n"));
     exit_status(e.code)
 }
@@ -128,22 +128,39 @@ pub fn read_at_most(r: impl std::io::Read, limit: u64) -> std::io::Result<Vec<u8
     Ok(buf)
 }
 
+/// A process exit status: [`ExitCode`]'s value, readable (`vmnet` ends through C's `exit`
+/// with it, see its `main`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status(pub u8);
+
+impl Status {
+    /// Success: 0.
+    pub const SUCCESS: Self = Self(0);
+    /// A failure without a more precise status: 1.
+    pub const FAILURE: Self = Self(1);
+}
+
+impl From<Status> for ExitCode {
+    fn from(s: Status) -> Self {
+        Self::from(s.0)
+    }
+}
+
 /// The process exit status of an error code ([`ErrorCode::exit_code`]).
 #[must_use]
-pub fn exit_status(code: ErrorCode) -> ExitCode {
-    let status: u8 = code.exit_code().try_into().unwrap_or(1);
+pub fn exit_status(code: ErrorCode) -> Status {
     if code == ErrorCode::Internal {
-        ExitCode::FAILURE
+        Status::FAILURE
     } else {
-        ExitCode::from(status)
+        Status(code.exit_code().try_into().unwrap_or(1))
     }
 }
 
 /// The process exit status of a command's result: success, or the error reported.
 #[must_use]
-pub fn finish(result: Result<(), Error>) -> ExitCode {
+pub fn finish(result: Result<(), Error>) -> Status {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => Status::SUCCESS,
         Err(e) => report(&e),
     }
 }
@@ -185,11 +202,11 @@ mod tests {
 
     #[test]
     fn exit_statuses_follow_the_documented_codes() {
-        assert_eq!(exit_status(ErrorCode::InvalidInput), ExitCode::from(2));
-        assert_eq!(exit_status(ErrorCode::NotFound), ExitCode::from(3));
-        assert_eq!(exit_status(ErrorCode::Conflict), ExitCode::from(4));
-        assert_eq!(exit_status(ErrorCode::Unavailable), ExitCode::from(6));
-        assert_eq!(exit_status(ErrorCode::Internal), ExitCode::FAILURE);
-        assert_eq!(finish(Ok(())), ExitCode::SUCCESS);
+        assert_eq!(exit_status(ErrorCode::InvalidInput), Status(2));
+        assert_eq!(exit_status(ErrorCode::NotFound), Status(3));
+        assert_eq!(exit_status(ErrorCode::Conflict), Status(4));
+        assert_eq!(exit_status(ErrorCode::Unavailable), Status(6));
+        assert_eq!(exit_status(ErrorCode::Internal), Status::FAILURE);
+        assert_eq!(finish(Ok(())), Status::SUCCESS);
     }
 }

@@ -55,7 +55,7 @@ fn main() -> ExitCode {
     vmnet_cli::raise_nofile_limit();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return usage_error(&e),
+        Err(e) => return usage_error(&e).into(),
     };
     // The sandbox (its helpers and `up`, which keeps agents and helpers running) and the
     // benchmarks outlive the peers they talk to; `down` stays a short client command.
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
     let json = cli.output == Output::Json;
     let command = match cli.command {
         // No runtime: a helper runs its own threads until it is signalled.
-        Command::SandboxHelper(c) => return finish(vmnet_sandbox::helper::run(c)),
+        Command::SandboxHelper(c) => return finish(vmnet_sandbox::helper::run(c)).into(),
         c => c,
     };
     // Before the runtime's threads exist: the benchmarks run the agent's driver in this
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
-        Err(e) => return report(&Error::internal(format!("cannot start the runtime: {e}"))),
+        Err(e) => return report(&Error::internal(format!("cannot start the runtime: {e}"))).into(),
     };
     finish(runtime.block_on(async move {
         match command {
@@ -91,6 +91,7 @@ fn main() -> ExitCode {
             Command::SandboxHelper(_) => unreachable!("run above, without a runtime"),
         }
     }))
+    .into()
 }
 
 /// A benchmark's failure as the wire error: IPAM failures through the one IPAM mapping

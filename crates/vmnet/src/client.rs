@@ -1,16 +1,15 @@
 //! The client commands, the part of the command line that only talks to a running agent over
 //! its socket. Both binaries run them; `vmnet` runs nothing else itself.
 
-use std::process::ExitCode;
-
 use clap::Subcommand;
-use vmnet_cli::{finish, report};
+use vmnet_cli::{Status, finish};
 use vmnet_model::Error;
 
 use crate::Global;
 use crate::cli;
 
-/// The client commands, flattened into both binaries' command lists.
+/// The client commands, flattened into `vmnetd`'s command list (`vmnet` lists the same
+/// commands in its own, see `thin`).
 #[derive(Debug, Subcommand)]
 pub enum ClientCmd {
     /// VM network configs held by the agent (namespace mode).
@@ -28,31 +27,30 @@ pub enum ClientCmd {
     Apply(cli::vm::ApplyArgs),
 }
 
-/// Runs one client command.
+/// Runs one client command and turns its result into the exit status.
 ///
-/// # Errors
-/// The agent's error, or `UNAVAILABLE` when it cannot be reached.
-pub async fn run(g: &Global, c: ClientCmd) -> Result<(), Error> {
-    match c {
-        ClientCmd::Vm(c) => cli::vm::vm(g, c).await,
-        ClientCmd::Mesh(c) => cli::mesh::mesh(g, c).await,
-        ClientCmd::Status => cli::vm::status(g).await,
-        ClientCmd::Events(a) => cli::events::events(g, a).await,
-        ClientCmd::Apply(a) => cli::vm::apply(g, a).await,
-    }
+/// A command that makes one call (`vm`, `mesh`, `status`) runs on this thread with blocking
+/// reads and writes, without an async runtime: an orchestrator runs `vmnet vm put` once per VM,
+/// and the runtime's set-up and its wake-ups would be most of the client's own work. `events`
+/// (a stream) and `apply` (many calls) run on a runtime on this thread alone (no worker threads
+/// to start, wake and join, and no signal driver: the client handles no signal).
+#[must_use]
+pub fn main(g: &Global, c: ClientCmd) -> Status {
+    finish(match c {
+        ClientCmd::Vm(c) => cli::vm::vm(g, c),
+        ClientCmd::Mesh(c) => cli::mesh::mesh(g, c),
+        ClientCmd::Status => cli::vm::status(g),
+        ClientCmd::Events(a) => on_runtime(cli::events::events(g, a)),
+        ClientCmd::Apply(a) => on_runtime(cli::vm::apply(g, a)),
+    })
 }
 
-/// Runs one client command on this thread alone (one short exchange with the agent: no worker
-/// threads to start, wake and join, and no signal driver: the client handles no signal) and
-/// turns its result into the exit status.
-#[must_use]
-pub fn main(g: &Global, c: ClientCmd) -> ExitCode {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+/// Runs `command` to its end on a runtime on this thread.
+fn on_runtime(command: impl Future<Output = Result<(), Error>>) -> Result<(), Error> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
-        .build();
-    match runtime {
-        Ok(rt) => finish(rt.block_on(run(g, c))),
-        Err(e) => report(&Error::internal(format!("cannot start the runtime: {e}"))),
-    }
+        .build()
+        .map_err(|e| Error::internal(format!("cannot start the runtime: {e}")))?
+        .block_on(command)
 }

@@ -63,8 +63,16 @@ pub fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match cli::config::parse_cli(&argv) {
         Ok(cli) => cli,
-        Err(cli::config::ParseFailure::Usage(e)) => return usage_error(&e),
-        Err(cli::config::ParseFailure::Config(e)) => return report(&e),
+        Err(cli::config::ParseFailure::Usage(e)) => return usage_error(&e).into(),
+        Err(cli::config::ParseFailure::Config(e)) => return report(&e).into(),
+    };
+    // A client command runs without the runtime below (see `client::main`).
+    let cli = match cli.command {
+        Command::Client(c) => return client::main(&cli.global, c).into(),
+        command => Cli {
+            global: cli.global,
+            command,
+        },
     };
     // The agent outlives its clients and helpers: a peer that hangs up is an error for that
     // peer, never the end of the agent.
@@ -76,7 +84,7 @@ pub fn main() -> ExitCode {
     if let Command::Serve(a) = &cli.command
         && let Err(e) = cli::serve::enter_netns(a)
     {
-        return report(&e);
+        return report(&e).into();
     }
     // Before the runtime's threads exist: few malloc arenas keep the agent's RSS small.
     if matches!(cli.command, Command::Serve(_)) {
@@ -94,7 +102,7 @@ pub fn main() -> ExitCode {
     };
     let runtime = match runtime {
         Ok(rt) => rt,
-        Err(e) => return report(&Error::internal(format!("cannot start the runtime: {e}"))),
+        Err(e) => return report(&Error::internal(format!("cannot start the runtime: {e}"))).into(),
     };
     let serving = matches!(cli.command, Command::Serve(_));
     let result = runtime.block_on(run(cli));
@@ -103,7 +111,7 @@ pub fn main() -> ExitCode {
     if serving && result.is_ok() {
         tracing::info!("vmnet agent stopped");
     }
-    finish(result)
+    finish(result).into()
 }
 
 async fn run(cli: Cli) -> Result<(), Error> {
@@ -124,7 +132,7 @@ async fn run(cli: Cli) -> Result<(), Error> {
             .await
             .map_err(from_ipam),
         Command::Serve(a) => cli::serve::run(g, *a).await,
-        Command::Client(c) => client::run(g, c).await,
+        Command::Client(_) => unreachable!("run above, without a runtime"),
         Command::Config(c) => cli::config::check(g, &c),
         Command::Completions(a) => cli::shell::completions(&a),
         Command::Man(a) => cli::shell::man(&a),

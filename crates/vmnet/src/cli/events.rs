@@ -15,7 +15,10 @@ use vmnet_model::Error;
 
 use crate::{Global, Output};
 
-/// Arguments of `vmnet events`.
+// Its doc is the command's help summary, word for word `ClientCmd::Events`'s: `vmnet` defers
+// the command's arguments, and then this summary is the one shown.
+/// What the agent does, one line per event: VMs applied, deleted or failed, drift
+/// repaired, firewall repairs, mesh peers, provider poll failures, spoof drops.
 #[derive(Debug, clap::Args)]
 pub struct EventsArgs {
     /// Keep printing new events as they happen (until interrupted); without it, print the

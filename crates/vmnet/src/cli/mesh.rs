@@ -59,11 +59,11 @@ fn read(path: &PathBuf) -> Result<serde_json::Value, Error> {
 }
 
 /// Runs `vmnet mesh …`.
-pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
+pub fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
     let client = Client::new(&g.socket);
     match c {
         MeshCmd::Show => {
-            let v: MeshView = client.get("/v1/mesh").await?;
+            let v: MeshView = client.get_blocking("/v1/mesh")?;
             if g.output == Output::Json {
                 return print_json(&v);
             }
@@ -136,7 +136,7 @@ pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
         }
         MeshCmd::Sync { file } => {
             let body = read(&file)?;
-            let o: SyncOutcome = client.post("/v1/sync", Some(&body)).await?;
+            let o: SyncOutcome = client.post_blocking("/v1/sync", Some(&body))?;
             if g.output == Output::Json {
                 return print_json(&o);
             }
@@ -153,7 +153,7 @@ pub async fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
             Ok(())
         }
         MeshCmd::Vm(MeshVmCmd::Sync) => {
-            let o: VmSyncOutcome = client.post("/v1/mesh/vms/sync", None::<&()>).await?;
+            let o: VmSyncOutcome = client.post_blocking("/v1/mesh/vms/sync", None::<&()>)?;
             if g.output == Output::Json {
                 return print_json(&o);
             }

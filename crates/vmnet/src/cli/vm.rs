@@ -51,7 +51,9 @@ pub enum VmCmd {
     },
 }
 
-/// Arguments of `vmnet apply`.
+// Its doc is the command's help summary, word for word `ClientCmd::Apply`'s: `vmnet` defers
+// the command's arguments, and then this summary is the one shown.
+/// Apply a host spec (pools, instances and VMs in one file) declaratively.
 #[derive(Debug, clap::Args)]
 pub struct ApplyArgs {
     /// The host spec file (JSON: pools, hosts, instances, vms), `-` for stdin.
@@ -90,7 +92,7 @@ fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Error> {
 }
 
 /// Runs `vmnet vm …`.
-pub async fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
+pub fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
     let client = Client::new(&g.socket);
     match c {
         VmCmd::Put { file } => {
@@ -98,24 +100,23 @@ pub async fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
             // Validate locally first for a message naming the file; the agent validates again.
             let cfg = parse_vm_config(&bytes)
                 .map_err(|e| Error::invalid(format!("{name}: {}", e.message())))?;
-            let view: VmView = client
-                .put(&format!("/v1/vms/{}", segment(&cfg.id)), &cfg)
-                .await?;
+            let view: VmView =
+                client.put_blocking(&format!("/v1/vms/{}", segment(&cfg.id)), &cfg)?;
             show_vms(g.output, std::slice::from_ref(&view), true)
         }
         VmCmd::Get { id } => {
             non_empty(&id)?;
-            let view: VmView = client.get(&format!("/v1/vms/{}", segment(&id))).await?;
+            let view: VmView = client.get_blocking(&format!("/v1/vms/{}", segment(&id)))?;
             show_vms(g.output, std::slice::from_ref(&view), true)
         }
         VmCmd::List => {
-            let views: Vec<VmView> = client.get("/v1/vms").await?;
+            let views: Vec<VmView> = client.get_blocking("/v1/vms")?;
             show_vms(g.output, &views, false)
         }
-        VmCmd::Activity { id, idle_secs } => activity(g, &client, id, idle_secs).await,
+        VmCmd::Activity { id, idle_secs } => activity(g, &client, id, idle_secs),
         VmCmd::Delete { id } => {
             non_empty(&id)?;
-            let view: VmView = client.delete(&format!("/v1/vms/{}", segment(&id))).await?;
+            let view: VmView = client.delete_blocking(&format!("/v1/vms/{}", segment(&id)))?;
             match g.output {
                 Output::Json => print_json(&view),
                 Output::Table => {
@@ -307,8 +308,8 @@ fn ago(unix_ms: i64) -> String {
 }
 
 /// Runs `vmnet status`.
-pub async fn status(g: &Global) -> Result<(), Error> {
-    let st: AgentStatus = Client::new(&g.socket).get("/v1/status").await?;
+pub fn status(g: &Global) -> Result<(), Error> {
+    let st: AgentStatus = Client::new(&g.socket).get_blocking("/v1/status")?;
     if g.output == Output::Json {
         return print_json(&st);
     }
@@ -495,7 +496,7 @@ pub async fn apply(g: &Global, args: ApplyArgs) -> Result<(), Error> {
     Ok(())
 }
 
-async fn activity(
+fn activity(
     g: &Global,
     client: &Client,
     id: Option<String>,
@@ -503,9 +504,8 @@ async fn activity(
 ) -> Result<(), Error> {
     let (baseline, vms) = match id {
         Some(id) => {
-            let one: VmActivity = client
-                .get(&format!("/v1/vms/{}/activity", segment(&id)))
-                .await?;
+            let one: VmActivity =
+                client.get_blocking(&format!("/v1/vms/{}/activity", segment(&id)))?;
             if g.output == Output::Json {
                 return print_json(&one);
             }
@@ -516,7 +516,7 @@ async fn activity(
                 || "/v1/activity".to_owned(),
                 |n| format!("/v1/activity?idle_secs={n}"),
             );
-            let list: ActivityList = client.get(&path).await?;
+            let list: ActivityList = client.get_blocking(&path)?;
             if g.output == Output::Json {
                 return print_json(&list);
             }
