@@ -81,6 +81,18 @@ impl AgentProc {
         log: &str,
         filter: &str,
     ) -> Result<Self, Error> {
+        Self::start_with(dir, host_ns, prefix, log, filter, &[])
+    }
+
+    /// As [`Self::start_logged`], with `extra` flags of `vmnet serve` added.
+    pub(crate) fn start_with(
+        dir: &Path,
+        host_ns: &str,
+        prefix: &str,
+        log: &str,
+        filter: &str,
+        extra: &[&str],
+    ) -> Result<Self, Error> {
         let exe = vmnet_sandbox::exe::vmnet()?;
         let log = std::fs::File::create(dir.join(log))
             .map_err(|e| Error::internal(format!("agent log: {e}")))?;
@@ -96,6 +108,7 @@ impl AgentProc {
             // dir (removed after the agent stopped, see `StateDir`).
             .arg("--activity-root")
             .arg(dir.join(ACTIVITY_DIR))
+            .args(extra)
             .env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

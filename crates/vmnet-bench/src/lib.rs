@@ -5,6 +5,8 @@
 //! - [`nft`]: pool mode's nftables full replace and per-instance add/remove;
 //! - [`agent`]: the agent process under N VMs put over its API, and ([`boot`]) its start with N
 //!   stored VMs after a host reboot and an agent restart;
+//! - [`drift`]: how fast the agent repairs changes to what it owns, on the kernel's change
+//!   notifications, at N VMs, and a storm of the same change;
 //! - [`mesh`]: `POST /v1/sync` of the mesh's WireGuard peers against the real agent, and
 //!   ([`mesh_forward`]) the data plane's TCP throughput VM to VM against host to host and
 //!   ([`mesh_cost`]) its programs' cost per packet, and
@@ -22,6 +24,7 @@ pub mod agent;
 pub mod agent_load;
 pub mod agent_scrape;
 pub mod boot;
+pub mod drift;
 pub mod guard;
 pub mod guests;
 pub mod guests_pool;
@@ -68,6 +71,8 @@ pub enum BenchCmd {
     Agent(agent::AgentBenchArgs),
     /// The agent's start with N stored VMs: to ready after a host reboot and after a restart.
     Boot(boot::BootBenchArgs),
+    /// Changes to what the agent owns at N VMs: change to repair by kind, CPU, a storm.
+    Drift(drift::DriftBenchArgs),
     /// `POST /v1/sync` of N WireGuard peers: from empty, one change, no-op.
     Mesh(mesh::MeshBenchArgs),
     /// The metadata service: N VMs' listeners polled every 250 ms (CPU, latency, RSS).
@@ -93,6 +98,7 @@ pub async fn run(json: bool, c: BenchCmd) -> Result<(), BenchError> {
         BenchCmd::Nft(a) => Ok(nft::run(json, a).await?),
         BenchCmd::Agent(a) => Ok(agent::run(a).await?),
         BenchCmd::Boot(a) => Ok(boot::run(a).await?),
+        BenchCmd::Drift(a) => Ok(drift::run(a).await?),
         BenchCmd::Mesh(a) => Ok(mesh::run(a).await?),
         BenchCmd::Metadata(a) => Ok(metadata::run(a).await?),
         BenchCmd::Activity(a) => Ok(activity::run(a).await?),
