@@ -10,9 +10,9 @@
 //! among the VMs with a public IPv4), one after another: each change is timed from just before
 //! the command that made it to the arrival of the agent's `drift_repaired` event on
 //! `GET /v1/events` (the repair done; one change at a time, so the next repair event is the
-//! change's), at most [`REPAIR_WAIT`]. Then a storm: the same firewall rule of VM 1 deleted
-//! up to [`STORM_RATE`] times a second for `--storm-secs` (each try lists the table and deletes
-//! the rule, two `nft` processes, which bounds the rate a busy host reaches), with the agent's CPU over the storm and
+//! change's), at most [`REPAIR_WAIT`]. Then a storm: the chain holding VM 1's firewall rules
+//! flushed [`STORM_RATE`] times a second for `--storm-secs` (one `nft -i` process fed a command
+//! every 10 ms), with the agent's CPU over the storm and
 //! its notification checks, repairs and back-offs before and after, and whether the rule is
 //! back once the storm ends.
 //!
@@ -293,25 +293,21 @@ async fn storm(client: &Client, pid: u32, plan: &VmPlan, secs: u32) -> Result<St
     let before = notifications(client).await?;
     let cpu0 = proc_cpu_ms(pid);
     let start = Instant::now();
-    let p = plan.clone();
-    let (tries, deletions) = tokio::task::spawn_blocking(move || {
-        let every = Duration::from_secs(1) / STORM_RATE;
-        let end = Instant::now() + Duration::from_secs(u64::from(secs));
-        let mut next = Instant::now();
-        let (mut tried, mut made) = (0u32, 0u32);
-        while Instant::now() < end {
-            // The rule may not be back yet: a deletion that finds nothing is no change.
-            tried += 1;
-            if inject::inject(Kind::FirewallRule, &p, "").is_ok() {
-                made += 1;
-            }
-            next += every;
-            std::thread::sleep(next.saturating_duration_since(Instant::now()));
-        }
-        (tried, made)
-    })
-    .await
-    .map_err(|e| Error::internal(format!("storm: {e}")))?;
+    let listing = vmnet_sandbox::netns::exec(
+        &plan.netns,
+        "nft",
+        &["-a", "list", "table", "inet", &plan.name_prefix],
+        Duration::from_secs(10),
+    )
+    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    .map_err(|e| Error::internal(format!("storm: nft: {e}")))?;
+    let (chain, _) = inject::rule_handle(&listing, &["tcp dport", "accept"])
+        .ok_or_else(|| Error::internal("storm: VM 1 has no firewall rule"))?;
+    let command = format!("flush chain inet {} {chain}\n", plan.name_prefix);
+    let ns = plan.netns.clone();
+    let sent = tokio::task::spawn_blocking(move || storm_commands(&ns, &command, secs))
+        .await
+        .map_err(|e| Error::internal(format!("storm: {e}")))??;
     let wall = start.elapsed();
     let cpu = cpu0
         .zip(proc_cpu_ms(pid))
@@ -343,14 +339,43 @@ async fn storm(client: &Client, pid: u32, plan: &VmPlan, secs: u32) -> Result<St
     };
     Ok(StormRow {
         secs,
-        tries,
-        deletions,
+        sent,
+        chain,
         cpu,
         checks: delta("checks_total"),
         repairs: delta("repairs_total"),
         backoffs: delta("backoffs_total"),
         back_after: back,
     })
+}
+
+/// Sends `command` to one `nft -i` inside `ns` [`STORM_RATE`] times a second for `secs`;
+/// returns how many were sent.
+fn storm_commands(ns: &str, command: &str, secs: u32) -> Result<u32, Error> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-i"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| Error::internal(format!("storm: nft -i: {e}")))?;
+    let mut sent = 0u32;
+    if let Some(mut stdin) = child.stdin.take() {
+        let every = Duration::from_secs(1) / STORM_RATE;
+        let end = Instant::now() + Duration::from_secs(u64::from(secs));
+        let mut next = Instant::now();
+        while Instant::now() < end {
+            if stdin.write_all(command.as_bytes()).is_err() {
+                break;
+            }
+            sent += 1;
+            next += every;
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+    }
+    let _ = child.wait();
+    Ok(sent)
 }
 
 /// A fixed pseudo-random sequence (the bench is repeatable run to run).

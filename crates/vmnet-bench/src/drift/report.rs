@@ -25,10 +25,10 @@ pub struct KindRow {
 pub struct StormRow {
     /// Its length, seconds.
     pub secs: u32,
-    /// Deletions tried.
-    pub tries: u32,
-    /// Deletions that found the rule and deleted it.
-    pub deletions: u32,
+    /// Flushes sent.
+    pub sent: u32,
+    /// The chain flushed.
+    pub chain: String,
     /// The agent's CPU over the storm, % of one core.
     pub cpu: Option<f64>,
     /// Notification checks, repairs and back-offs over the storm.
@@ -145,20 +145,19 @@ pub fn render(r: &Report) -> String {
     if let Some(st) = &r.storm {
         let _ = writeln!(
             out,
-            "storm: one firewall rule deleted for {} s, tried {} times ({:.0} a second, at most {}), {} times found and deleted: agent CPU {}, {} checks, {} repairs, {} back-offs; the rule {}",
+            "storm: VM 1's firewall chain {} flushed {} times in {} s ({:.0} a second): agent CPU {}, {} checks, {} repairs, {} back-offs; its rules {}",
+            st.chain,
+            st.sent,
             st.secs,
-            st.tries,
-            f64::from(st.tries) / f64::from(st.secs.max(1)),
-            super::STORM_RATE,
-            st.deletions,
+            f64::from(st.sent) / f64::from(st.secs.max(1)),
             st.cpu
                 .map_or_else(|| "-".to_owned(), |c| format!("{c:.1} % of a core")),
             st.checks,
             st.repairs,
             st.backoffs,
             st.back_after.map_or_else(
-                || "was not back within 30 s".to_owned(),
-                |d| format!("was back {:.0} ms after the storm", ms(d))
+                || "were not back within 30 s".to_owned(),
+                |d| format!("were back {:.0} ms after the storm", ms(d))
             )
         );
     }
