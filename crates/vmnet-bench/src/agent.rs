@@ -359,16 +359,7 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
                 last_cpu.0 = cpu_busy_ms();
             }
             let t = Instant::now();
-            let _: VmView = client
-                .put(&format!("/v1/vms/bench-{uid}"), &body(uid))
-                .await
-                .map_err(|e| {
-                    Error::internal(format!(
-                        "PUT vm {uid}: {}; the agent log ends:\n{}",
-                        e.message,
-                        log_tail(&log, 40)
-                    ))
-                })?;
+            put_vm(&client, uid, &body(uid), &log).await?;
             puts.push(t.elapsed());
             if uid == group {
                 first_cpu.1 = cpu_busy_ms();
@@ -419,6 +410,25 @@ pub async fn run(args: AgentBenchArgs) -> Result<(), Error> {
     drop(sb);
     drop(dir);
     Ok(())
+}
+
+/// PUTs bench VM `uid` with `body`; a failure names the VM and ends with the agent's log.
+pub(crate) async fn put_vm(
+    client: &Client,
+    uid: u32,
+    body: &serde_json::Value,
+    log: &Path,
+) -> Result<VmView, Error> {
+    client
+        .put(&format!("/v1/vms/bench-{uid}"), body)
+        .await
+        .map_err(|e| {
+            Error::internal(format!(
+                "PUT vm {uid}: {}; the agent log ends:\n{}",
+                e.message,
+                log_tail(log, 40)
+            ))
+        })
 }
 
 /// The last `n` lines of the agent's log (empty when it cannot be read).

@@ -33,12 +33,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use vmnet_agent::api::types::{AgentStatus, VmView};
+use vmnet_agent::api::types::AgentStatus;
 use vmnet_agent::client::Client;
 use vmnet_model::Error;
 use vmnet_plan::ns::{NsSettings, VmPlan, plan_vm};
 
-use crate::agent::{AgentProc, StateDir, log_tail};
+use crate::agent::{AgentProc, StateDir, log_tail, put_vm};
 use crate::agent_load::{PUBLIC_V4_VMS, vm_body_full};
 use crate::procstat::proc_cpu_ms;
 
@@ -123,16 +123,7 @@ pub async fn run(args: DriftBenchArgs) -> Result<(), Error> {
     let mut plans = Vec::new();
     for uid in 1..=args.vms {
         let body = vm_body_full(uid);
-        let _: VmView = client
-            .put(&format!("/v1/vms/bench-{uid}"), &body)
-            .await
-            .map_err(|e| {
-                Error::internal(format!(
-                    "PUT vm {uid}: {}; the agent log ends:\n{}",
-                    e.message,
-                    log_tail(&log, 40)
-                ))
-            })?;
+        put_vm(&client, uid, &body, &log).await?;
         let cfg = vmnet_model::vm::from_value(&body)?;
         plans.push(plan_vm(&cfg, &settings)?);
     }
@@ -293,14 +284,7 @@ async fn storm(client: &Client, pid: u32, plan: &VmPlan, secs: u32) -> Result<St
     let before = notifications(client).await?;
     let cpu0 = proc_cpu_ms(pid);
     let start = Instant::now();
-    let listing = vmnet_sandbox::netns::exec(
-        &plan.netns,
-        "nft",
-        &["-a", "list", "table", "inet", &plan.name_prefix],
-        Duration::from_secs(10),
-    )
-    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-    .map_err(|e| Error::internal(format!("storm: nft: {e}")))?;
+    let listing = inject::table(plan)?;
     let (chain, _) = inject::rule_handle(&listing, &["tcp dport", "accept"])
         .ok_or_else(|| Error::internal("storm: VM 1 has no firewall rule"))?;
     let command = format!("flush chain inet {} {chain}\n", plan.name_prefix);
@@ -316,14 +300,7 @@ async fn storm(client: &Client, pid: u32, plan: &VmPlan, secs: u32) -> Result<St
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut back = None;
     while Instant::now() < deadline {
-        let listing = vmnet_sandbox::netns::exec(
-            &plan.netns,
-            "nft",
-            &["-a", "list", "table", "inet", &plan.name_prefix],
-            Duration::from_secs(10),
-        )
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
+        let listing = inject::table(plan).unwrap_or_default();
         if inject::rule_handle(&listing, &["tcp dport", "accept"]).is_some() {
             back = Some(start.elapsed().saturating_sub(wall));
             break;

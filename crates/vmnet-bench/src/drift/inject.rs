@@ -74,6 +74,18 @@ fn exec(ns: &str, program: &str, args: &[&str]) -> Result<String, Error> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The VM's netns table as `nft -a list table` prints it (rules with their handles).
+///
+/// # Errors
+/// `INTERNAL` when `nft` fails.
+pub fn table(plan: &VmPlan) -> Result<String, Error> {
+    exec(
+        &plan.netns,
+        "nft",
+        &["-a", "list", "table", "inet", &plan.name_prefix],
+    )
+}
+
 /// The chain and handle of the first rule of `inet table` whose line holds every needle, from
 /// an `nft -a list table` listing.
 #[must_use]
@@ -115,7 +127,7 @@ pub fn inject(kind: Kind, plan: &VmPlan, host: &str) -> Result<Instant, Error> {
         .map(|v| v.peer_name.clone())
         .ok_or_else(|| failed("plan", "the VM has no veth"))?;
     let delete_rule = |needles: &[&str]| -> Result<Instant, Error> {
-        let listing = exec(ns, "nft", &["-a", "list", "table", "inet", table])?;
+        let listing = self::table(plan)?;
         let (chain, handle) = rule_handle(&listing, needles)
             .ok_or_else(|| failed("nft", format!("no rule with {needles:?} in {ns}")))?;
         let t = Instant::now();
