@@ -85,6 +85,62 @@ fn decode_reply<T: DeserializeOwned>(path: &str, bytes: &[u8]) -> Result<T, Erro
         .map_err(|e| Error::internal(format!("agent reply for {path} does not decode: {e}")))
 }
 
+/// The largest reply body a client reads (a list of the most VMs a host holds is a few MiB):
+/// a peer that sends more is an error, never the client's memory.
+pub const REPLY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
+
+/// The error of an exchange that failed once connected: `what` failed with `e`, and the
+/// likely cause where hyper's error tells it.
+fn exchange_failed(sock: &str, what: &str, e: &hyper::Error) -> Error {
+    let cause = if e.is_canceled() || e.is_incomplete_message() || e.is_closed() {
+        " (the agent closed the connection before its whole answer: at its connection limit, \
+         restarting or stopped)"
+    } else {
+        ""
+    };
+    Error::unavailable(format!("agent at {sock}: {what}: {e}{cause}"))
+}
+
+/// The error of a reply body that could not be read whole (too large, or cut short).
+fn reply_failed(sock: &str, e: &(dyn std::error::Error + 'static)) -> Error {
+    if e.is::<http_body_util::LengthLimitError>() {
+        return Error::unavailable(format!(
+            "agent at {sock}: the reply is larger than {REPLY_LIMIT_BYTES} bytes"
+        ));
+    }
+    match e.downcast_ref::<hyper::Error>() {
+        Some(h) => exchange_failed(sock, "reading the reply failed", h),
+        None => Error::unavailable(format!("agent at {sock}: reading the reply failed: {e}")),
+    }
+}
+
+/// The error of a request that cannot be made of `path` (too long for a request line): the
+/// caller's input, named by its first characters.
+fn unbuildable(path: &str, e: &impl std::fmt::Display) -> Error {
+    let shown: String = path.chars().take(80).collect();
+    let more = if shown.len() < path.len() { "…" } else { "" };
+    Error::invalid(format!(
+        "cannot make a request of {shown}{more} ({} bytes): {e}",
+        path.len()
+    ))
+}
+
+/// The error of a connection to the agent's socket that failed, with the likely cause where
+/// the error tells it.
+fn unreachable_agent(sock: &str, e: &std::io::Error) -> Error {
+    use std::io::ErrorKind;
+    let hint = match e.kind() {
+        ErrorKind::NotFound | ErrorKind::ConnectionRefused => " (is `vmnet serve` running?)",
+        // A unix socket's queue of connections not yet accepted is full.
+        ErrorKind::WouldBlock => {
+            " (its queue of new connections is full: is it stopped or overloaded?)"
+        }
+        ErrorKind::PermissionDenied => " (the API socket is for root and `--socket-group` only)",
+        _ => "",
+    };
+    Error::unavailable(format!("cannot reach the agent at {sock}: {e}{hint}"))
+}
+
 fn decode_error(status: StatusCode, path: &str, bytes: &[u8]) -> Error {
     match serde_json::from_slice::<ErrorBody>(bytes) {
         Ok(b) => b.error,
@@ -132,12 +188,10 @@ impl Client {
         let exchange = async {
             let (status, body, conn_task) = self.open(method, path, body).await?;
             let _abort = AbortOnDrop(conn_task);
-            let bytes = body
+            let bytes = http_body_util::Limited::new(body, REPLY_LIMIT_BYTES)
                 .collect()
                 .await
-                .map_err(|e| {
-                    Error::unavailable(format!("agent at {sock}: reading the reply failed: {e}"))
-                })?
+                .map_err(|e| reply_failed(&sock, &*e))?
                 .to_bytes();
             Ok((status, bytes))
         };
@@ -155,14 +209,12 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Incoming, tokio::task::JoinHandle<()>), Error> {
         let sock = self.socket.display().to_string();
-        let stream = UnixStream::connect(&self.socket).await.map_err(|e| {
-            Error::unavailable(format!(
-                "cannot reach the agent at {sock}: {e} (is `vmnet serve` running?)"
-            ))
-        })?;
+        let stream = UnixStream::connect(&self.socket)
+            .await
+            .map_err(|e| unreachable_agent(&sock, &e))?;
         let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| Error::unavailable(format!("agent at {sock}: handshake failed: {e}")))?;
+            .map_err(|e| exchange_failed(&sock, "handshake failed", &e))?;
         let conn_task = tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -179,10 +231,11 @@ impl Client {
         };
         let req = req
             .body(Full::new(payload))
-            .map_err(|e| Error::internal(format!("cannot build request for {path}: {e}")))?;
-        let resp = tx.send_request(req).await.map_err(|e| {
-            Error::unavailable(format!("agent at {sock}: request {path} failed: {e}"))
-        })?;
+            .map_err(|e| unbuildable(path, &e))?;
+        let resp = tx
+            .send_request(req)
+            .await
+            .map_err(|e| exchange_failed(&sock, &format!("request {path} failed"), &e))?;
         Ok((resp.status(), resp.into_body(), conn_task))
     }
 

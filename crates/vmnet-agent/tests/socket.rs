@@ -394,3 +394,43 @@ async fn a_blocking_request_to_an_agent_that_hangs_up_is_an_error() {
     assert!(e.message.contains("reading the reply failed"), "{e}");
     rude.await.unwrap();
 }
+
+/// An agent that accepts nothing (stopped) and whose queue of connections not yet accepted is
+/// full: the blocking exchange fails at once naming the full queue, as the async one does,
+/// instead of a `connect` that waits without bound.
+#[test]
+fn a_full_connection_queue_is_refused_at_once() {
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("full.sock");
+    let _listener = UnixListener::bind(&sock).unwrap();
+    // Fill the queue with connections nobody accepts.
+    let mut queued = Vec::new();
+    loop {
+        let fd = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .unwrap();
+        let addr = nix::sys::socket::UnixAddr::new(&sock).unwrap();
+        match nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+            Ok(()) => queued.push(UnixStream::from(fd)),
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(queued.len() < 100_000, "the queue never filled");
+    }
+    let t0 = Instant::now();
+    let e = Client::new(&sock)
+        .get_blocking::<AgentStatus>("/v1/status")
+        .unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert_eq!(e.code, ErrorCode::Unavailable);
+    assert!(
+        e.message.contains("queue of new connections is full"),
+        "{e}"
+    );
+}

@@ -101,6 +101,31 @@ pub fn report(e: &Error) -> Status {
     exit_status(e.code)
 }
 
+/// Writes `args` to standard output: a command's output that cannot be written (a full disk,
+/// a closed descriptor) is an error the command reports, not a panic.
+///
+/// # Errors
+/// `UNAVAILABLE` naming the cause.
+pub fn out(args: std::fmt::Arguments<'_>) -> Result<(), Error> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_fmt(args)
+        .and_then(|()| stdout.flush())
+        .map_err(|e| Error::unavailable(format!("cannot write the output: {e}")))
+}
+
+/// [`out`] with a newline: `outln!("{x}")?` where `println!` would panic on a write error.
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 /// Writes `text` to stderr in one write, so lines of clients sharing a terminal or a log do not
 /// interleave (`eprint!` writes each formatted piece on its own).
 pub fn to_stderr(text: &str) {

@@ -34,7 +34,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use vmnet_model::Error;
 
-use super::{Client, decode_error, decode_reply, encode_body, no_answer};
+use super::{
+    Client, REPLY_LIMIT_BYTES, decode_error, decode_reply, encode_body, exchange_failed, no_answer,
+    reply_failed, unbuildable, unreachable_agent,
+};
 
 /// How much one read asks for.
 const READ_CHUNK: usize = 16 * 1024;
@@ -64,40 +67,38 @@ impl Client {
         }
         let req = req
             .body(Full::new(body.map(Bytes::from).unwrap_or_default()))
-            .map_err(|e| Error::internal(format!("cannot build request for {path}: {e}")))?;
-        let stream = UnixStream::connect(&self.socket).map_err(|e| {
-            Error::unavailable(format!(
-                "cannot reach the agent at {sock}: {e} (is `vmnet serve` running?)"
-            ))
-        })?;
+            .map_err(|e| unbuildable(path, &e))?;
+        let stream = connect(&self.socket).map_err(|e| unreachable_agent(&sock, &e))?;
         let io = Blocking {
             stream,
             deadline,
             written: false,
             sent: false,
         };
-        let failed = |e: hyper::Error, what: &str| {
-            if io_timed_out(&e) {
+        let failed = |e: &hyper::Error, what: &str| {
+            if io_timed_out(e) {
                 no_answer(&sock, path, self.timeout)
             } else {
-                Error::unavailable(format!("agent at {sock}: {what}: {e}"))
+                exchange_failed(&sock, what, e)
             }
         };
         futures::executor::block_on(async {
             let (mut tx, conn) = hyper::client::conn::http1::handshake(io)
                 .await
-                .map_err(|e| failed(e, "handshake failed"))?;
+                .map_err(|e| failed(&e, "handshake failed"))?;
             let exchange = async {
                 let resp = tx
                     .send_request(req)
                     .await
-                    .map_err(|e| failed(e, &format!("request {path} failed")))?;
+                    .map_err(|e| failed(&e, &format!("request {path} failed")))?;
                 let status = resp.status();
-                let bytes = resp
-                    .into_body()
+                let bytes = http_body_util::Limited::new(resp.into_body(), REPLY_LIMIT_BYTES)
                     .collect()
                     .await
-                    .map_err(|e| failed(e, "reading the reply failed"))?
+                    .map_err(|e| match e.downcast_ref::<hyper::Error>() {
+                        Some(h) if io_timed_out(h) => no_answer(&sock, path, self.timeout),
+                        _ => reply_failed(&sock, &*e),
+                    })?
                     .to_bytes();
                 Ok((status, bytes))
             };
@@ -108,7 +109,7 @@ impl Client {
                 // The connection's own error says more than the request's "closed".
                 Either::Right((Err(e), exchange)) => exchange
                     .await
-                    .map_err(|_| failed(e, &format!("request {path} failed"))),
+                    .map_err(|_| failed(&e, &format!("request {path} failed"))),
                 Either::Right((Ok(()), exchange)) => exchange.await,
             }
         })
@@ -171,6 +172,24 @@ impl Client {
     pub fn delete_blocking<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
         self.call_blocking(&Method::DELETE, path, None::<&()>)
     }
+}
+
+/// Connects to the unix socket at `path` without waiting for room in its queue: a stopped
+/// agent whose queue of connections not yet accepted is full is `WouldBlock` at once, as for the
+/// async methods, never a `connect` that waits without bound. The stream blocks afterwards.
+fn connect(path: &std::path::Path) -> std::io::Result<UnixStream> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, socket};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    let addr = UnixAddr::new(path)?;
+    nix::sys::socket::connect(fd.as_raw_fd(), &addr)?;
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 /// Whether hyper failed because a read or write ran out of the bound.

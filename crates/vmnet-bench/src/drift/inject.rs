@@ -45,10 +45,10 @@ impl Kind {
         match self {
             Self::NatRule => "NAT rule deleted",
             Self::FirewallRule => "firewall rule deleted",
-            Self::HostRoute => "host route deleted",
-            Self::HtbClass => "HTB class deleted",
+            Self::HostRoute => "host route to public IPv4 deleted",
+            Self::HtbClass => "HTB class (and filters) deleted",
             Self::VethDown => "VM veth end set down",
-            Self::GuardFilter => "guard's BPF filter deleted",
+            Self::GuardFilter => "guard's BPF filter on tap deleted",
         }
     }
 

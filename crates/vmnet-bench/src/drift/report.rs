@@ -88,13 +88,13 @@ pub fn render(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "change to repair at N={} VMs, by kind (reconcile pass and firewall audit an hour apart: only notifications repair)",
+        "change to repair at N={} VMs, by kind (reconcile pass and firewall audit an hour apart: only notifications repair; notified: repairs a notification triggered)",
         r.vms
     );
     let _ = writeln!(
         out,
-        "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9} {:>14}",
-        "change", "changes", "repaired", "p50 ms", "p99 ms", "max ms", "by notification"
+        "{:<34} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "change", "changes", "repaired", "p50 ms", "p99 ms", "max ms", "notified"
     );
     let mut all = Vec::new();
     for row in &r.rows {
@@ -102,7 +102,7 @@ pub fn render(r: &Report) -> String {
         let max = row.repaired.iter().copied().max().map_or(0.0, ms);
         let _ = writeln!(
             out,
-            "{:<28} {:>7} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>14}",
+            "{:<34} {:>7} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9}",
             row.kind.label(),
             row.changes,
             row.repaired.len(),
@@ -117,7 +117,7 @@ pub fn render(r: &Report) -> String {
     let changes: usize = r.rows.iter().map(|row| row.changes).sum();
     let _ = writeln!(
         out,
-        "{:<28} {:>7} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>14}",
+        "{:<34} {:>7} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9}",
         "all",
         changes,
         all.len(),

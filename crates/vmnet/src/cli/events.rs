@@ -89,16 +89,19 @@ pub fn text_line(line: &str) -> String {
 pub async fn events(g: &Global, a: EventsArgs) -> Result<(), Error> {
     let client = Client::new(&g.socket);
     let json = g.output == Output::Json;
+    // A line that cannot be written ends the stream and is the command's error.
+    let mut failed = None;
     client
         .events_lines(&query(&a), |l| {
-            if json {
-                println!("{l}");
+            let written = if json {
+                vmnet_cli::outln!("{l}")
             } else {
-                println!("{}", text_line(l));
-            }
-            true
+                vmnet_cli::outln!("{}", text_line(l))
+            };
+            written.map_err(|e| failed = Some(e)).is_ok()
         })
-        .await
+        .await?;
+    failed.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -40,21 +40,18 @@ pub enum MeshVmCmd {
 fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(v)
         .map_err(|e| Error::internal(format!("cannot encode output: {e}")))?;
-    println!("{text}");
+    vmnet_cli::outln!("{text}")?;
     Ok(())
 }
 
+/// The largest peer list read: the largest sync body the agent accepts.
+const SYNC_FILE_LIMIT: u64 = vmnet_agent::api::mesh::SYNC_BODY_LIMIT_BYTES as u64;
+
+/// Reads a JSON document from `path` (`-`: stdin), at most the agent's sync body limit; an
+/// object that repeats a key is refused, as the agent refuses it.
 fn read(path: &PathBuf) -> Result<serde_json::Value, Error> {
-    let name = path.display().to_string();
-    let bytes = if name == "-" {
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
-            .map_err(|e| Error::invalid(format!("stdin: cannot read: {e}")))?;
-        buf
-    } else {
-        std::fs::read(path).map_err(|e| Error::invalid(format!("{name}: cannot read: {e}")))?
-    };
-    serde_json::from_slice(&bytes)
+    let (name, bytes) = super::vm::read_file(path, SYNC_FILE_LIMIT)?;
+    vmnet_model::json::from_slice(&bytes)
         .map_err(|e| Error::invalid(format!("{name}: not a JSON document: {e}")))
 }
 
@@ -67,23 +64,25 @@ pub fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
             if g.output == Output::Json {
                 return print_json(&v);
             }
-            println!("interface     {}", v.interface);
-            println!("public key    {}", v.public_key);
-            println!("listen port   {}", v.listen_port);
-            println!("mesh address  {}", v.mesh_address.as_deref().unwrap_or("-"));
-            println!("mtu           {}", v.mtu);
-            println!(
+            vmnet_cli::outln!("interface     {}", v.interface)?;
+            vmnet_cli::outln!("public key    {}", v.public_key)?;
+            vmnet_cli::outln!("listen port   {}", v.listen_port)?;
+            vmnet_cli::outln!("mesh address  {}", v.mesh_address.as_deref().unwrap_or("-"))?;
+            vmnet_cli::outln!("mtu           {}", v.mtu)?;
+            vmnet_cli::outln!(
                 "wireguard-go  {}",
                 v.daemon_pid
                     .map_or("not running".to_owned(), |p| format!("pid {p}"))
-            );
+            )?;
             for b in &v.socket_buffers {
-                println!(
+                vmnet_cli::outln!(
                     "udp socket    {} rb {} tb {}",
-                    b.family, b.receive_bytes, b.send_bytes
-                );
+                    b.family,
+                    b.receive_bytes,
+                    b.send_bytes
+                )?;
             }
-            println!("whitelist     {}", v.whitelist.len());
+            vmnet_cli::outln!("whitelist     {}", v.whitelist.len())?;
             let now = vmnet_agent::status::now_ms() / 1000;
             let rows: Vec<Vec<String>> = v
                 .peers
@@ -116,7 +115,7 @@ pub fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
                     ]
                 })
                 .collect();
-            print!(
+            vmnet_cli::out(format_args!(
                 "{}",
                 render(
                     &[
@@ -131,7 +130,7 @@ pub fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
                     ],
                     &rows
                 )
-            );
+            ))?;
             Ok(())
         }
         MeshCmd::Sync { file } => {
@@ -140,7 +139,7 @@ pub fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
             if g.output == Output::Json {
                 return print_json(&o);
             }
-            println!(
+            vmnet_cli::outln!(
                 "synced {} peers: {} added, {} updated, {} removed; routes {} added, {} removed; whitelist {}",
                 o.peers,
                 o.added,
@@ -149,7 +148,7 @@ pub fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
                 o.routes_added,
                 o.routes_removed,
                 o.whitelist
-            );
+            )?;
             Ok(())
         }
         MeshCmd::Vm(MeshVmCmd::Sync) => {
@@ -157,11 +156,11 @@ pub fn mesh(g: &Global, c: MeshCmd) -> Result<(), Error> {
             if g.output == Output::Json {
                 return print_json(&o);
             }
-            println!(
+            vmnet_cli::outln!(
                 "registrations: {} written, {} removed",
                 o.written.len(),
                 o.removed.len()
-            );
+            )?;
             Ok(())
         }
     }

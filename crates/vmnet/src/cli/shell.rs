@@ -29,11 +29,22 @@ pub struct ManArgs {
 /// Prints the completion script for a shell on stdout.
 ///
 /// # Errors
-/// None today; the signature matches the other commands.
+/// `UNAVAILABLE` when standard output cannot take it.
 pub fn completions(args: &CompletionsArgs) -> Result<(), Error> {
-    let mut cmd = Cli::command();
-    clap_complete::generate(args.shell, &mut cmd, "vmnet", &mut std::io::stdout());
-    Ok(())
+    let mut cmd = without_nested_help(Cli::command());
+    // Made in memory first: the generator panics on a write error of its own.
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut cmd, "vmnet", &mut script);
+    vmnet_cli::out(format_args!("{}", String::from_utf8_lossy(&script)))
+}
+
+/// `cmd` with the `help` subcommands below the top level taken out: `vmnet` (the client binary)
+/// has only the top level's `help`, so a completion offers what both binaries take.
+fn without_nested_help(cmd: clap::Command) -> clap::Command {
+    cmd.mut_subcommands(|sub| {
+        let sub = sub.disable_help_subcommand(true);
+        sub.mut_subcommands(|s| without_nested_help(s.disable_help_subcommand(true)))
+    })
 }
 
 /// Writes the manual pages into `--dir`, then prints their paths.
@@ -53,7 +64,7 @@ pub fn man(args: &ManArgs) -> Result<(), Error> {
         .collect();
     pages.sort();
     for p in pages {
-        println!("{}", p.display());
+        vmnet_cli::outln!("{}", p.display())?;
     }
     Ok(())
 }

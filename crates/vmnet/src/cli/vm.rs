@@ -65,7 +65,7 @@ pub struct ApplyArgs {
 }
 
 /// Reads `path` (`-`: stdin), at most `limit` bytes.
-fn read_file(path: &PathBuf, limit: u64) -> Result<(String, Vec<u8>), Error> {
+pub(crate) fn read_file(path: &PathBuf, limit: u64) -> Result<(String, Vec<u8>), Error> {
     let name = path.display().to_string();
     let stdin = name == "-";
     let name = if stdin { "stdin".to_owned() } else { name };
@@ -87,7 +87,7 @@ const SPEC_FILE_LIMIT: u64 = 16 * 1024 * 1024;
 fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Error> {
     let text = serde_json::to_string_pretty(v)
         .map_err(|e| Error::internal(format!("cannot encode output: {e}")))?;
-    println!("{text}");
+    vmnet_cli::outln!("{text}")?;
     Ok(())
 }
 
@@ -120,10 +120,11 @@ pub fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
             match g.output {
                 Output::Json => print_json(&view),
                 Output::Table => {
-                    println!(
+                    vmnet_cli::outln!(
                         "deleted vm {} (netns {})",
-                        view.config.id, view.status.netns
-                    );
+                        view.config.id,
+                        view.status.netns
+                    )?;
                     Ok(())
                 }
             }
@@ -263,7 +264,7 @@ fn show_vms(out: Output, views: &[VmView], detail: bool) -> Result<(), Error> {
             let _ = writeln!(o, "last error:   {}", dash(s.last_error.as_ref()));
         }
     }
-    print!("{o}");
+    vmnet_cli::out(format_args!("{o}"))?;
     Ok(())
 }
 
@@ -294,8 +295,8 @@ fn firewall_text(v: &VmView) -> String {
     }
 }
 
-fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    print!("{}", vmnet_agent::table::render(header, rows));
+fn print_table(header: &[&str], rows: &[Vec<String>]) -> Result<(), Error> {
+    vmnet_cli::out(format_args!("{}", vmnet_agent::table::render(header, rows)))
 }
 
 /// How long ago `unix_ms` was, e.g. `3.2 s`.
@@ -379,13 +380,13 @@ pub fn status(g: &Global) -> Result<(), Error> {
             provider_line(p),
         ]);
     }
-    print_table(&["STATUS", "VALUE"], &rows);
+    print_table(&["STATUS", "VALUE"], &rows)?;
     for e in &r.last_errors {
-        println!("error: {e}");
+        vmnet_cli::outln!("error: {e}")?;
     }
     if let Some(p) = &st.pool {
         for e in p.last_errors.iter().chain(&p.last_audit_error) {
-            println!("pool error: {e}");
+            vmnet_cli::outln!("pool error: {e}")?;
         }
     }
     Ok(())
@@ -492,7 +493,7 @@ pub async fn apply(g: &Global, args: ApplyArgs) -> Result<(), Error> {
             item.result.clone(),
         ]);
     }
-    print_table(&header, &rows);
+    print_table(&header, &rows)?;
     Ok(())
 }
 
@@ -534,9 +535,9 @@ fn activity(
             ]
         })
         .collect();
-    print_table(&["VM", "USER", "LAST ACTIVITY", "IDLE SECS"], &rows);
-    println!();
-    println!("baseline (agent start): {baseline}");
+    print_table(&["VM", "USER", "LAST ACTIVITY", "IDLE SECS"], &rows)?;
+    vmnet_cli::outln!()?;
+    vmnet_cli::outln!("baseline (agent start): {baseline}")?;
     Ok(())
 }
 
