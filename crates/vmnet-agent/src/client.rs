@@ -64,11 +64,17 @@ impl Drop for AbortOnDrop {
 /// 30 s), so a live agent answers first; a stopped or hung one does not keep a caller forever.
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The error of a request the agent did not answer within `bound`.
-fn no_answer(sock: &str, path: &str, bound: std::time::Duration) -> Error {
+/// The error of a `method` request the agent did not answer within `bound`; a request that
+/// changes something adds that the change may still complete.
+fn no_answer(sock: &str, method: &Method, path: &str, bound: std::time::Duration) -> Error {
+    let change = if method == Method::GET {
+        ""
+    } else {
+        "; the change it was asked for may still complete: read it back"
+    };
     Error::unavailable(format!(
-        "agent at {sock}: no answer to {path} within {bound:?} (is it stopped or overloaded? a \
-         change it was asked for may still complete: read it back)"
+        "agent at {sock}: no answer to {path} within {bound:?} (is it stopped or \
+         overloaded?{change})"
     ))
 }
 
@@ -185,6 +191,7 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), Error> {
         let sock = self.socket.display().to_string();
+        let unanswered = no_answer(&sock, &method, path, self.timeout);
         let exchange = async {
             let (status, body, conn_task) = self.open(method, path, body).await?;
             let _abort = AbortOnDrop(conn_task);
@@ -197,7 +204,7 @@ impl Client {
         };
         tokio::time::timeout(self.timeout, exchange)
             .await
-            .unwrap_or_else(|_| Err(no_answer(&sock, path, self.timeout)))
+            .unwrap_or(Err(unanswered))
     }
 
     /// Sends one request; returns the status, the body as it arrives, and the connection's task
@@ -256,7 +263,7 @@ impl Client {
         let (status, mut body, conn_task) =
             tokio::time::timeout(self.timeout, self.open(Method::GET, &path, None))
                 .await
-                .unwrap_or_else(|_| Err(no_answer(&sock, &path, self.timeout)))?;
+                .unwrap_or_else(|_| Err(no_answer(&sock, &Method::GET, &path, self.timeout)))?;
         let _abort = AbortOnDrop(conn_task);
         if !status.is_success() {
             let bytes = body

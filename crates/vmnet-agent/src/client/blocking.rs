@@ -51,14 +51,15 @@ impl Client {
     /// not answer within the client's bound; `INTERNAL` for a request that cannot be built.
     pub fn send_raw_blocking(
         &self,
-        method: Method,
+        method: &Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), Error> {
         let sock = self.socket.display().to_string();
         let deadline = Instant::now() + self.timeout;
+        let unanswered = || no_answer(&sock, method, path, self.timeout);
         let mut req = Request::builder()
-            .method(method)
+            .method(method.clone())
             .uri(path)
             .header(HOST, "vmnet-agent")
             .header(CONNECTION, "close");
@@ -77,7 +78,7 @@ impl Client {
         };
         let failed = |e: &hyper::Error, what: &str| {
             if io_timed_out(e) {
-                no_answer(&sock, path, self.timeout)
+                unanswered()
             } else {
                 exchange_failed(&sock, what, e)
             }
@@ -96,7 +97,7 @@ impl Client {
                     .collect()
                     .await
                     .map_err(|e| match e.downcast_ref::<hyper::Error>() {
-                        Some(h) if io_timed_out(h) => no_answer(&sock, path, self.timeout),
+                        Some(h) if io_timed_out(h) => unanswered(),
                         _ => reply_failed(&sock, &*e),
                     })?
                     .to_bytes();
@@ -126,7 +127,7 @@ impl Client {
         body: Option<&(impl Serialize + ?Sized)>,
     ) -> Result<T, Error> {
         let body = body.map(|b| encode_body(path, b)).transpose()?;
-        let (status, bytes) = self.send_raw_blocking(method.clone(), path, body)?;
+        let (status, bytes) = self.send_raw_blocking(method, path, body)?;
         if !status.is_success() {
             return Err(decode_error(status, path, &bytes));
         }
