@@ -1,7 +1,7 @@
 //! In-process API tests of the packet-activity routes over a temporary SQLite file and a fake
 //! namespace driver: validation and the answer without the program (no root), and the reports
-//! with the real program loaded over a test-unique bpffs root (root). Every response is checked
-//! against openapi.json.
+//! with the real program loaded over a test-unique bpffs root (root), and the scrape's idle
+//! series. Every response is checked against openapi.json.
 
 mod common;
 
@@ -143,5 +143,21 @@ async fn reports_give_the_baseline_and_filter_by_idle_time() {
     assert_eq!(
         idle2["baseline"], all["baseline"],
         "the list's baseline is the agent's start"
+    );
+
+    // A scrape reads the same times, one series per stored VM.
+    let text = h.agent.metrics_text().await;
+    let idle = |vm: &str| -> u64 {
+        let series = format!("vmnet_vm_idle_seconds{{vm=\"{vm}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str())?.parse().ok())
+            .unwrap_or_else(|| panic!("no idle series of {vm}:\n{text}"))
+    };
+    assert!(idle("vm-1") >= 2 && idle("vm-2") >= 2, "{text}");
+    assert!(idle("vm-3") < 2, "{text}");
+    assert_eq!(text.matches("vmnet_vm_idle_seconds{").count(), 3, "{text}");
+    assert!(
+        text.contains("vmnet_activity_idle_vms{idle_for_seconds=\"60\"} 0\n"),
+        "{text}"
     );
 }

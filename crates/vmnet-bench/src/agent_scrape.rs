@@ -1,10 +1,11 @@
 //! The scrape part of `vmnet-lab bench agent`: at the last checkpoint (1000 VMs by default),
 //! how long `GET /metrics` over the API socket takes, and whether scraping moves the PUT
 //! median. It scrapes [`SCRAPES`] times one after another (time per scrape: median, p99, and
-//! the body's size), then PUTs [`PUTS`] new VMs without scrapes and [`PUTS`] more while a
-//! task scrapes every [`SCRAPE_EVERY`] (40× more often than Prometheus' default of 15 s), and
-//! DELETEs those VMs again. Same agent, same run, the same VM count at both PUT groups' start
-//! (±[`PUTS`]).
+//! the body's size), then PUTs 2 × [`PUTS`] new VMs in blocks of [`BLOCK`] that alternate
+//! between no scrapes and a task scraping every [`SCRAPE_EVERY`] (40× more often than
+//! Prometheus' default of 15 s), and DELETEs those VMs again. Same agent, same run; the
+//! alternation spreads both groups over the same stretch of time and VM counts, so a drift of
+//! the host's load or of the VM count does not land on one group only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +25,9 @@ pub const SCRAPES: usize = 50;
 /// PUTs per group.
 pub const PUTS: u32 = 100;
 
+/// PUTs per block; the blocks alternate between the groups, the first without scrapes.
+pub const BLOCK: u32 = 20;
+
 /// How often the concurrent scraper scrapes.
 pub const SCRAPE_EVERY: Duration = Duration::from_millis(375);
 
@@ -40,7 +44,7 @@ pub struct ScrapeReport {
     pub puts_alone: Stats,
     /// PUT latency with the scraper running.
     pub puts_scraped: Stats,
-    /// Scrapes made while the second group ran.
+    /// Scrapes made while the blocks with scrapes ran.
     pub concurrent_scrapes: u64,
 }
 
@@ -86,13 +90,16 @@ pub async fn measure(
         times.push(t);
         bytes = n;
     }
-    let alone = put_group(client, vms + 1..=vms + PUTS, body).await?;
     let made = Arc::new(AtomicU64::new(0));
+    let (on, mut on_rx) = tokio::sync::watch::channel(false);
     let scraper = {
         let client = Client::new(client.socket());
         let made = Arc::clone(&made);
         tokio::spawn(async move {
             loop {
+                if on_rx.wait_for(|on| *on).await.is_err() {
+                    return;
+                }
                 if scrape(&client).await.is_ok() {
                     made.fetch_add(1, Ordering::Relaxed);
                 }
@@ -100,9 +107,26 @@ pub async fn measure(
             }
         })
     };
-    let scraped = put_group(client, vms + PUTS + 1..=vms + 2 * PUTS, body).await;
+    let (mut alone, mut scraped) = (Vec::new(), Vec::new());
+    let mut outcome = Ok(());
+    for (i, first) in (vms + 1..=vms + 2 * PUTS)
+        .step_by(BLOCK as usize)
+        .enumerate()
+    {
+        let with = i % 2 == 1;
+        on.send_replace(with);
+        let last = (first + BLOCK - 1).min(vms + 2 * PUTS);
+        match put_group(client, first..=last, body).await {
+            Ok(t) if with => scraped.extend(t),
+            Ok(t) => alone.extend(t),
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        }
+    }
     scraper.abort();
-    let scraped = scraped?;
+    outcome?;
     for uid in vms + 1..=vms + 2 * PUTS {
         let _: VmView = client.delete(&format!("/v1/vms/bench-{uid}")).await?;
     }
@@ -121,7 +145,7 @@ pub async fn measure(
 pub fn render(r: &ScrapeReport) -> String {
     format!(
         "GET /metrics at {} VMs: median {:.1} ms, p99 {:.1} ms, {} KiB (target ≤ 50 ms)\n\
-         PUT median without scrapes {:.2} ms (p99 {:.2}), with a scrape every {} ms {:.2} ms (p99 {:.2}; {} scrapes ran)\n",
+         PUT median without scrapes {:.2} ms (p99 {:.2}), with a scrape every {} ms {:.2} ms (p99 {:.2}; {} PUTs each, in alternating blocks of {}; {} scrapes ran)\n",
         r.vms,
         r.scrape.median,
         r.scrape.p99,
@@ -131,6 +155,8 @@ pub fn render(r: &ScrapeReport) -> String {
         SCRAPE_EVERY.as_millis(),
         r.puts_scraped.median,
         r.puts_scraped.p99,
+        PUTS,
+        BLOCK,
         r.concurrent_scrapes
     )
 }

@@ -1,6 +1,6 @@
 //! `vm_store` (the agent's desired VM configs) on both stores: put/get/list, the unique user id,
 //! outcomes, restore after a failed change, delete; a failed transaction leaves nothing; the
-//! one-write path (`get_if_free` then `save`).
+//! one-write path (`get_if_free` then `save`); the states read without the configs.
 
 mod common;
 
@@ -208,6 +208,56 @@ async fn exercise_save(db: &Db) {
     );
 }
 
+/// `states` classifies every row as one would from the whole row: failed when the last apply
+/// failed, applied when the applied config is the desired one, else pending.
+async fn exercise_states(db: &Db) {
+    use vm_store::VmState::{Applied, Failed, Pending};
+    let mut tx = db.begin().await.unwrap();
+    for (id, uid, applied, error) in [
+        ("t1", 301, None, None),
+        ("t2", 302, Some(r#"{"t":"t2"}"#), None),
+        ("t3", 303, Some(r#"{"t":"old"}"#), None),
+        ("t4", 304, Some(r#"{"t":"t4"}"#), Some("boom")),
+    ] {
+        let cfg = format!(r#"{{"t":"{id}"}}"#);
+        vm_store::put(&mut tx, id, uid, None, &cfg, 20)
+            .await
+            .unwrap();
+        vm_store::set_result(&mut tx, id, applied, error, 21)
+            .await
+            .unwrap();
+    }
+    let states = vm_store::states(&mut tx).await.unwrap();
+    let want: Vec<_> = vm_store::list(&mut tx)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            let s = if r.last_error.is_some() {
+                Failed
+            } else if r.applied.as_deref() == Some(r.config.as_str()) {
+                Applied
+            } else {
+                Pending
+            };
+            (r.id, r.user_id, s)
+        })
+        .collect();
+    assert_eq!(states, want);
+    for (id, uid, s) in [
+        ("t1", 301, Pending),
+        ("t2", 302, Applied),
+        ("t3", 303, Pending),
+        ("t4", 304, Failed),
+    ] {
+        assert!(
+            states.contains(&(id.to_owned(), uid, s)),
+            "{id}: {states:?}"
+        );
+    }
+    tx.commit().await.unwrap();
+}
+
 /// The candidates of a public address check: only the rows that could conflict, found through
 /// the indexed columns every write keeps (migration 0140), whatever was stored before.
 async fn exercise_public(db: &Db) {
@@ -286,6 +336,7 @@ async fn sqlite() {
     exercise(&s.db).await;
     exercise_save(&s.db).await;
     exercise_public(&s.db).await;
+    exercise_states(&s.db).await;
 }
 
 #[tokio::test]
@@ -294,6 +345,7 @@ async fn postgres() {
     exercise(&s.db).await;
     exercise_save(&s.db).await;
     exercise_public(&s.db).await;
+    exercise_states(&s.db).await;
 }
 
 /// Rows stored before migration 0101, two of them sharing a mesh address.

@@ -135,7 +135,7 @@ impl Agent {
         let rec = self.recorder()?;
         let rows = store_tx!(self.db, tx => vm_store::list(tx).await)?;
         let last = rec
-            .last()
+            .last_of_each(rows.iter().map(|r| r.user_id))
             .map_err(|e| Error::unavailable(format!("read the activity map: {e}")))?;
         let now = SystemTime::now();
         let vms = rows

@@ -8,10 +8,13 @@
 //!   under the kernel lock ([`AgentMetrics::observe_apply`]) and each reconcile pass. Every
 //!   other metric is a snapshot of counters the agent already keeps for `GET /v1/status`,
 //!   taken at scrape time: a scrape adds no work to the loops.
-//! - A scrape reads the store once (the VMs and the pools, in one transaction), the guards'
-//!   BPF maps and the activity map once each, the mesh device once, and no tc state: the
-//!   per-VM class counters are those the VM's last converge observed
+//! - A scrape reads the store once (the VMs' states, not their configs, and the pools, in one
+//!   transaction), the guards' BPF maps once, the activity map once per stored VM (a lookup
+//!   by user id, not a walk of its 65,536 entries), the mesh device once, and no tc state:
+//!   the per-VM class counters are those the VM's last converge observed
 //!   ([`vmnet_kernel::ns::NsDriver::kept_limit_counters`]), at most one reconcile interval old.
+//!   It takes no lock of the VM changes; the per-VM series are encoded from borrowed labels
+//!   into a buffer sized from the previous scrape.
 //!
 //! # Limitations
 //! Counters start at zero when the agent starts (Prometheus' `rate()` handles the reset);
@@ -67,6 +70,8 @@ pub struct AgentMetrics {
     pub(crate) passes: Family<Label, Histogram, NewHistogram>,
     /// Drift repairs by (object, trigger).
     repairs: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// The size of the last scrape's body, bytes (the next one's buffer is made that large).
+    pub(crate) last_scrape_bytes: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for AgentMetrics {
@@ -75,6 +80,7 @@ impl Default for AgentMetrics {
             apply: Family::new_with_constructor(duration_buckets),
             passes: Family::new_with_constructor(duration_buckets),
             repairs: Mutex::new(BTreeMap::new()),
+            last_scrape_bytes: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }

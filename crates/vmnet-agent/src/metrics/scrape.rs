@@ -3,6 +3,7 @@
 //! Every metric is listed, with its labels, in the book's Metrics and health page.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use prometheus_client::collector::Collector;
@@ -11,7 +12,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-use vmnet_ipam::vm_store;
+use vmnet_ipam::vm_store::{self, VmState};
 use vmnet_plan::ns::limits::{Direction, TrafficClass};
 
 use crate::agent::{Agent, store_tx};
@@ -26,8 +27,8 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 pub const IDLE_THRESHOLDS: [(u64, &str); 4] =
     [(60, "60"), (600, "600"), (3600, "3600"), (86_400, "86400")];
 
-/// Per VM, class and direction: the VM, direction, class, bytes, packets, drops.
-type ClassRow = (String, &'static str, &'static str, u64, u64, u64);
+/// One of a VM's limit classes: direction, class, bytes, packets, drops.
+type ClassRow = (&'static str, &'static str, u64, u64, u64);
 
 /// What one scrape reports besides the histograms.
 #[derive(Debug, Default)]
@@ -41,7 +42,8 @@ struct Snapshot {
     firewall: FirewallAuditStatus,
     /// (mode, kind, frames).
     spoofs: Vec<(&'static str, String, u64)>,
-    classes: Vec<ClassRow>,
+    /// Per VM with a limit in force (by id), its classes by direction and class.
+    classes: Vec<(String, Vec<ClassRow>)>,
     /// (vm, idle seconds); `None` when activity is off.
     idle: Option<Vec<(String, u64)>>,
     /// Wake on packet's counters; `None` when it is off.
@@ -92,10 +94,15 @@ impl Agent {
             self.metrics.passes.clone(),
         );
         reg.register_collector(Box::new(snap));
-        let mut out = String::with_capacity(64 * 1024);
+        // Sized from the last scrape's body, so that a large one is not copied as it grows.
+        let last = self.metrics.last_scrape_bytes.load(Ordering::Relaxed);
+        let mut out = String::with_capacity((last + last / 8).max(64 * 1024));
         if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &reg) {
             tracing::warn!("encoding the metrics failed: {e}");
         }
+        self.metrics
+            .last_scrape_bytes
+            .store(out.len(), Ordering::Relaxed);
         out
     }
 
@@ -108,13 +115,13 @@ impl Agent {
             kernel_timeouts: self.kernel.status().timeouts_total,
             ..Snapshot::default()
         };
-        // The store once: the VMs and the pools in one transaction.
+        // The store once: the VMs' states (not their configs) and the pools, in one
+        // transaction.
         let stored = store_tx!(self.db(), tx => async {
-            let rows = vm_store::list(tx).await?;
+            let vms = vm_store::states(tx).await?;
             let pools = vmnet_ipam::list_pools(tx).await?;
-            Ok::<_, vmnet_ipam::IpamError>((rows, pools))
+            Ok::<_, vmnet_ipam::IpamError>((vms, pools))
         }.await);
-        let store_ok = stored.is_ok();
         let rows = match stored {
             Ok((rows, pools)) => {
                 s.leases = pools
@@ -124,6 +131,15 @@ impl Agent {
                         Some((p.pool_id, p.leases, size.saturating_sub(p.leases)))
                     })
                     .collect();
+                let mut counts = [0u64; 3];
+                for (.., state) in &rows {
+                    counts[match state {
+                        VmState::Applied => 0,
+                        VmState::Pending => 1,
+                        VmState::Failed => 2,
+                    }] += 1;
+                }
+                s.vms = Some(counts);
                 rows
             }
             Err(e) => {
@@ -132,35 +148,28 @@ impl Agent {
             }
         };
         s.store_errors = super::store_errors();
-        if store_ok {
-            let mut counts = [0u64; 3];
-            for r in &rows {
-                let i = if r.last_error.is_some() {
-                    2
-                } else if r.applied.as_deref() == Some(r.config.as_str()) {
-                    0
-                } else {
-                    1
-                };
-                counts[i] += 1;
-            }
-            s.vms = Some(counts);
+        // In the store's order (by id), each VM's classes by direction and class.
+        let mut kept = self.driver().kept_limit_counters();
+        for (id, uid, _) in &rows {
+            let Some(counters) = kept.remove(uid) else {
+                continue;
+            };
+            let mut classes: Vec<ClassRow> = counters
+                .into_iter()
+                .filter(|c| c.applied)
+                .map(|c| {
+                    (
+                        direction_name(c.direction),
+                        class_name(c.class),
+                        c.bytes,
+                        c.packets,
+                        c.drops,
+                    )
+                })
+                .collect();
+            classes.sort_unstable();
+            s.classes.push((id.clone(), classes));
         }
-        let ids: BTreeMap<u32, &str> = rows.iter().map(|r| (r.user_id, r.id.as_str())).collect();
-        for (uid, rows) in self.driver().kept_limit_counters() {
-            let Some(id) = ids.get(&uid) else { continue };
-            for c in rows.into_iter().filter(|c| c.applied) {
-                s.classes.push((
-                    (*id).to_owned(),
-                    direction_name(c.direction),
-                    class_name(c.class),
-                    c.bytes,
-                    c.packets,
-                    c.drops,
-                ));
-            }
-        }
-        s.classes.sort();
         if let Ok(Some(t)) = self.driver().guard_totals() {
             for (k, n) in t.drops {
                 s.spoofs.push(("namespace", k.to_owned(), n));
@@ -178,18 +187,18 @@ impl Agent {
         }
         s.wake = self.wake_service().map(|w| w.totals());
         if let Some(rec) = self.activity_recorder() {
-            match rec.last() {
+            match rec.last_of_each(rows.iter().map(|(_, uid, _)| *uid)) {
                 Ok(last) => {
                     let now = SystemTime::now();
                     s.idle = Some(
                         rows.iter()
-                            .map(|r| {
+                            .map(|(id, uid, _)| {
                                 let idle = crate::activity::idle_secs(
-                                    last.get(&r.user_id).copied(),
-                                    self.activity_baseline(r.user_id),
+                                    last.get(uid).copied(),
+                                    self.activity_baseline(*uid),
                                     now,
                                 );
-                                (r.id.clone(), idle)
+                                (id.clone(), idle)
                             })
                             .collect(),
                     );
@@ -219,18 +228,19 @@ impl Agent {
 
 /// Writes one family of constant metrics (`counter` or `gauge`), one sample per row; nothing
 /// when `rows` is empty.
-fn family<L: EncodeLabelSet, V: Copy>(
+fn family<L: EncodeLabelSet, V>(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     counter: bool,
-    rows: &[(L, V)],
+    rows: impl IntoIterator<Item = (L, V)>,
 ) -> Result<(), std::fmt::Error>
 where
     ConstCounter<V>: EncodeMetric,
     ConstGauge<V>: EncodeMetric,
 {
-    if rows.is_empty() {
+    let mut rows = rows.into_iter().peekable();
+    if rows.peek().is_none() {
         return Ok(());
     }
     let ty = if counter {
@@ -240,11 +250,11 @@ where
     };
     let mut me = enc.encode_descriptor(name, help, None, ty)?;
     for (labels, v) in rows {
-        let fam = me.encode_family(labels)?;
+        let fam = me.encode_family(&labels)?;
         if counter {
-            ConstCounter::new(*v).encode(fam)?;
+            ConstCounter::new(v).encode(fam)?;
         } else {
-            ConstGauge::new(*v).encode(fam)?;
+            ConstGauge::new(v).encode(fam)?;
         }
     }
     Ok(())
@@ -258,7 +268,7 @@ fn single(
     counter: bool,
     v: u64,
 ) -> Result<(), std::fmt::Error> {
-    family::<[(&str, &str); 0], u64>(enc, name, help, counter, &[([], v)])
+    family::<[(&str, &str); 0], u64>(enc, name, help, counter, [([], v)])
 }
 
 impl Collector for Snapshot {
@@ -269,7 +279,7 @@ impl Collector for Snapshot {
             "vmnet_build_info",
             "The agent's version (always 1)",
             false,
-            &[([("version", self.version.as_str())], 1u64)],
+            [([("version", self.version.as_str())], 1u64)],
         )?;
         if let Some([applied, pending, failed]) = self.vms {
             family(
@@ -277,7 +287,7 @@ impl Collector for Snapshot {
                 "vmnet_vms",
                 "Stored VMs by state: applied, pending (not applied yet), failed (last apply failed)",
                 false,
-                &[
+                [
                     ([("state", "applied")], applied),
                     ([("state", "pending")], pending),
                     ([("state", "failed")], failed),
@@ -319,7 +329,7 @@ impl Collector for Snapshot {
             "vmnet_drift_repairs",
             "Kernel state changed behind the agent's back and put back, by object (host, vm, mesh, pool) and trigger (pass, notification, audit)",
             true,
-            &repairs,
+            repairs,
         )?;
         let n = &r.notifications;
         if n.on {
@@ -363,7 +373,7 @@ impl Collector for Snapshot {
             "vmnet_spoof_drops",
             "Frames a guest sent that the guard on its tap dropped, by mode (namespace: the guest guard; pool: the tap guard) and kind",
             true,
-            &spoofs,
+            spoofs,
         )?;
         self.encode_classes(e)?;
         if let Some(idle) = &self.idle {
@@ -379,18 +389,15 @@ impl Collector for Snapshot {
                 "vmnet_activity_idle_vms",
                 "VMs without packet activity for at least idle_for_seconds",
                 false,
-                &counts,
+                counts,
             )?;
-            let per_vm: Vec<([(&str, &str); 1], u64)> = idle
-                .iter()
-                .map(|(vm, s)| ([("vm", vm.as_str())], *s))
-                .collect();
+            let per_vm = idle.iter().map(|(vm, s)| ([("vm", vm.as_str())], *s));
             family(
                 e,
                 "vmnet_vm_idle_seconds",
                 "Seconds since the VM's last packet (or since the agent started or created it)",
                 false,
-                &per_vm,
+                per_vm,
             )?;
         }
         if let Some(w) = &self.wake {
@@ -415,7 +422,7 @@ impl Collector for Snapshot {
                 "vmnet_wake_frames",
                 "Frames for sleeping VMs: held, delivered when the VMM attached, dropped (bounds, hold time, too long, refused), lost (the kernel's buffers full)",
                 true,
-                &frames,
+                frames,
             )?;
             single(
                 e,
@@ -442,7 +449,7 @@ impl Collector for Snapshot {
                 "vmnet_mesh_peer_handshake_age_seconds",
                 "Seconds since the peer's last WireGuard handshake (peers that never made one are left out)",
                 false,
-                &ages,
+                ages,
             )?;
         }
         if let Some(m) = &self.metadata {
@@ -457,7 +464,7 @@ impl Collector for Snapshot {
                 "vmnet_metadata_requests",
                 "Metadata service requests answered, by HTTP status",
                 true,
-                &rows,
+                rows,
             )?;
             single(
                 e,
@@ -491,7 +498,7 @@ impl Collector for Snapshot {
             "vmnet_pool_leases",
             "Addresses of each hosted pool's range, by state (used: leased; free)",
             false,
-            &leases,
+            leases,
         )?;
         let providers: Vec<String> = self
             .providers
@@ -514,7 +521,7 @@ impl Collector for Snapshot {
             "vmnet_provider_polls",
             "Provider pool polls finished, by pool",
             true,
-            &polls,
+            polls,
         )?;
         let failures: Vec<([(&str, &str); 2], u64)> = self
             .providers
@@ -532,7 +539,7 @@ impl Collector for Snapshot {
             "vmnet_provider_poll_failures",
             "Provider pool polls that failed (machines kept their last good addresses, marked stale), by pool",
             true,
-            &failures,
+            failures,
         )?;
         single(
             e,
@@ -554,36 +561,34 @@ impl Collector for Snapshot {
 
 impl Snapshot {
     fn encode_classes(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let labels = |(vm, d, c, ..): &ClassRow| -> [(&'static str, String); 3] {
-            [
-                ("vm", vm.clone()),
-                ("direction", (*d).to_owned()),
-                ("class", (*c).to_owned()),
-            ]
-        };
-        let rows = |f: fn(&ClassRow) -> u64| -> Vec<([(&'static str, String); 3], u64)> {
-            self.classes.iter().map(|r| (labels(r), f(r))).collect()
+        let rows = |f: fn(&ClassRow) -> u64| {
+            self.classes.iter().flat_map(move |(vm, classes)| {
+                classes.iter().map(move |r| {
+                    let (d, c, ..) = *r;
+                    ([("vm", vm.as_str()), ("direction", d), ("class", c)], f(r))
+                })
+            })
         };
         family(
             e,
             "vmnet_vm_bytes",
             "Bytes of IP packets through the VM's throughput-limit class, by direction (download: to the guest) and class (private, public); VMs with a limit in force",
             true,
-            &rows(|r| r.3),
+            rows(|r| r.2),
         )?;
         family(
             e,
             "vmnet_vm_packets",
             "Packets through the VM's throughput-limit class, by direction and class",
             true,
-            &rows(|r| r.4),
+            rows(|r| r.3),
         )?;
         family(
             e,
             "vmnet_vm_dropped_packets",
             "Packets the VM's throughput-limit class dropped (its queue was full), by direction and class",
             true,
-            &rows(|r| r.5),
+            rows(|r| r.4),
         )
     }
 }
