@@ -5,6 +5,15 @@
 # python3 for the raw-frame spoof checks, the vmnet-guest binary and unit, the command channel).
 #
 # Usage: scripts/guest-image.sh [VMNET_GUEST_BINARY]   (as root; prints the image directory)
+#        scripts/guest-image.sh --host
+#
+# `--host` builds the second image instead: a hypervisor host for `vmnet-lab package-vm`, which
+# installs the vmnet package in it as an operator would. It holds what the package depends on and
+# what the check uses (nftables, libnftables1, adduser, iproute2, wireguard-go and
+# wireguard-tools, Debian's prometheus, iputils-ping, curl, python3), no cloud-init and no vmnet
+# binary: the package is handed to the VM when it runs. Its eth0 (MAC 06:00:c0:00:02:02) is
+# 192.0.2.2/24 via 192.0.2.1. It is cached under $VMNET_GUEST_CACHE/host, keyed as below
+# without a binary, and pruned there the same way.
 #
 # The image is cached in $VMNET_GUEST_CACHE (default /var/cache/vmnet-guest) under a directory
 # named by a hash of: the package list, the candidate version of each listed package (apt's
@@ -20,13 +29,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "scripts/guest-image.sh must run as root" >&2; exit 1; }
 
+variant=guest
+if [ "${1:-}" = --host ]; then variant=host; shift; fi
 guest_bin="${1:-}"
-if [ -z "$guest_bin" ]; then
+if [ "$variant" = host ]; then
+  guest_bin=/dev/null
+elif [ -z "$guest_bin" ]; then
   for c in "${CARGO_TARGET_DIR:-target}"/release/vmnet-guest "${CARGO_TARGET_DIR:-target}"/debug/vmnet-guest; do
     [ -x "$c" ] && { guest_bin=$c; break; }
   done
 fi
-[ -x "$guest_bin" ] || { echo "guest-image: no vmnet-guest binary (cargo build -p vmnet-guest)" >&2; exit 1; }
+[ "$variant" = host ] || [ -x "$guest_bin" ] || { echo "guest-image: no vmnet-guest binary (cargo build -p vmnet-guest)" >&2; exit 1; }
 
 packages=(
   systemd systemd-sysv systemd-resolved udev dbus
@@ -35,16 +48,28 @@ packages=(
   python3
 )
 cache="${VMNET_GUEST_CACHE:-/var/cache/vmnet-guest}"
+if [ "$variant" = host ]; then
+  packages=(
+    systemd systemd-sysv udev dbus
+    linux-image-cloud-amd64 initramfs-tools
+    iproute2 iputils-ping netbase procps curl python3
+    nftables libnftables1 adduser wireguard-go wireguard-tools prometheus
+  )
+  cache="$cache/host"
+fi
 mkdir -p "$cache"
 
 # The binary is keyed stripped: a rebuild that changes only debug info reuses the image.
 stripped=$(mktemp)
 trap 'rm -f "$stripped"' EXIT
-strip -o "$stripped" "$guest_bin" 2>/dev/null || cp "$guest_bin" "$stripped"
+if [ "$variant" = guest ]; then
+  strip -o "$stripped" "$guest_bin" 2>/dev/null || cp "$guest_bin" "$stripped"
+fi
 
 versions=$(apt-cache policy "${packages[@]}" | awk '/^[^ ]/ {p=$1} /Candidate:/ {print p, $2}')
 key=$(
   {
+    echo "$variant"
     printf '%s\n' "${packages[@]}"
     echo "$versions"
     sha256sum "$0" | cut -d' ' -f1
@@ -102,9 +127,24 @@ for try in 1 2; do
 done
 
 # --- the guest's configuration ------------------------------------------------------------
-echo vmnet-guest >"$root/etc/hostname"
+echo "vmnet-$variant" >"$root/etc/hostname"
 echo 'LABEL=vmroot / ext4 rw,noatime 0 1' >"$root/etc/fstab"
 passwd -R "$root" -d root >/dev/null
+if [ "$variant" = host ]; then
+  # The host: a fixed uplink address, nothing waits for the network, the command channel below.
+  systemctl --root="$root" enable systemd-networkd.service >/dev/null 2>&1
+  systemctl --root="$root" mask systemd-networkd-wait-online.service apt-daily.timer \
+    apt-daily-upgrade.timer e2scrub_reap.service >/dev/null 2>&1 || true
+  cat >"$root/etc/systemd/network/10-eth0.network" <<'EOF'
+[Match]
+MACAddress=06:00:c0:00:02:02
+
+[Network]
+Address=192.0.2.2/24
+Gateway=192.0.2.1
+IPv6AcceptRA=no
+EOF
+else
 systemctl --root="$root" enable systemd-networkd.service systemd-resolved.service >/dev/null 2>&1
 ln -sf /run/systemd/resolve/stub-resolv.conf "$root/etc/resolv.conf"
 # Nothing waits for "every link online" (the cloud-init units order on it otherwise).
@@ -149,6 +189,7 @@ cat >"$root/etc/systemd/system/vmnet-guest.service.d/mode.conf" <<'EOF'
 ConditionKernelCommandLine=vmnet.mode=ns
 EOF
 systemctl --root="$root" enable vmnet-guest.service >/dev/null 2>&1
+fi
 
 # The command channel: a virtio-serial port `vmnet.cmd`. One request per line,
 # `ID TIMEOUT BASE64(command)`; one answer per line, `ID STATUS BASE64(output)` (stdout and
