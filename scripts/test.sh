@@ -48,22 +48,28 @@ status=0
 # packages with integration tests, so build them all first.
 cargo build --workspace --bins --locked
 # The real-guest tests (one per mode) boot qemu guests (building the guest image on first use,
-# cached in /var/cache/vmnet-guest): without /dev/kvm they are skipped and counted so, which
-# fails the run.
+# cached in /var/cache/vmnet-guest), and the package test boots a Debian VM from the host image
+# (`scripts/guest-image.sh --host`) to install the vmnet package in: without /dev/kvm they are
+# skipped and counted so, which fails the run.
 skip=() kvm_skipped=0
 if [ ! -e /dev/kvm ]; then
-  echo "no /dev/kvm: the real-guest tests (kvm_guests_in_the_pool_sandbox, kvm_guests_in_the_namespace_sandbox) are skipped" >&2
-  skip=(--skip kvm_guests_in_the_pool_sandbox --skip kvm_guests_in_the_namespace_sandbox) kvm_skipped=2
+  echo "no /dev/kvm: the real-guest tests (kvm_guests_in_the_pool_sandbox, kvm_guests_in_the_namespace_sandbox, kvm_package_on_a_fresh_debian_vm) are skipped" >&2
+  skip=(--skip kvm_guests_in_the_pool_sandbox --skip kvm_guests_in_the_namespace_sandbox
+    --skip kvm_package_on_a_fresh_debian_vm) kvm_skipped=3
 fi
-# The guest image (network-bound: mmdebstrap fetches Debian packages) builds while the tests
-# compile; a failure here is left to the KVM tests, which build it again and report why.
+# The two images (network-bound: mmdebstrap fetches Debian packages) build one after the other
+# while the tests compile; a failure here is left to the KVM tests, which build them again and
+# report why.
 image_pid=
 if [ -e /dev/kvm ]; then
-  scripts/guest-image.sh "${CARGO_TARGET_DIR:-target}/debug/vmnet-guest" >/dev/null &
+  {
+    scripts/guest-image.sh "${CARGO_TARGET_DIR:-target}/debug/vmnet-guest" >/dev/null || true
+    scripts/guest-image.sh --host >/dev/null
+  } &
   image_pid=$!
 fi
 cargo test --workspace --all-targets --locked --no-run
-if [ -n "$image_pid" ]; then wait "$image_pid" || echo "guest image: the KVM tests build it again" >&2; fi
+if [ -n "$image_pid" ]; then wait "$image_pid" || echo "guest images: the KVM tests build them again" >&2; fi
 cargo test --workspace --all-targets --locked --no-fail-fast -- --include-ignored "${skip[@]}" 2>&1 |
   tee "$log" || status=$?
 awk -v extra="$kvm_skipped" '/^test result:/ { p += $4; f += $6; i += $8 }

@@ -89,6 +89,8 @@ fn boot(
         nic_args: kns::nic_args(tap, mac),
         seed_iso: None,
         cmdline_extra: kns::CMDLINE.into(),
+        disks: Vec::new(),
+        cpus: 1,
         memory_mib: 384,
     };
     Ok(NsGuest {

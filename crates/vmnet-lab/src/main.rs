@@ -42,6 +42,10 @@ enum Command {
     /// Simulated guests for VMs put on a sandbox's agent after `up`.
     #[command(subcommand)]
     Guest(vmnet_sandbox::attach::GuestCmd),
+    /// Install the vmnet package (`scripts/package.sh`) on a fresh Debian 12 VM under qemu, as an
+    /// operator does, and check it there under systemd: start, a VM put, Prometheus, kill -9,
+    /// the watchdog, a reinstall with a guest's traffic flowing, events and the journal.
+    PackageVm(vmnet_sandbox::kvm::package_vm::PackageVmArgs),
     /// Benchmarks that print a table.
     #[command(subcommand)]
     Bench(vmnet_bench::BenchCmd),
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
             Command::Guest(vmnet_sandbox::attach::GuestCmd::Attach(a)) => {
                 vmnet_sandbox::attach::run(json, a).await
             }
+            Command::PackageVm(a) => vmnet_sandbox::kvm::package_vm::run(json, &a),
             Command::Bench(c) => vmnet_bench::run(json, c).await.map_err(from_bench),
             Command::SandboxHelper(_) => unreachable!("run above, without a runtime"),
         }

@@ -13,6 +13,8 @@
 //!   saved to a file with qemu quit, then restored by a new qemu on the same tap.
 //! - [`pool`]: the pool-mode checks run from inside the guests.
 //! - [`ns`], [`ns_traffic`]: the namespace-mode checks run from inside the guests.
+//! - [`package_vm`], [`package_vm_guest`] (and its restarts): `vmnet-lab package-vm`, the vmnet package installed
+//!   and checked under systemd in a VM booted from the host image.
 //!
 //! # Acceleration
 //! KVM when `/dev/kvm` is there and usable by a stock kernel; otherwise TCG with a warning. A host
@@ -23,6 +25,9 @@ pub mod chan;
 pub mod image;
 pub mod ns;
 pub mod ns_traffic;
+pub mod package_vm;
+pub mod package_vm_guest;
+mod package_vm_restarts;
 pub mod pool;
 pub mod qmp;
 pub mod snapshot;
@@ -115,8 +120,12 @@ pub struct VmConfig {
     pub seed_iso: Option<PathBuf>,
     /// Extra kernel command line words (`cloud-init=disabled vmnet.mode=ns`).
     pub cmdline_extra: String,
+    /// Raw disk images attached read-only after the root disk (`/dev/vdb`, … in the guest).
+    pub disks: Vec<PathBuf>,
     /// Guest memory, MiB.
     pub memory_mib: u32,
+    /// Virtual CPUs.
+    pub cpus: u32,
 }
 
 /// A running guest (stopped on drop).
@@ -187,7 +196,7 @@ impl Vm {
             "-m",
             &cfg.memory_mib.to_string(),
             "-smp",
-            "1",
+            &cfg.cpus.to_string(),
         ]);
         add(&accel.args());
         add(&[
@@ -221,6 +230,10 @@ impl Vm {
         argv.push(format!("socket,id=cmd,path={},server=on,wait=off", socket.display()).into());
         argv.extend(["-device", "virtserialport,chardev=cmd,name=vmnet.cmd"].map(OsString::from));
         argv.extend(cfg.nic_args.iter().map(OsString::from));
+        for disk in &cfg.disks {
+            argv.push("-drive".into());
+            argv.push(format!("file={},if=virtio,format=raw,readonly=on", disk.display()).into());
+        }
         if let Some(seed) = &cfg.seed_iso {
             argv.push("-drive".into());
             argv.push(

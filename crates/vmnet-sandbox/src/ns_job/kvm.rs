@@ -62,6 +62,8 @@ pub(super) async fn run(
             nic_args: kns::nic_args(&v.status.tap, &v.status.guest_mac),
             seed_iso: None,
             cmdline_extra: kns::CMDLINE.into(),
+            disks: Vec::new(),
+            cpus: 1,
             memory_mib: 384,
         };
         let vm = Vm::start(&cfg, &image, accel, &paths.dir)?;

@@ -176,6 +176,8 @@ pub fn kvm_config(id: &str, host_ns: &str, nics: &InstanceNics) -> Result<VmConf
         nic_args: nics.runtime.qemu_args.clone(),
         seed_iso: Some(seed_iso),
         cmdline_extra: String::new(),
+        disks: Vec::new(),
+        cpus: 1,
         memory_mib: 384,
     })
 }
