@@ -53,7 +53,10 @@ fn kvm_package_on_a_fresh_debian_vm() {
         .find(|l| l.contains("/vmnet_"))
         .unwrap_or_else(|| panic!("no vmnet package in {stdout}"));
 
+    // From the repository, so `scripts/guest-image.sh --host` is this tree's (the target
+    // directory may belong to another checkout).
     let run = Command::new(lab)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
         .args(["--output", "json", "package-vm", deb])
         .output()
         .expect("run vmnet-lab package-vm");
