@@ -3,18 +3,21 @@
 //! while it is alive, `STATUS=` with a one-line summary, `STOPPING=1` when it stops.
 //!
 //! # Design
-//! - One task ([`run`]) ticks every half of the watchdog period (`WATCHDOG_USEC`; every
-//!   second without a watchdog). On each tick it asks the same questions as `GET /healthz`
-//!   and `GET /readyz` ([`Agent::health`], [`Agent::readiness`]): it sends `WATCHDOG=1` only
-//!   while every loop progressed within its deadline, so a stalled reconcile loop stops the
-//!   pings and systemd restarts the agent after `WatchdogSec`; it sends `READY=1` once, the
-//!   first time the agent is ready (a full reconcile pass finished since start, the store
-//!   answers), so `systemctl start` returns when the host's VMs are converged.
+//! - A thread of its own ticks every half of the watchdog period (`WATCHDOG_USEC`) and asks
+//!   what `GET /healthz` asks ([`Agent::health`]): it sends `WATCHDOG=1` only while every loop
+//!   progressed within its deadline, so a stalled reconcile loop stops the pings and systemd
+//!   restarts the agent after `WatchdogSec`. A thread, not a task: a runtime worker busy with a
+//!   long kernel change must not look like a stalled agent.
+//! - One task ([`run`]) ticks every half of the watchdog period (every second without a
+//!   watchdog) and asks what `GET /readyz` asks ([`Agent::readiness`]): it sends `READY=1`
+//!   once, the first time the agent is ready (a full reconcile pass finished since start, the
+//!   store answers), so `systemctl start` returns when the host's VMs are converged.
 //! - `STATUS=` is sent when the summary changes: `converging`, then the VM counts (read at
 //!   most every 10 s), or the reason the agent is not alive.
 //! - Without `NOTIFY_SOCKET` the task returns at once and nothing is sent.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sd_notify::NotifyState;
@@ -46,6 +49,33 @@ pub fn stopping() {
     }
 }
 
+/// Stops the watchdog thread when dropped (the task that started it ended or was aborted).
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Starts the thread that sends `WATCHDOG=1` every `tick` while the agent is alive, until
+/// `stop` is set.
+fn watchdog_thread(agent: Arc<Agent>, tick: Duration, stop: Arc<AtomicBool>) {
+    let started = std::thread::Builder::new()
+        .name("vmnet-watchdog".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                if agent.health().is_ok() {
+                    send(&[NotifyState::Watchdog]);
+                }
+                std::thread::sleep(tick);
+            }
+        });
+    if let Err(e) = started {
+        tracing::warn!("cannot start the watchdog thread: {e}; systemd will restart the agent");
+    }
+}
+
 /// Runs the notifications (see the module docs) until the task is aborted; returns at once
 /// when no service manager listens.
 pub async fn run(agent: Arc<Agent>) {
@@ -55,6 +85,11 @@ pub async fn run(agent: Arc<Agent>) {
     let watchdog = sd_notify::watchdog_enabled();
     let tick = watchdog.map_or(TICK_WITHOUT_WATCHDOG, |w| w / 2);
     tracing::info!(watchdog = ?watchdog, "systemd notifications on");
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop_watchdog = StopOnDrop(Arc::clone(&stop));
+    if watchdog.is_some() {
+        watchdog_thread(Arc::clone(&agent), tick, stop);
+    }
     let mut ready = false;
     let mut shown = String::new();
     let mut counted = None;
@@ -64,9 +99,6 @@ pub async fn run(agent: Arc<Agent>) {
         every.tick().await;
         let alive = agent.health();
         let mut states = Vec::new();
-        if alive.is_ok() && watchdog.is_some() {
-            states.push(NotifyState::Watchdog);
-        }
         let now_ready = ready || agent.readiness().await.is_ok();
         if now_ready && !ready {
             ready = true;
