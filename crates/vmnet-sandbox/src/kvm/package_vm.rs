@@ -215,25 +215,13 @@ fn package_disk(deb: &Path, dir: &Path) -> Result<PathBuf, String> {
 
 /// The checks table and the summary line.
 fn render(r: &PackageVmReport) -> String {
-    let rows: Vec<Vec<String>> = r
-        .checks
-        .iter()
-        .map(|c| {
-            vec![
-                c.name.clone(),
-                c.expected.clone(),
-                c.seen.clone(),
-                if c.ok { "ok" } else { "FAIL" }.into(),
-            ]
-        })
-        .collect();
     let ok = r.checks.iter().filter(|c| c.ok).count();
     format!(
         "package {} on a fresh Debian 12 VM ({}, image {})\n\n{}\n{ok}/{} checks ok in {:.0} s (boot {:.0} s); VM, namespaces and files removed\n",
         r.deb.display(),
         r.accel,
         r.image.display(),
-        vmnet_agent::table::render(&["CHECK", "EXPECTED", "SEEN", "RESULT"], &rows),
+        crate::pool_job::checks::table(&r.checks),
         r.checks.len(),
         r.wall_secs,
         r.boot_secs

@@ -53,6 +53,23 @@ pub struct Check {
     pub ok: bool,
 }
 
+/// The checks as a table (CHECK, EXPECTED, SEEN, RESULT), one row each.
+#[must_use]
+pub fn table(checks: &[Check]) -> String {
+    let rows: Vec<Vec<String>> = checks
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.expected.clone(),
+                c.seen.clone(),
+                if c.ok { "ok" } else { "FAIL" }.into(),
+            ]
+        })
+        .collect();
+    vmnet_agent::table::render(&["CHECK", "EXPECTED", "SEEN", "RESULT"], &rows)
+}
+
 /// A check of `name` from what was expected and what was seen (`ok` when they are equal).
 pub fn check(
     name: impl Into<String>,

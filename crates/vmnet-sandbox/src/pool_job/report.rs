@@ -78,23 +78,8 @@ fn render(r: &PoolReport) -> String {
         ],
         &rows,
     ));
-    let rows: Vec<Vec<String>> = r
-        .checks
-        .iter()
-        .map(|c| {
-            vec![
-                c.name.clone(),
-                c.expected.clone(),
-                c.seen.clone(),
-                if c.ok { "ok" } else { "FAIL" }.into(),
-            ]
-        })
-        .collect();
     out.push('\n');
-    out.push_str(&render_table(
-        &["CHECK", "EXPECTED", "SEEN", "RESULT"],
-        &rows,
-    ));
+    out.push_str(&super::checks::table(&r.checks));
     let ok = r.checks.iter().filter(|c| c.ok).count();
     out.push_str(&format!(
         "\n{ok}/{} checks ok; sandbox removed\n",
