@@ -434,3 +434,48 @@ fn a_full_connection_queue_is_refused_at_once() {
         "{e}"
     );
 }
+
+/// A peer posing as the agent that answers with more than the client reads (64 MiB): both the
+/// blocking and the async exchange refuse it naming the limit, without holding it all.
+#[tokio::test]
+async fn a_reply_over_the_limit_is_refused() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("big.sock");
+    let l = tokio::net::UnixListener::bind(&sock).unwrap();
+    let big = tokio::spawn(async move {
+        for _ in 0..2 {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let n = vmnet_agent::client::REPLY_LIMIT_BYTES + (1 << 20);
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {n}\r\n\r\n");
+            let _ = s.write_all(head.as_bytes()).await;
+            let chunk = vec![b' '; 1 << 20];
+            for _ in 0..=n >> 20 {
+                if s.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let client = Client::new(&sock);
+    let c = client.clone();
+    let e = tokio::task::spawn_blocking(move || c.get_blocking::<AgentStatus>("/v1/status"))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+    assert!(
+        e.message
+            .contains("the reply is larger than 67108864 bytes"),
+        "{e}"
+    );
+    let e = client.get::<AgentStatus>("/v1/status").await.unwrap_err();
+    assert!(
+        e.message
+            .contains("the reply is larger than 67108864 bytes"),
+        "{e}"
+    );
+    big.abort();
+}

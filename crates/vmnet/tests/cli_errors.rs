@@ -214,3 +214,40 @@ fn events_filters_take_comma_lists() {
         "{stderr}"
     );
 }
+
+/// Files the client reads are bounded and checked before any agent is asked: `mesh sync` reads
+/// at most the agent's 8 MiB sync limit (`/dev/zero` is refused, not read into memory) and
+/// refuses an object that repeats a key, as the agent does; output that cannot be written is an
+/// error, not a panic.
+#[test]
+fn client_input_is_bounded_and_output_errors_are_reported() {
+    let out = vmnet(&["mesh", "sync", "/dev/zero"]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("larger than the limit of 8388608 bytes"),
+        "{stderr}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let dup = dir.path().join("dup.json");
+    std::fs::write(&dup, r#"{"peers":[{"public_key":"a","public_key":"b"}]}"#).unwrap();
+    let out = vmnet(&["mesh", "sync", dup.to_str().unwrap()]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("duplicate key \"public_key\""), "{stderr}");
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vmnet"))
+        .args(["completions", "bash"])
+        .stdout(Stdio::from(full))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(
+        stderr.starts_with("error: UNAVAILABLE: cannot write the output"),
+        "{stderr}"
+    );
+}

@@ -48,7 +48,8 @@ impl Client {
     ///
     /// # Errors
     /// `UNAVAILABLE` when the socket cannot be reached, the exchange fails or the agent does
-    /// not answer within the client's bound; `INTERNAL` for a request that cannot be built.
+    /// not answer within the client's bound; `INVALID_INPUT` for a path that makes no request
+    /// (too long for a request line).
     pub fn send_raw_blocking(
         &self,
         method: &Method,

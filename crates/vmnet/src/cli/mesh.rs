@@ -9,6 +9,7 @@ use vmnet_agent::mesh::view::{MeshView, SyncOutcome, VmSyncOutcome};
 use vmnet_agent::table::render;
 use vmnet_model::Error;
 
+use super::io::{print_json, read_file};
 use crate::{Global, Output};
 
 /// `vmnet mesh …`
@@ -37,20 +38,13 @@ pub enum MeshVmCmd {
     Sync,
 }
 
-fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Error> {
-    let text = serde_json::to_string_pretty(v)
-        .map_err(|e| Error::internal(format!("cannot encode output: {e}")))?;
-    vmnet_cli::outln!("{text}")?;
-    Ok(())
-}
-
 /// The largest peer list read: the largest sync body the agent accepts.
 const SYNC_FILE_LIMIT: u64 = vmnet_agent::api::mesh::SYNC_BODY_LIMIT_BYTES as u64;
 
 /// Reads a JSON document from `path` (`-`: stdin), at most the agent's sync body limit; an
 /// object that repeats a key is refused, as the agent refuses it.
 fn read(path: &PathBuf) -> Result<serde_json::Value, Error> {
-    let (name, bytes) = super::vm::read_file(path, SYNC_FILE_LIMIT)?;
+    let (name, bytes) = read_file(path, SYNC_FILE_LIMIT)?;
     vmnet_model::json::from_slice(&bytes)
         .map_err(|e| Error::invalid(format!("{name}: not a JSON document: {e}")))
 }

@@ -3,6 +3,7 @@
 pub mod config;
 pub mod events;
 mod guard;
+mod io;
 pub mod ipam;
 pub mod logs;
 pub mod mesh;

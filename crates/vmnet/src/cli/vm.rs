@@ -16,6 +16,7 @@ use vmnet_agent::hostspec::HostSpec;
 use vmnet_model::Error;
 use vmnet_model::vm::parse_vm_config;
 
+use super::io::{print_json, read_file};
 use super::vm_text::{limits_text, public_text};
 use crate::{Global, Output};
 
@@ -64,32 +65,11 @@ pub struct ApplyArgs {
     pub prune: bool,
 }
 
-/// Reads `path` (`-`: stdin), at most `limit` bytes.
-pub(crate) fn read_file(path: &PathBuf, limit: u64) -> Result<(String, Vec<u8>), Error> {
-    let name = path.display().to_string();
-    let stdin = name == "-";
-    let name = if stdin { "stdin".to_owned() } else { name };
-    let bytes = if stdin {
-        vmnet_cli::read_at_most(std::io::stdin().lock(), limit)
-    } else {
-        std::fs::File::open(path).and_then(|f| vmnet_cli::read_at_most(f, limit))
-    };
-    let bytes = bytes.map_err(|e| Error::invalid(format!("{name}: cannot read: {e}")))?;
-    Ok((name, bytes))
-}
-
 /// The largest VM config file read: the largest body the agent accepts.
 const VM_FILE_LIMIT: u64 = vmnet_agent::api::error::BODY_LIMIT_BYTES as u64;
 
 /// The largest host spec read (it is sent to the agent one object at a time).
 const SPEC_FILE_LIMIT: u64 = 16 * 1024 * 1024;
-
-fn print_json<T: serde::Serialize>(v: &T) -> Result<(), Error> {
-    let text = serde_json::to_string_pretty(v)
-        .map_err(|e| Error::internal(format!("cannot encode output: {e}")))?;
-    vmnet_cli::outln!("{text}")?;
-    Ok(())
-}
 
 /// Runs `vmnet vm …`.
 pub fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
