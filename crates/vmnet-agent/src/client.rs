@@ -95,6 +95,9 @@ fn decode_reply<T: DeserializeOwned>(path: &str, bytes: &[u8]) -> Result<T, Erro
 /// a peer that sends more is an error, never the client's memory.
 pub const REPLY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 
+/// The longest line of the event stream a client holds (an event is a few hundred bytes).
+pub const EVENT_LINE_LIMIT_BYTES: usize = 1024 * 1024;
+
 /// The error of an exchange that failed once connected: `what` failed with `e`, and the
 /// likely cause where hyper's error tells it.
 fn exchange_failed(sock: &str, what: &str, e: &hyper::Error) -> Error {
@@ -266,11 +269,11 @@ impl Client {
                 .unwrap_or_else(|_| Err(no_answer(&sock, &Method::GET, &path, self.timeout)))?;
         let _abort = AbortOnDrop(conn_task);
         if !status.is_success() {
-            let bytes = body
+            let bytes = http_body_util::Limited::new(body, REPLY_LIMIT_BYTES)
                 .collect()
                 .await
-                .map(http_body_util::Collected::to_bytes)
-                .unwrap_or_default();
+                .map_err(|e| reply_failed(&sock, &*e))?
+                .to_bytes();
             return Err(decode_error(status, &path, &bytes));
         }
         let mut pending: Vec<u8> = Vec::new();
@@ -281,13 +284,23 @@ impl Client {
             let Ok(data) = frame.into_data() else {
                 continue;
             };
+            // Only the new bytes are searched for line ends.
+            let mut from = pending.len();
             pending.extend_from_slice(&data);
-            while let Some(n) = pending.iter().position(|b| *b == b'\n') {
-                let text = String::from_utf8_lossy(&pending[..n]).into_owned();
-                pending.drain(..=n);
+            while let Some(n) = pending[from..].iter().position(|b| *b == b'\n') {
+                let end = from + n;
+                let text = String::from_utf8_lossy(&pending[..end]).into_owned();
+                pending.drain(..=end);
+                from = 0;
                 if !line(&text) {
                     return Ok(());
                 }
+            }
+            if pending.len() > EVENT_LINE_LIMIT_BYTES {
+                return Err(Error::unavailable(format!(
+                    "agent at {sock}: {path}: a line of the event stream is longer than \
+                     {EVENT_LINE_LIMIT_BYTES} bytes"
+                )));
             }
         }
         if !pending.is_empty() {

@@ -435,8 +435,9 @@ fn a_full_connection_queue_is_refused_at_once() {
     );
 }
 
-/// A peer posing as the agent that answers with more than the client reads (64 MiB): both the
-/// blocking and the async exchange refuse it naming the limit, without holding it all.
+/// A peer posing as the agent that answers with more than the client reads (64 MiB): the
+/// blocking and the async exchange and the event stream's error answer refuse it naming the
+/// limit, and the event stream refuses a line over 1 MiB, without holding it all.
 #[tokio::test]
 async fn a_reply_over_the_limit_is_refused() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -444,12 +445,13 @@ async fn a_reply_over_the_limit_is_refused() {
     let sock = tmp.path().join("big.sock");
     let l = tokio::net::UnixListener::bind(&sock).unwrap();
     let big = tokio::spawn(async move {
-        for _ in 0..2 {
+        for i in 0..4 {
             let (mut s, _) = l.accept().await.unwrap();
             let mut buf = [0u8; 4096];
             let _ = s.read(&mut buf).await;
             let n = vmnet_agent::client::REPLY_LIMIT_BYTES + (1 << 20);
-            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {n}\r\n\r\n");
+            let status = if i == 3 { "404 Not Found" } else { "200 OK" };
+            let head = format!("HTTP/1.1 {status}\r\ncontent-length: {n}\r\n\r\n");
             let _ = s.write_all(head.as_bytes()).await;
             let chunk = vec![b' '; 1 << 20];
             for _ in 0..=n >> 20 {
@@ -472,6 +474,21 @@ async fn a_reply_over_the_limit_is_refused() {
         "{e}"
     );
     let e = client.get::<AgentStatus>("/v1/status").await.unwrap_err();
+    assert!(
+        e.message
+            .contains("the reply is larger than 67108864 bytes"),
+        "{e}"
+    );
+    // The event stream: a line without an end, then an error answer over the limit.
+    let e = client
+        .events_lines("follow=true", |_| true)
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("longer than 1048576 bytes"), "{e}");
+    let e = client
+        .events_lines("follow=true", |_| true)
+        .await
+        .unwrap_err();
     assert!(
         e.message
             .contains("the reply is larger than 67108864 bytes"),

@@ -70,9 +70,16 @@ pub fn raise_nofile_limit() {
 pub fn usage_error(e: &clap::Error) -> Status {
     use clap::error::ErrorKind;
     if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-        // Printing fails only when stdout is gone; nothing useful is left to do then.
-        let _ = e.print();
-        return Status::SUCCESS;
+        // Help that cannot be written (a full disk) is an error like any other output's.
+        return match e
+            .print()
+            .and_then(|()| std::io::Write::flush(&mut std::io::stdout()))
+        {
+            Ok(()) => Status::SUCCESS,
+            Err(err) => report(&Error::unavailable(format!(
+                "cannot write the output: {err}"
+            ))),
+        };
     }
     let rendered = e.render().to_string();
     to_stderr(&usage_text(e.kind(), &rendered));
@@ -97,8 +104,29 @@ fn usage_text(kind: clap::error::ErrorKind, rendered: &str) -> String {
 /// Prints `error: CODE: message` on stderr and returns the code's exit status.
 #[must_use]
 pub fn report(e: &Error) -> Status {
-    to_stderr(&format!("error: {e}\n"));
+    to_stderr(&format!("error: {}\n", printable(&e.to_string())));
     exit_status(e.code)
+}
+
+/// `text` with its control characters but the line end escaped (`\u{1b}`, `\r`): an error
+/// message may carry text from elsewhere (an agent's answer, a provider's, a file's key), which
+/// must not move the terminal's cursor or set its title. Line ends stay: some messages quote a
+/// log's last lines.
+#[must_use]
+pub fn printable(text: &str) -> String {
+    let escaped = |c: char| c.is_control() && c != '\n';
+    if !text.chars().any(escaped) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if escaped(c) {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Writes `args` to standard output: a command's output that cannot be written (a full disk,
@@ -222,6 +250,15 @@ mod tests {
                 "Usage: vmnet <COMMAND>\n"
             ),
             "error: INVALID_INPUT: a subcommand is required\n\nUsage: vmnet <COMMAND>\n"
+        );
+    }
+
+    #[test]
+    fn control_characters_in_a_message_are_escaped() {
+        assert_eq!(printable("vm x not found"), "vm x not found");
+        assert_eq!(
+            printable("vm \u{1b}]0;pwned\u{7} not found\r\nlog line"),
+            "vm \\u{1b}]0;pwned\\u{7} not found\\r\nlog line"
         );
     }
 

@@ -251,3 +251,44 @@ fn client_input_is_bounded_and_output_errors_are_reported() {
         "{stderr}"
     );
 }
+
+/// A VM id is checked by the agent's rule before any request (an id no request line can carry
+/// names the id's limit), and an error message never carries a terminal control character (a
+/// key of the caller's file here; the same holds for an agent's or a provider's text).
+#[test]
+fn ids_are_checked_and_error_messages_carry_no_control_characters() {
+    let long = "a".repeat(70_000);
+    let out = vmnet(&["vm", "get", &long]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        &stderr[..200.min(stderr.len())]
+    );
+    assert!(
+        stderr.contains("id is 70000 bytes, at most 64"),
+        "{}",
+        &stderr[..200.min(stderr.len())]
+    );
+    assert!(
+        stderr.len() < 300,
+        "the id is not echoed whole: {} bytes",
+        stderr.len()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("vm.json");
+    std::fs::write(
+        &file,
+        "{\"id\":\"e1\",\"user_id\":170,\"tenant\":1,\"\\u001b]0;pwned\\u0007\":1}",
+    )
+    .unwrap();
+    let out = vmnet(&["vm", "put", file.to_str().unwrap()]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown field"), "{stderr}");
+    assert!(
+        !stderr.chars().any(|c| c.is_control() && c != '\n'),
+        "{stderr:?}"
+    );
+}

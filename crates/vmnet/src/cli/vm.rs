@@ -85,7 +85,7 @@ pub fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
             show_vms(g.output, std::slice::from_ref(&view), true)
         }
         VmCmd::Get { id } => {
-            non_empty(&id)?;
+            valid_id(&id)?;
             let view: VmView = client.get_blocking(&format!("/v1/vms/{}", segment(&id)))?;
             show_vms(g.output, std::slice::from_ref(&view), true)
         }
@@ -95,7 +95,7 @@ pub fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
         }
         VmCmd::Activity { id, idle_secs } => activity(g, &client, id, idle_secs),
         VmCmd::Delete { id } => {
-            non_empty(&id)?;
+            valid_id(&id)?;
             let view: VmView = client.delete_blocking(&format!("/v1/vms/{}", segment(&id)))?;
             match g.output {
                 Output::Json => print_json(&view),
@@ -113,11 +113,10 @@ pub fn vm(g: &Global, c: VmCmd) -> Result<(), Error> {
 }
 
 /// An empty id would address the collection (`/v1/vms/`), which has no such route.
-fn non_empty(id: &str) -> Result<(), Error> {
-    if id.is_empty() {
-        return Err(Error::invalid("vm id must not be empty"));
-    }
-    Ok(())
+/// A VM id given on the command line, checked by the rule the agent applies (so that an id no
+/// request line can carry is refused naming the id's own limit).
+fn valid_id(id: &str) -> Result<(), Error> {
+    vmnet_model::vm::validate_vm_id(id).map_err(|e| Error::invalid(e.message()))
 }
 
 fn dash<T: ToString>(v: Option<T>) -> String {
@@ -485,6 +484,7 @@ fn activity(
 ) -> Result<(), Error> {
     let (baseline, vms) = match id {
         Some(id) => {
+            valid_id(&id)?;
             let one: VmActivity =
                 client.get_blocking(&format!("/v1/vms/{}/activity", segment(&id)))?;
             if g.output == Output::Json {
