@@ -31,13 +31,15 @@
 //!   the next pass tries again.
 //! - Garbage collection gets the user ids of every desired VM (the desired config's and, while
 //!   it differs, the applied config's), so nothing a stored VM uses is ever collected. Each
-//!   config is planned (a config that no longer plans stops the collection) and its plan dropped
-//!   at once: a pass holds one plan at a time, so its memory does not grow with the VM count.
+//!   config must plan (a config that no longer plans stops the collection): one the pass
+//!   itself planned for the VM counts with its user id, any other is planned and its plan
+//!   dropped at once. A pass holds one plan at a time, so its memory does not grow with the
+//!   VM count, and it plans each VM once (a VM whose apply fails, twice: its last good config).
 //! - The store is written only when a VM's outcome changed, so an idle agent does not write.
 //! - Between passes the loop also runs the firewall audit every `--firewall-audit-secs`
 //!   ([`Agent::audit_firewalls`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -264,7 +266,9 @@ impl Agent {
             }
         };
         // One VM at a time under the kernel lock, re-reading its row, so API changes interleave
-        // between VMs and a pass never applies a config older than the store's.
+        // between VMs and a pass never applies a config older than the store's. The configs
+        // that planned are remembered with their user id for the collection below.
+        let mut planned: HashMap<String, (String, u32)> = HashMap::new();
         for id in &ids {
             self.yield_to_api().await;
             let _kernel = self.kernel.lock(format!("reconcile: vm {id}")).await;
@@ -274,11 +278,13 @@ impl Agent {
             };
             if !full && self.known_good(&row, seen.as_ref()) {
                 out.applied += 1;
+                planned.insert(row.id, (row.config, row.user_id));
                 continue;
             }
             match self.converge(&row, trigger).await {
                 Ok(repaired) => {
                     out.applied += 1;
+                    planned.insert(row.id.clone(), (row.config.clone(), row.user_id));
                     if let Some(r) = repaired {
                         out.add(r);
                     }
@@ -302,6 +308,10 @@ impl Agent {
         let mut unplanned = Vec::new();
         for row in &rows {
             for json in std::iter::once(row.config.as_str()).chain(row.applied.as_deref()) {
+                if let Some((_, uid)) = planned.get(&row.id).filter(|(c, _)| c == json) {
+                    keep.insert(*uid);
+                    continue;
+                }
                 match parse_vm_config(json.as_bytes())
                     .map_err(Error::from)
                     .and_then(|c| self.plan(&c))
@@ -378,7 +388,8 @@ impl Agent {
             .as_deref()
             .and_then(|a| parse_vm_config(a.as_bytes()).ok());
         let plan = self.plan(&desired)?;
-        let good_plan = good.as_ref().and_then(|g| self.plan(g).ok());
+        // The last good config is planned only when it is needed (the apply failed): a VM in
+        // sync has it equal to the desired one, and its user id is in the config.
         let in_sync =
             row.last_error.is_none() && row.applied.as_deref() == Some(row.config.as_str());
         let mut repaired = None;
@@ -410,7 +421,7 @@ impl Agent {
                     tracing::warn!(vm = %row.id, op = "repair", changes = %r.line, "kernel state changed behind the agent's back; repaired");
                     repaired = Some(r);
                 }
-                if let Some(g) = good_plan.as_ref().filter(|g| g.user_id != plan.user_id) {
+                if let Some(g) = good.as_ref().filter(|g| g.user_id != plan.user_id) {
                     let _ = self.driver().release_public(g.user_id);
                     let _ = self.driver().remove(g.user_id).await;
                 }
@@ -423,7 +434,7 @@ impl Agent {
                     row.id,
                     vmnet_model::error::chain(&e)
                 );
-                if let Some(g) = &good_plan {
+                if let Some(g) = &good.as_ref().and_then(|g| self.plan(g).ok()) {
                     if g.user_id != plan.user_id {
                         let _ = self.driver().remove(plan.user_id).await;
                     }
