@@ -79,6 +79,30 @@ impl NfnlSocket {
         }
     }
 
+    /// The cookie of the namespace the socket was opened in (`SO_NETNS_COOKIE`): a number the
+    /// kernel never gives another namespace until it reboots.
+    pub(crate) fn netns_cookie(&self) -> std::io::Result<u64> {
+        use std::os::fd::AsRawFd;
+        let mut cookie: u64 = 0;
+        let mut len = libc::socklen_t::try_from(std::mem::size_of::<u64>())
+            .expect("eight bytes fit a socklen_t");
+        // SAFETY: the descriptor is this socket's, open while `self` lives; the kernel writes
+        // at most `len` bytes into `cookie`, which is that large.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_NETNS_COOKIE,
+                (&raw mut cookie).cast(),
+                &raw mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(cookie)
+    }
+
     /// Sends one request of `family` with netlink `flags`; returns its sequence number.
     pub(crate) fn send(
         &mut self,

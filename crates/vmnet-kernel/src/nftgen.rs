@@ -76,6 +76,7 @@ const ANSWER_BUFFER: usize = 4096;
 pub struct GenSocket {
     sock: NfnlSocket,
     netns: NsId,
+    cookie: Option<u64>,
 }
 
 impl std::fmt::Debug for GenSocket {
@@ -98,13 +99,26 @@ impl GenSocket {
             source,
         })?;
         let sock = NfnlSocket::open_with_buffer(ANSWER_BUFFER)?.kept();
-        Ok(Self { sock, netns })
+        let cookie = sock.netns_cookie().ok();
+        Ok(Self {
+            sock,
+            netns,
+            cookie,
+        })
     }
 
     /// The namespace the socket is bound to.
     #[must_use]
     pub fn netns(&self) -> NsId {
         self.netns
+    }
+
+    /// The namespace's cookie, unique since the host's boot (`None` when the kernel did not
+    /// give it): what tells it apart from a later namespace of the same name and inode number
+    /// after this process ended.
+    #[must_use]
+    pub fn cookie(&self) -> Option<u64> {
+        self.cookie
     }
 
     /// The socket, for a transaction in its namespace (e.g. an element batch).

@@ -26,7 +26,12 @@
 //!   at the next check. A socket that fails is closed; the check then lists as before.
 //! - A socket is only ever closed after it was taken out of the map, never under its lock: a
 //!   close may wait for the kernel's pending nf_tables releases (see [`crate::nftgen`]).
-//! - Nothing survives the process: after an agent restart every table is listed once.
+//! - An agent that stops saves its records ([`super::gens_saved`]): per netns its cookie
+//!   (unique until the host reboots), the generation and the plan's fingerprints. The next
+//!   agent takes them as the records of the sockets it opens ([`NftGens::resume_here`]) when the
+//!   netns has that cookie, is still at that generation and the plan has that fingerprint:
+//!   nothing committed there since a listing showed the table as planned, so a restart lists
+//!   no table that nobody touched. Any other case lists, as without a record.
 //!
 //! # Limitations
 //! One file descriptor per VM netns (the agent raises its soft `RLIMIT_NOFILE` to the hard
@@ -37,6 +42,7 @@ use std::sync::Mutex;
 
 use vmnet_plan::ns::VmPlan;
 
+use super::gens_saved::SavedTable;
 use crate::netns;
 use crate::nftgen::{GenSocket, NsId};
 
@@ -84,9 +90,13 @@ pub(super) enum RuleChange {
     NotEligible,
 }
 
-/// The kept sockets and records, by netns name (see the module docs).
+/// The kept sockets and records, by netns name, and the records an earlier agent saved not
+/// yet taken (see the module docs).
 #[derive(Default)]
-pub(super) struct NftGens(Mutex<HashMap<String, Kept>>);
+pub(super) struct NftGens {
+    kept: Mutex<HashMap<String, Kept>>,
+    saved: Mutex<HashMap<String, SavedTable>>,
+}
 
 impl std::fmt::Debug for NftGens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -96,9 +106,77 @@ impl std::fmt::Debug for NftGens {
 
 impl NftGens {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Kept>> {
-        self.0
+        self.kept
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lock_saved(&self) -> std::sync::MutexGuard<'_, HashMap<String, SavedTable>> {
+        self.saved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The records worth saving for the next agent: tables a listing showed as planned, in a
+    /// netns whose cookie is known.
+    pub(super) fn to_save(&self) -> Vec<SavedTable> {
+        let map = self.lock();
+        let mut out: Vec<SavedTable> = map
+            .iter()
+            .filter_map(|(netns, kept)| {
+                let s = kept.synced.as_ref().filter(|s| s.listed)?;
+                Some(SavedTable {
+                    netns: netns.clone(),
+                    cookie: kept.sock.cookie()?,
+                    generation: s.at,
+                    fingerprint: s.fp.clone(),
+                    shape: s.shape.clone(),
+                })
+            })
+            .collect();
+        drop(map);
+        out.sort_by(|a, b| a.netns.cmp(&b.netns));
+        out
+    }
+
+    /// Holds `tables`, saved by an earlier agent of this boot, for [`Self::resume_here`].
+    pub(super) fn restore(&self, tables: Vec<SavedTable>) {
+        let mut saved = self.lock_saved();
+        saved.clear();
+        saved.extend(tables.into_iter().map(|t| (t.netns.clone(), t)));
+    }
+
+    /// On a thread inside `netns`: takes the saved record of `netns`, if any, and makes it the
+    /// kept socket's record when the netns is the one it was saved for (same cookie), nothing
+    /// committed there since (same generation) and the plan is the same (`fp`). Returns whether
+    /// it did: the table is then as planned, without a listing. The record is used once.
+    pub(super) fn resume_here(&self, netns: &str, fp: &str) -> bool {
+        let Some(rec) = self.lock_saved().remove(netns) else {
+            return false;
+        };
+        if rec.fingerprint != fp {
+            return false;
+        }
+        let Some(now) = self.read_here(netns) else {
+            return false;
+        };
+        let mut map = self.lock();
+        let Some(kept) = map.get_mut(netns) else {
+            return false;
+        };
+        if kept.sock.netns() != now.netns
+            || kept.sock.cookie() != Some(rec.cookie)
+            || now.id != rec.generation
+        {
+            return false;
+        }
+        kept.synced = Some(Synced {
+            fp: rec.fingerprint,
+            shape: rec.shape,
+            at: now.id,
+            listed: true,
+        });
+        true
     }
 
     /// Whether the table of `netns` was found as planned by `fp` at the generation the netns is

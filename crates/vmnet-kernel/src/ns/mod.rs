@@ -76,6 +76,7 @@ mod driver;
 mod firewall;
 mod fwbatch;
 mod gens;
+mod gens_saved;
 mod guard;
 mod guestneigh;
 mod host;

@@ -95,7 +95,8 @@ pub(super) async fn link_addrs(h: &Handle, index: u32) -> Result<HashSet<KAddr>,
 
 /// Reads the VM's state: netns links, addresses, routes, rules, sysctls and nft table (compared
 /// with the plan by content, see [`super::nftcheck`]; not listed while the netns's nf_tables
-/// generation stays where the table was last found as planned, see `gens`) through `ns`; its
+/// generation stays where the table was last found as planned, by this agent or by the one
+/// before it, see `gens`) through `ns`; its
 /// host veth, host routes and rules through the driver's host handle.
 pub(super) async fn observe_vm(
     d: &NetlinkNsDriver,
@@ -135,7 +136,7 @@ pub(super) async fn observe_vm(
     let gens = &d.nft_gens;
     let (bad, read) = netns::run_in(&plan.netns, || {
         let bad = inns::sysctls_differ(&sysctls);
-        if gens.unchanged(&netns_name, fp) {
+        if gens.unchanged(&netns_name, fp) || gens.resume_here(&netns_name, fp) {
             return (bad, None);
         }
         // Read before the listing: a change after it moves the generation past this one.

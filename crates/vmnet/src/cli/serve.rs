@@ -14,6 +14,7 @@
 //! seed under `<state dir>/pool/seeds/<instance>/` (with a `cidata` image when `genisoimage` is
 //! installed); instances that leave the host lose theirs.
 
+mod handover;
 mod helper;
 mod lock;
 mod ops;
@@ -354,9 +355,11 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
             None
         }
     };
+    handover::take(&driver, &g.state_dir);
+    let driver = Arc::new(driver);
     let agent = Agent::new(
         db,
-        Arc::new(driver),
+        Arc::clone(&driver) as _,
         settings,
         Duration::from_secs(args.reconcile_interval_secs),
     )?;
@@ -448,6 +451,7 @@ pub async fn run(g: &Global, args: ServeArgs) -> Result<(), Error> {
         agent.stop_loop(w).await;
     }
     agent.stop_loop(reconciler).await;
+    handover::save(&driver, &g.state_dir);
     // wireguard-go keeps running: a restarted agent adopts it without interrupting tunnels.
     for w in watch.into_iter().flatten() {
         w.abort();
