@@ -259,7 +259,11 @@ async fn delete_all(
 
 /// Waits until a reconcile pass has started and finished after `since_ms` (Unix ms); returns
 /// its duration (ms).
-async fn settle(client: &Client, since_ms: i64, log: &Path) -> Result<Option<u64>, Error> {
+pub(crate) async fn settle(
+    client: &Client,
+    since_ms: i64,
+    log: &Path,
+) -> Result<Option<u64>, Error> {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let st: AgentStatus = client.get("/v1/status").await?;

@@ -4,7 +4,9 @@
 //!
 //! It creates a sandbox and a state directory as `vmnet-lab bench agent` does, starts an agent
 //! there and PUTs VMs 1..=N (the same configs as that bench: a mesh address, `0.0.0.0/0` and
-//! `::/0` via host, packet activity on), then stops it (SIGTERM). Then, each time timing from
+//! `::/0` via host, packet activity on), waits for a full reconcile pass over them (as on a
+//! host in service, where the VMs were created long before) and stops it (SIGTERM: it saves
+//! the records of the tables it found as planned for the next agent). Then, each time timing from
 //! just before the process is spawned:
 //!
 //! 1. **Restart.** It records the kernel state: each VM netns's identity and nf_tables
@@ -84,6 +86,8 @@ pub struct Start {
     pub status: AgentStatus,
     /// The lines of the agent's log saying it replaced an earlier agent's objects.
     pub adoptions: Vec<String>,
+    /// The VM tables whose records it took from the agent before it (its log).
+    pub tables_taken: u64,
 }
 
 /// The kernel state a restart must leave alone.
@@ -193,9 +197,15 @@ async fn timed_start(
     let since_unix_ms = vmnet_agent::agent::now_ms();
     let host_cpu0 = cpu_busy_ms();
     let t0 = Instant::now();
-    // The reconcile module at info: its adoptions of an earlier agent's objects are logged.
-    let agent =
-        AgentProc::start_logged(dir, host, prefix, log, "warn,vmnet_agent::reconcile=info")?;
+    // The reconcile module at info: its adoptions of an earlier agent's objects are logged;
+    // and the records of the tables it took from the agent before it.
+    let agent = AgentProc::start_logged(
+        dir,
+        host,
+        prefix,
+        log,
+        "warn,vmnet_agent::reconcile=info,vmnet::cli::serve::handover=info",
+    )?;
     let mut api = None;
     let ready = loop {
         if let Ok((status, _)) = client.send_raw(Method::GET, "/readyz", None).await {
@@ -224,12 +234,20 @@ async fn timed_start(
         .filter(|_| r.passes == 1)
         .and_then(|end| u64::try_from(end - since_unix_ms).ok())
         .map(Duration::from_millis);
-    let adoptions = std::fs::read_to_string(&log_path)
-        .unwrap_or_default()
+    let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let adoptions = text
         .lines()
         .filter(|l| l.contains("replaced an earlier agent's objects"))
         .map(str::to_owned)
         .collect();
+    let tables_taken = text
+        .lines()
+        .filter(|l| l.contains("table records of the previous agent taken"))
+        .find_map(|l| {
+            let n = l.split("tables=").nth(1)?;
+            n.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        })
+        .unwrap_or(0);
     let start = Start {
         api: api.unwrap_or(ready),
         ready,
@@ -238,6 +256,7 @@ async fn timed_start(
         first_pass_end,
         status,
         adoptions,
+        tables_taken,
     };
     Ok((agent, start))
 }
@@ -284,6 +303,9 @@ pub async fn run(args: BootBenchArgs) -> Result<(), Error> {
                 ))
             })?;
     }
+    // As on a host in service, a full pass ran over every VM before the agent stops.
+    let put_log = dir.0.join("agent-put.log");
+    crate::agent::settle(&client, vmnet_agent::agent::now_ms(), &put_log).await?;
     drop(first);
 
     // Restart: the kernel state is there.

@@ -144,6 +144,12 @@ pub fn render(r: &BootRow) -> String {
         ],
         vec!["restart: CPU to ready".to_owned(), cpu(b), dash(), dash()],
         vec![
+            "restart: VM tables taken as checked from the previous agent (not listed)".to_owned(),
+            b.tables_taken.to_string(),
+            dash(),
+            dash(),
+        ],
+        vec![
             "restart: one observe of the host (netns, host veths, rules), from the bench"
                 .to_owned(),
             ms(r.observe),
