@@ -180,14 +180,27 @@ pub(super) fn sysctls_differ(sysctls: &[(String, String)]) -> Vec<String> {
         .into_iter()
         .zip(sysctls)
         .filter(|((_, file), (_, value))| {
-            let mut s = String::new();
-            let ok = file
-                .as_ref()
-                .is_ok_and(|mut f| f.read_to_string(&mut s).is_ok());
-            !ok || s.trim() != value
+            let read = file.as_ref().ok().and_then(|f| read_value(f).ok());
+            read.is_none_or(|s| s.trim() != value)
         })
         .map(|((p, _), _)| p.to_owned())
         .collect()
+}
+
+/// A sysctl file's value: read until its closing newline (one `read` for the values vmnet
+/// sets) or the end, at most a page.
+fn read_value(mut f: &File) -> std::io::Result<String> {
+    let mut buf = [0u8; 4096];
+    let mut len = 0;
+    while len < buf.len() {
+        let n = f.read(&mut buf[len..])?;
+        len += n;
+        if n == 0 || buf[..len].ends_with(b"\n") {
+            break;
+        }
+    }
+    String::from_utf8(buf[..len].to_vec())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// The value of each sysctl path (under `/proc/sys`) in the calling thread's namespace, `None`
@@ -199,10 +212,9 @@ pub(super) fn read_sysctls(paths: &[String]) -> Vec<Option<String>> {
     files
         .into_iter()
         .map(|(_, file)| {
-            let mut s = String::new();
             file.ok()
-                .and_then(|mut f| f.read_to_string(&mut s).ok())
-                .map(|_| s.trim().to_owned())
+                .and_then(|f| read_value(&f).ok())
+                .map(|s| s.trim().to_owned())
         })
         .collect()
 }

@@ -81,16 +81,20 @@ pub(super) async fn link_addrs(h: &Handle, index: u32) -> Result<HashSet<KAddr>,
         .try_collect()
         .await
         .map_err(nl(format!("dump addresses of #{index}")))?;
-    Ok(msgs
-        .iter()
-        .filter(|m| m.header.index == index)
+    Ok(addrs_of(&msgs, |i| i == index))
+}
+
+/// The addresses of `msgs` on the links `on` takes.
+fn addrs_of(msgs: &[AddressMessage], on: impl Fn(u32) -> bool) -> HashSet<KAddr> {
+    msgs.iter()
+        .filter(|m| on(m.header.index))
         .filter_map(|m| {
             m.attributes.iter().find_map(|a| match a {
-                AddressAttribute::Address(ip) => Some((index, *ip, m.header.prefix_len)),
+                AddressAttribute::Address(ip) => Some((m.header.index, *ip, m.header.prefix_len)),
                 _ => None,
             })
         })
-        .collect())
+        .collect()
 }
 
 /// Reads the VM's state: netns links, addresses, routes, rules, sysctls and nft table (compared
@@ -103,31 +107,16 @@ pub(super) async fn observe_vm(
     plan: &VmPlan,
     ns: &Handle,
 ) -> Result<VmState, NsError> {
-    let mut st = VmState::default();
-    for l in routes::dump_links(ns).await? {
-        st.ns_links.insert(l.name.clone(), l);
-    }
-    for l in st.ns_links.values() {
-        st.ns_addrs.extend(link_addrs(ns, l.index).await?);
-    }
-    for v in [IpVersion::V4, IpVersion::V6] {
-        st.ns_routes.extend(
-            routes::dump_routes(ns, v, None, None)
-                .await?
-                .into_iter()
-                .filter(|r| r.table == MAIN_TABLE || r.table == names::NS_INBOUND_TABLE),
-        );
-    }
-    st.ns_rules.extend(rules::dump_rules(ns).await?);
-    if let Some(v) = &plan.veth
-        && let Some(l) = st.ns_links.get(&v.peer_name)
-    {
-        let ip = IpAddr::V6(v.host_ipv6_link_local.addr());
-        st.ns_neigh = neigh::get(ns, l.index, ip, &plan.netns).await?;
-    }
-    if let Some(l) = st.ns_links.get(&plan.tap.name) {
-        st.tap_neigh = super::guestneigh::observe(ns, l.index, &plan.netns).await?;
-    }
+    // The netns's objects and the host's go over two sockets: their requests run at once (one
+    // socket holds one dump at a time, so each side asks in turn).
+    let (mut st, host) = futures::try_join!(observe_ns(plan, ns), observe_host(d, plan))?;
+    (
+        st.host_link,
+        st.host_addrs,
+        st.host_neigh,
+        st.host_routes,
+        st.host_rules,
+    ) = host;
     let table = names::vm_nft_table(&plan.name_prefix);
     let key = nftcheck::key(&plan.netns, "inet", &table);
     let netns_name = plan.netns.clone();
@@ -167,24 +156,75 @@ pub(super) async fn observe_vm(
             }
         }
     }
+    Ok(st)
+}
+
+/// The netns's links, addresses (one dump for all links), routes, rules and neighbour entries.
+async fn observe_ns(plan: &VmPlan, ns: &Handle) -> Result<VmState, NsError> {
+    let mut st = VmState::default();
+    for l in routes::dump_links(ns).await? {
+        st.ns_links.insert(l.name.clone(), l);
+    }
+    let msgs: Vec<AddressMessage> = ns
+        .address()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl(format!("dump addresses in {}", plan.netns)))?;
+    let indexes: HashSet<u32> = st.ns_links.values().map(|l| l.index).collect();
+    st.ns_addrs = addrs_of(&msgs, |i| indexes.contains(&i));
+    for v in [IpVersion::V4, IpVersion::V6] {
+        st.ns_routes.extend(
+            routes::dump_routes(ns, v, None, None)
+                .await?
+                .into_iter()
+                .filter(|r| r.table == MAIN_TABLE || r.table == names::NS_INBOUND_TABLE),
+        );
+    }
+    st.ns_rules.extend(rules::dump_rules(ns).await?);
+    if let Some(v) = &plan.veth
+        && let Some(l) = st.ns_links.get(&v.peer_name)
+    {
+        let ip = IpAddr::V6(v.host_ipv6_link_local.addr());
+        st.ns_neigh = neigh::get(ns, l.index, ip, &plan.netns).await?;
+    }
+    if let Some(l) = st.ns_links.get(&plan.tap.name) {
+        st.tap_neigh = super::guestneigh::observe(ns, l.index, &plan.netns).await?;
+    }
+    Ok(st)
+}
+
+/// What [`observe_host`] reads: the host veth, its addresses and neighbour entry, the host
+/// routes through it and in the VM's host table, and the host rules of the veth.
+type HostSide = (
+    Option<KLink>,
+    HashSet<KAddr>,
+    Option<KNeigh>,
+    BTreeSet<KRoute>,
+    BTreeSet<KRule>,
+);
+
+/// The VM's objects on the host, through the driver's host handle.
+async fn observe_host(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<HostSide, NsError> {
     let host = &d.host;
     let host_name =
         vmnet_plan::ns::name(&plan.name_prefix, names::NameKind::HostVeth, plan.user_id);
-    st.host_link = routes::link_by_name(host, &host_name).await?;
-    if let Some(l) = &st.host_link {
-        st.host_addrs = link_addrs(host, l.index).await?;
+    let link = routes::link_by_name(host, &host_name).await?;
+    let (mut addrs, mut neigh, mut routes) = (HashSet::new(), None, BTreeSet::new());
+    if let Some(l) = &link {
+        addrs = link_addrs(host, l.index).await?;
         if let Some(v) = &plan.veth {
             let ip = IpAddr::V6(v.peer_ipv6_link_local.addr());
-            st.host_neigh = neigh::get(host, l.index, ip, "host").await?;
+            neigh = neigh::get(host, l.index, ip, "host").await?;
         }
-        st.host_routes.extend(d.route_cache.through(l.index).await?);
+        routes.extend(d.route_cache.through(l.index).await?);
     }
     for v in [IpVersion::V4, IpVersion::V6] {
-        st.host_routes
-            .extend(routes::dump_routes(host, v, Some(plan.host_table), None).await?);
+        routes.extend(routes::dump_routes(host, v, Some(plan.host_table), None).await?);
     }
-    st.host_rules.extend(d.host_rules.of(&host_name).await?);
-    Ok(st)
+    let rules = d.host_rules.of(&host_name).await?.into_iter().collect();
+    Ok((link, addrs, neigh, routes, rules))
 }
 
 /// The fingerprint in the `vmnet:<fingerprint>` comment of a rule of an nft JSON listing.
