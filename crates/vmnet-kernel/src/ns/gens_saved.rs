@@ -8,8 +8,9 @@
 //!   generation (see [`super::gens::NftGens::resume_here`]), so an old or stale file costs a
 //!   listing, never a wrong skip. The boot id keeps a file from before a reboot (when cookies
 //!   start again) from being read at all.
-//! - Written to a file beside it with mode 0600 and renamed over it, so a reader sees the whole
-//!   file or none; read once and removed, at most [`MAX_BYTES`].
+//! - Written to a file beside it with mode 0600 (never through a symbolic link) and renamed
+//!   over it, so a reader sees the whole file or none; read once and removed, at most
+//!   [`MAX_BYTES`].
 //!
 //! # Limitations
 //! An agent that is killed saves nothing: its successor lists every table once.
@@ -72,6 +73,7 @@ pub fn write(path: &Path, tables: &SavedTables) -> io::Result<()> {
         .create(true)
         .truncate(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
     f.write_all(&bytes)?;
     drop(f);

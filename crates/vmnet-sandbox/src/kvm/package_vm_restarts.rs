@@ -64,6 +64,7 @@ echo "nrestarts=$n0 → $(systemctl show -p NRestarts --value vmnet)"
 echo "netns=$ns0 → $(stat -L -c %i /run/netns/{NETNS})"
 echo "tap=$tap0 → $(ip -n {NETNS} -o link show {TAP} | cut -d: -f1)"
 echo "watchdog=$(journalctl -u vmnet -q --since "@$since" | grep -c 'Watchdog timeout')"
+echo "taken=$(journalctl -u vmnet -q --since "@$since" -o cat | grep 'table records of the previous agent taken' | grep -o 'tables=[0-9]*' | tail -n 1 | cut -d= -f2)"
 echo "ping:"
 cat /run/pkgvm/ping.log
 "#,
@@ -111,7 +112,23 @@ cat /run/pkgvm/ping.log
     let (tap0, tap1) = pair("tap");
     let same = ns0 == ns1 && tap0 == tap1 && !ns0.is_empty() && !tap0.is_empty();
     let ping = ping_loss(&out);
-    Ok(vec![
+    let mut checks = Vec::new();
+    if matches!(d, Disruption::Reinstall) {
+        // A stop by systemd (SIGTERM) hands the VM's table record to the next agent, which
+        // does not list the table (nothing committed in the netns since).
+        let taken = get(&m, "taken");
+        checks.push(judged(
+            &format!("{what}: the new agent takes the VM table's record"),
+            "1 table taken (not listed)",
+            if taken.is_empty() {
+                "none taken".to_owned()
+            } else {
+                format!("{taken} table taken (not listed)")
+            },
+            taken == "1",
+        ));
+    }
+    checks.extend([
         judged(
             &format!("{what}: systemd restarts it"),
             &expected,
@@ -134,7 +151,8 @@ cat /run/pkgvm/ping.log
             ping.0,
             ping.1,
         ),
-    ])
+    ]);
+    Ok(checks)
 }
 
 /// From ping's output: `N lost of M` and whether none was lost. Every request but the last
