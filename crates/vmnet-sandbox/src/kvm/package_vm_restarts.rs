@@ -65,6 +65,7 @@ echo "netns=$ns0 → $(stat -L -c %i /run/netns/{NETNS})"
 echo "tap=$tap0 → $(ip -n {NETNS} -o link show {TAP} | cut -d: -f1)"
 echo "watchdog=$(journalctl -u vmnet -q --since "@$since" | grep -c 'Watchdog timeout')"
 echo "taken=$(journalctl -u vmnet -q --since "@$since" -o cat | grep 'table records of the previous agent taken' | grep -o 'tables=[0-9]*' | tail -n 1 | cut -d= -f2)"
+echo "records=$(journalctl -u vmnet -q --since "@$since" -o cat | grep -i 'table records' | tr '\n' '|')"
 echo "ping:"
 cat /run/pkgvm/ping.log
 "#,
@@ -112,7 +113,12 @@ cat /run/pkgvm/ping.log
     let (tap0, tap1) = pair("tap");
     let same = ns0 == ns1 && tap0 == tap1 && !ns0.is_empty() && !tap0.is_empty();
     let ping = ping_loss(&out);
-    let mut checks = Vec::new();
+    let mut checks = vec![judged(
+        &format!("{what}: systemd restarts it"),
+        &expected,
+        seen,
+        restarted,
+    )];
     if matches!(d, Disruption::Reinstall) {
         // A stop by systemd (SIGTERM) hands the VM's table record to the next agent, which
         // does not list the table (nothing committed in the netns since).
@@ -121,7 +127,7 @@ cat /run/pkgvm/ping.log
             &format!("{what}: the new agent takes the VM table's record"),
             "1 table taken (not listed)",
             if taken.is_empty() {
-                "none taken".to_owned()
+                format!("none taken; its journal: {}", get(&m, "records"))
             } else {
                 format!("{taken} table taken (not listed)")
             },
@@ -129,12 +135,6 @@ cat /run/pkgvm/ping.log
         ));
     }
     checks.extend([
-        judged(
-            &format!("{what}: systemd restarts it"),
-            &expected,
-            seen,
-            restarted,
-        ),
         judged(
             &format!("{what}: the VM's netns and tap"),
             "the same objects",

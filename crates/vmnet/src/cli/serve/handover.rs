@@ -17,7 +17,6 @@ fn file(state_dir: &Path) -> PathBuf {
 /// Takes the records of the agent before this one, before the first pass.
 pub(super) fn take(driver: &NetlinkNsDriver, state_dir: &Path) {
     match driver.restore_table_records(&file(state_dir)) {
-        Ok(0) => {}
         Ok(n) => tracing::info!(tables = n, "table records of the previous agent taken"),
         Err(e) => tracing::warn!(
             file = %file(state_dir).display(),
@@ -29,7 +28,7 @@ pub(super) fn take(driver: &NetlinkNsDriver, state_dir: &Path) {
 /// Saves this agent's records for the next one, after the last change.
 pub(super) fn save(driver: &NetlinkNsDriver, state_dir: &Path) {
     match driver.save_table_records(&file(state_dir)) {
-        Ok(n) => tracing::debug!(tables = n, "table records saved for the next agent"),
+        Ok(n) => tracing::info!(tables = n, "table records saved for the next agent"),
         Err(e) => tracing::warn!(
             file = %file(state_dir).display(),
             "saving the table records failed: {e}; the next agent lists every table once"
