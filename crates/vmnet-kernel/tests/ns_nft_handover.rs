@@ -2,8 +2,8 @@
 //! of the tables it found as planned, and a new driver (a restarted agent) takes them instead
 //! of listing those tables again. These tests edit a table while no driver runs and check the
 //! next one still finds and replaces the edit; that a record naming another namespace (its
-//! cookie) is not used even at the right generation; and that a table nobody touched is taken
-//! without a commit.
+//! cookie) is not used even at the right generation; that a table nobody touched is taken
+//! without a commit; and that a record taken but not used before a stop is handed on.
 
 mod ns_support;
 
@@ -108,5 +108,17 @@ async fn a_table_edited_between_two_agents_is_found_and_a_record_of_another_netn
     assert_eq!(fourth.restore_table_records(&file).unwrap(), 1);
     assert!(fourth.apply(&plan).await.unwrap().is_empty());
     assert_eq!(generation(&plan.netns), at, "no commit");
-    fourth.remove(plan.user_id).await.unwrap();
+
+    // Taken and stopped before any check used it: saved again, and good for the next agent.
+    assert_eq!(fourth.save_table_records(&file).unwrap(), 1);
+    drop(fourth);
+    let fifth = driver(&env);
+    assert_eq!(fifth.restore_table_records(&file).unwrap(), 1);
+    assert_eq!(fifth.save_table_records(&file).unwrap(), 1);
+    drop(fifth);
+    let sixth = driver(&env);
+    assert_eq!(sixth.restore_table_records(&file).unwrap(), 1);
+    assert!(sixth.apply(&plan).await.unwrap().is_empty());
+    assert_eq!(generation(&plan.netns), at, "no commit");
+    sixth.remove(plan.user_id).await.unwrap();
 }

@@ -118,7 +118,8 @@ impl NftGens {
     }
 
     /// The records worth saving for the next agent: tables a listing showed as planned, in a
-    /// netns whose cookie is known.
+    /// netns whose cookie is known, and the records taken from the agent before that no check
+    /// has used yet.
     pub(super) fn to_save(&self) -> Vec<SavedTable> {
         let map = self.lock();
         let mut out: Vec<SavedTable> = map
@@ -134,6 +135,15 @@ impl NftGens {
                 })
             })
             .collect();
+        // Taken from the agent before and not used yet: as valid as when it saved them.
+        let saved = self.lock_saved();
+        out.extend(
+            saved
+                .values()
+                .filter(|t| !map.contains_key(&t.netns))
+                .cloned(),
+        );
+        drop(saved);
         drop(map);
         out.sort_by(|a, b| a.netns.cmp(&b.netns));
         out
@@ -365,9 +375,10 @@ impl NftGens {
         }
     }
 
-    /// Closes the kept socket of `netns` (here, synchronously) and drops its record: call it
-    /// when the VM's netns is deleted. Returns whether one was kept.
+    /// Closes the kept socket of `netns` (here, synchronously) and drops its record and any
+    /// record taken from the agent before: call it when the VM's netns is deleted. Returns whether one was kept.
     pub(super) fn close(&self, netns: &str) -> bool {
+        self.lock_saved().remove(netns);
         let kept = self.lock().remove(netns);
         let was = kept.is_some();
         let started = std::time::Instant::now();

@@ -3,14 +3,20 @@
 //!
 //! # Design
 //! - The file is JSON: the host's boot id and, per VM netns, its cookie, the generation at which
-//!   a listing showed its table as planned and the plan's fingerprints. A record proves nothing
-//!   by itself: the next agent uses it only for a netns that still has that cookie and that
-//!   generation (see [`super::gens::NftGens::resume_here`]), so an old or stale file costs a
-//!   listing, never a wrong skip. The boot id keeps a file from before a reboot (when cookies
-//!   start again) from being read at all.
-//! - Written to a file beside it with mode 0600 (never through a symbolic link) and renamed
-//!   over it, so a reader sees the whole file or none; read once and removed, at most
-//!   [`MAX_BYTES`].
+//!   a listing showed its table as planned and the plan's fingerprints. The next agent uses a
+//!   record only for a netns that still has that cookie and that generation (see
+//!   [`super::gens::NftGens::resume_here`]). The boot id keeps a file from before a reboot
+//!   (when cookies start again) from being read at all. Records taken but not yet used when an
+//!   agent stops (it stopped before its first pass reached their VMs) are saved again.
+//! - Written to a new file beside it (mode 0600, never through a symbolic link or into a file
+//!   left there) and renamed over it, so a reader sees the whole file or none; read once and
+//!   removed, at most [`MAX_BYTES`], and only a regular file (a link, a pipe or a device is
+//!   refused, never followed or waited on).
+//! - The file is the agent's own state, trusted as its store is: whoever can write the state
+//!   directory (root) can also change the stored configs. A record written by hand for a
+//!   netns's current generation makes the agent take an edited table as checked until the
+//!   next commit in that netns; an old or stale file from an earlier agent costs a listing,
+//!   never a wrong skip.
 //!
 //! # Limitations
 //! An agent that is killed saves nothing: its successor lists every table once.
@@ -62,37 +68,61 @@ fn boot_id() -> io::Result<String> {
 /// Writes `tables` to `path` (see the module docs).
 ///
 /// # Errors
-/// Creating, writing or renaming the file failing.
+/// Creating, writing or renaming the file failing (the file beside it is removed).
 pub fn write(path: &Path, tables: &SavedTables) -> io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".new");
     let tmp = std::path::PathBuf::from(tmp);
     let bytes = serde_json::to_vec(tables).map_err(io::Error::other)?;
-    let mut f = std::fs::OpenOptions::new()
+    // A file left there (by a failed write, or put there) is never reused: its mode and owner
+    // would be kept.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let written = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.write_all(&bytes)?;
-    drop(f);
-    std::fs::rename(&tmp, path)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(&bytes))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Reads `path` and removes it. `None` when there is no file.
 ///
 /// # Errors
-/// A file that cannot be read, is larger than [`MAX_BYTES`] or does not parse (it is removed
-/// all the same).
+/// Anything but a regular file (a symbolic link, a pipe, a directory: never followed or waited
+/// on), a file that cannot be read, is larger than [`MAX_BYTES`] or does not parse (a file is
+/// removed all the same).
 pub fn take(path: &Path) -> io::Result<Option<SavedTables>> {
-    let f = match std::fs::File::open(path) {
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+        Err(e) => {
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
     };
+    let regular = f.metadata().map(|m| m.file_type().is_file());
     let mut bytes = Vec::new();
-    let read = f.take(MAX_BYTES + 1).read_to_end(&mut bytes);
+    let read = match regular {
+        Ok(true) => f.take(MAX_BYTES + 1).read_to_end(&mut bytes).map(drop),
+        Ok(false) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )),
+        Err(e) => Err(e),
+    };
     let _ = std::fs::remove_file(path);
     read?;
     parse(&bytes).map(Some)
@@ -155,6 +185,7 @@ impl NetlinkNsDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn sample() -> SavedTables {
         SavedTables {
@@ -182,6 +213,29 @@ mod tests {
         assert_eq!(take(&path).unwrap(), Some(sample()));
         assert!(!path.exists(), "taken means removed");
         assert_eq!(take(&path).unwrap(), None);
+    }
+
+    #[test]
+    fn a_pipe_or_a_link_is_refused_at_once_and_a_left_file_is_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tables.json");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(take(&path).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert!(!path.exists());
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"{}").unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert!(take(&path).is_err(), "a link is not followed");
+        assert!(target.exists(), "its target is left alone");
+        // A file left beside it, open to all, is replaced, not written into.
+        let left = dir.path().join("tables.json.new");
+        std::fs::write(&left, b"junk").unwrap();
+        std::fs::set_permissions(&left, std::fs::Permissions::from_mode(0o666)).unwrap();
+        write(&path, &sample()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(!left.exists());
+        assert_eq!(take(&path).unwrap(), Some(sample()));
     }
 
     #[test]
