@@ -376,7 +376,8 @@ impl NftGens {
     }
 
     /// Closes the kept socket of `netns` (here, synchronously) and drops its record and any
-    /// record taken from the agent before: call it when the VM's netns is deleted. Returns whether one was kept.
+    /// record taken from the agent before: call it when the VM's netns is deleted. Returns
+    /// whether a socket was kept.
     pub(super) fn close(&self, netns: &str) -> bool {
         self.lock_saved().remove(netns);
         let kept = self.lock().remove(netns);
