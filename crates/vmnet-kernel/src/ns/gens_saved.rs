@@ -110,6 +110,12 @@ pub fn take(path: &Path) -> io::Result<Option<SavedTables>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => {
             let _ = std::fs::remove_file(path);
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a symbolic link, not followed",
+                ));
+            }
             return Err(e);
         }
     };
@@ -225,7 +231,9 @@ mod tests {
         let target = dir.path().join("elsewhere");
         std::fs::write(&target, b"{}").unwrap();
         std::os::unix::fs::symlink(&target, &path).unwrap();
-        assert!(take(&path).is_err(), "a link is not followed");
+        let e = take(&path).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
         assert!(target.exists(), "its target is left alone");
         // A file left beside it, open to all, is replaced, not written into.
         let left = dir.path().join("tables.json.new");
