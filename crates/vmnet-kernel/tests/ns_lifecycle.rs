@@ -1,7 +1,7 @@
 //! Namespace mode lifecycle on a real kernel (root required): apply twice is a no-op, a route
 //! change keeps the veth (same ifindex), a mesh address change converges in place, a failed
 //! apply keeps the previous good state, a VM without a mesh address has no veth pair, applies of
-//! different VMs run concurrently. Removal is in `ns_cleanup.rs`, drift in `ns_repair.rs`.
+//! different VMs (new or in place) run concurrently. Removal is in `ns_cleanup.rs`, drift in `ns_repair.rs`.
 
 mod ns_support;
 
@@ -375,6 +375,19 @@ async fn concurrent_applies_of_different_vms() {
         assert!(env.driver.drift(p).await.unwrap().is_empty(), "{}", p.vm_id);
     }
     assert_eq!(env.driver.observe().await.unwrap().len(), plans.len());
+    // Applies of VMs in place at once (what a reconcile pass runs): each observes its host side
+    // over the driver's one host socket, which runs one dump at a time.
+    for round in 0..5 {
+        let again = futures::future::join_all(plans.iter().map(|p| env.driver.apply(p))).await;
+        for (p, r) in plans.iter().zip(again) {
+            let changes = r.unwrap_or_else(|e| panic!("round {round}, {}: {e}", p.vm_id));
+            assert!(
+                changes.is_empty(),
+                "round {round}, {}: {changes:?}",
+                p.vm_id
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,9 @@ pub struct NetlinkNsDriver {
     pub(super) host: Handle,
     host_plan: Option<HostPlan>,
     host_ready: tokio::sync::Mutex<HostState>,
+    /// Held for every dump over [`Self::host`]: a netlink socket runs one dump at a time (a
+    /// second one started meanwhile fails with `EBUSY`), and VMs are applied concurrently.
+    pub(super) host_dumps: tokio::sync::Mutex<()>,
     pub(super) nft_memo: ListingMemo,
     /// The kept generation socket of each VM netns and its in-sync record (see `gens`).
     pub(super) nft_gens: NftGens,
@@ -118,6 +121,7 @@ impl NetlinkNsDriver {
             host_ns,
             host,
             host_ready: tokio::sync::Mutex::new(HostState::default()),
+            host_dumps: tokio::sync::Mutex::new(()),
             nft_memo: ListingMemo::default(),
             nft_gens: NftGens::default(),
             uplinks_seen: std::sync::Mutex::new(BTreeSet::new()),
@@ -221,9 +225,10 @@ impl NetlinkNsDriver {
         }
         let mut repaired = None;
         if let Some(p) = &self.host_plan {
-            let uplinks =
-                host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen)
-                    .await?;
+            let uplinks = {
+                let _dumps = self.host_dumps.lock().await;
+                host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen).await?
+            };
             if let Some(d) = host::host_drift(&self.host_ns, p, &self.nft_memo, &uplinks)? {
                 host::apply_host(&self.host_ns, p, &self.nft_memo, &uplinks)?;
                 if state.established || d.table_present {
@@ -248,8 +253,10 @@ impl NetlinkNsDriver {
         let Some(p) = &self.host_plan else {
             return Ok(None);
         };
-        let uplinks =
-            host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen).await?;
+        let uplinks = {
+            let _dumps = self.host_dumps.lock().await;
+            host::ra_uplinks(&self.host, &self.settings.name_prefix, &self.uplinks_seen).await?
+        };
         let drift = host::host_drift(&self.host_ns, p, &self.nft_memo, &uplinks)?;
         if drift.is_some() {
             self.host_ready.lock().await.ready = false;
@@ -279,12 +286,14 @@ impl NetlinkNsDriver {
                 by_uid.get_mut(&uid).expect("inserted").netns = Some(n);
             }
         }
+        let dumps = self.host_dumps.lock().await;
         for l in routes::dump_links(&self.host).await? {
             if let Some(uid) = parse_uid(p, NameKind::HostVeth, &l.name) {
                 entry(&mut by_uid, uid);
                 by_uid.get_mut(&uid).expect("inserted").host_veth = Some((l.name, l.index));
             }
         }
+        drop(dumps);
         for r in self.host_rules.all().await? {
             if let Some(uid) = parse_uid(p, NameKind::HostVeth, &r.iif) {
                 entry(&mut by_uid, uid);
@@ -304,6 +313,7 @@ impl NetlinkNsDriver {
         let base = self.settings.host_table_base;
         let mut tables: BTreeSet<u32> = BTreeSet::new();
         for v in [IpVersion::V4, IpVersion::V6] {
+            let _dumps = self.host_dumps.lock().await;
             for r in routes::dump_routes(&self.host, v, None, None).await? {
                 if let Some(uid) = r
                     .table

@@ -212,6 +212,7 @@ async fn observe_host(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<HostSide, Ns
         vmnet_plan::ns::name(&plan.name_prefix, names::NameKind::HostVeth, plan.user_id);
     let link = routes::link_by_name(host, &host_name).await?;
     let (mut addrs, mut neigh, mut routes) = (HashSet::new(), None, BTreeSet::new());
+    let dumps = d.host_dumps.lock().await;
     if let Some(l) = &link {
         addrs = link_addrs(host, l.index).await?;
         if let Some(v) = &plan.veth {
@@ -223,6 +224,7 @@ async fn observe_host(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<HostSide, Ns
     for v in [IpVersion::V4, IpVersion::V6] {
         routes.extend(routes::dump_routes(host, v, Some(plan.host_table), None).await?);
     }
+    drop(dumps);
     let rules = d.host_rules.of(&host_name).await?.into_iter().collect();
     Ok((link, addrs, neigh, routes, rules))
 }

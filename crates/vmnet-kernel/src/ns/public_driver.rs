@@ -58,6 +58,7 @@ impl NetlinkNsDriver {
         let Some(l) = routes::link_by_name(&self.host, host_veth).await? else {
             return Ok(None);
         };
+        let _dumps = self.host_dumps.lock().await;
         let rs = routes::dump_routes(
             &self.host,
             IpVersion::V6,

@@ -51,7 +51,11 @@ impl NetlinkNsDriver {
             Err(e) => errors.push(e),
         }
         for v in [IpVersion::V4, IpVersion::V6] {
-            match routes::dump_routes(&self.host, v, Some(table), None).await {
+            let dumped = {
+                let _dumps = self.host_dumps.lock().await;
+                routes::dump_routes(&self.host, v, Some(table), None).await
+            };
+            match dumped {
                 Ok(rs) => {
                     for r in &rs {
                         found = true;

@@ -4,9 +4,13 @@
 //!
 //! # Design
 //! - Passes run one at a time (the pass lock). Every driver call holds the kernel lock, taken
-//!   per VM: API changes interleave between the VMs of a pass (a pass at 1000 VMs does not stall
-//!   the API for seconds), and the pass re-reads each VM's row under the lock, so it never
-//!   applies a config older than the store's. Before each step a pass yields to API changes:
+//!   per step of up to [`PASS_BATCH`] VMs: API changes interleave between the steps of a pass
+//!   (a pass at 1000 VMs does not stall the API for seconds), and the pass re-reads each VM's
+//!   row under the lock, so it never applies a config older than the store's. The VMs of a
+//!   step whose desired config is applied without error converge concurrently (the driver
+//!   takes different VMs at once; each waits on netlink answers and its netns thread, so
+//!   together they keep both cores busy); any other VM of the step converges alone after them
+//!   ([`order::together`]). Before each step a pass yields to API changes:
 //!   it waits until none was seen for [`API_QUIET`] (at most [`API_YIELD_MAX`] per step), so a
 //!   burst of PUTs or DELETEs runs without a pass competing for the kernel lock, the CPU and
 //!   the kernel's own locks; under endless API changes a pass still applies one VM per
@@ -24,7 +28,7 @@
 //!   that are not known good: not applied yet, failed, or with their netns or host veth missing.
 //!   The API already applied the VM it changed, so a burst of PUTs does not cost a full pass each.
 //! - A pass converges the VMs with a route via a gateway VM's mesh address after the others
-//!   ([`pass_order`]): a gateway repaired in the pass (its host route lost, its veth down) is
+//!   ([`order::pass_order`]): a gateway repaired in the pass (its host route lost, its veth down) is
 //!   in place when the VMs behind it resolve their routes, instead of their routes getting the
 //!   `unreachable` guard until the next pass.
 //! - When an apply fails, the last good config is re-applied and the error recorded on the VM;
@@ -43,15 +47,23 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::join_all;
+
 use vmnet_ipam::vm_store::{self, VmRow};
 use vmnet_kernel::ns::{Change, ObjectKind, ObservedVm};
 use vmnet_model::Error;
-use vmnet_model::vm::{Via, parse_vm_config};
+use vmnet_model::vm::parse_vm_config;
 
 use crate::agent::{Agent, store_tx};
 use crate::events::{Applied, EventBody};
 use crate::repairs::{Repaired, Trigger};
 use crate::status::now_ms;
+
+mod order;
+
+/// The most VMs a pass converges together under one hold of the kernel lock (see the module
+/// docs).
+const PASS_BATCH: usize = 2;
 
 /// How long the loop waits after a wake-up before its pass, so a burst of API changes costs one
 /// pass.
@@ -229,13 +241,13 @@ impl Agent {
     }
 
     async fn pass(&self, full: bool, trigger: Trigger) -> Result<PassOutcome, Error> {
-        let ids: Vec<String> = {
+        let groups = {
             let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
-            pass_order(rows)
+            order::pass_order(rows)
         };
         let mut out = PassOutcome::default();
         // A host without VMs has no host-wide state to keep (gc removes it with the last VM).
-        if full && !ids.is_empty() {
+        if full && groups.iter().any(|g| !g.is_empty()) {
             self.yield_to_api().await;
             let _kernel = self.kernel.lock("reconcile: host state").await;
             self.pass_progress();
@@ -265,31 +277,50 @@ impl Agent {
                 None
             }
         };
-        // One VM at a time under the kernel lock, re-reading its row, so API changes interleave
-        // between VMs and a pass never applies a config older than the store's. The configs
-        // that planned are remembered with their user id for the collection below.
+        // Up to PASS_BATCH VMs per hold of the kernel lock, re-reading their rows, so API
+        // changes interleave between steps and a pass never applies a config older than the
+        // store's. The configs that planned are remembered with their user id for the
+        // collection below.
         let mut planned: HashMap<String, (String, u32)> = HashMap::new();
-        for id in &ids {
-            self.yield_to_api().await;
-            let _kernel = self.kernel.lock(format!("reconcile: vm {id}")).await;
-            self.pass_progress();
-            let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, id).await)? else {
-                continue;
-            };
-            if !full && self.known_good(&row, seen.as_ref()) {
-                out.applied += 1;
-                planned.insert(row.id, (row.config, row.user_id));
-                continue;
-            }
-            match self.converge(&row, trigger).await {
-                Ok(repaired) => {
-                    out.applied += 1;
-                    planned.insert(row.id.clone(), (row.config.clone(), row.user_id));
-                    if let Some(r) = repaired {
-                        out.add(r);
+        for group in &groups {
+            for ids in group.chunks(PASS_BATCH) {
+                self.yield_to_api().await;
+                let _kernel = self
+                    .kernel
+                    .lock(format!("reconcile: vm {}", ids.join(", ")))
+                    .await;
+                self.pass_progress();
+                let mut rows = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, id).await)? else {
+                        continue;
+                    };
+                    if !full && self.known_good(&row, seen.as_ref()) {
+                        out.applied += 1;
+                        planned.insert(row.id, (row.config, row.user_id));
+                    } else {
+                        rows.push(row);
                     }
                 }
-                Err(e) => out.errors.push(e.message),
+                let (together, alone) = order::together(rows);
+                let done = join_all(together.iter().map(|r| self.converge(r, trigger))).await;
+                let mut results: Vec<_> = together.into_iter().zip(done).collect();
+                for row in alone {
+                    let r = self.converge(&row, trigger).await;
+                    results.push((row, r));
+                }
+                for (row, r) in results {
+                    match r {
+                        Ok(repaired) => {
+                            out.applied += 1;
+                            planned.insert(row.id, (row.config, row.user_id));
+                            if let Some(r) = repaired {
+                                out.add(r);
+                            }
+                        }
+                        Err(e) => out.errors.push(e.message),
+                    }
+                }
             }
         }
         // Collect orphans against the store as it is now: every plan a stored VM may be using
@@ -538,62 +569,5 @@ impl Agent {
                 break;
             }
         }
-    }
-}
-
-/// The ids of `rows` in the order a pass converges them: VMs with a route via a gateway VM's
-/// mesh address after the others, each group in store order. A config that does not parse
-/// counts as the others (its apply reports the error).
-fn pass_order(rows: Vec<VmRow>) -> Vec<String> {
-    let (behind, first): (Vec<VmRow>, Vec<VmRow>) = rows
-        .into_iter()
-        .partition(|r| routes_via_gateway(&r.config));
-    first.into_iter().chain(behind).map(|r| r.id).collect()
-}
-
-/// Whether a stored config routes anything via a gateway VM.
-fn routes_via_gateway(config: &str) -> bool {
-    parse_vm_config(config.as_bytes()).is_ok_and(|c| {
-        c.network
-            .routes
-            .iter()
-            .any(|r| matches!(r.via, Via::Mesh(_)))
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(id: &str, uid: u32, routes: &str) -> VmRow {
-        VmRow {
-            id: id.to_owned(),
-            user_id: uid,
-            mesh: None,
-            config: format!(
-                r#"{{"id":"{id}","user_id":{uid},"tenant":1,"mesh_ipv6":"fdaa:1::{uid:x}","network":{{"routes":{routes}}}}}"#
-            ),
-            applied: None,
-            last_error: None,
-            updated_at: 0,
-        }
-    }
-
-    #[test]
-    fn vms_behind_a_gateway_come_after_the_others() {
-        let behind = r#"[{"destination":"2000::/3","via":"fdaa:1::7"}]"#;
-        let host = r#"[{"destination":"0.0.0.0/0","via":"host"}]"#;
-        let rows = vec![
-            row("a-behind", 1, behind),
-            row("b", 2, host),
-            row("c-behind", 3, behind),
-            row("gateway", 7, host),
-            row("mesh-only", 8, "[]"),
-        ];
-        assert!(routes_via_gateway(&rows[0].config));
-        assert_eq!(
-            pass_order(rows),
-            ["b", "gateway", "mesh-only", "a-behind", "c-behind"]
-        );
     }
 }
