@@ -13,7 +13,13 @@
 //!   One socket pair per namespace rather than one socket listening to all namespaces
 //!   (`NETLINK_LISTEN_ALL_NSID`): that one needs a namespace id assigned in the host for every
 //!   VM netns and hands out events by id; per-namespace sockets name their namespace
-//!   themselves and cost two file descriptors per VM, no thread.
+//!   themselves and cost two file descriptors per VM, no thread. Neither is free in the kernel:
+//!   it hands every notification, in any namespace, to each socket in the protocol's groups in
+//!   turn (at 1,000 VMs with every feature on, 9 % of the agent's CPU while VMs were created
+//!   went to `netlink_broadcast_filtered`), and a socket listening to all namespaces costs a
+//!   look-up of the sender's id per notification that walks every id of the host (`peernet2id`,
+//!   twice per notification: 13 % in the same bench, `vmnet-lab bench agent --count 1000
+//!   --all-features` under `perf`). Both grow with the VMs; the pair per namespace less so.
 //! - Every socket is registered with one `epoll` instance of the watcher (level-triggered);
 //!   that instance is the one descriptor registered with tokio, read by one task. A ready
 //!   socket is read until it is empty; only the netlink header and the attributes that
