@@ -350,11 +350,11 @@ pub(super) async fn configure_fixed(
                 Side::Vm => (ns, w),
                 Side::Host => (&d.host, "host"),
             };
-            let at = match spec.side {
-                Side::Vm => SysctlNs::Vm(w),
-                Side::Host => SysctlNs::Host(&d.host_ns),
+            let (at, dumps) = match spec.side {
+                Side::Vm => (SysctlNs::Vm(w), None),
+                Side::Host => (SysctlNs::Host(&d.host_ns), Some(&d.host_dumps)),
             };
-            ensure_link(h, spec, find(st, spec), label, at)
+            ensure_link(h, spec, find(st, spec), label, at, dumps)
         }))
     };
     let ((), mut links) = futures::try_join!(lo, ensure(Side::Vm))?;
@@ -391,13 +391,15 @@ fn ipv6_on(at: &SysctlNs<'_>, link: &str) -> Result<(), NsError> {
 }
 
 /// Makes link `spec.name` have its MTU, be up and carry exactly its planned addresses (of the
-/// kinds [`stale`] considers); returns it.
+/// kinds [`stale`] considers); returns it. `dumps` is held for a dump over `h` when `h` is
+/// shared with other VMs' applies (the host's: one dump at a time per socket).
 async fn ensure_link(
     h: &Handle,
     spec: &LinkSpec<'_>,
     (known, have, neigh): (Option<&KLink>, &HashSet<KAddr>, Option<KNeigh>),
     w: &str,
     at: SysctlNs<'_>,
+    dumps: Option<&tokio::sync::Mutex<()>>,
 ) -> Result<KLink, NsError> {
     let name = spec.name;
     let mut l = match known {
@@ -408,7 +410,7 @@ async fn ensure_link(
     };
     let old = stale(have, l.index, spec);
     if !old.is_empty() {
-        del_addrs(h, l.index, &old, w).await?;
+        del_addrs(h, l.index, &old, w, dumps).await?;
     }
     if spec.no_auto_link_local && !l.no_auto_link_local {
         // Before the up when it is down, so the kernel makes no link-local on the way.
@@ -467,13 +469,25 @@ pub(super) fn addr_gen_none(msg: &mut LinkMessage) {
         )]));
 }
 
-/// Deletes the addresses `gone` from link `index` (as the kernel lists them).
-async fn del_addrs(h: &Handle, index: u32, gone: &[(IpAddr, u8)], w: &str) -> Result<(), NsError> {
+/// Deletes the addresses `gone` from link `index` (as the kernel lists them); the dump holds
+/// `dumps` when given.
+async fn del_addrs(
+    h: &Handle,
+    index: u32,
+    gone: &[(IpAddr, u8)],
+    w: &str,
+    dumps: Option<&tokio::sync::Mutex<()>>,
+) -> Result<(), NsError> {
+    let held = match dumps {
+        Some(m) => Some(m.lock().await),
+        None => None,
+    };
     let msgs: Vec<_> = crate::ns::routes::addr_dump(h, index)
         .execute()
         .try_collect()
         .await
         .map_err(nl(format!("{w}: dump addresses of #{index}")))?;
+    drop(held);
     for m in msgs.into_iter().filter(|m| m.header.index == index) {
         let Some(ip) = m.attributes.iter().find_map(|a| match a {
             AddressAttribute::Address(ip) => Some(*ip),
