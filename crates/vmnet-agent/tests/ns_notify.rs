@@ -281,6 +281,45 @@ async fn uplink_flap_is_repaired(w: &World) {
     w.traffic_flows("after the uplink flap");
 }
 
+/// A VM routing via the VM's mesh address gets its route back with the gateway: IPv6 turned
+/// off on the gateway's host veth end takes the route out of the other VM's table, and only
+/// the gateway's own objects are notified.
+async fn gateway_repair_reaches_the_vms_behind_it(w: &World) {
+    let behind = json!({"id": "nb", "user_id": 0x5b, "tenant": 1, "mesh_ipv6": "fdaa:1::5b",
+        "network": {"routes": [{"destination": "2000::/3", "via": "fdaa:1::5a"}]}});
+    let (status, body) = w.h.put_vm(&behind).await;
+    assert!(status.is_success(), "{status} {body}");
+    let table = w.plan.host_table + 1;
+    let gw = w.plan.veth.as_ref().unwrap().host_name.clone();
+    let host = w.sb.host();
+    let route = || {
+        let out = netns::ip(&host, &["-6", "route", "show", "table", &table.to_string()]);
+        out.unwrap_or_default()
+    };
+    let through = |r: &str| r.contains("2000::/3 via") && r.contains(&format!("dev {gw}"));
+    assert!(through(&route()), "before: {}", route());
+    w.settled().await;
+    let sysctl = format!("net.ipv6.conf.{gw}.disable_ipv6=1");
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &host, "sysctl", "-qw", &sysctl])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let start = Instant::now();
+    while !through(&route()) {
+        assert!(
+            start.elapsed() < REPAIRED_WITHIN * 2,
+            "the route via the gateway is not back: {}",
+            route()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!(
+        "VM behind the gateway: route back {:?} after the change",
+        start.elapsed()
+    );
+}
+
 /// Two full passes of an idle, converged agent write nothing: a listener of its own, in the
 /// host and the VM netns, sees no change to a link, address, route, rule, proxy or permanent
 /// neighbour entry, tc object or nf_tables object.
@@ -445,6 +484,7 @@ async fn each_change_to_an_owned_object_is_repaired_on_its_notification_within_a
         .map(|t| format!("{:.1}", t.as_secs_f64() * 1000.0))
         .collect();
     eprintln!("change-to-repair (ms): {}", ms.join(", "));
+    gateway_repair_reaches_the_vms_behind_it(&w).await;
 }
 
 /// CPU time (user + system, clock ticks) of this whole process, the threads that ended

@@ -18,6 +18,10 @@
 //!   an in-sync VM costs an observe and writes nothing, to the kernel or the store). The host
 //!   is checked by the driver's `repair_host`, a full pass is [`Agent::reconcile`], pool mode's
 //!   tables by its audit ([`crate::pool::audit::audit_once`]) and its taps by its pass.
+//! - A VM's check that repaired something schedules a check of every VM with a route via its
+//!   mesh address: while the gateway was broken (its host veth end down or without IPv6),
+//!   their routes through it resolved to the `unreachable` guard, and nothing of theirs
+//!   changes when the gateway comes back. A check that finds them in sync writes nothing.
 //! - The agent's own changes (API changes, passes, audits) never trigger a check: they run
 //!   under the kernel lock, which quiets the watcher and discards the notifications the change
 //!   caused before it is released ([`crate::agent::kernel`]). Sorting notifications by the
@@ -149,6 +153,20 @@ impl Agent {
             }
         };
         let repaired = done.len() as u64;
+        if let Target::Vm(uid) = target
+            && repaired > 0
+        {
+            // The VMs routing via this one's mesh address resolved their routes against it
+            // while it was broken (an `unreachable` guard in their tables): checked next.
+            match store_tx!(self.db(), tx => vm_store::list(tx).await) {
+                Ok(rows) => {
+                    for behind in behind_gateway(&rows, uid) {
+                        sched.notified(Target::Vm(behind), Instant::now());
+                    }
+                }
+                Err(e) => tracing::warn!(scope = %target, "cannot read the VMs behind it: {e}"),
+            }
+        }
         let took = u64::try_from(first.elapsed().as_micros()).unwrap_or(u64::MAX);
         let backoff = sched.checked(target, repaired > 0, Instant::now());
         if let Ok(mut r) = self.record.lock() {
@@ -317,5 +335,71 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+/// The user ids of the stored VMs with a route via the mesh address of the VM with user id
+/// `gateway` (its desired config's).
+fn behind_gateway(rows: &[vm_store::VmRow], gateway: u32) -> Vec<u32> {
+    let mesh = |r: &vm_store::VmRow| {
+        parse_vm_config(r.config.as_bytes())
+            .ok()
+            .map(|c| (c.mesh_ipv6, c.network.routes))
+    };
+    let Some(Some(gw)) = rows
+        .iter()
+        .find(|r| r.user_id == gateway)
+        .and_then(mesh)
+        .map(|(m, _)| m)
+    else {
+        return Vec::new();
+    };
+    rows.iter()
+        .filter(|r| r.user_id != gateway)
+        .filter(|r| {
+            mesh(r).is_some_and(|(_, routes)| {
+                routes
+                    .iter()
+                    .any(|rt| rt.via == vmnet_model::vm::Via::Mesh(gw))
+            })
+        })
+        .map(|r| r.user_id)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(uid: u32, routes: &str) -> vm_store::VmRow {
+        vm_store::VmRow {
+            id: format!("v{uid}"),
+            user_id: uid,
+            mesh: None,
+            config: format!(
+                r#"{{"id":"v{uid}","user_id":{uid},"tenant":1,"mesh_ipv6":"fdaa:1::{uid:x}","network":{{"routes":{routes}}}}}"#
+            ),
+            applied: None,
+            last_error: None,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn the_vms_behind_a_gateway_are_those_routing_via_its_mesh_address() {
+        let via7 = r#"[{"destination":"2000::/3","via":"fdaa:1::7"}]"#;
+        let via8 = r#"[{"destination":"2000::/3","via":"fdaa:1::8"}]"#;
+        let host = r#"[{"destination":"0.0.0.0/0","via":"host"}]"#;
+        let rows = vec![
+            row(7, host),
+            row(1, via7),
+            row(2, via8),
+            row(3, via7),
+            row(8, "[]"),
+        ];
+        assert_eq!(behind_gateway(&rows, 7), [1, 3]);
+        assert_eq!(behind_gateway(&rows, 8), [2]);
+        assert!(behind_gateway(&rows, 1).is_empty());
+        assert!(behind_gateway(&rows, 99).is_empty());
     }
 }
