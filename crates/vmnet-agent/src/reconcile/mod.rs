@@ -13,7 +13,7 @@
 //!   ([`order::together`]). Before each step a pass yields to API changes:
 //!   it waits until none was seen for [`API_QUIET`] (at most [`API_YIELD_MAX`] per step), so a
 //!   burst of PUTs or DELETEs runs without a pass competing for the kernel lock, the CPU and
-//!   the kernel's own locks; under endless API changes a pass still applies one VM per
+//!   the kernel's own locks; under endless API changes a pass still takes one step per
 //!   [`API_YIELD_MAX`]. Garbage collection reads the desired set afresh
 //!   under the lock. When a stored VM no longer plans (e.g. the agent restarted with a smaller
 //!   transit range), collection is skipped and reported: nothing a stored VM may own is removed.
@@ -75,7 +75,7 @@ pub const WAKE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(
 pub const API_QUIET: Duration = Duration::from_millis(20);
 
 /// The longest a pass waits for [`API_QUIET`] before one step: under endless API changes it
-/// still makes progress, one VM per this interval.
+/// still makes progress, one step per this interval.
 pub const API_YIELD_MAX: Duration = Duration::from_millis(100);
 
 /// What one pass did.

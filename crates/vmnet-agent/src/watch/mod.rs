@@ -134,8 +134,8 @@ impl Agent {
     /// Runs the check of `target` and records it; `first` is when its first notification
     /// was read.
     async fn check_notified(&self, sched: &mut Schedule, target: Target, first: Instant) {
-        let done = match self.check_target(target).await {
-            Ok(done) => {
+        let (done, behind) = match self.check_target(target).await {
+            Ok((done, behind)) => {
                 if !done.is_empty() {
                     let lines: Vec<&str> = done.iter().map(|r| r.line.as_str()).collect();
                     tracing::warn!(scope = %target, op = "repair", repairs = ?lines, "repaired on a kernel notification");
@@ -145,27 +145,16 @@ impl Agent {
                             .count_repairs(crate::metrics::Trigger::Notification, &lines);
                     }
                 }
-                done
+                (done, behind)
             }
             Err(e) => {
                 tracing::warn!(scope = %target, "check on a kernel notification failed: {e}");
-                Vec::new()
+                (Vec::new(), Vec::new())
             }
         };
         let repaired = done.len() as u64;
-        if let Target::Vm(uid) = target
-            && repaired > 0
-        {
-            // The VMs routing via this one's mesh address resolved their routes against it
-            // while it was broken (an `unreachable` guard in their tables): checked next.
-            match store_tx!(self.db(), tx => vm_store::list(tx).await) {
-                Ok(rows) => {
-                    for behind in behind_gateway(&rows, uid) {
-                        sched.notified(Target::Vm(behind), Instant::now());
-                    }
-                }
-                Err(e) => tracing::warn!(scope = %target, "cannot read the VMs behind it: {e}"),
-            }
+        for uid in behind {
+            sched.notified(Target::Vm(uid), Instant::now());
         }
         let took = u64::try_from(first.elapsed().as_micros()).unwrap_or(u64::MAX);
         let backoff = sched.checked(target, repaired > 0, Instant::now());
@@ -197,10 +186,11 @@ impl Agent {
         }
     }
 
-    /// Checks and repairs `target`; returns the repairs made.
-    async fn check_target(&self, target: Target) -> Result<Vec<Repaired>, Error> {
-        match target {
-            Target::Vm(uid) => self.check_vm(uid).await,
+    /// Checks and repairs `target`; returns the repairs made and the VMs to check next (those
+    /// behind a repaired VM, see the module docs).
+    async fn check_target(&self, target: Target) -> Result<(Vec<Repaired>, Vec<u32>), Error> {
+        let done = match target {
+            Target::Vm(uid) => return self.check_vm(uid).await,
             Target::Host => {
                 self.yield_to_api().await;
                 let _kernel = self.kernel.lock_checking("notification: host state").await;
@@ -229,7 +219,7 @@ impl Agent {
             Target::Proxies => self.check_proxies().await,
             Target::PoolTables => {
                 let Some(p) = self.pool() else {
-                    return Ok(Vec::new());
+                    return Ok((Vec::new(), Vec::new()));
                 };
                 let drift = p.runtime().audit_now().await;
                 let mut kinds: Vec<ObjectKind> = drift
@@ -256,16 +246,18 @@ impl Agent {
                 }
                 Ok(Vec::new())
             }
-        }
+        };
+        done.map(|d| (d, Vec::new()))
     }
 
     /// The reconcile pass's check of one VM, by user id: under the kernel lock, its stored row
-    /// applied by [`Agent::converge`].
-    async fn check_vm(&self, uid: u32) -> Result<Vec<Repaired>, Error> {
+    /// applied by [`Agent::converge`]. Returns its repairs and, when it had any, the VMs behind
+    /// it (from the rows read to find it).
+    async fn check_vm(&self, uid: u32) -> Result<(Vec<Repaired>, Vec<u32>), Error> {
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
-        let Some(id) = rows.into_iter().find(|r| r.user_id == uid).map(|r| r.id) else {
+        let Some(id) = rows.iter().find(|r| r.user_id == uid).map(|r| r.id.clone()) else {
             // Not a stored VM's (one being removed, or an orphan for the pass's collection).
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         };
         self.yield_to_api().await;
         let _kernel = self
@@ -273,16 +265,24 @@ impl Agent {
             .lock_checking(format!("notification: vm {id}"))
             .await;
         let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, &id).await)? else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         };
         if row.user_id != uid {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
-        Ok(self
+        let done: Vec<Repaired> = self
             .converge(&row, Trigger::Notification)
             .await?
             .into_iter()
-            .collect())
+            .collect();
+        // The VMs routing via this one's mesh address resolved their routes against it while
+        // it was broken (an `unreachable` guard in their tables): checked next.
+        let behind = if done.is_empty() {
+            Vec::new()
+        } else {
+            behind_gateway(&rows, uid)
+        };
+        Ok((done, behind))
     }
 
     /// Every stored VM's proxy entries on the uplink, checked and repaired by the driver's
