@@ -1,19 +1,20 @@
 //! Applying one VM plan: create in one pass, or observe → diff → ordered changes made in place
 //! (links, fixed parts, routes and rules, nft), with rollback of routes and rules.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use futures::future::try_join_all;
 use rtnetlink::Handle;
 use vmnet_plan::ns::VmPlan;
+use vmnet_plan::ns::diff::{RouteOp, WantRoutes, route_ops};
 
 use super::create::create;
 use super::driver::NetlinkNsDriver;
 use super::links::{configure_fixed, fixed_drift, link_fixes, repair_links};
-use super::observe::{self, Desired, VmState};
+use super::observe::{self, VmState};
 use super::routes::{self, KRoute};
-use super::rules::{self, KRule};
+use super::rules;
 use super::{Change, NsError, Side, inns, public, tc};
 use crate::netns;
 
@@ -151,7 +152,10 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
         changes.push(Change::Repair { what });
     }
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
-    route_changes(&want, &st, &mut changes);
+    let names = link_names(&st);
+    for step in route_ops(&want, st.routes()) {
+        changes.extend(route_changes(&step, &names));
+    }
     changes.extend(super::guestneigh::drift(plan, &st.tap_neigh));
     changes.extend(super::activity::drift(d, plan, &ns, &st.ns_links).await?);
     changes.extend(super::guard::drift(d, plan, &ns, &st.ns_links).await?);
@@ -238,7 +242,7 @@ async fn restore(
     before: &VmState,
 ) -> Result<(), NsError> {
     let now = observe::observe_vm(d, plan, ns).await?;
-    let want = Desired {
+    let want = WantRoutes {
         ns_routes: before
             .ns_routes
             .iter()
@@ -264,122 +268,63 @@ fn onlink_guess(r: &KRoute) -> bool {
         && matches!(r.kind, routes::KKind::Via { gw: IpAddr::V6(g), .. } if vmnet_model::vm::MESH_RANGE.contains(&g))
 }
 
-fn route_changes(want: &Desired, st: &VmState, out: &mut Vec<Change>) {
-    let [host_names, ns_names] = link_names(st);
-    for (side, w, have, names) in [
-        (Side::Host, &want.host_routes, &st.host_routes, &host_names),
-        (Side::Vm, &want.ns_routes, &st.ns_routes, &ns_names),
-    ] {
-        for r in have.iter().filter(|r| !w.contains_key(*r)) {
-            out.push(Change::DelRoute(side, r.describe(names)));
-        }
-        for r in w.keys().filter(|r| !have.contains(*r)) {
-            out.push(Change::AddRoute(side, r.describe(names)));
-        }
-    }
-    for (side, w, have) in [
-        (Side::Host, &want.host_rules, &st.host_rules),
-        (Side::Vm, &want.ns_rules, &st.ns_rules),
-    ] {
-        for r in have.difference(w) {
-            out.push(Change::DelRule(side, r.to_string()));
-        }
-        for r in w.difference(have) {
-            out.push(Change::AddRule(side, r.to_string()));
-        }
-    }
+/// The changes the route operations `ops` are, with link names.
+pub(super) fn route_changes(ops: &[RouteOp], names: &[HashMap<u32, String>; 2]) -> Vec<Change> {
+    ops.iter()
+        .map(|op| {
+            let side = op.side();
+            let what = op.describe(&names[usize::from(side == Side::Vm)]);
+            match op {
+                RouteOp::DelRule(..) => Change::DelRule(side, what),
+                RouteOp::DelRoute(..) => Change::DelRoute(side, what),
+                RouteOp::AddRoute { .. } => Change::AddRoute(side, what),
+                RouteOp::AddRule(..) => Change::AddRule(side, what),
+            }
+        })
+        .collect()
 }
 
-type RouteSide<'a> = (
-    Side,
-    &'a Handle,
-    &'a BTreeMap<KRoute, bool>,
-    &'a BTreeSet<KRoute>,
-    &'a str,
-);
-type RuleSide<'a> = (
-    Side,
-    &'a Handle,
-    &'a BTreeSet<KRule>,
-    &'a BTreeSet<KRule>,
-    &'a str,
-);
-
-/// Makes routes and rules on both sides equal to `want`: stale ones deleted first (so a changed
-/// destination never has two routes), then missing ones added, rules last.
+/// Makes routes and rules on both sides equal to `want` with the operations of
+/// [`route_ops`], step by step; the requests of one step run concurrently.
 pub(super) async fn sync_routes(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     ns: &Handle,
-    want: &Desired,
+    want: &WantRoutes,
     st: &VmState,
     changes: &mut Vec<Change>,
 ) -> Result<(), NsError> {
-    let w = plan.netns.as_str();
-    let route_sides: [RouteSide<'_>; 2] = [
-        (
-            Side::Host,
-            &d.host,
-            &want.host_routes,
-            &st.host_routes,
-            "host",
-        ),
-        (Side::Vm, ns, &want.ns_routes, &st.ns_routes, w),
-    ];
-    let rule_sides: [RuleSide<'_>; 2] = [
-        (Side::Vm, ns, &want.ns_rules, &st.ns_rules, w),
-        (
-            Side::Host,
-            &d.host,
-            &want.host_rules,
-            &st.host_rules,
-            "host",
-        ),
-    ];
-    // Order: stale rules, stale routes, missing routes, missing rules — so no rule ever selects a
-    // half-filled table. Within a step the requests are independent and run concurrently.
     let names = link_names(st);
-    let mut steps: Vec<futures::future::BoxFuture<'_, Result<(), NsError>>> = Vec::new();
-    for (side, h, wr, have, label) in rule_sides {
-        for r in have.difference(wr) {
-            changes.push(Change::DelRule(side, r.to_string()));
-            steps.push(Box::pin(rules::del_rule(h, r, label)));
-        }
+    for step in route_ops(want, st.routes()) {
+        changes.extend(route_changes(&step, &names));
+        try_join_all(step.iter().map(|op| {
+            let side = op.side();
+            let (h, label) = match side {
+                Side::Host => (&d.host, "host"),
+                Side::Vm => (ns, plan.netns.as_str()),
+            };
+            run_route_op(h, op, label, &names[usize::from(side == Side::Vm)])
+        }))
+        .await?;
     }
-    try_join_all(steps.drain(..)).await?;
-    for (side, h, wr, have, label) in route_sides {
-        let names = &names[usize::from(side == Side::Vm)];
-        for r in have.iter().filter(|r| !wr.contains_key(*r)) {
-            changes.push(Change::DelRoute(side, r.describe(names)));
-            steps.push(Box::pin(routes::del_route(h, r, label)));
-        }
-    }
-    try_join_all(steps.drain(..)).await?;
-    // Missing routes in two steps: on-link next hops last. The kernel checks an on-link gateway
-    // against the main table: `::/0 table 100 via <mesh> dev <tap> onlink` is refused (EINVAL,
-    // "device mismatch") while the main table routes the mesh address elsewhere (`fdaa::/16 via
-    // … dev <peer>`), i.e. until `<mesh>/128 dev <tap>` exists. A changed mesh address adds both.
-    for onlink_step in [false, true] {
-        for (side, h, wr, have, label) in route_sides {
-            let names = &names[usize::from(side == Side::Vm)];
-            for (r, onlink) in wr
-                .iter()
-                .filter(|(r, o)| **o == onlink_step && !have.contains(*r))
-            {
-                changes.push(Change::AddRoute(side, r.describe(names)));
-                steps.push(Box::pin(routes::add_route(h, r, *onlink, label, names)));
-            }
-        }
-        try_join_all(steps.drain(..)).await?;
-    }
-    for (side, h, wr, have, label) in rule_sides {
-        for r in wr.difference(have) {
-            changes.push(Change::AddRule(side, r.to_string()));
-            steps.push(Box::pin(rules::add_rule(h, r, label)));
-        }
-    }
-    try_join_all(steps).await?;
     Ok(())
+}
+
+/// Sends one route operation over `h` (the side's handle; `label` names the side in errors).
+pub(super) async fn run_route_op(
+    h: &Handle,
+    op: &RouteOp,
+    label: &str,
+    names: &HashMap<u32, String>,
+) -> Result<(), NsError> {
+    match op {
+        RouteOp::DelRule(_, r) => rules::del_rule(h, r, label).await,
+        RouteOp::DelRoute(_, r) => routes::del_route(h, r, label).await,
+        RouteOp::AddRoute { route, onlink, .. } => {
+            routes::add_route(h, route, *onlink, label, names).await
+        }
+        RouteOp::AddRule(_, r) => rules::add_rule(h, r, label).await,
+    }
 }
 
 /// Link names by ifindex, for error messages: `[host, VM netns]`.

@@ -302,22 +302,7 @@ pub struct ObservedVm {
 }
 
 /// Where a change happens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The host netns.
-    Host,
-    /// The VM netns.
-    Vm,
-}
-
-impl fmt::Display for Side {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Host => "host",
-            Self::Vm => "vm",
-        })
-    }
-}
+pub use vmnet_plan::ns::diff::Side;
 
 /// One ordered change the driver made (or, in a drift report, would make).
 #[derive(Debug, Clone, PartialEq, Eq)]

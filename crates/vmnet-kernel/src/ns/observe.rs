@@ -1,14 +1,14 @@
 //! Reading one VM's real state over netlink (and nft), and resolving its plan into the same
 //! kernel form so the two can be diffed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use futures::TryStreamExt;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use rtnetlink::{Handle, IpVersion};
 use vmnet_model::vm::MESH_RANGE;
+use vmnet_plan::ns::diff::{HaveRoutes, WantRoutes};
 use vmnet_plan::ns::{MAIN_TABLE, PlannedRoute, RouteKind, VmPlan, names};
 
 use super::driver::NetlinkNsDriver;
@@ -48,29 +48,15 @@ pub(super) struct VmState {
     pub host_rules: BTreeSet<KRule>,
 }
 
-/// The desired routes (with their on-link flag) and rules, in kernel form.
-#[derive(Debug, Default)]
-pub(super) struct Desired {
-    pub ns_routes: BTreeMap<KRoute, bool>,
-    pub ns_rules: BTreeSet<KRule>,
-    pub host_routes: BTreeMap<KRoute, bool>,
-    pub host_rules: BTreeSet<KRule>,
-}
-
-/// A route with its links as `#<ifindex>` ([`KRoute::describe`] names them).
-impl fmt::Display for KRoute {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.describe(&HashMap::new()))
-    }
-}
-
-impl fmt::Display for KRule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "iif {} lookup {} pref {}",
-            self.iif, self.table, self.priority
-        )
+impl VmState {
+    /// The routes and rules observed, for [`vmnet_plan::ns::diff::route_ops`].
+    pub(super) fn routes(&self) -> HaveRoutes<'_> {
+        HaveRoutes {
+            ns_routes: &self.ns_routes,
+            ns_rules: &self.ns_rules,
+            host_routes: &self.host_routes,
+            host_rules: &self.host_rules,
+        }
     }
 }
 
@@ -253,8 +239,8 @@ pub(super) async fn resolve(
     ns_links: &HashMap<String, KLink>,
     host_link: Option<&KLink>,
     host: &Handle,
-) -> Result<Desired, NsError> {
-    let mut d = Desired::default();
+) -> Result<WantRoutes, NsError> {
+    let mut d = WantRoutes::default();
     for r in &plan.ns_routes {
         let (kind, onlink) = match &r.kind {
             RouteKind::Dev { dev } => (

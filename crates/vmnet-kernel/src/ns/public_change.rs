@@ -16,6 +16,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use futures::future::try_join_all;
+use vmnet_plan::ns::diff::{HaveRoutes, WantRoutes, route_ops};
 use vmnet_plan::ns::{MAIN_TABLE, RouteKind, VmPlan, names};
 
 use super::driver::NetlinkNsDriver;
@@ -101,30 +103,44 @@ fn planned_through(plan: &VmPlan, link: &KLink) -> BTreeMap<KRoute, bool> {
         .collect()
 }
 
-/// Makes the host's main-table routes through the VM's host veth what the plan says: stale ones
-/// deleted first, then missing ones added.
+/// Makes the host's main-table routes through the VM's host veth what the plan says, with the
+/// operations of the same comparison as a full apply ([`route_ops`]) given only the host's
+/// routes through the link.
 async fn sync_host_routes(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     link: &KLink,
     changes: &mut Vec<Change>,
 ) -> Result<(), NsError> {
-    let want = planned_through(plan, link);
-    let have: BTreeSet<KRoute> = d
+    let want = WantRoutes {
+        host_routes: planned_through(plan, link),
+        ..WantRoutes::default()
+    };
+    let host_routes: BTreeSet<KRoute> = d
         .route_cache
         .through(link.index)
         .await?
         .into_iter()
         .filter(|r| r.table == MAIN_TABLE)
         .collect();
-    let names = HashMap::from([(link.index, link.name.clone())]);
-    for r in have.iter().filter(|r| !want.contains_key(*r)) {
-        routes::del_route(&d.host, r, "host").await?;
-        changes.push(Change::DelRoute(super::Side::Host, r.describe(&names)));
-    }
-    for (r, onlink) in want.iter().filter(|(r, _)| !have.contains(*r)) {
-        routes::add_route(&d.host, r, *onlink, "host", &names).await?;
-        changes.push(Change::AddRoute(super::Side::Host, r.describe(&names)));
+    let (no_routes, no_rules) = (BTreeSet::new(), BTreeSet::new());
+    let have = HaveRoutes {
+        ns_routes: &no_routes,
+        ns_rules: &no_rules,
+        host_routes: &host_routes,
+        host_rules: &no_rules,
+    };
+    let names = [
+        HashMap::from([(link.index, link.name.clone())]),
+        HashMap::new(),
+    ];
+    for step in route_ops(&want, have) {
+        try_join_all(
+            step.iter()
+                .map(|op| apply::run_route_op(&d.host, op, "host", &names[0])),
+        )
+        .await?;
+        changes.extend(apply::route_changes(&step, &names));
     }
     Ok(())
 }

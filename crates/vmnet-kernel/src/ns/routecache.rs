@@ -41,7 +41,7 @@ use vmnet_plan::ns::MAIN_TABLE;
 
 use super::NsError;
 use super::host::HostNs;
-use super::routes::{self, KKind, KRoute};
+use super::routes::{self, KKind, KRoute, RouteMsg};
 use super::rulecache::round_trip;
 use crate::netns;
 

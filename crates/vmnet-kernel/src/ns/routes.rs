@@ -20,29 +20,8 @@ use rtnetlink::{Handle, IpVersion};
 
 use super::NsError;
 
-/// A route with interfaces resolved to indexes, the form compared against observed routes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(super) struct KRoute {
-    pub table: u32,
-    pub dst: IpNet,
-    pub kind: KKind,
-    /// The route metric (`RTA_PRIORITY`): the kernel's default 1024 for IPv6, 0 for IPv4.
-    pub metric: u32,
-}
-
-/// The metric of the `unreachable` guard installed next to each mesh-via route, so that when
-/// the gateway's route goes away (its veth deleted) the destination stays unreachable instead of
-/// falling through to the host's main table and the uplink.
-pub(super) const GUARD_METRIC: u32 = 0xffff_0000;
-
-/// What a [`KRoute`] does.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(super) enum KKind {
-    Dev { oif: u32 },
-    Via { gw: IpAddr, oif: u32 },
-    Throw,
-    Unreachable,
-}
+pub(super) use vmnet_plan::ns::diff::kform::describe_kind;
+pub(super) use vmnet_plan::ns::diff::{GUARD_METRIC, KKind, KRoute};
 
 /// The positive errno of a netlink error, if it is one.
 pub(super) use crate::netlink::errno;
@@ -53,20 +32,17 @@ pub(super) fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Ns
     move |source| NsError::Netlink { what, source }
 }
 
-impl KRoute {
-    /// A route with the kernel's default metric for its family.
-    pub(super) fn new(table: u32, dst: IpNet, kind: KKind) -> Self {
-        let metric = if dst.addr().is_ipv6() { 1024 } else { 0 };
-        Self {
-            table,
-            dst,
-            kind,
-            metric,
-        }
-    }
-
+/// A route's netlink form: the message that adds or deletes it, and the route a dumped message
+/// holds.
+pub(super) trait RouteMsg: Sized {
     /// The netlink message adding (or deleting) this route; `onlink` marks the next hop on-link.
-    pub(super) fn to_message(&self, onlink: bool) -> RouteMessage {
+    fn to_message(&self, onlink: bool) -> RouteMessage;
+    /// The route in a dumped message, if it is one of the kinds we make (static protocol).
+    fn from_message(m: &RouteMessage) -> Option<Self>;
+}
+
+impl RouteMsg for KRoute {
+    fn to_message(&self, onlink: bool) -> RouteMessage {
         let mut m = RouteMessage::default();
         m.header.address_family = match self.dst {
             IpNet::V4(_) => AddressFamily::Inet,
@@ -108,8 +84,7 @@ impl KRoute {
         m
     }
 
-    /// The route in a dumped message, if it is one of the kinds we make (static protocol).
-    pub(super) fn from_message(m: &RouteMessage) -> Option<Self> {
+    fn from_message(m: &RouteMessage) -> Option<Self> {
         if m.header.protocol != RouteProtocol::Static {
             return None;
         }
@@ -216,39 +191,6 @@ pub(super) async fn add_route(
             r.table,
             describe_kind(&r.kind, onlink, names)
         )))
-}
-
-impl KRoute {
-    /// The route in `ip route` words with link names where `names` knows them (`#<ifindex>`
-    /// otherwise), as drift reports and events show it:
-    /// `10.200.0.28/30 table 254 metric 0 dev vmh0007`.
-    pub(super) fn describe(&self, names: &HashMap<u32, String>) -> String {
-        format!(
-            "{} table {} metric {} {}",
-            self.dst,
-            self.table,
-            self.metric,
-            describe_kind(&self.kind, false, names)
-        )
-    }
-}
-
-/// What a route does, in `ip route` words with link names (`#<ifindex>` for a link not in
-/// `names`): `dev tap0`, `via fdaa:2::2 dev tap0 onlink`, `throw`, `unreachable`.
-pub(super) fn describe_kind(kind: &KKind, onlink: bool, names: &HashMap<u32, String>) -> String {
-    let dev = |oif: &u32| names.get(oif).cloned().unwrap_or_else(|| format!("#{oif}"));
-    match kind {
-        KKind::Dev { oif } => format!("dev {}", dev(oif)),
-        KKind::Via { gw, oif } => {
-            format!(
-                "via {gw} dev {}{}",
-                dev(oif),
-                if onlink { " onlink" } else { "" }
-            )
-        }
-        KKind::Throw => "throw".to_owned(),
-        KKind::Unreachable => "unreachable".to_owned(),
-    }
 }
 
 /// Deletes a route; a route that is already gone is fine.
@@ -481,39 +423,6 @@ mod tests {
             KRoute::from_message(&m),
             None,
             "only our static routes are read back"
-        );
-    }
-
-    #[test]
-    fn route_kinds_are_described_with_link_names() {
-        let names = HashMap::from([(2, "fu1t00c8".to_owned())]);
-        let via = KKind::Via {
-            gw: "fdaa:2::2".parse().unwrap(),
-            oif: 2,
-        };
-        assert_eq!(
-            describe_kind(&via, true, &names),
-            "via fdaa:2::2 dev fu1t00c8 onlink"
-        );
-        assert_eq!(
-            describe_kind(&KKind::Dev { oif: 9 }, false, &names),
-            "dev #9"
-        );
-        assert_eq!(describe_kind(&KKind::Throw, false, &names), "throw");
-        let r = KRoute {
-            table: 254,
-            dst: "10.200.0.28/30".parse().unwrap(),
-            kind: KKind::Dev { oif: 2 },
-            metric: 0,
-        };
-        assert_eq!(
-            r.describe(&names),
-            "10.200.0.28/30 table 254 metric 0 dev fu1t00c8"
-        );
-        assert_eq!(
-            r.describe(&HashMap::new()),
-            "10.200.0.28/30 table 254 metric 0 dev #2",
-            "a link the caller does not know keeps its index"
         );
     }
 }

@@ -10,13 +10,7 @@ use super::NsError;
 use super::routes::nl;
 use crate::netlink::errno;
 
-/// A rule `iif <iif> lookup <table> pref <priority>` (IPv6).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(super) struct KRule {
-    pub iif: String,
-    pub table: u32,
-    pub priority: u32,
-}
+pub(super) use vmnet_plan::ns::diff::KRule;
 
 fn rule_message(r: &KRule) -> RuleMessage {
     let mut m = RuleMessage::default();

@@ -59,6 +59,7 @@
 
 pub mod activity;
 mod build;
+pub mod diff;
 pub mod firewall;
 pub mod guard;
 pub mod limits;
