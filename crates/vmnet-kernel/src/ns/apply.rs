@@ -1,5 +1,6 @@
 //! Applying one VM plan: create in one pass, or observe → diff → ordered changes made in place
-//! (links, fixed parts, routes and rules, nft), with rollback of routes and rules.
+//! (links, fixed parts, routes and rules, nft), with rollback of routes and rules. A drift
+//! report runs the same steps ([`converge`] in report mode): it lists what a repair would do.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -117,11 +118,11 @@ async fn repair_and_converge(
 ) -> Result<(), NsError> {
     let fixed = repair_links(d, plan, ns, before).await?;
     if fixed.is_empty() {
-        return converge(d, plan, ns, before, changes).await;
+        return converge(d, plan, ns, before, Mode::Repair, changes).await;
     }
     changes.extend(fixed);
     let now = observe::observe_vm(d, plan, ns).await?;
-    converge(d, plan, ns, &now, changes).await
+    converge(d, plan, ns, &now, Mode::Repair, changes).await
 }
 
 /// The changes [`apply`] would make, without making them.
@@ -148,24 +149,7 @@ pub(super) async fn drift(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<Vec<Chan
         changes.extend(fixes.into_iter().map(|f| f.change(plan)));
         return Ok(changes);
     }
-    if let Some(what) = fixed_drift(plan, &st) {
-        changes.push(Change::Repair { what });
-    }
-    let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
-    let names = link_names(&st);
-    for step in route_ops(&want, st.routes()) {
-        changes.extend(route_changes(&step, &names));
-    }
-    changes.extend(super::guestneigh::drift(plan, &st.tap_neigh));
-    changes.extend(super::activity::drift(d, plan, &ns, &st.ns_links).await?);
-    changes.extend(super::guard::drift(d, plan, &ns, &st.ns_links).await?);
-    if !st.nft_drift.is_empty() {
-        changes.push(Change::ReplaceNft {
-            fingerprint: plan.nft_fingerprint.clone(),
-            differences: st.nft_drift.clone(),
-        });
-    }
-    changes.extend(tc::sync(&ns, plan, &st.ns_links, true).await?.0);
+    converge(d, plan, &ns, &st, Mode::Report, &mut changes).await?;
     for what in public::drift(d, plan)? {
         changes.push(Change::Repair {
             what: format!("host: {what}"),
@@ -185,52 +169,90 @@ pub(super) fn check_prefix(d: &NetlinkNsDriver, plan: &VmPlan) -> Result<(), NsE
     Ok(())
 }
 
-/// Converges an existing VM: fixed parts, the guest guard, routes and rules, then nft.
+/// Whether [`converge`] makes what it finds differing or only reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Make the changes (an apply, a repair).
+    Repair,
+    /// Describe them (a drift report).
+    Report,
+}
+
+/// Converges an existing VM whose links are as planned: fixed parts, the guest guard, routes
+/// and rules, the guest's neighbour entries, nft, tc, packet activity. Each step compares once
+/// and either makes its changes or, in a report, only lists them: a drift report is what a
+/// repair of the same state would do.
 async fn converge(
     d: &NetlinkNsDriver,
     plan: &VmPlan,
     ns: &Handle,
     st: &VmState,
+    mode: Mode,
     changes: &mut Vec<Change>,
 ) -> Result<(), NsError> {
+    let repair = mode == Mode::Repair;
     if let Some(what) = fixed_drift(plan, st) {
-        configure_fixed(d, plan, ns, st).await?;
-        let sysctls = [plan.ns_sysctls.as_slice(), plan.tap_sysctls.as_slice()].concat();
-        let name = plan.netns.clone();
-        netns::run_in(&plan.netns, move || inns::write_sysctls(&name, &sysctls))??;
+        if repair {
+            configure_fixed(d, plan, ns, st).await?;
+            let sysctls = [plan.ns_sysctls.as_slice(), plan.tap_sysctls.as_slice()].concat();
+            let name = plan.netns.clone();
+            netns::run_in(&plan.netns, move || inns::write_sysctls(&name, &sysctls))??;
+        }
         changes.push(Change::Repair { what });
     }
     // The guard before the table: a table that drops unmarked packets never goes in before
     // the program that marks them runs on the tap.
-    changes.extend(super::guard::sync(d, plan, ns, &st.ns_links).await?);
+    changes.extend(match mode {
+        Mode::Repair => super::guard::sync(d, plan, ns, &st.ns_links).await?,
+        Mode::Report => super::guard::drift(d, plan, ns, &st.ns_links).await?,
+    });
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
-    sync_routes(d, plan, ns, &want, st, changes).await?;
-    if let Some(tap) = st.ns_links.get(&plan.tap.name) {
-        // A fixed-state repair may have brought the tap up again, which flushes its entries.
-        let seen = if changes.iter().any(|c| matches!(c, Change::Repair { .. })) {
-            super::guestneigh::observe(ns, tap.index, &plan.netns).await?
-        } else {
-            st.tap_neigh.clone()
-        };
-        changes.extend(super::guestneigh::sync(ns, plan, tap.index, &seen).await?);
+    if repair {
+        sync_routes(d, plan, ns, &want, st, changes).await?;
+    } else {
+        let names = link_names(st);
+        for step in route_ops(&want, st.routes()) {
+            changes.extend(route_changes(&step, &names));
+        }
+    }
+    match (mode, st.ns_links.get(&plan.tap.name)) {
+        (Mode::Repair, Some(tap)) => {
+            // A fixed-state repair may have brought the tap up again, which flushes its
+            // entries.
+            let seen = if changes.iter().any(|c| matches!(c, Change::Repair { .. })) {
+                super::guestneigh::observe(ns, tap.index, &plan.netns).await?
+            } else {
+                st.tap_neigh.clone()
+            };
+            changes.extend(super::guestneigh::sync(ns, plan, tap.index, &seen).await?);
+        }
+        (Mode::Report, _) => changes.extend(super::guestneigh::drift(plan, &st.tap_neigh)),
+        (Mode::Repair, None) => {}
     }
     if !st.nft_drift.is_empty() {
-        if st.nft_applied.as_deref() == Some(plan.nft_shape.as_str()) {
-            tracing::warn!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table not as planned; replacing it");
-        } else {
-            // Made from another plan: the VM's config changed (or an older agent made it).
-            tracing::info!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table of an earlier plan; replacing it");
+        if repair {
+            if st.nft_applied.as_deref() == Some(plan.nft_shape.as_str()) {
+                tracing::warn!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table not as planned; replacing it");
+            } else {
+                // Made from another plan: the VM's config changed (or an older agent made it).
+                tracing::info!(vm = %plan.vm_id, differences = ?st.nft_drift, "nft table of an earlier plan; replacing it");
+            }
+            super::firewall::replace_table(d, plan)?;
         }
-        super::firewall::replace_table(d, plan)?;
         changes.push(Change::ReplaceNft {
             fingerprint: plan.nft_fingerprint.clone(),
             differences: st.nft_drift.clone(),
         });
     }
-    let (tc_changes, counters) = tc::sync(ns, plan, &st.ns_links, false).await?;
+    let (tc_changes, counters) = tc::sync(ns, plan, &st.ns_links, !repair).await?;
     changes.extend(tc_changes);
-    d.tc_counters.keep(plan.user_id, counters);
-    changes.extend(super::activity::sync(d, plan, ns, &st.ns_links).await?);
+    if repair {
+        d.tc_counters.keep(plan.user_id, counters);
+    }
+    changes.extend(match mode {
+        Mode::Repair => super::activity::sync(d, plan, ns, &st.ns_links).await?,
+        Mode::Report => super::activity::drift(d, plan, ns, &st.ns_links).await?,
+    });
     Ok(())
 }
 
