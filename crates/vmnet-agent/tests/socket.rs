@@ -248,6 +248,35 @@ async fn heads_the_http_layer_refuses_are_answered_bare_as_documented() {
     task.abort();
 }
 
+/// A client that sends its whole request and then shuts down its sending side (as `nc -N`
+/// does) still gets the request carried out and its answer.
+#[tokio::test]
+async fn a_request_followed_by_a_half_close_is_answered() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let h = Harness::new().await;
+    let sock = h.dir.join("vmnet.sock");
+    let task = serve(&h, &sock).await;
+    let body = r#"{"id":"half","user_id":9,"tenant":0}"#;
+    let request = format!(
+        "PUT /v1/vms/half HTTP/1.1\r\nHost: vmnet\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut got))
+        .await
+        .expect("answered within 5 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&got);
+    assert!(answer.starts_with("HTTP/1.1 20"), "{answer}");
+    let (status, _) = h.call(axum::http::Method::GET, "/v1/vms/half", None).await;
+    assert_eq!(status, axum::http::StatusCode::OK, "the VM is stored");
+    task.abort();
+}
+
 /// Clients that open connections and send nothing cannot use up the agent: past the cap a new
 /// connection is closed at accept, an idle one is closed once its header time is up, and then
 /// the agent answers again. (Small bounds here; the agent's are `server::MAX_CONNECTIONS` and

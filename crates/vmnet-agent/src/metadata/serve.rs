@@ -179,6 +179,8 @@ pub fn serve(listener: tokio::net::TcpListener, meta: Arc<VmMeta>) -> JoinHandle
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(Duration::from_secs(limits::HEADER_TIMEOUT_SECS))
+                    // A client that shuts down its sending side after its request still gets the answer.
+                    .half_close(true)
                     .max_buf_size(16 * 1024)
                     .serve_connection(TokioIo::new(stream), svc);
                 tokio::pin!(conn);

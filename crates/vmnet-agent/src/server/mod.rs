@@ -309,6 +309,8 @@ pub async fn serve_with(
             hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
+                // A client that shuts down its sending side after its request still gets the answer.
+                .half_close(true)
                 .serve_connection(TokioIo::new(stream), svc)
         };
         let watched = graceful.watch(conn);

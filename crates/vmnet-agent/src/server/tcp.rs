@@ -75,6 +75,8 @@ pub async fn serve(
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
+                // A client that shuts down its sending side after its request still gets the answer.
+                .half_close(true)
                 .max_buf_size(16 * 1024)
                 .serve_connection(TokioIo::new(stream), svc);
             tokio::pin!(conn);
