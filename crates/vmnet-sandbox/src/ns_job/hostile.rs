@@ -1,5 +1,6 @@
 //! The hostile-guest checks of `vmnet-lab up --sandbox`: from one simulated guest (the first VM with
-//! a mesh address and IPv4 and IPv6 routes via host: `vm-gateway` in `examples/host.json`),
+//! a mesh address and IPv4 and IPv6 routes via host: `vm-gateway` in `examples/host.json`; they
+//! run when the spec has a second VM with a mesh address, the mesh spoof's victim),
 //! raw frames a guest root in its VM could send, each looked for where it would arrive
 //! ([`crate::hostile`]) beside honest frames that must arrive, and the guest guard's drop
 //! counters (`GET /v1/vms/{id}`, `guard_drops`) read before and after.
@@ -46,8 +47,14 @@ const PORTS: (u16, u16) = (40000, 9);
 /// The guest that attacks: the first VM with a mesh address and IPv4 and IPv6 routes via host.
 #[must_use]
 pub fn attacker(vms: &[VmConfig]) -> Option<&VmConfig> {
+    let a = vms
+        .iter()
+        .find(|v| v.mesh_ipv6.is_some() && v.ipv4_via_host() && v.default_v6_via_host())?;
+    // The mesh spoof needs a victim: another VM with a mesh address. Without one (a spec of a
+    // single VM) the checks do not run.
     vms.iter()
-        .find(|v| v.mesh_ipv6.is_some() && v.ipv4_via_host() && v.default_v6_via_host())
+        .any(|v| v.id != a.id && v.mesh_ipv6.is_some())
+        .then_some(a)
 }
 
 async fn view(client: &Client, id: &str) -> Result<VmView, String> {
@@ -275,4 +282,29 @@ async fn checks(
         ));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vm(id: &str, uid: u32, mesh: Option<&str>) -> VmConfig {
+        let mut v = serde_json::json!({"id": id, "user_id": uid, "tenant": 1});
+        if let Some(m) = mesh {
+            v["mesh_ipv6"] = m.into();
+            v["network"] = serde_json::json!({"routes": [
+                {"destination": "0.0.0.0/0", "via": "host"}, {"destination": "::/0", "via": "host"}]});
+        }
+        serde_json::from_value(v).expect("config")
+    }
+
+    #[test]
+    fn the_checks_run_only_with_a_victim_on_the_mesh() {
+        let a = vm("a", 1, Some("fdaa:1::1"));
+        assert!(attacker(std::slice::from_ref(&a)).is_none(), "one VM");
+        let no_mesh = vm("b", 2, None);
+        assert!(attacker(&[a.clone(), no_mesh]).is_none());
+        let b = vm("b", 2, Some("fdaa:1::2"));
+        assert_eq!(attacker(&[a, b]).map(|v| v.id.as_str()), Some("a"));
+    }
 }
