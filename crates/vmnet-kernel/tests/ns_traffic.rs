@@ -276,6 +276,20 @@ async fn mesh_between_guests_and_gateway_vm_route() {
             .is_none()
     );
     drop(svc);
+
+    // The client's route via the gateway deleted from its host table by hand: the drift report
+    // names the gateway's host veth end it routes through (another VM's link), not its index.
+    let table = (env.settings.host_table_base + 0x11).to_string();
+    env.host_ip(&["-6", "route", "del", "2000::/3", "table", &table]);
+    let drift = env.driver.drift(&client).await.unwrap();
+    let gw_veth = &gw.veth.as_ref().unwrap().host_name;
+    assert!(
+        drift.iter().any(|c| matches!(c, Change::AddRoute(_, what)
+            if what.starts_with("2000::/3 ") && what.ends_with(&format!("dev {gw_veth}")))),
+        "{drift:?}"
+    );
+    env.driver.apply(&client).await.expect("repair");
+    assert!(env.driver.drift(&client).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

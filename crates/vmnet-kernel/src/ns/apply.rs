@@ -207,12 +207,13 @@ async fn converge(
         Mode::Report => super::guard::drift(d, plan, ns, &st.ns_links).await?,
     });
     let want = observe::resolve(plan, &st.ns_links, st.host_link.as_ref(), &d.host).await?;
+    let steps = route_ops(&want, st.routes());
+    let names = named_links(d, ns, st, &steps).await;
     if repair {
-        sync_routes(d, plan, ns, &want, st, changes).await?;
+        run_route_steps(d, plan, ns, steps, &names, changes).await?;
     } else {
-        let names = link_names(st);
-        for step in route_ops(&want, st.routes()) {
-            changes.extend(route_changes(&step, &names));
+        for step in &steps {
+            changes.extend(route_changes(step, &names));
         }
     }
     match (mode, st.ns_links.get(&plan.tap.name)) {
@@ -316,9 +317,21 @@ pub(super) async fn sync_routes(
     st: &VmState,
     changes: &mut Vec<Change>,
 ) -> Result<(), NsError> {
-    let names = link_names(st);
-    for step in route_ops(want, st.routes()) {
-        changes.extend(route_changes(&step, &names));
+    let steps = route_ops(want, st.routes());
+    run_route_steps(d, plan, ns, steps, &link_names(st), changes).await
+}
+
+/// Runs the route operations `steps` in order, the requests of one step concurrently.
+async fn run_route_steps(
+    d: &NetlinkNsDriver,
+    plan: &VmPlan,
+    ns: &Handle,
+    steps: Vec<Vec<RouteOp>>,
+    names: &[HashMap<u32, String>; 2],
+    changes: &mut Vec<Change>,
+) -> Result<(), NsError> {
+    for step in steps {
+        changes.extend(route_changes(&step, names));
         try_join_all(step.iter().map(|op| {
             let side = op.side();
             let (h, label) = match side {
@@ -330,6 +343,37 @@ pub(super) async fn sync_routes(
         .await?;
     }
     Ok(())
+}
+
+/// [`link_names`], plus the name of every other link an operation of `steps` routes through
+/// (another VM's host veth end, the uplink), asked of the kernel by index: only when there is
+/// something to change, so that a repair names its devices. A link the kernel does not know
+/// keeps its index.
+async fn named_links(
+    d: &NetlinkNsDriver,
+    ns: &Handle,
+    st: &VmState,
+    steps: &[Vec<RouteOp>],
+) -> [HashMap<u32, String>; 2] {
+    let mut names = link_names(st);
+    for op in steps.iter().flatten() {
+        let (RouteOp::DelRoute(side, r) | RouteOp::AddRoute { side, route: r, .. }) = op else {
+            continue;
+        };
+        let (routes::KKind::Dev { oif } | routes::KKind::Via { oif, .. }) = r.kind else {
+            continue;
+        };
+        let (h, known) = match side {
+            Side::Host => (&d.host, &mut names[0]),
+            Side::Vm => (ns, &mut names[1]),
+        };
+        if !known.contains_key(&oif)
+            && let Ok(Some(l)) = routes::link_by_index(h, oif).await
+        {
+            known.insert(oif, l.name);
+        }
+    }
+    names
 }
 
 /// Sends one route operation over `h` (the side's handle; `label` names the side in errors).
