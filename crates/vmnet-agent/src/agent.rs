@@ -344,9 +344,15 @@ impl Agent {
         let plan = self.plan(&cfg)?;
         let json = encode(&cfg)?;
         let later = format!("GET /v1/vms/{}", cfg.id);
-        self.bounded(format!("PUT vm {}", cfg.id), &later, move |me| async move {
-            me.put_locked(cfg, plan, json).await
-        })
+        // The VM's netns is quiet before the apply may make it; its earlier user ids' are
+        // added once its row is read.
+        let spaces = self.vm_spaces([cfg.user_id]);
+        self.bounded(
+            format!("PUT vm {}", cfg.id),
+            &later,
+            spaces,
+            move |me| async move { me.put_locked(cfg, plan, json).await },
+        )
         .await
     }
 
@@ -372,6 +378,12 @@ impl Agent {
                 .transpose()?,
             None => None,
         };
+        // A changed user id removes the old one's netns, and a failed apply re-applies it.
+        if let Some(b) = &before {
+            let old = prev_good.as_ref().map(|p| p.user_id);
+            self.kernel
+                .quiet_also(self.vm_spaces(std::iter::once(b.user_id).chain(old)));
+        }
         // A config that differs from the applied one in one kind of field only changes just
         // that ([`change::Kind`]); anything else, or a VM whose last apply failed, is a full apply.
         let in_sync = before.as_ref().is_some_and(|b| b.last_error.is_none());
@@ -483,9 +495,14 @@ impl Agent {
     pub async fn delete_vm(self: &Arc<Self>, id: &str) -> Result<VmView, Error> {
         let owned = id.to_owned();
         let later = format!("GET /v1/vms/{id}");
-        self.bounded(format!("DELETE vm {id}"), &later, move |me| async move {
-            me.delete_locked(&owned).await
-        })
+        // Only the host until the row names the VM's user ids.
+        let spaces = self.vm_spaces([]);
+        self.bounded(
+            format!("DELETE vm {id}"),
+            &later,
+            spaces,
+            move |me| async move { me.delete_locked(&owned).await },
+        )
         .await
     }
 
@@ -502,6 +519,7 @@ impl Agent {
                 uids.push(applied.user_id);
             }
         }
+        self.kernel.quiet_also(self.vm_spaces(uids.iter().copied()));
         self.mesh_vm_down(&view.config).await;
         if let Some(a) = row.applied.as_deref()
             && let Ok(applied) = decode(&row, a, "applied")

@@ -130,9 +130,13 @@ impl Agent {
                 continue;
             }
             self.yield_to_api().await;
+            // The audit replaces the VM's netns table and nothing in the host.
             let _kernel = self
                 .kernel
-                .lock(format!("firewall audit: vm {}", row.id))
+                .lock(
+                    format!("firewall audit: vm {}", row.id),
+                    [Some(plan.netns.clone())],
+                )
                 .await;
             self.pass_progress();
             tables += 1;

@@ -12,10 +12,17 @@
 //!   the VM's status when it ends, and the lock is free again then.
 //! - `GET /v1/status` shows the deadline, what holds the lock now and for how long, and the
 //!   changes that ran out of time ([`KernelStatus`]).
-//! - While the lock is held, the kernel's change notifications of what the holder changes are
-//!   its own: the lock holds a [`Quiet`] of the driver's watcher ([`crate::watch`])
-//!   ([`KernelGate::lock`]), and releasing the lock discards what the change caused (the
-//!   `Quiet` drops before the lock is released). A check on a notification quiets nothing
+//! - While the lock is held, the kernel's change notifications of the namespaces the holder
+//!   changes are its own: the lock holds a [`Quiet`] of the driver's watcher ([`crate::watch`])
+//!   naming them ([`KernelGate::lock`]), and releasing the lock discards what the change caused
+//!   (the `Quiet` drops before the lock is released). The notifications of every other
+//!   namespace are kept, so a foreign change in another VM's netns is checked at once, after
+//!   the holder. A VM change names the host and the VM's netns ([`Agent::vm_spaces`]): the
+//!   host side of every VM (host veth end, routes, rules, proxy entries, host nft) is in the
+//!   host namespace, whose notifications are then discarded whichever VM they were for. A
+//!   holder that reads under the lock which VMs it changes (the stored row of a PUT, a DELETE
+//!   or a pass's step; the VMs garbage collection may remove) names them before changing them
+//!   ([`KernelGate::quiet_also`]). A check on a notification quiets nothing
 //!   ([`KernelGate::lock_checking`]).
 
 use std::future::Future;
@@ -24,8 +31,11 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
+use vmnet_ipam::vm_store::VmRow;
 use vmnet_kernel::watch::{Quiet, Watcher};
 use vmnet_model::Error;
+use vmnet_model::vm::parse_vm_config;
+use vmnet_plan::ns::{NameKind, name, parse_uid};
 
 use super::Agent;
 pub use crate::status::KernelStatus;
@@ -50,6 +60,8 @@ pub struct KernelGate {
     deadline: StdMutex<Duration>,
     /// The driver's notification watcher, when it has one.
     watcher: Option<Watcher>,
+    /// The holder's [`Quiet`], when it quiets anything.
+    quiet: Arc<StdMutex<Option<Quiet>>>,
 }
 
 impl Default for KernelGate {
@@ -61,9 +73,9 @@ impl Default for KernelGate {
 /// The kernel lock, held; what held it is forgotten when it drops.
 #[derive(Debug)]
 pub struct KernelGuard {
-    // Declared first, so it drops (discarding the holder's own notifications) before the lock
-    // is released.
-    _quiet: Option<Quiet>,
+    /// The gate's slot of the holder's `Quiet`, emptied (discarding the holder's own
+    /// notifications) in `drop`, before the lock is released with `_guard`.
+    quiet: Arc<StdMutex<Option<Quiet>>>,
     _guard: OwnedMutexGuard<()>,
     record: Arc<StdMutex<Record>>,
 }
@@ -73,6 +85,12 @@ impl Drop for KernelGuard {
         if let Ok(mut r) = self.record.lock() {
             r.holder = None;
         }
+        let quiet = self
+            .quiet
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        drop(quiet);
     }
 }
 
@@ -86,20 +104,51 @@ impl KernelGate {
             record: Arc::default(),
             deadline: StdMutex::new(Duration::from_secs(DEFAULT_KERNEL_DEADLINE_SECS)),
             watcher,
+            quiet: Arc::default(),
         }
     }
 
-    /// Takes the lock for `what` (waiting as long as it takes: background work); the holder
-    /// may change anything (every namespace is quiet while it holds it).
-    pub async fn lock(&self, what: impl Into<String>) -> KernelGuard {
+    /// Takes the lock for `what` (waiting as long as it takes: background work) to change the
+    /// namespaces `netns` (a VM netns by name, `None` for the host), which are quiet while it
+    /// is held; more are added with [`Self::quiet_also`]. A holder that changes nothing names
+    /// none.
+    pub async fn lock(
+        &self,
+        what: impl Into<String>,
+        netns: impl IntoIterator<Item = Option<String>>,
+    ) -> KernelGuard {
+        let guard = self.take(what).await;
+        if let Some(w) = &self.watcher {
+            *self.slot() = Some(w.quiet(netns));
+        }
+        guard
+    }
+
+    /// The lock for `what`, nothing quieted yet.
+    async fn take(&self, what: impl Into<String>) -> KernelGuard {
         let guard = Arc::clone(&self.lock).lock_owned().await;
         if let Ok(mut r) = self.record.lock() {
             r.holder = Some((what.into(), Instant::now()));
         }
         KernelGuard {
-            _quiet: self.watcher.as_ref().map(Watcher::quiet_all),
+            quiet: Arc::clone(&self.quiet),
             _guard: guard,
             record: Arc::clone(&self.record),
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Quiet>> {
+        self.quiet
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Quiets the namespaces `netns` too, until the lock is released: called by the holder of
+    /// [`Self::lock`] before it changes them (it found out under the lock which they are). A
+    /// no-op for the holder of [`Self::lock_checking`].
+    pub fn quiet_also(&self, netns: impl IntoIterator<Item = Option<String>>) {
+        if let Some(q) = self.slot().as_mut() {
+            q.also(netns);
         }
     }
 
@@ -108,15 +157,7 @@ impl KernelGate {
     /// one more check that finds nothing, and a foreign change made during the check is never
     /// lost.
     pub async fn lock_checking(&self, what: impl Into<String>) -> KernelGuard {
-        let guard = Arc::clone(&self.lock).lock_owned().await;
-        if let Ok(mut r) = self.record.lock() {
-            r.holder = Some((what.into(), Instant::now()));
-        }
-        KernelGuard {
-            _quiet: None,
-            _guard: guard,
-            record: Arc::clone(&self.record),
-        }
+        self.take(what).await
     }
 
     /// The deadline of API changes.
@@ -186,9 +227,47 @@ impl Agent {
         }
     }
 
-    /// Runs `change` (named `what`, e.g. `PUT vm web-1`) under the kernel lock within the
-    /// kernel deadline (see the module docs). `later` says where the outcome of a change that
-    /// runs out of time shows.
+    /// The namespaces a change of the VMs with user ids `uids` touches: the host (host veth
+    /// ends, routes, rules, proxy entries, host nft) and each VM's netns, by the name its plan
+    /// gives it.
+    pub(crate) fn vm_spaces(&self, uids: impl IntoIterator<Item = u32>) -> Vec<Option<String>> {
+        let p = &self.settings.name_prefix;
+        std::iter::once(None)
+            .chain(uids.into_iter().map(|u| Some(name(p, NameKind::Netns, u))))
+            .collect()
+    }
+
+    /// The namespaces converging the VM of `row` touches ([`Self::vm_spaces`]): its desired
+    /// config's user id and, when it differs, its applied config's (a failed apply re-applies
+    /// that one; a successful one removes it).
+    pub(crate) fn row_spaces(&self, row: &VmRow) -> Vec<Option<String>> {
+        let uid = |json: &str| parse_vm_config(json.as_bytes()).ok().map(|c| c.user_id);
+        let mut uids = vec![row.user_id];
+        uids.extend(uid(&row.config));
+        uids.extend(row.applied.as_deref().and_then(uid));
+        uids.sort_unstable();
+        uids.dedup();
+        self.vm_spaces(uids)
+    }
+
+    /// The VM netns garbage collection may remove while keeping the user ids `keep`: every
+    /// watched one of another user id (a netns nobody watches has no notification to quiet).
+    /// Read under the kernel lock, so no netns is watched meanwhile.
+    pub(crate) fn collectable_spaces(&self, keep: &[u32]) -> Vec<Option<String>> {
+        let Some(w) = self.driver.watcher() else {
+            return Vec::new();
+        };
+        let p = &self.settings.name_prefix;
+        w.watched()
+            .into_iter()
+            .filter(|n| parse_uid(p, NameKind::Netns, n).is_none_or(|u| !keep.contains(&u)))
+            .map(Some)
+            .collect()
+    }
+
+    /// Runs `change` (named `what`, e.g. `PUT vm web-1`) under the kernel lock, quieting
+    /// `netns` ([`KernelGate::lock`]), within the kernel deadline (see the module docs).
+    /// `later` says where the outcome of a change that runs out of time shows.
     ///
     /// # Errors
     /// `change`'s error; `UNAVAILABLE` when the lock or the change took longer than the
@@ -197,6 +276,7 @@ impl Agent {
         self: &Arc<Self>,
         what: String,
         later: &str,
+        netns: Vec<Option<String>>,
         change: F,
     ) -> Result<T, Error>
     where
@@ -213,7 +293,7 @@ impl Agent {
         let name2 = what.clone();
         let mut task = tokio::spawn(async move {
             let _api = super::ApiChange::new(&me);
-            let guard = me.kernel.lock(name).await;
+            let guard = me.kernel.lock(name, netns).await;
             if st
                 .compare_exchange(WAITING, RUNNING, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()

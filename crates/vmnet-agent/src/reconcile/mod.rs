@@ -249,7 +249,7 @@ impl Agent {
         // A host without VMs has no host-wide state to keep (gc removes it with the last VM).
         if full && groups.iter().any(|g| !g.is_empty()) {
             self.yield_to_api().await;
-            let _kernel = self.kernel.lock("reconcile: host state").await;
+            let _kernel = self.kernel.lock("reconcile: host state", [None]).await;
             self.pass_progress();
             match self.driver().repair_host().await {
                 Ok(changes) => {
@@ -263,7 +263,8 @@ impl Agent {
         }
         let observed = {
             self.yield_to_api().await;
-            let _kernel = self.kernel.lock("reconcile: observe").await;
+            // Reads only: nothing quiet.
+            let _kernel = self.kernel.lock("reconcile: observe", []).await;
             self.pass_progress();
             self.driver().observe().await
         };
@@ -285,9 +286,10 @@ impl Agent {
         for group in &groups {
             for ids in group.chunks(PASS_BATCH) {
                 self.yield_to_api().await;
+                // The host now, the VMs' netns as their rows are read.
                 let _kernel = self
                     .kernel
-                    .lock(format!("reconcile: vm {}", ids.join(", ")))
+                    .lock(format!("reconcile: vm {}", ids.join(", ")), [None])
                     .await;
                 self.pass_progress();
                 let mut rows = Vec::with_capacity(ids.len());
@@ -295,6 +297,7 @@ impl Agent {
                     let Some(row) = store_tx!(self.db(), tx => vm_store::get(tx, id).await)? else {
                         continue;
                     };
+                    self.kernel.quiet_also(self.row_spaces(&row));
                     if !full && self.known_good(&row, seen.as_ref()) {
                         out.applied += 1;
                         planned.insert(row.id, (row.config, row.user_id));
@@ -326,7 +329,11 @@ impl Agent {
         // Collect orphans against the store as it is now: every plan a stored VM may be using
         // (its desired config's and, while they differ, its applied config's).
         self.yield_to_api().await;
-        let _kernel = self.kernel.lock("reconcile: garbage collection").await;
+        // The host now; the netns it may remove once the VMs kept are known.
+        let _kernel = self
+            .kernel
+            .lock("reconcile: garbage collection", [None])
+            .await;
         self.pass_progress();
         let rows = store_tx!(self.db(), tx => vm_store::list(tx).await)?;
         if let Some(m) = self.metadata() {
@@ -364,6 +371,7 @@ impl Agent {
             return Ok(out);
         }
         let keep: Vec<u32> = keep.into_iter().collect();
+        self.kernel.quiet_also(self.collectable_spaces(&keep));
         match self.driver().gc(&keep).await {
             Ok(uids) => out.collected = uids,
             Err(e) => out.errors.push(format!("garbage collection: {e}")),
@@ -514,7 +522,7 @@ impl Agent {
     /// Stops the reconcile loop `task` between two kernel changes (never in the middle of one
     /// VM's apply): waits for the kernel lock, then aborts the loop.
     pub async fn stop_loop(&self, task: tokio::task::JoinHandle<()>) {
-        let _kernel = self.kernel.lock("stopping the reconcile loop").await;
+        let _kernel = self.kernel.lock("stopping the reconcile loop", []).await;
         task.abort();
         let _ = task.await;
     }

@@ -23,15 +23,17 @@
 //!   their routes through it resolved to the `unreachable` guard, and nothing of theirs
 //!   changes when the gateway comes back. A check that finds them in sync writes nothing.
 //! - The agent's own changes (API changes, passes, audits) never trigger a check: they run
-//!   under the kernel lock, which quiets the watcher and discards the notifications the change
-//!   caused before it is released ([`crate::agent::kernel`]). Sorting notifications by the
-//!   sender's port id instead does not work: link changes are notified with port id 0, and nft
-//!   changes made by the `nft` executable carry its own. A check on a notification quiets
-//!   nothing: it writes only when it repairs, and the notifications of its repair cost one
-//!   more check that finds nothing, while a foreign change made during the check (a storm
-//!   undoing the repair at once) is never lost. Pool mode's helper changes its tables
-//!   outside the lock: a notification of its own change costs one audit that finds nothing
-//!   and writes nothing.
+//!   under the kernel lock, which quiets the namespaces the change touches (the host and the
+//!   netns of the VMs it changes) and discards their notifications before it is released
+//!   ([`crate::agent::kernel`]). The notifications of every other VM's netns are kept: a
+//!   foreign change there is checked right after the change that holds the lock. Sorting
+//!   notifications by the sender's port id instead does not work: link changes are notified
+//!   with port id 0, and nft changes made by the `nft` executable carry its own. A check on a
+//!   notification quiets nothing: it writes only when it repairs, and the notifications of its
+//!   repair cost one more check that finds nothing, while a foreign change made during the
+//!   check (a storm undoing the repair at once) is never lost. Pool mode's helper changes its
+//!   tables outside the lock: a notification of its own change costs one audit that finds
+//!   nothing and writes nothing.
 //! - A target repaired more than 5 times in 10 s (another program keeps undoing vmnet's
 //!   state), or checked more than 20 times in 10 s, is backed off: its next check waits
 //!   250 ms, doubling with each further repair up to the reconcile interval; a back-off is
@@ -43,7 +45,8 @@
 //!   end of its repair (last and max). Repairs also count in `drift_repairs_total`.
 //! - The passes stay as they are: the backstop for what has no notification (sysctls), for
 //!   notifications lost or discarded (a foreign change made while the agent changed the same
-//!   namespace), and for VMs whose netns could not be watched.
+//!   VM netns, or the host while the agent changed any VM), and for VMs whose netns could not
+//!   be watched.
 
 pub mod attribute;
 pub mod schedule;

@@ -179,7 +179,9 @@ pub async fn run(args: VmsBenchArgs) -> Result<(), Error> {
     };
     let mut driver = NetlinkNsDriver::new(settings.clone(), Some(host.clone()))
         .map_err(|e| Error::internal(format!("driver: {e}")))?;
-    // As in the agent: every change is its own, so its notifications are read and discarded.
+    // Every change is the bench's own, so its notifications are read and discarded, as the
+    // agent's are (the agent quiets the namespaces of one change at a time; here every
+    // namespace is quiet for the whole run).
     let _events = if args.no_watch {
         None
     } else {

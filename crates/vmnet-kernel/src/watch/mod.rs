@@ -30,14 +30,24 @@
 //!   reports one gone as a changed proxy entry ([`Watcher::poll_proxies`], [`proxypoll`]).
 //! - A receive-buffer overrun (`ENOBUFS`) means notifications of that namespace were lost:
 //!   it becomes an [`What::Lost`] event (the caller checks the whole namespace).
-//! - The caller's own changes: while the caller changes the kernel it holds a [`Quiet`]; what
-//!   is read meanwhile is discarded, and dropping the `Quiet` reads what is still queued and
-//!   discards it too. Netlink notifications are queued before the request that caused them is
-//!   answered, so when the caller's change returns, everything it caused is on the sockets
-//!   already: none of it reaches the caller as a change. What the kernel does later on its own
-//!   (a carrier coming on in its link-watch work) does, and costs one check that finds nothing.
-//!   A foreign change made while the caller changes the kernel is lost too: the periodic
-//!   pass, which stays, repairs it.
+//! - The caller's own changes: while the caller changes namespaces it holds a [`Quiet`] naming
+//!   them ([`Watcher::quiet`]; the host is `None`); what is read from their sockets meanwhile is
+//!   discarded, and dropping the `Quiet` reads what is still queued and discards theirs too.
+//!   Netlink notifications are queued before the request that caused them is answered, so when
+//!   the caller's change returns, everything it caused is on the sockets already: none of it
+//!   reaches the caller as a change. What the kernel does later on its own (a carrier coming
+//!   on in its link-watch work) does, and costs one check that finds nothing. The quiet
+//!   namespaces are counted by name, not by socket: a VM netns named before it exists (a
+//!   create quiets it before making it) is quiet from the moment its sockets are adopted, and
+//!   a holder that finds out what else it changes adds it ([`Quiet::also`]). The notifications
+//!   of every other namespace are read and sent while a `Quiet` is held: a foreign change in
+//!   another VM's netns reaches the caller at once. A foreign change in a quiet namespace is
+//!   discarded with the caller's own: notifications carry nothing that tells them apart (link
+//!   changes carry port id 0, `nft` changes the port of whoever made them). The host is the
+//!   namespace this costs most: every VM change touches it (host veth end, routes, rules, proxy
+//!   entries, host nft), so a foreign host change made during any VM change is lost; the
+//!   periodic pass, which stays, repairs it. [`Watcher::quiet_all`] quiets every namespace,
+//!   for a caller that cannot name what it changes.
 //! - A VM's sockets are closed when it is removed ([`Watcher::unwatch`]), before its netns is
 //!   deleted: a socket holds its namespace, and a kept one would keep a deleted netns (and the
 //!   veth pair in it) alive. [`Watcher::watch`] of a path that names another namespace now
@@ -45,6 +55,7 @@
 
 mod parse;
 mod proxypoll;
+mod quiet;
 mod sock;
 
 use std::collections::{HashMap, HashSet};
@@ -59,6 +70,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 pub use parse::{Kind, Note};
+pub use quiet::Quiet;
 pub use sock::Pair;
 use sock::Proto;
 
@@ -100,8 +112,8 @@ struct State {
     socks: HashMap<u64, Entry>,
     spaces: HashMap<Option<String>, Space>,
     next: u64,
-    /// [`Quiet`]s held.
-    quiet: u32,
+    /// The namespaces quiet now ([`Quiet`]).
+    quieted: quiet::Quieted,
 }
 
 struct Inner {
@@ -277,15 +289,8 @@ impl Watcher {
         self.lock().spaces.keys().flatten().cloned().collect()
     }
 
-    /// Marks the caller's own change (see the module docs) until the returned guard drops.
-    #[must_use]
-    pub fn quiet_all(&self) -> Quiet {
-        self.lock().quiet += 1;
-        Quiet { w: self.clone() }
-    }
-
-    /// Reads every ready socket until empty; sends the events unless quiet. Returns whether
-    /// any socket was ready.
+    /// Reads every ready socket until empty; sends the events of the namespaces not quiet.
+    /// Returns whether any socket was ready.
     fn drain(&self, st: &mut State) -> bool {
         let mut evs = Vec::with_capacity(64);
         let zero = rustix::event::Timespec {
@@ -307,7 +312,7 @@ impl Watcher {
         let mut failed = Vec::new();
         for k in keys {
             let Some(e) = st.socks.get(&k) else { continue };
-            let quiet = st.quiet > 0;
+            let quiet = st.quieted.is_quiet(&e.netns);
             loop {
                 let mut b: &mut [u8] = &mut buf[..];
                 match e.sock.recv(&mut b, libc::MSG_DONTWAIT) {
@@ -367,31 +372,6 @@ impl Watcher {
             let _ = self.0.tx.send(ev);
         }
         any
-    }
-}
-
-/// A caller's own change in progress (see [`Watcher::quiet_all`]); dropping it discards what
-/// the change caused.
-pub struct Quiet {
-    w: Watcher,
-}
-
-impl std::fmt::Debug for Quiet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Quiet").finish_non_exhaustive()
-    }
-}
-
-impl Drop for Quiet {
-    fn drop(&mut self) {
-        let mut st = self.w.lock();
-        // Bounded: a socket is emptied or dropped from the set in one round.
-        for _ in 0..4 {
-            if !self.w.drain(&mut st) {
-                break;
-            }
-        }
-        st.quiet -= 1;
     }
 }
 
