@@ -84,17 +84,24 @@ fn chain_decl(family: &str, body: &Value) -> String {
     parts.join(" ")
 }
 
-/// A table's flags, listed as one string or an array: sorted, each once. nft 1.0.6 lists a
-/// dormant table's flags as the table's own name (`"flags": "x"` for table `x`): any flag
-/// counts, whatever its spelling.
+/// The table flags nft knows by name.
+const TABLE_FLAGS: [&str; 3] = ["dormant", "owner", "persist"];
+
+/// A table's flags, listed as one string or an array: sorted, each once. Any flag counts,
+/// whatever its spelling: nft 1.0.6 lists a table with one flag with a string out of freed
+/// memory (often the table's own name, `"flags": "x"` for table `x`), so a name nft does not
+/// give a flag is kept as an unreadable flag (and reported so, not as a flag of that name).
 fn table_flags(v: &Value) -> Vec<String> {
+    let named = |s: &str| {
+        if TABLE_FLAGS.contains(&s) {
+            s.to_owned()
+        } else {
+            format!("a flag nft listed as {s:?}")
+        }
+    };
     let mut f: Vec<String> = match v {
-        Value::Array(a) => a
-            .iter()
-            .filter_map(Value::as_str)
-            .map(str::to_owned)
-            .collect(),
-        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a.iter().filter_map(Value::as_str).map(named).collect(),
+        Value::String(s) => vec![named(s)],
         _ => Vec::new(),
     };
     f.sort();
