@@ -334,7 +334,7 @@ impl Agent {
     /// store fails, the apply failed (the previous good config stays applied), or the kernel
     /// lock or the apply took longer than the kernel deadline ([`kernel`]).
     pub async fn put_vm(self: &Arc<Self>, path_id: &str, body: &[u8]) -> Result<VmView, Error> {
-        let cfg = parse_vm_config(body)?;
+        let cfg = parse_vm_config(body).map_err(|e| e.naming_vm(path_id))?;
         if cfg.id != path_id {
             return Err(Error::invalid(format!(
                 "vm {}: id {:?} in the body does not match {path_id:?} in the path",

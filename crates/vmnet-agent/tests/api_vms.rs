@@ -319,7 +319,8 @@ async fn malformed_json_wrong_type_and_oversized_bodies() {
             Some("application/json"),
         )
         .await;
-    assert_error(&got, 400, "INVALID_INPUT", &["JSON"]);
+    // The message names the VM of the path: the body could not.
+    assert_error(&got, 400, "INVALID_INPUT", &["vm vm-1: malformed JSON"]);
     let got = h
         .raw(
             Method::PUT,

@@ -170,6 +170,24 @@ impl ValidationError {
     pub fn message(&self) -> String {
         chain(self)
     }
+
+    /// The error with a message about a VM document that could not name the VM (`vm: …`:
+    /// malformed JSON, not an object) naming it as `vm <id>: …`, for a caller that knows the id
+    /// from elsewhere (the request's path).
+    #[must_use]
+    pub fn naming_vm(self, id: &str) -> Self {
+        let name = |m: String| match m.strip_prefix("vm: ") {
+            Some(rest) => format!("vm {id}: {rest}"),
+            None => m,
+        };
+        match self {
+            Self::Rule(m) => Self::Rule(name(m)),
+            Self::Json { what, source } => Self::Json {
+                what: name(what),
+                source,
+            },
+        }
+    }
 }
 
 /// The edge mapping of the model's validation errors: always `INVALID_INPUT`, the message with
@@ -266,6 +284,18 @@ mod tests {
             source,
         };
         assert_eq!(json.to_string(), "vm: malformed JSON");
+        let named = ValidationError::Json {
+            what: "vm: malformed JSON".into(),
+            source: serde_json::from_str::<serde_json::Value>("{").unwrap_err(),
+        }
+        .naming_vm("web-7");
+        assert_eq!(named.to_string(), "vm web-7: malformed JSON");
+        let rule = ValidationError::rule("vm a: mtu 70 is below 1280").naming_vm("b");
+        assert_eq!(
+            rule.to_string(),
+            "vm a: mtu 70 is below 1280",
+            "a named VM stays named"
+        );
         let wire = Error::from(json);
         assert_eq!(wire.code, ErrorCode::InvalidInput);
         assert_eq!(
