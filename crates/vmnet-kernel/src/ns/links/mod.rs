@@ -277,7 +277,11 @@ fn stale(have: &HashSet<KAddr>, index: u32, spec: &LinkSpec<'_>) -> Vec<(IpAddr,
 pub(super) fn fixed_drift(plan: &VmPlan, st: &VmState) -> Option<String> {
     let mut bad = Vec::new();
     for spec in link_specs(plan) {
-        let name = spec.name;
+        // The report names the VM's netns; the host end of the veth pair is in the host.
+        let name = match spec.side {
+            Side::Host => format!("host {}", spec.name),
+            Side::Vm => spec.name.to_owned(),
+        };
         match find(st, &spec) {
             (Some(l), addrs, neigh) if l.mtu == spec.mtu && l.up => {
                 if spec

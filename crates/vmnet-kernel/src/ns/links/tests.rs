@@ -118,7 +118,7 @@ fn stale_addresses_are_drift_link_locals_the_plan_does_not_put_included() {
         .insert((10, "2001:db8::9".parse().unwrap(), 64));
     assert_eq!(
         fixed_drift(&p, &st).unwrap(),
-        "vmnn0007: vmnt0007 stale addresses 172.16.0.5/30 fe80::4:ff:fe00:1/64; vmnh0007 stale addresses 2001:db8::9/64"
+        "vmnn0007: vmnt0007 stale addresses 172.16.0.5/30 fe80::4:ff:fe00:1/64; host vmnh0007 stale addresses 2001:db8::9/64"
     );
 }
 
@@ -132,7 +132,7 @@ fn fixed_drift_names_what_is_wrong() {
     let what = fixed_drift(&p, &st).unwrap();
     assert_eq!(
         what,
-        "vmnn0007: vmnt0007 mtu/up; vmnh0007 addresses; sysctls net/ipv4/ip_forward"
+        "vmnn0007: vmnt0007 mtu/up; host vmnh0007 addresses; sysctls net/ipv4/ip_forward"
     );
 }
 
@@ -165,7 +165,7 @@ fn every_ipv6_address_on_the_host_end_is_stale() {
         let drift = fixed_drift(&p, &st).expect("drift");
         assert_eq!(
             drift,
-            format!("vmnn0007: {} stale addresses {ll}/128", v.host_name)
+            format!("vmnn0007: host {} stale addresses {ll}/128", v.host_name)
         );
     }
     // In the netns too (`addrgenmode none`: the kernel makes none there), a link-local the
@@ -188,7 +188,7 @@ fn a_wrong_veth_mac_neighbour_entry_addrgenmode_or_ipv6_off_is_drift() {
     let v = p.veth.as_ref().unwrap();
     type Edit = fn(&mut VmState);
     let cases: [(&str, Edit); 9] = [
-        ("vmnh0007 disable_ipv6", |st| {
+        ("host vmnh0007 disable_ipv6", |st| {
             st.host_link.as_mut().unwrap().ipv6_off = true;
         }),
         ("vmnp0007 disable_ipv6", |st| {
@@ -197,20 +197,20 @@ fn a_wrong_veth_mac_neighbour_entry_addrgenmode_or_ipv6_off_is_drift() {
         ("vmnt0007 disable_ipv6", |st| {
             st.ns_links.get_mut("vmnt0007").unwrap().ipv6_off = true;
         }),
-        ("vmnh0007 mac", |st| {
+        ("host vmnh0007 mac", |st| {
             st.host_link.as_mut().unwrap().mac = Some([2, 0, 0, 0, 0, 1])
         }),
         ("vmnp0007 mac", |st| {
             st.ns_links.get_mut("vmnp0007").unwrap().mac = None;
         }),
         ("vmnp0007 neighbour fe80::1:7", |st| st.ns_neigh = None),
-        ("vmnh0007 addrgenmode", |st| {
+        ("host vmnh0007 addrgenmode", |st| {
             st.host_link.as_mut().unwrap().no_auto_link_local = false;
         }),
-        ("vmnh0007 neighbour fe80::2", |st| {
+        ("host vmnh0007 neighbour fe80::2", |st| {
             st.host_neigh.as_mut().unwrap().permanent = false;
         }),
-        ("vmnh0007 neighbour fe80::2", |st| {
+        ("host vmnh0007 neighbour fe80::2", |st| {
             st.host_neigh.as_mut().unwrap().mac = Some([6, 2, 0, 0, 0, 8]);
         }),
     ];
