@@ -238,14 +238,14 @@ impl Agent {
     }
 
     /// The namespaces converging the VM of `row` touches ([`Self::vm_spaces`]): its desired
-    /// config's user id and, when it differs, its applied config's (a failed apply re-applies
-    /// that one; a successful one removes it).
+    /// config's user id (the row's column) and, when the applied config differs, the applied
+    /// one's (a failed apply re-applies that one; a successful one removes it). A row in sync
+    /// is not parsed: a pass reads every row.
     pub(crate) fn row_spaces(&self, row: &VmRow) -> Vec<Option<String>> {
-        let uid = |json: &str| parse_vm_config(json.as_bytes()).ok().map(|c| c.user_id);
         let mut uids = vec![row.user_id];
-        uids.extend(uid(&row.config));
-        uids.extend(row.applied.as_deref().and_then(uid));
-        uids.sort_unstable();
+        if let Some(applied) = row.applied.as_deref().filter(|a| *a != row.config) {
+            uids.extend(parse_vm_config(applied.as_bytes()).ok().map(|c| c.user_id));
+        }
         uids.dedup();
         self.vm_spaces(uids)
     }
